@@ -1,0 +1,287 @@
+//! Conversions from a zCDP budget to (ε, δ)-DP, for reporting.
+//!
+//! The accountant stores ρ (closed under composition and post-processing) and converts only the **total**
+//! (seeds.md §4 pitfall 6). Several valid conversions exist; [`epsilon_for_charges`] evaluates every one that
+//! applies and reports the smallest ε together with the name of the bound it came from. Every numeric step is
+//! rounded so the reported ε is never below the true value of the bound (seeds.md §2, invariant 3).
+
+use crate::accounting::Charge;
+use crate::accounting::rho::up_sum;
+use crate::error::{DpError, Result};
+use serde::{Deserialize, Serialize};
+use statrs::function::erf::erfc;
+use std::f64::consts::{PI, SQRT_2};
+
+/// Relative safety margin applied to every reported ε (far above f64 rounding, far below the 1e-9 test tolerance).
+const UP: f64 = 1.0 + 1e-12;
+
+/// Which conversion produced a reported ε.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BoundKind {
+    /// No budget spent: ε = 0.
+    NothingSpent,
+    /// ε = ρ + 2√(ρ ln(1/δ)) (BS16 Prop 1.3 / Lemma 3.5).
+    Bs16Simple,
+    /// ε = ρ + 2√(ρ ln(√(πρ)/δ)) (BS16 Lemma 3.6, second form).
+    Bs16SqrtPi,
+    /// BS16 Lemma 3.6, third (dominating) term of the minimum, solved for ε.
+    Bs16Tight,
+    /// inf over α of the CKS20 conversion (Canonne, Kamath & Steinke 2020, Prop. 12; post-seed [P]).
+    Cks20,
+    /// Exact Gaussian-DP curve (DRS19 Cor. 3.3 + GDP→DP); valid only when every charge was Gaussian.
+    GaussianExact,
+    /// Pure-DP basic composition Σεᵢ, δ = 0; valid only when every charge was pure-DP (Laplace).
+    PureComposition,
+}
+
+impl BoundKind {
+    /// A short human-readable description with its source.
+    pub fn describe(self) -> &'static str {
+        match self {
+            BoundKind::NothingSpent => "nothing spent",
+            BoundKind::Bs16Simple => "rho + 2 sqrt(rho ln(1/delta)) (BS16 Prop 1.3)",
+            BoundKind::Bs16SqrtPi => "rho + 2 sqrt(rho ln(sqrt(pi rho)/delta)) (BS16 Lemma 3.6)",
+            BoundKind::Bs16Tight => "BS16 Lemma 3.6 tight term, solved for epsilon",
+            BoundKind::Cks20 => "CKS20 conversion, optimised over alpha",
+            BoundKind::GaussianExact => "exact Gaussian-DP curve (all charges Gaussian; DRS19)",
+            BoundKind::PureComposition => "pure-DP composition (all charges Laplace)",
+        }
+    }
+}
+
+/// A reported (ε, δ) guarantee and the conversion that gave it.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct EpsilonBound {
+    /// ε.
+    pub epsilon: f64,
+    /// δ the ε is reported at.
+    pub delta: f64,
+    /// Which conversion gave the smallest ε.
+    pub kind: BoundKind,
+}
+
+fn check_rho(rho: f64) -> Result<()> {
+    if !rho.is_finite() || rho < 0.0 {
+        return Err(DpError::invalid("rho", format!("must be finite and ≥ 0, got {rho}")));
+    }
+    Ok(())
+}
+
+fn check_delta(delta: f64) -> Result<()> {
+    if !(delta > 0.0 && delta < 1.0) {
+        return Err(DpError::invalid("delta", format!("must be in (0, 1), got {delta}; 1e-6 is a common choice")));
+    }
+    Ok(())
+}
+
+/// Standard normal CDF Φ(x), accurate in the tails (via erfc).
+pub fn phi(x: f64) -> f64 {
+    0.5 * erfc(-x / SQRT_2)
+}
+
+/// BS16 Prop 1.3 / Lemma 3.5: ρ-zCDP ⇒ (ρ + 2√(ρ ln(1/δ)), δ)-DP.
+pub fn eps_simple(rho: f64, delta: f64) -> Result<f64> {
+    check_rho(rho)?;
+    check_delta(delta)?;
+    Ok((rho + 2.0 * (rho * (1.0 / delta).ln()).sqrt()) * UP)
+}
+
+/// BS16 Lemma 3.5 inverse: a ρ that *suffices* for (ε, δ): ρ = (√(ε + L) − √L)², L = ln(1/δ).
+/// Rounded down (asking for less budget is the safe direction).
+pub fn rho_for_target_simple(epsilon: f64, delta: f64) -> Result<f64> {
+    check_delta(delta)?;
+    if !epsilon.is_finite() || epsilon < 0.0 {
+        return Err(DpError::invalid("epsilon", format!("must be finite and ≥ 0, got {epsilon}")));
+    }
+    let l = (1.0 / delta).ln();
+    // (√(ε+L) − √L)² = ε² / (√(ε+L) + √L)², which avoids cancellation.
+    let s = (epsilon + l).sqrt() + l.sqrt();
+    Ok(epsilon * epsilon / (s * s) / UP)
+}
+
+/// BS16 Lemma 3.6, second form: ε = ρ + 2√(ρ ln(√(πρ)/δ)); when √(πρ)/δ ≤ 1 the bound gives ε = ρ
+/// (seeds.md §4 pitfall 8).
+pub fn eps_bs16_sqrt_pi(rho: f64, delta: f64) -> Result<f64> {
+    check_rho(rho)?;
+    check_delta(delta)?;
+    let a = (PI * rho).sqrt() / delta;
+    Ok(if a > 1.0 { (rho + 2.0 * (rho * a.ln()).sqrt()) * UP } else { rho * UP })
+}
+
+/// BS16 Lemma 3.6, third term: δ(ε) = 2e^{−(ε−ρ)²/(4ρ)} / (1 + a + √((1+a)² + 4/(πρ))), a = (ε−ρ)/(2ρ), ε ≥ ρ.
+pub fn delta_bs16_tight(rho: f64, epsilon: f64) -> Result<f64> {
+    check_rho(rho)?;
+    if rho == 0.0 {
+        return Ok(0.0);
+    }
+    if epsilon.is_nan() || epsilon < rho {
+        return Err(DpError::invalid("epsilon", format!("BS16 Lemma 3.6 needs epsilon ≥ rho, got {epsilon} < {rho}")));
+    }
+    let a = (epsilon - rho) / (2.0 * rho);
+    Ok(2.0 * (-(epsilon - rho).powi(2) / (4.0 * rho)).exp() / (1.0 + a + ((1.0 + a).powi(2) + 4.0 / (PI * rho)).sqrt()))
+}
+
+/// Bisection for a decreasing `f` with `f(lo) > target ≥ f(hi)`: returns a point `x` with `f(x) ≤ target`
+/// within a relative width of 1e-15 of the root (the upper end of the bracket, i.e. the conservative side).
+fn bisect_decreasing(f: impl Fn(f64) -> f64, target: f64, mut lo: f64, mut hi: f64) -> f64 {
+    for _ in 0..200 {
+        let mid = 0.5 * (lo + hi);
+        if mid <= lo || mid >= hi {
+            break;
+        }
+        if f(mid) > target {
+            lo = mid
+        } else {
+            hi = mid
+        }
+        if hi - lo <= 1e-15 * hi {
+            break;
+        }
+    }
+    hi
+}
+
+/// BS16 Lemma 3.6 (third term) solved for ε at the given δ.
+pub fn eps_bs16_tight(rho: f64, delta: f64) -> Result<f64> {
+    let hi = eps_simple(rho, delta)?; // δ_tight(simple ε) ≤ term 1 = δ
+    if rho == 0.0 {
+        return Ok(0.0);
+    }
+    if delta_bs16_tight(rho, rho)? <= delta {
+        return Ok(rho * UP);
+    }
+    let f = |e: f64| delta_bs16_tight(rho, e).unwrap_or(1.0);
+    Ok(bisect_decreasing(f, delta, rho, hi) * UP)
+}
+
+/// CKS20 (post-seed) conversion at a given order α > 1:
+/// ε(α) = αρ + (ln(1/δ) + (α−1)·ln(1 − 1/α) − ln α)/(α − 1). Valid for every α > 1.
+fn cks20_eps_at(rho: f64, delta: f64, alpha: f64) -> f64 {
+    let am1 = alpha - 1.0;
+    alpha * rho + ((1.0 / delta).ln() + am1 * (-1.0 / alpha).ln_1p() - alpha.ln()) / am1
+}
+
+/// CKS20 conversion minimised over α (coarse grid in ln(α−1), then golden-section search). Any α gives a valid
+/// bound, so an imprecise minimiser can only make the result looser, never unsound.
+pub fn eps_cks20(rho: f64, delta: f64) -> Result<f64> {
+    check_rho(rho)?;
+    check_delta(delta)?;
+    if rho == 0.0 {
+        return Ok(0.0);
+    }
+    let g = |t: f64| cks20_eps_at(rho, delta, 1.0 + t.exp());
+    let ts: Vec<f64> = (-120..=120).map(|k| k as f64 / 10.0).collect();
+    let (mut best_i, mut best_v) = (0usize, f64::INFINITY);
+    for (i, &t) in ts.iter().enumerate() {
+        let v = g(t);
+        if v < best_v {
+            (best_i, best_v) = (i, v);
+        }
+    }
+    let (mut lo, mut hi) = (ts[best_i.saturating_sub(1)], ts[(best_i + 1).min(ts.len() - 1)]);
+    let r = (5f64.sqrt() - 1.0) / 2.0;
+    let (mut a, mut b) = (hi - r * (hi - lo), lo + r * (hi - lo));
+    let (mut ga, mut gb) = (g(a), g(b));
+    for _ in 0..200 {
+        if ga < gb {
+            (hi, b, gb) = (b, a, ga);
+            a = hi - r * (hi - lo);
+            ga = g(a);
+        } else {
+            (lo, a, ga) = (a, b, gb);
+            b = lo + r * (hi - lo);
+            gb = g(b);
+        }
+    }
+    let v = g(0.5 * (lo + hi)).min(ga).min(gb).min(best_v);
+    Ok(v.max(0.0) * UP)
+}
+
+/// Exact δ(ε) of μ-GDP: δ = Φ(−ε/μ + μ/2) − e^ε Φ(−ε/μ − μ/2) (DRS19 GDP→DP corollary; Balle & Wang 2018).
+/// The second term is computed as exp(ε + ln Φ(·)) to avoid overflow.
+pub fn gdp_delta(mu: f64, epsilon: f64) -> Result<f64> {
+    if !mu.is_finite() || mu < 0.0 {
+        return Err(DpError::invalid("mu", format!("must be finite and ≥ 0, got {mu}")));
+    }
+    if mu == 0.0 {
+        return Ok(0.0);
+    }
+    let a = phi(-epsilon / mu + mu / 2.0);
+    let pb = phi(-epsilon / mu - mu / 2.0);
+    let b = if pb > 0.0 { (epsilon + pb.ln()).exp() } else { 0.0 };
+    Ok((a - b).max(0.0))
+}
+
+/// ε at which μ-GDP gives the requested δ (inverse of [`gdp_delta`], conservative side).
+pub fn gdp_eps(mu: f64, delta: f64) -> Result<f64> {
+    check_delta(delta)?;
+    if gdp_delta(mu, 0.0)? <= delta {
+        return Ok(0.0);
+    }
+    let mut hi = 1.0;
+    while gdp_delta(mu, hi)? > delta {
+        hi *= 2.0;
+        if hi > 1e6 {
+            return Err(DpError::invalid("mu", format!("{mu} is too large for a finite epsilon at delta {delta}")));
+        }
+    }
+    let f = |e: f64| gdp_delta(mu, e).unwrap_or(1.0);
+    Ok(bisect_decreasing(f, delta, 0.0, hi) * UP)
+}
+
+/// The smallest valid ε at `delta` for a session that made `charges`, and which bound gave it.
+///
+/// Candidates: BS16 Prop 1.3, BS16 Lemma 3.6 (both forms), CKS20 (all valid for any ρ-zCDP session with
+/// ρ = Σρᵢ); the exact Gaussian-DP curve with μ = √(2ρ) **only** when every measurement was Gaussian
+/// (ρ-zCDP does not imply √(2ρ)-GDP in general, seeds.md §4 pitfall 9); pure composition Σεᵢ (valid at δ = 0)
+/// **only** when every measurement was pure-DP (pitfall 10).
+pub fn epsilon_for_charges(charges: &[Charge], delta: f64) -> Result<EpsilonBound> {
+    check_delta(delta)?;
+    let rho = charges.iter().try_fold(crate::accounting::Rho::ZERO, |acc, c| acc.add_up(c.rho))?.get();
+    if rho == 0.0 {
+        return Ok(EpsilonBound { epsilon: 0.0, delta, kind: BoundKind::NothingSpent });
+    }
+    let mut cands = vec![
+        (eps_simple(rho, delta)?, BoundKind::Bs16Simple),
+        (eps_bs16_sqrt_pi(rho, delta)?, BoundKind::Bs16SqrtPi),
+        (eps_bs16_tight(rho, delta)?, BoundKind::Bs16Tight),
+        (eps_cks20(rho, delta)?, BoundKind::Cks20),
+    ];
+    if charges.iter().all(Charge::all_gaussian) {
+        cands.push((gdp_eps((2.0 * rho).sqrt() * UP, delta)?, BoundKind::GaussianExact));
+    }
+    if let Some(pure) = charges.iter().try_fold(0.0, |acc, c| c.pure_epsilon().map(|e| up_sum(acc, e))) {
+        cands.push((pure, BoundKind::PureComposition));
+    }
+    let (epsilon, kind) =
+        cands.into_iter().fold((f64::INFINITY, BoundKind::Bs16Simple), |best, c| if c.0 < best.0 { c } else { best });
+    Ok(EpsilonBound { epsilon, delta, kind })
+}
+
+/// The tightest ε for a single ρ (no knowledge of the mechanisms): min of the BS16 and CKS20 bounds; with
+/// `all_gaussian`, also the exact GDP curve.
+pub fn epsilon_for_rho(rho: f64, delta: f64, all_gaussian: bool) -> Result<EpsilonBound> {
+    check_rho(rho)?;
+    check_delta(delta)?;
+    if rho == 0.0 {
+        return Ok(EpsilonBound { epsilon: 0.0, delta, kind: BoundKind::NothingSpent });
+    }
+    let mut best = (eps_simple(rho, delta)?, BoundKind::Bs16Simple);
+    for c in [
+        (eps_bs16_sqrt_pi(rho, delta)?, BoundKind::Bs16SqrtPi),
+        (eps_bs16_tight(rho, delta)?, BoundKind::Bs16Tight),
+        (eps_cks20(rho, delta)?, BoundKind::Cks20),
+    ] {
+        if c.0 < best.0 {
+            best = c;
+        }
+    }
+    if all_gaussian {
+        let g = gdp_eps((2.0 * rho).sqrt() * UP, delta)?;
+        if g < best.0 {
+            best = (g, BoundKind::GaussianExact);
+        }
+    }
+    Ok(EpsilonBound { epsilon: best.0, delta, kind: best.1 })
+}

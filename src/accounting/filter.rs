@@ -1,0 +1,111 @@
+//! The session's zCDP filter: a total ρ, charges debited one by one, over-budget charges refused.
+//!
+//! Composition: adaptively chosen ρᵢ-zCDP measurements compose to (Σρᵢ)-zCDP (BS16 Lemma 1.7 / 2.3, seeds.md §2
+//! row 7), so a filter that refuses any charge that would take Σρᵢ above the total keeps the whole session
+//! within its total. Refused charges change nothing and draw no noise.
+
+use crate::accounting::Rho;
+use crate::accounting::convert::{EpsilonBound, epsilon_for_charges};
+use crate::error::{DpError, Result};
+use crate::noise::calibrate::Calibration;
+use serde::{Deserialize, Serialize};
+
+/// One debit: what it was for, the measurements it paid for, and its total cost.
+///
+/// Serialisable as is, so a durable ledger can store it without change.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Charge {
+    /// Sequence number within the filter, from 1.
+    pub id: u64,
+    /// What the charge was for (the SQL text, or a description of a batch release).
+    pub label: String,
+    /// The measurements (mechanism, sensitivity, exact noise parameter, ρ each).
+    pub measurements: Vec<Calibration>,
+    /// Total cost: the sum of the measurements' ρ, rounded up.
+    pub rho: Rho,
+}
+
+impl Charge {
+    /// True when every measurement is Gaussian (the exact GDP conversion then applies).
+    pub fn all_gaussian(&self) -> bool {
+        self.measurements.iter().all(|m| m.pure_epsilon.is_none())
+    }
+
+    /// The pure ε of this charge when every measurement is pure-DP (Laplace): the sum of their ε, rounded up.
+    pub fn pure_epsilon(&self) -> Option<f64> {
+        self.measurements.iter().try_fold(0.0, |acc, m| m.pure_epsilon.map(|e| crate::accounting::rho::up_sum(acc, e)))
+    }
+}
+
+/// Sum of the costs of `measurements`, rounded up.
+pub fn total_rho(measurements: &[Calibration]) -> Result<Rho> {
+    measurements.iter().try_fold(Rho::ZERO, |acc, m| acc.add_up(m.rho))
+}
+
+/// A session's privacy filter: total budget, what has been spent, and the history of charges.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ZcdpFilter {
+    total: Rho,
+    spent: Rho,
+    charges: Vec<Charge>,
+}
+
+impl ZcdpFilter {
+    /// A fresh filter with budget `total`.
+    pub fn new(total: Rho) -> Self {
+        ZcdpFilter { total, spent: Rho::ZERO, charges: Vec::new() }
+    }
+
+    /// The total budget.
+    pub fn total(&self) -> Rho {
+        self.total
+    }
+
+    /// What has been spent (rounded up).
+    pub fn spent(&self) -> Rho {
+        self.spent
+    }
+
+    /// What remains (rounded down).
+    pub fn remaining(&self) -> Rho {
+        self.total.sub_down(self.spent)
+    }
+
+    /// Every charge so far, oldest first.
+    pub fn charges(&self) -> &[Charge] {
+        &self.charges
+    }
+
+    /// Checks whether a charge of `rho` would fit, without debiting. Same error as [`ZcdpFilter::charge`].
+    pub fn check(&self, rho: Rho) -> Result<Rho> {
+        let new_spent = self.spent.add_up(rho)?;
+        if new_spent.get() > self.total.get() {
+            return Err(DpError::OverBudget {
+                total: self.total.get(),
+                spent: self.spent.get(),
+                requested: rho.get(),
+                remaining: self.remaining().get(),
+            });
+        }
+        Ok(new_spent)
+    }
+
+    /// Debits the measurements as one charge, or refuses it (changing nothing) if the total would be exceeded.
+    /// A charge exactly equal to what remains is allowed.
+    pub fn charge(&mut self, label: impl Into<String>, measurements: Vec<Calibration>) -> Result<Charge> {
+        if measurements.is_empty() {
+            return Err(DpError::invalid("charge", "a charge must pay for at least one measurement"));
+        }
+        let rho = total_rho(&measurements)?;
+        let new_spent = self.check(rho)?;
+        let charge = Charge { id: self.charges.len() as u64 + 1, label: label.into(), measurements, rho };
+        self.spent = new_spent;
+        self.charges.push(charge.clone());
+        Ok(charge)
+    }
+
+    /// The tightest (ε, δ) bound available for everything spent so far (see [`epsilon_for_charges`]).
+    pub fn epsilon(&self, delta: f64) -> Result<EpsilonBound> {
+        epsilon_for_charges(&self.charges, delta)
+    }
+}

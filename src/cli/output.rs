@@ -1,0 +1,168 @@
+//! Output formats of the command line: aligned tables with accuracy and cost, CSV, JSON and JSON lines.
+
+use crate::DpError;
+use crate::release::{Accuracy, Release};
+use crate::session::{Explanation, Response};
+use datafusion::arrow::array::RecordBatch;
+use datafusion::common::ScalarValue;
+use serde_json::{Value, json};
+
+/// An output format.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Format {
+    /// Aligned columns, the accuracy of each noisy column and a cost footer.
+    Table,
+    /// The rows only, header first.
+    Csv,
+    /// One pretty-printed JSON object per statement.
+    Json,
+    /// One compact JSON object per line and statement.
+    Jsonl,
+}
+
+impl std::str::FromStr for Format {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "table" => Ok(Format::Table),
+            "csv" => Ok(Format::Csv),
+            "json" => Ok(Format::Json),
+            "jsonl" => Ok(Format::Jsonl),
+            other => Err(format!("unknown format `{other}`; use table, csv, json or jsonl")),
+        }
+    }
+}
+
+fn scalar_json(v: ScalarValue) -> Value {
+    if v.is_null() {
+        return Value::Null;
+    }
+    match v {
+        ScalarValue::Boolean(Some(b)) => json!(b),
+        ScalarValue::Float64(Some(f)) => json!(f),
+        ScalarValue::Float32(Some(f)) => json!(f),
+        ScalarValue::Int8(Some(i)) => json!(i),
+        ScalarValue::Int16(Some(i)) => json!(i),
+        ScalarValue::Int32(Some(i)) => json!(i),
+        ScalarValue::Int64(Some(i)) => json!(i),
+        ScalarValue::UInt8(Some(i)) => json!(i),
+        ScalarValue::UInt16(Some(i)) => json!(i),
+        ScalarValue::UInt32(Some(i)) => json!(i),
+        ScalarValue::UInt64(Some(i)) => json!(i),
+        ScalarValue::Utf8(Some(s)) | ScalarValue::LargeUtf8(Some(s)) | ScalarValue::Utf8View(Some(s)) => json!(s),
+        other => match other.cast_to(&datafusion::arrow::datatypes::DataType::Float64) {
+            Ok(ScalarValue::Float64(Some(f))) => json!(f),
+            _ => json!(other.to_string()),
+        },
+    }
+}
+
+fn rows_json(batches: &[RecordBatch]) -> Vec<Value> {
+    let mut rows = Vec::new();
+    for b in batches {
+        for r in 0..b.num_rows() {
+            let row: Vec<Value> = b
+                .columns()
+                .iter()
+                .map(|c| ScalarValue::try_from_array(c.as_ref(), r).map(scalar_json).unwrap_or(Value::Null))
+                .collect();
+            rows.push(Value::Array(row));
+        }
+    }
+    rows
+}
+
+/// The JSON object of one answered query.
+pub fn release_json(r: &Release) -> Value {
+    let accuracy: Vec<Value> = r
+        .accuracy
+        .iter()
+        .filter_map(|c| match &c.accuracy {
+            Accuracy::Noisy { mechanism, sigma_or_scale, std, ci_half_width, confidence } => Some(json!({
+                "column": c.column, "mechanism": mechanism.report_name(), "sigma_or_scale": sigma_or_scale,
+                "std": std, "ci_half_width": ci_half_width, "confidence": confidence,
+            })),
+            Accuracy::Derived => Some(json!({"column": c.column, "mechanism": "post_processed"})),
+            Accuracy::Public => None,
+        })
+        .collect();
+    json!({
+        "status": "ok",
+        "sql": r.sql,
+        "columns": r.schema.fields().iter().map(|f| f.name().clone()).collect::<Vec<_>>(),
+        "rows": rows_json(&r.batches),
+        "accuracy": accuracy,
+        "charge": {"rho": r.charge.rho.get(), "epsilon": r.query_epsilon.epsilon, "delta": r.query_epsilon.delta},
+        "budget": {"rho_total": r.budget.rho_total, "rho_spent": r.budget.rho_spent, "rho_remaining": r.budget.rho_remaining,
+                   "epsilon": r.session_epsilon.epsilon, "delta": r.session_epsilon.delta},
+    })
+}
+
+/// The JSON object of a refused or failed statement.
+pub fn error_json(sql: &str, e: &DpError) -> Value {
+    let (status, error, hint) = match e {
+        DpError::Refused { reason, hint } => ("refused", reason.clone(), hint.clone()),
+        DpError::OverBudget { .. } => {
+            ("refused", e.to_string(), "ask for less ρ (SET dp.rho) or a larger budget".into())
+        }
+        other => ("error", other.to_string(), String::new()),
+    };
+    json!({"status": status, "sql": sql, "error": error, "hint": hint})
+}
+
+fn explain_json(e: &Explanation) -> Value {
+    let measures: Vec<Value> = e
+        .measures
+        .iter()
+        .map(|m| {
+            json!({"measure": m.label, "l1": m.l1 * m.unit, "l2": m.l2 * m.unit, "sensitivity_from": m.derivation,
+                   "mechanism": m.calibration.mechanism().report_name(),
+                   "sigma_or_scale": m.calibration.params.sigma_or_scale() * m.unit,
+                   "rho": m.calibration.rho.get(), "std": m.std, "ci_half_width": m.ci_half_width})
+        })
+        .collect();
+    json!({"status": "explain", "sql": e.sql, "plan": e.private_plan, "cells": e.cells, "measurements": measures,
+           "charge": {"rho": e.rho, "epsilon": e.epsilon.epsilon, "delta": e.epsilon.delta}, "spent": 0.0})
+}
+
+/// Renders the outcome of one statement in `format`.
+pub fn render(sql: &str, outcome: &Result<Response, DpError>, format: Format) -> String {
+    match format {
+        Format::Table => match outcome {
+            Ok(Response::Release(r)) => r.to_pretty_string(),
+            Ok(Response::Explain(e)) => e.to_string(),
+            Ok(Response::Set { option, value }) => format!("{option} = {value}"),
+            Err(e) => format!("error: {e}"),
+        },
+        Format::Csv => match outcome {
+            Ok(Response::Release(r)) => csv(&r.batches),
+            Ok(Response::Explain(e)) => e.to_string(),
+            Ok(Response::Set { option, value }) => format!("{option},{value}"),
+            Err(e) => format!("error: {e}"),
+        },
+        Format::Json | Format::Jsonl => {
+            let v = match outcome {
+                Ok(Response::Release(r)) => release_json(r),
+                Ok(Response::Explain(e)) => explain_json(e),
+                Ok(Response::Set { option, value }) => {
+                    json!({"status": "ok", "sql": sql, "set": option, "value": value})
+                }
+                Err(e) => error_json(sql, e),
+            };
+            if format == Format::Json { serde_json::to_string_pretty(&v).unwrap_or_default() } else { v.to_string() }
+        }
+    }
+}
+
+fn csv(batches: &[RecordBatch]) -> String {
+    let mut buf = Vec::new();
+    {
+        let mut w = datafusion::arrow::csv::WriterBuilder::new().with_header(true).build(&mut buf);
+        for b in batches {
+            if let Err(e) = w.write(b) {
+                return format!("error: cannot write CSV: {e}");
+            }
+        }
+    }
+    String::from_utf8_lossy(&buf).trim_end().to_string()
+}

@@ -1,0 +1,300 @@
+//! The interactive shell: line editing and history, multi-line statements ended by `;`, completion of keywords,
+//! tables and columns, meta-commands, and a budget line after every answer.
+
+use super::output::{self, Format};
+use crate::DpError;
+use crate::policy::ColumnPolicy;
+use crate::session::{DpSession, Response};
+use rustyline::completion::{Completer, Pair};
+use rustyline::error::ReadlineError;
+use rustyline::highlight::Highlighter;
+use rustyline::hint::Hinter;
+use rustyline::validate::Validator;
+use rustyline::{Context, Editor, Helper};
+use std::io::IsTerminal;
+use std::path::Path;
+use std::time::Instant;
+
+const KEYWORDS: &[&str] = &[
+    "SELECT",
+    "FROM",
+    "WHERE",
+    "GROUP",
+    "BY",
+    "ORDER",
+    "HAVING",
+    "LIMIT",
+    "COUNT",
+    "SUM",
+    "AVG",
+    "AND",
+    "OR",
+    "NOT",
+    "IN",
+    "BETWEEN",
+    "LIKE",
+    "IS",
+    "NULL",
+    "AS",
+    "ASC",
+    "DESC",
+    "WITH",
+    "EXPLAIN",
+    "DP",
+    "SET",
+    "dp.rho",
+    "dp.mechanism",
+    "dp.confidence",
+];
+
+const META: &[&str] = &["\\?", "\\tables", "\\describe", "\\budget", "\\explain", "\\format", "\\timing", "\\q"];
+
+const HELP: &str = "\
+Statements end with `;` and may span lines. Ctrl-C cancels the statement being typed, Ctrl-D leaves.
+  SELECT ... ;                      a query: noisy answer, its accuracy and its cost
+  EXPLAIN DP SELECT ... ;           plan, sensitivity, noise and cost, without spending anything
+  SET dp.rho = 0.02;                ρ per query (also dp.mechanism = 'laplace', dp.confidence = 0.9)
+Meta-commands:
+  \\?                 this help
+  \\tables            the private tables
+  \\describe TABLE    columns with their policy (bounds, domain, privacy unit, limits)
+  \\budget            total, spent, remaining, (ε, δ) and the charges
+  \\explain SQL       the same as EXPLAIN DP SQL
+  \\format FMT        table, csv, json or jsonl
+  \\timing            toggle timing of each statement
+  \\q                 leave";
+
+struct DpHelper {
+    words: Vec<String>,
+}
+
+impl Completer for DpHelper {
+    type Candidate = Pair;
+    fn complete(&self, line: &str, pos: usize, _ctx: &Context<'_>) -> rustyline::Result<(usize, Vec<Pair>)> {
+        let head = &line[..pos];
+        let start =
+            head.rfind(|c: char| !(c.is_alphanumeric() || c == '_' || c == '.' || c == '\\')).map_or(0, |i| i + 1);
+        let word = head[start..].to_ascii_lowercase();
+        if word.is_empty() {
+            return Ok((start, vec![]));
+        }
+        let mut c: Vec<Pair> = self
+            .words
+            .iter()
+            .filter(|w| w.to_ascii_lowercase().starts_with(&word))
+            .map(|w| Pair { display: w.clone(), replacement: w.clone() })
+            .collect();
+        c.dedup_by(|a, b| a.display == b.display);
+        Ok((start, c))
+    }
+}
+
+impl Hinter for DpHelper {
+    type Hint = String;
+}
+impl Highlighter for DpHelper {}
+impl Validator for DpHelper {}
+impl Helper for DpHelper {}
+
+struct Shell {
+    session: DpSession,
+    format: Format,
+    timing: bool,
+    color: bool,
+}
+
+fn history_path() -> Option<std::path::PathBuf> {
+    std::env::var_os("HOME").map(|h| Path::new(&h).join(".dpfusion_history"))
+}
+
+impl Shell {
+    fn error(&self, msg: &str) {
+        if self.color {
+            eprintln!("\x1b[31merror: {msg}\x1b[0m");
+        } else {
+            eprintln!("error: {msg}");
+        }
+    }
+
+    async fn statement(&mut self, sql: &str) {
+        let t = Instant::now();
+        let outcome = self.session.sql(sql).await;
+        match &outcome {
+            Err(e) => self.error(&e.to_string()),
+            Ok(r) => {
+                println!("{}", output::render(sql, &outcome, self.format));
+                if let (Response::Release(r), Format::Csv | Format::Json | Format::Jsonl) = (r, self.format) {
+                    println!("{}", budget_line(r));
+                }
+            }
+        }
+        if self.timing {
+            println!("time: {:.3} s", t.elapsed().as_secs_f64());
+        }
+    }
+
+    async fn describe(&self, table: &str) -> Result<(), DpError> {
+        let policy = self
+            .session
+            .tables()
+            .get(table)
+            .ok_or_else(|| DpError::refused(format!("no table `{table}`"), "see \\tables"))?;
+        let schema = self.session.table_schema(table).await?;
+        println!("table {table}");
+        match &policy.privacy_unit {
+            Some(u) => println!(
+                "  privacy unit: {u} · at most {} row(s) per unit (per group) · at most {} group(s) per unit",
+                policy.max_rows_per_unit, policy.max_groups_per_unit
+            ),
+            None => println!("  privacy unit: each row"),
+        }
+        for f in schema.fields() {
+            let p = match policy.columns.get(f.name()) {
+                Some(ColumnPolicy::Bounds { lo, hi }) => format!("bounds [{lo}, {hi}] (SUM, AVG)"),
+                Some(ColumnPolicy::Domain(d)) => {
+                    let vals: Vec<String> = d.iter().map(|v| v.to_string()).collect();
+                    format!("domain {{{}}} (GROUP BY)", vals.join(", "))
+                }
+                None if policy.privacy_unit.as_deref() == Some(f.name()) => "privacy unit (never released)".into(),
+                None => "COUNT and WHERE only".into(),
+            };
+            println!("  {:<12} {:<10} {p}", f.name(), f.data_type().to_string());
+        }
+        Ok(())
+    }
+
+    /// Handles a meta-command; returns false to leave.
+    async fn meta(&mut self, line: &str) -> bool {
+        let (cmd, arg) = line.split_once(char::is_whitespace).map_or((line, ""), |(c, a)| (c, a.trim()));
+        match cmd {
+            "\\q" | "\\quit" => return false,
+            "\\?" | "\\h" | "\\help" => println!("{HELP}"),
+            "\\tables" => {
+                for (name, p) in self.session.tables() {
+                    let unit = p.privacy_unit.as_deref().unwrap_or("row");
+                    println!("{name} (privacy unit: {unit})");
+                }
+            }
+            "\\describe" | "\\d" => {
+                if let Err(e) = self.describe(arg).await {
+                    self.error(&e.to_string());
+                }
+            }
+            "\\budget" => {
+                if let Err(e) = super::print_budget(&self.session) {
+                    self.error(&e.to_string());
+                }
+            }
+            "\\explain" => {
+                let sql = arg.trim_end_matches(';');
+                match self.session.explain(sql).await {
+                    Ok(e) => println!("{e}"),
+                    Err(e) => self.error(&e.to_string()),
+                }
+            }
+            "\\format" => match arg.parse::<Format>() {
+                Ok(f) => {
+                    self.format = f;
+                    println!("format: {arg}");
+                }
+                Err(e) => self.error(&e),
+            },
+            "\\timing" => {
+                self.timing = !self.timing;
+                println!("timing {}", if self.timing { "on" } else { "off" });
+            }
+            other => self.error(&format!("unknown meta-command {other}; \\? lists them")),
+        }
+        true
+    }
+}
+
+fn budget_line(r: &crate::Release) -> String {
+    format!(
+        "ρ spent {} (ε={:.3} at δ={:e}) · remaining {}",
+        crate::release::fmt_num(r.charge.rho.get()),
+        r.query_epsilon.epsilon,
+        r.query_epsilon.delta,
+        crate::release::fmt_num(r.budget.rho_remaining)
+    )
+}
+
+/// Runs the shell until `\q` or end of input. Returns whether the last statement succeeded is not tracked: the
+/// shell's exit status is 0 unless it could not start.
+pub async fn run(session: DpSession, config: &Path) -> Result<bool, DpError> {
+    let b = session.budget()?;
+    println!(
+        "dpfusion — differentially private SQL. Config: {}\nbudget ρ = {} (zCDP), δ = {:e} for (ε, δ) · ledger in memory (resets when you leave)\n\
+         tables: {} · \\? for help, \\q to leave",
+        config.display(),
+        b.status.rho_total,
+        session.delta(),
+        session.tables().keys().cloned().collect::<Vec<_>>().join(", ")
+    );
+    let mut words: Vec<String> = KEYWORDS.iter().chain(META).map(|s| s.to_string()).collect();
+    for name in session.tables().keys() {
+        words.push(name.clone());
+        if let Ok(s) = session.table_schema(name).await {
+            words.extend(s.fields().iter().map(|f| f.name().clone()));
+        }
+    }
+    let mut rl: Editor<DpHelper, rustyline::history::DefaultHistory> =
+        Editor::new().map_err(|e| DpError::Engine(format!("cannot start the line editor: {e}")))?;
+    rl.set_helper(Some(DpHelper { words }));
+    let hist = history_path();
+    if let Some(h) = &hist {
+        let _ = rl.load_history(h);
+    }
+    let color = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none();
+    let mut shell = Shell { session, format: Format::Table, timing: false, color };
+    let mut buffer = String::new();
+    loop {
+        let prompt = if buffer.is_empty() { "dp> " } else { "..> " };
+        match rl.readline(prompt) {
+            Ok(line) => {
+                let trimmed = line.trim();
+                if buffer.is_empty() && trimmed.starts_with('\\') {
+                    let _ = rl.add_history_entry(trimmed);
+                    if !shell.meta(trimmed).await {
+                        break;
+                    }
+                    continue;
+                }
+                if trimmed.is_empty() && buffer.is_empty() {
+                    continue;
+                }
+                buffer.push_str(&line);
+                buffer.push('\n');
+                if !trimmed.ends_with(';') {
+                    continue;
+                }
+                let text = std::mem::take(&mut buffer);
+                let _ = rl.add_history_entry(text.trim());
+                for sql in super::split_statements(&text) {
+                    shell.statement(&sql).await;
+                }
+            }
+            Err(ReadlineError::Interrupted) => {
+                if !buffer.is_empty() {
+                    println!("(statement cancelled)");
+                }
+                buffer.clear();
+            }
+            Err(ReadlineError::Eof) => break,
+            Err(e) => {
+                shell.error(&format!("input error: {e}"));
+                break;
+            }
+        }
+    }
+    if !buffer.trim().is_empty() {
+        // End of input with an unterminated statement: run it rather than drop it silently.
+        for sql in super::split_statements(&buffer) {
+            shell.statement(&sql).await;
+        }
+    }
+    if let Some(h) = &hist {
+        let _ = rl.save_history(h);
+    }
+    Ok(true)
+}

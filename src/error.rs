@@ -1,0 +1,88 @@
+//! The one error type of dpfusion.
+//!
+//! Every message says what went wrong *and* what to change. Errors never carry private values: a refusal
+//! describes the query and the policy, never the data.
+
+use thiserror::Error;
+
+/// Everything that can go wrong in dpfusion, each variant with a message a user can act on.
+#[derive(Debug, Error)]
+pub enum DpError {
+    /// A parameter (budget, sensitivity, noise scale, confidence level, ...) is outside the supported range.
+    #[error("invalid parameter `{name}`: {reason}")]
+    InvalidParameter {
+        /// Name of the parameter as the user knows it (e.g. `rho`, `sensitivity`).
+        name: &'static str,
+        /// What is wrong and what range is accepted.
+        reason: String,
+    },
+
+    /// A charge would exceed the session's total zCDP budget. Nothing was spent.
+    #[error(
+        "privacy budget exhausted: this query costs rho={} but only rho={} remains (total {}, spent {}). \
+         Nothing was spent. Ask for less (e.g. `SET dp.rho = {}`), or ask the data owner for a larger budget",
+        short(*.requested), short(*.remaining), short(*.total), short(*.spent), short(*.remaining)
+    )]
+    OverBudget {
+        /// The session's total ρ.
+        total: f64,
+        /// ρ already spent before this request.
+        spent: f64,
+        /// ρ this request asked for.
+        requested: f64,
+        /// ρ that remains (total − spent).
+        remaining: f64,
+    },
+
+    /// The query cannot be answered under the privacy policy. Nothing was spent.
+    #[error("query refused: {reason}. {hint}")]
+    Refused {
+        /// Why the query cannot be answered.
+        reason: String,
+        /// What to change so that it can be.
+        hint: String,
+    },
+
+    /// The configuration file or an API-provided policy is wrong.
+    #[error("configuration error: {0}")]
+    Config(String),
+
+    /// The operating system's randomness source failed; no noise can be drawn, so nothing is released.
+    #[error("cannot seed the noise generator from the operating system: {0}")]
+    Randomness(String),
+
+    /// An error from the query engine (DataFusion / Arrow) outside the private part of a plan.
+    #[error("query engine error: {0}")]
+    Engine(String),
+
+    /// A file could not be read or written.
+    #[error("I/O error on {path}: {source}")]
+    Io {
+        /// The file concerned.
+        path: String,
+        /// The underlying error.
+        source: std::io::Error,
+    },
+}
+
+impl DpError {
+    /// Shorthand for [`DpError::InvalidParameter`].
+    pub fn invalid(name: &'static str, reason: impl Into<String>) -> Self {
+        DpError::InvalidParameter { name, reason: reason.into() }
+    }
+
+    /// Shorthand for [`DpError::Refused`].
+    pub fn refused(reason: impl Into<String>, hint: impl Into<String>) -> Self {
+        DpError::Refused { reason: reason.into(), hint: hint.into() }
+    }
+}
+
+/// A budget figure for messages: 10 significant digits, trailing zeros dropped (the exact values are in the
+/// error's fields).
+fn short(x: f64) -> String {
+    let s = format!("{x:.9e}");
+    s.parse::<f64>().map(|v| v.to_string()).unwrap_or(s)
+}
+
+/// Result alias used throughout dpfusion.
+pub type Result<T, E = DpError> = std::result::Result<T, E>;

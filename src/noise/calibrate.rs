@@ -1,0 +1,300 @@
+//! Calibration: from a sensitivity and a zCDP budget ρ to the exact parameter of a discrete sampler.
+//!
+//! Every rounding goes in the direction that keeps the privacy claim true: the Gaussian variance σ² and the
+//! Laplace scale are rounded **up** onto a dyadic grid, and the ρ that is charged is the smaller of two valid
+//! upper bounds on the mechanism's true cost: the ρ that was asked for, and the cost recomputed from the rounded
+//! parameter (itself rounded up).
+//!
+//! Neighbouring relation: add/remove all rows of one privacy unit. The sensitivity passed in must be the
+//! sensitivity of the (integer-valued) query under that relation.
+
+use crate::accounting::Rho;
+use crate::error::{DpError, Result};
+use crate::noise::Ratio;
+use serde::{Deserialize, Serialize};
+
+/// The noise mechanism of a measurement.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Mechanism {
+    /// Discrete Gaussian (CKS20 Alg. 3), calibrated to the L2 sensitivity.
+    Gaussian,
+    /// Discrete Laplace (CKS20 Alg. 2), calibrated to the L1 sensitivity.
+    Laplace,
+}
+
+impl Mechanism {
+    /// The name used in reports: `discrete_gaussian` or `discrete_laplace`.
+    pub fn report_name(self) -> &'static str {
+        match self {
+            Mechanism::Gaussian => "discrete_gaussian",
+            Mechanism::Laplace => "discrete_laplace",
+        }
+    }
+}
+
+impl std::str::FromStr for Mechanism {
+    type Err = DpError;
+    fn from_str(s: &str) -> Result<Self> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "gaussian" | "discrete_gaussian" => Ok(Mechanism::Gaussian),
+            "laplace" | "discrete_laplace" => Ok(Mechanism::Laplace),
+            other => Err(DpError::invalid("mechanism", format!("`{other}` is not known; use 'gaussian' or 'laplace'"))),
+        }
+    }
+}
+
+impl std::fmt::Display for Mechanism {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Mechanism::Gaussian => "gaussian",
+            Mechanism::Laplace => "laplace",
+        })
+    }
+}
+
+/// The exact parameter of a calibrated sampler.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "mechanism", rename_all = "snake_case")]
+pub enum NoiseParams {
+    /// Discrete Gaussian with variance parameter σ² (exact rational).
+    Gaussian {
+        /// σ², the variance parameter of N_Z(0, σ²).
+        sigma_sq: Ratio,
+    },
+    /// Discrete Laplace with scale b: P(z) ∝ exp(−|z|/b).
+    Laplace {
+        /// The scale b.
+        scale: Ratio,
+    },
+}
+
+impl NoiseParams {
+    /// Which mechanism these parameters belong to.
+    pub fn mechanism(&self) -> Mechanism {
+        match self {
+            NoiseParams::Gaussian { .. } => Mechanism::Gaussian,
+            NoiseParams::Laplace { .. } => Mechanism::Laplace,
+        }
+    }
+
+    /// σ for the Gaussian, the scale b for the Laplace (for display).
+    pub fn sigma_or_scale(&self) -> f64 {
+        match self {
+            NoiseParams::Gaussian { sigma_sq } => sigma_sq.to_f64().sqrt(),
+            NoiseParams::Laplace { scale } => scale.to_f64(),
+        }
+    }
+}
+
+/// A calibrated measurement: the sampler's exact parameter, the sensitivity it was calibrated to, and its cost.
+///
+/// This is also the record a [`crate::accounting::Charge`] stores for each measurement, so it is serialisable as
+/// it is (a durable ledger can store it without change).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Calibration {
+    /// The sampler and its exact parameter.
+    pub params: NoiseParams,
+    /// The sensitivity the noise is calibrated to: L2 for the Gaussian, L1 for the Laplace.
+    pub sensitivity: f64,
+    /// The zCDP cost charged for this measurement (≤ the ρ asked for, ≥ the true cost).
+    pub rho: Rho,
+    /// For the Laplace mechanism, the pure-DP ε = Δ₁/b it satisfies (rounded up); `None` for the Gaussian.
+    pub pure_epsilon: Option<f64>,
+}
+
+impl Calibration {
+    /// The mechanism.
+    pub fn mechanism(&self) -> Mechanism {
+        self.params.mechanism()
+    }
+}
+
+/// Relative inflation of σ² and of the Laplace scale beyond what the asked-for ρ needs (2⁻⁴⁶ ≈ 1.4e-14). It makes
+/// the true cost of a mechanism strictly smaller than the ρ asked for, by more than the rounding of the f64
+/// arithmetic, so that e.g. twenty charges of `0.05` fit in a total of `1.0` although fl(0.05)·20 > 1.
+const INFLATE: f64 = 1.0 + 1.0 / (1u64 << 46) as f64;
+/// Relative upward rounding of a recomputed cost: larger than the accumulated error of the few f64 operations
+/// involved (each ≤ 2⁻⁵³), smaller than [`INFLATE`].
+const MARGIN: f64 = 1.0 + 1.0 / (1u64 << 50) as f64;
+
+/// Largest σ² (or Laplace scale) accepted, so that every intermediate of the exact samplers stays bounded.
+pub const MAX_PARAM: f64 = (1u64 << 62) as f64;
+/// Smallest σ² (or Laplace scale) accepted.
+pub const MIN_PARAM: f64 = 1.0 / (1u64 << 30) as f64;
+
+fn check_sensitivity(s: f64, norm: &str) -> Result<()> {
+    if !s.is_finite() || s <= 0.0 {
+        return Err(DpError::invalid(
+            "sensitivity",
+            format!(
+                "{norm} sensitivity must be finite and > 0, got {s}; a zero sensitivity means the query does not \
+                 depend on private data, which dpfusion does not release through a noise mechanism"
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Rounds `x > 0` up onto a dyadic grid fine enough for ~40 significant bits, keeping the numerator below 2⁶³.
+fn ratio_up(x: f64, what: &str) -> Result<Ratio> {
+    if !(MIN_PARAM..=MAX_PARAM).contains(&x) {
+        return Err(DpError::invalid(
+            "noise parameter",
+            format!(
+                "{what} would be {x:e}, outside the supported range [{MIN_PARAM:e}, {MAX_PARAM:e}]; \
+                 change the per-query rho or the sensitivity (bounds, rows per unit)"
+            ),
+        ));
+    }
+    // x < 2^e: choose bits so that x·2^bits < 2^62 and bits ≤ 40.
+    let e = x.log2().ceil() as i32;
+    let bits = (62 - e).clamp(0, 40) as u32;
+    Ratio::from_f64_ceil(x, bits)
+}
+
+/// Discrete Gaussian calibrated to an L2 sensitivity `l2` and a budget `rho`.
+///
+/// # Privacy
+/// Releasing `q(x) + Z` with `Z ~ N_Z(0, σ²)` for an integer-valued `q` with L2 sensitivity Δ₂ (under add/remove
+/// of one privacy unit) is (Δ₂²/(2σ²))-zCDP: BS16 Prop 1.6 / Lemma 2.5 for the continuous Gaussian
+/// (seeds.md §1.2 and §2 row 1, test vectors T1), carried to the discrete Gaussian by CKS20 Thm 4 (its Rényi
+/// divergences are at most those of the continuous one). Here σ² = Δ₂²/(2ρ) rounded **up** to a dyadic
+/// rational, so the true cost is at most the ρ asked for; the recorded cost is min(ρ asked, Δ₂²/(2σ²) rounded up).
+pub fn gaussian(l2: f64, rho: Rho) -> Result<Calibration> {
+    check_sensitivity(l2, "L2")?;
+    if rho.get() <= 0.0 {
+        return Err(DpError::invalid("rho", "must be > 0 for a Gaussian measurement"));
+    }
+    let sigma_sq_real = (l2 * l2) / (2.0 * rho.get()) * INFLATE;
+    let sigma_sq = ratio_up(sigma_sq_real, "sigma^2")?;
+    Ok(Calibration {
+        params: NoiseParams::Gaussian { sigma_sq },
+        sensitivity: l2,
+        rho: min_rho(rho, gaussian_cost(l2, sigma_sq)?),
+        pure_epsilon: None,
+    })
+}
+
+/// Discrete Gaussian with a given noise standard-deviation parameter σ (rounded up), and the ρ it costs.
+///
+/// # Privacy
+/// Same mechanism and theorem as [`gaussian`]; the cost ρ = Δ₂²/(2σ²) is computed from the rounded σ² and
+/// rounded up (BS16 Prop 1.6, seeds.md §2 rows 1 and 18).
+pub fn gaussian_for_sigma(l2: f64, sigma: f64) -> Result<Calibration> {
+    check_sensitivity(l2, "L2")?;
+    if !sigma.is_finite() || sigma <= 0.0 {
+        return Err(DpError::invalid("sigma", format!("must be finite and > 0, got {sigma}")));
+    }
+    let sigma_sq = ratio_up(sigma * sigma * MARGIN, "sigma^2")?;
+    Ok(Calibration {
+        params: NoiseParams::Gaussian { sigma_sq },
+        sensitivity: l2,
+        rho: gaussian_cost(l2, sigma_sq)?,
+        pure_epsilon: None,
+    })
+}
+
+/// ρ = Δ₂²/(2σ²) for the exact rational σ², rounded up.
+fn gaussian_cost(l2: f64, sigma_sq: Ratio) -> Result<Rho> {
+    // σ² as f64 rounded down: num/den with both conversions exact below 2^53, else divide and step down.
+    let s2 = sigma_sq.to_f64().next_down();
+    Rho::new((l2 * l2) / (2.0 * s2) * MARGIN)
+}
+
+fn min_rho(a: Rho, b: Rho) -> Rho {
+    if b.get() < a.get() { b } else { a }
+}
+
+/// Discrete Laplace calibrated to an L1 sensitivity `l1` and a budget `rho`.
+///
+/// # Privacy
+/// Releasing `q(x) + Z` with `Z` discrete Laplace of scale b (P(z) ∝ e^{−|z|/b}) for an integer-valued `q` with
+/// L1 sensitivity Δ₁ (add/remove one privacy unit) is ε-DP with ε = Δ₁/b (CKS20 Alg. 2 and §2; the classic
+/// geometric mechanism), and ε-DP implies ε²/2-zCDP (BS16 Prop 1.4, seeds.md §2 row 4, vectors T2). With
+/// ε = √(2ρ) the scale is b = Δ₁/ε, rounded **up**; the recorded cost is min(ρ asked, (Δ₁/b)²/2 rounded up), and
+/// the pure ε = Δ₁/b is kept for pure-DP composition reporting.
+pub fn laplace(l1: f64, rho: Rho) -> Result<Calibration> {
+    check_sensitivity(l1, "L1")?;
+    if rho.get() <= 0.0 {
+        return Err(DpError::invalid("rho", "must be > 0 for a Laplace measurement"));
+    }
+    let eps = (2.0 * rho.get()).sqrt();
+    let scale = ratio_up(l1 / eps * INFLATE, "Laplace scale")?;
+    let pure_eps = l1 / scale.to_f64().next_down() * MARGIN;
+    let cost = Rho::new(pure_eps * pure_eps / 2.0 * MARGIN)?;
+    Ok(Calibration {
+        params: NoiseParams::Laplace { scale },
+        sensitivity: l1,
+        rho: min_rho(rho, cost),
+        pure_epsilon: Some(pure_eps),
+    })
+}
+
+/// Calibrates `mechanism` to the matching sensitivity (L2 for Gaussian, L1 for Laplace) and budget.
+pub fn calibrate(mechanism: Mechanism, l1: f64, l2: f64, rho: Rho) -> Result<Calibration> {
+    match mechanism {
+        Mechanism::Gaussian => gaussian(l2, rho),
+        Mechanism::Laplace => laplace(l1, rho),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rho(x: f64) -> Rho {
+        Rho::new(x).unwrap()
+    }
+
+    #[test]
+    fn gaussian_rounds_sigma_up_and_charges_at_most_requested() {
+        for (l2, r) in [(1.0, 0.5), (1.0, 0.1), (2f64.sqrt(), 0.5), (5.0, 0.25), (100.0, 0.02), (1.0, 1e-6)] {
+            let c = gaussian(l2, rho(r)).unwrap();
+            let NoiseParams::Gaussian { sigma_sq } = c.params else { panic!() };
+            let needed = l2 * l2 / (2.0 * r);
+            assert!(sigma_sq.to_f64() >= needed, "sigma^2 {} < needed {needed}", sigma_sq);
+            assert!((sigma_sq.to_f64() / needed - 1.0) < 1e-9);
+            assert!(c.rho.get() <= r);
+            assert!((c.rho.get() / r - 1.0).abs() < 1e-9);
+        }
+    }
+
+    #[test]
+    fn laplace_scale_and_pure_epsilon() {
+        let c = laplace(1.0, rho(0.5)).unwrap();
+        let NoiseParams::Laplace { scale } = c.params else { panic!() };
+        assert!(scale.to_f64() >= 1.0);
+        let e = c.pure_epsilon.unwrap();
+        assert!(e >= 1.0 / scale.to_f64());
+        assert!((e - 1.0).abs() < 1e-9);
+        assert!(c.rho.get() <= 0.5 && (c.rho.get() - 0.5).abs() < 1e-9);
+    }
+
+    #[test]
+    fn edge_cases_refused() {
+        assert!(gaussian(0.0, rho(0.1)).is_err());
+        assert!(gaussian(-1.0, rho(0.1)).is_err());
+        assert!(gaussian(f64::NAN, rho(0.1)).is_err());
+        assert!(gaussian(1.0, Rho::ZERO).is_err());
+        assert!(laplace(1.0, Rho::ZERO).is_err());
+        assert!(gaussian(1e12, rho(1e-9)).is_err()); // σ² = 5e32: beyond the exact range
+        assert!(gaussian(1e-6, rho(1e6)).is_err()); // σ² far below the exact range
+        assert!(gaussian_for_sigma(1.0, 0.0).is_err());
+    }
+
+    #[test]
+    fn sigma_target_gives_cost() {
+        let c = gaussian_for_sigma(1.0, 10.0).unwrap();
+        assert!((c.rho.get() - 0.005).abs() < 1e-12); // T1.8
+        let c = gaussian_for_sigma(100.0, 500.0).unwrap();
+        assert!((c.rho.get() - 0.02).abs() < 1e-12); // T1.9
+    }
+
+    #[test]
+    fn mechanism_parsing() {
+        assert_eq!("Gaussian".parse::<Mechanism>().unwrap(), Mechanism::Gaussian);
+        assert_eq!("laplace".parse::<Mechanism>().unwrap(), Mechanism::Laplace);
+        assert!("exponential".parse::<Mechanism>().is_err());
+    }
+}

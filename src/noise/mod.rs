@@ -1,0 +1,26 @@
+//! Exact noise on the integers: discrete Gaussian and discrete Laplace (Canonne, Kamath & Steinke 2020, "CKS20").
+//!
+//! Nothing in this module imports DataFusion or Arrow: it is pure, privacy-critical arithmetic, reviewed and
+//! tested in isolation.
+//!
+//! * [`rng`]: the only randomness source, a ChaCha20 CSPRNG seeded by the operating system.
+//! * [`ratio`]: exact rational parameters (σ², scale), so no floating-point number is on the sampling path.
+//! * [`bernoulli`], [`laplace`], [`gaussian`]: the CKS20 samplers.
+//! * [`calibrate`]: from a sensitivity and a ρ to a sampler's parameter, rounded in the safe direction.
+//! * [`accuracy`]: standard deviation and confidence-interval half-width of the exact discrete distributions.
+//!
+//! Neighbouring relation throughout dpfusion: two datasets are neighbours when one is obtained from the other by
+//! adding or removing **all rows of one privacy unit**. Sensitivities handed to [`calibrate`] must be computed
+//! under that relation.
+
+pub mod accuracy;
+pub mod bernoulli;
+pub mod calibrate;
+pub mod gaussian;
+pub mod laplace;
+pub mod ratio;
+pub mod rng;
+
+pub use calibrate::{Mechanism, NoiseParams};
+pub use ratio::Ratio;
+pub use rng::NoiseRng;

@@ -1,0 +1,216 @@
+//! Bounding: the rewrite that makes every measurement's sensitivity hold, whatever the data.
+//!
+//! 1. The privacy-unit column is carried up through the user's projections as `__dp_unit`.
+//! 2. GROUP BY keys outside their public domain (and NULL keys) are dropped **before** any bounding, so a unit's
+//!    out-of-domain rows never use up its contribution limits, and the released keys never depend on the data.
+//! 3. Rows per unit (per group of the unit in a GROUP BY) are truncated to `max_rows_per_unit` by a uniformly
+//!    random choice: `row_number() OVER (PARTITION BY unit[, keys] ORDER BY random()) ≤ k`. Not the first rows:
+//!    order is data.
+//! 4. In a GROUP BY with more cells than `max_groups_per_unit`, each unit keeps a uniformly random set of at most
+//!    `g` of its groups: one random number per (unit, group), then `dense_rank() OVER (PARTITION BY unit ORDER BY
+//!    that number, keys) ≤ g` (the keys break ties, so distinct groups never share a rank).
+//! 5. Values are clamped to the column's bounds before summing (NULL stays NULL and is ignored by SUM; NaN
+//!    compares above every number in Arrow and is clamped to the upper bound), then put on the grid 2^-s and summed
+//!    as DECIMAL(38, 0). With |value| ≤ 2^21 grid units per row and fewer than 2^64 rows, the exact sum stays far
+//!    below 10^38: no overflow, hence no data-dependent runtime error, is possible.
+
+use crate::error::{DpError, Result};
+use crate::policy::DomainValue;
+use datafusion::arrow::datatypes::DataType;
+use datafusion::common::tree_node::{Transformed, TreeNode};
+use datafusion::common::{Column, DFSchema, ScalarValue};
+use datafusion::functions::math::expr_fn::{random, round};
+use datafusion::functions_window::expr_fn::{dense_rank, row_number};
+use datafusion::logical_expr::expr::WindowFunction;
+use datafusion::logical_expr::{
+    Expr, ExprFunctionExt, ExprSchemable, LogicalPlan, LogicalPlanBuilder, Projection, cast, col, lit, when,
+};
+use std::sync::Arc;
+
+/// Name of the carried privacy-unit column.
+pub const UNIT: &str = "__dp_unit";
+
+fn engine(e: datafusion::error::DataFusionError) -> DpError {
+    DpError::Engine(e.to_string())
+}
+
+/// Inserts `unit AS __dp_unit` right above the scan and carries it through every projection of the input chain.
+pub fn carry_unit(input: LogicalPlan, unit: &str) -> Result<LogicalPlan> {
+    input
+        .transform_up(|node| match node {
+            LogicalPlan::TableScan(_) => {
+                let schema = node.schema().clone();
+                let (q, f) = schema.qualified_field_with_unqualified_name(unit).map_err(|_| {
+                    datafusion::error::DataFusionError::Plan(format!(
+                        "the privacy-unit column `{unit}` is missing from the table"
+                    ))
+                })?;
+                let mut exprs: Vec<Expr> = schema.columns().into_iter().map(Expr::Column).collect();
+                exprs.push(Expr::Column(Column::new(q.cloned(), f.name())).alias(UNIT));
+                let p = Projection::try_new(exprs, Arc::new(node))?;
+                Ok(Transformed::yes(LogicalPlan::Projection(p)))
+            }
+            LogicalPlan::Projection(p) => {
+                let mut exprs = p.expr.clone();
+                let (q, _) = p.input.schema().qualified_field_with_unqualified_name(UNIT)?;
+                exprs.push(Expr::Column(Column::new(q.cloned(), UNIT)));
+                Ok(Transformed::yes(LogicalPlan::Projection(Projection::try_new(exprs, p.input.clone())?)))
+            }
+            other => Ok(Transformed::yes(other.recompute_schema()?)),
+        })
+        .map(|t| t.data)
+        .map_err(|e| match e {
+            datafusion::error::DataFusionError::Plan(m) => DpError::Config(m),
+            other => engine(other),
+        })
+}
+
+/// A domain value as a literal of the key column's type.
+pub fn domain_literal(v: &DomainValue, dt: &DataType, column: &str) -> Result<ScalarValue> {
+    let s = match v {
+        DomainValue::Int(i) => ScalarValue::Int64(Some(*i)),
+        DomainValue::Str(s) => ScalarValue::Utf8(Some(s.clone())),
+        DomainValue::Bool(b) => ScalarValue::Boolean(Some(*b)),
+    };
+    let cast = s.cast_to(dt).map_err(|_| {
+        DpError::Config(format!(
+            "domain value {v} of column `{column}` does not fit the column's type {dt}; fix the domain"
+        ))
+    })?;
+    // A cast that changes the value (e.g. 300 into Int8) would put a key in the domain twice or not at all.
+    if cast.cast_to(&s.data_type()).ok().as_ref() != Some(&s) {
+        return Err(DpError::Config(format!(
+            "domain value {v} of column `{column}` is not representable as {dt}; fix the domain"
+        )));
+    }
+    Ok(cast)
+}
+
+/// Keeps only rows whose keys are all in their domains (NULL keys are dropped too).
+pub fn domain_filter(input: LogicalPlan, keys: &[(Column, Vec<ScalarValue>)]) -> Result<LogicalPlan> {
+    if keys.is_empty() {
+        return Ok(input);
+    }
+    let pred = keys
+        .iter()
+        .map(|(c, dom)| Expr::Column(c.clone()).in_list(dom.iter().cloned().map(lit).collect(), false))
+        .reduce(Expr::and)
+        .ok_or_else(|| DpError::Engine("no domain predicate".into()))?;
+    LogicalPlanBuilder::from(input).filter(pred).and_then(|b| b.build()).map_err(engine)
+}
+
+/// Truncates each unit to at most `rows` rows (per group when `keys` is non-empty) and, when `groups` is given,
+/// to at most that many groups. Row-level tables skip this (each row is its own unit).
+pub fn contribution_bound(input: LogicalPlan, keys: &[Column], rows: u64, groups: Option<u64>) -> Result<LogicalPlan> {
+    let unit = || col(Column::from_name(UNIT));
+    let mut part = vec![unit()];
+    part.extend(keys.iter().cloned().map(Expr::Column));
+    let rn = row_number()
+        .partition_by(part.clone())
+        .order_by(vec![random().sort(true, false)])
+        .build()
+        .map_err(engine)?
+        .alias("__dp_rn");
+    let mut b = LogicalPlanBuilder::from(input)
+        .window(vec![rn])
+        .and_then(|b| b.filter(col("__dp_rn").lt_eq(lit(rows))))
+        .map_err(engine)?;
+    if let Some(g) = groups {
+        // One uniform number per (unit, group): drawn on the group's first kept row, spread by MAX over the group.
+        let first =
+            when(col("__dp_rn").eq(lit(1u64)), random()).otherwise(lit(ScalarValue::Float64(None))).map_err(engine)?;
+        let keep: Vec<Expr> = b.schema().columns().into_iter().map(Expr::Column).collect();
+        let mut with_r = keep.clone();
+        with_r.push(first.alias("__dp_r1"));
+        let max_fn = datafusion::functions_aggregate::min_max::max_udaf();
+        let gr = Expr::from(WindowFunction::new(max_fn, vec![col("__dp_r1")]))
+            .partition_by(part)
+            .build()
+            .map_err(engine)?
+            .alias("__dp_gr");
+        let mut order = vec![col("__dp_gr").sort(true, false)];
+        order.extend(keys.iter().cloned().map(|k| Expr::Column(k).sort(true, false)));
+        let rank = dense_rank().partition_by(vec![unit()]).order_by(order).build().map_err(engine)?.alias("__dp_rank");
+        b = b
+            .project(with_r)
+            .and_then(|b| b.window(vec![gr]))
+            .and_then(|b| b.window(vec![rank]))
+            .and_then(|b| b.filter(col("__dp_rank").lt_eq(lit(g))))
+            .map_err(engine)?;
+    }
+    b.build().map_err(engine)
+}
+
+fn is_integer(dt: &DataType) -> bool {
+    matches!(
+        dt,
+        DataType::Int8
+            | DataType::Int16
+            | DataType::Int32
+            | DataType::Int64
+            | DataType::UInt8
+            | DataType::UInt16
+            | DataType::UInt32
+            | DataType::UInt64
+    )
+}
+
+/// How a SUM argument is bounded: the clamped, grid-scaled expression, the per-row bound M in grid units and the
+/// grid exponent s (values are rounded to multiples of 2^-s).
+pub struct BoundedValue {
+    /// `DECIMAL(38,0)` expression of the clamped value in grid units.
+    pub expr: Expr,
+    /// Largest |value| of one row, in grid units.
+    pub max_abs: f64,
+    /// Grid exponent (negative: a grid coarser than 1).
+    pub scale_bits: i32,
+    /// Bounds actually applied (in value units), for explanations.
+    pub lo: f64,
+    /// Upper bound actually applied.
+    pub hi: f64,
+}
+
+/// Grid exponent s for a sum whose rows are at most `max_abs` in absolute value: about 2^20 grid steps between 0
+/// and the bound, so the per-row rounding (at most half a step, 2^-21 of the bound) is negligible next to the noise,
+/// whose standard deviation is at least a full bound per unit, and σ in grid units stays inside the exact samplers'
+/// range. Integer columns whose bound is at most 2^20 use s = 0: exact integers, no rounding at all.
+pub fn grid_bits(max_abs: f64) -> i32 {
+    let e = if max_abs <= 1.0 { 0 } else { max_abs.log2().ceil() as i32 };
+    (20 - e).clamp(-40, 20)
+}
+
+/// Clamps `value` (a column of `schema`) to `[lo, hi]` and scales it onto the integer grid, as DECIMAL(38,0).
+pub fn bounded_value(value: Expr, schema: &DFSchema, lo: f64, hi: f64, column: &str) -> Result<BoundedValue> {
+    let dt = value.get_type(schema).map_err(engine)?;
+    let dec = DataType::Decimal128(38, 0);
+    if is_integer(&dt) {
+        let (ilo, ihi) = (lo.ceil(), hi.floor());
+        if ilo > ihi {
+            return Err(DpError::refused(
+                format!("bounds [{lo}, {hi}] of integer column `{column}` contain no integer"),
+                format!("widen `bounds` of column {column} to include at least one integer"),
+            ));
+        }
+        let m = ilo.abs().max(ihi.abs());
+        if grid_bits(m) >= 0 {
+            let (l, h) = (lit(ilo as i64), lit(ihi as i64));
+            let v = cast(value.clone(), DataType::Int64);
+            let clamped =
+                when(v.clone().lt(l.clone()), l).when(v.clone().gt(h.clone()), h).otherwise(v).map_err(engine)?;
+            return Ok(BoundedValue { expr: cast(clamped, dec), max_abs: m, scale_bits: 0, lo: ilo, hi: ihi });
+        }
+    } else if !dt.is_numeric() {
+        return Err(DpError::refused(
+            format!("SUM/AVG needs a numeric column, but `{column}` is {dt}"),
+            "use COUNT on non-numeric columns, or GROUP BY them if they have a public domain",
+        ));
+    }
+    let m = lo.abs().max(hi.abs());
+    let bits = grid_bits(m);
+    let scale = 2f64.powi(bits);
+    let v = cast(value, DataType::Float64);
+    let (l, h) = (lit(lo), lit(hi));
+    let clamped = when(v.clone().lt(l.clone()), l).when(v.clone().gt(h.clone()), h).otherwise(v).map_err(engine)?;
+    let scaled = round(vec![clamped * lit(scale)]);
+    Ok(BoundedValue { expr: cast(scaled, dec), max_abs: (m * scale).ceil(), scale_bits: bits, lo, hi })
+}

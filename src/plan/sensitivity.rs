@@ -1,0 +1,67 @@
+//! Sensitivities of the measurements, derived from the policy under add/remove of one privacy unit.
+//!
+//! After bounding, one unit contributes at most `k` rows to each group and to at most `g` groups (`k` =
+//! `max_rows_per_unit`, `g` = `max_groups_per_unit`, and `g` is further capped by the number of cells of the
+//! GROUP BY domain; without GROUP BY, `g = 1`). Adding or removing the unit changes each affected cell of a COUNT
+//! by at most `L∞ = k`, so over the vector of cells `Δ₁ = k·g` and `Δ₂ = k·√g` (the sum over ≤ g cells of
+//! ≤ k each). A SUM of values clamped to `[lo, hi]` and put on the grid 2^-s multiplies by
+//! `M = ⌈max(|lo|, |hi|)·2^s⌉` (grid units). Row-level tables have `k = g = 1` (seeds.md §1.6, add/remove column).
+
+use crate::policy::TablePolicy;
+
+/// The sensitivity of one measurement (a vector over the GROUP BY cells, or a scalar).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Sensitivity {
+    /// L1 sensitivity (for the Laplace mechanism).
+    pub l1: f64,
+    /// L2 sensitivity (for the Gaussian mechanism).
+    pub l2: f64,
+    /// Where it came from, for EXPLAIN DP.
+    pub derivation: String,
+}
+
+/// Contribution limits in force for one query.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Contribution {
+    /// Rows per unit (per group in a GROUP BY).
+    pub rows: u64,
+    /// Groups per unit (1 without GROUP BY; at most the number of cells).
+    pub groups: u64,
+}
+
+impl Contribution {
+    /// The limits of `policy` for a query with `cells` GROUP BY cells (`None` without GROUP BY).
+    pub fn of(policy: &TablePolicy, cells: Option<u64>) -> Self {
+        let groups = match cells {
+            None => 1,
+            Some(c) => policy.max_groups_per_unit.min(c).max(1),
+        };
+        Contribution { rows: policy.max_rows_per_unit, groups }
+    }
+
+    fn describe(&self, unit: &str) -> String {
+        if self.groups == 1 {
+            format!("≤ {} row(s) per {unit}", self.rows)
+        } else {
+            format!("≤ {} row(s) per {unit} in each of ≤ {} groups", self.rows, self.groups)
+        }
+    }
+}
+
+/// COUNT (of rows or of non-NULL values): Δ₁ = k·g, Δ₂ = k·√g.
+pub fn count(c: Contribution, unit: &str) -> Sensitivity {
+    let k = c.rows as f64;
+    let g = c.groups as f64;
+    Sensitivity { l1: k * g, l2: k * g.sqrt(), derivation: format!("COUNT: {}", c.describe(unit)) }
+}
+
+/// SUM of values each at most `m` in absolute value (grid units): Δ₁ = k·g·m, Δ₂ = k·√g·m.
+pub fn sum(c: Contribution, unit: &str, m: f64, bound_text: &str) -> Sensitivity {
+    let k = c.rows as f64;
+    let g = c.groups as f64;
+    Sensitivity {
+        l1: k * g * m,
+        l2: k * g.sqrt() * m,
+        derivation: format!("SUM: {}, each clamped to {bound_text}", c.describe(unit)),
+    }
+}

@@ -1,0 +1,355 @@
+//! Validation: which plans dpfusion answers, and the refusals (with a reason and a fix) for the rest.
+//!
+//! Accepted shape: post-processing nodes (Projection, Filter for HAVING, Sort, Limit, SubqueryAlias, Window,
+//! Distinct) above exactly **one** Aggregate, whose input is a linear chain of Filter (WHERE), bare-column
+//! Projection and SubqueryAlias nodes ending in a scan of one private table. Expression subqueries, joins,
+//! unions and every statement that reaches outside a read-only view are refused.
+
+use crate::error::{DpError, Result};
+use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
+use datafusion::common::{Column, TableReference};
+use datafusion::logical_expr::{Aggregate, Expr, LogicalPlan};
+
+fn refuse<T>(reason: impl Into<String>, hint: impl Into<String>) -> Result<T> {
+    Err(DpError::refused(reason, hint))
+}
+
+/// Name of a plan node for messages.
+fn node_name(p: &LogicalPlan) -> String {
+    match p {
+        LogicalPlan::Join(_) => "a JOIN".into(),
+        LogicalPlan::Union(_) => "UNION".into(),
+        LogicalPlan::Explain(_) => "EXPLAIN".into(),
+        LogicalPlan::Analyze(_) => "EXPLAIN ANALYZE".into(),
+        LogicalPlan::Dml(_) => "a data-modifying statement (INSERT/UPDATE/DELETE/COPY)".into(),
+        LogicalPlan::Ddl(_) => "a DDL statement (CREATE/DROP)".into(),
+        LogicalPlan::Copy(_) => "COPY ... TO".into(),
+        LogicalPlan::Statement(_) => "a session statement".into(),
+        LogicalPlan::Window(_) => "a window function".into(),
+        LogicalPlan::RecursiveQuery(_) => "a recursive CTE".into(),
+        LogicalPlan::Unnest(_) => "UNNEST".into(),
+        LogicalPlan::Limit(_) => "LIMIT".into(),
+        LogicalPlan::Sort(_) => "ORDER BY".into(),
+        LogicalPlan::Distinct(_) => "DISTINCT".into(),
+        LogicalPlan::Values(_) => "VALUES".into(),
+        other => other.display().to_string(),
+    }
+}
+
+/// Refuses statements that are not plain queries: DDL, DML, COPY, EXPLAIN [ANALYZE], SET/other statements.
+pub fn check_statement_kind(plan: &LogicalPlan) -> Result<()> {
+    match plan {
+        LogicalPlan::Analyze(_) => refuse(
+            "EXPLAIN ANALYZE executes the query and its metrics carry exact row counts",
+            "use `EXPLAIN DP <query>` to see the private plan, its sensitivity and its cost without touching data",
+        ),
+        LogicalPlan::Explain(_) => refuse(
+            "plain EXPLAIN is not available",
+            "use `EXPLAIN DP <query>` to see the private plan, its sensitivity and its cost",
+        ),
+        LogicalPlan::Dml(_) | LogicalPlan::Ddl(_) | LogicalPlan::Copy(_) => refuse(
+            format!("{} would reach outside the analyst's read-only view", node_name(plan)),
+            "dpfusion answers SELECT queries with aggregates; tables are declared by the data owner in the configuration file",
+        ),
+        LogicalPlan::Statement(_) => refuse(
+            "this statement is not available",
+            "only `SET dp.rho = ...`, `SET dp.mechanism = ...` and `SET dp.confidence = ...` can be set by the analyst",
+        ),
+        _ => Ok(()),
+    }
+}
+
+fn has_subquery(e: &Expr) -> bool {
+    e.exists(|e| {
+        Ok(matches!(
+            e,
+            Expr::ScalarSubquery(_) | Expr::Exists(_) | Expr::InSubquery(_) | Expr::OuterReferenceColumn(..)
+        ))
+    })
+    .unwrap_or(true)
+}
+
+/// The private part of an accepted plan: the single Aggregate and the table its input scans.
+pub struct Located<'a> {
+    /// The Aggregate node.
+    pub aggregate: &'a Aggregate,
+    /// The private table it reads.
+    pub table: TableReference,
+}
+
+/// Finds the single Aggregate of `plan`, checks the shape above and below it, and names the private table.
+/// `is_private` says whether a scanned table is a registered private table.
+pub fn locate<'a>(plan: &'a LogicalPlan, is_private: &dyn Fn(&TableReference) -> bool) -> Result<Located<'a>> {
+    // Expression subqueries anywhere.
+    let mut sub = false;
+    plan.apply_with_subqueries(|n| {
+        if n.expressions().iter().any(has_subquery) || matches!(n, LogicalPlan::Subquery(_)) {
+            sub = true;
+            return Ok(TreeNodeRecursion::Stop);
+        }
+        Ok(TreeNodeRecursion::Continue)
+    })
+    .map_err(|e| DpError::Engine(e.to_string()))?;
+    if sub {
+        return refuse(
+            "subqueries inside expressions (IN (SELECT ...), EXISTS, scalar subqueries) are not supported",
+            "rewrite the query as one aggregate over one table, with conditions in WHERE",
+        );
+    }
+    // Walk down the post-processing chain to the aggregate.
+    let mut node = plan;
+    loop {
+        match node {
+            LogicalPlan::Aggregate(agg) => {
+                let table = check_private_input(&agg.input, is_private)?;
+                return Ok(Located { aggregate: agg, table });
+            }
+            LogicalPlan::Projection(_)
+            | LogicalPlan::Filter(_)
+            | LogicalPlan::Sort(_)
+            | LogicalPlan::Limit(_)
+            | LogicalPlan::SubqueryAlias(_)
+            | LogicalPlan::Window(_)
+            | LogicalPlan::Distinct(_) => {
+                let inputs = node.inputs();
+                let [only] = inputs.as_slice() else {
+                    return refuse("unexpected plan shape", "write one aggregate query over one table");
+                };
+                node = only;
+            }
+            LogicalPlan::TableScan(scan) => {
+                return if is_private(&scan.table_name) {
+                    refuse(
+                        format!(
+                            "the query returns rows of the private table `{}` without aggregating them",
+                            scan.table_name
+                        ),
+                        "ask for aggregates instead, e.g. `SELECT COUNT(*) ...` or `SELECT sex, AVG(income) ... GROUP BY sex`",
+                    )
+                } else {
+                    refuse(
+                        format!("`{}` is not a private table of this session", scan.table_name),
+                        "query one of the tables listed by the configuration (\\tables in the REPL)",
+                    )
+                };
+            }
+            LogicalPlan::EmptyRelation(_) | LogicalPlan::Values(_) => {
+                return refuse(
+                    "the query reads no private table",
+                    "dpfusion answers aggregate queries over the private tables of the configuration",
+                );
+            }
+            LogicalPlan::Join(_) | LogicalPlan::Union(_) => {
+                return refuse(
+                    format!("{} of query results is not supported", node_name(node)),
+                    "ask one aggregate query over one private table at a time",
+                );
+            }
+            other => {
+                check_statement_kind(other)?;
+                return refuse(
+                    format!("{} is not supported", node_name(other)),
+                    "write one aggregate query (COUNT, SUM, AVG, optionally GROUP BY) over one private table",
+                );
+            }
+        }
+    }
+}
+
+/// Checks the input of the aggregate: WHERE filters, bare-column projections and aliases over one private scan.
+fn check_private_input(input: &LogicalPlan, is_private: &dyn Fn(&TableReference) -> bool) -> Result<TableReference> {
+    let nested =
+        input.exists(|n| Ok(matches!(n, LogicalPlan::Aggregate(_)))).map_err(|e| DpError::Engine(e.to_string()))?;
+    if nested {
+        return refuse(
+            "aggregates of aggregates (a GROUP BY inside a subquery) are not supported",
+            "ask one level of aggregation; post-process its noisy result instead",
+        );
+    }
+    let mut node = input;
+    loop {
+        match node {
+            LogicalPlan::Filter(f) => {
+                check_predicate(&f.predicate, f.input.schema())?;
+                node = &f.input
+            }
+            LogicalPlan::SubqueryAlias(a) => node = &a.input,
+            LogicalPlan::Projection(p) => {
+                for e in &p.expr {
+                    if !matches!(strip_aliases(e), Expr::Column(_)) {
+                        return refuse(
+                            format!(
+                                "the subquery computes `{e}` row by row, and dpfusion cannot bound computed values"
+                            ),
+                            "aggregate table columns directly (SUM(income), not SUM(income * 2)); arithmetic on the \
+                             aggregates themselves is fine (SUM(income) * 2)",
+                        );
+                    }
+                }
+                node = &p.input;
+            }
+            LogicalPlan::TableScan(scan) => {
+                if !is_private(&scan.table_name) {
+                    return refuse(
+                        format!("`{}` is not a private table of this session", scan.table_name),
+                        "query one of the tables listed by the configuration",
+                    );
+                }
+                return Ok(scan.table_name.clone());
+            }
+            LogicalPlan::Join(_) => {
+                return refuse(
+                    "joins are not supported (a join can multiply one unit's rows and break its contribution bound)",
+                    "query one private table at a time",
+                );
+            }
+            LogicalPlan::Aggregate(_) => {
+                return refuse(
+                    "aggregates of aggregates (nested GROUP BY) are not supported",
+                    "ask one level of aggregation; post-process its noisy result instead",
+                );
+            }
+            other => {
+                return refuse(
+                    format!("{} before the aggregation is not supported", node_name(other)),
+                    "keep only WHERE conditions between the table and the aggregate",
+                );
+            }
+        }
+    }
+}
+
+/// `e` without any of its (possibly nested) aliases.
+pub fn strip_aliases(mut e: &Expr) -> &Expr {
+    while let Expr::Alias(a) = e {
+        e = &a.expr;
+    }
+    e
+}
+
+/// Follows `col` (a column of `plan`'s output) down through filters, aliases and bare-column projections to the
+/// base table's column name. `None` if the column is computed.
+pub fn base_column(plan: &LogicalPlan, col: &Column) -> Option<String> {
+    let schema = plan.schema();
+    let idx = schema.index_of_column(col).ok()?;
+    match plan {
+        LogicalPlan::TableScan(_) => Some(schema.field(idx).name().clone()),
+        LogicalPlan::Filter(f) => base_column(&f.input, col),
+        LogicalPlan::SubqueryAlias(a) => {
+            let (q, f) = a.input.schema().qualified_field(idx);
+            base_column(&a.input, &Column::new(q.cloned(), f.name()))
+        }
+        LogicalPlan::Projection(p) => match strip_aliases(p.expr.get(idx)?) {
+            Expr::Column(c) => base_column(&p.input, c),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
+/// Checks that a WHERE condition cannot fail at run time on any data: a data-dependent error (division by zero,
+/// a failed cast, an overflow) would reveal something about the rows through the error itself.
+///
+/// Allowed: columns, literals, comparisons between operands of compatible types (both numeric, both strings,
+/// both booleans, or both of one temporal type), AND / OR / NOT, IS [NOT] NULL / TRUE / FALSE, BETWEEN, IN lists,
+/// LIKE / ILIKE and unary minus on floats. Everything else (arithmetic, CASTs, function calls) is refused.
+pub fn check_predicate(e: &Expr, schema: &datafusion::common::DFSchema) -> Result<()> {
+    use datafusion::logical_expr::{ExprSchemable, Operator};
+    let ty = |x: &Expr| x.get_type(schema).map_err(|err| DpError::Engine(err.to_string()));
+    let compatible = |a: &Expr, b: &Expr| -> Result<bool> {
+        let (ta, tb) = (ty(a)?, ty(b)?);
+        Ok(ta == tb
+            || (ta.is_numeric() && tb.is_numeric())
+            || (is_string(&ta) && is_string(&tb))
+            || ta.is_null()
+            || tb.is_null())
+    };
+    let bad = |what: String| -> Result<()> {
+        refuse(
+            format!("the WHERE condition uses {what}, which could fail on some rows and reveal them through the error"),
+            "use comparisons of columns with literals, AND/OR/NOT, IN, BETWEEN, LIKE and IS NULL",
+        )
+    };
+    match e {
+        Expr::Column(_) | Expr::Literal(..) => Ok(()),
+        Expr::Alias(a) => check_predicate(&a.expr, schema),
+        Expr::BinaryExpr(b) => {
+            use Operator::*;
+            match b.op {
+                And | Or => {
+                    check_predicate(&b.left, schema)?;
+                    check_predicate(&b.right, schema)
+                }
+                Eq | NotEq | Lt | LtEq | Gt | GtEq | IsDistinctFrom | IsNotDistinctFrom | LikeMatch | ILikeMatch
+                | NotLikeMatch | NotILikeMatch => {
+                    check_predicate(&b.left, schema)?;
+                    check_predicate(&b.right, schema)?;
+                    if compatible(&b.left, &b.right)? {
+                        Ok(())
+                    } else {
+                        bad(format!("a comparison between different types ({} {} {})", b.left, b.op, b.right))
+                    }
+                }
+                op => bad(format!("the operator `{op}`")),
+            }
+        }
+        Expr::Not(x)
+        | Expr::IsNull(x)
+        | Expr::IsNotNull(x)
+        | Expr::IsTrue(x)
+        | Expr::IsFalse(x)
+        | Expr::IsNotTrue(x)
+        | Expr::IsNotFalse(x)
+        | Expr::IsUnknown(x)
+        | Expr::IsNotUnknown(x) => check_predicate(x, schema),
+        Expr::Negative(x) => {
+            check_predicate(x, schema)?;
+            if matches!(
+                ty(x)?,
+                datafusion::arrow::datatypes::DataType::Float32 | datafusion::arrow::datatypes::DataType::Float64
+            ) || matches!(x.as_ref(), Expr::Literal(..))
+            {
+                Ok(())
+            } else {
+                bad("unary minus on an integer column (it can overflow)".into())
+            }
+        }
+        Expr::Between(b) => {
+            for x in [&b.expr, &b.low, &b.high] {
+                check_predicate(x, schema)?;
+            }
+            if compatible(&b.expr, &b.low)? && compatible(&b.expr, &b.high)? {
+                Ok(())
+            } else {
+                bad("BETWEEN with bounds of a different type".into())
+            }
+        }
+        Expr::InList(l) => {
+            check_predicate(&l.expr, schema)?;
+            for x in &l.list {
+                check_predicate(x, schema)?;
+                if !compatible(&l.expr, x)? {
+                    return bad(format!("IN with a value of a different type ({x})"));
+                }
+            }
+            Ok(())
+        }
+        Expr::Like(l) => {
+            check_predicate(&l.expr, schema)?;
+            check_predicate(&l.pattern, schema)?;
+            if is_string(&ty(&l.expr)?) && matches!(l.pattern.as_ref(), Expr::Literal(..)) {
+                Ok(())
+            } else {
+                bad("LIKE on a non-string column or with a non-literal pattern".into())
+            }
+        }
+        Expr::Cast(_) | Expr::TryCast(_) => bad("a CAST".into()),
+        Expr::ScalarFunction(f) => bad(format!("the function `{}`", f.name())),
+        other => bad(format!("`{other}`")),
+    }
+}
+
+fn is_string(t: &datafusion::arrow::datatypes::DataType) -> bool {
+    use datafusion::arrow::datatypes::DataType::*;
+    matches!(t, Utf8 | LargeUtf8 | Utf8View)
+}

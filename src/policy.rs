@@ -1,0 +1,390 @@
+//! The data owner's privacy policy for each table, and the session configuration, loaded from one TOML file.
+//!
+//! Neighbouring relation: datasets that differ by adding or removing **all rows of one privacy unit** (the value
+//! of the `privacy_unit` column; each row is its own unit when the column is absent). The limits below
+//! (`max_rows_per_unit`, `max_groups_per_unit`, column `bounds`) are what turn that relation into finite
+//! sensitivities.
+
+use crate::accounting::Rho;
+use crate::error::{DpError, Result};
+use crate::noise::Mechanism;
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+/// The whole configuration file.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// Session-wide budget and defaults.
+    pub session: SessionSettings,
+    /// The private tables, by name.
+    #[serde(default)]
+    pub tables: BTreeMap<String, TableConfig>,
+}
+
+/// `[session]`: the budget and the defaults of each query.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SessionSettings {
+    /// Total zCDP budget ρ of the session.
+    pub rho: f64,
+    /// ρ charged per query unless `SET dp.rho` says otherwise.
+    pub default_query_rho: f64,
+    /// Default mechanism: `"gaussian"` or `"laplace"`.
+    #[serde(default = "default_mechanism")]
+    pub mechanism: String,
+    /// δ at which (ε, δ) is reported.
+    #[serde(default = "default_delta")]
+    pub delta: f64,
+    /// Confidence level of reported intervals, in (0, 1).
+    #[serde(default = "default_confidence")]
+    pub confidence: f64,
+}
+
+fn default_mechanism() -> String {
+    "gaussian".into()
+}
+fn default_delta() -> f64 {
+    1e-6
+}
+fn default_confidence() -> f64 {
+    0.95
+}
+
+/// `[tables.NAME]`: where a private table is and how it is protected.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TableConfig {
+    /// File path or glob (relative paths are resolved against the configuration file's directory).
+    pub path: String,
+    /// `csv`, `parquet` or `json` (newline-delimited JSON).
+    pub format: String,
+    /// For CSV: whether the first line is a header (default true).
+    #[serde(default = "default_true")]
+    pub has_header: bool,
+    /// For CSV: the field delimiter (default `,`).
+    #[serde(default = "default_delimiter")]
+    pub delimiter: char,
+    /// The privacy-unit column; absent means every row is its own unit.
+    pub privacy_unit: Option<String>,
+    /// Most rows one unit may contribute (per group in a GROUP BY).
+    pub max_rows_per_unit: Option<u64>,
+    /// Most groups one unit may contribute to in a GROUP BY.
+    pub max_groups_per_unit: Option<u64>,
+    /// Per-column policy: `bounds` or `domain`.
+    #[serde(default)]
+    pub columns: BTreeMap<String, ColumnConfig>,
+}
+
+fn default_true() -> bool {
+    true
+}
+fn default_delimiter() -> char {
+    ','
+}
+
+/// A column's declared policy in the file.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ColumnConfig {
+    /// `[lo, hi]`: values are clamped to this range before SUM/AVG.
+    pub bounds: Option<[f64; 2]>,
+    /// The public set of values a GROUP BY key can take.
+    pub domain: Option<Vec<DomainValue>>,
+}
+
+/// One value of a public domain.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Deserialize)]
+#[serde(untagged)]
+pub enum DomainValue {
+    /// An integer key.
+    Int(i64),
+    /// A string key.
+    Str(String),
+    /// A boolean key.
+    Bool(bool),
+}
+
+impl std::fmt::Display for DomainValue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DomainValue::Int(i) => write!(f, "{i}"),
+            DomainValue::Str(s) => write!(f, "'{s}'"),
+            DomainValue::Bool(b) => write!(f, "{b}"),
+        }
+    }
+}
+
+/// Where a table's data lives.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DataFormat {
+    /// CSV with a header line (or not) and a delimiter.
+    Csv {
+        /// First line is a header.
+        has_header: bool,
+        /// Field delimiter.
+        delimiter: u8,
+    },
+    /// Apache Parquet.
+    Parquet,
+    /// Newline-delimited JSON.
+    Json,
+}
+
+/// The policy of one column.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ColumnPolicy {
+    /// Numeric bounds `[lo, hi]` (lo ≤ hi, finite): SUM and AVG clamp to them.
+    Bounds {
+        /// Lower bound.
+        lo: f64,
+        /// Upper bound.
+        hi: f64,
+    },
+    /// A public domain: the keys a GROUP BY on this column produces, whatever the data holds.
+    Domain(Vec<DomainValue>),
+}
+
+/// The privacy policy of one table.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TablePolicy {
+    /// The privacy-unit column, or `None` when each row is its own unit.
+    pub privacy_unit: Option<String>,
+    /// Most rows a unit contributes (in a GROUP BY: per group). 1 for row-level tables.
+    pub max_rows_per_unit: u64,
+    /// Most groups a unit contributes to in a GROUP BY. 1 for row-level tables.
+    pub max_groups_per_unit: u64,
+    /// Column policies by column name.
+    pub columns: BTreeMap<String, ColumnPolicy>,
+}
+
+/// Largest accepted contribution limit (keeps sensitivities far inside the exact samplers' range).
+pub const MAX_CONTRIBUTION: u64 = 1 << 20;
+
+impl TablePolicy {
+    /// A row-level policy (each row its own unit) with the given column policies.
+    pub fn row_level(columns: BTreeMap<String, ColumnPolicy>) -> Result<Self> {
+        let p = TablePolicy { privacy_unit: None, max_rows_per_unit: 1, max_groups_per_unit: 1, columns };
+        p.validate("table")?;
+        Ok(p)
+    }
+
+    /// A policy with a privacy-unit column and contribution limits.
+    pub fn with_unit(
+        unit: impl Into<String>,
+        max_rows_per_unit: u64,
+        max_groups_per_unit: u64,
+        columns: BTreeMap<String, ColumnPolicy>,
+    ) -> Result<Self> {
+        let p = TablePolicy { privacy_unit: Some(unit.into()), max_rows_per_unit, max_groups_per_unit, columns };
+        p.validate("table")?;
+        Ok(p)
+    }
+
+    /// Checks limits, bounds and domains; `table` names the table in messages.
+    pub fn validate(&self, table: &str) -> Result<()> {
+        for (what, v) in
+            [("max_rows_per_unit", self.max_rows_per_unit), ("max_groups_per_unit", self.max_groups_per_unit)]
+        {
+            if v == 0 || v > MAX_CONTRIBUTION {
+                return Err(DpError::Config(format!(
+                    "[tables.{table}] {what} = {v} is outside 1..={MAX_CONTRIBUTION}; set it to the most a unit may contribute"
+                )));
+            }
+        }
+        if self.privacy_unit.is_none() && (self.max_rows_per_unit != 1 || self.max_groups_per_unit != 1) {
+            return Err(DpError::Config(format!(
+                "[tables.{table}] has no privacy_unit, so every row is its own unit and max_rows_per_unit / \
+                 max_groups_per_unit must be 1 (or absent); add `privacy_unit = \"<column>\"` to bound units of several rows"
+            )));
+        }
+        for (col, p) in &self.columns {
+            match p {
+                ColumnPolicy::Bounds { lo, hi } => {
+                    if !lo.is_finite() || !hi.is_finite() || lo > hi {
+                        return Err(DpError::Config(format!(
+                            "[tables.{table}.columns] {col}: bounds = [{lo}, {hi}] must be finite with lo ≤ hi"
+                        )));
+                    }
+                    if lo.abs().max(hi.abs()) > 2f64.powi(50) {
+                        return Err(DpError::Config(format!(
+                            "[tables.{table}.columns] {col}: bounds = [{lo}, {hi}] exceed ±2^50, which dpfusion cannot sum exactly"
+                        )));
+                    }
+                }
+                ColumnPolicy::Domain(values) => {
+                    if values.is_empty() {
+                        return Err(DpError::Config(format!("[tables.{table}.columns] {col}: domain is empty")));
+                    }
+                    let mut sorted = values.clone();
+                    sorted.sort();
+                    sorted.dedup();
+                    if sorted.len() != values.len() {
+                        return Err(DpError::Config(format!(
+                            "[tables.{table}.columns] {col}: domain lists a value twice; list each key once"
+                        )));
+                    }
+                    let kinds = values.iter().map(std::mem::discriminant).collect::<std::collections::HashSet<_>>();
+                    if kinds.len() > 1 {
+                        return Err(DpError::Config(format!(
+                            "[tables.{table}.columns] {col}: domain mixes integers, strings and booleans; use one type"
+                        )));
+                    }
+                }
+            }
+        }
+        if let Some(pu) = &self.privacy_unit
+            && self.columns.contains_key(pu)
+        {
+            return Err(DpError::Config(format!(
+                "[tables.{table}.columns] {pu} is the privacy unit; it cannot also have bounds or a domain"
+            )));
+        }
+        Ok(())
+    }
+
+    /// The bounds of `column`, if declared.
+    pub fn bounds(&self, column: &str) -> Option<(f64, f64)> {
+        match self.columns.get(column) {
+            Some(ColumnPolicy::Bounds { lo, hi }) => Some((*lo, *hi)),
+            _ => None,
+        }
+    }
+
+    /// The public domain of `column`, if declared.
+    pub fn domain(&self, column: &str) -> Option<&[DomainValue]> {
+        match self.columns.get(column) {
+            Some(ColumnPolicy::Domain(d)) => Some(d),
+            _ => None,
+        }
+    }
+}
+
+/// A private table as the configuration declares it: where the data is, and its policy.
+#[derive(Clone, Debug)]
+pub struct TableSource {
+    /// Resolved path or glob.
+    pub path: PathBuf,
+    /// File format.
+    pub format: DataFormat,
+    /// Privacy policy.
+    pub policy: TablePolicy,
+}
+
+/// The validated session configuration.
+#[derive(Clone, Debug)]
+pub struct SessionConfig {
+    /// Total budget.
+    pub total_rho: Rho,
+    /// Default ρ per query.
+    pub default_query_rho: Rho,
+    /// Default mechanism.
+    pub mechanism: Mechanism,
+    /// δ for (ε, δ) reports.
+    pub delta: f64,
+    /// Confidence level of reported intervals.
+    pub confidence: f64,
+    /// The private tables.
+    pub tables: BTreeMap<String, TableSource>,
+}
+
+fn cfg_err(e: DpError, key: &str) -> DpError {
+    match e {
+        DpError::InvalidParameter { reason, .. } => DpError::Config(format!("[session] {key}: {reason}")),
+        other => other,
+    }
+}
+
+/// Validates a confidence level in (0, 1).
+pub fn check_confidence(c: f64) -> Result<f64> {
+    if c > 0.0 && c < 1.0 {
+        Ok(c)
+    } else {
+        Err(DpError::invalid("confidence", format!("must be strictly between 0 and 1, got {c}; 0.95 is usual")))
+    }
+}
+
+impl SessionConfig {
+    /// Loads and validates a configuration file. Relative table paths resolve against the file's directory.
+    pub fn from_file(path: impl AsRef<Path>) -> Result<Self> {
+        let path = path.as_ref();
+        let text =
+            std::fs::read_to_string(path).map_err(|source| DpError::Io { path: path.display().to_string(), source })?;
+        let base = path.parent().map(Path::to_path_buf).unwrap_or_default();
+        Self::from_toml_str(&text, &base).map_err(|e| match e {
+            DpError::Config(m) => DpError::Config(format!("{}: {m}", path.display())),
+            other => other,
+        })
+    }
+
+    /// Parses and validates configuration text; relative table paths resolve against `base_dir`.
+    pub fn from_toml_str(text: &str, base_dir: &Path) -> Result<Self> {
+        let raw: Config = toml::from_str(text).map_err(|e| DpError::Config(e.to_string()))?;
+        let s = &raw.session;
+        let total_rho = Rho::new(s.rho).map_err(|e| cfg_err(e, "rho"))?;
+        let default_query_rho = Rho::positive(s.default_query_rho).map_err(|e| cfg_err(e, "default_query_rho"))?;
+        if default_query_rho.get() > total_rho.get() {
+            return Err(DpError::Config(format!(
+                "[session] default_query_rho = {} exceeds the total rho = {}; lower it",
+                s.default_query_rho, s.rho
+            )));
+        }
+        let mechanism: Mechanism = s.mechanism.parse().map_err(|e| cfg_err(e, "mechanism"))?;
+        if !(s.delta > 0.0 && s.delta < 1.0) {
+            return Err(DpError::Config(format!("[session] delta = {} must be in (0, 1); 1e-6 is usual", s.delta)));
+        }
+        let confidence = check_confidence(s.confidence).map_err(|e| cfg_err(e, "confidence"))?;
+        let mut tables = BTreeMap::new();
+        for (name, t) in raw.tables {
+            tables.insert(name.clone(), table_source(&name, t, base_dir)?);
+        }
+        Ok(SessionConfig { total_rho, default_query_rho, mechanism, delta: s.delta, confidence, tables })
+    }
+}
+
+fn table_source(name: &str, t: TableConfig, base_dir: &Path) -> Result<TableSource> {
+    let format = match t.format.to_ascii_lowercase().as_str() {
+        "csv" => {
+            if !t.delimiter.is_ascii() {
+                return Err(DpError::Config(format!("[tables.{name}] delimiter must be one ASCII character")));
+            }
+            DataFormat::Csv { has_header: t.has_header, delimiter: t.delimiter as u8 }
+        }
+        "parquet" => DataFormat::Parquet,
+        "json" | "ndjson" => DataFormat::Json,
+        other => {
+            return Err(DpError::Config(format!(
+                "[tables.{name}] format = \"{other}\" is not supported; use \"csv\", \"parquet\" or \"json\""
+            )));
+        }
+    };
+    let mut columns = BTreeMap::new();
+    for (col, c) in t.columns {
+        let p = match (c.bounds, c.domain) {
+            (Some([lo, hi]), None) => ColumnPolicy::Bounds { lo, hi },
+            (None, Some(d)) => ColumnPolicy::Domain(d),
+            (Some(_), Some(_)) => {
+                return Err(DpError::Config(format!(
+                    "[tables.{name}.columns] {col}: give either `bounds` or `domain`, not both"
+                )));
+            }
+            (None, None) => {
+                return Err(DpError::Config(format!(
+                    "[tables.{name}.columns] {col}: needs `bounds = [lo, hi]` or `domain = [...]`"
+                )));
+            }
+        };
+        columns.insert(col, p);
+    }
+    let policy = TablePolicy {
+        max_rows_per_unit: t.max_rows_per_unit.unwrap_or(1),
+        max_groups_per_unit: t.max_groups_per_unit.unwrap_or(1),
+        privacy_unit: t.privacy_unit,
+        columns,
+    };
+    policy.validate(name)?;
+    let path = Path::new(&t.path);
+    let path = if path.is_absolute() { path.to_path_buf() } else { base_dir.join(path) };
+    Ok(TableSource { path, format, policy })
+}

@@ -1,0 +1,119 @@
+//! What a query returns: the noisy result, the accuracy of each column, and what it cost.
+
+use crate::accounting::{Charge, EpsilonBound};
+use crate::noise::Mechanism;
+use datafusion::arrow::array::RecordBatch;
+use datafusion::arrow::datatypes::SchemaRef;
+use serde::Serialize;
+
+/// How accurate one output column is.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Accuracy {
+    /// Exact and public: GROUP BY keys, taken from the declared domain, never from the data.
+    Public,
+    /// Directly one noisy measurement.
+    Noisy {
+        /// Mechanism used.
+        mechanism: Mechanism,
+        /// σ (Gaussian) or scale b (Laplace), in the column's units.
+        sigma_or_scale: f64,
+        /// Standard deviation of the noise, in the column's units (exact for the discrete distribution, or a
+        /// conservative bound for very large σ).
+        std: f64,
+        /// Half-width of the interval that contains the noise with probability ≥ `confidence`.
+        ci_half_width: f64,
+        /// Confidence level of the interval.
+        confidence: f64,
+    },
+    /// Computed from noisy measurements after noise (AVG = SUM/COUNT, arithmetic): post-processing, which costs
+    /// no budget; no closed-form interval is reported.
+    Derived,
+}
+
+/// Accuracy of one named output column.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ColumnAccuracy {
+    /// Output column name.
+    pub column: String,
+    /// Its accuracy.
+    pub accuracy: Accuracy,
+}
+
+/// The budget of the session after a release.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct BudgetStatus {
+    /// Total ρ.
+    pub rho_total: f64,
+    /// ρ spent so far (rounded up).
+    pub rho_spent: f64,
+    /// ρ remaining (rounded down).
+    pub rho_remaining: f64,
+}
+
+/// A differentially private answer to one query.
+#[derive(Clone, Debug)]
+pub struct Release {
+    /// The SQL text.
+    pub sql: String,
+    /// Output schema.
+    pub schema: SchemaRef,
+    /// The noisy, post-processed result.
+    pub batches: Vec<RecordBatch>,
+    /// Per output column: public, noisy (with its interval) or derived.
+    pub accuracy: Vec<ColumnAccuracy>,
+    /// The debit this query made (recorded before execution).
+    pub charge: Charge,
+    /// (ε, δ) of this query alone.
+    pub query_epsilon: EpsilonBound,
+    /// (ε, δ) of the whole session so far.
+    pub session_epsilon: EpsilonBound,
+    /// Budget after this query.
+    pub budget: BudgetStatus,
+}
+
+impl Release {
+    /// Number of result rows.
+    pub fn num_rows(&self) -> usize {
+        self.batches.iter().map(RecordBatch::num_rows).sum()
+    }
+
+    /// The result as a printable table (Arrow's pretty printer), with a line per noisy column and the cost.
+    pub fn to_pretty_string(&self) -> String {
+        let mut out = match datafusion::arrow::util::pretty::pretty_format_batches(&self.batches) {
+            Ok(t) => t.to_string(),
+            Err(e) => format!("(cannot format result: {e})"),
+        };
+        for c in &self.accuracy {
+            if let Accuracy::Noisy { mechanism, ci_half_width, confidence, std, .. } = &c.accuracy {
+                out.push_str(&format!(
+                    "\n  {}: ± {} at {}% ({}, std {:.4})",
+                    c.column,
+                    fmt_num(*ci_half_width),
+                    confidence * 100.0,
+                    mechanism.report_name(),
+                    std
+                ));
+            }
+        }
+        out.push_str(&format!(
+            "\n  ρ spent {} (ε={:.3} at δ={:e}) · remaining {}",
+            fmt_num(self.charge.rho.get()),
+            self.query_epsilon.epsilon,
+            self.query_epsilon.delta,
+            fmt_num(self.budget.rho_remaining)
+        ));
+        out
+    }
+}
+
+/// Formats a number compactly (up to 6 significant digits).
+pub fn fmt_num(x: f64) -> String {
+    if x == 0.0 || (1e-4..1e9).contains(&x.abs()) {
+        let s = format!("{x:.6}");
+        let s = s.trim_end_matches('0').trim_end_matches('.');
+        s.to_string()
+    } else {
+        format!("{x:.4e}")
+    }
+}

@@ -1,0 +1,126 @@
+//! The session filter: debits, refusals that change nothing, exact edges of the budget.
+
+use dpfusion::DpError;
+use dpfusion::accounting::{Rho, ZcdpFilter};
+use dpfusion::noise::calibrate::{self, Calibration};
+
+fn rho(x: f64) -> Rho {
+    Rho::new(x).unwrap()
+}
+
+fn gauss(r: f64) -> Calibration {
+    calibrate::gaussian(1.0, rho(r)).unwrap()
+}
+
+#[test]
+fn charges_accumulate_and_are_recorded() {
+    let mut f = ZcdpFilter::new(rho(1.0));
+    let c1 = f.charge("SELECT COUNT(*) FROM t", vec![gauss(0.25)]).unwrap();
+    let c2 = f.charge("two measurements", vec![gauss(0.125), gauss(0.125)]).unwrap();
+    assert_eq!((c1.id, c2.id), (1, 2));
+    assert_eq!(c2.measurements.len(), 2);
+    // Each mechanism's recorded cost is a hair (≈1e-14 relative) below the ρ asked for: its σ² is inflated.
+    assert!(f.spent().get() <= 0.5 && f.spent().get() > 0.5 - 1e-12);
+    assert!(f.remaining().get() >= 0.5 && f.remaining().get() < 0.5 + 1e-12);
+    assert_eq!(f.charges().len(), 2);
+    assert_eq!(f.charges()[0].label, "SELECT COUNT(*) FROM t");
+}
+
+#[test]
+fn over_budget_is_refused_with_all_numbers_and_changes_nothing() {
+    let mut f = ZcdpFilter::new(rho(0.1));
+    f.charge("q1", vec![gauss(0.06)]).unwrap();
+    let before = (f.spent(), f.charges().len());
+    let err = f.charge("q2", vec![gauss(0.05)]).unwrap_err();
+    match &err {
+        DpError::OverBudget { total, spent, requested, remaining } => {
+            assert_eq!(*total, 0.1);
+            assert!((spent - 0.06).abs() < 1e-12);
+            assert!(*spent <= 0.06);
+            assert!((requested - 0.05).abs() < 1e-12);
+            assert!((remaining - 0.04).abs() < 1e-12);
+        }
+        other => panic!("expected OverBudget, got {other:?}"),
+    }
+    let msg = err.to_string();
+    for needle in ["total 0.1", "spent 0.06", "costs rho=0.05", "remains", "Nothing was spent"] {
+        assert!(msg.contains(needle), "message {msg:?} lacks {needle:?}");
+    }
+    assert_eq!((f.spent(), f.charges().len()), before);
+}
+
+#[test]
+fn a_charge_exactly_equal_to_the_remainder_is_allowed() {
+    let mut f = ZcdpFilter::new(rho(1.0));
+    f.charge("a", vec![gauss(0.3)]).unwrap();
+    let remaining = f.remaining();
+    // A measurement whose recorded cost is exactly `remaining`.
+    let mut m = gauss(remaining.get());
+    m.rho = remaining;
+    f.charge("rest", vec![m]).unwrap();
+    assert!(f.spent().get() <= 1.0);
+    assert_eq!(f.remaining(), Rho::ZERO);
+    // Nothing more fits, not even the smallest positive ρ.
+    let mut tiny = gauss(1e-3);
+    tiny.rho = rho(f64::MIN_POSITIVE);
+    assert!(matches!(f.charge("more", vec![tiny]), Err(DpError::OverBudget { .. })));
+}
+
+#[test]
+fn one_ulp_over_the_total_is_refused() {
+    let mut f = ZcdpFilter::new(rho(0.5));
+    let mut m = gauss(0.5);
+    m.rho = rho(0.5f64.next_up());
+    assert!(matches!(f.charge("ulp over", vec![m]), Err(DpError::OverBudget { .. })));
+    assert_eq!(f.spent(), Rho::ZERO);
+    let mut exact = gauss(0.5);
+    exact.rho = rho(0.5);
+    f.charge("exact", vec![exact]).unwrap();
+    assert_eq!(f.spent().get(), 0.5);
+}
+
+#[test]
+fn zero_budget_refuses_everything_and_reports_zero_epsilon() {
+    let mut f = ZcdpFilter::new(Rho::ZERO);
+    assert!(matches!(f.charge("q", vec![gauss(1e-9)]), Err(DpError::OverBudget { .. })));
+    let b = f.epsilon(1e-6).unwrap();
+    assert_eq!(b.epsilon, 0.0);
+}
+
+#[test]
+fn invalid_inputs() {
+    assert!(Rho::new(-0.1).is_err());
+    assert!(Rho::new(f64::NAN).is_err());
+    let f = ZcdpFilter::new(rho(1.0));
+    assert!(f.epsilon(0.0).is_err());
+    assert!(f.epsilon(1.0).is_err());
+    assert!(f.epsilon(f64::NAN).is_err());
+    let mut f = ZcdpFilter::new(rho(1.0));
+    assert!(f.charge("empty", vec![]).is_err());
+}
+
+#[test]
+fn spent_is_never_undercounted_over_many_inexact_charges() {
+    let mut f = ZcdpFilter::new(rho(1.0));
+    for _ in 0..10 {
+        f.charge("tenth", vec![gauss(0.1)]).unwrap();
+    }
+    let mut g = ZcdpFilter::new(rho(1.0));
+    for _ in 0..20 {
+        g.charge("default query", vec![gauss(0.05)]).unwrap();
+    }
+    // fl(0.1)·10 > 1 by 5.5e-17, yet ten charges of 0.1 fit in 1.0: each mechanism's σ² is inflated so its true
+    // (and recorded) cost is strictly below the ρ asked for. The sum is still never under-counted.
+    assert!(f.spent().get() <= 1.0);
+    let exact: f64 = f.charges().iter().map(|c| c.rho.get()).sum();
+    assert!(f.spent().get() >= exact);
+}
+
+#[test]
+fn charge_record_round_trips_through_serde() {
+    let mut f = ZcdpFilter::new(rho(1.0));
+    let c = f.charge("q", vec![gauss(0.1), calibrate::laplace(2.0, rho(0.2)).unwrap()]).unwrap();
+    let text = toml::to_string(&c).unwrap();
+    let back: dpfusion::accounting::Charge = toml::from_str(&text).unwrap();
+    assert_eq!(back, c);
+}

@@ -1,0 +1,96 @@
+//! The configuration file: the issue's example loads as written; mistakes get messages that say what to fix.
+
+use dpfusion::{DpError, SessionConfig};
+use std::path::Path;
+
+const EXAMPLE: &str = r#"
+[session]
+rho = 1.0                  # total zCDP budget of the session
+default_query_rho = 0.05   # charged per query unless SET dp.rho = ... says otherwise
+mechanism = "gaussian"     # or "laplace"
+delta = 1e-6               # for reporting (ε, δ)
+
+[tables.pums]
+path = "examples/data/pums_dup.csv"
+format = "csv"
+privacy_unit = "pid"
+max_rows_per_unit = 2
+max_groups_per_unit = 1
+
+[tables.pums.columns]
+age = { bounds = [0, 100] }
+income = { bounds = [0, 500000] }
+sex = { domain = [0, 1] }
+race = { domain = [1, 2, 3, 4, 5, 6] }
+married = { domain = [0, 1] }
+educ = { domain = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16] }
+"#;
+
+fn root() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+#[tokio::test]
+async fn the_issue_example_loads_as_written_and_answers() {
+    let cfg = SessionConfig::from_toml_str(EXAMPLE, root()).unwrap();
+    assert_eq!(cfg.total_rho.get(), 1.0);
+    let p = &cfg.tables["pums"].policy;
+    assert_eq!((p.max_rows_per_unit, p.max_groups_per_unit), (2, 1));
+    assert_eq!(p.domain("educ").unwrap().len(), 16);
+    let s = dpfusion::DpSession::from_config(&cfg).await.unwrap();
+    let r = crate::common::release(&s, "SELECT COUNT(*) FROM pums").await;
+    assert_eq!(r.num_rows(), 1);
+}
+
+#[tokio::test]
+async fn the_bundled_demo_config_opens() {
+    let s = dpfusion::DpSession::open(root().join("config/pums.toml")).await.unwrap();
+    assert!(s.tables().contains_key("pums"));
+}
+
+fn err(text: &str) -> String {
+    match SessionConfig::from_toml_str(text, root()) {
+        Ok(_) => panic!("expected an error for:\n{text}"),
+        Err(e) => e.to_string(),
+    }
+}
+
+#[test]
+fn mistakes_are_reported_with_the_fix() {
+    let base = EXAMPLE.to_string();
+    let cases: Vec<(String, &str)> = vec![
+        (base.replace("rho = 1.0 ", "rho = -1.0 "), "negative"),
+        (base.replace("default_query_rho = 0.05", "default_query_rho = 2.0"), "exceeds the total"),
+        (base.replace("mechanism = \"gaussian\"", "mechanism = \"exponential\""), "'gaussian' or 'laplace'"),
+        (base.replace("delta = 1e-6", "delta = 1.5"), "delta"),
+        (base.replace("format = \"csv\"", "format = \"xlsx\""), "\"csv\", \"parquet\" or \"json\""),
+        (base.replace("max_rows_per_unit = 2", "max_rows_per_unit = 0"), "max_rows_per_unit"),
+        (base.replace("age = { bounds = [0, 100] }", "age = { bounds = [100, 0] }"), "lo ≤ hi"),
+        (base.replace("age = { bounds = [0, 100] }", "age = { bound = [0, 100] }"), "unknown field `bound`"),
+        (base.replace("sex = { domain = [0, 1] }", "sex = { domain = [0, 0] }"), "twice"),
+        (base.replace("sex = { domain = [0, 1] }", "sex = { domain = [] }"), "empty"),
+        (base.replace("sex = { domain = [0, 1] }", "sex = { domain = [0, 1], bounds = [0, 1] }"), "not both"),
+        (base.replace("sex = { domain = [0, 1] }", "pid = { domain = [0, 1] }"), "privacy unit"),
+        (base.replace("privacy_unit = \"pid\"\n", ""), "privacy_unit"),
+        ("[session]\nrho = 1\n".to_string(), "default_query_rho"),
+        ("this is not toml".to_string(), "expected"),
+    ];
+    for (text, needle) in cases {
+        let m = err(&text);
+        assert!(m.contains(needle), "message {m:?} lacks {needle:?}");
+    }
+}
+
+#[tokio::test]
+async fn missing_or_broken_data_is_a_config_error() {
+    let missing = EXAMPLE.replace("examples/data/pums_dup.csv", "examples/data/nope.csv");
+    let cfg = SessionConfig::from_toml_str(&missing, root()).unwrap();
+    let e = dpfusion::DpSession::from_config(&cfg).await.err().expect("must fail");
+    assert!(matches!(e, DpError::Config(_)) && e.to_string().contains("does not exist"), "{e}");
+    let wrong_unit = EXAMPLE.replace("privacy_unit = \"pid\"", "privacy_unit = \"person\"");
+    let cfg = SessionConfig::from_toml_str(&wrong_unit, root()).unwrap();
+    let e = dpfusion::DpSession::from_config(&cfg).await.err().expect("must fail");
+    assert!(e.to_string().contains("privacy_unit `person` is not a column"), "{e}");
+    let e = dpfusion::DpSession::open(root().join("config/nope.toml")).await.err().expect("must fail");
+    assert!(matches!(e, DpError::Io { .. }), "{e}");
+}

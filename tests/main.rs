@@ -1,0 +1,11 @@
+//! The single integration-test binary (every extra test binary would link DataFusion again).
+
+mod accounting;
+mod cli;
+mod common;
+mod config;
+mod noise_dist;
+mod privacy_audit;
+mod sql_accept;
+mod sql_refuse;
+mod vectors;

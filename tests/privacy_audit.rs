@@ -1,0 +1,168 @@
+//! Privacy audit on neighbouring datasets (add/remove one privacy unit).
+//!
+//! Dataset D: 300 persons with one row each, plus person X with 4 rows whose values are extreme (income 10^7,
+//! far above the bound 500 000). D' is D without X. Every query runs `N` times on each dataset through the full
+//! session path (bounding, calibration, debit, exact noise). We check:
+//! * the empirical noise standard deviation matches the one the release claims (a chi-square interval on the
+//!   sample variance), and
+//! * the shift of the mean answer between D and D' is within the claimed sensitivity, and close to it, because
+//!   X's rows are clamped and truncated to k = 2 (so the bound is tight, not merely respected).
+//!
+//! Thresholds: every interval is taken at a two-sided level of 1e-7 (chi-square quantiles for variances, 5.4σ
+//! of the mean's standard error for shifts), and the file makes fewer than 20 such checks, so a correct
+//! implementation fails it less than once in a million runs.
+
+use datafusion::arrow::array::{Float64Array, Int64Array, RecordBatch};
+use datafusion::arrow::datatypes::{DataType, Field, Schema};
+use dpfusion::accounting::Rho;
+use dpfusion::noise::Mechanism;
+use dpfusion::{Accuracy, ColumnPolicy, DomainValue, DpSession, TablePolicy};
+use statrs::distribution::{ChiSquared, ContinuousCDF};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+const N: usize = 300;
+/// 5.4 standard errors: two-sided tail 6.7e-8 for a normal mean.
+const Z: f64 = 5.4;
+
+fn dataset(with_x: bool) -> RecordBatch {
+    let (mut pid, mut sex, mut income) = (vec![], vec![], vec![]);
+    for i in 0..300i64 {
+        pid.push(i);
+        sex.push(i % 2);
+        income.push(((i * 7919) % 400_000) as f64);
+    }
+    if with_x {
+        for _ in 0..4 {
+            pid.push(10_000);
+            sex.push(1);
+            income.push(1e7);
+        }
+    }
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("pid", DataType::Int64, false),
+        Field::new("sex", DataType::Int64, false),
+        Field::new("income", DataType::Float64, false),
+    ]));
+    RecordBatch::try_new(
+        schema,
+        vec![Arc::new(Int64Array::from(pid)), Arc::new(Int64Array::from(sex)), Arc::new(Float64Array::from(income))],
+    )
+    .unwrap()
+}
+
+fn session(with_x: bool, rho: f64) -> DpSession {
+    let mut cols = BTreeMap::new();
+    cols.insert("income".into(), ColumnPolicy::Bounds { lo: 0.0, hi: 500_000.0 });
+    cols.insert("sex".into(), ColumnPolicy::Domain(vec![DomainValue::Int(0), DomainValue::Int(1)]));
+    let policy = TablePolicy::with_unit("pid", 2, 1, cols).unwrap();
+    let mut s =
+        DpSession::empty(Rho::new(1e9).unwrap(), Rho::new(rho).unwrap(), Mechanism::Gaussian, 1e-6, 0.95).unwrap();
+    s.register_batches("people", vec![dataset(with_x)], policy).unwrap();
+    s
+}
+
+/// Runs `sql` N times; returns per-cell samples and the claimed std of each noisy column (cells × runs).
+async fn runs(s: &DpSession, sql: &str) -> (Vec<Vec<f64>>, f64) {
+    let mut cells: Vec<Vec<f64>> = Vec::new();
+    let mut claimed = f64::NAN;
+    for _ in 0..N {
+        let r = crate::common::release(s, sql).await;
+        let c = r.accuracy.len() - 1;
+        if let Accuracy::Noisy { std, .. } = r.accuracy[c].accuracy {
+            claimed = std;
+        }
+        let v = crate::common::column_f64(&r, c);
+        if cells.is_empty() {
+            cells = vec![Vec::with_capacity(N); v.len()];
+        }
+        for (i, x) in v.into_iter().enumerate() {
+            cells[i].push(x);
+        }
+    }
+    (cells, claimed)
+}
+
+fn mean(v: &[f64]) -> f64 {
+    v.iter().sum::<f64>() / v.len() as f64
+}
+
+/// Checks the pooled sample variance (each cell around its own mean) against σ² with a chi-square interval.
+fn check_std(cells: &[Vec<f64>], sigma: f64, what: &str) {
+    let mut ss = 0.0;
+    let mut df = 0.0;
+    for c in cells {
+        let m = mean(c);
+        ss += c.iter().map(|x| (x - m).powi(2)).sum::<f64>();
+        df += (c.len() - 1) as f64;
+    }
+    let chi = ChiSquared::new(df).unwrap();
+    let (lo, hi) = (chi.inverse_cdf(0.5e-7) / df, chi.inverse_cdf(1.0 - 0.5e-7) / df);
+    let ratio = ss / df / (sigma * sigma);
+    assert!(lo <= ratio && ratio <= hi, "{what}: sample var / claimed var = {ratio}, outside [{lo}, {hi}]");
+}
+
+/// Mean shift between D and D' per cell; checks its L2 norm is within `[expected − slack, claimed Δ₂ + slack]`.
+fn check_shift(d: &[Vec<f64>], d2: &[Vec<f64>], sigma: f64, delta2: f64, expected: f64, what: &str) {
+    let shift: f64 = d.iter().zip(d2).map(|(a, b)| (mean(a) - mean(b)).powi(2)).sum::<f64>().sqrt();
+    let slack = Z * sigma * (2.0 * d.len() as f64 / N as f64).sqrt();
+    assert!(shift <= delta2 + slack, "{what}: mean shift {shift} exceeds sensitivity {delta2} + {slack}");
+    assert!(shift >= expected - slack, "{what}: mean shift {shift} below the expected {expected} − {slack}");
+}
+
+#[tokio::test]
+async fn count_audit() {
+    let sql = "SELECT COUNT(*) FROM people";
+    let (d, sd) = runs(&session(true, 0.5), sql).await;
+    let (d2, sd2) = runs(&session(false, 0.5), sql).await;
+    assert_eq!(sd, sd2);
+    // Claimed: Δ₂ = k = 2, ρ = 0.5 → σ = 2; discrete Gaussian std is σ up to e^{-2π²σ²}.
+    assert!((sd - 2.0).abs() < 1e-6, "claimed std {sd}");
+    check_std(&d, sd, "COUNT on D");
+    check_std(&d2, sd, "COUNT on D'");
+    // X has 4 rows, truncated to k = 2: the shift is exactly 2, the sensitivity.
+    check_shift(&d, &d2, sd, 2.0, 2.0, "COUNT");
+}
+
+#[tokio::test]
+async fn sum_audit() {
+    let sql = "SELECT SUM(income) FROM people";
+    let (d, sd) = runs(&session(true, 50.0), sql).await;
+    let (d2, _) = runs(&session(false, 50.0), sql).await;
+    // Δ₂ = k · M = 2 · 500 000; σ = Δ₂ / √(2ρ) = 100 000.
+    assert!((sd / 100_000.0 - 1.0).abs() < 1e-6, "claimed std {sd}");
+    check_std(&d, sd, "SUM on D");
+    check_std(&d2, sd, "SUM on D'");
+    // X's 4 rows of 10^7 are clamped to 500 000 and truncated to 2: shift 10^6 = Δ₂.
+    check_shift(&d, &d2, sd, 1e6, 1e6, "SUM");
+}
+
+#[tokio::test]
+async fn group_by_audit() {
+    let sql = "SELECT sex, COUNT(*) FROM people GROUP BY sex";
+    let (d, sd) = runs(&session(true, 0.5), sql).await;
+    let (d2, _) = runs(&session(false, 0.5), sql).await;
+    assert_eq!(d.len(), 2, "both domain keys are always present");
+    // g = 1 group per unit, k = 2 rows: Δ₂ = 2; the shift is all in X's group (sex = 1).
+    check_std(&d, sd, "GROUP BY on D");
+    check_shift(&d, &d2, sd, 2.0, 2.0, "GROUP BY");
+    let slack = Z * sd * (2.0 / N as f64).sqrt();
+    assert!((mean(&d[0]) - mean(&d2[0])).abs() <= slack, "sex = 0 must not move");
+}
+
+#[tokio::test]
+async fn avg_audit() {
+    let sql = "SELECT AVG(income) FROM people";
+    let (d, _) = runs(&session(true, 50.0), sql).await;
+    let (d2, _) = runs(&session(false, 50.0), sql).await;
+    // Exact bounded values: S and C on D' (300 persons), plus X's clamped, truncated 2 rows on D.
+    let s2: f64 = (0..300i64).map(|i| ((i * 7919) % 400_000) as f64).sum();
+    let (c2, s, c) = (300.0, s2 + 1e6, 302.0);
+    // Each run's AVG is a ratio of noisy SUM (σ_S = Δ_S/√ρ at ρ/2 each) and noisy COUNT (σ_C): delta method.
+    let (sigma_s, sigma_c) = (1e6 / 50f64.sqrt(), 2.0 / 50f64.sqrt());
+    let sd = |s: f64, c: f64| ((sigma_s / c).powi(2) + (s * sigma_c / (c * c)).powi(2)).sqrt();
+    for (v, s, c, what) in [(&d[0], s, c, "D"), (&d2[0], s2, c2, "D'")] {
+        let slack = Z * sd(s, c) / (N as f64).sqrt() + 0.01 * s / c; // + delta-method bias allowance (1%)
+        assert!((mean(v) - s / c).abs() <= slack, "AVG on {what}: mean {} vs exact {}", mean(v), s / c);
+    }
+}

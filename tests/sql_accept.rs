@@ -1,0 +1,186 @@
+//! Acceptance: queries over the PUMS files that must be answered, with their shapes, every domain key present,
+//! and noisy answers inside their stated confidence interval at (at least) the stated rate.
+//!
+//! The exact answers come from plain DataFusion over `pums_pid.csv`, where each person has one row, so the
+//! contribution bounds drop nothing and the clamping bounds cut nothing (income ≤ 420 500 < 500 000): the exact
+//! DP answer before noise equals the plain SQL answer.
+
+use crate::common::{column_f64, pums_config, release, session_from};
+use datafusion::prelude::{CsvReadOptions, SessionContext};
+use dpfusion::Accuracy;
+use std::collections::HashMap;
+
+/// Queries whose noisy columns are compared with the exact answer: keys first, then aggregates.
+const CHECKED: &[&str] = &[
+    "SELECT COUNT(*) FROM pums",
+    "SELECT COUNT(*) AS n FROM pums WHERE age >= 18",
+    "SELECT COUNT(income) FROM pums",
+    "SELECT SUM(income) FROM pums",
+    "SELECT SUM(age) FROM pums WHERE sex = 1",
+    "SELECT sex, COUNT(*) FROM pums GROUP BY sex",
+    "SELECT race, COUNT(*) FROM pums GROUP BY race",
+    "SELECT educ, SUM(income) FROM pums GROUP BY educ",
+    "SELECT sex, race, COUNT(*) FROM pums GROUP BY sex, race",
+    "SELECT educ, sex, COUNT(*), SUM(income) FROM pums GROUP BY educ, sex",
+    "SELECT COUNT(*) FROM pums WHERE age BETWEEN 30 AND 50",
+    "SELECT COUNT(*) FROM pums WHERE race IN (1, 2) AND NOT married = 1",
+    "SELECT COUNT(*) FROM pums WHERE income IS NULL",
+    "SELECT sex, COUNT(*) AS n FROM pums WHERE age > 60 OR age < 20 GROUP BY sex",
+    "SELECT p.sex, COUNT(*) FROM pums p GROUP BY p.sex",
+    "WITH adults AS (SELECT * FROM pums WHERE age >= 18) SELECT COUNT(*) FROM adults",
+    "SELECT COUNT(*) FROM (SELECT sex, age FROM pums) t WHERE t.age > 40",
+    "SELECT COUNT(*), COUNT(age), SUM(age) FROM pums",
+    "select count(*) from PUMS where married = 0",
+    "SELECT married, COUNT(*) AS n, SUM(age) AS s FROM pums WHERE educ >= 9 GROUP BY married",
+];
+
+/// Post-processing queries: answered, with the expected number of rows (None: depends on noise).
+const POST: &[(&str, Option<usize>)] = &[
+    ("SELECT AVG(age) FROM pums", Some(1)),
+    ("SELECT married, AVG(income) FROM pums GROUP BY married", Some(2)),
+    ("SELECT COUNT(*) * 2 AS doubled FROM pums", Some(1)),
+    ("SELECT sex, COUNT(*) AS n FROM pums GROUP BY sex ORDER BY n DESC", Some(2)),
+    ("SELECT race, COUNT(*) AS n FROM pums GROUP BY race HAVING COUNT(*) > 50", None),
+    ("SELECT educ, COUNT(*) FROM pums GROUP BY educ ORDER BY educ LIMIT 5", Some(5)),
+    ("SELECT SUM(income) / COUNT(*) AS mean_income FROM pums", Some(1)),
+    ("SELECT married, sex, AVG(age) AS a FROM pums WHERE educ >= 9 GROUP BY married, sex ORDER BY a", Some(4)),
+];
+
+async fn exact_ctx() -> SessionContext {
+    let ctx = SessionContext::new();
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/data/pums_pid.csv");
+    ctx.register_csv("pums", path, CsvReadOptions::new()).await.unwrap();
+    ctx
+}
+
+/// Exact answers keyed by the rendered key columns.
+async fn exact(ctx: &SessionContext, sql: &str, nkeys: usize) -> HashMap<Vec<String>, Vec<f64>> {
+    use datafusion::arrow::util::display::array_value_to_string;
+    let batches = ctx.sql(sql).await.unwrap().collect().await.unwrap();
+    let mut out = HashMap::new();
+    for b in &batches {
+        let cast: Vec<_> = (nkeys..b.num_columns())
+            .map(|c| {
+                datafusion::arrow::compute::cast(b.column(c), &datafusion::arrow::datatypes::DataType::Float64).unwrap()
+            })
+            .collect();
+        for row in 0..b.num_rows() {
+            let key = (0..nkeys).map(|c| array_value_to_string(b.column(c), row).unwrap()).collect();
+            let vals = cast
+                .iter()
+                .map(|a| {
+                    use datafusion::arrow::array::{Array, AsArray};
+                    let a = a.as_primitive::<datafusion::arrow::datatypes::Float64Type>();
+                    if a.is_null(row) { 0.0 } else { a.value(row) }
+                })
+                .collect();
+            out.insert(key, vals);
+        }
+    }
+    out
+}
+
+/// Smallest k with P[Binomial(n, p) > k] ≤ alpha.
+fn binomial_upper(n: usize, p: f64, alpha: f64) -> usize {
+    let mut pmf = (1.0 - p).powi(n as i32);
+    let mut cdf = pmf;
+    let mut k = 0;
+    while 1.0 - cdf > alpha && k < n {
+        pmf *= (n - k) as f64 / (k + 1) as f64 * p / (1.0 - p);
+        cdf += pmf;
+        k += 1;
+    }
+    k
+}
+
+#[tokio::test]
+async fn answered_queries_have_full_domains_and_honest_intervals() {
+    let s = session_from(&pums_config("pums_pid.csv", 100.0, 2, 1)).await;
+    let ctx = exact_ctx().await;
+    let (mut cells, mut misses) = (0usize, 0usize);
+    let mut confidence = 0.0;
+    for sql in CHECKED {
+        let r = release(&s, sql).await;
+        let nkeys = r.accuracy.iter().take_while(|a| a.accuracy == Accuracy::Public).count();
+        // Every domain key is present: the product of the key domains.
+        let domain_sizes: HashMap<&str, usize> = [("sex", 2), ("race", 6), ("married", 2), ("educ", 16)].into();
+        let expected_rows: usize =
+            r.schema.fields().iter().take(nkeys).map(|f| domain_sizes[f.name().as_str()]).product();
+        assert_eq!(r.num_rows(), expected_rows, "{sql}: every domain key must appear once");
+        let truth = exact(&ctx, sql, nkeys).await;
+        let keys: Vec<Vec<String>> = {
+            use datafusion::arrow::util::display::array_value_to_string;
+            r.batches
+                .iter()
+                .flat_map(|b| {
+                    (0..b.num_rows())
+                        .map(move |row| (0..nkeys).map(|c| array_value_to_string(b.column(c), row).unwrap()).collect())
+                })
+                .collect()
+        };
+        for (c, acc) in r.accuracy.iter().enumerate().skip(nkeys) {
+            let Accuracy::Noisy { ci_half_width, confidence: conf, .. } = acc.accuracy else {
+                panic!("{sql}: column {} should be a direct noisy measurement", acc.column)
+            };
+            confidence = conf;
+            let noisy = column_f64(&r, c);
+            for (row, key) in keys.iter().enumerate() {
+                let want = truth.get(key).map(|v| v[c - nkeys]).unwrap_or(0.0);
+                cells += 1;
+                if (noisy[row] - want).abs() > ci_half_width + 1e-6 {
+                    misses += 1;
+                }
+            }
+        }
+        assert!(r.charge.rho.get() > 0.0 && r.charge.rho.get() <= 0.05, "{sql}: charged {}", r.charge.rho.get());
+    }
+    // Each cell misses its interval with probability ≤ 1 − confidence, independently. Fail only when the number
+    // of misses exceeds the binomial quantile at 1 − 1e-7: a correct implementation fails this test far less
+    // than once in a million runs.
+    let limit = binomial_upper(cells, 1.0 - confidence, 1e-7);
+    assert!(cells > 100, "too few cells ({cells}) for a meaningful rate");
+    assert!(misses <= limit, "{misses} of {cells} cells outside their {confidence} interval (limit {limit})");
+}
+
+#[tokio::test]
+async fn post_processing_queries_are_answered() {
+    let s = session_from(&pums_config("pums_dup.csv", 100.0, 2, 1)).await;
+    for (sql, rows) in POST {
+        let r = release(&s, sql).await;
+        if let Some(n) = rows {
+            assert_eq!(r.num_rows(), *n, "{sql}");
+        }
+        assert!(r.accuracy.iter().any(|a| a.accuracy != Accuracy::Public), "{sql}: something is noisy");
+    }
+    // HAVING runs on noisy counts, over all six race keys: at most six rows.
+    let r = release(&s, "SELECT race, COUNT(*) AS n FROM pums GROUP BY race HAVING COUNT(*) > 50").await;
+    assert!(r.num_rows() <= 6);
+    // AVG is post-processing of a noisy SUM and a noisy COUNT, clamped into the bounds.
+    let r = release(&s, "SELECT AVG(age) FROM pums").await;
+    let a = column_f64(&r, 0)[0];
+    assert!((0.0..=100.0).contains(&a));
+    assert_eq!(r.accuracy[0].accuracy, Accuracy::Derived);
+    // Two measurements share the query's ρ.
+    assert_eq!(r.charge.measurements.len(), 2);
+}
+
+#[tokio::test]
+async fn bounding_truncates_units_with_many_rows() {
+    // pums_dup: 1000 persons on 1948 rows, at most 4 rows each. With k = 1 the COUNT(*) estimates the number of
+    // persons, with k = 4 the number of rows; the two are far apart compared with the noise (σ ≤ 2.9 at ρ = 1).
+    let ctx = SessionContext::new();
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/data/pums_dup.csv");
+    ctx.register_csv("pums", path, CsvReadOptions::new()).await.unwrap();
+    let persons = exact(&ctx, "SELECT COUNT(DISTINCT pid) FROM pums", 0).await[&vec![]][0];
+    let rows = exact(&ctx, "SELECT COUNT(*) FROM pums", 0).await[&vec![]][0];
+    assert!(rows - persons > 500.0);
+    for (k, want) in [(1, persons), (4, rows)] {
+        let s = session_from(&pums_config("pums_dup.csv", 10.0, k, 1)).await;
+        s.sql("SET dp.rho = 1").await.unwrap();
+        let r = release(&s, "SELECT COUNT(*) FROM pums").await;
+        let Accuracy::Noisy { std, .. } = r.accuracy[0].accuracy else { panic!() };
+        let got = column_f64(&r, 0)[0];
+        // 6 standard deviations: a correct implementation lands outside with probability < 1e-8.
+        assert!((got - want).abs() < 6.0 * std + 1.0, "k={k}: got {got}, want {want} ± {std}");
+    }
+}
