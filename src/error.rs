@@ -47,6 +47,10 @@ pub enum DpError {
     #[error("configuration error: {0}")]
     Config(String),
 
+    /// The budget ledger cannot be opened, read or written (corrupt, newer format, read-only, locked).
+    #[error("ledger error: {0}")]
+    Ledger(String),
+
     /// The operating system's randomness source failed; no noise can be drawn, so nothing is released.
     #[error("cannot seed the noise generator from the operating system: {0}")]
     Randomness(String),

@@ -21,6 +21,40 @@ pub struct Config {
     /// The private tables, by name.
     #[serde(default)]
     pub tables: BTreeMap<String, TableConfig>,
+    /// The durable budget ledger; without it the budget lives in memory only.
+    pub ledger: Option<LedgerConfig>,
+}
+
+/// `[ledger]`: where the durable budget ledger is.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LedgerConfig {
+    /// SQLite file (created if missing; relative paths resolve against the configuration file's directory).
+    pub path: String,
+    /// Name of the budget inside the ledger (one per dataset and analyst is the expected use).
+    #[serde(default = "default_budget")]
+    pub budget: String,
+    /// How long to wait for another process holding the ledger's lock before reporting an error.
+    #[serde(default = "default_busy")]
+    pub busy_timeout_ms: u64,
+}
+
+fn default_budget() -> String {
+    "default".into()
+}
+fn default_busy() -> u64 {
+    5000
+}
+
+/// A validated ledger location.
+#[derive(Clone, Debug)]
+pub struct LedgerSettings {
+    /// Resolved file path.
+    pub path: PathBuf,
+    /// Budget name.
+    pub budget: String,
+    /// Lock wait.
+    pub busy_timeout: std::time::Duration,
 }
 
 /// `[session]`: the budget and the defaults of each query.
@@ -287,6 +321,8 @@ pub struct SessionConfig {
     pub confidence: f64,
     /// The private tables.
     pub tables: BTreeMap<String, TableSource>,
+    /// The durable ledger, if configured.
+    pub ledger: Option<LedgerSettings>,
 }
 
 fn cfg_err(e: DpError, key: &str) -> DpError {
@@ -339,7 +375,22 @@ impl SessionConfig {
         for (name, t) in raw.tables {
             tables.insert(name.clone(), table_source(&name, t, base_dir)?);
         }
-        Ok(SessionConfig { total_rho, default_query_rho, mechanism, delta: s.delta, confidence, tables })
+        let ledger = match raw.ledger {
+            None => None,
+            Some(l) => {
+                if l.budget.trim().is_empty() {
+                    return Err(DpError::Config("[ledger] budget must be a non-empty name".into()));
+                }
+                let p = Path::new(&l.path);
+                let path = if p.is_absolute() { p.to_path_buf() } else { base_dir.join(p) };
+                Some(LedgerSettings {
+                    path,
+                    budget: l.budget,
+                    busy_timeout: std::time::Duration::from_millis(l.busy_timeout_ms),
+                })
+            }
+        };
+        Ok(SessionConfig { total_rho, default_query_rho, mechanism, delta: s.delta, confidence, tables, ledger })
     }
 }
 

@@ -4,10 +4,10 @@ use crate::accounting::{Charge, EpsilonBound};
 use crate::noise::Mechanism;
 use datafusion::arrow::array::RecordBatch;
 use datafusion::arrow::datatypes::SchemaRef;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// How accurate one output column is.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum Accuracy {
     /// Exact and public: GROUP BY keys, taken from the declared domain, never from the data.
@@ -32,7 +32,7 @@ pub enum Accuracy {
 }
 
 /// Accuracy of one named output column.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ColumnAccuracy {
     /// Output column name.
     pub column: String,
@@ -41,7 +41,7 @@ pub struct ColumnAccuracy {
 }
 
 /// The budget of the session after a release.
-#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub struct BudgetStatus {
     /// Total ρ.
     pub rho_total: f64,
@@ -72,7 +72,69 @@ pub struct Release {
     pub budget: BudgetStatus,
 }
 
+/// Everything of a release but its data, for storage.
+#[derive(Serialize, Deserialize)]
+struct StoredMeta {
+    sql: String,
+    accuracy: Vec<ColumnAccuracy>,
+    charge: Charge,
+    query_epsilon: EpsilonBound,
+    session_epsilon: EpsilonBound,
+    budget: BudgetStatus,
+}
+
 impl Release {
+    /// Encodes the release for the ledger (idempotent retries): a length-prefixed JSON header, then the result
+    /// as an Arrow IPC stream. The exact bits come back from [`Release::from_bytes`].
+    pub fn to_bytes(&self) -> crate::Result<Vec<u8>> {
+        let meta = StoredMeta {
+            sql: self.sql.clone(),
+            accuracy: self.accuracy.clone(),
+            charge: self.charge.clone(),
+            query_epsilon: self.query_epsilon,
+            session_epsilon: self.session_epsilon,
+            budget: self.budget,
+        };
+        let head = serde_json::to_vec(&meta).map_err(|e| crate::DpError::Engine(e.to_string()))?;
+        let mut out = (head.len() as u64).to_le_bytes().to_vec();
+        out.extend_from_slice(&head);
+        let mut w = datafusion::arrow::ipc::writer::StreamWriter::try_new(&mut out, &self.schema)
+            .map_err(|e| crate::DpError::Engine(e.to_string()))?;
+        for b in &self.batches {
+            w.write(b).map_err(|e| crate::DpError::Engine(e.to_string()))?;
+        }
+        w.finish().map_err(|e| crate::DpError::Engine(e.to_string()))?;
+        drop(w);
+        Ok(out)
+    }
+
+    /// Decodes [`Release::to_bytes`].
+    pub fn from_bytes(bytes: &[u8]) -> crate::Result<Release> {
+        let bad = |m: String| crate::DpError::Ledger(format!("stored release is unreadable: {m}"));
+        let len = bytes
+            .get(..8)
+            .and_then(|b| <[u8; 8]>::try_from(b).ok())
+            .map(u64::from_le_bytes)
+            .ok_or_else(|| bad("short".into()))?;
+        let len = usize::try_from(len).map_err(|e| bad(e.to_string()))?;
+        let head = bytes.get(8..8 + len).ok_or_else(|| bad("short header".into()))?;
+        let meta: StoredMeta = serde_json::from_slice(head).map_err(|e| bad(e.to_string()))?;
+        let reader = datafusion::arrow::ipc::reader::StreamReader::try_new(&bytes[8 + len..], None)
+            .map_err(|e| bad(e.to_string()))?;
+        let schema = reader.schema();
+        let batches = reader.collect::<Result<Vec<_>, _>>().map_err(|e| bad(e.to_string()))?;
+        Ok(Release {
+            sql: meta.sql,
+            schema,
+            batches,
+            accuracy: meta.accuracy,
+            charge: meta.charge,
+            query_epsilon: meta.query_epsilon,
+            session_epsilon: meta.session_epsilon,
+            budget: meta.budget,
+        })
+    }
+
     /// Number of result rows.
     pub fn num_rows(&self) -> usize {
         self.batches.iter().map(RecordBatch::num_rows).sum()

@@ -16,7 +16,8 @@
 //! Neighbouring relation: add/remove all rows of one privacy unit.
 
 use crate::accounting::convert::epsilon_for_rho;
-use crate::accounting::{Charge, EpsilonBound, Rho, ZcdpFilter};
+use crate::accounting::ledger::Prior;
+use crate::accounting::{Charge, EpsilonBound, Ledger, MemoryLedger, Rho, SqliteLedger};
 use crate::error::{DpError, Result};
 use crate::noise::NoiseRng;
 use crate::noise::accuracy;
@@ -189,7 +190,7 @@ pub struct DpSession {
     ctx: SessionContext,
     policies: BTreeMap<String, TablePolicy>,
     defaults: Defaults,
-    filter: Mutex<ZcdpFilter>,
+    ledger: Box<dyn Ledger>,
     rng: Mutex<NoiseRng>,
 }
 
@@ -220,6 +221,9 @@ impl DpSession {
     /// Opens a session from a validated configuration, registering every table it declares.
     pub async fn from_config(cfg: &SessionConfig) -> Result<Self> {
         let mut s = Self::empty(cfg.total_rho, cfg.default_query_rho, cfg.mechanism, cfg.delta, cfg.confidence)?;
+        if let Some(l) = &cfg.ledger {
+            s.ledger = Box::new(SqliteLedger::open(&l.path, &l.budget, cfg.total_rho, l.busy_timeout)?);
+        }
         for (name, src) in &cfg.tables {
             s.register_source(name, src).await?;
         }
@@ -247,7 +251,7 @@ impl DpSession {
             ctx,
             policies: BTreeMap::new(),
             defaults: Defaults { query_rho: default_query_rho, mechanism, delta, confidence },
-            filter: Mutex::new(ZcdpFilter::new(total)),
+            ledger: Box::new(MemoryLedger::new(total)),
             rng: Mutex::new(NoiseRng::from_os()?),
         })
     }
@@ -358,16 +362,28 @@ impl DpSession {
         Ok((rho, mech, o.confidence.unwrap_or(self.defaults.confidence)))
     }
 
-    fn lock_filter(&self) -> Result<std::sync::MutexGuard<'_, ZcdpFilter>> {
-        self.filter
-            .lock()
-            .map_err(|_| DpError::Engine("the budget filter is unavailable after a crash in another thread".into()))
+    /// Replaces the ledger (e.g. a [`SqliteLedger`] opened by the caller). The session's configured total must
+    /// match the ledger's.
+    pub fn with_ledger(mut self, ledger: Box<dyn Ledger>) -> Self {
+        self.ledger = ledger;
+        self
+    }
+
+    /// The ledger that records this session's charges.
+    pub fn ledger(&self) -> &dyn Ledger {
+        self.ledger.as_ref()
+    }
+
+    fn status(&self) -> Result<BudgetStatus> {
+        let (t, s) = self.ledger.status()?;
+        Ok(BudgetStatus { rho_total: t.get(), rho_spent: s.get(), rho_remaining: t.sub_down(s).get() })
     }
 
     /// Budget totals and the history of charges.
     pub fn budget(&self) -> Result<BudgetReport> {
-        let f = self.lock_filter()?;
-        Ok(BudgetReport { status: status(&f), epsilon: f.epsilon(self.defaults.delta)?, charges: f.charges().to_vec() })
+        let charges = self.ledger.charges()?;
+        let epsilon = crate::accounting::convert::epsilon_for_charges(&charges, self.defaults.delta)?;
+        Ok(BudgetReport { status: self.status()?, epsilon, charges })
     }
 
     /// The δ used for (ε, δ) reports.
@@ -377,6 +393,13 @@ impl DpSession {
 
     /// Runs one statement: a query, `EXPLAIN DP <query>`, or `SET dp.<option> = <value>`.
     pub async fn sql(&self, sql: &str) -> Result<Response> {
+        self.sql_with_request_id(sql, None).await
+    }
+
+    /// Like [`DpSession::sql`], with an idempotency key for pipelines: a query whose request id was released
+    /// before returns the stored release (the same noisy numbers, no new charge), because drawing new noise for a
+    /// retried query would let a caller average the noise away.
+    pub async fn sql_with_request_id(&self, sql: &str, request_id: Option<&str>) -> Result<Response> {
         let text = sql.trim().trim_end_matches(';').trim_end();
         if text.is_empty() {
             return Err(DpError::refused(
@@ -390,7 +413,7 @@ impl DpSession {
         if let Some(rest) = strip_keyword(text, "SET") {
             return self.set(rest);
         }
-        Ok(Response::Release(Box::new(self.query(text).await?)))
+        Ok(Response::Release(Box::new(self.query(text, request_id).await?)))
     }
 
     /// `SET dp.<option> = <value>`: validated, and only ever narrowing what the configuration allows.
@@ -416,7 +439,7 @@ impl DpSession {
                     DpError::refused(format!("dp.rho = {value} is not a number"), "write e.g. SET dp.rho = 0.02")
                 })?;
                 let r = Rho::positive(r).map_err(|e| DpError::refused(e.to_string(), "give a ρ > 0"))?;
-                let total = self.lock_filter()?.total();
+                let total = self.ledger.status()?.0;
                 if r.get() > total.get() {
                     return Err(DpError::refused(
                         format!("dp.rho = {r} exceeds the session's total budget {total}"),
@@ -533,16 +556,41 @@ impl DpSession {
     }
 
     /// Answers one query: compile, debit, execute, noise, post-process.
-    async fn query(&self, sql: &str) -> Result<Release> {
+    async fn query(&self, sql: &str, request_id: Option<&str>) -> Result<Release> {
+        let prior = match request_id {
+            Some(id) => self.ledger.prior(id)?,
+            None => Prior::None,
+        };
+        if let Prior::Released(charge, bytes) = &prior {
+            let r = Release::from_bytes(bytes)?;
+            if r.sql != sql {
+                return Err(DpError::refused(
+                    format!(
+                        "request id `{}` was used for another query (charge #{})",
+                        request_id.unwrap_or(""),
+                        charge.id
+                    ),
+                    "use a new request id for a new query",
+                ));
+            }
+            return Ok(r);
+        }
         let dp = self.compile(sql).await?;
         let (rho, mech, confidence) = self.query_settings()?;
-        let cals = Self::calibrate(&dp, rho, mech)?;
-        // Debit before anything touches the data.
-        let (charge, budget, session_epsilon) = {
-            let mut f = self.lock_filter()?;
-            let charge = f.charge(sql, cals)?;
-            (charge, status(&f), f.epsilon(self.defaults.delta)?)
+        // Debit before anything touches the data, unless a retry finds its charge already made (and its result
+        // never returned: the process stopped before storing it).
+        let charge = match prior {
+            Prior::Charged(c) if c.label == sql => c,
+            Prior::Charged(c) => {
+                return Err(DpError::refused(
+                    format!("request id `{}` was used for another query (charge #{})", request_id.unwrap_or(""), c.id),
+                    "use a new request id for a new query",
+                ));
+            }
+            _ => self.ledger.charge(sql, request_id, Self::calibrate(&dp, rho, mech)?)?,
         };
+        let budget = self.status()?;
+        let session_epsilon = self.ledger.epsilon(self.defaults.delta)?;
         let query_epsilon =
             crate::accounting::convert::epsilon_for_charges(std::slice::from_ref(&charge), self.defaults.delta)?;
         // Exact aggregates of the bounded plan.
@@ -555,7 +603,13 @@ impl DpSession {
         let schema: Arc<Schema> = Arc::new(df.schema().as_arrow().clone());
         let batches = df.collect().await.map_err(engine)?;
         let accuracy = column_accuracy(&dp, &charge.measurements, &schema, confidence)?;
-        Ok(Release { sql: sql.to_string(), schema, batches, accuracy, charge, query_epsilon, session_epsilon, budget })
+        let release =
+            Release { sql: sql.to_string(), schema, batches, accuracy, charge, query_epsilon, session_epsilon, budget };
+        if let Some(id) = request_id {
+            // Stored before it is returned, so a retry can never draw new noise for a released result.
+            self.ledger.store_release(id, &release.to_bytes()?)?;
+        }
+        Ok(release)
     }
 
     /// Adds noise to every cell of the full domain and builds the table the analyst's aggregate would have
@@ -665,10 +719,6 @@ fn unit_of(kind: &MeasureKind) -> f64 {
         MeasureKind::Sum { scale_bits, .. } => 2f64.powi(-scale_bits),
         _ => 1.0,
     }
-}
-
-fn status(f: &ZcdpFilter) -> BudgetStatus {
-    BudgetStatus { rho_total: f.total().get(), rho_spent: f.spent().get(), rho_remaining: f.remaining().get() }
 }
 
 /// Standard deviation and CI half-width (grid units) of a calibrated mechanism.

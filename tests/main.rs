@@ -4,6 +4,7 @@ mod accounting;
 mod cli;
 mod common;
 mod config;
+mod ledger;
 mod noise_dist;
 mod privacy_audit;
 mod sql_accept;

@@ -56,6 +56,16 @@ impl ZcdpFilter {
         ZcdpFilter { total, spent: Rho::ZERO, charges: Vec::new() }
     }
 
+    /// A filter that has already spent `spent` (charges recorded elsewhere, e.g. in a durable ledger).
+    pub fn with_spent(total: Rho, spent: Rho) -> Self {
+        ZcdpFilter { total, spent, charges: Vec::new() }
+    }
+
+    /// Replaces the total (an administrative act, recorded by the ledger that calls it).
+    pub fn set_total(&mut self, total: Rho) {
+        self.total = total;
+    }
+
     /// The total budget.
     pub fn total(&self) -> Rho {
         self.total

@@ -4,8 +4,10 @@
 
 pub mod convert;
 pub mod filter;
+pub mod ledger;
 pub mod rho;
 
 pub use convert::{EpsilonBound, epsilon_for_charges};
 pub use filter::{Charge, ZcdpFilter};
+pub use ledger::{Ledger, MemoryLedger, SqliteLedger};
 pub use rho::Rho;

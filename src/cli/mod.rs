@@ -39,6 +39,10 @@ enum Command {
         /// ρ per query (the same as `SET dp.rho = R` before the statements).
         #[arg(long)]
         rho: Option<f64>,
+        /// Idempotency key: a retry with the same id returns the stored release (same numbers, no new charge).
+        /// With several statements, statement n uses `ID#n`.
+        #[arg(long)]
+        request_id: Option<String>,
         /// Run the statements of this SQL file, in order (separated by `;`).
         #[arg(long = "file", short = 'f', conflicts_with = "sql")]
         file: Option<PathBuf>,
@@ -53,11 +57,20 @@ enum Command {
         /// The query.
         sql: String,
     },
-    /// Show the session budget: total, spent, remaining, (ε, δ) and the charges.
+    /// Show the budget: total, spent, remaining, (ε, δ); with --history, every charge.
     Budget {
         /// Configuration file (TOML).
         #[arg(long, short)]
         config: Option<PathBuf>,
+        /// List every charge.
+        #[arg(long)]
+        history: bool,
+        /// Administrative: set a new total ρ for this budget (recorded in the ledger with --reason).
+        #[arg(long, requires = "reason")]
+        set_total: Option<f64>,
+        /// Why the total changes (stored in the ledger).
+        #[arg(long)]
+        reason: Option<String>,
     },
 }
 
@@ -118,10 +131,16 @@ async fn open(config: Option<PathBuf>) -> Result<(DpSession, PathBuf), DpError> 
 }
 
 /// Runs statements, printing each answer; returns whether all succeeded. Errors go to stderr too.
-pub async fn run_statements(session: &DpSession, statements: &[String], format: Format) -> bool {
+pub async fn run_statements(
+    session: &DpSession,
+    statements: &[String],
+    format: Format,
+    request_id: Option<&str>,
+) -> bool {
     let mut ok = true;
-    for sql in statements {
-        let outcome = session.sql(sql).await;
+    for (i, sql) in statements.iter().enumerate() {
+        let rid = request_id.map(|r| if statements.len() == 1 { r.to_string() } else { format!("{r}#{}", i + 1) });
+        let outcome = session.sql_with_request_id(sql, rid.as_deref()).await;
         if let Err(e) = &outcome {
             ok = false;
             eprintln!("error: {e}");
@@ -137,7 +156,7 @@ pub async fn run_statements(session: &DpSession, statements: &[String], format: 
     ok
 }
 
-pub(crate) fn print_budget(session: &DpSession) -> Result<(), DpError> {
+pub(crate) fn print_budget(session: &DpSession, history: bool) -> Result<(), DpError> {
     let b = session.budget()?;
     println!(
         "budget: total ρ = {} · spent {} · remaining {}",
@@ -151,9 +170,15 @@ pub(crate) fn print_budget(session: &DpSession) -> Result<(), DpError> {
         b.epsilon.delta,
         b.epsilon.kind.describe()
     );
-    println!("ledger: in memory (this process only; the budget starts afresh in each new process)");
-    if b.charges.is_empty() {
-        println!("no charges yet");
+    let ledger = session.ledger();
+    if ledger.is_durable() {
+        println!("ledger: {}", ledger.describe());
+    } else {
+        println!("WARNING: ledger {}; add a [ledger] path to the configuration to keep the budget", ledger.describe());
+    }
+    println!("charges: {}", b.charges.len());
+    if !history {
+        return Ok(());
     }
     for c in &b.charges {
         let mechs: Vec<String> = c
@@ -174,7 +199,7 @@ async fn run(cli: Cli) -> Result<bool, DpError> {
             let (s, path) = open(config).await?;
             repl::run(s, &path).await
         }
-        Command::Query { config, format, rho, file, sql } => {
+        Command::Query { config, format, rho, request_id, file, sql } => {
             let (s, _) = open(config).await?;
             let statements = match (file, sql) {
                 (Some(f), None) => {
@@ -191,7 +216,7 @@ async fn run(cli: Cli) -> Result<bool, DpError> {
             if let Some(r) = rho {
                 s.sql(&format!("SET dp.rho = {r}")).await.map_err(|e| DpError::Config(format!("--rho {r}: {e}")))?;
             }
-            Ok(run_statements(&s, &statements, format).await)
+            Ok(run_statements(&s, &statements, format, request_id.as_deref()).await)
         }
         Command::Explain { config, sql } => {
             let (s, _) = open(config).await?;
@@ -199,9 +224,14 @@ async fn run(cli: Cli) -> Result<bool, DpError> {
             println!("{e}");
             Ok(true)
         }
-        Command::Budget { config } => {
+        Command::Budget { config, history, set_total, reason } => {
             let (s, _) = open(config).await?;
-            print_budget(&s)?;
+            if let Some(t) = set_total {
+                let t = crate::accounting::Rho::new(t)?;
+                s.ledger().set_total(t, reason.as_deref().unwrap_or(""))?;
+                println!("total set to ρ = {t} (recorded in the ledger)");
+            }
+            print_budget(&s, history)?;
             Ok(true)
         }
     }

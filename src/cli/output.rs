@@ -92,7 +92,7 @@ pub fn release_json(r: &Release) -> Value {
         "columns": r.schema.fields().iter().map(|f| f.name().clone()).collect::<Vec<_>>(),
         "rows": rows_json(&r.batches),
         "accuracy": accuracy,
-        "charge": {"rho": r.charge.rho.get(), "epsilon": r.query_epsilon.epsilon, "delta": r.query_epsilon.delta},
+        "charge": {"id": r.charge.id, "rho": r.charge.rho.get(), "epsilon": r.query_epsilon.epsilon, "delta": r.query_epsilon.delta},
         "budget": {"rho_total": r.budget.rho_total, "rho_spent": r.budget.rho_spent, "rho_remaining": r.budget.rho_remaining,
                    "epsilon": r.session_epsilon.epsilon, "delta": r.session_epsilon.delta},
     })

@@ -181,7 +181,7 @@ impl Shell {
                 }
             }
             "\\budget" => {
-                if let Err(e) = super::print_budget(&self.session) {
+                if let Err(e) = super::print_budget(&self.session, true) {
                     self.error(&e.to_string());
                 }
             }
@@ -224,13 +224,20 @@ fn budget_line(r: &crate::Release) -> String {
 pub async fn run(session: DpSession, config: &Path) -> Result<bool, DpError> {
     let b = session.budget()?;
     println!(
-        "dpfusion — differentially private SQL. Config: {}\nbudget ρ = {} (zCDP), δ = {:e} for (ε, δ) · ledger in memory (resets when you leave)\n\
+        "dpfusion — differentially private SQL. Config: {}\nbudget ρ = {} (zCDP), spent {}, δ = {:e} for (ε, δ)\n\
          tables: {} · \\? for help, \\q to leave",
         config.display(),
         b.status.rho_total,
+        crate::release::fmt_num(b.status.rho_spent),
         session.delta(),
         session.tables().keys().cloned().collect::<Vec<_>>().join(", ")
     );
+    let ledger = session.ledger();
+    if ledger.is_durable() {
+        println!("ledger: {}", ledger.describe());
+    } else {
+        println!("WARNING: ledger {}. Add a [ledger] path to the configuration to keep the budget.", ledger.describe());
+    }
     let mut words: Vec<String> = KEYWORDS.iter().chain(META).map(|s| s.to_string()).collect();
     for name in session.tables().keys() {
         words.push(name.clone());

@@ -1,0 +1,435 @@
+//! The budget ledger: where charges live. In memory (one process, forgotten when it exits) or in a SQLite file
+//! (durable, shared by every process that opens it, crash-safe).
+//!
+//! Guarantees of the SQLite ledger:
+//! * **Debit before release.** [`Ledger::charge`] returns only after the charge is committed in a transaction
+//!   with `synchronous = FULL` (fsync'd); the session executes a query only after that.
+//! * **No overspending, even together.** Check and debit are one `BEGIN IMMEDIATE` transaction: it takes the
+//!   database's write lock, reads what was spent, refuses or inserts, and commits. Concurrent processes
+//!   serialise on the lock; a lock held longer than the busy timeout is reported as an error, never skipped.
+//! * **Idempotent retries.** A charge may carry a request id; the release made under it is stored, and a retry
+//!   with the same id returns the stored release instead of drawing new noise (which would let a caller average
+//!   the noise away). Stored releases are kept for the life of the ledger file.
+//!
+//! Pure bookkeeping: no DataFusion or Arrow here; releases are stored as opaque bytes.
+
+use crate::accounting::convert::{EpsilonBound, epsilon_for_charges};
+use crate::accounting::filter::total_rho;
+use crate::accounting::{Charge, Rho, ZcdpFilter};
+use crate::error::{DpError, Result};
+use crate::noise::calibrate::Calibration;
+use rusqlite::{Connection, ErrorCode, OptionalExtension, TransactionBehavior, params};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::Duration;
+
+/// What the ledger knows about a request id.
+#[derive(Clone, Debug)]
+pub enum Prior {
+    /// Never seen.
+    None,
+    /// Charged, but no release was stored (the process stopped before returning it): the result was never
+    /// returned, so the query may be computed under this charge without a new debit.
+    Charged(Charge),
+    /// Charged and released: return these bytes again.
+    Released(Charge, Vec<u8>),
+}
+
+/// A budget ledger.
+pub trait Ledger: Send + Sync {
+    /// Where the ledger lives, for banners and reports.
+    fn describe(&self) -> String;
+    /// Whether charges survive the process.
+    fn is_durable(&self) -> bool;
+    /// Total and spent.
+    fn status(&self) -> Result<(Rho, Rho)>;
+    /// Every charge, oldest first.
+    fn charges(&self) -> Result<Vec<Charge>>;
+    /// Atomically checks that `measurements` fit in what remains and debits them; refuses (changing nothing)
+    /// otherwise. Returns only once the charge is recorded.
+    fn charge(&self, label: &str, request_id: Option<&str>, measurements: Vec<Calibration>) -> Result<Charge>;
+    /// What is known about `request_id`.
+    fn prior(&self, request_id: &str) -> Result<Prior>;
+    /// Stores the release made under `request_id` (before it is returned to the caller).
+    fn store_release(&self, request_id: &str, release: &[u8]) -> Result<()>;
+    /// Administrative: sets a new total (recorded with `reason`). The new total may not be below what is spent.
+    fn set_total(&self, total: Rho, reason: &str) -> Result<()>;
+
+    /// (ε, δ) of everything spent.
+    fn epsilon(&self, delta: f64) -> Result<EpsilonBound> {
+        epsilon_for_charges(&self.charges()?, delta)
+    }
+}
+
+/// A request id's charge and, once made, its stored release.
+type RequestEntry = (Charge, Option<Vec<u8>>);
+
+/// The in-memory ledger: a [`ZcdpFilter`] and the releases of request ids, forgotten when the process exits.
+pub struct MemoryLedger {
+    filter: Mutex<ZcdpFilter>,
+    requests: Mutex<HashMap<String, RequestEntry>>,
+}
+
+impl MemoryLedger {
+    /// A fresh in-memory ledger with budget `total`.
+    pub fn new(total: Rho) -> Self {
+        MemoryLedger { filter: Mutex::new(ZcdpFilter::new(total)), requests: Mutex::new(HashMap::new()) }
+    }
+}
+
+fn poisoned<T>(_: T) -> DpError {
+    DpError::Ledger("the in-memory ledger is unavailable after a crash in another thread".into())
+}
+
+impl Ledger for MemoryLedger {
+    fn describe(&self) -> String {
+        "in memory (this process only: the budget starts afresh in each new process)".into()
+    }
+    fn is_durable(&self) -> bool {
+        false
+    }
+    fn status(&self) -> Result<(Rho, Rho)> {
+        let f = self.filter.lock().map_err(poisoned)?;
+        Ok((f.total(), f.spent()))
+    }
+    fn charges(&self) -> Result<Vec<Charge>> {
+        Ok(self.filter.lock().map_err(poisoned)?.charges().to_vec())
+    }
+    fn charge(&self, label: &str, request_id: Option<&str>, measurements: Vec<Calibration>) -> Result<Charge> {
+        let mut requests = self.requests.lock().map_err(poisoned)?;
+        if let Some(id) = request_id
+            && requests.contains_key(id)
+        {
+            return Err(DpError::Ledger(format!("request id `{id}` was already charged; retry to get its release")));
+        }
+        let c = self.filter.lock().map_err(poisoned)?.charge(label, measurements)?;
+        if let Some(id) = request_id {
+            requests.insert(id.to_string(), (c.clone(), None));
+        }
+        Ok(c)
+    }
+    fn prior(&self, request_id: &str) -> Result<Prior> {
+        Ok(match self.requests.lock().map_err(poisoned)?.get(request_id) {
+            None => Prior::None,
+            Some((c, None)) => Prior::Charged(c.clone()),
+            Some((c, Some(b))) => Prior::Released(c.clone(), b.clone()),
+        })
+    }
+    fn store_release(&self, request_id: &str, release: &[u8]) -> Result<()> {
+        if let Some(entry) = self.requests.lock().map_err(poisoned)?.get_mut(request_id) {
+            entry.1 = Some(release.to_vec());
+        }
+        Ok(())
+    }
+    fn set_total(&self, total: Rho, _reason: &str) -> Result<()> {
+        let mut f = self.filter.lock().map_err(poisoned)?;
+        if total.get() < f.spent().get() {
+            return Err(DpError::Ledger(format!("a total of {total} is below what is already spent ({})", f.spent())));
+        }
+        f.set_total(total);
+        Ok(())
+    }
+}
+
+/// The on-disk format version this build reads and writes.
+pub const FORMAT_VERSION: i64 = 1;
+const APPLICATION: &str = "dpfusion-ledger";
+
+/// A durable ledger in a SQLite file, shared safely by several processes.
+pub struct SqliteLedger {
+    conn: Mutex<Connection>,
+    path: PathBuf,
+    budget: String,
+}
+
+fn now() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0)
+}
+
+impl SqliteLedger {
+    /// Opens (creating if needed) the ledger at `path` and the budget `budget` in it. A new budget gets `total`;
+    /// an existing one must have that total (change it with [`Ledger::set_total`], which is recorded).
+    /// A file that is not a dpfusion ledger, comes from a newer format, or cannot be written is refused with a
+    /// clear error and left unchanged.
+    pub fn open(path: &Path, budget: &str, total: Rho, busy_timeout: Duration) -> Result<Self> {
+        let display = path.display().to_string();
+        let conn = Connection::open(path).map_err(|e| open_error(&display, e))?;
+        conn.busy_timeout(busy_timeout).map_err(|e| sql_error(&display, e))?;
+        // Is it a database at all, and is it ours?
+        let tables: i64 = conn
+            .query_row("SELECT count(*) FROM sqlite_master", [], |r| r.get(0))
+            .map_err(|e| open_error(&display, e))?;
+        let has_meta: bool = conn
+            .query_row("SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'meta'", [], |r| {
+                r.get::<_, i64>(0)
+            })
+            .map_err(|e| open_error(&display, e))?
+            > 0;
+        if tables > 0 && !has_meta {
+            return Err(DpError::Ledger(format!(
+                "{display} is a SQLite database but not a dpfusion ledger; point [ledger] path at a new or dpfusion file"
+            )));
+        }
+        if has_meta {
+            let app: Option<String> = conn
+                .query_row("SELECT value FROM meta WHERE key = 'application'", [], |r| r.get(0))
+                .optional()
+                .map_err(|e| open_error(&display, e))?;
+            if app.as_deref() != Some(APPLICATION) {
+                return Err(DpError::Ledger(format!("{display} is not a dpfusion ledger (no application marker)")));
+            }
+            let version: i64 = conn
+                .query_row("SELECT value FROM meta WHERE key = 'format'", [], |r| r.get::<_, String>(0))
+                .map_err(|e| open_error(&display, e))?
+                .parse()
+                .map_err(|_| DpError::Ledger(format!("{display}: unreadable format version")))?;
+            if version > FORMAT_VERSION {
+                return Err(DpError::Ledger(format!(
+                    "{display} was written by a newer dpfusion (ledger format {version}; this build reads {FORMAT_VERSION}); upgrade dpfusion"
+                )));
+            }
+        }
+        let integrity: String =
+            conn.query_row("PRAGMA quick_check", [], |r| r.get(0)).map_err(|e| open_error(&display, e))?;
+        if integrity != "ok" {
+            return Err(DpError::Ledger(format!("{display} is corrupt ({integrity}); restore it from a backup")));
+        }
+        conn.pragma_update(None, "journal_mode", "WAL").map_err(|e| write_error(&display, e))?;
+        conn.pragma_update(None, "synchronous", "FULL").map_err(|e| write_error(&display, e))?;
+        let mut me = SqliteLedger { conn: Mutex::new(conn), path: path.to_path_buf(), budget: budget.to_string() };
+        me.init(total)?;
+        Ok(me)
+    }
+
+    fn init(&mut self, total: Rho) -> Result<()> {
+        let display = self.path.display().to_string();
+        let budget = self.budget.clone();
+        let conn = self.conn.get_mut().map_err(poisoned)?;
+        let tx =
+            conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(|e| write_error(&display, e))?;
+        tx.execute_batch(
+            "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+             CREATE TABLE IF NOT EXISTS budgets (name TEXT PRIMARY KEY, total REAL NOT NULL, spent REAL NOT NULL,
+                 created INTEGER NOT NULL);
+             CREATE TABLE IF NOT EXISTS charges (id INTEGER PRIMARY KEY AUTOINCREMENT, budget TEXT NOT NULL,
+                 at INTEGER NOT NULL, label TEXT NOT NULL, request_id TEXT, rho REAL NOT NULL,
+                 measurements TEXT NOT NULL, UNIQUE (budget, request_id));
+             CREATE TABLE IF NOT EXISTS releases (budget TEXT NOT NULL, request_id TEXT NOT NULL,
+                 at INTEGER NOT NULL, body BLOB NOT NULL, PRIMARY KEY (budget, request_id));
+             CREATE TABLE IF NOT EXISTS admin (id INTEGER PRIMARY KEY AUTOINCREMENT, budget TEXT NOT NULL,
+                 at INTEGER NOT NULL, action TEXT NOT NULL, old_total REAL, new_total REAL, reason TEXT);",
+        )
+        .map_err(|e| write_error(&display, e))?;
+        tx.execute("INSERT OR IGNORE INTO meta VALUES ('application', ?1)", params![APPLICATION])
+            .map_err(|e| write_error(&display, e))?;
+        tx.execute("INSERT OR IGNORE INTO meta VALUES ('format', ?1)", params![FORMAT_VERSION.to_string()])
+            .map_err(|e| write_error(&display, e))?;
+        let existing: Option<f64> = tx
+            .query_row("SELECT total FROM budgets WHERE name = ?1", params![budget], |r| r.get(0))
+            .optional()
+            .map_err(|e| sql_error(&display, e))?;
+        match existing {
+            None => {
+                tx.execute("INSERT INTO budgets VALUES (?1, ?2, 0.0, ?3)", params![budget, total.get(), now()])
+                    .map_err(|e| write_error(&display, e))?;
+                tx.execute(
+                    "INSERT INTO admin (budget, at, action, old_total, new_total, reason) VALUES (?1, ?2, 'create', NULL, ?3, 'first use')",
+                    params![budget, now(), total.get()],
+                )
+                .map_err(|e| write_error(&display, e))?;
+            }
+            Some(t) if t != total.get() => {
+                return Err(DpError::Ledger(format!(
+                    "budget `{budget}` in {display} has total ρ = {t}, but the configuration says {}; the ledger's total \
+                     is authoritative: change it with `dpfusion budget --set-total {}` (recorded), or fix [session] rho",
+                    total.get(),
+                    total.get()
+                )));
+            }
+            Some(_) => {}
+        }
+        tx.commit().map_err(|e| write_error(&display, e))
+    }
+
+    fn display(&self) -> String {
+        self.path.display().to_string()
+    }
+
+    fn conn(&self) -> Result<std::sync::MutexGuard<'_, Connection>> {
+        self.conn.lock().map_err(poisoned)
+    }
+
+    fn read_charge(row: &rusqlite::Row<'_>) -> rusqlite::Result<(i64, String, f64, String)> {
+        Ok((row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?))
+    }
+
+    fn decode(&self, (id, label, rho, m): (i64, String, f64, String)) -> Result<Charge> {
+        let measurements: Vec<Calibration> = serde_json::from_str(&m)
+            .map_err(|e| DpError::Ledger(format!("{}: charge {id} is unreadable ({e})", self.display())))?;
+        let rho = Rho::new(rho)?;
+        Ok(Charge { id: id as u64, label, measurements, rho })
+    }
+}
+
+fn open_error(path: &str, e: rusqlite::Error) -> DpError {
+    match e.sqlite_error_code() {
+        Some(ErrorCode::NotADatabase) => {
+            DpError::Ledger(format!("{path} is not a dpfusion ledger (not a SQLite database, or corrupt)"))
+        }
+        Some(ErrorCode::DatabaseCorrupt) => DpError::Ledger(format!("{path} is corrupt; restore it from a backup")),
+        Some(ErrorCode::CannotOpen) => {
+            DpError::Ledger(format!("cannot open ledger {path}: check that its directory exists and is writable"))
+        }
+        _ => sql_error(path, e),
+    }
+}
+
+fn write_error(path: &str, e: rusqlite::Error) -> DpError {
+    match e.sqlite_error_code() {
+        Some(ErrorCode::ReadOnly) | Some(ErrorCode::PermissionDenied) | Some(ErrorCode::CannotOpen) => {
+            DpError::Ledger(format!("ledger {path} is read-only: dpfusion must be able to write it to record charges"))
+        }
+        _ => sql_error(path, e),
+    }
+}
+
+fn sql_error(path: &str, e: rusqlite::Error) -> DpError {
+    match e.sqlite_error_code() {
+        Some(ErrorCode::DatabaseBusy) | Some(ErrorCode::DatabaseLocked) => DpError::Ledger(format!(
+            "ledger {path} is locked by another process for longer than the busy timeout; nothing was spent, retry later"
+        )),
+        Some(ErrorCode::NotADatabase) | Some(ErrorCode::DatabaseCorrupt) => open_error(path, e),
+        Some(ErrorCode::ReadOnly) => write_error(path, e),
+        _ => DpError::Ledger(format!("ledger {path}: {e}")),
+    }
+}
+
+impl Ledger for SqliteLedger {
+    fn describe(&self) -> String {
+        format!("durable: {} (budget `{}`)", self.display(), self.budget)
+    }
+    fn is_durable(&self) -> bool {
+        true
+    }
+    fn status(&self) -> Result<(Rho, Rho)> {
+        let (t, s): (f64, f64) = self
+            .conn()?
+            .query_row("SELECT total, spent FROM budgets WHERE name = ?1", params![self.budget], |r| {
+                Ok((r.get(0)?, r.get(1)?))
+            })
+            .map_err(|e| sql_error(&self.display(), e))?;
+        Ok((Rho::new(t)?, Rho::new(s)?))
+    }
+    fn charges(&self) -> Result<Vec<Charge>> {
+        let conn = self.conn()?;
+        let mut st = conn
+            .prepare("SELECT id, label, rho, measurements FROM charges WHERE budget = ?1 ORDER BY id")
+            .map_err(|e| sql_error(&self.display(), e))?;
+        let rows = st
+            .query_map(params![self.budget], Self::read_charge)
+            .map_err(|e| sql_error(&self.display(), e))?
+            .collect::<rusqlite::Result<Vec<_>>>()
+            .map_err(|e| sql_error(&self.display(), e))?;
+        rows.into_iter().map(|r| self.decode(r)).collect()
+    }
+    fn charge(&self, label: &str, request_id: Option<&str>, measurements: Vec<Calibration>) -> Result<Charge> {
+        if measurements.is_empty() {
+            return Err(DpError::invalid("charge", "a charge must pay for at least one measurement"));
+        }
+        let rho = total_rho(&measurements)?;
+        let text = serde_json::to_string(&measurements).map_err(|e| DpError::Ledger(e.to_string()))?;
+        let display = self.display();
+        let mut conn = self.conn()?;
+        // BEGIN IMMEDIATE: the write lock is held from the read of `spent` to the commit.
+        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(|e| sql_error(&display, e))?;
+        let (total, spent): (f64, f64) = tx
+            .query_row("SELECT total, spent FROM budgets WHERE name = ?1", params![self.budget], |r| {
+                Ok((r.get(0)?, r.get(1)?))
+            })
+            .map_err(|e| sql_error(&display, e))?;
+        let filter = ZcdpFilter::with_spent(Rho::new(total)?, Rho::new(spent)?);
+        let new_spent = filter.check(rho)?;
+        if let Some(id) = request_id {
+            let seen: Option<i64> = tx
+                .query_row(
+                    "SELECT id FROM charges WHERE budget = ?1 AND request_id = ?2",
+                    params![self.budget, id],
+                    |r| r.get(0),
+                )
+                .optional()
+                .map_err(|e| sql_error(&display, e))?;
+            if seen.is_some() {
+                return Err(DpError::Ledger(format!(
+                    "request id `{id}` was already charged; retry to get its release"
+                )));
+            }
+        }
+        tx.execute(
+            "INSERT INTO charges (budget, at, label, request_id, rho, measurements) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+            params![self.budget, now(), label, request_id, rho.get(), text],
+        )
+        .map_err(|e| sql_error(&display, e))?;
+        let id = tx.last_insert_rowid();
+        tx.execute("UPDATE budgets SET spent = ?1 WHERE name = ?2", params![new_spent.get(), self.budget])
+            .map_err(|e| sql_error(&display, e))?;
+        tx.commit().map_err(|e| sql_error(&display, e))?;
+        Ok(Charge { id: id as u64, label: label.to_string(), measurements, rho })
+    }
+    fn prior(&self, request_id: &str) -> Result<Prior> {
+        let conn = self.conn()?;
+        let row = conn
+            .query_row(
+                "SELECT id, label, rho, measurements FROM charges WHERE budget = ?1 AND request_id = ?2",
+                params![self.budget, request_id],
+                Self::read_charge,
+            )
+            .optional()
+            .map_err(|e| sql_error(&self.display(), e))?;
+        let Some(row) = row else { return Ok(Prior::None) };
+        let body: Option<Vec<u8>> = conn
+            .query_row(
+                "SELECT body FROM releases WHERE budget = ?1 AND request_id = ?2",
+                params![self.budget, request_id],
+                |r| r.get(0),
+            )
+            .optional()
+            .map_err(|e| sql_error(&self.display(), e))?;
+        drop(conn);
+        let charge = self.decode(row)?;
+        Ok(match body {
+            Some(b) => Prior::Released(charge, b),
+            None => Prior::Charged(charge),
+        })
+    }
+    fn store_release(&self, request_id: &str, release: &[u8]) -> Result<()> {
+        self.conn()?
+            .execute(
+                "INSERT OR REPLACE INTO releases (budget, request_id, at, body) VALUES (?1, ?2, ?3, ?4)",
+                params![self.budget, request_id, now(), release],
+            )
+            .map_err(|e| sql_error(&self.display(), e))?;
+        Ok(())
+    }
+    fn set_total(&self, total: Rho, reason: &str) -> Result<()> {
+        let display = self.display();
+        let mut conn = self.conn()?;
+        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(|e| sql_error(&display, e))?;
+        let (old, spent): (f64, f64) = tx
+            .query_row("SELECT total, spent FROM budgets WHERE name = ?1", params![self.budget], |r| {
+                Ok((r.get(0)?, r.get(1)?))
+            })
+            .map_err(|e| sql_error(&display, e))?;
+        if total.get() < spent {
+            return Err(DpError::Ledger(format!("a total of {total} is below what is already spent ({spent})")));
+        }
+        tx.execute("UPDATE budgets SET total = ?1 WHERE name = ?2", params![total.get(), self.budget])
+            .map_err(|e| sql_error(&display, e))?;
+        tx.execute(
+            "INSERT INTO admin (budget, at, action, old_total, new_total, reason) VALUES (?1, ?2, 'set_total', ?3, ?4, ?5)",
+            params![self.budget, now(), old, total.get(), reason],
+        )
+        .map_err(|e| sql_error(&display, e))?;
+        tx.commit().map_err(|e| sql_error(&display, e))
+    }
+}

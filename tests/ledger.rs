@@ -1,0 +1,284 @@
+//! The durable ledger: persistence, no overspending under contention (threads and processes), crash safety
+//! under SIGKILL, idempotent request ids, and the documented errors for corrupt, newer, locked and read-only
+//! files.
+
+use dpfusion::accounting::Rho;
+use dpfusion::accounting::ledger::{Ledger, SqliteLedger};
+use dpfusion::noise::calibrate;
+use dpfusion::{DpError, DpSession, Response};
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+const BIN: &str = env!("CARGO_BIN_EXE_dpfusion");
+const ROOT: &str = env!("CARGO_MANIFEST_DIR");
+
+/// A fresh directory under the system temp dir.
+fn tempdir(tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("dpfusion-{tag}-{}-{}", std::process::id(), rand_suffix()));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn rand_suffix() -> u64 {
+    use std::hash::{BuildHasher, RandomState};
+    RandomState::new().hash_one(std::time::SystemTime::now())
+}
+
+/// A PUMS configuration with a durable ledger in `dir`.
+fn config(dir: &Path, total: f64) -> PathBuf {
+    let text = crate::common::pums_config("pums_dup.csv", total, 2, 1)
+        .replace("path = \"examples/data/", &format!("path = \"{ROOT}/examples/data/"))
+        + &format!(
+            "\n[ledger]\npath = \"{}\"\nbudget = \"test\"\nbusy_timeout_ms = 10000\n",
+            dir.join("ledger.db").display()
+        );
+    let p = dir.join("dp.toml");
+    std::fs::write(&p, text).unwrap();
+    p
+}
+
+fn rho(x: f64) -> Rho {
+    Rho::new(x).unwrap()
+}
+
+#[tokio::test]
+async fn charges_survive_the_session_and_show_in_a_new_one() {
+    let dir = tempdir("persist");
+    let cfg = config(&dir, 1.0);
+    {
+        let s = DpSession::open(&cfg).await.unwrap();
+        assert!(s.ledger().is_durable());
+        s.sql("SELECT COUNT(*) FROM pums").await.unwrap();
+        s.sql("SELECT sex, COUNT(*) FROM pums GROUP BY sex").await.unwrap();
+    }
+    let s = DpSession::open(&cfg).await.unwrap();
+    let b = s.budget().unwrap();
+    assert_eq!(b.charges.len(), 2);
+    assert!((b.status.rho_spent - 0.1).abs() < 1e-9);
+    assert_eq!(b.charges[1].label, "SELECT sex, COUNT(*) FROM pums GROUP BY sex");
+    // The ledger's total is authoritative: a configuration that disagrees is refused, not silently applied.
+    std::fs::write(&cfg, std::fs::read_to_string(&cfg).unwrap().replace("rho = 1\n", "rho = 5\n")).unwrap();
+    let e = DpSession::open(&cfg).await.err().expect("total mismatch must fail");
+    assert!(e.to_string().contains("--set-total"), "{e}");
+}
+
+#[test]
+fn sixteen_threads_at_the_edge_of_the_budget_never_overspend() {
+    let dir = tempdir("threads");
+    let path = dir.join("ledger.db");
+    SqliteLedger::open(&path, "b", rho(1.0), Duration::from_secs(30)).unwrap();
+    let m = calibrate::gaussian(1.0, rho(0.03)).unwrap();
+    let granted: usize = std::thread::scope(|sc| {
+        let handles: Vec<_> = (0..16)
+            .map(|_| {
+                let (path, m) = (path.clone(), m.clone());
+                sc.spawn(move || {
+                    let l = SqliteLedger::open(&path, "b", rho(1.0), Duration::from_secs(30)).unwrap();
+                    let mut ok = 0;
+                    for _ in 0..10 {
+                        match l.charge("q", None, vec![m.clone()]) {
+                            Ok(_) => ok += 1,
+                            Err(DpError::OverBudget { .. }) => {}
+                            Err(e) => panic!("unexpected: {e}"),
+                        }
+                    }
+                    ok
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).sum()
+    });
+    let l = SqliteLedger::open(&path, "b", rho(1.0), Duration::from_secs(30)).unwrap();
+    let (total, spent) = l.status().unwrap();
+    let charges = l.charges().unwrap();
+    assert_eq!(charges.len(), granted);
+    assert!(spent.get() <= total.get(), "spent {spent} > total {total}");
+    assert!(granted as f64 * m.rho.get() <= 1.0);
+    // 160 attempts of ≈0.03 against 1.0: exactly as many as fit were granted.
+    assert_eq!(granted, (1.0 / m.rho.get()).floor() as usize);
+    let sum: f64 = charges.iter().map(|c| c.rho.get()).sum();
+    assert!((sum - spent.get()).abs() < 1e-12);
+}
+
+#[test]
+fn two_processes_sharing_a_ledger_never_overspend() {
+    let dir = tempdir("procs");
+    let cfg = config(&dir, 0.5); // ten queries of 0.05 at most
+    let sql = "SELECT COUNT(*) FROM pums;".repeat(15);
+    let children: Vec<_> = (0..2)
+        .map(|_| {
+            Command::new(BIN)
+                .args(["query", "--format", "jsonl", "--config", cfg.to_str().unwrap(), &sql])
+                .stdout(Stdio::piped())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let mut answered = 0;
+    for c in children {
+        let out = c.wait_with_output().unwrap();
+        answered += String::from_utf8_lossy(&out.stdout).lines().filter(|l| l.contains("\"status\":\"ok\"")).count();
+    }
+    let l = SqliteLedger::open(&dir.join("ledger.db"), "test", rho(0.5), Duration::from_secs(10)).unwrap();
+    let (total, spent) = l.status().unwrap();
+    assert!(spent.get() <= total.get());
+    assert_eq!(l.charges().unwrap().len(), answered);
+    assert_eq!(answered, 10, "exactly the queries that fit are answered, across both processes");
+}
+
+#[test]
+fn sigkill_at_random_points_never_loses_a_charge_of_a_printed_release() {
+    let dir = tempdir("crash");
+    let cfg = config(&dir, 100.0);
+    let sql = "SELECT sex, COUNT(*) FROM pums GROUP BY sex;".repeat(40);
+    // Deterministic pseudo-random kill delays (an LCG), spread over the whole run.
+    let mut x: u64 = 0x2545_f491_4f6c_dd1d;
+    let mut printed_ids = Vec::new();
+    for _ in 0..12 {
+        x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        let delay = Duration::from_millis(30 + (x >> 33) % 600);
+        let mut child = Command::new(BIN)
+            .args(["query", "--format", "jsonl", "--config", cfg.to_str().unwrap(), &sql])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(delay);
+        let _ = child.kill(); // SIGKILL
+        let _ = child.wait();
+        let mut out = String::new();
+        child.stdout.take().unwrap().read_to_string(&mut out).unwrap();
+        for line in out.lines() {
+            // Only complete lines: a line cut by the kill is not a release anyone received.
+            if let Ok(v) = serde_json::from_str::<serde_json::Value>(line)
+                && v["status"] == "ok"
+            {
+                printed_ids.push(v["charge"]["id"].as_u64().unwrap());
+            }
+        }
+        // After every kill the ledger opens (integrity checked on open) and is consistent.
+        let l = SqliteLedger::open(&dir.join("ledger.db"), "test", rho(100.0), Duration::from_secs(10)).unwrap();
+        let charges = l.charges().unwrap();
+        let sum: f64 = charges.iter().map(|c| c.rho.get()).sum();
+        assert!((sum - l.status().unwrap().1.get()).abs() < 1e-9, "spent must equal the sum of the charges");
+        let on_disk: std::collections::HashSet<u64> = charges.iter().map(|c| c.id).collect();
+        for id in &printed_ids {
+            assert!(on_disk.contains(id), "release with charge #{id} was printed but its charge is not on disk");
+        }
+    }
+    assert!(!printed_ids.is_empty(), "some releases must have been printed before the kills");
+}
+
+#[tokio::test]
+async fn a_request_id_returns_the_same_release_and_charges_once() {
+    let dir = tempdir("idem");
+    let s = DpSession::open(config(&dir, 1.0)).await.unwrap();
+    let q = "SELECT race, COUNT(*) FROM pums GROUP BY race";
+    let get = |r: Response| match r {
+        Response::Release(r) => *r,
+        other => panic!("{other:?}"),
+    };
+    let a = get(s.sql_with_request_id(q, Some("job-1")).await.unwrap());
+    let b = get(s.sql_with_request_id(q, Some("job-1")).await.unwrap());
+    assert_eq!(a.batches, b.batches, "a retry returns the stored numbers");
+    assert_eq!(a.charge.id, b.charge.id);
+    assert_eq!(s.budget().unwrap().charges.len(), 1);
+    let c = get(s.sql_with_request_id(q, Some("job-2")).await.unwrap());
+    assert_ne!(a.charge.id, c.charge.id);
+    assert_eq!(s.budget().unwrap().charges.len(), 2);
+    // The same id for another query is refused.
+    let e = s.sql_with_request_id("SELECT COUNT(*) FROM pums", Some("job-1")).await.unwrap_err();
+    assert!(e.to_string().contains("another query"), "{e}");
+    // Across processes through the CLI: the stored release survives and is returned again.
+    drop(s);
+    let run = || {
+        let o = Command::new(BIN)
+            .args(["query", "--format", "json", "--request-id", "job-1", "--config"])
+            .arg(dir.join("dp.toml"))
+            .arg(q)
+            .output()
+            .unwrap();
+        serde_json::from_slice::<serde_json::Value>(&o.stdout).unwrap()
+    };
+    let (x, y) = (run(), run());
+    assert_eq!(x["rows"], y["rows"]);
+    assert_eq!(x["charge"]["id"], a.charge.id);
+}
+
+#[test]
+fn corrupt_foreign_and_newer_files_are_refused_and_left_unchanged() {
+    let dir = tempdir("bad");
+    let garbage = dir.join("garbage.db");
+    std::fs::write(&garbage, b"this is not a database, just some bytes that are long enough to have a header......")
+        .unwrap();
+    let before = std::fs::read(&garbage).unwrap();
+    let e = SqliteLedger::open(&garbage, "b", rho(1.0), Duration::from_secs(1)).err().unwrap();
+    assert!(e.to_string().contains("not a dpfusion ledger"), "{e}");
+    assert_eq!(std::fs::read(&garbage).unwrap(), before);
+
+    let foreign = dir.join("foreign.db");
+    rusqlite::Connection::open(&foreign).unwrap().execute_batch("CREATE TABLE t (x INT)").unwrap();
+    let e = SqliteLedger::open(&foreign, "b", rho(1.0), Duration::from_secs(1)).err().unwrap();
+    assert!(e.to_string().contains("not a dpfusion ledger"), "{e}");
+
+    let newer = dir.join("newer.db");
+    SqliteLedger::open(&newer, "b", rho(1.0), Duration::from_secs(1)).unwrap();
+    rusqlite::Connection::open(&newer)
+        .unwrap()
+        .execute("UPDATE meta SET value = '99' WHERE key = 'format'", [])
+        .unwrap();
+    let e = SqliteLedger::open(&newer, "b", rho(1.0), Duration::from_secs(1)).err().unwrap();
+    assert!(e.to_string().contains("newer dpfusion"), "{e}");
+}
+
+#[test]
+fn a_locked_ledger_is_an_error_after_the_timeout_and_spends_nothing() {
+    let dir = tempdir("locked");
+    let path = dir.join("ledger.db");
+    let l = SqliteLedger::open(&path, "b", rho(1.0), Duration::from_millis(200)).unwrap();
+    let holder = rusqlite::Connection::open(&path).unwrap();
+    holder.execute_batch("BEGIN EXCLUSIVE").unwrap();
+    let m = calibrate::gaussian(1.0, rho(0.1)).unwrap();
+    let e = l.charge("q", None, vec![m.clone()]).unwrap_err();
+    assert!(e.to_string().contains("locked") && e.to_string().contains("nothing was spent"), "{e}");
+    holder.execute_batch("ROLLBACK").unwrap();
+    assert_eq!(l.status().unwrap().1, Rho::ZERO);
+    l.charge("q", None, vec![m]).unwrap();
+}
+
+#[test]
+fn a_read_only_ledger_is_refused_with_a_clear_error() {
+    // Root ignores file modes, so run the binary as `nobody` (setpriv) on a ledger it cannot write.
+    let dir = tempdir("ro");
+    let cfg = config(&dir, 1.0);
+    SqliteLedger::open(&dir.join("ledger.db"), "test", rho(1.0), Duration::from_secs(1)).unwrap();
+    let data = dir.join("pums_dup.csv");
+    std::fs::copy(format!("{ROOT}/examples/data/pums_dup.csv"), &data).unwrap();
+    std::fs::write(
+        &cfg,
+        std::fs::read_to_string(&cfg)
+            .unwrap()
+            .replace(&format!("{ROOT}/examples/data/pums_dup.csv"), data.to_str().unwrap()),
+    )
+    .unwrap();
+    let bin = dir.join("dpfusion");
+    std::fs::copy(BIN, &bin).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    for (p, mode) in [(&bin, 0o755), (&cfg, 0o644), (&data, 0o644), (&dir.join("ledger.db"), 0o444), (&dir, 0o555)] {
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).unwrap();
+    }
+    let o = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .arg(&bin)
+        .args(["budget", "--config"])
+        .arg(&cfg)
+        .output()
+        .expect("setpriv (util-linux) runs the binary as nobody");
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(err.contains("read-only"), "{err}");
+}
