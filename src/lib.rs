@@ -15,6 +15,7 @@
 pub mod accounting;
 pub mod cli;
 pub mod error;
+pub mod marginals;
 pub mod noise;
 pub mod plan;
 pub mod policy;

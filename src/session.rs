@@ -178,20 +178,20 @@ pub struct BudgetReport {
 
 /// Session defaults from the configuration.
 #[derive(Clone, Debug)]
-struct Defaults {
-    query_rho: Rho,
-    mechanism: Mechanism,
-    delta: f64,
-    confidence: f64,
+pub(crate) struct Defaults {
+    pub(crate) query_rho: Rho,
+    pub(crate) mechanism: Mechanism,
+    pub(crate) delta: f64,
+    pub(crate) confidence: f64,
 }
 
 /// A differentially private SQL session over private tables.
 pub struct DpSession {
-    ctx: SessionContext,
-    policies: BTreeMap<String, TablePolicy>,
-    defaults: Defaults,
-    ledger: Box<dyn Ledger>,
-    rng: Mutex<NoiseRng>,
+    pub(crate) ctx: SessionContext,
+    pub(crate) policies: BTreeMap<String, TablePolicy>,
+    pub(crate) defaults: Defaults,
+    pub(crate) ledger: Box<dyn Ledger>,
+    pub(crate) rng: Mutex<NoiseRng>,
 }
 
 fn engine(e: datafusion::error::DataFusionError) -> DpError {
@@ -374,7 +374,7 @@ impl DpSession {
         self.ledger.as_ref()
     }
 
-    fn status(&self) -> Result<BudgetStatus> {
+    pub(crate) fn status(&self) -> Result<BudgetStatus> {
         let (t, s) = self.ledger.status()?;
         Ok(BudgetStatus { rho_total: t.get(), rho_spent: s.get(), rho_remaining: t.sub_down(s).get() })
     }
@@ -722,7 +722,7 @@ fn unit_of(kind: &MeasureKind) -> f64 {
 }
 
 /// Standard deviation and CI half-width (grid units) of a calibrated mechanism.
-fn noise_accuracy(c: &Calibration, confidence: f64) -> Result<(f64, f64)> {
+pub(crate) fn noise_accuracy(c: &Calibration, confidence: f64) -> Result<(f64, f64)> {
     Ok(match c.params {
         NoiseParams::Gaussian { sigma_sq } => (
             accuracy::discrete_gaussian_std(sigma_sq),

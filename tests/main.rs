@@ -5,6 +5,7 @@ mod cli;
 mod common;
 mod config;
 mod ledger;
+mod marginals;
 mod noise_dist;
 mod privacy_audit;
 mod sql_accept;

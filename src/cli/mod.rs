@@ -2,6 +2,7 @@
 //!
 //! A thin front-end over [`crate::DpSession`]: every privacy decision is the library's.
 
+pub mod marginals;
 pub mod output;
 pub mod repl;
 
@@ -57,6 +58,9 @@ enum Command {
         /// The query.
         sql: String,
     },
+    /// Release every one-way marginal (histogram) of a table at once: one σ, one debit, √d less noise than d
+    /// separate queries. --plan shows σ and accuracy without touching data or spending anything.
+    Marginals(marginals::MarginalArgs),
     /// Show the budget: total, spent, remaining, (ε, δ); with --history, every charge.
     Budget {
         /// Configuration file (TOML).
@@ -218,6 +222,7 @@ async fn run(cli: Cli) -> Result<bool, DpError> {
             }
             Ok(run_statements(&s, &statements, format, request_id.as_deref()).await)
         }
+        Command::Marginals(a) => marginals::run(a).await,
         Command::Explain { config, sql } => {
             let (s, _) = open(config).await?;
             let e = s.explain(sql.trim().trim_end_matches(';')).await?;

@@ -27,13 +27,20 @@ pub fn bernoulli_exp_neg(rng: &mut NoiseRng, num: u128, den: u128) -> bool {
 }
 
 /// Bernoulli(exp(−γ)) for γ = num/den ∈ [0, 1]: K ← 1; while Bernoulli(γ/K) { K ← K + 1 }; return K odd.
-/// Bernoulli(γ/K) is drawn as [uniform(K) = 0] ∧ Bernoulli(num/den), which needs no product den·K.
+/// Bernoulli(γ/K) = Bernoulli(num/(den·K)) is one uniform draw below den·K when that product fits in 64 bits
+/// (the fast path), else [uniform(K) = 0] ∧ Bernoulli(num/den), which needs no product.
 fn exp_neg_at_most_one(rng: &mut NoiseRng, num: u128, den: u128) -> bool {
     let mut k: u128 = 1;
-    while rng.uniform_below(k) == 0 && bernoulli_ratio(rng, num, den) {
+    loop {
+        let hit = match den.checked_mul(k).filter(|p| *p <= u64::MAX as u128) {
+            Some(p) => rng.uniform_below(p) < num,
+            None => rng.uniform_below(k) == 0 && bernoulli_ratio(rng, num, den),
+        };
+        if !hit {
+            return k % 2 == 1;
+        }
         k += 1;
     }
-    k % 2 == 1
 }
 
 /// [`bernoulli_exp_neg`] for arbitrarily large integers (the rare slow path of the discrete Gaussian).

@@ -1,0 +1,253 @@
+//! `dpfusion marginals`: all one-way marginals of a table in one release, or the plan of one (`--plan`).
+
+use crate::DpError;
+use crate::marginals::{MarginalBudget, MarginalPlan, MarginalRelease, MarginalSpec};
+use crate::session::DpSession;
+use std::path::{Path, PathBuf};
+
+/// Output format of a marginal release.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum MarginalFormat {
+    /// One row per cell: column, key, noisy_count, count, frequency.
+    Csv,
+    /// The whole release with its accuracy and cost.
+    Json,
+    /// The cells as a Parquet file (needs --out).
+    Parquet,
+}
+
+/// Arguments of `dpfusion marginals`.
+#[derive(Debug, clap::Args)]
+pub struct MarginalArgs {
+    /// Configuration file (TOML).
+    #[arg(long, short)]
+    pub config: Option<PathBuf>,
+    /// The private table.
+    #[arg(long)]
+    pub table: String,
+    /// Columns to release (comma-separated); each needs a public domain.
+    #[arg(long, value_delimiter = ',', conflicts_with_all = ["all", "long"])]
+    pub columns: Vec<String>,
+    /// Every column of the table that has a public domain.
+    #[arg(long)]
+    pub all: bool,
+    /// Long table: ATTRIBUTE,VALUE columns (one histogram of VALUE per attribute of ATTRIBUTE's domain).
+    #[arg(long, value_delimiter = ',', num_args = 2)]
+    pub long: Vec<String>,
+    /// ρ to spend on the whole release.
+    #[arg(long, conflicts_with = "target_std")]
+    pub rho: Option<f64>,
+    /// Target noise standard deviation per cell, in counts (ρ follows).
+    #[arg(long)]
+    pub target_std: Option<f64>,
+    /// Output format.
+    #[arg(long, value_enum, default_value = "csv")]
+    pub format: MarginalFormat,
+    /// Write the release here instead of standard output.
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// Draw one bar chart per column with its confidence interval (SVG).
+    #[arg(long)]
+    pub plot: Option<PathBuf>,
+    /// Only plan: σ, accuracy and cost for this budget, without touching data or spending anything.
+    #[arg(long)]
+    pub plan: bool,
+    /// Number of rows (an estimate is fine) to express σ on the frequency scale in --plan.
+    #[arg(long)]
+    pub n: Option<f64>,
+    /// Keep the raw noisy counts (skip the consistency projection).
+    #[arg(long)]
+    pub no_consistency: bool,
+}
+
+fn columns_of(s: &DpSession, a: &MarginalArgs) -> Result<Vec<String>, DpError> {
+    let policy = s
+        .tables()
+        .get(&a.table)
+        .ok_or_else(|| DpError::refused(format!("no private table `{}`", a.table), "see \\tables"))?;
+    if a.all {
+        let cols: Vec<String> = policy.columns.keys().filter(|c| policy.domain(c).is_some()).cloned().collect();
+        if cols.is_empty() {
+            return Err(DpError::refused(
+                format!("table {} has no column with a public domain", a.table),
+                "declare `domain = [...]` for the columns to release",
+            ));
+        }
+        return Ok(cols);
+    }
+    if a.columns.is_empty() && a.long.is_empty() {
+        return Err(DpError::Config("give --columns a,b,c, --all, or --long ATTRIBUTE,VALUE".into()));
+    }
+    Ok(a.columns.clone())
+}
+
+fn budget(a: &MarginalArgs) -> Result<MarginalBudget, DpError> {
+    match (a.rho, a.target_std) {
+        (Some(r), None) => Ok(MarginalBudget::Rho(r)),
+        (None, Some(s)) => Ok(MarginalBudget::TargetStd(s)),
+        _ => Err(DpError::Config("give --rho R or --target-std S".into())),
+    }
+}
+
+fn print_plan(p: &MarginalPlan) {
+    println!("one-way marginals plan (nothing touched, nothing spent)");
+    println!("  histograms d = {} · cells = {} · rows per unit k = {}", p.d, p.cells, p.rows_per_unit);
+    println!("  joint L2 sensitivity k·√d = {}", crate::release::fmt_num(p.l2_sensitivity));
+    println!(
+        "  ρ = {} → σ = {} counts per cell (std {})",
+        crate::release::fmt_num(p.rho),
+        crate::release::fmt_num(p.sigma),
+        crate::release::fmt_num(p.std)
+    );
+    if let Some(f) = p.sigma_frequency {
+        println!("  σ on the frequency scale = {}", crate::release::fmt_num(f));
+    }
+    println!("  each cell: ± {} at {}% · all cells at once: ± {}", p.ci_half_width, p.confidence * 100.0, p.max_error);
+    println!("  ε = {:.4} at δ = {:e} ({})", p.epsilon.epsilon, p.epsilon.delta, p.epsilon.kind.describe());
+    println!(
+        "  separate queries at ρ/d each would have σ = {} (√d = {:.1} times more)",
+        crate::release::fmt_num(p.sigma * (p.d as f64).sqrt()),
+        (p.d as f64).sqrt()
+    );
+}
+
+/// Runs the command; returns whether it succeeded.
+pub async fn run(a: MarginalArgs) -> Result<bool, DpError> {
+    let path = a.config.clone().unwrap_or_else(super::default_config);
+    let s = DpSession::open(&path).await?;
+    let cols = columns_of(&s, &a)?;
+    let spec = MarginalSpec { budget: budget(&a)?, consistency: !a.no_consistency, confidence: None, progress: true };
+    if a.plan {
+        let policy = &s.tables()[&a.table];
+        let (d, cells) = if a.long.len() == 2 {
+            let attrs = policy.domain(&a.long[0]).map_or(0, |d| d.len());
+            (attrs, attrs * policy.domain(&a.long[1]).map_or(0, |d| d.len()))
+        } else {
+            (cols.len(), cols.iter().map(|c| policy.domain(c).map_or(0, |d| d.len())).sum())
+        };
+        let (p, _) = crate::marginals::plan(d, cells, policy.max_rows_per_unit, spec.budget, a.n, 0.95, s.delta())?;
+        print_plan(&p);
+        return Ok(true);
+    }
+    let r = if a.long.len() == 2 {
+        s.marginals_long(&a.table, &a.long[0], &a.long[1], &spec).await?
+    } else {
+        s.marginals(&a.table, &cols, &spec).await?
+    };
+    if let Some(p) = &a.plot {
+        write_plot(&r, p)?;
+    }
+    write_release(&r, a.format, a.out.as_deref())?;
+    eprintln!(
+        "released {} histograms ({} cells) · σ = {} · ρ spent {} · remaining {}",
+        r.columns.len(),
+        r.plan.cells,
+        crate::release::fmt_num(r.plan.sigma),
+        crate::release::fmt_num(r.charge.rho.get()),
+        crate::release::fmt_num(r.budget.rho_remaining)
+    );
+    Ok(true)
+}
+
+fn io_err(p: &Path, e: impl std::fmt::Display) -> DpError {
+    DpError::Io { path: p.display().to_string(), source: std::io::Error::other(e.to_string()) }
+}
+
+fn write_release(r: &MarginalRelease, format: MarginalFormat, out: Option<&Path>) -> Result<(), DpError> {
+    let batch = r.to_record_batch()?;
+    let bytes: Vec<u8> = match format {
+        MarginalFormat::Json => serde_json::to_vec_pretty(r).map_err(|e| DpError::Engine(e.to_string()))?,
+        MarginalFormat::Csv => {
+            let mut buf = Vec::new();
+            datafusion::arrow::csv::WriterBuilder::new()
+                .with_header(true)
+                .build(&mut buf)
+                .write(&batch)
+                .map_err(|e| DpError::Engine(e.to_string()))?;
+            buf
+        }
+        MarginalFormat::Parquet => {
+            let out = out.ok_or_else(|| DpError::Config("--format parquet needs --out FILE.parquet".into()))?;
+            let f =
+                std::fs::File::create(out).map_err(|source| DpError::Io { path: out.display().to_string(), source })?;
+            let mut w = datafusion::parquet::arrow::ArrowWriter::try_new(f, batch.schema(), None)
+                .map_err(|e| io_err(out, e))?;
+            w.write(&batch).map_err(|e| io_err(out, e))?;
+            w.close().map_err(|e| io_err(out, e))?;
+            return Ok(());
+        }
+    };
+    match out {
+        Some(p) => std::fs::write(p, bytes).map_err(|source| DpError::Io { path: p.display().to_string(), source }),
+        None => {
+            println!("{}", String::from_utf8_lossy(&bytes).trim_end());
+            Ok(())
+        }
+    }
+}
+
+/// One small bar chart per column (up to 120), each bar with its per-cell confidence interval.
+fn write_plot(r: &MarginalRelease, path: &Path) -> Result<(), DpError> {
+    if path.extension().and_then(|e| e.to_str()) != Some("svg") {
+        return Err(DpError::Config(format!(
+            "--plot {}: only .svg is supported; PNG output is not implemented yet",
+            path.display()
+        )));
+    }
+    let (w, h, per_row) = (260.0, 170.0, 4usize);
+    let shown: Vec<_> = r.columns.iter().take(120).collect();
+    let rows = shown.len().div_ceil(per_row);
+    let mut svg = format!(
+        "<svg xmlns='http://www.w3.org/2000/svg' width='{}' height='{}' font-family='sans-serif' font-size='10'>\n<rect width='100%' height='100%' fill='white'/>\n",
+        w * per_row as f64,
+        h * rows as f64 + 20.0
+    );
+    svg.push_str(&format!(
+        "<text x='6' y='{}' fill='#555'>noisy counts, bars ± {} ({}% per cell), σ = {:.3}, ρ = {:.4}</text>\n",
+        h * rows as f64 + 14.0,
+        r.plan.ci_half_width,
+        r.plan.confidence * 100.0,
+        r.plan.sigma,
+        r.charge.rho.get()
+    ));
+    let ci = r.plan.ci_half_width;
+    for (i, c) in shown.iter().enumerate() {
+        let (x0, y0) = ((i % per_row) as f64 * w, (i / per_row) as f64 * h);
+        let top = c.counts.iter().map(|v| v + ci).fold(1.0f64, f64::max);
+        let (pw, ph, left, base) = (w - 30.0, h - 50.0, x0 + 20.0, y0 + h - 25.0);
+        let bw = pw / c.counts.len().max(1) as f64;
+        svg.push_str(&format!("<text x='{}' y='{}' font-weight='bold'>{}</text>\n", left, y0 + 14.0, xml(&c.column)));
+        svg.push_str(&format!("<line x1='{left}' y1='{base}' x2='{}' y2='{base}' stroke='#333'/>\n", left + pw));
+        for (j, v) in c.counts.iter().enumerate() {
+            let bh = (v.max(0.0) / top) * ph;
+            let bx = left + j as f64 * bw;
+            svg.push_str(&format!(
+                "<rect x='{:.1}' y='{:.1}' width='{:.1}' height='{:.1}' fill='#4c78a8'><title>{} = {}: {:.1} ± {}</title></rect>\n",
+                bx + bw * 0.1,
+                base - bh,
+                bw * 0.8,
+                bh,
+                xml(&c.column),
+                xml(&c.keys[j]),
+                v,
+                ci
+            ));
+            let (lo, hi) = (base - ((v - ci).max(0.0) / top) * ph, base - ((v + ci) / top) * ph);
+            let cx = bx + bw / 2.0;
+            svg.push_str(&format!("<line x1='{cx:.1}' y1='{lo:.1}' x2='{cx:.1}' y2='{hi:.1}' stroke='#d62728'/>\n"));
+            if c.counts.len() <= 16 {
+                svg.push_str(&format!(
+                    "<text x='{cx:.1}' y='{:.1}' text-anchor='middle'>{}</text>\n",
+                    base + 11.0,
+                    xml(&c.keys[j])
+                ));
+            }
+        }
+    }
+    svg.push_str("</svg>\n");
+    std::fs::write(path, svg).map_err(|source| DpError::Io { path: path.display().to_string(), source })
+}
+
+fn xml(s: &str) -> String {
+    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('\'', "&apos;")
+}
