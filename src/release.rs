@@ -158,14 +158,20 @@ impl Release {
                 ));
             }
         }
-        out.push_str(&format!(
-            "\n  ρ spent {} (ε={:.3} at δ={:e}) · remaining {}",
+        out.push_str("\n  ");
+        out.push_str(&self.cost_line());
+        out
+    }
+
+    /// `ρ spent 0.05 (ε=1.368 at δ=1e-6) · remaining 0.95`: what this query cost and what remains.
+    pub fn cost_line(&self) -> String {
+        format!(
+            "ρ spent {} (ε={:.3} at δ={:e}) · remaining {}",
             fmt_num(self.charge.rho.get()),
             self.query_epsilon.epsilon,
             self.query_epsilon.delta,
             fmt_num(self.budget.rho_remaining)
-        ));
-        out
+        )
     }
 }
 

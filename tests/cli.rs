@@ -168,3 +168,27 @@ fn repl_leaves_cleanly_at_end_of_input() {
     assert!(o.status.success());
     assert!(text(&o.stdout).contains("ρ spent"));
 }
+
+#[test]
+fn the_pipeline_example_writes_parquet_and_json_per_query() {
+    // `cargo test` builds the examples next to the test binary's directory: target/<profile>/examples/.
+    let exe = std::env::current_exe().unwrap();
+    let examples = exe.parent().and_then(|d| d.parent()).unwrap().join("examples");
+    let pipeline = examples.join("pipeline");
+    assert!(pipeline.exists(), "{} is built by `cargo test`", pipeline.display());
+    let out = std::env::temp_dir().join(format!("dpfusion-pipeline-{}", std::process::id()));
+    let o = Command::new(&pipeline)
+        .args([
+            &format!("{ROOT}/config/pums.toml"),
+            out.to_str().unwrap(),
+            &format!("{ROOT}/queries/05_group_by_sex.sql"),
+        ])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let json: Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("05_group_by_sex_0.json")).unwrap()).unwrap();
+    assert_eq!(json["rows"].as_array().unwrap().len(), 2);
+    assert!(json["accuracy"][0]["ci_half_width"].as_f64().unwrap() > 0.0);
+    assert!(std::fs::metadata(out.join("05_group_by_sex_0.parquet")).unwrap().len() > 0);
+}

@@ -124,7 +124,7 @@ impl Shell {
             Ok(r) => {
                 println!("{}", output::render(sql, &outcome, self.format));
                 if let (Response::Release(r), Format::Csv | Format::Json | Format::Jsonl) = (r, self.format) {
-                    println!("{}", budget_line(r));
+                    println!("{}", r.cost_line());
                 }
             }
         }
@@ -207,16 +207,6 @@ impl Shell {
         }
         true
     }
-}
-
-fn budget_line(r: &crate::Release) -> String {
-    format!(
-        "ρ spent {} (ε={:.3} at δ={:e}) · remaining {}",
-        crate::release::fmt_num(r.charge.rho.get()),
-        r.query_epsilon.epsilon,
-        r.query_epsilon.delta,
-        crate::release::fmt_num(r.budget.rho_remaining)
-    )
 }
 
 /// Runs the shell until `\q` or end of input. Returns whether the last statement succeeded is not tracked: the

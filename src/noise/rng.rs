@@ -42,14 +42,20 @@ impl NoiseRng {
 
     /// One fair bit (bits are drawn 64 at a time).
     pub fn fair_bit(&mut self) -> bool {
-        if self.nbits == 0 {
+        self.take_bits(1) == 1
+    }
+
+    /// `k ≤ 32` uniform bits from the bit buffer (refilled 64 bits at a time; leftover bits are discarded, which
+    /// keeps every returned bit uniform and independent).
+    fn take_bits(&mut self, k: u32) -> u64 {
+        if self.nbits < k {
             self.bits = self.inner.next_u64();
             self.nbits = 64;
         }
-        let b = self.bits & 1 == 1;
-        self.bits >>= 1;
-        self.nbits -= 1;
-        b
+        let v = self.bits & ((1u64 << k) - 1);
+        self.bits >>= k;
+        self.nbits -= k;
+        v
     }
 
     /// Exactly uniform on `[0, n)`, `n ≥ 1` (`n = 0` is treated as 1 and returns 0). No modulo bias: Lemire's
@@ -57,6 +63,10 @@ impl NoiseRng {
     pub fn uniform_below(&mut self, n: u128) -> u128 {
         if n <= 1 {
             return 0;
+        }
+        // Small powers of two (the common case inside the Bernoulli trials): exactly k bits, no rejection.
+        if n.is_power_of_two() && n <= 1 << 32 {
+            return self.take_bits(n.trailing_zeros()) as u128;
         }
         if let Ok(n64) = u64::try_from(n) {
             return self.below_u64(n64) as u128;
@@ -123,6 +133,13 @@ mod tests {
         }
         let chi: f64 = counts.iter().map(|c| (c - 10_000.0).powi(2) / 10_000.0).sum();
         assert!(chi < 40.0, "chi-square {chi}");
+        // The bit-buffer path for powers of two: n = 8, 7 dof, critical value at p = 1e-7 is 44.1.
+        let mut counts = [0f64; 8];
+        for _ in 0..80_000 {
+            counts[r.uniform_below(8) as usize] += 1.0;
+        }
+        let chi: f64 = counts.iter().map(|c| (c - 10_000.0).powi(2) / 10_000.0).sum();
+        assert!(chi < 44.1, "chi-square {chi}");
     }
 
     #[test]

@@ -1,0 +1,277 @@
+//! Benchmark harness (never part of the tests): dpfusion against plain DataFusion on the same data, in the same
+//! process, alternating, reporting medians and the ratio. Results go in BENCHMARKS.md.
+//!
+//! ```text
+//! cargo run --release --example bench -- gen    --rows 1000000 --out bench-data [--csv] # people_1000000.parquet (+ .csv)
+//! cargo run --release --example bench -- sql    --data bench-data/people_1000000.parquet [--reps 5]
+//! cargo run --release --example bench -- wide   --rows 100000 --cols 1000 --out bench-data
+//! cargo run --release --example bench -- marginals --data bench-data/wide_100000x1000.parquet [--reps 5]
+//! cargo run --release --example bench -- ledger --out bench-data [--n 2000]
+//! ```
+//! The generator is deterministic (seeded): `people` has person_id (1–5 rows per person), age 0–99, sex 0/1,
+//! state 0–49, education 1–16 (constant per person) and a log-normal income with a heavy tail.
+
+use datafusion::arrow::array::{ArrayRef, Float64Array, Int8Array, Int64Array, RecordBatch};
+use datafusion::arrow::datatypes::{DataType, Field, Schema};
+use datafusion::parquet::arrow::ArrowWriter;
+use datafusion::prelude::{ParquetReadOptions, SessionContext};
+use dpfusion::marginals::MarginalSpec;
+use dpfusion::{DpSession, SessionConfig};
+use rand::{Rng, SeedableRng};
+use rand_distr::{Distribution, LogNormal};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+type Res<T> = Result<T, Box<dyn std::error::Error>>;
+
+fn arg(args: &[String], name: &str) -> Option<String> {
+    args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).cloned()
+}
+
+fn gen_people(rows: usize, out: &Path, csv: bool) -> Res<PathBuf> {
+    std::fs::create_dir_all(out)?;
+    let path = out.join(format!("people_{rows}.parquet"));
+    let mut csv_writer = if csv {
+        Some(
+            datafusion::arrow::csv::WriterBuilder::new()
+                .with_header(true)
+                .build(std::fs::File::create(path.with_extension("csv"))?),
+        )
+    } else {
+        None
+    };
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("person_id", DataType::Int64, false),
+        Field::new("age", DataType::Int64, false),
+        Field::new("sex", DataType::Int64, false),
+        Field::new("state", DataType::Int64, false),
+        Field::new("education", DataType::Int64, false),
+        Field::new("income", DataType::Float64, false),
+    ]));
+    let mut w = ArrowWriter::try_new(std::fs::File::create(&path)?, schema.clone(), None)?;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(42);
+    let income = LogNormal::new(10.5, 1.0)?;
+    let (mut done, mut person) = (0usize, 0i64);
+    while done < rows {
+        let n = (rows - done).min(1 << 17);
+        let (mut pid, mut age, mut sex, mut st, mut ed, mut inc) = (vec![], vec![], vec![], vec![], vec![], vec![]);
+        while pid.len() < n {
+            person += 1;
+            let (a, s, t, e) =
+                (rng.random_range(0..100), rng.random_range(0..2), rng.random_range(0..50), rng.random_range(1..17));
+            for _ in 0..rng.random_range(1..=5).min(n - pid.len()) {
+                pid.push(person);
+                age.push(a);
+                sex.push(s);
+                st.push(t);
+                ed.push(e);
+                inc.push(income.sample(&mut rng));
+            }
+        }
+        let cols: Vec<ArrayRef> = vec![
+            Arc::new(Int64Array::from(pid)),
+            Arc::new(Int64Array::from(age)),
+            Arc::new(Int64Array::from(sex)),
+            Arc::new(Int64Array::from(st)),
+            Arc::new(Int64Array::from(ed)),
+            Arc::new(Float64Array::from(inc)),
+        ];
+        let batch = RecordBatch::try_new(schema.clone(), cols)?;
+        w.write(&batch)?;
+        if let Some(c) = csv_writer.as_mut() {
+            c.write(&batch)?;
+        }
+        done += n;
+    }
+    w.close()?;
+    Ok(path)
+}
+
+fn gen_wide(rows: usize, cols: usize, out: &Path) -> Res<PathBuf> {
+    std::fs::create_dir_all(out)?;
+    let path = out.join(format!("wide_{rows}x{cols}.parquet"));
+    let schema = Arc::new(Schema::new(
+        (0..cols).map(|j| Field::new(format!("c{j}"), DataType::Int8, false)).collect::<Vec<_>>(),
+    ));
+    let mut w = ArrowWriter::try_new(std::fs::File::create(&path)?, schema.clone(), None)?;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+    let mut done = 0;
+    while done < rows {
+        let n = (rows - done).min(1 << 14);
+        let arrays: Vec<ArrayRef> = (0..cols)
+            .map(|j| {
+                Arc::new(Int8Array::from_iter_values(
+                    (0..n).map(|_| rng.random_bool(0.1 + 0.8 * (j % 10) as f64 / 10.0) as i8),
+                )) as ArrayRef
+            })
+            .collect();
+        w.write(&RecordBatch::try_new(schema.clone(), arrays)?)?;
+        done += n;
+    }
+    w.close()?;
+    Ok(path)
+}
+
+fn people_config(data: &Path, person_level: bool) -> String {
+    let unit = if person_level {
+        "privacy_unit = \"person_id\"\nmax_rows_per_unit = 5\nmax_groups_per_unit = 1\n"
+    } else {
+        ""
+    };
+    format!(
+        "[session]\nrho = 1e9\ndefault_query_rho = 0.01\n\n[tables.people]\npath = \"{}\"\nformat = \"parquet\"\n{unit}\n\
+         [tables.people.columns]\nage = {{ bounds = [0, 99] }}\nincome = {{ bounds = [0, 200000] }}\nsex = {{ domain = [0, 1] }}\n\
+         state = {{ domain = [{}] }}\neducation = {{ domain = [{}] }}\n",
+        data.display(),
+        (0..50).map(|i| i.to_string()).collect::<Vec<_>>().join(", "),
+        (1..17).map(|i| i.to_string()).collect::<Vec<_>>().join(", ")
+    )
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+async fn time_plain(ctx: &SessionContext, sql: &str) -> Res<f64> {
+    let t = Instant::now();
+    let b = ctx.sql(sql).await?.collect().await?;
+    std::hint::black_box(b);
+    Ok(t.elapsed().as_secs_f64())
+}
+
+async fn time_dp(s: &DpSession, sql: &str) -> Res<f64> {
+    let t = Instant::now();
+    let r = s.sql(sql).await?;
+    std::hint::black_box(r);
+    Ok(t.elapsed().as_secs_f64())
+}
+
+const WORKLOADS: &[(&str, &str)] = &[
+    ("W1", "SELECT COUNT(*) FROM people WHERE age >= 18"),
+    ("W2", "SELECT SUM(income) FROM people"),
+    ("W3", "SELECT state, COUNT(*) FROM people GROUP BY state"),
+    ("W4", "SELECT education, sex, COUNT(*), SUM(income) FROM people GROUP BY education, sex"),
+];
+
+async fn bench_sql(data: &Path, reps: usize) -> Res<()> {
+    let ctx = SessionContext::new();
+    ctx.register_parquet("people", data.to_str().ok_or("path")?, ParquetReadOptions::default()).await?;
+    println!("| workload | unit | plain DataFusion (median s) | dpfusion (median s) | ratio |");
+    println!("|---|---|---:|---:|---:|");
+    for person in [false, true] {
+        let cfg = SessionConfig::from_toml_str(&people_config(data, person), Path::new("."))?;
+        let s = DpSession::from_config(&cfg).await?;
+        for (name, sql) in WORKLOADS {
+            let (mut p, mut d) = (vec![], vec![]);
+            // Warm-up of both, then alternate.
+            time_plain(&ctx, sql).await?;
+            time_dp(&s, sql).await?;
+            for _ in 0..reps {
+                p.push(time_plain(&ctx, sql).await?);
+                d.push(time_dp(&s, sql).await?);
+            }
+            let (mp, md) = (median(p), median(d));
+            let unit = if person { "person_id, ≤5 rows" } else { "row" };
+            println!("| {name} | {unit} | {mp:.3} | {md:.3} | {:.2} |", md / mp);
+        }
+    }
+    Ok(())
+}
+
+async fn bench_marginals(data: &Path, reps: usize) -> Res<()> {
+    let ctx = SessionContext::new();
+    ctx.register_parquet("wide", data.to_str().ok_or("path")?, ParquetReadOptions::default()).await?;
+    let schema = ctx.table("wide").await?.schema().as_arrow().clone();
+    let cols: Vec<String> = schema.fields().iter().map(|f| f.name().clone()).collect();
+    let plain_sql =
+        format!("SELECT {} FROM wide", cols.iter().map(|c| format!("SUM({c})")).collect::<Vec<_>>().join(", "));
+    let cfg = format!(
+        "[session]\nrho = 1e9\ndefault_query_rho = 0.01\n\n[tables.wide]\npath = \"{}\"\nformat = \"parquet\"\n\n[tables.wide.columns]\n{}",
+        data.display(),
+        cols.iter().map(|c| format!("{c} = {{ domain = [0, 1] }}\n")).collect::<String>()
+    );
+    let s = DpSession::from_config(&SessionConfig::from_toml_str(&cfg, Path::new("."))?).await?;
+    let spec = MarginalSpec::rho(1.0);
+    let (mut p, mut d) = (vec![], vec![]);
+    for i in 0..=reps {
+        let t = Instant::now();
+        std::hint::black_box(ctx.sql(&plain_sql).await?.collect().await?);
+        let tp = t.elapsed().as_secs_f64();
+        let t = Instant::now();
+        std::hint::black_box(s.marginals("wide", &cols, &spec).await?);
+        let td = t.elapsed().as_secs_f64();
+        if i > 0 {
+            p.push(tp);
+            d.push(td);
+        }
+    }
+    let (mp, md) = (median(p), median(d));
+    println!("| {} | {} | {mp:.3} | {md:.3} | {:.2} |", data.display(), cols.len(), md / mp);
+    Ok(())
+}
+
+fn bench_ledger(out: &Path, n: usize) -> Res<()> {
+    use dpfusion::accounting::{Ledger, Rho, SqliteLedger};
+    std::fs::create_dir_all(out)?;
+    let path = out.join("bench-ledger.db");
+    let _ = std::fs::remove_file(&path);
+    let l = SqliteLedger::open(&path, "b", Rho::new(1e9)?, std::time::Duration::from_secs(30))?;
+    let m = dpfusion::noise::calibrate::gaussian(1.0, Rho::new(1e-6)?)?;
+    let t = Instant::now();
+    for _ in 0..n {
+        l.charge("SELECT COUNT(*) FROM t", None, vec![m.clone()])?;
+    }
+    let single = n as f64 / t.elapsed().as_secs_f64();
+    // Two processes contending: this binary re-invoked as a child charging concurrently.
+    let exe = std::env::current_exe()?;
+    let t = Instant::now();
+    let kids: Vec<_> = (0..2)
+        .map(|_| {
+            std::process::Command::new(&exe).args(["ledger-child", path.to_str().unwrap_or(""), &n.to_string()]).spawn()
+        })
+        .collect::<Result<_, _>>()?;
+    for mut k in kids {
+        k.wait()?;
+    }
+    let two = 2.0 * n as f64 / t.elapsed().as_secs_f64();
+    println!("| durable debits/s, one process | {single:.0} |");
+    println!("| durable debits/s, two processes together | {two:.0} |");
+    println!("| added latency of one durable debit | {:.2} ms |", 1000.0 / single);
+    Ok(())
+}
+
+fn ledger_child(path: &str, n: usize) -> Res<()> {
+    use dpfusion::accounting::{Ledger, Rho, SqliteLedger};
+    let l = SqliteLedger::open(Path::new(path), "b", Rho::new(1e9)?, std::time::Duration::from_secs(30))?;
+    let m = dpfusion::noise::calibrate::gaussian(1.0, Rho::new(1e-6)?)?;
+    for _ in 0..n {
+        l.charge("child", None, vec![m.clone()])?;
+    }
+    Ok(())
+}
+
+#[tokio::main]
+async fn main() -> Res<()> {
+    let args: Vec<String> = std::env::args().collect();
+    let out = PathBuf::from(arg(&args, "--out").unwrap_or_else(|| "bench-data".into()));
+    let reps: usize = arg(&args, "--reps").and_then(|r| r.parse().ok()).unwrap_or(5);
+    match args.get(1).map(String::as_str) {
+        Some("gen") => {
+            let rows = arg(&args, "--rows").ok_or("--rows N")?.parse()?;
+            println!("{}", gen_people(rows, &out, args.iter().any(|a| a == "--csv"))?.display());
+        }
+        Some("wide") => {
+            let rows = arg(&args, "--rows").ok_or("--rows N")?.parse()?;
+            let cols = arg(&args, "--cols").ok_or("--cols D")?.parse()?;
+            println!("{}", gen_wide(rows, cols, &out)?.display());
+        }
+        Some("sql") => bench_sql(Path::new(&arg(&args, "--data").ok_or("--data FILE")?), reps).await?,
+        Some("marginals") => bench_marginals(Path::new(&arg(&args, "--data").ok_or("--data FILE")?), reps).await?,
+        Some("ledger") => bench_ledger(&out, arg(&args, "--n").and_then(|n| n.parse().ok()).unwrap_or(2000))?,
+        Some("ledger-child") => ledger_child(args.get(2).ok_or("path")?, args.get(3).ok_or("n")?.parse()?)?,
+        _ => return Err("usage: bench gen|wide|sql|marginals|ledger (see the file's docs)".into()),
+    }
+    Ok(())
+}
