@@ -239,6 +239,9 @@ fn cli_plan_spends_nothing_and_release_writes_csv_json_parquet_and_svg() {
     assert_eq!(csv.lines().next(), Some("column,key,noisy_count,count,frequency"));
     assert_eq!(csv.lines().count(), 1 + 2 + 6);
     assert!(std::fs::read_to_string(dir.join("m.svg")).unwrap().contains("<svg"));
+    let o = run(&["--columns", "sex", "--rho", "0.1", "--plot", dir.join("m.png").to_str().unwrap()]);
+    assert!(o.status.success());
+    assert_eq!(&std::fs::read(dir.join("m.png")).unwrap()[..8], b"\x89PNG\r\n\x1a\n");
     let o = run(&["--columns", "sex", "--target-std", "5", "--format", "json"]);
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(v["columns"][0]["keys"], serde_json::json!(["0", "1"]));
@@ -255,7 +258,7 @@ fn cli_plan_spends_nothing_and_release_writes_csv_json_parquet_and_svg() {
     ]);
     assert!(o.status.success());
     assert!(std::fs::metadata(dir.join("m.parquet")).unwrap().len() > 100);
-    assert!(budget(()).contains("charges: 3"));
+    assert!(budget(()).contains("charges: 4"));
     let o = run(&["--columns", "age", "--rho", "0.1"]);
     assert_eq!(o.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&o.stderr).contains("no public domain"));

@@ -46,7 +46,7 @@ pub struct MarginalArgs {
     /// Write the release here instead of standard output.
     #[arg(long)]
     pub out: Option<PathBuf>,
-    /// Draw one bar chart per column with its confidence interval (SVG).
+    /// Draw one bar chart per column with its confidence interval (.svg or .png).
     #[arg(long)]
     pub plot: Option<PathBuf>,
     /// Only plan: σ, accuracy and cost for this budget, without touching data or spending anything.
@@ -135,7 +135,7 @@ pub async fn run(a: MarginalArgs) -> Result<bool, DpError> {
         s.marginals(&a.table, &cols, &spec).await?
     };
     if let Some(p) = &a.plot {
-        write_plot(&r, p)?;
+        super::plot::write_plot(&r, p)?;
     }
     write_release(&r, a.format, a.out.as_deref())?;
     eprintln!(
@@ -184,70 +184,4 @@ fn write_release(r: &MarginalRelease, format: MarginalFormat, out: Option<&Path>
             Ok(())
         }
     }
-}
-
-/// One small bar chart per column (up to 120), each bar with its per-cell confidence interval.
-fn write_plot(r: &MarginalRelease, path: &Path) -> Result<(), DpError> {
-    if path.extension().and_then(|e| e.to_str()) != Some("svg") {
-        return Err(DpError::Config(format!(
-            "--plot {}: only .svg is supported; PNG output is not implemented yet",
-            path.display()
-        )));
-    }
-    let (w, h, per_row) = (260.0, 170.0, 4usize);
-    let shown: Vec<_> = r.columns.iter().take(120).collect();
-    let rows = shown.len().div_ceil(per_row);
-    let mut svg = format!(
-        "<svg xmlns='http://www.w3.org/2000/svg' width='{}' height='{}' font-family='sans-serif' font-size='10'>\n<rect width='100%' height='100%' fill='white'/>\n",
-        w * per_row as f64,
-        h * rows as f64 + 20.0
-    );
-    svg.push_str(&format!(
-        "<text x='6' y='{}' fill='#555'>noisy counts, bars ± {} ({}% per cell), σ = {:.3}, ρ = {:.4}</text>\n",
-        h * rows as f64 + 14.0,
-        r.plan.ci_half_width,
-        r.plan.confidence * 100.0,
-        r.plan.sigma,
-        r.charge.rho.get()
-    ));
-    let ci = r.plan.ci_half_width;
-    for (i, c) in shown.iter().enumerate() {
-        let (x0, y0) = ((i % per_row) as f64 * w, (i / per_row) as f64 * h);
-        let top = c.counts.iter().map(|v| v + ci).fold(1.0f64, f64::max);
-        let (pw, ph, left, base) = (w - 30.0, h - 50.0, x0 + 20.0, y0 + h - 25.0);
-        let bw = pw / c.counts.len().max(1) as f64;
-        svg.push_str(&format!("<text x='{}' y='{}' font-weight='bold'>{}</text>\n", left, y0 + 14.0, xml(&c.column)));
-        svg.push_str(&format!("<line x1='{left}' y1='{base}' x2='{}' y2='{base}' stroke='#333'/>\n", left + pw));
-        for (j, v) in c.counts.iter().enumerate() {
-            let bh = (v.max(0.0) / top) * ph;
-            let bx = left + j as f64 * bw;
-            svg.push_str(&format!(
-                "<rect x='{:.1}' y='{:.1}' width='{:.1}' height='{:.1}' fill='#4c78a8'><title>{} = {}: {:.1} ± {}</title></rect>\n",
-                bx + bw * 0.1,
-                base - bh,
-                bw * 0.8,
-                bh,
-                xml(&c.column),
-                xml(&c.keys[j]),
-                v,
-                ci
-            ));
-            let (lo, hi) = (base - ((v - ci).max(0.0) / top) * ph, base - ((v + ci) / top) * ph);
-            let cx = bx + bw / 2.0;
-            svg.push_str(&format!("<line x1='{cx:.1}' y1='{lo:.1}' x2='{cx:.1}' y2='{hi:.1}' stroke='#d62728'/>\n"));
-            if c.counts.len() <= 16 {
-                svg.push_str(&format!(
-                    "<text x='{cx:.1}' y='{:.1}' text-anchor='middle'>{}</text>\n",
-                    base + 11.0,
-                    xml(&c.keys[j])
-                ));
-            }
-        }
-    }
-    svg.push_str("</svg>\n");
-    std::fs::write(path, svg).map_err(|source| DpError::Io { path: path.display().to_string(), source })
-}
-
-fn xml(s: &str) -> String {
-    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('\'', "&apos;")
 }

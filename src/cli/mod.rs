@@ -4,6 +4,7 @@
 
 pub mod marginals;
 pub mod output;
+pub mod plot;
 pub mod repl;
 
 use crate::DpError;
