@@ -671,11 +671,10 @@ impl DpSession {
         drop(rng);
         let mut arrays: Vec<ArrayRef> = Vec::new();
         let mut schema_fields = Vec::new();
-        for (i, (k, vals)) in dp.keys.iter().zip(key_cols).enumerate() {
+        for (i, vals) in key_cols.into_iter().enumerate() {
             let dt = dp.agg_schema.field(i).data_type().clone();
             arrays.push(scalars_to_array(vals, &dt)?);
             schema_fields.push(Field::new(format!("c{i}"), dt, true));
-            let _ = k;
         }
         for (j, vals) in out_cols.into_iter().enumerate() {
             let dt = fields[j].data_type().clone();
