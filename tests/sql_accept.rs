@@ -135,9 +135,9 @@ async fn answered_queries_have_full_domains_and_honest_intervals() {
         assert!(r.charge.rho.get() > 0.0 && r.charge.rho.get() <= 0.05, "{sql}: charged {}", r.charge.rho.get());
     }
     // Each cell misses its interval with probability ≤ 1 − confidence, independently. Fail only when the number
-    // of misses exceeds the binomial quantile at 1 − 1e-7: a correct implementation fails this test far less
+    // of misses exceeds the binomial quantile at 1 − 1e-9: a correct implementation fails this test far less
     // than once in a million runs.
-    let limit = binomial_upper(cells, 1.0 - confidence, 1e-7);
+    let limit = binomial_upper(cells, 1.0 - confidence, 1e-9);
     assert!(cells > 100, "too few cells ({cells}) for a meaningful rate");
     assert!(misses <= limit, "{misses} of {cells} cells outside their {confidence} interval (limit {limit})");
 }

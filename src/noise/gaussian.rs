@@ -1,90 +1,98 @@
 //! The discrete Gaussian distribution on the integers (CKS20 Algorithm 3), sampled exactly.
 
 use crate::error::{DpError, Result};
-use crate::noise::bernoulli::{bernoulli_exp_neg, bernoulli_exp_neg_big};
+use crate::noise::bernoulli::{bernoulli_exp_neg_big, bernoulli_exp_neg_parts};
 use crate::noise::laplace::sample_laplace;
 use crate::noise::{NoiseRng, Ratio};
 use num_bigint::BigUint;
 
-/// Discrete Gaussian N_Z(0, σ²): P(Z = z) ∝ exp(−z²/(2σ²)) on the integers, with σ² = n/d an exact rational.
+/// Discrete Gaussian N_Z(0, σ²): P(Z = z) = e^{−z²/(2σ²)} / Σ_{y∈ℤ} e^{−y²/(2σ²)} on the integers, with the
+/// variance parameter σ² = n/d an exact rational.
 ///
 /// # Privacy
-/// For an integer-valued (vector) query with L2 sensitivity Δ₂ under add/remove of one privacy unit, adding
-/// independent N_Z(0, σ²) noise to each coordinate is (Δ₂²/(2σ²))-zCDP: CKS20 Theorem 4 shows the discrete
-/// Gaussian satisfies the same Rényi bounds as the continuous one, whose cost is BS16 Prop 1.6 / Lemma 2.5
-/// (seeds.md §2 rows 1–2, test vectors T1). Sampling is exact (CKS20 Alg. 3): discrete Laplace proposals and
-/// exact Bernoulli(exp(−γ)) acceptance, integer arithmetic only, with a big-integer path whenever an
-/// intermediate would not fit in 128 bits, so no input overflows and no floating point is involved.
+/// **What it samples.** Exactly N_Z(0, σ²) (CKS20 Alg. 3): with t = ⌊σ⌋ + 1, a proposal Y from the discrete
+/// Laplace with scale t (CKS20 Alg. 2) is accepted with probability exp(−(|Y| − σ²/t)²/(2σ²)); then
+/// P(Y = y)·P(accept | y) ∝ e^{−|y|/t − (|y| − σ²/t)²/(2σ²)} = e^{−y²/(2σ²)}·e^{−σ²/(2t²)}, proportional to the
+/// target. The acceptance trial is an exact Bernoulli(exp(−γ)) (CKS20 Alg. 1) with the rational
+/// γ = (|Y|·d·t − n)² / (2·n·d·t²), computed in 128-bit integers, or exactly in big integers whenever an
+/// intermediate would not fit in 128 bits. No floating point, no overflow, no panic.
 ///
-/// Supported range: σ² between 2^-30 and 2^62, numerator and denominator below 2^64.
+/// **Theorem.** For an integer-valued query q with L2 sensitivity Δ₂, releasing q(x) + Z (independent Z per
+/// coordinate for a vector query) is ρ-zCDP with ρ = Δ₂²/(2σ²): CKS20 Thm 4 shows that for integers μ, ν the
+/// Rényi divergence D_α(N_Z(μ, σ²) ‖ N_Z(ν, σ²)) ≤ α(μ − ν)²/(2σ²), exactly the bound of the continuous Gaussian
+/// (BS16 Prop 1.6); for independent coordinates the divergences add up to at most αΔ₂²/(2σ²). This is the
+/// calibration σ = Δ₂/√(2ρ) of `../shared/research/seeds.md` §2 row 1, done (rounding σ² up) in
+/// [`crate::noise::calibrate::gaussian`].
+///
+/// **Sensitivity assumption.** Δ₂ is the L2 sensitivity of the *integer-valued* query under the neighbouring
+/// relation of dpfusion: two datasets are neighbours when one is obtained from the other by adding or removing
+/// all rows of one privacy unit.
+///
+/// # Supported range
+/// σ² = n/d (reduced) with `2^-30 ≤ σ² ≤ 2^62` and `n, d < 2^64` — the range calibration produces. Then
+/// t = ⌊σ⌋ + 1 ≤ 2^31 + 1 and the Laplace proposal is within its own supported range. The exponent's
+/// numerator and denominator can reach about 2^200; they are computed in `u128` with checked arithmetic and, on
+/// overflow, exactly with `BigUint` (rare for calibrated parameters: mostly proposals several σ out).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DiscreteGaussian {
+    /// σ² = n/d, reduced.
     n: u128,
     d: u128,
+    /// t = ⌊σ⌋ + 1, the scale of the Laplace proposal.
     t: u128,
+    /// d·t (< 2^96, always fits).
+    dt: u128,
+    /// 2·n·d·t², the denominator of the acceptance exponent, if it fits in 128 bits.
+    den: Option<u128>,
 }
 
-fn isqrt(x: u128) -> u128 {
-    if x < 2 {
-        return x;
-    }
-    // Newton's method from an upper bound; converges to ⌊√x⌋.
-    let mut r = 1u128 << (128 - x.leading_zeros()).div_ceil(2);
-    loop {
-        let next = (r + x / r) / 2;
-        if next >= r {
-            return r;
-        }
-        r = next;
-    }
-}
+/// Smallest accepted σ², as log₂: 2^-30.
+const MIN_LOG2: u32 = 30;
+/// Largest accepted σ², as log₂: 2^62.
+const MAX_LOG2: u32 = 62;
 
 impl DiscreteGaussian {
-    /// A sampler with variance parameter `sigma_sq` (see the supported range above).
+    /// A sampler with variance parameter `sigma_sq` = σ².
+    ///
+    /// # Errors
+    /// [`DpError::InvalidParameter`] (`sigma^2`) if σ² is outside [2^-30, 2^62] or its reduced numerator or
+    /// denominator is ≥ 2^64 (see the supported range above).
     pub fn new(sigma_sq: Ratio) -> Result<Self> {
         let (n, d) = (sigma_sq.num(), sigma_sq.den());
-        let ok = n > 0 && n < 1 << 64 && d < 1 << 64 && n << 30 >= d && n / d <= 1 << 62;
+        // n, d < 2^64, so the shifted products below fit in u128 and the comparisons are exact.
+        let ok = n > 0 && n < 1 << 64 && d < 1 << 64 && n << MIN_LOG2 >= d && n <= d << MAX_LOG2;
         if !ok {
             return Err(DpError::invalid(
                 "sigma^2",
-                format!("{sigma_sq} is outside the supported range [2^-30, 2^62] (numerator, denominator < 2^64)"),
+                format!(
+                    "{sigma_sq} is outside the supported range: sigma^2 must be between 2^-30 and 2^62, with \
+                     numerator and denominator below 2^64"
+                ),
             ));
         }
-        // t = ⌊σ⌋ + 1, with ⌊√(n/d)⌋ = ⌊√⌊n/d⌋⌋.
-        Ok(DiscreteGaussian { n, d, t: isqrt(n / d) + 1 })
+        // t = ⌊σ⌋ + 1 with ⌊√(n/d)⌋ = ⌊√⌊n/d⌋⌋ (for an integer m: m ≤ √x ⇔ m² ≤ x ⇔ m² ≤ ⌊x⌋), and the exact
+        // integer square root of std.
+        let t = (n / d).isqrt() + 1;
+        let dt = d * t; // d < 2^64, t ≤ 2^31 + 1
+        let den = n.checked_mul(dt).and_then(|v| v.checked_mul(t)).and_then(|v| v.checked_mul(2));
+        Ok(DiscreteGaussian { n, d, t, dt, den })
     }
 
-    /// σ² as a ratio.
+    /// σ², exactly.
     pub fn sigma_sq(&self) -> Ratio {
-        Ratio::new(self.n, self.d).unwrap_or(Ratio::integer(1))
+        Ratio::new(self.n, self.d).unwrap_or(Ratio::integer(self.n))
     }
 
-    /// One sample.
+    /// One sample of N_Z(0, σ²) (see the type's docs; O(1) expected time: each proposal is accepted with
+    /// probability bounded below by a constant, CKS20 §5).
     pub fn sample(&self, rng: &mut NoiseRng) -> i128 {
-        let (n, d, t) = (self.n, self.d, self.t);
         loop {
-            let y = sample_laplace(rng, t, 1);
+            let y = sample_laplace(rng, self.t, 1);
             let a = y.unsigned_abs();
-            // Accept with probability exp(−(|y| − σ²/t)² / (2σ²)) = exp(−(|y|·d·t − n)² / (2·n·d·t²)).
-            let fast = a
-                .checked_mul(d)
-                .and_then(|v| v.checked_mul(t))
-                .map(|v| v.abs_diff(n))
-                .and_then(|x| x.checked_mul(x))
-                .zip(
-                    n.checked_mul(d)
-                        .and_then(|v| v.checked_mul(t))
-                        .and_then(|v| v.checked_mul(t))
-                        .and_then(|v| v.checked_mul(2)),
-                );
-            let accept = match fast {
-                Some((num, den)) => bernoulli_exp_neg(rng, num, den),
+            let accept = match self.exponent_u128(a) {
+                Some((num, den)) => bernoulli_exp_neg_parts(rng, num, den),
                 None => {
-                    let (bn, bd, bt) = (BigUint::from(n), BigUint::from(d), BigUint::from(t));
-                    let v = BigUint::from(a) * &bd * &bt;
-                    let x = if v >= bn { v - &bn } else { &bn - v };
-                    let num = &x * &x;
-                    let den = BigUint::from(2u8) * &bn * &bd * &bt * &bt;
+                    let (num, den) = self.exponent_big(a);
                     bernoulli_exp_neg_big(rng, &num, &den)
                 }
             };
@@ -93,19 +101,35 @@ impl DiscreteGaussian {
             }
         }
     }
+
+    /// The acceptance exponent γ = (|Y| − σ²/t)²/(2σ²) = (a·d·t − n)² / (2·n·d·t²) for a = |Y|, as an
+    /// (unreduced) numerator and denominator, if every intermediate fits in 128 bits.
+    #[inline]
+    fn exponent_u128(&self, a: u128) -> Option<(u128, u128)> {
+        let den = self.den?;
+        let diff = a.checked_mul(self.dt)?.abs_diff(self.n);
+        Some((diff.checked_mul(diff)?, den))
+    }
+
+    /// The same exponent, exactly, in big integers (for any `a`).
+    fn exponent_big(&self, a: u128) -> (BigUint, BigUint) {
+        let n = BigUint::from(self.n);
+        let d = BigUint::from(self.d);
+        let t = BigUint::from(self.t);
+        let v = BigUint::from(a) * BigUint::from(self.dt);
+        let diff = if v >= n { v - &n } else { &n - v };
+        let num = &diff * &diff;
+        let den = BigUint::from(2u8) * n * d * &t * &t;
+        (num, den)
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    #[test]
-    fn isqrt_is_exact() {
-        for x in [0u128, 1, 2, 3, 4, 15, 16, 17, 99, 100, 101, u64::MAX as u128, u128::MAX] {
-            let r = isqrt(x);
-            assert!(r * r <= x, "{x}");
-            assert!(r.checked_add(1).and_then(|s| s.checked_mul(s)).is_none_or(|s| s > x), "{x}");
-        }
+    fn g(n: u128, d: u128) -> DiscreteGaussian {
+        DiscreteGaussian::new(Ratio::new(n, d).unwrap()).unwrap()
     }
 
     #[test]
@@ -114,19 +138,76 @@ mod tests {
         assert!(DiscreteGaussian::new(Ratio::new(1, 1 << 30).unwrap()).is_ok());
         assert!(DiscreteGaussian::new(Ratio::integer(1 << 62)).is_ok());
         assert!(DiscreteGaussian::new(Ratio::integer((1 << 62) + 1)).is_err());
+        assert!(DiscreteGaussian::new(Ratio::new((1 << 63) + 1, 2).unwrap()).is_err()); // 2^62 + 1/2
         assert!(DiscreteGaussian::new(Ratio::new(3, 1 << 65).unwrap()).is_err());
+        assert!(DiscreteGaussian::new(Ratio::new(1 << 64, 3).unwrap()).is_err());
+        assert!(DiscreteGaussian::new(Ratio::integer(0)).is_err());
+        assert_eq!(g(10, 4).sigma_sq(), Ratio::new(5, 2).unwrap());
     }
 
     #[test]
-    fn large_sigma_takes_the_big_integer_path_and_stays_centred() {
-        // σ² = 2^62 - 1 with denominator 1: n·d·t² ≈ 2^124, times 2 and x² beyond u128 for most proposals.
-        let g = DiscreteGaussian::new(Ratio::integer((1 << 62) - 1)).unwrap();
+    fn t_is_floor_sigma_plus_one() {
+        for (n, d, t) in [(1u128, 100u128, 1u128), (1, 1, 2), (5, 2, 2), (4, 1, 3), (99, 1, 10), (100, 1, 11)] {
+            assert_eq!(g(n, d).t, t, "σ² = {n}/{d}");
+        }
+        assert_eq!(g(1 << 62, 1).t, (1 << 31) + 1);
+        assert_eq!(g((1 << 62) - 1, 1).t, 1 << 31);
+        assert_eq!(g(u64::MAX as u128, 7).t, ((u64::MAX as u128) / 7).isqrt() + 1);
+    }
+
+    #[test]
+    fn exponent_fast_and_big_agree() {
+        // Small and calibration-like (dyadic, large denominators) parameters, proposals from 0 to far out.
+        for (n, d) in [(1u128, 1u128), (1, 100), (5, 2), (100_000_000, 1), ((1 << 62) - 1, 1 << 22), (7 << 40, 1 << 40)]
+        {
+            let s = g(n, d);
+            let mut both = 0;
+            for a in [0u128, 1, 2, 3, 10, 1000, 1 << 20, 1 << 31, 1 << 40] {
+                let (bn, bd) = s.exponent_big(a);
+                // γ = (a·d·t − n)²/(2ndt²) recomputed independently with big integers.
+                let (nn, dd, tt, aa) = (BigUint::from(s.n), BigUint::from(s.d), BigUint::from(s.t), BigUint::from(a));
+                let lhs = &aa * &dd * &tt;
+                let diff = if lhs >= nn { &lhs - &nn } else { &nn - &lhs };
+                assert_eq!(bn, &diff * &diff);
+                assert_eq!(bd, BigUint::from(2u8) * &nn * &dd * &tt * &tt);
+                if let Some((fnum, fden)) = s.exponent_u128(a) {
+                    assert_eq!((BigUint::from(fnum), BigUint::from(fden)), (bn, bd), "σ² = {n}/{d}, a = {a}");
+                    both += 1;
+                }
+            }
+            assert!(both >= 3, "σ² = {n}/{d}: the fast path should cover small proposals");
+        }
+        // Forced overflow: σ² = 2^62 has 2ndt² ≈ 2^125 but (a·t − n)² overflows once a ≳ 3σ.
+        let s = g(1 << 62, 1);
+        assert!(s.exponent_u128(1 << 31).is_some());
+        assert!(s.exponent_u128(1 << 34).is_none());
+        // A denominator that never fits: 2ndt² ≈ 2n² ≈ 2^129 for n = 2^64 − 1, d = 7.
+        let s = g(u64::MAX as u128, 7);
+        assert!(s.den.is_none() && s.exponent_u128(0).is_none());
+    }
+
+    #[test]
+    fn big_integer_path_samples_the_right_spread() {
+        // n = 2^64 − 1, d = 7: the exponent's denominator 2ndt² ≈ 2^129 never fits in 128 bits, so every
+        // acceptance trial runs on big integers. σ ≈ 1.6·10^9; mean and second moment at two-sided p = 1e-9.
+        let s2 = Ratio::new(u64::MAX as u128, 7).unwrap();
+        let gs = DiscreteGaussian::new(s2).unwrap();
         let mut r = NoiseRng::insecure_seeded_for_tests(30);
-        let sigma = 2f64.powi(31);
-        let xs: Vec<f64> = (0..2000).map(|_| g.sample(&mut r) as f64).collect();
-        let mean = xs.iter().sum::<f64>() / xs.len() as f64;
-        let sd = (xs.iter().map(|x| x * x).sum::<f64>() / xs.len() as f64).sqrt();
-        assert!(mean.abs() < 5.4 * sigma / (2000f64).sqrt(), "mean {mean}");
-        assert!((sd / sigma - 1.0).abs() < 0.1, "sd {sd} vs {sigma}");
+        let m = 4000;
+        let sigma = s2.to_f64().sqrt();
+        let xs: Vec<f64> = (0..m).map(|_| gs.sample(&mut r) as f64 / sigma).collect();
+        let mean = xs.iter().sum::<f64>() / m as f64;
+        let var = xs.iter().map(|x| x * x).sum::<f64>() / m as f64;
+        assert!(mean.abs() < 6.11 / (m as f64).sqrt(), "mean {mean}");
+        // Var of x² for a standard normal is 2 (discretisation is negligible at this σ).
+        assert!((var - 1.0).abs() < 6.11 * (2.0 / m as f64).sqrt(), "var {var}");
+    }
+
+    #[test]
+    fn tiny_sigma_is_almost_always_zero() {
+        // σ² = 2^-30: P(Z ≠ 0) ≈ 2e^{-2^29}.
+        let gs = g(1, 1 << 30);
+        let mut r = NoiseRng::insecure_seeded_for_tests(31);
+        assert!((0..5000).all(|_| gs.sample(&mut r) == 0));
     }
 }
