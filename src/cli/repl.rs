@@ -118,7 +118,15 @@ impl Shell {
 
     async fn statement(&mut self, sql: &str) {
         let t = Instant::now();
-        let outcome = self.session.sql(sql).await;
+        // Ctrl-C while a statement runs cancels it and returns to the prompt. A query already debited stays
+        // spent: the charge is made before execution, and a cancelled result is simply never shown.
+        let outcome = tokio::select! {
+            o = self.session.sql(sql) => o,
+            _ = tokio::signal::ctrl_c() => {
+                self.error("statement cancelled (Ctrl-C); if it was a query, its charge stays spent");
+                return;
+            }
+        };
         match &outcome {
             Err(e) => self.error(&e.to_string()),
             Ok(r) => {
@@ -209,8 +217,8 @@ impl Shell {
     }
 }
 
-/// Runs the shell until `\q` or end of input. Returns whether the last statement succeeded is not tracked: the
-/// shell's exit status is 0 unless it could not start.
+/// Runs the shell until `\q` or end of input. The exit status is 0 unless the shell could not start: refused
+/// statements are reported and the session goes on.
 pub async fn run(session: DpSession, config: &Path) -> Result<bool, DpError> {
     let b = session.budget()?;
     println!(
