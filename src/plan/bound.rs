@@ -3,9 +3,12 @@
 //! 1. The privacy-unit column is carried up through the user's projections as `__dp_unit`.
 //! 2. GROUP BY keys outside their public domain (and NULL keys) are dropped **before** any bounding, so a unit's
 //!    out-of-domain rows never use up its contribution limits, and the released keys never depend on the data.
-//! 3. Rows per unit (per group of the unit in a GROUP BY) are truncated to `max_rows_per_unit` by a uniformly
-//!    random choice: `row_number() OVER (PARTITION BY unit[, keys] ORDER BY random()) ≤ k`. Not the first rows:
-//!    order is data.
+//! 3. Each unit's contribution to each cell is limited to `k = max_rows_per_unit` rows' worth, by a hash
+//!    aggregation per (unit[, keys]) and clipping ([`per_unit`]): a unit with n ≤ k rows in a cell contributes them
+//!    exactly; with n > k rows it contributes `k` to COUNT(*) and its exact sums scaled by k/n (rounded to the
+//!    grid) — the expected value of keeping k of its rows chosen uniformly at random, so no row order (which is
+//!    data) plays any part. Either way a unit moves a cell by at most k rows, or k·M for a sum. (The same
+//!    truncation by window, [`contribution_bound`], remains for the marginal release's single pass.)
 //! 4. In a GROUP BY with more cells than `max_groups_per_unit`, each unit keeps a uniformly random set of at most
 //!    `g` of its groups: one random number per (unit, group), then `dense_rank() OVER (PARTITION BY unit ORDER BY
 //!    that number, keys) ≤ g` (the keys break ties, so distinct groups never share a rank).
@@ -120,6 +123,94 @@ pub fn domain_filter(input: LogicalPlan, keys: &[(Column, Vec<ScalarValue>)]) ->
         .reduce(Expr::and)
         .ok_or_else(|| DpError::Engine("no domain predicate".into()))?;
     LogicalPlanBuilder::from(input).filter(pred).and_then(|b| b.build()).map_err(engine)
+}
+
+/// How a measurement's per-unit contribution is clipped (see [`per_unit`]).
+#[derive(Clone, Copy, Debug)]
+pub enum Clip {
+    /// COUNT(*): min(n, k).
+    Rows,
+    /// COUNT(col): the non-NULL count, scaled by k/n when n > k.
+    Values,
+    /// SUM on the grid: the unit's sum, scaled by k/n when n > k, then clamped to [k·lo, k·hi] (grid units).
+    Sum {
+        /// Lowest grid value of one row.
+        lo: f64,
+        /// Highest grid value of one row.
+        hi: f64,
+    },
+}
+
+/// Per-unit bounding by hash aggregation: `row_aggs[i]` (COUNT(col) or SUM(bounded value), unaliased) is first
+/// computed per (unit, keys) together with the row count n; each contribution is clipped as [`Clip`] says to at
+/// most k rows' worth; with `groups`, each unit keeps a uniformly random set of at most that many of its cells
+/// (`row_number() OVER (PARTITION BY unit ORDER BY random())` over the unit's cells, not its rows); the result is
+/// summed per keys into `__dp_m{i}`.
+///
+/// # Privacy
+/// Adding or removing a unit changes, in at most `groups` cells, each COUNT by at most k and each SUM by at most
+/// k·max(|lo|, |hi|) (grid units): the contribution bound the sensitivities of [`crate::plan::sensitivity`]
+/// assume. The clipping of one unit depends on that unit's rows only. Every operation here is total: n ≥ 1 for
+/// every group that exists, floating-point division cannot fail, and the clamp keeps the DECIMAL(38,0) values
+/// within k·2^21 of zero.
+pub fn per_unit(
+    input: LogicalPlan,
+    keys: &[Column],
+    k: u64,
+    groups: Option<u64>,
+    clips: &[Clip],
+    row_aggs: Vec<Expr>,
+) -> Result<LogicalPlan> {
+    use datafusion::functions_aggregate::expr_fn::{count, sum};
+    let unit = || col(Column::from_name(UNIT));
+    let mut group_by = vec![unit()];
+    group_by.extend(keys.iter().cloned().map(Expr::Column));
+    let mut inner = vec![count(lit(1i64)).alias("__dp_n")];
+    for (i, (clip, e)) in clips.iter().zip(row_aggs).enumerate() {
+        if !matches!(clip, Clip::Rows) {
+            inner.push(e.alias(format!("__dp_v{i}")));
+        }
+    }
+    let n = || col("__dp_n");
+    let kl = || lit(k as i64);
+    let over = || n().gt(kl());
+    let m = when(over(), kl()).otherwise(n()).map_err(engine)?;
+    let frac = cast(m.clone(), DataType::Float64) / cast(n(), DataType::Float64);
+    let dec = DataType::Decimal128(38, 0);
+    let mut proj: Vec<Expr> = keys.iter().cloned().map(Expr::Column).collect();
+    proj.push(unit());
+    for (i, clip) in clips.iter().enumerate() {
+        let v = || col(format!("__dp_v{i}"));
+        let scaled = || round(vec![cast(v(), DataType::Float64) * frac.clone()]);
+        let x = match clip {
+            Clip::Rows => m.clone(),
+            Clip::Values => when(over(), cast(scaled(), DataType::Int64)).otherwise(v()).map_err(engine)?,
+            Clip::Sum { lo, hi } => {
+                let x = when(over(), cast(scaled(), dec.clone())).otherwise(v()).map_err(engine)?;
+                let (klo, khi) = ((lo * k as f64).floor() as i128, (hi * k as f64).ceil() as i128);
+                let (l, h) =
+                    (lit(ScalarValue::Decimal128(Some(klo), 38, 0)), lit(ScalarValue::Decimal128(Some(khi), 38, 0)));
+                when(x.clone().lt(l.clone()), l).when(x.clone().gt(h.clone()), h).otherwise(x).map_err(engine)?
+            }
+        };
+        proj.push(x.alias(format!("__dp_x{i}")));
+    }
+    let mut b =
+        LogicalPlanBuilder::from(input).aggregate(group_by, inner).and_then(|b| b.project(proj)).map_err(engine)?;
+    if let Some(g) = groups {
+        let pick = row_number()
+            .partition_by(vec![unit()])
+            .order_by(vec![random().sort(true, false)])
+            .build()
+            .map_err(engine)?
+            .alias("__dp_pick");
+        b = b.window(vec![pick]).and_then(|b| b.filter(col("__dp_pick").lt_eq(lit(g)))).map_err(engine)?;
+    }
+    let outer: Vec<Expr> =
+        (0..clips.len()).map(|i| sum(col(format!("__dp_x{i}"))).alias(format!("__dp_m{i}"))).collect();
+    b.aggregate(keys.iter().cloned().map(Expr::Column).collect::<Vec<_>>(), outer)
+        .and_then(|b| b.build())
+        .map_err(engine)
 }
 
 /// Truncates each unit to at most `rows` rows (per group when `keys` is non-empty) and, when `groups` is given,

@@ -197,15 +197,11 @@ pub fn compile(plan: &LogicalPlan, policy_of: &dyn Fn(&TableReference) -> Option
     let key_filter: Vec<(Column, Vec<ScalarValue>)> =
         keys.iter().map(|k| (k.column.clone(), k.domain.clone())).collect();
     private = bound::domain_filter(private, &key_filter)?;
-    if policy.privacy_unit.is_some() {
-        let key_cols: Vec<Column> = keys.iter().map(|k| k.column.clone()).collect();
-        let groups = (contribution.groups < cells && !keys.is_empty()).then_some(contribution.groups);
-        private = bound::contribution_bound(private, &key_cols, contribution.rows, groups)?;
-    }
 
     // Measurements.
     let mut measures: Vec<Measure> = Vec::new();
     let mut measure_exprs: Vec<Expr> = Vec::new();
+    let mut clips: Vec<bound::Clip> = Vec::new();
     let mut outputs = Vec::new();
     let schema = private.schema().clone();
     let add = |m: Measure, e: Expr, measures: &mut Vec<Measure>, exprs: &mut Vec<Expr>| -> usize {
@@ -213,7 +209,7 @@ pub fn compile(plan: &LogicalPlan, policy_of: &dyn Fn(&TableReference) -> Option
             return i;
         }
         measures.push(m);
-        exprs.push(e.alias(format!("__dp_m{}", exprs.len())));
+        exprs.push(e);
         measures.len() - 1
     };
     for a in &agg.aggr_expr {
@@ -333,11 +329,26 @@ pub fn compile(plan: &LogicalPlan, policy_of: &dyn Fn(&TableReference) -> Option
             "add an aggregate such as COUNT(*); the keys of a public domain are known without a query",
         );
     }
-    let group_exprs: Vec<Expr> = keys.iter().map(|k| Expr::Column(k.column.clone())).collect();
-    let private = LogicalPlanBuilder::from(private)
-        .aggregate(group_exprs, measure_exprs)
-        .and_then(|b| b.build())
-        .map_err(engine)?;
+    let private = if policy.privacy_unit.is_some() {
+        for m in &measures {
+            clips.push(match &m.kind {
+                MeasureKind::CountRows => bound::Clip::Rows,
+                MeasureKind::CountValues => bound::Clip::Values,
+                MeasureKind::Sum { scale_bits, lo, hi } => {
+                    let s = 2f64.powi(*scale_bits);
+                    bound::Clip::Sum { lo: (lo * s).floor(), hi: (hi * s).ceil() }
+                }
+            });
+        }
+        let key_cols: Vec<Column> = keys.iter().map(|k| k.column.clone()).collect();
+        let groups = (contribution.groups < cells && !keys.is_empty()).then_some(contribution.groups);
+        bound::per_unit(private, &key_cols, contribution.rows, groups, &clips, measure_exprs)?
+    } else {
+        let group_exprs: Vec<Expr> = keys.iter().map(|k| Expr::Column(k.column.clone())).collect();
+        let exprs: Vec<Expr> =
+            measure_exprs.into_iter().enumerate().map(|(i, e)| e.alias(format!("__dp_m{i}"))).collect();
+        LogicalPlanBuilder::from(private).aggregate(group_exprs, exprs).and_then(|b| b.build()).map_err(engine)?
+    };
     Ok(DpPlan {
         table,
         private,
