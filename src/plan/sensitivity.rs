@@ -1,8 +1,8 @@
 //! Sensitivities of the measurements, derived from the policy under add/remove of one privacy unit.
 //!
-//! After bounding, one unit contributes at most `k` rows to each group and to at most `g` groups (`k` =
-//! `max_rows_per_unit`, `g` = `max_groups_per_unit`, and `g` is further capped by the number of cells of the
-//! GROUP BY domain; without GROUP BY, `g = 1`). Adding or removing the unit changes each affected cell of a COUNT
+//! After bounding, one unit contributes at most `k` rows' worth to each group (see [`crate::plan::bound`]) and
+//! to at most `g` groups (`k` = `max_rows_per_unit`, `g` = `max_groups_per_unit`, and `g` is further capped by
+//! the number of cells of the GROUP BY domain; without GROUP BY, `g = 1`). Adding or removing the unit changes each affected cell of a COUNT
 //! by at most `L∞ = k`, so over the vector of cells `Δ₁ = k·g` and `Δ₂ = k·√g` (the sum over ≤ g cells of
 //! ≤ k each). A SUM of values clamped to `[lo, hi]` and put on the grid 2^-s multiplies by
 //! `M = ⌈max(|lo|, |hi|)·2^s⌉` (grid units). Row-level tables have `k = g = 1` (seeds.md §1.6, add/remove column).
@@ -41,9 +41,9 @@ impl Contribution {
 
     fn describe(&self, unit: &str) -> String {
         if self.groups == 1 {
-            format!("≤ {} row(s) per {unit}", self.rows)
+            format!("≤ {} row(s)' worth per {unit}", self.rows)
         } else {
-            format!("≤ {} row(s) per {unit} in each of ≤ {} groups", self.rows, self.groups)
+            format!("≤ {} row(s)' worth per {unit} in each of ≤ {} groups", self.rows, self.groups)
         }
     }
 }
