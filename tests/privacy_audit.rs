@@ -167,3 +167,43 @@ async fn avg_audit() {
         assert!((mean(v) - s / c).abs() <= slack, "AVG on {what}: mean {} vs exact {}", mean(v), s / c);
     }
 }
+
+/// The documented clipping rule: a unit with n > k rows in a cell contributes k to COUNT(*) and its sums scaled by
+/// k/n (the expectation of keeping k random rows), so AVG stays the unit's own mean. One unit, 4 rows of 100,
+/// k = 2: SUM → 200 (not 400, nor 2·M), COUNT(*) → 2, AVG → 100. ρ is large so the noise (σ ≈ 4.5 for the
+/// SUM) cannot hide a wrong rule; the 6.11σ bands fail by chance with probability 1e-9 each.
+#[tokio::test]
+async fn units_over_the_row_limit_contribute_k_rows_worth() {
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("pid", DataType::Int64, false),
+        Field::new("sex", DataType::Int64, false),
+        Field::new("income", DataType::Float64, true),
+    ]));
+    let batch = RecordBatch::try_new(
+        schema,
+        vec![
+            Arc::new(Int64Array::from(vec![7, 7, 7, 7])),
+            Arc::new(Int64Array::from(vec![1, 1, 1, 1])),
+            Arc::new(Float64Array::from(vec![Some(100.0), Some(100.0), Some(100.0), Some(100.0)])),
+        ],
+    )
+    .unwrap();
+    let mut cols = BTreeMap::new();
+    cols.insert("income".into(), ColumnPolicy::Bounds { lo: 0.0, hi: 1000.0 });
+    let policy = TablePolicy::with_unit("pid", 2, 1, cols).unwrap();
+    let mut s =
+        DpSession::empty(Rho::new(1e9).unwrap(), Rho::new(1e5).unwrap(), Mechanism::Gaussian, 1e-6, 0.95).unwrap();
+    s.register_batches("t", vec![batch], policy).unwrap();
+    let r = crate::common::release(&s, "SELECT SUM(income), COUNT(*) FROM t").await;
+    let (sum, count) = (crate::common::column_f64(&r, 0)[0], crate::common::column_f64(&r, 1)[0]);
+    let sd = |c: usize| match r.accuracy[c].accuracy {
+        Accuracy::Noisy { std, .. } => std,
+        _ => panic!("noisy"),
+    };
+    assert!((sum - 200.0).abs() <= 6.11 * sd(0) + 0.5, "SUM {sum} (std {})", sd(0));
+    assert!((count - 2.0).abs() <= 6.11 * sd(1) + 0.5, "COUNT {count} (std {})", sd(1));
+    let r = crate::common::release(&s, "SELECT AVG(income) FROM t").await;
+    let avg = crate::common::column_f64(&r, 0)[0];
+    // AVG = (200 ± 9) / 2: a band of 30 is more than 6.11 of its standard deviations (≈ 4.5).
+    assert!((avg - 100.0).abs() < 30.0, "AVG {avg}");
+}
