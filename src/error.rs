@@ -81,6 +81,11 @@ impl DpError {
     }
 }
 
+/// A DataFusion error outside the private part of a plan, as [`DpError::Engine`] (backtrace stripped).
+pub(crate) fn engine(e: datafusion::error::DataFusionError) -> DpError {
+    DpError::Engine(e.strip_backtrace())
+}
+
 /// A budget figure for messages: 10 significant digits, trailing zeros dropped (the exact values are in the
 /// error's fields).
 fn short(x: f64) -> String {

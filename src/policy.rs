@@ -334,11 +334,7 @@ fn cfg_err(e: DpError, key: &str) -> DpError {
 
 /// Validates a confidence level in (0, 1).
 pub fn check_confidence(c: f64) -> Result<f64> {
-    if c > 0.0 && c < 1.0 {
-        Ok(c)
-    } else {
-        Err(DpError::invalid("confidence", format!("must be strictly between 0 and 1, got {c}; 0.95 is usual")))
-    }
+    crate::noise::accuracy::check_confidence(c).map(|()| c)
 }
 
 impl SessionConfig {

@@ -18,7 +18,7 @@
 use crate::accounting::convert::epsilon_for_rho;
 use crate::accounting::ledger::Prior;
 use crate::accounting::{Charge, EpsilonBound, Ledger, MemoryLedger, Rho, SqliteLedger};
-use crate::error::{DpError, Result};
+use crate::error::{DpError, Result, engine};
 use crate::noise::NoiseRng;
 use crate::noise::accuracy;
 use crate::noise::calibrate::{self, Calibration, Mechanism, NoiseParams};
@@ -192,10 +192,6 @@ pub struct DpSession {
     pub(crate) defaults: Defaults,
     pub(crate) ledger: Box<dyn Ledger>,
     pub(crate) rng: Mutex<NoiseRng>,
-}
-
-fn engine(e: datafusion::error::DataFusionError) -> DpError {
-    DpError::Engine(e.to_string())
 }
 
 /// Maps a DataFusion planning error (unknown table or column, syntax) to a refusal with a hint.

@@ -20,11 +20,12 @@ const EXACT_SIGMA: f64 = 1000.0;
 /// relative 1e-9 resolves to the wider interval.
 const FP_MARGIN: f64 = 1e-9;
 
-fn check_confidence(c: f64) -> Result<()> {
+/// Validates a confidence level: strictly between 0 and 1.
+pub fn check_confidence(c: f64) -> Result<()> {
     if c > 0.0 && c < 1.0 {
         Ok(())
     } else {
-        Err(DpError::invalid("confidence", format!("must be strictly between 0 and 1, got {c}")))
+        Err(DpError::invalid("confidence", format!("must be strictly between 0 and 1, got {c}; 0.95 is usual")))
     }
 }
 

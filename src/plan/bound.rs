@@ -17,7 +17,7 @@
 //!    as DECIMAL(38, 0). With |value| ≤ 2^21 grid units per row and fewer than 2^64 rows, the exact sum stays far
 //!    below 10^38: no overflow, hence no data-dependent runtime error, is possible.
 
-use crate::error::{DpError, Result};
+use crate::error::{DpError, Result, engine};
 use crate::policy::DomainValue;
 use datafusion::arrow::datatypes::DataType;
 use datafusion::common::tree_node::{Transformed, TreeNode};
@@ -32,10 +32,6 @@ use std::sync::Arc;
 
 /// Name of the carried privacy-unit column.
 pub const UNIT: &str = "__dp_unit";
-
-fn engine(e: datafusion::error::DataFusionError) -> DpError {
-    DpError::Engine(e.to_string())
-}
 
 /// Inserts `unit AS __dp_unit` right above the scan and carries it through every projection of the input chain.
 pub fn carry_unit(input: LogicalPlan, unit: &str) -> Result<LogicalPlan> {

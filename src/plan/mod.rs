@@ -13,7 +13,7 @@ pub mod bound;
 pub mod sensitivity;
 pub mod validate;
 
-use crate::error::{DpError, Result};
+use crate::error::{DpError, Result, engine};
 use crate::policy::TablePolicy;
 use datafusion::arrow::datatypes::FieldRef;
 use datafusion::common::{Column, DFSchemaRef, ScalarValue, TableReference};
@@ -125,10 +125,6 @@ impl DpPlan {
 
 fn refuse<T>(reason: impl Into<String>, hint: impl Into<String>) -> Result<T> {
     Err(DpError::refused(reason, hint))
-}
-
-fn engine(e: datafusion::error::DataFusionError) -> DpError {
-    DpError::Engine(e.to_string())
 }
 
 /// Largest number of GROUP BY cells one query may release.
