@@ -21,7 +21,7 @@
 
 use crate::accounting::convert::EpsilonBound;
 use crate::accounting::{Charge, Rho};
-use crate::error::{DpError, Result};
+use crate::error::{DpError, Result, engine};
 use crate::noise::accuracy;
 use crate::noise::calibrate::{self, Calibration, NoiseParams};
 use crate::noise::gaussian::DiscreteGaussian;
@@ -371,7 +371,7 @@ impl DpSession {
         let k = policy.max_rows_per_unit;
         let (plan, cal) = plan(d, cells, k, spec.budget, None, confidence, self.defaults.delta)?;
         // Build the bounded single-pass scan before spending anything: any planning error is free.
-        let scan = self.ctx.table(table).await.map_err(|e| DpError::Engine(e.to_string()))?;
+        let scan = self.ctx.table(table).await.map_err(engine)?;
         let mut lp = scan.into_unoptimized_plan();
         let key_cols: Vec<Column> = match &long {
             Some((attr, _, _)) => vec![Column::from_name(attr)],
@@ -385,14 +385,13 @@ impl DpSession {
             Some((attr, val, _)) => vec![Expr::Column(Column::from_name(attr)), Expr::Column(Column::from_name(val))],
             None => columns.iter().map(|c| Expr::Column(Column::from_name(c))).collect(),
         };
-        let lp = LogicalPlanBuilder::from(lp)
-            .project(project)
-            .and_then(|b| b.build())
-            .map_err(|e| DpError::Engine(e.to_string()))?;
+        let lp = LogicalPlanBuilder::from(lp).project(project).and_then(|b| b.build()).map_err(engine)?;
         let label = {
             let mut l = format!("MARGINALS {table}({})", columns.join(", "));
             if l.len() > 200 {
-                l.truncate(200);
+                // Column names can be any UTF-8: cut at a character boundary, never inside one.
+                let cut = (0..=200).rev().find(|i| l.is_char_boundary(*i)).unwrap_or(0);
+                l.truncate(cut);
                 l.push_str("…)");
             }
             l
@@ -441,7 +440,6 @@ impl DpSession {
         long_attrs: Option<&Vec<DomainValue>>,
         progress: bool,
     ) -> Result<Vec<Vec<i128>>> {
-        let engine = |e: datafusion::error::DataFusionError| DpError::Engine(e.to_string());
         let df = self.ctx.execute_logical_plan(lp).await.map_err(engine)?;
         let mut stream = df.execute_stream().await.map_err(engine)?;
         let lookups: Vec<Lookup> = domains.iter().map(|d| Lookup::new(d)).collect();

@@ -263,3 +263,22 @@ fn cli_plan_spends_nothing_and_release_writes_csv_json_parquet_and_svg() {
     assert_eq!(o.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&o.stderr).contains("no public domain"));
 }
+
+#[tokio::test]
+async fn long_non_ascii_column_lists_are_labelled_without_panicking() {
+    // The charge label is cut near 200 bytes; with multi-byte names the cut must fall on a character boundary.
+    let names: Vec<String> = (0..80).map(|j| format!("ääää_{j}")).collect(); // byte 200 falls inside an ä
+    let fields: Vec<Field> = names.iter().map(|n| Field::new(n, DataType::Int64, false)).collect();
+    let arrays: Vec<Arc<dyn datafusion::arrow::array::Array>> =
+        names.iter().map(|_| Arc::new(Int64Array::from(vec![0, 1, 1])) as _).collect();
+    let batch = RecordBatch::try_new(Arc::new(Schema::new(fields)), arrays).unwrap();
+    let cols: BTreeMap<String, ColumnPolicy> = names
+        .iter()
+        .map(|n| (n.clone(), ColumnPolicy::Domain(vec![DomainValue::Int(0), DomainValue::Int(1)])))
+        .collect();
+    let mut s =
+        DpSession::empty(Rho::new(1.0).unwrap(), Rho::new(0.1).unwrap(), Mechanism::Gaussian, 1e-6, 0.95).unwrap();
+    s.register_batches("t", vec![batch], TablePolicy::row_level(cols).unwrap()).unwrap();
+    let r = s.marginals("t", &names, &MarginalSpec::rho(0.5)).await.unwrap();
+    assert!(r.charge.label.ends_with("…)") && r.charge.label.len() < 220, "{}", r.charge.label);
+}
