@@ -260,6 +260,14 @@ impl SqliteLedger {
         self.conn.lock().map_err(poisoned)
     }
 
+    /// The budget's (total, spent), read on `conn` (inside a transaction when the caller holds one).
+    fn read_budget(&self, conn: &Connection) -> Result<(f64, f64)> {
+        conn.query_row("SELECT total, spent FROM budgets WHERE name = ?1", params![self.budget], |r| {
+            Ok((r.get(0)?, r.get(1)?))
+        })
+        .map_err(|e| sql_error(&self.display(), e))
+    }
+
     fn read_charge(row: &rusqlite::Row<'_>) -> rusqlite::Result<(i64, String, f64, String)> {
         Ok((row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?))
     }
@@ -313,12 +321,7 @@ impl Ledger for SqliteLedger {
         true
     }
     fn status(&self) -> Result<(Rho, Rho)> {
-        let (t, s): (f64, f64) = self
-            .conn()?
-            .query_row("SELECT total, spent FROM budgets WHERE name = ?1", params![self.budget], |r| {
-                Ok((r.get(0)?, r.get(1)?))
-            })
-            .map_err(|e| sql_error(&self.display(), e))?;
+        let (t, s) = self.read_budget(&*self.conn()?)?;
         Ok((Rho::new(t)?, Rho::new(s)?))
     }
     fn charges(&self) -> Result<Vec<Charge>> {
@@ -343,11 +346,7 @@ impl Ledger for SqliteLedger {
         let mut conn = self.conn()?;
         // BEGIN IMMEDIATE: the write lock is held from the read of `spent` to the commit.
         let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(|e| sql_error(&display, e))?;
-        let (total, spent): (f64, f64) = tx
-            .query_row("SELECT total, spent FROM budgets WHERE name = ?1", params![self.budget], |r| {
-                Ok((r.get(0)?, r.get(1)?))
-            })
-            .map_err(|e| sql_error(&display, e))?;
+        let (total, spent) = self.read_budget(&tx)?;
         let filter = ZcdpFilter::with_spent(Rho::new(total)?, Rho::new(spent)?);
         let new_spent = filter.check(rho)?;
         if let Some(id) = request_id {
@@ -415,11 +414,7 @@ impl Ledger for SqliteLedger {
         let display = self.display();
         let mut conn = self.conn()?;
         let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(|e| sql_error(&display, e))?;
-        let (old, spent): (f64, f64) = tx
-            .query_row("SELECT total, spent FROM budgets WHERE name = ?1", params![self.budget], |r| {
-                Ok((r.get(0)?, r.get(1)?))
-            })
-            .map_err(|e| sql_error(&display, e))?;
+        let (old, spent) = self.read_budget(&tx)?;
         if total.get() < spent {
             return Err(DpError::Ledger(format!("a total of {total} is below what is already spent ({spent})")));
         }

@@ -5,7 +5,7 @@
 //! Projection and SubqueryAlias nodes ending in a scan of one private table. Expression subqueries, joins,
 //! unions and every statement that reaches outside a read-only view are refused.
 
-use crate::error::{DpError, Result};
+use crate::error::{DpError, Result, engine};
 use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
 use datafusion::common::{Column, TableReference};
 use datafusion::logical_expr::{Aggregate, Expr, LogicalPlan};
@@ -89,7 +89,7 @@ pub fn locate<'a>(plan: &'a LogicalPlan, is_private: &dyn Fn(&TableReference) ->
         }
         Ok(TreeNodeRecursion::Continue)
     })
-    .map_err(|e| DpError::Engine(e.to_string()))?;
+    .map_err(engine)?;
     if sub {
         return refuse(
             "subqueries inside expressions (IN (SELECT ...), EXISTS, scalar subqueries) are not supported",
@@ -158,8 +158,7 @@ pub fn locate<'a>(plan: &'a LogicalPlan, is_private: &dyn Fn(&TableReference) ->
 
 /// Checks the input of the aggregate: WHERE filters, bare-column projections and aliases over one private scan.
 fn check_private_input(input: &LogicalPlan, is_private: &dyn Fn(&TableReference) -> bool) -> Result<TableReference> {
-    let nested =
-        input.exists(|n| Ok(matches!(n, LogicalPlan::Aggregate(_)))).map_err(|e| DpError::Engine(e.to_string()))?;
+    let nested = input.exists(|n| Ok(matches!(n, LogicalPlan::Aggregate(_)))).map_err(engine)?;
     if nested {
         return refuse(
             "aggregates of aggregates (a GROUP BY inside a subquery) are not supported",
