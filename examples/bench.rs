@@ -4,6 +4,7 @@
 //! ```text
 //! cargo run --release --example bench -- gen    --rows 1000000 --out bench-data [--csv] # people_1000000.parquet (+ .csv)
 //! cargo run --release --example bench -- sql    --data bench-data/people_1000000.parquet [--reps 5]
+//!                       [--only W2] [--unit row|person] [--side dp|plain: one side only, for a profiler]
 //! cargo run --release --example bench -- wide   --rows 100000 --cols 1000 --out bench-data
 //! cargo run --release --example bench -- marginals --data bench-data/wide_100000x1000.parquet [--reps 5]
 //! cargo run --release --example bench -- ledger --out bench-data [--n 2000]
@@ -155,15 +156,46 @@ const WORKLOADS: &[(&str, &str)] = &[
     ("W4", "SELECT education, sex, COUNT(*), SUM(income) FROM people GROUP BY education, sex"),
 ];
 
-async fn bench_sql(data: &Path, reps: usize) -> Res<()> {
+/// Which part of the SQL benchmark to run (`--only W2`, `--unit row|person`, `--side dp|plain` for profiling).
+struct Select {
+    only: Option<String>,
+    unit: Option<String>,
+    side: Option<String>,
+}
+
+async fn bench_sql(data: &Path, reps: usize, sel: &Select) -> Res<()> {
     let ctx = SessionContext::new();
     ctx.register_parquet("people", data.to_str().ok_or("path")?, ParquetReadOptions::default()).await?;
     println!("| workload | unit | plain DataFusion (median s) | dpfusion (median s) | ratio |");
     println!("|---|---|---:|---:|---:|");
     for person in [false, true] {
+        let unit_name = if person { "person" } else { "row" };
+        if sel.unit.as_deref().is_some_and(|u| u != unit_name) {
+            continue;
+        }
         let cfg = SessionConfig::from_toml_str(&people_config(data, person), Path::new("."))?;
         let s = DpSession::from_config(&cfg).await?;
         for (name, sql) in WORKLOADS {
+            if sel.only.as_deref().is_some_and(|o| o != *name) {
+                continue;
+            }
+            // One side only, many times: for a profiler (`perf record`), no table printed.
+            match sel.side.as_deref() {
+                Some("dp") => {
+                    for _ in 0..reps {
+                        time_dp(&s, sql).await?;
+                    }
+                    continue;
+                }
+                Some("plain") => {
+                    for _ in 0..reps {
+                        time_plain(&ctx, sql).await?;
+                    }
+                    continue;
+                }
+                Some(other) => return Err(format!("--side {other}: use dp or plain").into()),
+                None => {}
+            }
             let (mut p, mut d) = (vec![], vec![]);
             // Warm-up of both, then alternate.
             time_plain(&ctx, sql).await?;
@@ -267,7 +299,10 @@ async fn main() -> Res<()> {
             let cols = arg(&args, "--cols").ok_or("--cols D")?.parse()?;
             println!("{}", gen_wide(rows, cols, &out)?.display());
         }
-        Some("sql") => bench_sql(Path::new(&arg(&args, "--data").ok_or("--data FILE")?), reps).await?,
+        Some("sql") => {
+            let sel = Select { only: arg(&args, "--only"), unit: arg(&args, "--unit"), side: arg(&args, "--side") };
+            bench_sql(Path::new(&arg(&args, "--data").ok_or("--data FILE")?), reps, &sel).await?
+        }
         Some("marginals") => bench_marginals(Path::new(&arg(&args, "--data").ok_or("--data FILE")?), reps).await?,
         Some("ledger") => bench_ledger(&out, arg(&args, "--n").and_then(|n| n.parse().ok()).unwrap_or(2000))?,
         Some("ledger-child") => ledger_child(args.get(2).ok_or("path")?, args.get(3).ok_or("n")?.parse()?)?,

@@ -12,12 +12,12 @@
 //! 4. In a GROUP BY with more cells than `max_groups_per_unit`, each unit keeps a uniformly random set of at most
 //!    `g` of its groups: one random number per (unit, group), then `dense_rank() OVER (PARTITION BY unit ORDER BY
 //!    that number, keys) ≤ g` (the keys break ties, so distinct groups never share a rank).
-//! 5. Values are clamped to the column's bounds before summing (NULL stays NULL and is ignored by SUM; NaN
-//!    compares above every number in Arrow and is clamped to the upper bound), then put on the grid 2^-s and summed
-//!    as DECIMAL(38, 0). With |value| ≤ 2^21 grid units per row and fewer than 2^64 rows, the exact sum stays far
-//!    below 10^38: no overflow, hence no data-dependent runtime error, is possible.
+//! 5. Values are clamped to the column's bounds, put on the grid 2^-s and summed exactly by one aggregate,
+//!    [`BoundedSum`] (NULL is ignored as by SUM; NaN takes the upper bound). With |value| ≤ 2^21 grid units per row
+//!    the exact sum stays far below 10^38: no overflow, hence no data-dependent runtime error, is possible.
 
 use crate::error::{DpError, Result, engine};
+use crate::plan::exact_sum::BoundedSum;
 use crate::policy::DomainValue;
 use datafusion::arrow::datatypes::DataType;
 use datafusion::common::tree_node::{Transformed, TreeNode};
@@ -265,11 +265,11 @@ fn is_integer(dt: &DataType) -> bool {
     )
 }
 
-/// How a SUM argument is bounded: the clamped, grid-scaled expression, the per-row bound M in grid units and the
+/// How a SUM argument is bounded: the exact clamped, grid-scaled sum, the per-row bound M in grid units and the
 /// grid exponent s (values are rounded to multiples of 2^-s).
 pub struct BoundedValue {
-    /// `DECIMAL(38,0)` expression of the clamped value in grid units.
-    pub expr: Expr,
+    /// The aggregate `dp_bounded_sum(value)`: `DECIMAL(38,0)`, the exact sum in grid units (see [`BoundedSum`]).
+    pub sum: Expr,
     /// Largest |value| of one row, in grid units.
     pub max_abs: f64,
     /// Grid exponent (negative: a grid coarser than 1).
@@ -289,10 +289,9 @@ pub fn grid_bits(max_abs: f64) -> i32 {
     (20 - e).clamp(-40, 20)
 }
 
-/// Clamps `value` (a column of `schema`) to `[lo, hi]` and scales it onto the integer grid, as DECIMAL(38,0).
+/// The exact sum of `value` (a column of `schema`) clamped to `[lo, hi]` and scaled onto the integer grid.
 pub fn bounded_value(value: Expr, schema: &DFSchema, lo: f64, hi: f64, column: &str) -> Result<BoundedValue> {
     let dt = value.get_type(schema).map_err(engine)?;
-    let dec = DataType::Decimal128(38, 0);
     if is_integer(&dt) {
         let (ilo, ihi) = (lo.ceil(), hi.floor());
         if ilo > ihi {
@@ -303,11 +302,9 @@ pub fn bounded_value(value: Expr, schema: &DFSchema, lo: f64, hi: f64, column: &
         }
         let m = ilo.abs().max(ihi.abs());
         if grid_bits(m) >= 0 {
-            let (l, h) = (lit(ilo as i64), lit(ihi as i64));
-            let v = cast(value.clone(), DataType::Int64);
-            let clamped =
-                when(v.clone().lt(l.clone()), l).when(v.clone().gt(h.clone()), h).otherwise(v).map_err(engine)?;
-            return Ok(BoundedValue { expr: cast(clamped, dec), max_abs: m, scale_bits: 0, lo: ilo, hi: ihi });
+            // |ilo|, |ihi| ≤ 2^20 here, so the conversions to i64 are exact.
+            let sum = BoundedSum::int(ilo as i64, ihi as i64).call(cast(value, DataType::Int64));
+            return Ok(BoundedValue { sum, max_abs: m, scale_bits: 0, lo: ilo, hi: ihi });
         }
     } else if !dt.is_numeric() {
         return Err(DpError::refused(
@@ -318,12 +315,8 @@ pub fn bounded_value(value: Expr, schema: &DFSchema, lo: f64, hi: f64, column: &
     let m = lo.abs().max(hi.abs());
     let bits = grid_bits(m);
     let scale = 2f64.powi(bits);
-    let v = cast(value, DataType::Float64);
-    let (l, h) = (lit(lo), lit(hi));
-    let clamped = when(v.clone().lt(l.clone()), l).when(v.clone().gt(h.clone()), h).otherwise(v).map_err(engine)?;
-    // round() gives an integral float of magnitude ≤ 2^21: the cast to Int64 is exact and cannot fail.
-    let scaled = cast(round(vec![clamped * lit(scale)]), DataType::Int64);
-    Ok(BoundedValue { expr: cast(scaled, dec), max_abs: (m * scale).ceil(), scale_bits: bits, lo, hi })
+    let sum = BoundedSum::float(lo, hi, scale).call(cast(value, DataType::Float64));
+    Ok(BoundedValue { sum, max_abs: (m * scale).ceil(), scale_bits: bits, lo, hi })
 }
 
 #[cfg(test)]

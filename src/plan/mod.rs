@@ -10,6 +10,7 @@
 //! plan over the noisy table.
 
 pub mod bound;
+pub mod exact_sum;
 pub mod sensitivity;
 pub mod validate;
 
@@ -19,7 +20,7 @@ use datafusion::arrow::datatypes::FieldRef;
 use datafusion::common::{Column, DFSchemaRef, ScalarValue, TableReference};
 use datafusion::functions_aggregate::average::Avg;
 use datafusion::functions_aggregate::count::Count;
-use datafusion::functions_aggregate::expr_fn::{count, sum};
+use datafusion::functions_aggregate::expr_fn::count;
 use datafusion::functions_aggregate::sum::Sum;
 use datafusion::logical_expr::{Expr, LogicalPlan, LogicalPlanBuilder, lit};
 use sensitivity::{Contribution, Sensitivity};
@@ -296,7 +297,7 @@ pub fn compile(plan: &LogicalPlan, policy_of: &dyn Fn(&TableReference) -> Option
             let kind = MeasureKind::Sum { scale_bits: bv.scale_bits, lo: bv.lo, hi: bv.hi };
             let si = add(
                 Measure { kind, column: Some(base.clone()), sensitivity: s },
-                sum(bv.expr),
+                bv.sum,
                 &mut measures,
                 &mut measure_exprs,
             );

@@ -1,0 +1,334 @@
+//! `dp_bounded_sum`: the exact, clamped, grid-scaled sum behind every SUM and AVG that dpfusion releases.
+//!
+//! One aggregate does what a chain of expressions did before (a CASE clamp, `round`, two casts and a DECIMAL
+//! SUM): each non-NULL value is clamped to the column's bounds, put on the integer grid 2^-s and added into an
+//! `i128`. The result is `DECIMAL(38, 0)` in grid units, NULL when no value was seen (exactly like SUM).
+//!
+//! # Why it is safe
+//! * **Sensitivity.** Every row adds an integer of magnitude at most `max(|lo|, |hi|)·2^s` grid units (≤ 2^21 by
+//!   [`super::bound::grid_bits`]), whatever the value: NaN is clamped to the upper bound (as Arrow orders NaN
+//!   above every number) and ±∞ to the nearest bound. This is the per-row bound the sensitivities assume.
+//! * **No data-dependent failure.** With at most 2^21 per row, an `i128` needs more than 2^100 rows to overflow,
+//!   and `DECIMAL(38, 0)` holds the result; nothing here can return an error that depends on a value.
+//! * **Exactness.** Multiplying by a power of two is exact in binary floating point, and the rounding (half away
+//!   from zero, as SQL `round`) is done on the integer and fractional parts, both exact for |x| < 2^52; the sum
+//!   of integers is exact. Same values in, same integer out, in any order: partial sums merge exactly.
+
+use datafusion::arrow::array::{Array, ArrayRef, AsArray, BooleanArray, Decimal128Array};
+use datafusion::arrow::buffer::NullBuffer;
+use datafusion::arrow::datatypes::{DataType, Decimal128Type, Field, FieldRef, Float64Type, Int64Type};
+use datafusion::common::{Result, ScalarValue, exec_err};
+use datafusion::logical_expr::function::{AccumulatorArgs, StateFieldsArgs};
+use datafusion::logical_expr::utils::format_state_name;
+use datafusion::logical_expr::{
+    Accumulator, AggregateUDF, AggregateUDFImpl, EmitTo, Expr, GroupsAccumulator, Signature, Volatility,
+};
+use std::sync::Arc;
+
+/// The result type: an exact integer count of grid steps.
+const OUT: DataType = DataType::Decimal128(38, 0);
+
+/// How one value becomes a grid integer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum Grid {
+    /// Integer input (as Int64), clamped to `[lo, hi]`; the grid is 1.
+    Int { lo: i64, hi: i64 },
+    /// Float input (as Float64), clamped to `[lo, hi]` and multiplied by `scale` (a power of two), then rounded.
+    /// Stored as bit patterns so the function can be compared and hashed, as DataFusion requires.
+    Float { lo: u64, hi: u64, scale: u64 },
+}
+
+/// Rounds half away from zero, exactly, for |x| < 2^52 (the caller guarantees |x| ≤ 2^22).
+fn round_half_away(x: f64) -> i64 {
+    let t = x as i64; // truncation toward zero: exact on these magnitudes
+    let r = x - t as f64; // exact: both are within 2^52 of each other
+    if r >= 0.5 {
+        t + 1
+    } else if r <= -0.5 {
+        t - 1
+    } else {
+        t
+    }
+}
+
+/// Per-value conversion, the same for every accumulator.
+#[derive(Clone, Copy, Debug)]
+enum Conv {
+    Int(i64, i64),
+    Float(f64, f64, f64),
+}
+
+impl Conv {
+    fn of(g: Grid) -> Self {
+        match g {
+            Grid::Int { lo, hi } => Conv::Int(lo, hi),
+            Grid::Float { lo, hi, scale } => Conv::Float(f64::from_bits(lo), f64::from_bits(hi), f64::from_bits(scale)),
+        }
+    }
+
+    /// Calls `f(row, grid value)` for every row that is non-NULL and passes the filter.
+    fn each(&self, values: &ArrayRef, filter: Option<&BooleanArray>, mut f: impl FnMut(usize, i64)) -> Result<()> {
+        let keep = |i: usize| filter.is_none_or(|m| m.is_valid(i) && m.value(i));
+        let nulls = values.logical_nulls();
+        let valid = |i: usize| nulls.as_ref().is_none_or(|n| n.is_valid(i));
+        match (*self, values.data_type()) {
+            (Conv::Int(lo, hi), DataType::Int64) => {
+                let a = values.as_primitive::<Int64Type>().values();
+                for (i, &v) in a.iter().enumerate() {
+                    if valid(i) && keep(i) {
+                        f(i, v.clamp(lo, hi));
+                    }
+                }
+            }
+            (Conv::Float(lo, hi, scale), DataType::Float64) => {
+                let a = values.as_primitive::<Float64Type>().values();
+                for (i, &v) in a.iter().enumerate() {
+                    if valid(i) && keep(i) {
+                        // f64::clamp keeps NaN; NaN sorts above every number in Arrow, so it takes the upper bound.
+                        let c = if v.is_nan() { hi } else { v.clamp(lo, hi) };
+                        f(i, round_half_away(c * scale));
+                    }
+                }
+            }
+            (_, dt) => return exec_err!("dp_bounded_sum: unexpected input type {dt}"),
+        }
+        Ok(())
+    }
+}
+
+/// The aggregate function (one instance per query measurement: the bounds are part of the function).
+#[derive(Debug, PartialEq, Eq, Hash)]
+pub struct BoundedSum {
+    signature: Signature,
+    grid: Grid,
+}
+
+impl BoundedSum {
+    /// `SUM(clamp(x, lo, hi))` for an integer column (the caller casts `x` to Int64); the grid is 1.
+    pub fn int(lo: i64, hi: i64) -> Self {
+        Self::new(Grid::Int { lo, hi }, DataType::Int64)
+    }
+
+    /// `SUM(round(clamp(x, lo, hi) · scale))` for a float column (the caller casts `x` to Float64); `scale` must be
+    /// a power of two and `max(|lo|, |hi|)·scale ≤ 2^22`.
+    pub fn float(lo: f64, hi: f64, scale: f64) -> Self {
+        Self::new(Grid::Float { lo: lo.to_bits(), hi: hi.to_bits(), scale: scale.to_bits() }, DataType::Float64)
+    }
+
+    fn new(grid: Grid, input: DataType) -> Self {
+        Self { signature: Signature::exact(vec![input], Volatility::Immutable), grid }
+    }
+
+    /// The aggregate expression over `arg`.
+    pub fn call(self, arg: Expr) -> Expr {
+        AggregateUDF::new_from_impl(self).call(vec![arg])
+    }
+}
+
+impl AggregateUDFImpl for BoundedSum {
+    fn name(&self) -> &str {
+        "dp_bounded_sum"
+    }
+
+    fn signature(&self) -> &Signature {
+        &self.signature
+    }
+
+    fn return_type(&self, _: &[DataType]) -> Result<DataType> {
+        Ok(OUT)
+    }
+
+    fn state_fields(&self, args: StateFieldsArgs) -> Result<Vec<FieldRef>> {
+        Ok(vec![Arc::new(Field::new(format_state_name(args.name, "sum"), OUT, true))])
+    }
+
+    fn accumulator(&self, _: AccumulatorArgs) -> Result<Box<dyn Accumulator>> {
+        Ok(Box::new(SumAcc { conv: Conv::of(self.grid), sum: 0, seen: false }))
+    }
+
+    fn groups_accumulator_supported(&self, _: AccumulatorArgs) -> bool {
+        true
+    }
+
+    fn create_groups_accumulator(&self, _: AccumulatorArgs) -> Result<Box<dyn GroupsAccumulator>> {
+        Ok(Box::new(SumGroups { conv: Conv::of(self.grid), sums: Vec::new(), seen: Vec::new() }))
+    }
+}
+
+fn decimal(sums: Vec<i128>, seen: Vec<bool>) -> Result<ArrayRef> {
+    let nulls = (!seen.iter().all(|&s| s)).then(|| NullBuffer::from(seen));
+    Ok(Arc::new(Decimal128Array::new(sums.into(), nulls).with_data_type(OUT)))
+}
+
+/// Adds the non-NULL partial sums of a state column.
+fn merge(states: &ArrayRef, mut f: impl FnMut(usize, i128)) {
+    let a = states.as_primitive::<Decimal128Type>();
+    for (i, v) in a.values().iter().enumerate() {
+        if a.is_valid(i) {
+            f(i, *v);
+        }
+    }
+}
+
+#[derive(Debug)]
+struct SumAcc {
+    conv: Conv,
+    sum: i128,
+    seen: bool,
+}
+
+impl Accumulator for SumAcc {
+    fn update_batch(&mut self, values: &[ArrayRef]) -> Result<()> {
+        let Some(v) = values.first() else { return exec_err!("dp_bounded_sum takes one argument") };
+        self.conv.each(v, None, |_, x| {
+            self.sum += x as i128;
+            self.seen = true;
+        })
+    }
+
+    fn merge_batch(&mut self, states: &[ArrayRef]) -> Result<()> {
+        let Some(s) = states.first() else { return exec_err!("dp_bounded_sum has one state column") };
+        merge(s, |_, x| {
+            self.sum += x;
+            self.seen = true;
+        });
+        Ok(())
+    }
+
+    fn evaluate(&mut self) -> Result<ScalarValue> {
+        Ok(ScalarValue::Decimal128(self.seen.then_some(self.sum), 38, 0))
+    }
+
+    fn state(&mut self) -> Result<Vec<ScalarValue>> {
+        Ok(vec![self.evaluate()?])
+    }
+
+    fn size(&self) -> usize {
+        size_of::<Self>()
+    }
+}
+
+#[derive(Debug)]
+struct SumGroups {
+    conv: Conv,
+    sums: Vec<i128>,
+    seen: Vec<bool>,
+}
+
+impl SumGroups {
+    fn grow(&mut self, n: usize) {
+        self.sums.resize(n, 0);
+        self.seen.resize(n, false);
+    }
+}
+
+impl GroupsAccumulator for SumGroups {
+    fn update_batch(
+        &mut self,
+        values: &[ArrayRef],
+        groups: &[usize],
+        filter: Option<&BooleanArray>,
+        total: usize,
+    ) -> Result<()> {
+        let Some(v) = values.first() else { return exec_err!("dp_bounded_sum takes one argument") };
+        self.grow(total);
+        let conv = self.conv;
+        conv.each(v, filter, |i, x| {
+            let g = groups[i];
+            self.sums[g] += x as i128;
+            self.seen[g] = true;
+        })
+    }
+
+    fn merge_batch(&mut self, states: &[ArrayRef], groups: &[usize], total: usize) -> Result<()> {
+        let Some(s) = states.first() else { return exec_err!("dp_bounded_sum has one state column") };
+        self.grow(total);
+        merge(s, |i, x| {
+            let g = groups[i];
+            self.sums[g] += x;
+            self.seen[g] = true;
+        });
+        Ok(())
+    }
+
+    fn evaluate(&mut self, emit_to: EmitTo) -> Result<ArrayRef> {
+        decimal(emit_to.take_needed(&mut self.sums), emit_to.take_needed(&mut self.seen))
+    }
+
+    fn state(&mut self, emit_to: EmitTo) -> Result<Vec<ArrayRef>> {
+        Ok(vec![self.evaluate(emit_to)?])
+    }
+
+    /// Each row as its own group (DataFusion skips partial aggregation when it does not reduce the row count,
+    /// as with one group per privacy unit).
+    fn convert_to_state(&self, values: &[ArrayRef], filter: Option<&BooleanArray>) -> Result<Vec<ArrayRef>> {
+        let Some(v) = values.first() else { return exec_err!("dp_bounded_sum takes one argument") };
+        let mut sums = vec![0i128; v.len()];
+        let mut seen = vec![false; v.len()];
+        self.conv.each(v, filter, |i, x| {
+            sums[i] = x as i128;
+            seen[i] = true;
+        })?;
+        Ok(vec![decimal(sums, seen)?])
+    }
+
+    fn size(&self) -> usize {
+        self.sums.capacity() * size_of::<i128>() + self.seen.capacity()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use datafusion::arrow::array::{Float64Array, Int64Array};
+
+    #[test]
+    fn rounds_half_away_from_zero_exactly() {
+        for (x, r) in [(0.5, 1), (-0.5, -1), (1.49999, 1), (2.5, 3), (-2.5, -3), (-0.49, 0), (4194304.0, 4194304)] {
+            assert_eq!(round_half_away(x), r, "{x}");
+        }
+    }
+
+    fn groups_sum(g: BoundedSum, v: ArrayRef, groups: &[usize], filter: Option<&BooleanArray>) -> Decimal128Array {
+        let mut acc = SumGroups { conv: Conv::of(g.grid), sums: vec![], seen: vec![] };
+        acc.update_batch(&[v], groups, filter, 3).unwrap();
+        acc.evaluate(EmitTo::All).unwrap().as_primitive::<Decimal128Type>().clone()
+    }
+
+    #[test]
+    fn clamps_scales_and_skips_nulls_and_filtered_rows() {
+        let v: ArrayRef = Arc::new(Float64Array::from(vec![
+            Some(1.25),
+            Some(-7.0),
+            Some(f64::NAN),
+            None,
+            Some(f64::INFINITY),
+            Some(0.3),
+        ]));
+        // bounds [-1, 2], grid 2^-2: 1.25→5, -7→-4, NaN→8, NULL skipped, ∞→8, 0.3→1 (1.2 rounds to 1)
+        let s = groups_sum(BoundedSum::float(-1.0, 2.0, 4.0), v.clone(), &[0, 0, 1, 2, 1, 1], None);
+        assert_eq!(s.value(0), 1);
+        assert_eq!(s.value(1), 17);
+        assert!(s.is_null(2), "a group with only NULLs is NULL, like SUM");
+        let filter = BooleanArray::from(vec![Some(true), Some(false), None, Some(true), Some(true), Some(false)]);
+        let s = groups_sum(BoundedSum::float(-1.0, 2.0, 4.0), v, &[0, 0, 1, 2, 1, 1], Some(&filter));
+        assert_eq!((s.value(0), s.value(1)), (5, 8));
+        let ints: ArrayRef = Arc::new(Int64Array::from(vec![Some(i64::MIN), Some(3), Some(i64::MAX), None]));
+        let s = groups_sum(BoundedSum::int(0, 10), ints, &[0, 0, 1, 1], None);
+        assert_eq!((s.value(0), s.value(1)), (3, 10));
+    }
+
+    #[test]
+    fn scalar_state_and_merge_agree_with_groups() {
+        let v: ArrayRef = Arc::new(Float64Array::from(vec![1.0, 2.5, 300.0]));
+        let mut a = SumAcc { conv: Conv::of(BoundedSum::float(0.0, 100.0, 2.0).grid), sum: 0, seen: false };
+        a.update_batch(std::slice::from_ref(&v)).unwrap();
+        let st = a.state().unwrap()[0].to_array().unwrap();
+        let mut b = SumAcc { conv: a.conv, sum: 0, seen: false };
+        b.merge_batch(std::slice::from_ref(&st)).unwrap();
+        b.merge_batch(&[st]).unwrap();
+        assert_eq!(b.evaluate().unwrap(), ScalarValue::Decimal128(Some(2 * (2 + 5 + 200)), 38, 0));
+        let empty = SumAcc { conv: a.conv, sum: 0, seen: false }.evaluate().unwrap();
+        assert_eq!(empty, ScalarValue::Decimal128(None, 38, 0));
+    }
+}
