@@ -16,7 +16,7 @@ pub mod validate;
 
 use crate::error::{DpError, Result, engine};
 use crate::policy::TablePolicy;
-use datafusion::arrow::datatypes::FieldRef;
+use datafusion::arrow::datatypes::{DataType, FieldRef};
 use datafusion::common::{Column, DFSchemaRef, ScalarValue, TableReference};
 use datafusion::functions_aggregate::average::Avg;
 use datafusion::functions_aggregate::count::Count;
@@ -193,7 +193,20 @@ pub fn compile(plan: &LogicalPlan, policy_of: &dyn Fn(&TableReference) -> Option
     }
     let key_filter: Vec<(Column, Vec<ScalarValue>)> =
         keys.iter().map(|k| (k.column.clone(), k.domain.clone())).collect();
-    private = bound::domain_filter(private, &key_filter)?;
+    // Row-level tables skip the pre-filter: a row is its own unit, so an out-of-domain row uses up no unit's
+    // limits, and the release reads only the domain's cells from the exact aggregate (other groups are discarded
+    // unseen, NULL keys included). Only for key types whose ScalarValue equality is SQL equality (integers,
+    // strings, booleans); float keys (-0.0 = 0.0) keep the filter.
+    let exact_equality = |c: &Column| {
+        input.schema().qualified_field_from_column(c).is_ok_and(|(_, f)| {
+            let dt = f.data_type();
+            dt.is_integer()
+                || matches!(dt, DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View | DataType::Boolean)
+        })
+    };
+    if policy.privacy_unit.is_some() || !keys.iter().all(|k| exact_equality(&k.column)) {
+        private = bound::domain_filter(private, &key_filter)?;
+    }
 
     // Measurements.
     let mut measures: Vec<Measure> = Vec::new();
