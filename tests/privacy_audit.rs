@@ -262,3 +262,83 @@ async fn out_of_domain_and_null_keys_are_never_released() {
         assert_eq!(keys, [(1.0, 2.0), (1.0, 0.0), (2.0, 0.0), (2.0, 1.0), (3.0, 0.0), (3.0, 0.0)]);
     }
 }
+
+/// A unit with rows in three cells and `max_groups_per_unit` = 1 (then 2) contributes, in every release, whole
+/// cells — each with its own count and sum — chosen uniformly at random. ρ = 10^9 per query makes the noise 0
+/// (σ ≈ 0.0002 for the counts, 0.02 for the sums, read to the nearest integer). `RUNS` releases per g (few: each
+/// is a full query in a debug build); each choice's frequency is checked at ±6.11 binomial standard deviations
+/// (two-sided 1e-9 per check, six checks).
+#[tokio::test]
+async fn a_unit_over_the_group_limit_keeps_whole_cells_chosen_uniformly() {
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("pid", DataType::Int64, false),
+        Field::new("k", DataType::Int64, false),
+        Field::new("x", DataType::Float64, false),
+    ]));
+    let batch = RecordBatch::try_new(
+        schema,
+        vec![
+            Arc::new(Int64Array::from(vec![1, 1, 1, 1])),
+            Arc::new(Int64Array::from(vec![0, 1, 1, 2])),
+            Arc::new(Float64Array::from(vec![10.0, 20.0, 20.0, 30.0])),
+        ],
+    )
+    .unwrap();
+    let mut cols = BTreeMap::new();
+    cols.insert("k".into(), ColumnPolicy::Domain(vec![DomainValue::Int(0), DomainValue::Int(1), DomainValue::Int(2)]));
+    cols.insert("x".into(), ColumnPolicy::Bounds { lo: 0.0, hi: 100.0 });
+    let cells = [(1.0, 10.0), (2.0, 40.0), (1.0, 30.0)];
+    for g in [1u64, 2] {
+        let mut s =
+            DpSession::empty(Rho::new(1e15).unwrap(), Rho::new(1e9).unwrap(), Mechanism::Gaussian, 1e-6, 0.95).unwrap();
+        s.register_batches("t", vec![batch.clone()], TablePolicy::with_unit("pid", 5, g, cols.clone()).unwrap())
+            .unwrap();
+        const RUNS: usize = 120;
+        let mut seen = [0usize; 3];
+        for _ in 0..RUNS {
+            let r = crate::common::release(&s, "SELECT k, COUNT(*), SUM(x) FROM t GROUP BY k ORDER BY k").await;
+            let (c, x) = (crate::common::column_f64(&r, 1), crate::common::column_f64(&r, 2));
+            let mut kept = 0;
+            for i in 0..3 {
+                let (c, x) = (c[i].round(), x[i].round());
+                if (c, x) == cells[i] {
+                    kept += 1;
+                    seen[i] += 1;
+                } else {
+                    assert_eq!((c, x), (0.0, 0.0), "g = {g}: cell {i} is neither whole nor absent");
+                }
+            }
+            assert_eq!(kept, g as usize, "g = {g}: exactly g cells are kept");
+        }
+        // Each cell is kept with probability g/3.
+        let p = g as f64 / 3.0;
+        let (m, sd) = (RUNS as f64 * p, (RUNS as f64 * p * (1.0 - p)).sqrt());
+        for (i, n) in seen.iter().enumerate() {
+            assert!((*n as f64 - m).abs() <= Z * sd, "g = {g}: cell {i} kept {n} times of {RUNS}, expected {m} ± {sd}");
+        }
+    }
+}
+
+/// With bounds that exclude zero ([10, 20]), a unit with fewer rows than k contributes its own sum (15), not k·lo
+/// (20), and a unit over the limit contributes k times its mean. ρ = 10^9 per query: noise below 0.01.
+#[tokio::test]
+async fn units_under_the_row_limit_keep_their_exact_sum_when_bounds_exclude_zero() {
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("pid", DataType::Int64, false),
+        Field::new("x", DataType::Float64, false),
+    ]));
+    let batch = RecordBatch::try_new(
+        schema,
+        vec![Arc::new(Int64Array::from(vec![1, 2, 2, 2])), Arc::new(Float64Array::from(vec![15.0, 11.0, 12.0, 19.0]))],
+    )
+    .unwrap();
+    let mut cols = BTreeMap::new();
+    cols.insert("x".into(), ColumnPolicy::Bounds { lo: 10.0, hi: 20.0 });
+    let mut s =
+        DpSession::empty(Rho::new(1e15).unwrap(), Rho::new(1e9).unwrap(), Mechanism::Gaussian, 1e-6, 0.95).unwrap();
+    s.register_batches("t", vec![batch], TablePolicy::with_unit("pid", 2, 1, cols).unwrap()).unwrap();
+    let r = crate::common::release(&s, "SELECT SUM(x) FROM t").await;
+    // Unit 1: 15. Unit 2: 3 rows over k = 2, so 2 · (42 / 3) = 28.
+    let got = crate::common::column_f64(&r, 0)[0];
+    assert!((got - 43.0).abs() < 0.01, "SUM {got}, expected 43");
+}

@@ -102,7 +102,7 @@ async fn explain_dp_spends_nothing_and_shows_the_cost() {
     };
     let text = e.to_string();
     for needle in [
-        "row_number",
+        "first_value",
         "random()",
         "__dp_unit",
         "COUNT(*)",

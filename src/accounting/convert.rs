@@ -248,8 +248,12 @@ pub fn epsilon_for_charges(charges: &[Charge], delta: f64) -> Result<EpsilonBoun
         (eps_bs16_tight(rho, delta)?, BoundKind::Bs16Tight),
         (eps_cks20(rho, delta)?, BoundKind::Cks20),
     ];
-    if charges.iter().all(Charge::all_gaussian) {
-        cands.push((gdp_eps((2.0 * rho).sqrt() * UP, delta)?, BoundKind::GaussianExact));
+    // The GDP curve is one more candidate; for a huge ρ its ε is beyond the search range (an error), and the
+    // other bounds, which hold for every ρ, are reported instead.
+    if charges.iter().all(Charge::all_gaussian)
+        && let Ok(g) = gdp_eps((2.0 * rho).sqrt() * UP, delta)
+    {
+        cands.push((g, BoundKind::GaussianExact));
     }
     if let Some(pure) = charges.iter().try_fold(0.0, |acc, c| c.pure_epsilon().map(|e| up_sum(acc, e))) {
         cands.push((pure, BoundKind::PureComposition));
@@ -277,11 +281,11 @@ pub fn epsilon_for_rho(rho: f64, delta: f64, all_gaussian: bool) -> Result<Epsil
             best = c;
         }
     }
-    if all_gaussian {
-        let g = gdp_eps((2.0 * rho).sqrt() * UP, delta)?;
-        if g < best.0 {
-            best = (g, BoundKind::GaussianExact);
-        }
+    if all_gaussian
+        && let Ok(g) = gdp_eps((2.0 * rho).sqrt() * UP, delta)
+        && g < best.0
+    {
+        best = (g, BoundKind::GaussianExact);
     }
     Ok(EpsilonBound { epsilon: best.0, delta, kind: best.1 })
 }

@@ -10,8 +10,10 @@
 //!    data) plays any part. Either way a unit moves a cell by at most k rows, or k·M for a sum. (The same
 //!    truncation by window, [`contribution_bound`], remains for the marginal release's single pass.)
 //! 4. In a GROUP BY with more cells than `max_groups_per_unit`, each unit keeps a uniformly random set of at most
-//!    `g` of its groups: one random number per (unit, group), then `dense_rank() OVER (PARTITION BY unit ORDER BY
-//!    that number, keys) ≤ g` (the keys break ties, so distinct groups never share a rank).
+//!    `g` of its cells: each (unit, cell) draws a uniform priority and the `g` smallest are kept — for g = 1 by one
+//!    more aggregation per unit (FIRST_VALUE ordered by the priority, no sort), otherwise by `row_number() OVER
+//!    (PARTITION BY unit ORDER BY priority) ≤ g`. (The marginal release's window version ranks with `dense_rank`,
+//!    keys breaking ties.)
 //! 5. Values are clamped to the column's bounds, put on the grid 2^-s and summed exactly by one aggregate,
 //!    [`BoundedSum`] (NULL is ignored as by SUM; NaN takes the upper bound). With |value| ≤ 2^21 grid units per row
 //!    the exact sum stays far below 10^38: no overflow, hence no data-dependent runtime error, is possible.
@@ -128,7 +130,7 @@ pub enum Clip {
     Rows,
     /// COUNT(col): the non-NULL count, scaled by k/n when n > k.
     Values,
-    /// SUM on the grid: the unit's sum, scaled by k/n when n > k, then clamped to [k·lo, k·hi] (grid units).
+    /// SUM on the grid: the unit's sum; when n > k, scaled by k/n and clamped to [k·lo, k·hi] (grid units).
     Sum {
         /// Lowest grid value of one row.
         lo: f64,
@@ -140,8 +142,9 @@ pub enum Clip {
 /// Per-unit bounding by hash aggregation: `row_aggs[i]` (COUNT(col) or SUM(bounded value), unaliased) is first
 /// computed per (unit, keys) together with the row count n; each contribution is clipped as [`Clip`] says to at
 /// most k rows' worth; with `groups`, each unit keeps a uniformly random set of at most that many of its cells
-/// (`row_number() OVER (PARTITION BY unit ORDER BY random())` over the unit's cells, not its rows); the result is
-/// summed per keys into `__dp_m{i}`.
+/// (one cell: the cell of smallest uniform priority, found by one aggregation per unit; more: `row_number() OVER
+/// (PARTITION BY unit ORDER BY random())` over the unit's cells, not its rows); the result is summed per keys
+/// into `__dp_m{i}`.
 ///
 /// # Privacy
 /// Adding or removing a unit changes, in at most `groups` cells, each COUNT by at most k and each SUM by at most
@@ -157,7 +160,7 @@ pub fn per_unit(
     clips: &[Clip],
     row_aggs: Vec<Expr>,
 ) -> Result<LogicalPlan> {
-    use datafusion::functions_aggregate::expr_fn::{count, sum};
+    use datafusion::functions_aggregate::expr_fn::{count, first_value, sum};
     let unit = || col(Column::from_name(UNIT));
     let mut group_by = vec![unit()];
     group_by.extend(keys.iter().cloned().map(Expr::Column));
@@ -182,18 +185,39 @@ pub fn per_unit(
             Clip::Rows => m.clone(),
             Clip::Values => when(over(), cast(scaled(), DataType::Int64)).otherwise(v()).map_err(engine)?,
             Clip::Sum { lo, hi } => {
-                let x = when(over(), cast(scaled(), dec.clone())).otherwise(v()).map_err(engine)?;
+                // Over the limit: k times the unit's mean, kept in [k·lo, k·hi] against rounding. At or under it,
+                // the exact sum of n ≤ k grid values, already within k·max(|lo|, |hi|) of zero. (Clamping that
+                // sum to [k·lo, k·hi] too would move a unit with fewer than k rows and lo > 0 up to k·lo.)
                 let (klo, khi) = ((lo * k as f64).floor() as i128, (hi * k as f64).ceil() as i128);
                 let (l, h) =
                     (lit(ScalarValue::Decimal128(Some(klo), 38, 0)), lit(ScalarValue::Decimal128(Some(khi), 38, 0)));
-                when(x.clone().lt(l.clone()), l).when(x.clone().gt(h.clone()), h).otherwise(x).map_err(engine)?
+                let x = cast(scaled(), dec.clone());
+                let clamped = when(x.clone().lt(l.clone()), l).when(x.clone().gt(h.clone()), h).otherwise(x);
+                when(over(), clamped.map_err(engine)?).otherwise(v()).map_err(engine)?
             }
         };
         proj.push(x.alias(format!("__dp_x{i}")));
     }
     let mut b =
         LogicalPlanBuilder::from(input).aggregate(group_by, inner).and_then(|b| b.project(proj)).map_err(engine)?;
-    if let Some(g) = groups {
+    if groups == Some(1) {
+        // One uniformly random cell per unit without a sort: each of the unit's cells draws a uniform priority,
+        // and one aggregation per unit keeps the cell of smallest priority (FIRST_VALUE ... ORDER BY priority for
+        // the keys and every clipped measurement, which all follow the same draw). Whatever happens on a tie,
+        // each unit still yields one row of clipped values: the bound holds unconditionally.
+        let mut with_r: Vec<Expr> = b.schema().columns().into_iter().map(Expr::Column).collect();
+        with_r.push(random().alias("__dp_r"));
+        let by_r = || vec![col("__dp_r").sort(true, false)];
+        let mut picks: Vec<Expr> = keys
+            .iter()
+            .map(|c| first_value(Expr::Column(c.clone()), by_r()).alias_qualified(c.relation.clone(), c.name()))
+            .collect();
+        picks.extend((0..clips.len()).map(|i| {
+            let x = format!("__dp_x{i}");
+            first_value(col(&x), by_r()).alias(x)
+        }));
+        b = b.project(with_r).and_then(|b| b.aggregate(vec![unit()], picks)).map_err(engine)?;
+    } else if let Some(g) = groups {
         let pick = row_number()
             .partition_by(vec![unit()])
             .order_by(vec![random().sort(true, false)])
