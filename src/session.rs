@@ -699,12 +699,23 @@ impl NoisyValue {
         self.grid as f64 * self.unit
     }
 
+    /// The value in the analyst's result type. Integer types get the nearest integer, saturated to the type's
+    /// range (a noisy SUM of an unsigned column can be negative): post-processing, never an error after the debit.
     fn scalar(&self, dt: &DataType) -> Result<ScalarValue> {
-        if self.unit == 1.0 && matches!(dt, DataType::Int64) {
-            let v = i64::try_from(self.grid).unwrap_or(if self.grid < 0 { i64::MIN } else { i64::MAX });
-            return Ok(ScalarValue::Int64(Some(v)));
-        }
-        ScalarValue::Float64(Some(self.as_f64())).cast_to(dt).map_err(engine)
+        // `as` from f64 to i128 saturates; on the unit grid the exact integer is used as is.
+        let v = if self.unit == 1.0 { self.grid } else { self.as_f64().round() as i128 };
+        let sat = |lo: i128, hi: i128| v.clamp(lo, hi);
+        Ok(match dt {
+            DataType::Int8 => ScalarValue::Int8(Some(sat(i8::MIN.into(), i8::MAX.into()) as i8)),
+            DataType::Int16 => ScalarValue::Int16(Some(sat(i16::MIN.into(), i16::MAX.into()) as i16)),
+            DataType::Int32 => ScalarValue::Int32(Some(sat(i32::MIN.into(), i32::MAX.into()) as i32)),
+            DataType::Int64 => ScalarValue::Int64(Some(sat(i64::MIN.into(), i64::MAX.into()) as i64)),
+            DataType::UInt8 => ScalarValue::UInt8(Some(sat(0, u8::MAX.into()) as u8)),
+            DataType::UInt16 => ScalarValue::UInt16(Some(sat(0, u16::MAX.into()) as u16)),
+            DataType::UInt32 => ScalarValue::UInt32(Some(sat(0, u32::MAX.into()) as u32)),
+            DataType::UInt64 => ScalarValue::UInt64(Some(sat(0, u64::MAX.into()) as u64)),
+            _ => return ScalarValue::Float64(Some(self.as_f64())).cast_to(dt).map_err(engine),
+        })
     }
 }
 

@@ -316,7 +316,9 @@ pub fn grid_bits(max_abs: f64) -> i32 {
 /// The exact sum of `value` (a column of `schema`) clamped to `[lo, hi]` and scaled onto the integer grid.
 pub fn bounded_value(value: Expr, schema: &DFSchema, lo: f64, hi: f64, column: &str) -> Result<BoundedValue> {
     let dt = value.get_type(schema).map_err(engine)?;
-    if is_integer(&dt) {
+    // UInt64 takes the float path: its values above i64::MAX would not cast to Int64, and after clamping to
+    // bounds of at most 2^20 nothing is lost.
+    if is_integer(&dt) && dt != DataType::UInt64 {
         let (ilo, ihi) = (lo.ceil(), hi.floor());
         if ilo > ihi {
             return Err(DpError::refused(
