@@ -9,9 +9,9 @@
 //!   X's rows are clamped and truncated to k = 2 (so the bound is tight, not merely respected).
 //!
 //! Thresholds: every interval is taken at a two-sided level of 1e-9 (chi-square quantiles for variances, 6.11
-//! standard errors of the mean for shifts), and the file makes fewer than 20 such checks, so a correct
-//! implementation fails it with probability below 2e-8 (the whole suite, below 3e-7): less than once in a
-//! million runs.
+//! standard errors of the mean or of a binomial count for shifts and frequencies), the file makes fewer than 40
+//! such checks (the one randomised exact-value check is below 1e-10), so a correct implementation fails it with
+//! probability below 5e-8 (the whole suite, below 4e-7): less than once in a million runs.
 
 use datafusion::arrow::array::{Float64Array, Int64Array, RecordBatch};
 use datafusion::arrow::datatypes::{DataType, Field, Schema};
@@ -267,32 +267,39 @@ async fn out_of_domain_and_null_keys_are_never_released() {
 /// cells — each with its own count and sum — chosen uniformly at random. ρ = 10^9 per query makes the noise 0
 /// (σ ≈ 0.0002 for the counts, 0.02 for the sums, read to the nearest integer). `RUNS` releases per g (few: each
 /// is a full query in a debug build); each choice's frequency is checked at ±6.11 binomial standard deviations
-/// (two-sided 1e-9 per check, six checks).
+/// (two-sided 1e-9 per check, nine checks).
 #[tokio::test]
 async fn a_unit_over_the_group_limit_keeps_whole_cells_chosen_uniformly() {
-    let schema = Arc::new(Schema::new(vec![
-        Field::new("pid", DataType::Int64, false),
-        Field::new("k", DataType::Int64, false),
-        Field::new("x", DataType::Float64, false),
-    ]));
-    let batch = RecordBatch::try_new(
-        schema,
-        vec![
-            Arc::new(Int64Array::from(vec![1, 1, 1, 1])),
-            Arc::new(Int64Array::from(vec![0, 1, 1, 2])),
-            Arc::new(Float64Array::from(vec![10.0, 20.0, 20.0, 30.0])),
-        ],
-    )
-    .unwrap();
-    let mut cols = BTreeMap::new();
-    cols.insert("k".into(), ColumnPolicy::Domain(vec![DomainValue::Int(0), DomainValue::Int(1), DomainValue::Int(2)]));
-    cols.insert("x".into(), ColumnPolicy::Bounds { lo: 0.0, hi: 100.0 });
+    use datafusion::arrow::array::{ArrayRef, StringArray};
     let cells = [(1.0, 10.0), (2.0, 40.0), (1.0, 30.0)];
-    for g in [1u64, 2] {
+    // Integer keys take the `dp_pick` path for g = 1; string keys and g = 2 the window ranking.
+    for (g, string_keys) in [(1u64, false), (1, true), (2, false)] {
+        let (key, domain): (ArrayRef, Vec<DomainValue>) = if string_keys {
+            let d = ["a", "b", "c"];
+            (Arc::new(StringArray::from(vec!["a", "b", "b", "c"])), d.map(|s| DomainValue::Str(s.into())).into())
+        } else {
+            (Arc::new(Int64Array::from(vec![0, 1, 1, 2])), (0..3).map(DomainValue::Int).collect())
+        };
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("pid", DataType::Int64, false),
+            Field::new("k", key.data_type().clone(), false),
+            Field::new("x", DataType::Float64, false),
+        ]));
+        let batch = RecordBatch::try_new(
+            schema,
+            vec![
+                Arc::new(Int64Array::from(vec![1, 1, 1, 1])),
+                key,
+                Arc::new(Float64Array::from(vec![10.0, 20.0, 20.0, 30.0])),
+            ],
+        )
+        .unwrap();
+        let mut cols = BTreeMap::new();
+        cols.insert("k".into(), ColumnPolicy::Domain(domain));
+        cols.insert("x".into(), ColumnPolicy::Bounds { lo: 0.0, hi: 100.0 });
         let mut s =
             DpSession::empty(Rho::new(1e15).unwrap(), Rho::new(1e9).unwrap(), Mechanism::Gaussian, 1e-6, 0.95).unwrap();
-        s.register_batches("t", vec![batch.clone()], TablePolicy::with_unit("pid", 5, g, cols.clone()).unwrap())
-            .unwrap();
+        s.register_batches("t", vec![batch], TablePolicy::with_unit("pid", 5, g, cols).unwrap()).unwrap();
         const RUNS: usize = 120;
         let mut seen = [0usize; 3];
         for _ in 0..RUNS {

@@ -102,7 +102,7 @@ async fn explain_dp_spends_nothing_and_shows_the_cost() {
     };
     let text = e.to_string();
     for needle in [
-        "first_value",
+        "dp_pick",
         "random()",
         "__dp_unit",
         "COUNT(*)",

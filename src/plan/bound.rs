@@ -10,9 +10,9 @@
 //!    data) plays any part. Either way a unit moves a cell by at most k rows, or k·M for a sum. (The same
 //!    truncation by window, [`contribution_bound`], remains for the marginal release's single pass.)
 //! 4. In a GROUP BY with more cells than `max_groups_per_unit`, each unit keeps a uniformly random set of at most
-//!    `g` of its cells: each (unit, cell) draws a uniform priority and the `g` smallest are kept — for g = 1 by one
-//!    more aggregation per unit (FIRST_VALUE ordered by the priority, no sort), otherwise by `row_number() OVER
-//!    (PARTITION BY unit ORDER BY priority) ≤ g`. (The marginal release's window version ranks with `dense_rank`,
+//!    `g` of its cells: each (unit, cell) draws a uniform priority and the `g` smallest are kept — for g = 1 (and
+//!    keys of primitive types) by one more aggregation per unit ([`Pick`], no sort), otherwise by `row_number()
+//!    OVER (PARTITION BY unit ORDER BY priority) ≤ g`. (The marginal release's window version ranks with `dense_rank`,
 //!    keys breaking ties.)
 //! 5. Values are clamped to the column's bounds, put on the grid 2^-s and summed exactly by one aggregate,
 //!    [`BoundedSum`] (NULL is ignored as by SUM; NaN takes the upper bound). With |value| ≤ 2^21 grid units per row
@@ -20,6 +20,7 @@
 
 use crate::error::{DpError, Result, engine};
 use crate::plan::exact_sum::BoundedSum;
+use crate::plan::pick::{self, Pick};
 use crate::policy::DomainValue;
 use datafusion::arrow::datatypes::DataType;
 use datafusion::common::tree_node::{Transformed, TreeNode};
@@ -142,7 +143,8 @@ pub enum Clip {
 /// Per-unit bounding by hash aggregation: `row_aggs[i]` (COUNT(col) or SUM(bounded value), unaliased) is first
 /// computed per (unit, keys) together with the row count n; each contribution is clipped as [`Clip`] says to at
 /// most k rows' worth; with `groups`, each unit keeps a uniformly random set of at most that many of its cells
-/// (one cell: the cell of smallest uniform priority, found by one aggregation per unit; more: `row_number() OVER
+/// (one cell: the cell of smallest uniform priority, found by one aggregation per unit with [`Pick`]; more, or
+/// keys of non-primitive types: `row_number() OVER
 /// (PARTITION BY unit ORDER BY random())` over the unit's cells, not its rows); the result is summed per keys
 /// into `__dp_m{i}`.
 ///
@@ -160,7 +162,7 @@ pub fn per_unit(
     clips: &[Clip],
     row_aggs: Vec<Expr>,
 ) -> Result<LogicalPlan> {
-    use datafusion::functions_aggregate::expr_fn::{count, first_value, sum};
+    use datafusion::functions_aggregate::expr_fn::{count, sum};
     let unit = || col(Column::from_name(UNIT));
     let mut group_by = vec![unit()];
     group_by.extend(keys.iter().cloned().map(Expr::Column));
@@ -200,21 +202,23 @@ pub fn per_unit(
     }
     let mut b =
         LogicalPlanBuilder::from(input).aggregate(group_by, inner).and_then(|b| b.project(proj)).map_err(engine)?;
-    if groups == Some(1) {
+    let pickable = keys
+        .iter()
+        .all(|c| b.schema().qualified_field_from_column(c).is_ok_and(|(_, f)| pick::supports(f.data_type())));
+    if groups == Some(1) && pickable {
         // One uniformly random cell per unit without a sort: each of the unit's cells draws a uniform priority,
-        // and one aggregation per unit keeps the cell of smallest priority (FIRST_VALUE ... ORDER BY priority for
-        // the keys and every clipped measurement, which all follow the same draw). Whatever happens on a tie,
-        // each unit still yields one row of clipped values: the bound holds unconditionally.
+        // and one aggregation per unit keeps the cell of smallest priority (`dp_pick` for the keys and every
+        // clipped measurement, which all follow the same draw). Whatever happens on a tie, each unit still yields
+        // one row of clipped values: the bound holds unconditionally.
         let mut with_r: Vec<Expr> = b.schema().columns().into_iter().map(Expr::Column).collect();
         with_r.push(random().alias("__dp_r"));
-        let by_r = || vec![col("__dp_r").sort(true, false)];
         let mut picks: Vec<Expr> = keys
             .iter()
-            .map(|c| first_value(Expr::Column(c.clone()), by_r()).alias_qualified(c.relation.clone(), c.name()))
+            .map(|c| Pick::call(Expr::Column(c.clone()), col("__dp_r")).alias_qualified(c.relation.clone(), c.name()))
             .collect();
         picks.extend((0..clips.len()).map(|i| {
             let x = format!("__dp_x{i}");
-            first_value(col(&x), by_r()).alias(x)
+            Pick::call(col(&x), col("__dp_r")).alias(x)
         }));
         b = b.project(with_r).and_then(|b| b.aggregate(vec![unit()], picks)).map_err(engine)?;
     } else if let Some(g) = groups {

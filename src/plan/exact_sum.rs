@@ -48,7 +48,10 @@ const ROUND_MAGIC: f64 = 6_755_399_441_055_744.0;
 /// fractional parts of real data are coin flips for a branch predictor.
 #[inline(always)]
 fn float_grid(v: f64, lo: f64, hi: f64, scale: f64) -> f64 {
-    let c = if v.is_nan() { hi } else { v.max(lo).min(hi) };
+    // Two plain selects (minsd/maxsd): a NaN fails `v <= hi` and takes `hi`. (f64::min/max would need extra
+    // NaN handling on every value.)
+    let c = if v <= hi { v } else { hi };
+    let c = if c >= lo { c } else { lo };
     (c * scale + ROUND_MAGIC) - ROUND_MAGIC
 }
 

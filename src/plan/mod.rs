@@ -11,6 +11,7 @@
 
 pub mod bound;
 pub mod exact_sum;
+pub mod pick;
 pub mod sensitivity;
 pub mod validate;
 
