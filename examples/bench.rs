@@ -11,7 +11,9 @@
 //! cargo run --release --example bench -- ledger --out bench-data [--n 2000]
 //! ```
 //! The generator is deterministic (seeded): `people` has person_id (1–5 rows per person), age 0–99, sex 0/1,
-//! state 0–49, education 1–16 (constant per person) and a log-normal income with a heavy tail.
+//! state 0–49, education 1–16 (constant per person) and a log-normal income with a heavy tail; `wide` has person_id
+//! (1–5 rows per person) and d 0/1 columns c0… (P(1) from 0.1 to 0.9 by column). `marginals` runs row level and
+//! person level (≤ 5 rows per person).
 
 use datafusion::arrow::array::{ArrayRef, Float64Array, Int8Array, Int64Array, RecordBatch};
 use datafusion::arrow::datatypes::{DataType, Field, Schema};
@@ -93,21 +95,29 @@ fn gen_people(rows: usize, out: &Path, csv: bool) -> Res<PathBuf> {
 fn gen_wide(rows: usize, cols: usize, out: &Path) -> Res<PathBuf> {
     std::fs::create_dir_all(out)?;
     let path = out.join(format!("wide_{rows}x{cols}.parquet"));
-    let schema = Arc::new(Schema::new(
-        (0..cols).map(|j| Field::new(format!("c{j}"), DataType::Int8, false)).collect::<Vec<_>>(),
-    ));
+    let mut fields = vec![Field::new("person_id", DataType::Int64, false)];
+    fields.extend((0..cols).map(|j| Field::new(format!("c{j}"), DataType::Int8, false)));
+    let schema = Arc::new(Schema::new(fields));
     let mut w = ArrowWriter::try_new(std::fs::File::create(&path)?, schema.clone(), None)?;
     let mut rng = rand::rngs::StdRng::seed_from_u64(7);
-    let mut done = 0;
+    let (mut done, mut person, mut left) = (0usize, 0i64, 0u32);
     while done < rows {
         let n = (rows - done).min(1 << 14);
-        let arrays: Vec<ArrayRef> = (0..cols)
-            .map(|j| {
-                Arc::new(Int8Array::from_iter_values(
-                    (0..n).map(|_| rng.random_bool(0.1 + 0.8 * (j % 10) as f64 / 10.0) as i8),
-                )) as ArrayRef
-            })
-            .collect();
+        // 1–5 consecutive rows per person, as in `people`.
+        let ids = Int64Array::from_iter_values((0..n).map(|_| {
+            if left == 0 {
+                person += 1;
+                left = rng.random_range(1..=5);
+            }
+            left -= 1;
+            person
+        }));
+        let mut arrays: Vec<ArrayRef> = vec![Arc::new(ids)];
+        arrays.extend((0..cols).map(|j| {
+            Arc::new(Int8Array::from_iter_values(
+                (0..n).map(|_| rng.random_bool(0.1 + 0.8 * (j % 10) as f64 / 10.0) as i8),
+            )) as ArrayRef
+        }));
         w.write(&RecordBatch::try_new(schema.clone(), arrays)?)?;
         done += n;
     }
@@ -252,31 +262,37 @@ async fn bench_marginals(data: &Path, reps: usize) -> Res<()> {
     let ctx = SessionContext::new();
     ctx.register_parquet("wide", data.to_str().ok_or("path")?, ParquetReadOptions::default()).await?;
     let schema = ctx.table("wide").await?.schema().as_arrow().clone();
-    let cols: Vec<String> = schema.fields().iter().map(|f| f.name().clone()).collect();
+    let cols: Vec<String> = schema.fields().iter().map(|f| f.name().clone()).filter(|c| c != "person_id").collect();
     let plain_sql =
         format!("SELECT {} FROM wide", cols.iter().map(|c| format!("SUM({c})")).collect::<Vec<_>>().join(", "));
-    let cfg = format!(
-        "[session]\nrho = 1e9\ndefault_query_rho = 0.01\n\n[tables.wide]\npath = \"{}\"\nformat = \"parquet\"\n\n[tables.wide.columns]\n{}",
-        data.display(),
-        cols.iter().map(|c| format!("{c} = {{ domain = [0, 1] }}\n")).collect::<String>()
-    );
-    let s = DpSession::from_config(&SessionConfig::from_toml_str(&cfg, Path::new("."))?).await?;
-    let spec = MarginalSpec::rho(1.0);
-    let (mut p, mut d) = (vec![], vec![]);
-    for i in 0..=reps {
-        let t = Instant::now();
-        std::hint::black_box(ctx.sql(&plain_sql).await?.collect().await?);
-        let tp = t.elapsed().as_secs_f64();
-        let t = Instant::now();
-        std::hint::black_box(s.marginals("wide", &cols, &spec).await?);
-        let td = t.elapsed().as_secs_f64();
-        if i > 0 {
-            p.push(tp);
-            d.push(td);
+    println!("| table | d | unit | plain DataFusion (median s) | dpfusion marginals (median s) | ratio |");
+    println!("|---|---:|---|---:|---:|---:|");
+    for (unit, policy) in [("row", ""), ("person_id, ≤5 rows", "privacy_unit = \"person_id\"\nmax_rows_per_unit = 5\n")]
+    {
+        let cfg = format!(
+            "[session]\nrho = 1e9\ndefault_query_rho = 0.01\n\n[tables.wide]\npath = \"{}\"\nformat = \"parquet\"\n{policy}\n\
+             [tables.wide.columns]\n{}",
+            data.display(),
+            cols.iter().map(|c| format!("{c} = {{ domain = [0, 1] }}\n")).collect::<String>()
+        );
+        let s = DpSession::from_config(&SessionConfig::from_toml_str(&cfg, Path::new("."))?).await?;
+        let spec = MarginalSpec::rho(1.0);
+        let (mut p, mut d) = (vec![], vec![]);
+        for i in 0..=reps {
+            let t = Instant::now();
+            std::hint::black_box(ctx.sql(&plain_sql).await?.collect().await?);
+            let tp = t.elapsed().as_secs_f64();
+            let t = Instant::now();
+            std::hint::black_box(s.marginals("wide", &cols, &spec).await?);
+            let td = t.elapsed().as_secs_f64();
+            if i > 0 {
+                p.push(tp);
+                d.push(td);
+            }
         }
+        let (mp, md) = (median(p), median(d));
+        println!("| {} | {} | {unit} | {mp:.3} | {md:.3} | {:.2} |", data.display(), cols.len(), md / mp);
     }
-    let (mp, md) = (median(p), median(d));
-    println!("| {} | {} | {mp:.3} | {md:.3} | {:.2} |", data.display(), cols.len(), md / mp);
     Ok(())
 }
 
