@@ -279,20 +279,6 @@ pub fn contribution_bound(input: LogicalPlan, keys: &[Column], rows: u64, groups
     b.build().map_err(engine)
 }
 
-fn is_integer(dt: &DataType) -> bool {
-    matches!(
-        dt,
-        DataType::Int8
-            | DataType::Int16
-            | DataType::Int32
-            | DataType::Int64
-            | DataType::UInt8
-            | DataType::UInt16
-            | DataType::UInt32
-            | DataType::UInt64
-    )
-}
-
 /// How a SUM argument is bounded: the exact clamped, grid-scaled sum, the per-row bound M in grid units and the
 /// grid exponent s (values are rounded to multiples of 2^-s).
 pub struct BoundedValue {
@@ -322,7 +308,7 @@ pub fn bounded_value(value: Expr, schema: &DFSchema, lo: f64, hi: f64, column: &
     let dt = value.get_type(schema).map_err(engine)?;
     // UInt64 takes the float path: its values above i64::MAX would not cast to Int64, and after clamping to
     // bounds of at most 2^20 nothing is lost.
-    if is_integer(&dt) && dt != DataType::UInt64 {
+    if dt.is_integer() && dt != DataType::UInt64 {
         let (ilo, ihi) = (lo.ceil(), hi.floor());
         if ilo > ihi {
             return Err(DpError::refused(

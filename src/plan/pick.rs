@@ -27,22 +27,11 @@ use std::sync::Arc;
 
 /// Whether `dp_pick` handles values of this type (primitive types; others use the window ranking instead).
 pub fn supports(dt: &DataType) -> bool {
-    matches!(
-        dt,
-        DataType::Int8
-            | DataType::Int16
-            | DataType::Int32
-            | DataType::Int64
-            | DataType::UInt8
-            | DataType::UInt16
-            | DataType::UInt32
-            | DataType::UInt64
-            | DataType::Float32
-            | DataType::Float64
-            | DataType::Decimal128(_, _)
-            | DataType::Date32
-            | DataType::Date64
-    )
+    dt.is_integer()
+        || matches!(
+            dt,
+            DataType::Float32 | DataType::Float64 | DataType::Decimal128(_, _) | DataType::Date32 | DataType::Date64
+        )
 }
 
 /// The aggregate function.
