@@ -326,6 +326,63 @@ async fn a_unit_over_the_group_limit_keeps_whole_cells_chosen_uniformly() {
     }
 }
 
+/// One cell per unit across batches and partitions (the aggregation by unit alone merges partial states): 300
+/// units, each with two cells of two rows (x = 10 and x = NULL) whose rows lie far apart in 7 batches over three
+/// partitions. Whichever
+/// cell a unit keeps, it adds exactly 2 to COUNT(*), 10 to SUM(x) and 1 to COUNT(x), all to one cell. ρ = 10^9 per
+/// query: the noise (σ < 10^-3) cannot move a rounded figure.
+#[tokio::test]
+async fn one_whole_cell_per_unit_across_batches() {
+    const UNITS: i64 = 300;
+    let (mut pid, mut k, mut x) = (vec![], vec![], vec![]);
+    for cell in 0..2 {
+        for row in 0..2 {
+            for u in 0..UNITS {
+                pid.push(u);
+                k.push((u + cell) % 3);
+                x.push((row == 0).then_some(10.0));
+            }
+        }
+    }
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("pid", DataType::Int64, false),
+        Field::new("k", DataType::Int64, false),
+        Field::new("x", DataType::Float64, true),
+    ]));
+    let (pid, k, x) = (Int64Array::from(pid), Int64Array::from(k), Float64Array::from(x));
+    let batches: Vec<RecordBatch> = (0..pid.len())
+        .step_by(180)
+        .map(|o| {
+            let n = 180.min(pid.len() - o);
+            RecordBatch::try_new(
+                schema.clone(),
+                vec![Arc::new(pid.slice(o, n)), Arc::new(k.slice(o, n)), Arc::new(x.slice(o, n))],
+            )
+            .unwrap()
+        })
+        .collect();
+    assert_eq!(batches.len(), 7);
+    let mut cols = BTreeMap::new();
+    cols.insert("k".into(), ColumnPolicy::Domain((0..3).map(DomainValue::Int).collect()));
+    cols.insert("x".into(), ColumnPolicy::Bounds { lo: 0.0, hi: 100.0 });
+    let mut s =
+        DpSession::empty(Rho::new(1e15).unwrap(), Rho::new(1e9).unwrap(), Mechanism::Gaussian, 1e-6, 0.95).unwrap();
+    // Three partitions, so that partial aggregates by unit are merged.
+    let parts = vec![batches[..2].to_vec(), batches[2..5].to_vec(), batches[5..].to_vec()];
+    let table = datafusion::datasource::MemTable::try_new(schema, parts).unwrap();
+    s.register_table("t", Arc::new(table), TablePolicy::with_unit("pid", 5, 1, cols).unwrap()).unwrap();
+    for _ in 0..5 {
+        let r = crate::common::release(&s, "SELECT k, COUNT(*), SUM(x), COUNT(x) FROM t GROUP BY k ORDER BY k").await;
+        let cols: Vec<Vec<f64>> = (1..4).map(|c| crate::common::column_f64(&r, c)).collect();
+        let round: Vec<Vec<f64>> = cols.iter().map(|c| c.iter().map(|v| v.round()).collect()).collect();
+        for (i, ((n, sum), nx)) in round[0].iter().zip(&round[1]).zip(&round[2]).enumerate() {
+            assert_eq!((*sum, *nx), (10.0 * n / 2.0, n / 2.0), "cell {i}: whole cells only ({n}, {sum}, {nx})");
+        }
+        let totals: Vec<f64> = round.iter().map(|c| c.iter().sum()).collect();
+        assert_eq!(totals, vec![2.0 * UNITS as f64, 10.0 * UNITS as f64, UNITS as f64], "one cell per unit");
+    }
+}
+
 /// With bounds that exclude zero ([10, 20]), a unit with fewer rows than k contributes its own sum (15), not k·lo
 /// (20), and a unit over the limit contributes k times its mean. ρ = 10^9 per query: noise below 0.01.
 #[tokio::test]

@@ -103,7 +103,7 @@ async fn explain_dp_spends_nothing_and_shows_the_cost() {
     let text = e.to_string();
     for needle in [
         "dp_pick",
-        "random()",
+        "dp_cell_priority",
         "__dp_unit",
         "COUNT(*)",
         "SUM(income)",

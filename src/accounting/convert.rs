@@ -27,7 +27,7 @@ pub enum BoundKind {
     Bs16SqrtPi,
     /// BS16 Lemma 3.6, third (dominating) term of the minimum, solved for ε.
     Bs16Tight,
-    /// inf over α of the CKS20 conversion (Canonne, Kamath & Steinke 2020, Prop. 12; post-seed [P]).
+    /// inf over α of the CKS20 conversion (Canonne, Kamath & Steinke 2020, Prop. 12; post-seed \[P\]).
     Cks20,
     /// Exact Gaussian-DP curve (DRS19 Cor. 3.3 + GDP→DP); valid only when every charge was Gaussian.
     GaussianExact,

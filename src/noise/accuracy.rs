@@ -38,10 +38,10 @@ fn gaussian_weights(sigma_sq: f64) -> Vec<f64> {
 
 /// Standard deviation of the discrete Gaussian N_Z(0, σ²).
 ///
-/// Exact (up to f64 rounding) for σ ≤ 1000, by summing the series (mean 0, so Var = E[Z²]). For larger σ it returns
+/// Exact (up to f64 rounding) for σ ≤ 1000, by summing the series (mean 0, so Var = E\[Z²\]). For larger σ it returns
 /// σ itself, an upper bound: **Var[N_Z(0, σ²)] < σ²** (CKS20 Cor. 9). Proof: let f(σ) = Σ_z e^{−z²/(2σ²)}; then
-/// E[Z²] = σ³·f′(σ)/f(σ). By Poisson summation f(σ) = √(2π)·σ·θ(σ) with θ(σ) = 1 + 2Σ_{k≥1} e^{−2π²σ²k²}, which is
-/// strictly decreasing, so E[Z²] = σ³(1/σ + θ′/θ) = σ² + σ³θ′/θ < σ². The gap σ³|θ′|/θ ≤ 8π²σ⁴e^{−2π²σ²}(1 + o(1))
+/// E\[Z²\] = σ³·f′(σ)/f(σ). By Poisson summation f(σ) = √(2π)·σ·θ(σ) with θ(σ) = 1 + 2Σ_{k≥1} e^{−2π²σ²k²}, which is
+/// strictly decreasing, so E\[Z²\] = σ³(1/σ + θ′/θ) = σ² + σ³θ′/θ < σ². The gap σ³|θ′|/θ ≤ 8π²σ⁴e^{−2π²σ²}(1 + o(1))
 /// is far below f64 resolution once σ ≥ 1, so the value returned above σ = 1000 is also exact in f64.
 pub fn discrete_gaussian_std(sigma_sq: Ratio) -> f64 {
     let s2 = sigma_sq.to_f64();

@@ -36,7 +36,7 @@ fn node_name(p: &LogicalPlan) -> String {
     }
 }
 
-/// Refuses statements that are not plain queries: DDL, DML, COPY, EXPLAIN [ANALYZE], SET/other statements.
+/// Refuses statements that are not plain queries: DDL, DML, COPY, EXPLAIN \[ANALYZE\], SET/other statements.
 pub fn check_statement_kind(plan: &LogicalPlan) -> Result<()> {
     match plan {
         LogicalPlan::Analyze(_) => refuse(
@@ -250,7 +250,7 @@ pub fn base_column(plan: &LogicalPlan, col: &Column) -> Option<String> {
 /// a failed cast, an overflow) would reveal something about the rows through the error itself.
 ///
 /// Allowed: columns, literals, comparisons between operands of compatible types (both numeric, both strings,
-/// both booleans, or both of one temporal type), AND / OR / NOT, IS [NOT] NULL / TRUE / FALSE, BETWEEN, IN lists,
+/// both booleans, or both of one temporal type), AND / OR / NOT, IS \[NOT\] NULL / TRUE / FALSE, BETWEEN, IN lists,
 /// LIKE / ILIKE and unary minus on floats. Everything else (arithmetic, CASTs, function calls) is refused.
 pub fn check_predicate(e: &Expr, schema: &datafusion::common::DFSchema) -> Result<()> {
     use datafusion::logical_expr::{ExprSchemable, Operator};
