@@ -326,10 +326,9 @@ async fn a_unit_over_the_group_limit_keeps_whole_cells_chosen_uniformly() {
     }
 }
 
-/// One cell per unit across batches and partitions (the aggregation by unit alone merges partial states): 300
+/// One cell per unit across batches and partitions (the per-unit aggregations merge partial states): 300
 /// units, each with two cells of two rows (x = 10 and x = NULL) whose rows lie far apart in 7 batches over three
-/// partitions. Whichever
-/// cell a unit keeps, it adds exactly 2 to COUNT(*), 10 to SUM(x) and 1 to COUNT(x), all to one cell. ρ = 10^9 per
+/// partitions. Whichever cell a unit keeps, it adds exactly 2 to COUNT(*), 10 to SUM(x) and 1 to COUNT(x), all to one cell. ρ = 10^9 per
 /// query: the noise (σ < 10^-3) cannot move a rounded figure.
 #[tokio::test]
 async fn one_whole_cell_per_unit_across_batches() {

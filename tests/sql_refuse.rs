@@ -103,7 +103,7 @@ async fn explain_dp_spends_nothing_and_shows_the_cost() {
     let text = e.to_string();
     for needle in [
         "dp_pick",
-        "dp_cell_priority",
+        "random()",
         "__dp_unit",
         "COUNT(*)",
         "SUM(income)",

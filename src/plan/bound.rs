@@ -10,25 +10,22 @@
 //!    data) plays any part. Either way a unit moves a cell by at most k rows, or k·M for a sum. (The same
 //!    truncation by window, [`contribution_bound`], remains for the marginal release's single pass.)
 //! 4. In a GROUP BY with more cells than `max_groups_per_unit`, each unit keeps a uniformly random set of at most
-//!    `g` of its cells. For g = 1 with keys of primitive types, every row carries a keyed-hash priority of its
-//!    (unit, cell) ([`CellPriority`], fresh secret seed per query) and one aggregation **by unit alone** keeps the
-//!    cell of smallest priority ([`Pick`] for its keys, [`BoundedSum::picked`] for its counts and sums), so steps 3
-//!    and 4 share one hash aggregation. Otherwise each (unit, cell) of step 3 draws a uniform priority and
-//!    `row_number() OVER (PARTITION BY unit ORDER BY priority) ≤ g` keeps the `g` smallest. (The marginal
-//!    release's window version ranks with `dense_rank`, keys breaking ties.)
+//!    `g` of its cells: each (unit, cell) draws a uniform priority and the `g` smallest are kept — for g = 1 (and
+//!    keys of primitive types) by one more aggregation per unit ([`Pick`], no sort), otherwise by `row_number()
+//!    OVER (PARTITION BY unit ORDER BY priority) ≤ g`. (The marginal release's window version ranks with `dense_rank`,
+//!    keys breaking ties.)
 //! 5. Values are clamped to the column's bounds, put on the grid 2^-s and summed exactly by one aggregate,
 //!    [`BoundedSum`] (NULL is ignored as by SUM; NaN takes the upper bound). With |value| ≤ 2^21 grid units per row
 //!    the exact sum stays far below 10^38: no overflow, hence no data-dependent runtime error, is possible.
 
 use crate::error::{DpError, Result, engine};
 use crate::plan::exact_sum::BoundedSum;
-use crate::plan::pick::{self, CellPriority, Pick};
+use crate::plan::pick::{self, Pick};
 use crate::policy::DomainValue;
 use datafusion::arrow::datatypes::DataType;
 use datafusion::common::tree_node::{Transformed, TreeNode};
 use datafusion::common::{Column, DFSchema, ScalarValue};
 use datafusion::functions::math::expr_fn::{random, round};
-use datafusion::functions_aggregate::count::Count;
 use datafusion::functions_window::expr_fn::{dense_rank, row_number};
 use datafusion::logical_expr::expr::WindowFunction;
 use datafusion::logical_expr::{
@@ -143,12 +140,13 @@ pub enum Clip {
     },
 }
 
-/// Per-unit bounding by hash aggregation: `row_aggs[i]` (COUNT(col) or SUM(bounded value), unaliased) is
-/// computed per (unit, keys) together with the row count n, and each contribution is clipped as [`Clip`] says to
-/// at most k rows' worth; the result is summed per keys into `__dp_m{i}`. With `groups`, each unit keeps a
-/// uniformly random set of at most that many of its cells: for one cell and keys of primitive types, the cell of
-/// smallest [`CellPriority`], chosen in the same aggregation, which then groups by unit alone; otherwise
-/// `row_number() OVER (PARTITION BY unit ORDER BY random())` over the unit's cells (not its rows).
+/// Per-unit bounding by hash aggregation: `row_aggs[i]` (COUNT(col) or SUM(bounded value), unaliased) is first
+/// computed per (unit, keys) together with the row count n; each contribution is clipped as [`Clip`] says to at
+/// most k rows' worth; with `groups`, each unit keeps a uniformly random set of at most that many of its cells
+/// (one cell: the cell of smallest uniform priority, found by one aggregation per unit with [`Pick`]; more, or
+/// keys of non-primitive types: `row_number() OVER
+/// (PARTITION BY unit ORDER BY random())` over the unit's cells, not its rows); the result is summed per keys
+/// into `__dp_m{i}`.
 ///
 /// # Privacy
 /// Adding or removing a unit changes, in at most `groups` cells, each COUNT by at most k and each SUM by at most
@@ -169,9 +167,9 @@ pub fn per_unit(
     let mut group_by = vec![unit()];
     group_by.extend(keys.iter().cloned().map(Expr::Column));
     let mut inner = vec![count(lit(1i64)).alias("__dp_n")];
-    for (i, (clip, e)) in clips.iter().zip(&row_aggs).enumerate() {
+    for (i, (clip, e)) in clips.iter().zip(row_aggs).enumerate() {
         if !matches!(clip, Clip::Rows) {
-            inner.push(e.clone().alias(format!("__dp_v{i}")));
+            inner.push(e.alias(format!("__dp_v{i}")));
         }
     }
     let n = || col("__dp_n");
@@ -202,58 +200,28 @@ pub fn per_unit(
         };
         proj.push(x.alias(format!("__dp_x{i}")));
     }
-    let pickable = |schema: &DFSchema| {
-        keys.iter().all(|c| schema.qualified_field_from_column(c).is_ok_and(|(_, f)| pick::supports(f.data_type())))
-    };
-    let r = || col("__dp_r");
-    // One cell per unit, in one aggregation by unit alone: every row carries the keyed-hash priority of its
-    // (unit, cell); `dp_pick` takes the keys of the smallest and `dp_picked_bounded_sum` sums only that cell's
-    // rows (see [`CellPriority`]). Equivalent to aggregating by (unit, cell) and then keeping the cell of smallest
-    // priority, without the aggregation by (unit, cell).
-    let picked: Option<Vec<(Expr, bool)>> = (groups == Some(1) && !keys.is_empty() && pickable(input.schema()))
-        .then(|| {
-            std::iter::once(Some((picked_count(lit(1i64), r()), true)))
-                .chain(
-                    clips
-                        .iter()
-                        .zip(&row_aggs)
-                        .filter(|(c, _)| !matches!(c, Clip::Rows))
-                        .map(|(_, e)| picked_form(e, r())),
-                )
-                .collect()
-        })
-        .flatten();
-    let fused = picked.is_some();
-    let mut b = if let Some(picked) = picked {
-        let mut by_key = vec![unit()];
-        by_key.extend(keys.iter().cloned().map(Expr::Column));
-        let prio = CellPriority::call(by_key).map_err(DpError::Randomness)?.alias("__dp_r");
-        let mut with_r: Vec<Expr> = input.schema().columns().into_iter().map(Expr::Column).collect();
-        with_r.push(prio);
-        let mut aggs: Vec<Expr> = keys
+    let mut b =
+        LogicalPlanBuilder::from(input).aggregate(group_by, inner).and_then(|b| b.project(proj)).map_err(engine)?;
+    let pickable = keys
+        .iter()
+        .all(|c| b.schema().qualified_field_from_column(c).is_ok_and(|(_, f)| pick::supports(f.data_type())));
+    if groups == Some(1) && pickable {
+        // One uniformly random cell per unit without a sort: each of the unit's cells draws a uniform priority,
+        // and one aggregation per unit keeps the cell of smallest priority (`dp_pick` for the keys and every
+        // clipped measurement, which all follow the same draw). Whatever happens on a tie, each unit still yields
+        // one row of clipped values: the bound holds unconditionally.
+        let mut with_r: Vec<Expr> = b.schema().columns().into_iter().map(Expr::Column).collect();
+        with_r.push(random().alias("__dp_r"));
+        let mut picks: Vec<Expr> = keys
             .iter()
-            .map(|c| Pick::call(Expr::Column(c.clone()), r()).alias_qualified(c.relation.clone(), c.name()))
+            .map(|c| Pick::call(Expr::Column(c.clone()), col("__dp_r")).alias_qualified(c.relation.clone(), c.name()))
             .collect();
-        let mut out: Vec<Expr> = keys.iter().cloned().map(Expr::Column).collect();
-        out.push(unit());
-        let names = std::iter::once("__dp_n".to_string()).chain(
-            clips.iter().enumerate().filter(|(_, c)| !matches!(c, Clip::Rows)).map(|(i, _)| format!("__dp_v{i}")),
-        );
-        for ((e, is_count), name) in picked.into_iter().zip(names) {
-            let p = format!("__dp_p{}", aggs.len());
-            aggs.push(e.alias(&p));
-            out.push(if is_count { cast(col(&p), DataType::Int64) } else { col(&p) }.alias(name));
-        }
-        LogicalPlanBuilder::from(input)
-            .project(with_r)
-            .and_then(|b| b.aggregate(vec![unit()], aggs))
-            .and_then(|b| b.project(out))
-            .and_then(|b| b.project(proj))
-            .map_err(engine)?
-    } else {
-        LogicalPlanBuilder::from(input).aggregate(group_by, inner).and_then(|b| b.project(proj)).map_err(engine)?
-    };
-    if let (Some(g), false) = (groups, fused) {
+        picks.extend((0..clips.len()).map(|i| {
+            let x = format!("__dp_x{i}");
+            Pick::call(col(&x), col("__dp_r")).alias(x)
+        }));
+        b = b.project(with_r).and_then(|b| b.aggregate(vec![unit()], picks)).map_err(engine)?;
+    } else if let Some(g) = groups {
         let pick = row_number()
             .partition_by(vec![unit()])
             .order_by(vec![random().sort(true, false)])
@@ -267,27 +235,6 @@ pub fn per_unit(
     b.aggregate(keys.iter().cloned().map(Expr::Column).collect::<Vec<_>>(), outer)
         .and_then(|b| b.build())
         .map_err(engine)
-}
-
-/// COUNT(x) over the picked cell of each unit: the number of its rows where `x` is not NULL (DECIMAL(38, 0)).
-fn picked_count(x: Expr, priority: Expr) -> Expr {
-    BoundedSum::int(0, 1).picked(cast(x.is_not_null(), DataType::Int64), priority)
-}
-
-/// The picked form of a per-unit measurement (`dp_bounded_sum(x)` or COUNT(x)), and whether it is a count;
-/// `None` for anything else (the caller then ranks cells with a window instead).
-fn picked_form(agg: &Expr, priority: Expr) -> Option<(Expr, bool)> {
-    if let Some(e) = BoundedSum::picked_form(agg, priority.clone()) {
-        return Some((e, false));
-    }
-    let Expr::AggregateFunction(af) = agg else { return None };
-    let p = &af.params;
-    match p.args.as_slice() {
-        [x] if af.func.inner().downcast_ref::<Count>().is_some() && !p.distinct && p.filter.is_none() => {
-            Some((picked_count(x.clone(), priority), true))
-        }
-        _ => None,
-    }
 }
 
 /// Truncates each unit to at most `rows` rows (per group when `keys` is non-empty) and, when `groups` is given,

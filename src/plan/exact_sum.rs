@@ -14,10 +14,10 @@
 //!   integer (ties to even) is exact for |x| < 2^51, and the sums of integers are exact (in f64 lanes over chunks
 //!   small enough that no partial sum reaches 2^53, then in i128). Same values in, same integer out, in any order: partial sums merge exactly.
 
-use datafusion::arrow::array::{Array, ArrayRef, AsArray, BooleanArray, Decimal128Array, Float64Array};
+use datafusion::arrow::array::{Array, ArrayRef, AsArray, BooleanArray, Decimal128Array};
 use datafusion::arrow::buffer::NullBuffer;
 use datafusion::arrow::datatypes::{DataType, Decimal128Type, Field, FieldRef, Float64Type, Int64Type};
-use datafusion::common::{Result, ScalarValue, exec_datafusion_err, exec_err, not_impl_err};
+use datafusion::common::{Result, ScalarValue, exec_err};
 use datafusion::logical_expr::function::{AccumulatorArgs, StateFieldsArgs};
 use datafusion::logical_expr::utils::format_state_name;
 use datafusion::logical_expr::{
@@ -145,8 +145,6 @@ impl Conv {
 pub struct BoundedSum {
     signature: Signature,
     grid: Grid,
-    /// `dp_picked_bounded_sum(x, priority)`: only the rows of smallest priority in each group count.
-    picked: bool,
 }
 
 impl BoundedSum {
@@ -162,45 +160,18 @@ impl BoundedSum {
     }
 
     fn new(grid: Grid, input: DataType) -> Self {
-        Self { signature: Signature::exact(vec![input], Volatility::Immutable), grid, picked: false }
+        Self { signature: Signature::exact(vec![input], Volatility::Immutable), grid }
     }
 
     /// The aggregate expression over `arg`.
     pub fn call(self, arg: Expr) -> Expr {
         AggregateUDF::new_from_impl(self).call(vec![arg])
     }
-
-    /// The same sum restricted, in each group, to the rows of smallest `priority` (Float64; rows with a NULL
-    /// priority never count): `dp_picked_bounded_sum(x, priority)`. When every row of a (unit, cell) carries the
-    /// same priority, grouping by unit sums exactly one cell per unit — the cell that [`super::pick::Pick`] picks
-    /// with the same priorities — without first aggregating by (unit, cell). Grouped use only.
-    pub fn picked(mut self, arg: Expr, priority: Expr) -> Expr {
-        let input = match self.grid {
-            Grid::Int { .. } => DataType::Int64,
-            Grid::Float { .. } => DataType::Float64,
-        };
-        self.signature = Signature::exact(vec![input, DataType::Float64], Volatility::Immutable);
-        self.picked = true;
-        AggregateUDF::new_from_impl(self).call(vec![arg, priority])
-    }
-
-    /// The picked form of a `dp_bounded_sum` aggregate expression, `None` for any other expression.
-    pub fn picked_form(agg: &Expr, priority: Expr) -> Option<Expr> {
-        let Expr::AggregateFunction(af) = agg else { return None };
-        let b = af.func.inner().downcast_ref::<BoundedSum>()?;
-        let p = &af.params;
-        let [arg] = p.args.as_slice() else { return None };
-        if b.picked || p.distinct || p.filter.is_some() || !p.order_by.is_empty() {
-            return None;
-        }
-        let plain = BoundedSum { signature: b.signature.clone(), grid: b.grid, picked: false };
-        Some(plain.picked(arg.clone(), priority))
-    }
 }
 
 impl AggregateUDFImpl for BoundedSum {
     fn name(&self) -> &str {
-        if self.picked { "dp_picked_bounded_sum" } else { "dp_bounded_sum" }
+        "dp_bounded_sum"
     }
 
     fn signature(&self) -> &Signature {
@@ -212,17 +183,10 @@ impl AggregateUDFImpl for BoundedSum {
     }
 
     fn state_fields(&self, args: StateFieldsArgs) -> Result<Vec<FieldRef>> {
-        let sum = Arc::new(Field::new(format_state_name(args.name, "sum"), OUT, true));
-        if !self.picked {
-            return Ok(vec![sum]);
-        }
-        Ok(vec![Arc::new(Field::new(format_state_name(args.name, "priority"), DataType::Float64, true)), sum])
+        Ok(vec![Arc::new(Field::new(format_state_name(args.name, "sum"), OUT, true))])
     }
 
     fn accumulator(&self, _: AccumulatorArgs) -> Result<Box<dyn Accumulator>> {
-        if self.picked {
-            return not_impl_err!("dp_picked_bounded_sum runs only as a grouped aggregate");
-        }
         Ok(Box::new(SumAcc { conv: Conv::of(self.grid), sum: 0, seen: false }))
     }
 
@@ -231,11 +195,7 @@ impl AggregateUDFImpl for BoundedSum {
     }
 
     fn create_groups_accumulator(&self, _: AccumulatorArgs) -> Result<Box<dyn GroupsAccumulator>> {
-        let sums = SumGroups { conv: Conv::of(self.grid), sums: Vec::new(), seen: Vec::new() };
-        if self.picked {
-            return Ok(Box::new(PickedSumGroups { sums, prio: Vec::new() }));
-        }
-        Ok(Box::new(sums))
+        Ok(Box::new(SumGroups { conv: Conv::of(self.grid), sums: Vec::new(), seen: Vec::new() }))
     }
 }
 
@@ -376,113 +336,10 @@ impl GroupsAccumulator for SumGroups {
     }
 }
 
-/// [`SumGroups`] restricted to the rows of smallest priority in each group. Each batch takes two passes: the
-/// first lowers every group's minimum (a strictly smaller priority discards what the group had summed), the
-/// second adds the rows whose priority equals their group's minimum, so the order of rows and batches never
-/// matters.
-#[derive(Debug)]
-struct PickedSumGroups {
-    sums: SumGroups,
-    prio: Vec<f64>,
-}
-
-impl PickedSumGroups {
-    fn grow(&mut self, n: usize) {
-        self.sums.grow(n);
-        self.prio.resize(n, f64::INFINITY);
-    }
-
-    /// Pass one: the new minimum priority of each group touched by rows that pass `keep`.
-    fn lower(&mut self, prios: &Float64Array, groups: &[usize], keep: impl Fn(usize) -> bool) {
-        for (i, &g) in groups.iter().enumerate() {
-            if prios.is_valid(i) && keep(i) {
-                let p = prios.value(i);
-                if p < self.prio[g] {
-                    self.prio[g] = p;
-                    self.sums.sums[g] = 0;
-                    self.sums.seen[g] = false;
-                }
-            }
-        }
-    }
-
-    /// Whether row `i` sits at its group's minimum priority (after pass one).
-    fn at_min(&self, prios: &Float64Array, groups: &[usize], i: usize) -> bool {
-        prios.is_valid(i) && prios.value(i) == self.prio[groups[i]]
-    }
-
-    fn take(&mut self, emit_to: EmitTo) -> Result<(ArrayRef, ArrayRef)> {
-        let prio: ArrayRef = Arc::new(Float64Array::from(emit_to.take_needed(&mut self.prio)));
-        Ok((prio, self.sums.evaluate(emit_to)?))
-    }
-}
-
-impl GroupsAccumulator for PickedSumGroups {
-    fn update_batch(
-        &mut self,
-        values: &[ArrayRef],
-        groups: &[usize],
-        filter: Option<&BooleanArray>,
-        total: usize,
-    ) -> Result<()> {
-        let [v, p] = values else { return exec_err!("dp_picked_bounded_sum takes two arguments") };
-        self.grow(total);
-        let p = p.as_primitive::<Float64Type>();
-        self.lower(p, groups, |i| filter.is_none_or(|m| m.is_valid(i) && m.value(i)));
-        let conv = self.sums.conv;
-        conv.each(v, filter, |i, x| {
-            if self.at_min(p, groups, i) {
-                let g = groups[i];
-                self.sums.sums[g] += x as i128;
-                self.sums.seen[g] = true;
-            }
-        })
-    }
-
-    fn merge_batch(&mut self, states: &[ArrayRef], groups: &[usize], total: usize) -> Result<()> {
-        let [p, s] = states else { return exec_err!("dp_picked_bounded_sum has two state columns") };
-        self.grow(total);
-        let p = p.as_primitive::<Float64Type>();
-        self.lower(p, groups, |_| true);
-        merge(s, |i, x| {
-            if self.at_min(p, groups, i) {
-                let g = groups[i];
-                self.sums.sums[g] += x;
-                self.sums.seen[g] = true;
-            }
-        });
-        Ok(())
-    }
-
-    fn evaluate(&mut self, emit_to: EmitTo) -> Result<ArrayRef> {
-        Ok(self.take(emit_to)?.1)
-    }
-
-    fn state(&mut self, emit_to: EmitTo) -> Result<Vec<ArrayRef>> {
-        let (p, s) = self.take(emit_to)?;
-        Ok(vec![p, s])
-    }
-
-    /// Each row as its own group: its priority (NULL when filtered out, so it never counts) and its grid value.
-    fn convert_to_state(&self, values: &[ArrayRef], filter: Option<&BooleanArray>) -> Result<Vec<ArrayRef>> {
-        let [v, p] = values else { return exec_err!("dp_picked_bounded_sum takes two arguments") };
-        let p = p.as_primitive::<Float64Type>();
-        let kept: Float64Array = (0..p.len())
-            .map(|i| (filter.is_none_or(|m| m.is_valid(i) && m.value(i)) && p.is_valid(i)).then(|| p.value(i)))
-            .collect();
-        let sums = self.sums.convert_to_state(std::slice::from_ref(v), filter)?;
-        Ok(vec![Arc::new(kept), sums.into_iter().next().ok_or_else(|| exec_datafusion_err!("no state"))?])
-    }
-
-    fn size(&self) -> usize {
-        self.sums.size() + self.prio.capacity() * size_of::<f64>()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use datafusion::arrow::array::Int64Array;
+    use datafusion::arrow::array::{Float64Array, Int64Array};
 
     #[test]
     fn rounds_to_nearest_ties_to_even_exactly() {
@@ -578,40 +435,5 @@ mod tests {
         assert_eq!(b.evaluate().unwrap(), ScalarValue::Decimal128(Some(2 * (2 + 5 + 200)), 38, 0));
         let empty = SumAcc { conv: a.conv, sum: 0, seen: false }.evaluate().unwrap();
         assert_eq!(empty, ScalarValue::Decimal128(None, 38, 0));
-    }
-
-    #[test]
-    fn picked_sums_keep_only_the_rows_of_smallest_priority_across_batches_and_merges() {
-        let g = BoundedSum::int(0, 100).grid;
-        let new =
-            || PickedSumGroups { sums: SumGroups { conv: Conv::of(g), sums: vec![], seen: vec![] }, prio: vec![] };
-        let mut a = new();
-        // group 0: rows at 0.5 (5), then 0.2 (7, NULL, 1000 → 100) in the same batch; group 1: one row at 0.3 whose
-        // value is NULL (the group's minimum is set, nothing is summed).
-        let v: ArrayRef = Arc::new(Int64Array::from(vec![Some(5), Some(7), None, Some(1000), None]));
-        let p: ArrayRef = Arc::new(Float64Array::from(vec![0.5, 0.2, 0.2, 0.2, 0.3]));
-        a.update_batch(&[v, p], &[0, 0, 0, 0, 1], None, 2).unwrap();
-        // A second batch: group 0 again at 0.2 (+3) and at 0.9 (ignored); group 1 at 0.3 (+4) and a filtered row
-        // at 0.1 (never counts, not even as a minimum); group 2: 0.6 (+8).
-        let v: ArrayRef = Arc::new(Int64Array::from(vec![3, 50, 4, 60, 8]));
-        let p: ArrayRef = Arc::new(Float64Array::from(vec![0.2, 0.9, 0.3, 0.1, 0.6]));
-        let filter = BooleanArray::from(vec![true, true, true, false, true]);
-        a.update_batch(&[v, p], &[0, 0, 1, 1, 2], Some(&filter), 3).unwrap();
-        let state = a.state(EmitTo::All).unwrap();
-        // Merged into an accumulator that saw group 0 at 0.4 (+1000 → 100) and group 2 at 0.05 (+9): group 0 keeps
-        // 0.2, group 2 switches to 0.05.
-        let mut b = new();
-        let v: ArrayRef = Arc::new(Int64Array::from(vec![1000, 9]));
-        let p: ArrayRef = Arc::new(Float64Array::from(vec![0.4, 0.05]));
-        b.update_batch(&[v, p], &[0, 2], None, 3).unwrap();
-        b.merge_batch(&state, &[0, 1, 2], 3).unwrap();
-        // convert_to_state: rows as their own groups, merged in as group 1 at 0.3 (+2) and a filtered row.
-        let v: ArrayRef = Arc::new(Int64Array::from(vec![2, 70]));
-        let p: ArrayRef = Arc::new(Float64Array::from(vec![0.3, 0.01]));
-        let conv = b.convert_to_state(&[v, p], Some(&BooleanArray::from(vec![true, false]))).unwrap();
-        b.merge_batch(&conv, &[1, 1], 3).unwrap();
-        let out = b.evaluate(EmitTo::All).unwrap();
-        let out = out.as_primitive::<Decimal128Type>();
-        assert_eq!((out.value(0), out.value(1), out.value(2)), (7 + 100 + 3, 4 + 2, 9));
     }
 }

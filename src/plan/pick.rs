@@ -1,15 +1,14 @@
-//! Keeping one cell per privacy unit without aggregating by (unit, cell) first.
+//! `dp_pick(x, priority)`: the value of `x` on the row of smallest `priority` in each group.
 //!
-//! * `dp_cell_priority(unit, key, …)` ([`CellPriority`]): a priority that is the same on every row of a
-//!   (unit, cell) and behaves as an independent uniform draw across cells and units.
-//! * `dp_pick(x, priority)` ([`Pick`]): the value of `x` on the row of smallest `priority` in each group (all
-//!   columns see the rows in the same order, so on an exact tie they agree on the first row seen). Grouped by unit
-//!   it yields the keys of the unit's chosen cell, while `dp_picked_bounded_sum` sums that cell's rows. It does what
-//!   `FIRST_VALUE(x ORDER BY priority)` does, in O(rows) per batch: DataFusion 55's FIRST_VALUE merges partial
-//!   states in O(groups) per batch, which made a million-unit query quadratic.
+//! The bounding step uses it to keep one uniformly random cell per privacy unit: every (unit, cell) row draws a
+//! uniform priority, and one aggregation per unit picks, for each key and each clipped measurement, the value on
+//! the row of smallest priority (all columns see the rows in the same order, so they agree on the row; on an exact
+//! tie the first row seen wins). It does what `FIRST_VALUE(x ORDER BY priority)` does, in O(rows) per batch:
+//! DataFusion 55's FIRST_VALUE merges partial states in O(groups) per batch, which made a million-unit query
+//! quadratic.
 //!
-//! Privacy does not depend on these choices: whatever is picked, each unit yields one cell's counts and sums, which
-//! are clipped to k rows' worth afterwards.
+//! Privacy does not depend on this function's choice: whatever it picks, each unit yields one row of values that
+//! were each clipped to the unit's bound beforehand.
 
 use datafusion::arrow::array::{Array, ArrayRef, AsArray, BooleanArray, Float64Array, PrimitiveArray};
 use datafusion::arrow::buffer::NullBuffer;
@@ -17,13 +16,11 @@ use datafusion::arrow::datatypes::{
     ArrowPrimitiveType, DataType, Date32Type, Date64Type, Decimal128Type, Field, FieldRef, Float32Type, Float64Type,
     Int8Type, Int16Type, Int32Type, Int64Type, UInt8Type, UInt16Type, UInt32Type, UInt64Type,
 };
-use datafusion::common::hash_utils::{QualityRandomState, create_hashes};
 use datafusion::common::{Result, exec_err, not_impl_err};
 use datafusion::logical_expr::function::{AccumulatorArgs, StateFieldsArgs};
 use datafusion::logical_expr::utils::format_state_name;
 use datafusion::logical_expr::{
-    Accumulator, AggregateUDF, AggregateUDFImpl, ColumnarValue, EmitTo, Expr, GroupsAccumulator, ScalarFunctionArgs,
-    ScalarUDF, ScalarUDFImpl, Signature, Volatility,
+    Accumulator, AggregateUDF, AggregateUDFImpl, EmitTo, Expr, GroupsAccumulator, Signature, Volatility,
 };
 use std::marker::PhantomData;
 use std::sync::Arc;
@@ -207,56 +204,6 @@ impl<T: ArrowPrimitiveType> GroupsAccumulator for PickGroups<T> {
 
     fn size(&self) -> usize {
         self.prio.capacity() * 8 + self.vals.capacity() * size_of::<T::Native>() + self.valid.capacity()
-    }
-}
-
-/// `dp_cell_priority(unit, key, …)`: a priority in [0, 1) that is the same on every row of one (unit, cell) and
-/// behaves as an independent uniform draw across cells and units: a keyed hash (DataFusion's quality hasher) of
-/// the row's unit and keys under a 64-bit seed drawn from the operating system for each query.
-///
-/// With it, one aggregation **by unit alone** can keep one cell per unit: [`Pick`] picks the keys of the smallest
-/// priority and `dp_picked_bounded_sum` sums only that cell's rows, so no aggregation by (unit, cell) is needed
-/// first. Privacy does not rest on the hash: any choice of cells made from the unit's own rows keeps the bound of
-/// one cell per unit, and on an exact tie (probability about 2^-53 for two cells) the unit's rows of both cells are
-/// summed into the one cell picked, clipped as one cell — still one cell's worth.
-#[derive(Debug, PartialEq, Eq, Hash)]
-pub struct CellPriority {
-    signature: Signature,
-    seed: u64,
-}
-
-impl CellPriority {
-    /// The priority of each row's (unit, keys…) under a fresh seed.
-    pub fn call(args: Vec<Expr>) -> std::result::Result<Expr, String> {
-        use rand::TryRngCore;
-        let seed = rand::rngs::OsRng.try_next_u64().map_err(|e| e.to_string())?;
-        let f = CellPriority { signature: Signature::variadic_any(Volatility::Immutable), seed };
-        Ok(ScalarUDF::new_from_impl(f).call(args))
-    }
-}
-
-impl ScalarUDFImpl for CellPriority {
-    fn name(&self) -> &str {
-        "dp_cell_priority"
-    }
-
-    fn signature(&self) -> &Signature {
-        &self.signature
-    }
-
-    fn return_type(&self, _: &[DataType]) -> Result<DataType> {
-        Ok(DataType::Float64)
-    }
-
-    fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
-        let arrays = ColumnarValue::values_to_arrays(&args.args)?;
-        let mut hashes = vec![0u64; args.number_rows];
-        create_hashes(&arrays, &QualityRandomState::with_seed(self.seed), &mut hashes)?;
-        // The top 53 bits, as a double in [0, 1).
-        let unit = 2f64.powi(-53);
-        Ok(ColumnarValue::Array(Arc::new(Float64Array::from_iter_values(
-            hashes.iter().map(|h| (h >> 11) as f64 * unit),
-        ))))
     }
 }
 
