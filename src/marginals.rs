@@ -2,11 +2,11 @@
 //!
 //! # Privacy
 //! Each row falls in exactly one cell of each column's histogram. After bounding every privacy unit to at most
-//! `k` rows (uniformly random rows, as for queries), adding or removing one unit changes each of the `d`
-//! histograms by at most `k` in one cell (worst case: all its rows in the same cell), so the L2 sensitivity of
-//! the whole vector of cells is `Δ₂ = k·√d` (BS16 Lemma 2.5; seeds.md §2 row 18, vectors T8). Adding independent
-//! N_Z(0, σ²) noise to every cell is then (Δ₂²/(2σ²))-zCDP (BS16 Prop 1.6 with CKS20 Thm 4): for the same ρ the
-//! noise is √d times smaller than answering d separate queries at ρ/d each. The neighbouring relation is
+//! `k` rows (k of its rows chosen uniformly at random while the rows stream by, `RowSampler`), adding or removing
+//! one unit changes each of the `d` histograms by at most `k` in one cell (worst case: all its rows in the same
+//! cell), so the L2 sensitivity of the whole vector of cells is `Δ₂ = k·√d` (BS16 Lemma 2.5; seeds.md §2 row 18,
+//! vectors T8). Adding independent N_Z(0, σ²) noise to every cell is then (Δ₂²/(2σ²))-zCDP (BS16 Prop 1.6 with
+//! CKS20 Thm 4): for the same ρ the noise is √d times smaller than answering d separate queries at ρ/d each. The neighbouring relation is
 //! add/remove of one privacy unit. The noisy total and the frequencies are post-processing (BS16 Lemma 1.8), and so
 //! is the consistency projection below.
 //!
@@ -29,10 +29,12 @@ use crate::plan::bound;
 use crate::policy::DomainValue;
 use crate::release::BudgetStatus;
 use crate::session::DpSession;
-use datafusion::arrow::array::{ArrayRef, AsArray, Float64Array, Int64Array, RecordBatch, StringArray};
+use datafusion::arrow::array::{ArrayRef, AsArray, BooleanArray, Float64Array, Int64Array, RecordBatch, StringArray};
+use datafusion::arrow::compute::filter_record_batch;
 use datafusion::arrow::datatypes::{DataType, Field, Int64Type, Schema};
+use datafusion::arrow::row::{RowConverter, SortField};
 use datafusion::common::Column;
-use datafusion::logical_expr::{Expr, LogicalPlanBuilder};
+use datafusion::logical_expr::{Expr, LogicalPlanBuilder, col, lit};
 use futures::StreamExt;
 use serde::Serialize;
 use std::collections::HashMap;
@@ -377,14 +379,26 @@ impl DpSession {
             Some((attr, _, _)) => vec![Column::from_name(attr)],
             None => vec![],
         };
-        if let Some(pu) = &policy.privacy_unit {
-            lp = bound::carry_unit(lp, pu)?;
-            lp = bound::contribution_bound(lp, &key_cols, k, None)?;
-        }
-        let project: Vec<Expr> = match &long {
+        let mut project: Vec<Expr> = match &long {
             Some((attr, val, _)) => vec![Expr::Column(Column::from_name(attr)), Expr::Column(Column::from_name(val))],
             None => columns.iter().map(|c| Expr::Column(Column::from_name(c))).collect(),
         };
+        // With a privacy unit, the unit (and the attribute, for long tables) closes each row, and the bounding
+        // to k rows happens while counting (`RowSampler`); the per-unit row counts it needs come from `units`.
+        let mut units = None;
+        if let Some(pu) = &policy.privacy_unit {
+            lp = bound::carry_unit(lp, pu)?;
+            let mut unit_key = vec![Expr::Column(Column::from_name(bound::UNIT))];
+            unit_key.extend(key_cols.iter().cloned().map(Expr::Column));
+            project.extend(unit_key.iter().enumerate().map(|(i, e)| e.clone().alias(format!("__dp_key{i}"))));
+            let n = datafusion::functions_aggregate::expr_fn::count(lit(1i64));
+            let over = LogicalPlanBuilder::from(lp.clone())
+                .aggregate(unit_key, vec![n.alias("__dp_n")])
+                .and_then(|b| b.filter(col("__dp_n").gt(lit(k as i64))))
+                .and_then(|b| b.build())
+                .map_err(engine)?;
+            units = Some(over);
+        }
         let lp = LogicalPlanBuilder::from(lp).project(project).and_then(|b| b.build()).map_err(engine)?;
         let label = {
             let mut l = format!("MARGINALS {table}({})", columns.join(", "));
@@ -398,7 +412,11 @@ impl DpSession {
         };
         // Debit once, before touching the data.
         let charge = self.ledger.charge(&label, None, vec![cal.clone()])?;
-        let exact = self.count_cells(lp, &domains, long.as_ref().map(|l| &l.2), spec.progress).await?;
+        let sampler = match units {
+            Some(over) => Some(self.row_sampler(over, k).await?),
+            None => None,
+        };
+        let exact = self.count_cells(lp, sampler, &domains, long.as_ref().map(|l| &l.2), spec.progress).await?;
         let NoiseParams::Gaussian { sigma_sq } = cal.params else { unreachable!("plan() calibrates a Gaussian") };
         let g = DiscreteGaussian::new(sigma_sq)?;
         let mut rng = self.rng.lock().map_err(|_| DpError::Engine("the noise generator is unavailable".into()))?;
@@ -432,10 +450,34 @@ impl DpSession {
         })
     }
 
-    /// The single pass: streams the bounded rows once and counts every column's cells.
+    /// The row sampler for the units (per attribute, for long tables) with more than `k` rows, listed by `over`
+    /// (their keys and row counts n): for each, a uniformly random set of k of the indices 0..n (Floyd's algorithm,
+    /// drawn from the session's CSPRNG).
+    async fn row_sampler(&self, over: datafusion::logical_expr::LogicalPlan, k: u64) -> Result<RowSampler> {
+        // The key columns' types (all but the trailing count).
+        let types: Vec<DataType> = over.schema().fields().iter().map(|f| f.data_type().clone()).collect();
+        let keys = types.len() - 1;
+        let conv = RowConverter::new(types[..keys].iter().cloned().map(SortField::new).collect()).map_err(arrow_err)?;
+        let batches = self.ctx.execute_logical_plan(over).await.map_err(engine)?.collect().await.map_err(engine)?;
+        let mut keep = HashMap::new();
+        let mut rng = self.rng.lock().map_err(|_| DpError::Engine("the random generator is unavailable".into()))?;
+        for b in &batches {
+            let rows = conv.convert_columns(&b.columns()[..keys]).map_err(arrow_err)?;
+            let counts = b.column(keys).as_primitive::<Int64Type>();
+            for (i, row) in rows.iter().enumerate() {
+                let n = u64::try_from(counts.value(i)).unwrap_or(0);
+                keep.insert(Box::from(row.as_ref()), (floyd_subset(n, k, &mut *rng), 0u64));
+            }
+        }
+        Ok(RowSampler { conv, keep, keys })
+    }
+
+    /// The single pass: streams the rows once and counts every column's cells; with a privacy unit, `sampler`
+    /// keeps at most k rows of each unit (the unit's key columns close each row).
     async fn count_cells(
         &self,
         lp: datafusion::logical_expr::LogicalPlan,
+        mut sampler: Option<RowSampler>,
         domains: &[Vec<DomainValue>],
         long_attrs: Option<&Vec<DomainValue>>,
         progress: bool,
@@ -448,7 +490,10 @@ impl DpSession {
         let show = progress && std::io::stderr().is_terminal();
         let (start, mut last, mut rows) = (Instant::now(), Instant::now(), 0usize);
         while let Some(batch) = stream.next().await {
-            let batch = batch.map_err(engine)?;
+            let mut batch = batch.map_err(engine)?;
+            if let Some(sampler) = &mut sampler {
+                batch = sampler.sample(&batch)?;
+            }
             rows += batch.num_rows();
             match &attr_lookup {
                 None => {
@@ -478,5 +523,117 @@ impl DpSession {
             eprintln!("\rmarginals: {rows} rows counted");
         }
         Ok(counts)
+    }
+}
+
+/// Bounds every privacy unit to at most k rows while streaming, with no sort: a unit (per attribute, for long
+/// tables) with n ≤ k rows keeps them all; one with n > k keeps the rows whose rank among its rows, in the order
+/// they stream by, is in a uniformly random k-subset of 0..n drawn before the pass. The subset does not depend on
+/// the order, so each unit keeps k of its rows chosen uniformly at random. The bound holds even if the rows seen
+/// differ from the rows counted (a table changed between the passes): a rank is used once, and ranks at or past n
+/// are never kept.
+struct RowSampler {
+    conv: RowConverter,
+    /// Over-limit keys: the kept ranks (sorted) and the next rank.
+    keep: HashMap<Box<[u8]>, (Vec<u64>, u64)>,
+    /// Number of key columns at the end of each batch.
+    keys: usize,
+}
+
+impl RowSampler {
+    /// The rows of `batch` to keep, key columns dropped.
+    fn sample(&mut self, batch: &RecordBatch) -> Result<RecordBatch> {
+        let data = batch.num_columns() - self.keys;
+        let kept = batch.project(&(0..data).collect::<Vec<_>>()).map_err(arrow_err)?;
+        if self.keep.is_empty() {
+            return Ok(kept);
+        }
+        let rows = self.conv.convert_columns(&batch.columns()[data..]).map_err(arrow_err)?;
+        let mask: BooleanArray = rows
+            .iter()
+            .map(|r| {
+                Some(match self.keep.get_mut(r.as_ref()) {
+                    None => true,
+                    Some((ranks, next)) => {
+                        let rank = *next;
+                        *next += 1;
+                        ranks.binary_search(&rank).is_ok()
+                    }
+                })
+            })
+            .collect();
+        filter_record_batch(&kept, &mask).map_err(arrow_err)
+    }
+}
+
+fn arrow_err(e: datafusion::arrow::error::ArrowError) -> DpError {
+    engine(e.into())
+}
+
+/// A uniformly random k-subset of 0..n, sorted (Floyd's algorithm: k draws, no rejection).
+fn floyd_subset(n: u64, k: u64, rng: &mut impl rand::Rng) -> Vec<u64> {
+    let mut set = std::collections::BTreeSet::new();
+    for j in n.saturating_sub(k)..n {
+        let t = rng.random_range(0..=j);
+        set.insert(if set.contains(&t) { j } else { t });
+    }
+    set.into_iter().collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::SeedableRng;
+
+    #[test]
+    fn floyd_subsets_are_uniform_k_subsets() {
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(11);
+        let (n, k, runs) = (10u64, 3u64, 20_000usize);
+        let mut hits = [0usize; 10];
+        for _ in 0..runs {
+            let s = floyd_subset(n, k, &mut rng);
+            assert_eq!(s.len(), 3);
+            assert!(s.windows(2).all(|w| w[0] < w[1]) && s.iter().all(|&i| i < n), "{s:?}");
+            for i in s {
+                hits[i as usize] += 1;
+            }
+        }
+        // Each index is in the subset with probability k/n = 0.3: 6.11 binomial standard errors (p = 1e-9 each).
+        let (m, sd) = (runs as f64 * 0.3, (runs as f64 * 0.3 * 0.7).sqrt());
+        for (i, h) in hits.iter().enumerate() {
+            assert!((*h as f64 - m).abs() <= 6.11 * sd, "index {i}: {h} of {runs}, expected {m} ± {sd}");
+        }
+        assert_eq!(floyd_subset(2, 5, &mut rng), vec![0, 1], "n ≤ k keeps every rank");
+    }
+
+    #[test]
+    fn the_sampler_keeps_k_rows_of_over_limit_units_across_batches_and_never_more() {
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(5);
+        let conv = RowConverter::new(vec![SortField::new(DataType::Int64)]).unwrap();
+        let key = |u: i64| {
+            let rows = conv.convert_columns(&[Arc::new(Int64Array::from(vec![u])) as ArrayRef]).unwrap();
+            Box::from(rows.row(0).as_ref())
+        };
+        // Unit 7 was counted with 5 rows, k = 2; unit 8 is under the limit (not listed).
+        let keep = HashMap::from([(key(7), (floyd_subset(5, 2, &mut rng), 0u64))]);
+        let mut sampler =
+            RowSampler { conv: RowConverter::new(vec![SortField::new(DataType::Int64)]).unwrap(), keep, keys: 1 };
+        let batch = |units: Vec<i64>| {
+            let values: Vec<i64> = (0..units.len() as i64).collect();
+            let schema =
+                Schema::new(vec![Field::new("v", DataType::Int64, false), Field::new("u", DataType::Int64, false)]);
+            RecordBatch::try_new(
+                Arc::new(schema),
+                vec![Arc::new(Int64Array::from(values)), Arc::new(Int64Array::from(units))],
+            )
+            .unwrap()
+        };
+        // Unit 7's 5 counted rows arrive over two batches, then 3 more that were not counted (a changed table).
+        let a = sampler.sample(&batch(vec![7, 8, 7, 8, 7])).unwrap();
+        let b = sampler.sample(&batch(vec![7, 7, 8])).unwrap();
+        let c = sampler.sample(&batch(vec![7, 7, 7])).unwrap();
+        assert_eq!(a.num_columns(), 1, "the key column is dropped");
+        assert_eq!(a.num_rows() + b.num_rows() + c.num_rows(), 2 + 3, "two of unit 7's rows, all three of unit 8's");
+        assert_eq!(c.num_rows(), 0, "ranks past the counted n are never kept");
     }
 }

@@ -7,13 +7,12 @@
 //!    aggregation per (unit[, keys]) and clipping ([`per_unit`]): a unit with n ≤ k rows in a cell contributes them
 //!    exactly; with n > k rows it contributes `k` to COUNT(*) and its exact sums scaled by k/n (rounded to the
 //!    grid) — the expected value of keeping k of its rows chosen uniformly at random, so no row order (which is
-//!    data) plays any part. Either way a unit moves a cell by at most k rows, or k·M for a sum. (The same
-//!    truncation by window, [`contribution_bound`], remains for the marginal release's single pass.)
+//!    data) plays any part. Either way a unit moves a cell by at most k rows, or k·M for a sum. (The marginal
+//!    release keeps k random rows per unit instead, while it streams: `marginals::RowSampler`.)
 //! 4. In a GROUP BY with more cells than `max_groups_per_unit`, each unit keeps a uniformly random set of at most
 //!    `g` of its cells: each (unit, cell) draws a uniform priority and the `g` smallest are kept — for g = 1 (and
 //!    keys of primitive types) by one more aggregation per unit ([`Pick`], no sort), otherwise by `row_number()
-//!    OVER (PARTITION BY unit ORDER BY priority) ≤ g`. (The marginal release's window version ranks with `dense_rank`,
-//!    keys breaking ties.)
+//!    OVER (PARTITION BY unit ORDER BY priority) ≤ g`.
 //! 5. Values are clamped to the column's bounds, put on the grid 2^-s and summed exactly by one aggregate,
 //!    [`BoundedSum`] (NULL is ignored as by SUM; NaN takes the upper bound). With |value| ≤ 2^21 grid units per row
 //!    the exact sum stays far below 10^38: no overflow, hence no data-dependent runtime error, is possible.
@@ -26,8 +25,7 @@ use datafusion::arrow::datatypes::DataType;
 use datafusion::common::tree_node::{Transformed, TreeNode};
 use datafusion::common::{Column, DFSchema, ScalarValue};
 use datafusion::functions::math::expr_fn::{random, round};
-use datafusion::functions_window::expr_fn::{dense_rank, row_number};
-use datafusion::logical_expr::expr::WindowFunction;
+use datafusion::functions_window::expr_fn::row_number;
 use datafusion::logical_expr::{
     Expr, ExprFunctionExt, ExprSchemable, LogicalPlan, LogicalPlanBuilder, Projection, cast, col, lit, when,
 };
@@ -235,48 +233,6 @@ pub fn per_unit(
     b.aggregate(keys.iter().cloned().map(Expr::Column).collect::<Vec<_>>(), outer)
         .and_then(|b| b.build())
         .map_err(engine)
-}
-
-/// Truncates each unit to at most `rows` rows (per group when `keys` is non-empty) and, when `groups` is given,
-/// to at most that many groups. Row-level tables skip this (each row is its own unit).
-pub fn contribution_bound(input: LogicalPlan, keys: &[Column], rows: u64, groups: Option<u64>) -> Result<LogicalPlan> {
-    let unit = || col(Column::from_name(UNIT));
-    let mut part = vec![unit()];
-    part.extend(keys.iter().cloned().map(Expr::Column));
-    let rn = row_number()
-        .partition_by(part.clone())
-        .order_by(vec![random().sort(true, false)])
-        .build()
-        .map_err(engine)?
-        .alias("__dp_rn");
-    let mut b = LogicalPlanBuilder::from(input)
-        .window(vec![rn])
-        .and_then(|b| b.filter(col("__dp_rn").lt_eq(lit(rows))))
-        .map_err(engine)?;
-    if let Some(g) = groups {
-        // One uniform number per (unit, group): drawn on the group's first kept row, spread by MAX over the group.
-        let first =
-            when(col("__dp_rn").eq(lit(1u64)), random()).otherwise(lit(ScalarValue::Float64(None))).map_err(engine)?;
-        let keep: Vec<Expr> = b.schema().columns().into_iter().map(Expr::Column).collect();
-        let mut with_r = keep.clone();
-        with_r.push(first.alias("__dp_r1"));
-        let max_fn = datafusion::functions_aggregate::min_max::max_udaf();
-        let gr = Expr::from(WindowFunction::new(max_fn, vec![col("__dp_r1")]))
-            .partition_by(part)
-            .build()
-            .map_err(engine)?
-            .alias("__dp_gr");
-        let mut order = vec![col("__dp_gr").sort(true, false)];
-        order.extend(keys.iter().cloned().map(|k| Expr::Column(k).sort(true, false)));
-        let rank = dense_rank().partition_by(vec![unit()]).order_by(order).build().map_err(engine)?.alias("__dp_rank");
-        b = b
-            .project(with_r)
-            .and_then(|b| b.window(vec![gr]))
-            .and_then(|b| b.window(vec![rank]))
-            .and_then(|b| b.filter(col("__dp_rank").lt_eq(lit(g))))
-            .map_err(engine)?;
-    }
-    b.build().map_err(engine)
 }
 
 /// How a SUM argument is bounded: the exact clamped, grid-scaled sum, the per-row bound M in grid units and the
