@@ -6,9 +6,9 @@
 //! one unit changes each of the `d` histograms by at most `k` in one cell (worst case: all its rows in the same
 //! cell), so the L2 sensitivity of the whole vector of cells is `Δ₂ = k·√d` (BS16 Lemma 2.5; seeds.md §2 row 18,
 //! vectors T8). Adding independent N_Z(0, σ²) noise to every cell is then (Δ₂²/(2σ²))-zCDP (BS16 Prop 1.6 with
-//! CKS20 Thm 4): for the same ρ the noise is √d times smaller than answering d separate queries at ρ/d each. The neighbouring relation is
-//! add/remove of one privacy unit. The noisy total and the frequencies are post-processing (BS16 Lemma 1.8), and so
-//! is the consistency projection below.
+//! CKS20 Thm 4): for the same ρ the noise is √d times smaller than answering d separate queries at ρ/d each. The
+//! neighbouring relation is add/remove of one privacy unit. The noisy total and the frequencies are
+//! post-processing (BS16 Lemma 1.8), and so is the consistency projection below.
 //!
 //! Long tables (`unit, attribute, value`) are bounded to `k` rows per unit **and attribute**, which gives the same
 //! `Δ₂ = k·√d` with `d` the number of attributes in the attribute column's domain.
@@ -419,7 +419,7 @@ impl DpSession {
         let exact = self.count_cells(lp, sampler, &domains, long.as_ref().map(|l| &l.2), spec.progress).await?;
         let NoiseParams::Gaussian { sigma_sq } = cal.params else { unreachable!("plan() calibrates a Gaussian") };
         let g = DiscreteGaussian::new(sigma_sq)?;
-        let mut rng = self.rng.lock().map_err(|_| DpError::Engine("the noise generator is unavailable".into()))?;
+        let mut rng = self.lock_rng()?;
         let noisy: Vec<Vec<i64>> = exact
             .iter()
             .map(|col| col.iter().map(|c| i64::try_from(c + g.sample(&mut rng)).unwrap_or(i64::MAX)).collect())
@@ -460,7 +460,7 @@ impl DpSession {
         let conv = RowConverter::new(types[..keys].iter().cloned().map(SortField::new).collect()).map_err(arrow_err)?;
         let batches = self.ctx.execute_logical_plan(over).await.map_err(engine)?.collect().await.map_err(engine)?;
         let mut keep = HashMap::new();
-        let mut rng = self.rng.lock().map_err(|_| DpError::Engine("the random generator is unavailable".into()))?;
+        let mut rng = self.lock_rng()?;
         for b in &batches {
             let rows = conv.convert_columns(&b.columns()[..keys]).map_err(arrow_err)?;
             let counts = b.column(keys).as_primitive::<Int64Type>();

@@ -208,6 +208,11 @@ fn planning_error(e: datafusion::error::DataFusionError) -> DpError {
 }
 
 impl DpSession {
+    /// The session's CSPRNG (noise, and the marginal release's choice of rows).
+    pub(crate) fn lock_rng(&self) -> Result<std::sync::MutexGuard<'_, NoiseRng>> {
+        self.rng.lock().map_err(|_| DpError::Engine("the random generator is unavailable".into()))
+    }
+
     /// Opens a session from a configuration file.
     pub async fn open(config_path: impl AsRef<std::path::Path>) -> Result<Self> {
         let cfg = SessionConfig::from_file(config_path)?;
@@ -630,7 +635,7 @@ impl DpSession {
         let keys = domain_product(dp);
         let mut key_cols: Vec<Vec<ScalarValue>> = vec![Vec::with_capacity(keys.len()); dp.keys.len()];
         let mut out_cols: Vec<Vec<ScalarValue>> = vec![Vec::with_capacity(keys.len()); dp.outputs.len()];
-        let mut rng = self.rng.lock().map_err(|_| DpError::Engine("the noise generator is unavailable".into()))?;
+        let mut rng = self.lock_rng()?;
         let fields = dp.aggregate_fields();
         for key in keys {
             let exact = cells.get(&key).cloned().unwrap_or_else(|| vec![0; dp.measures.len()]);

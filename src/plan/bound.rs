@@ -142,9 +142,8 @@ pub enum Clip {
 /// computed per (unit, keys) together with the row count n; each contribution is clipped as [`Clip`] says to at
 /// most k rows' worth; with `groups`, each unit keeps a uniformly random set of at most that many of its cells
 /// (one cell: the cell of smallest uniform priority, found by one aggregation per unit with [`Pick`]; more, or
-/// keys of non-primitive types: `row_number() OVER
-/// (PARTITION BY unit ORDER BY random())` over the unit's cells, not its rows); the result is summed per keys
-/// into `__dp_m{i}`.
+/// keys of non-primitive types: `row_number() OVER (PARTITION BY unit ORDER BY random())` over the unit's cells,
+/// not its rows); the result is summed per keys into `__dp_m{i}`.
 ///
 /// # Privacy
 /// Adding or removing a unit changes, in at most `groups` cells, each COUNT by at most k and each SUM by at most
