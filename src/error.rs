@@ -59,6 +59,24 @@ pub enum DpError {
     #[error("query engine error: {0}")]
     Engine(String),
 
+    /// The private plan failed while it ran (a file that cannot be read, a corrupt file). The charge stands. The
+    /// message never includes the engine's text, which could quote a private value; it is kept as the `source`
+    /// for the data owner.
+    #[error(
+        "reading the private data failed; the cause is withheld because it could quote private values (the data \
+         owner can see it). The charge stands"
+    )]
+    PrivateExecution {
+        /// The engine's error.
+        #[source]
+        source: datafusion::error::DataFusionError,
+    },
+
+    /// Post-processing of the noisy result failed on these noisy values (e.g. a cast out of range). The charge
+    /// stands; with a request id a retry post-processes the same stored values and fails the same way.
+    #[error("the computation on the noisy aggregates failed: {0}. The charge stands")]
+    PostProcessing(String),
+
     /// A file could not be read or written.
     #[error("I/O error on {path}: {source}")]
     Io {

@@ -411,7 +411,7 @@ impl DpSession {
             l
         };
         // Debit once, before touching the data.
-        let charge = self.ledger.charge(&label, None, vec![cal.clone()])?;
+        let charge = self.ledger.charge(&label, vec![cal.clone()])?;
         let sampler = match units {
             Some(over) => Some(self.row_sampler(over, k).await?),
             None => None,

@@ -5,8 +5,7 @@ use serde_json::Value;
 use std::io::Write;
 use std::process::{Command, Output, Stdio};
 
-const BIN: &str = env!("CARGO_BIN_EXE_dpfusion");
-const ROOT: &str = env!("CARGO_MANIFEST_DIR");
+use crate::common::{BIN, ROOT};
 
 fn dpfusion(args: &[&str]) -> Output {
     Command::new(BIN).args(args).current_dir(ROOT).env("HOME", std::env::temp_dir()).output().expect("run dpfusion")

@@ -1,7 +1,54 @@
 //! Helpers shared by the SQL-level tests.
 
 use dpfusion::{DpSession, Release, Response, SessionConfig};
-use std::path::Path;
+use std::path::{Path, PathBuf};
+
+/// The dpfusion binary built for these tests.
+pub const BIN: &str = env!("CARGO_BIN_EXE_dpfusion");
+/// The repository root.
+pub const ROOT: &str = env!("CARGO_MANIFEST_DIR");
+
+/// A fresh directory under the system temp dir, removed when dropped.
+pub struct TempDir(PathBuf);
+
+impl TempDir {
+    pub fn new(tag: &str) -> TempDir {
+        use std::hash::{BuildHasher, RandomState};
+        let salt = RandomState::new().hash_one(std::time::SystemTime::now());
+        let d = std::env::temp_dir().join(format!("dpfusion-{tag}-{}-{salt}", std::process::id()));
+        std::fs::create_dir_all(&d).unwrap();
+        TempDir(d)
+    }
+
+    pub fn join(&self, p: impl AsRef<Path>) -> PathBuf {
+        self.0.join(p)
+    }
+}
+
+impl AsRef<Path> for TempDir {
+    fn as_ref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A PUMS configuration file (pums_dup.csv, k = 2) with a durable ledger `ledger.db`, both in `dir`.
+pub fn ledger_config(dir: &TempDir, total: f64) -> PathBuf {
+    let text = pums_config("pums_dup.csv", total, 2, 1)
+        .replace("path = \"examples/data/", &format!("path = \"{ROOT}/examples/data/"))
+        + &format!(
+            "\n[ledger]\npath = \"{}\"\nbudget = \"test\"\nbusy_timeout_ms = 10000\n",
+            dir.join("ledger.db").display()
+        );
+    let p = dir.join("dp.toml");
+    std::fs::write(&p, text).unwrap();
+    p
+}
 
 /// A PUMS configuration with a large budget, over `file` (in examples/data), `pid` units, `k` rows per unit.
 pub fn pums_config(file: &str, rho: f64, k: u64, g: u64) -> String {

@@ -7,37 +7,10 @@ use dpfusion::accounting::ledger::{Ledger, SqliteLedger};
 use dpfusion::noise::calibrate;
 use dpfusion::{DpError, DpSession, Response};
 use std::io::Read;
-use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-const BIN: &str = env!("CARGO_BIN_EXE_dpfusion");
-const ROOT: &str = env!("CARGO_MANIFEST_DIR");
-
-/// A fresh directory under the system temp dir.
-fn tempdir(tag: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("dpfusion-{tag}-{}-{}", std::process::id(), rand_suffix()));
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
-fn rand_suffix() -> u64 {
-    use std::hash::{BuildHasher, RandomState};
-    RandomState::new().hash_one(std::time::SystemTime::now())
-}
-
-/// A PUMS configuration with a durable ledger in `dir`.
-fn config(dir: &Path, total: f64) -> PathBuf {
-    let text = crate::common::pums_config("pums_dup.csv", total, 2, 1)
-        .replace("path = \"examples/data/", &format!("path = \"{ROOT}/examples/data/"))
-        + &format!(
-            "\n[ledger]\npath = \"{}\"\nbudget = \"test\"\nbusy_timeout_ms = 10000\n",
-            dir.join("ledger.db").display()
-        );
-    let p = dir.join("dp.toml");
-    std::fs::write(&p, text).unwrap();
-    p
-}
+use crate::common::{BIN, ROOT, TempDir, ledger_config as config};
 
 fn rho(x: f64) -> Rho {
     Rho::new(x).unwrap()
@@ -45,7 +18,7 @@ fn rho(x: f64) -> Rho {
 
 #[tokio::test]
 async fn charges_survive_the_session_and_show_in_a_new_one() {
-    let dir = tempdir("persist");
+    let dir = TempDir::new("persist");
     let cfg = config(&dir, 1.0);
     {
         let s = DpSession::open(&cfg).await.unwrap();
@@ -66,7 +39,7 @@ async fn charges_survive_the_session_and_show_in_a_new_one() {
 
 #[test]
 fn sixteen_threads_at_the_edge_of_the_budget_never_overspend() {
-    let dir = tempdir("threads");
+    let dir = TempDir::new("threads");
     let path = dir.join("ledger.db");
     SqliteLedger::open(&path, "b", rho(1.0), Duration::from_secs(30)).unwrap();
     let m = calibrate::gaussian(1.0, rho(0.03)).unwrap();
@@ -78,7 +51,7 @@ fn sixteen_threads_at_the_edge_of_the_budget_never_overspend() {
                     let l = SqliteLedger::open(&path, "b", rho(1.0), Duration::from_secs(30)).unwrap();
                     let mut ok = 0;
                     for _ in 0..10 {
-                        match l.charge("q", None, vec![m.clone()]) {
+                        match l.charge("q", vec![m.clone()]) {
                             Ok(_) => ok += 1,
                             Err(DpError::OverBudget { .. }) => {}
                             Err(e) => panic!("unexpected: {e}"),
@@ -104,7 +77,7 @@ fn sixteen_threads_at_the_edge_of_the_budget_never_overspend() {
 
 #[test]
 fn two_processes_sharing_a_ledger_never_overspend() {
-    let dir = tempdir("procs");
+    let dir = TempDir::new("procs");
     let cfg = config(&dir, 0.5); // ten queries of 0.05 at most
     let sql = "SELECT COUNT(*) FROM pums;".repeat(15);
     let children: Vec<_> = (0..2)
@@ -131,7 +104,7 @@ fn two_processes_sharing_a_ledger_never_overspend() {
 
 #[test]
 fn sigkill_at_random_points_never_loses_a_charge_of_a_printed_release() {
-    let dir = tempdir("crash");
+    let dir = TempDir::new("crash");
     let cfg = config(&dir, 100.0);
     let sql = "SELECT sex, COUNT(*) FROM pums GROUP BY sex;".repeat(40);
     // Deterministic pseudo-random kill delays (an LCG), spread over the whole run.
@@ -174,7 +147,7 @@ fn sigkill_at_random_points_never_loses_a_charge_of_a_printed_release() {
 
 #[tokio::test]
 async fn a_request_id_returns_the_same_release_and_charges_once() {
-    let dir = tempdir("idem");
+    let dir = TempDir::new("idem");
     let s = DpSession::open(config(&dir, 1.0)).await.unwrap();
     let q = "SELECT race, COUNT(*) FROM pums GROUP BY race";
     let get = |r: Response| match r {
@@ -210,7 +183,7 @@ async fn a_request_id_returns_the_same_release_and_charges_once() {
 
 #[test]
 fn corrupt_foreign_and_newer_files_are_refused_and_left_unchanged() {
-    let dir = tempdir("bad");
+    let dir = TempDir::new("bad");
     let garbage = dir.join("garbage.db");
     std::fs::write(&garbage, b"this is not a database, just some bytes that are long enough to have a header......")
         .unwrap();
@@ -236,23 +209,23 @@ fn corrupt_foreign_and_newer_files_are_refused_and_left_unchanged() {
 
 #[test]
 fn a_locked_ledger_is_an_error_after_the_timeout_and_spends_nothing() {
-    let dir = tempdir("locked");
+    let dir = TempDir::new("locked");
     let path = dir.join("ledger.db");
     let l = SqliteLedger::open(&path, "b", rho(1.0), Duration::from_millis(200)).unwrap();
     let holder = rusqlite::Connection::open(&path).unwrap();
     holder.execute_batch("BEGIN EXCLUSIVE").unwrap();
     let m = calibrate::gaussian(1.0, rho(0.1)).unwrap();
-    let e = l.charge("q", None, vec![m.clone()]).unwrap_err();
+    let e = l.charge("q", vec![m.clone()]).unwrap_err();
     assert!(e.to_string().contains("locked") && e.to_string().contains("nothing was spent"), "{e}");
     holder.execute_batch("ROLLBACK").unwrap();
     assert_eq!(l.status().unwrap().1, Rho::ZERO);
-    l.charge("q", None, vec![m]).unwrap();
+    l.charge("q", vec![m]).unwrap();
 }
 
 #[test]
 fn a_read_only_ledger_is_refused_with_a_clear_error() {
     // Root ignores file modes, so run the binary as `nobody` (setpriv) on a ledger it cannot write.
-    let dir = tempdir("ro");
+    let dir = TempDir::new("ro");
     let cfg = config(&dir, 1.0);
     SqliteLedger::open(&dir.join("ledger.db"), "test", rho(1.0), Duration::from_secs(1)).unwrap();
     let data = dir.join("pums_dup.csv");
@@ -267,7 +240,9 @@ fn a_read_only_ledger_is_refused_with_a_clear_error() {
     let bin = dir.join("dpfusion");
     std::fs::copy(BIN, &bin).unwrap();
     use std::os::unix::fs::PermissionsExt;
-    for (p, mode) in [(&bin, 0o755), (&cfg, 0o644), (&data, 0o644), (&dir.join("ledger.db"), 0o444), (&dir, 0o555)] {
+    for (p, mode) in
+        [(&bin, 0o755), (&cfg, 0o644), (&data, 0o644), (&dir.join("ledger.db"), 0o444), (&dir.join(""), 0o555)]
+    {
         std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).unwrap();
     }
     let o = Command::new("setpriv")

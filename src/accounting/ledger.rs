@@ -7,9 +7,12 @@
 //! * **No overspending, even together.** Check and debit are one `BEGIN IMMEDIATE` transaction: it takes the
 //!   database's write lock, reads what was spent, refuses or inserts, and commits. Concurrent processes
 //!   serialise on the lock; a lock held longer than the busy timeout is reported as an error, never skipped.
-//! * **Idempotent retries.** A charge may carry a request id; the release made under it is stored, and a retry
-//!   with the same id returns the stored release instead of drawing new noise (which would let a caller average
-//!   the noise away). Stored releases are kept for the life of the ledger file.
+//! * **One charge, at most one draw of noise, per request id.** A charge may carry a request id, claimed in the
+//!   same transaction as the debit ([`Ledger::claim`]): a concurrent or later run with that id gets the existing
+//!   claim back and spends nothing. The noisy measurements drawn under it are stored before anything derived from
+//!   them leaves the process ([`Ledger::store_draw`], first writer wins), and every retry post-processes the
+//!   stored values: drawing new noise for a retry would let a caller average the noise away. The release made
+//!   from them is stored too. Both are kept for the life of the ledger file.
 //!
 //! Pure bookkeeping: no DataFusion or Arrow here; releases are stored as opaque bytes.
 
@@ -29,11 +32,25 @@ use std::time::Duration;
 pub enum Prior {
     /// Never seen.
     None,
-    /// Charged, but no release was stored (the process stopped before returning it): the result was never
-    /// returned, so the query may be computed under this charge without a new debit.
+    /// Charged, but no noisy measurement was stored: the run stopped (or is still running) before it drew its
+    /// noise, so nothing derived from noise has left any process. The query may be computed under this charge;
+    /// its draw is kept only if no other run stored one first ([`Ledger::store_draw`]).
     Charged(Charge),
+    /// Charged, and the noisy measurements are stored (these bytes): a retry post-processes them and never draws
+    /// new noise. An empty body marks a charge made by an older dpfusion, which did not keep its noise: such an id
+    /// can never be answered again.
+    Drawn(Charge, Vec<u8>),
     /// Charged and released: return these bytes again.
     Released(Charge, Vec<u8>),
+}
+
+/// The outcome of [`Ledger::claim`].
+#[derive(Clone, Debug)]
+pub enum Claim {
+    /// The request id was new: this charge was debited for it.
+    New(Charge),
+    /// The request id was claimed before (by an earlier run, or by a concurrent one): nothing was spent.
+    Existing(Prior),
 }
 
 /// A budget ledger.
@@ -48,10 +65,16 @@ pub trait Ledger: Send + Sync {
     fn charges(&self) -> Result<Vec<Charge>>;
     /// Atomically checks that `measurements` fit in what remains and debits them; refuses (changing nothing)
     /// otherwise. Returns only once the charge is recorded.
-    fn charge(&self, label: &str, request_id: Option<&str>, measurements: Vec<Calibration>) -> Result<Charge>;
+    fn charge(&self, label: &str, measurements: Vec<Calibration>) -> Result<Charge>;
+    /// Like [`Ledger::charge`] for a query with a request id, in one atomic step: if the id is already claimed,
+    /// returns what is known about it and spends nothing; otherwise debits and records the id with the charge.
+    fn claim(&self, label: &str, request_id: &str, measurements: Vec<Calibration>) -> Result<Claim>;
     /// What is known about `request_id`.
     fn prior(&self, request_id: &str) -> Result<Prior>;
-    /// Stores the release made under `request_id` (before it is returned to the caller).
+    /// Stores the noisy measurements drawn under `request_id`, unless some run stored them first; returns the
+    /// stored bytes (these, or the earlier ones), which are the only ones that may be used.
+    fn store_draw(&self, request_id: &str, draw: &[u8]) -> Result<Vec<u8>>;
+    /// Stores the release made under `request_id` (before it is returned to the caller), unless one is stored.
     fn store_release(&self, request_id: &str, release: &[u8]) -> Result<()>;
     /// Administrative: sets a new total (recorded with `reason`). The new total may not be below what is spent.
     fn set_total(&self, total: Rho, reason: &str) -> Result<()>;
@@ -62,8 +85,23 @@ pub trait Ledger: Send + Sync {
     }
 }
 
-/// A request id's charge and, once made, its stored release.
-type RequestEntry = (Charge, Option<Vec<u8>>);
+/// A request id's charge and, once made, its stored draw and release.
+#[derive(Clone)]
+struct RequestEntry {
+    charge: Charge,
+    draw: Option<Vec<u8>>,
+    release: Option<Vec<u8>>,
+}
+
+impl RequestEntry {
+    fn prior(&self) -> Prior {
+        match (&self.draw, &self.release) {
+            (_, Some(r)) => Prior::Released(self.charge.clone(), r.clone()),
+            (Some(d), None) => Prior::Drawn(self.charge.clone(), d.clone()),
+            (None, None) => Prior::Charged(self.charge.clone()),
+        }
+    }
+}
 
 /// The in-memory ledger: a [`ZcdpFilter`] and the releases of request ids, forgotten when the process exits.
 pub struct MemoryLedger {
@@ -96,29 +134,31 @@ impl Ledger for MemoryLedger {
     fn charges(&self) -> Result<Vec<Charge>> {
         Ok(self.filter.lock().map_err(poisoned)?.charges().to_vec())
     }
-    fn charge(&self, label: &str, request_id: Option<&str>, measurements: Vec<Calibration>) -> Result<Charge> {
+    fn charge(&self, label: &str, measurements: Vec<Calibration>) -> Result<Charge> {
+        self.filter.lock().map_err(poisoned)?.charge(label, measurements)
+    }
+    fn claim(&self, label: &str, request_id: &str, measurements: Vec<Calibration>) -> Result<Claim> {
         let mut requests = self.requests.lock().map_err(poisoned)?;
-        if let Some(id) = request_id
-            && requests.contains_key(id)
-        {
-            return Err(DpError::Ledger(format!("request id `{id}` was already charged; retry to get its release")));
+        if let Some(e) = requests.get(request_id) {
+            return Ok(Claim::Existing(e.prior()));
         }
-        let c = self.filter.lock().map_err(poisoned)?.charge(label, measurements)?;
-        if let Some(id) = request_id {
-            requests.insert(id.to_string(), (c.clone(), None));
-        }
-        Ok(c)
+        let charge = self.filter.lock().map_err(poisoned)?.charge(label, measurements)?;
+        requests.insert(request_id.to_string(), RequestEntry { charge: charge.clone(), draw: None, release: None });
+        Ok(Claim::New(charge))
     }
     fn prior(&self, request_id: &str) -> Result<Prior> {
-        Ok(match self.requests.lock().map_err(poisoned)?.get(request_id) {
-            None => Prior::None,
-            Some((c, None)) => Prior::Charged(c.clone()),
-            Some((c, Some(b))) => Prior::Released(c.clone(), b.clone()),
-        })
+        Ok(self.requests.lock().map_err(poisoned)?.get(request_id).map_or(Prior::None, RequestEntry::prior))
+    }
+    fn store_draw(&self, request_id: &str, draw: &[u8]) -> Result<Vec<u8>> {
+        let mut requests = self.requests.lock().map_err(poisoned)?;
+        let entry = requests
+            .get_mut(request_id)
+            .ok_or_else(|| DpError::Ledger(format!("request id `{request_id}` has no charge to store a draw under")))?;
+        Ok(entry.draw.get_or_insert_with(|| draw.to_vec()).clone())
     }
     fn store_release(&self, request_id: &str, release: &[u8]) -> Result<()> {
         if let Some(entry) = self.requests.lock().map_err(poisoned)?.get_mut(request_id) {
-            entry.1 = Some(release.to_vec());
+            entry.release.get_or_insert_with(|| release.to_vec());
         }
         Ok(())
     }
@@ -132,8 +172,9 @@ impl Ledger for MemoryLedger {
     }
 }
 
-/// The on-disk format version this build reads and writes.
-pub const FORMAT_VERSION: i64 = 1;
+/// The on-disk format version this build reads and writes. Version 2 added the stored draws; a version-1 file is
+/// upgraded when it is opened (see [`SqliteLedger::open`]).
+pub const FORMAT_VERSION: i64 = 2;
 const APPLICATION: &str = "dpfusion-ledger";
 
 /// A durable ledger in a SQLite file, shared safely by several processes.
@@ -217,13 +258,31 @@ impl SqliteLedger {
                  measurements TEXT NOT NULL, UNIQUE (budget, request_id));
              CREATE TABLE IF NOT EXISTS releases (budget TEXT NOT NULL, request_id TEXT NOT NULL,
                  at INTEGER NOT NULL, body BLOB NOT NULL, PRIMARY KEY (budget, request_id));
+             CREATE TABLE IF NOT EXISTS draws (budget TEXT NOT NULL, request_id TEXT NOT NULL,
+                 at INTEGER NOT NULL, body BLOB NOT NULL, PRIMARY KEY (budget, request_id));
              CREATE TABLE IF NOT EXISTS admin (id INTEGER PRIMARY KEY AUTOINCREMENT, budget TEXT NOT NULL,
                  at INTEGER NOT NULL, action TEXT NOT NULL, old_total REAL, new_total REAL, reason TEXT);",
         )
         .map_err(|e| write_error(&display, e))?;
         tx.execute("INSERT OR IGNORE INTO meta VALUES ('application', ?1)", params![APPLICATION])
             .map_err(|e| write_error(&display, e))?;
-        tx.execute("INSERT OR IGNORE INTO meta VALUES ('format', ?1)", params![FORMAT_VERSION.to_string()])
+        let old_format: Option<String> = tx
+            .query_row("SELECT value FROM meta WHERE key = 'format'", [], |r| r.get(0))
+            .optional()
+            .map_err(|e| sql_error(&display, e))?;
+        if old_format.as_deref() == Some("1") {
+            // Version 1 kept no draws: a request id charged but never released may have drawn noise that left the
+            // process (in an error message, say). Mark every such id as drawn-and-lost, so it is never recomputed.
+            tx.execute(
+                "INSERT OR IGNORE INTO draws (budget, request_id, at, body)
+                 SELECT c.budget, c.request_id, ?1, x'' FROM charges c
+                 WHERE c.request_id IS NOT NULL AND NOT EXISTS
+                   (SELECT 1 FROM releases r WHERE r.budget = c.budget AND r.request_id = c.request_id)",
+                params![now()],
+            )
+            .map_err(|e| write_error(&display, e))?;
+        }
+        tx.execute("INSERT OR REPLACE INTO meta VALUES ('format', ?1)", params![FORMAT_VERSION.to_string()])
             .map_err(|e| write_error(&display, e))?;
         let existing: Option<f64> = tx
             .query_row("SELECT total FROM budgets WHERE name = ?1", params![budget], |r| r.get(0))
@@ -277,6 +336,70 @@ impl SqliteLedger {
             .map_err(|e| DpError::Ledger(format!("{}: charge {id} is unreadable ({e})", self.display())))?;
         let rho = Rho::new(rho)?;
         Ok(Charge { id: id as u64, label, measurements, rho })
+    }
+}
+
+impl SqliteLedger {
+    /// Check and debit in one `BEGIN IMMEDIATE` transaction (the write lock is held from the read of `spent` to the
+    /// commit); with a request id, an existing claim is returned instead and nothing is spent.
+    fn debit(&self, label: &str, request_id: Option<&str>, measurements: Vec<Calibration>) -> Result<Claim> {
+        if measurements.is_empty() {
+            return Err(DpError::invalid("charge", "a charge must pay for at least one measurement"));
+        }
+        let rho = total_rho(&measurements)?;
+        let text = serde_json::to_string(&measurements).map_err(|e| DpError::Ledger(e.to_string()))?;
+        let display = self.display();
+        let mut conn = self.conn()?;
+        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(|e| sql_error(&display, e))?;
+        if let Some(id) = request_id {
+            let prior = self.read_prior(&tx, id)?;
+            if !matches!(prior, Prior::None) {
+                return Ok(Claim::Existing(prior));
+            }
+        }
+        let (total, spent) = self.read_budget(&tx)?;
+        let filter = ZcdpFilter::with_spent(Rho::new(total)?, Rho::new(spent)?);
+        let new_spent = filter.check(rho)?;
+        tx.execute(
+            "INSERT INTO charges (budget, at, label, request_id, rho, measurements) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+            params![self.budget, now(), label, request_id, rho.get(), text],
+        )
+        .map_err(|e| sql_error(&display, e))?;
+        let id = tx.last_insert_rowid();
+        tx.execute("UPDATE budgets SET spent = ?1 WHERE name = ?2", params![new_spent.get(), self.budget])
+            .map_err(|e| sql_error(&display, e))?;
+        tx.commit().map_err(|e| sql_error(&display, e))?;
+        Ok(Claim::New(Charge { id: id as u64, label: label.to_string(), measurements, rho }))
+    }
+
+    /// What is stored for `request_id`, read on `conn` (inside a transaction when the caller holds one).
+    fn read_prior(&self, conn: &Connection, request_id: &str) -> Result<Prior> {
+        let display = self.display();
+        let row = conn
+            .query_row(
+                "SELECT id, label, rho, measurements FROM charges WHERE budget = ?1 AND request_id = ?2",
+                params![self.budget, request_id],
+                Self::read_charge,
+            )
+            .optional()
+            .map_err(|e| sql_error(&display, e))?;
+        let Some(row) = row else { return Ok(Prior::None) };
+        let body = |table: &str| -> Result<Option<Vec<u8>>> {
+            conn.query_row(
+                &format!("SELECT body FROM {table} WHERE budget = ?1 AND request_id = ?2"),
+                params![self.budget, request_id],
+                |r| r.get(0),
+            )
+            .optional()
+            .map_err(|e| sql_error(&display, e))
+        };
+        let (release, draw) = (body("releases")?, body("draws")?);
+        let charge = self.decode(row)?;
+        Ok(match (release, draw) {
+            (Some(r), _) => Prior::Released(charge, r),
+            (None, Some(d)) => Prior::Drawn(charge, d),
+            (None, None) => Prior::Charged(charge),
+        })
     }
 }
 
@@ -336,75 +459,41 @@ impl Ledger for SqliteLedger {
             .map_err(|e| sql_error(&self.display(), e))?;
         rows.into_iter().map(|r| self.decode(r)).collect()
     }
-    fn charge(&self, label: &str, request_id: Option<&str>, measurements: Vec<Calibration>) -> Result<Charge> {
-        if measurements.is_empty() {
-            return Err(DpError::invalid("charge", "a charge must pay for at least one measurement"));
-        }
-        let rho = total_rho(&measurements)?;
-        let text = serde_json::to_string(&measurements).map_err(|e| DpError::Ledger(e.to_string()))?;
-        let display = self.display();
-        let mut conn = self.conn()?;
-        // BEGIN IMMEDIATE: the write lock is held from the read of `spent` to the commit.
-        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(|e| sql_error(&display, e))?;
-        let (total, spent) = self.read_budget(&tx)?;
-        let filter = ZcdpFilter::with_spent(Rho::new(total)?, Rho::new(spent)?);
-        let new_spent = filter.check(rho)?;
-        if let Some(id) = request_id {
-            let seen: Option<i64> = tx
-                .query_row(
-                    "SELECT id FROM charges WHERE budget = ?1 AND request_id = ?2",
-                    params![self.budget, id],
-                    |r| r.get(0),
-                )
-                .optional()
-                .map_err(|e| sql_error(&display, e))?;
-            if seen.is_some() {
-                return Err(DpError::Ledger(format!(
-                    "request id `{id}` was already charged; retry to get its release"
-                )));
-            }
-        }
-        tx.execute(
-            "INSERT INTO charges (budget, at, label, request_id, rho, measurements) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-            params![self.budget, now(), label, request_id, rho.get(), text],
-        )
-        .map_err(|e| sql_error(&display, e))?;
-        let id = tx.last_insert_rowid();
-        tx.execute("UPDATE budgets SET spent = ?1 WHERE name = ?2", params![new_spent.get(), self.budget])
-            .map_err(|e| sql_error(&display, e))?;
-        tx.commit().map_err(|e| sql_error(&display, e))?;
-        Ok(Charge { id: id as u64, label: label.to_string(), measurements, rho })
+    fn charge(&self, label: &str, measurements: Vec<Calibration>) -> Result<Charge> {
+        self.debit(label, None, measurements).and_then(|c| match c {
+            Claim::New(c) => Ok(c),
+            Claim::Existing(_) => Err(DpError::Ledger("a charge without a request id cannot exist already".into())),
+        })
+    }
+    fn claim(&self, label: &str, request_id: &str, measurements: Vec<Calibration>) -> Result<Claim> {
+        self.debit(label, Some(request_id), measurements)
     }
     fn prior(&self, request_id: &str) -> Result<Prior> {
-        let conn = self.conn()?;
-        let row = conn
+        self.read_prior(&*self.conn()?, request_id)
+    }
+    fn store_draw(&self, request_id: &str, draw: &[u8]) -> Result<Vec<u8>> {
+        let display = self.display();
+        let mut conn = self.conn()?;
+        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(|e| sql_error(&display, e))?;
+        tx.execute(
+            "INSERT OR IGNORE INTO draws (budget, request_id, at, body) VALUES (?1, ?2, ?3, ?4)",
+            params![self.budget, request_id, now(), draw],
+        )
+        .map_err(|e| sql_error(&display, e))?;
+        let stored: Vec<u8> = tx
             .query_row(
-                "SELECT id, label, rho, measurements FROM charges WHERE budget = ?1 AND request_id = ?2",
-                params![self.budget, request_id],
-                Self::read_charge,
-            )
-            .optional()
-            .map_err(|e| sql_error(&self.display(), e))?;
-        let Some(row) = row else { return Ok(Prior::None) };
-        let body: Option<Vec<u8>> = conn
-            .query_row(
-                "SELECT body FROM releases WHERE budget = ?1 AND request_id = ?2",
+                "SELECT body FROM draws WHERE budget = ?1 AND request_id = ?2",
                 params![self.budget, request_id],
                 |r| r.get(0),
             )
-            .optional()
-            .map_err(|e| sql_error(&self.display(), e))?;
-        drop(conn);
-        let charge = self.decode(row)?;
-        Ok(match body {
-            Some(b) => Prior::Released(charge, b),
-            None => Prior::Charged(charge),
-        })
+            .map_err(|e| sql_error(&display, e))?;
+        tx.commit().map_err(|e| sql_error(&display, e))?;
+        Ok(stored)
     }
     fn store_release(&self, request_id: &str, release: &[u8]) -> Result<()> {
         self.conn()?
             .execute(
-                "INSERT OR REPLACE INTO releases (budget, request_id, at, body) VALUES (?1, ?2, ?3, ?4)",
+                "INSERT OR IGNORE INTO releases (budget, request_id, at, body) VALUES (?1, ?2, ?3, ?4)",
                 params![self.budget, request_id, now(), release],
             )
             .map_err(|e| sql_error(&self.display(), e))?;

@@ -18,13 +18,14 @@
 //!    the exact sum stays far below 10^38: no overflow, hence no data-dependent runtime error, is possible.
 
 use crate::error::{DpError, Result, engine};
+use crate::plan::clip::Clip as ClipFn;
 use crate::plan::exact_sum::BoundedSum;
 use crate::plan::pick::{self, Pick};
 use crate::policy::DomainValue;
 use datafusion::arrow::datatypes::DataType;
 use datafusion::common::tree_node::{Transformed, TreeNode};
 use datafusion::common::{Column, DFSchema, ScalarValue};
-use datafusion::functions::math::expr_fn::{random, round};
+use datafusion::functions::math::expr_fn::random;
 use datafusion::functions_window::expr_fn::row_number;
 use datafusion::logical_expr::{
     Expr, ExprFunctionExt, ExprSchemable, LogicalPlan, LogicalPlanBuilder, Projection, cast, col, lit, when,
@@ -148,9 +149,9 @@ pub enum Clip {
 /// # Privacy
 /// Adding or removing a unit changes, in at most `groups` cells, each COUNT by at most k and each SUM by at most
 /// k·max(|lo|, |hi|) (grid units): the contribution bound the sensitivities of [`crate::plan::sensitivity`]
-/// assume. The clipping of one unit depends on that unit's rows only. Every operation here is total: n ≥ 1 for
-/// every group that exists, floating-point division cannot fail, and the clamp keeps the DECIMAL(38,0) values
-/// within k·2^21 of zero.
+/// assume. The clipping of one unit depends on that unit's rows only. Every operation here is total (the plan-safety
+/// check verifies it on the optimized plan): comparisons, `CASE`, the exact integer clipping of
+/// [`crate::plan::clip`], sums that stay far inside DECIMAL(38,0), and the random priorities.
 pub fn per_unit(
     input: LogicalPlan,
     keys: &[Column],
@@ -171,28 +172,19 @@ pub fn per_unit(
     }
     let n = || col("__dp_n");
     let kl = || lit(k as i64);
-    let over = || n().gt(kl());
-    let m = when(over(), kl()).otherwise(n()).map_err(engine)?;
-    let frac = cast(m.clone(), DataType::Float64) / cast(n(), DataType::Float64);
-    let dec = DataType::Decimal128(38, 0);
     let mut proj: Vec<Expr> = keys.iter().cloned().map(Expr::Column).collect();
     proj.push(unit());
     for (i, clip) in clips.iter().enumerate() {
         let v = || col(format!("__dp_v{i}"));
-        let scaled = || round(vec![cast(v(), DataType::Float64) * frac.clone()]);
         let x = match clip {
-            Clip::Rows => m.clone(),
-            Clip::Values => when(over(), cast(scaled(), DataType::Int64)).otherwise(v()).map_err(engine)?,
+            Clip::Rows => when(n().gt(kl()), kl()).otherwise(n()).map_err(engine)?,
+            Clip::Values => ClipFn::count(k, v(), n()),
             Clip::Sum { lo, hi } => {
-                // Over the limit: k times the unit's mean, kept in [k·lo, k·hi] against rounding. At or under it,
-                // the exact sum of n ≤ k grid values, already within k·max(|lo|, |hi|) of zero. (Clamping that
-                // sum to [k·lo, k·hi] too would move a unit with fewer than k rows and lo > 0 up to k·lo.)
+                // Over the limit: k times the unit's mean, kept in [k·lo, k·hi]. At or under it, the exact sum of
+                // n ≤ k grid values, already within k·max(|lo|, |hi|) of zero. (Clamping that sum to [k·lo, k·hi]
+                // too would move a unit with fewer than k rows and lo > 0 up to k·lo.)
                 let (klo, khi) = ((lo * k as f64).floor() as i128, (hi * k as f64).ceil() as i128);
-                let (l, h) =
-                    (lit(ScalarValue::Decimal128(Some(klo), 38, 0)), lit(ScalarValue::Decimal128(Some(khi), 38, 0)));
-                let x = cast(scaled(), dec.clone());
-                let clamped = when(x.clone().lt(l.clone()), l).when(x.clone().gt(h.clone()), h).otherwise(x);
-                when(over(), clamped.map_err(engine)?).otherwise(v()).map_err(engine)?
+                ClipFn::sum(k, klo, khi, v(), n())
             }
         };
         proj.push(x.alias(format!("__dp_x{i}")));

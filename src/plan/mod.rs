@@ -10,9 +10,12 @@
 //! plan over the noisy table.
 
 pub mod bound;
+pub mod clip;
 pub mod exact_sum;
 pub mod pick;
+pub mod safety;
 pub mod sensitivity;
+pub mod size;
 pub mod validate;
 
 use crate::error::{DpError, Result, engine};
@@ -117,6 +120,19 @@ impl DpPlan {
     /// Number of GROUP BY cells (1 without GROUP BY).
     pub fn cells(&self) -> u64 {
         self.keys.iter().fold(1u64, |acc, k| acc.saturating_mul(k.domain.len() as u64))
+    }
+
+    /// A fingerprint of what the noisy measurements of this plan are: the cells (keys and their domains), the
+    /// measurements (kind, column, sensitivity) and the outputs. Stored with a draw of noise, it tells whether a
+    /// retry's plan can reuse that draw. (FNV-1a over a stable text, 128 bits.)
+    pub fn fingerprint(&self) -> u128 {
+        let keys: Vec<_> = self.keys.iter().map(|k| (&k.base, &k.domain)).collect();
+        let measures: Vec<_> =
+            self.measures.iter().map(|m| (&m.kind, &m.column, m.sensitivity.l1, m.sensitivity.l2)).collect();
+        let text = format!("{keys:?}|{measures:?}|{:?}|{:?}", self.outputs, self.agg_schema.fields());
+        text.bytes().fold(0x6c62272e07bb014262b821756295c58d_u128, |h, b| {
+            (h ^ u128::from(b)).wrapping_mul(0x0000000001000000000000000000013b)
+        })
     }
 
     /// The output fields of the analyst's aggregate that are noisy (after the keys).
@@ -249,7 +265,7 @@ pub fn compile(plan: &LogicalPlan, policy_of: &dyn Fn(&TableReference) -> Option
             let [arg] = p.args.as_slice() else {
                 return refuse(format!("{what} takes one column"), format!("write {what}(column)"));
             };
-            let Expr::Column(c) = validate::strip_aliases(arg).clone() else {
+            let Expr::Column(c) = validate::strip_total_casts(arg, input.schema()).clone() else {
                 return refuse(
                     format!("{what}({arg}) aggregates a computed value, which dpfusion cannot bound"),
                     format!(

@@ -226,6 +226,25 @@ pub fn strip_aliases(mut e: &Expr) -> &Expr {
     e
 }
 
+/// `e` without its aliases and without the casts that cannot fail (those the analyzer adds to make an argument
+/// fit a function, e.g. `avg(CAST(age AS Float64))`): what is left is what the analyst wrote.
+pub fn strip_total_casts<'a>(mut e: &'a Expr, schema: &datafusion::common::DFSchema) -> &'a Expr {
+    use datafusion::logical_expr::ExprSchemable;
+    loop {
+        match e {
+            Expr::Alias(a) => e = &a.expr,
+            Expr::Cast(c)
+                if c.expr
+                    .get_type(schema)
+                    .is_ok_and(|from| crate::plan::safety::cast_is_total(&from, c.field.data_type())) =>
+            {
+                e = &c.expr
+            }
+            other => return other,
+        }
+    }
+}
+
 /// Follows `col` (a column of `plan`'s output) down through filters, aliases and bare-column projections to the
 /// base table's column name. `None` if the column is computed.
 pub fn base_column(plan: &LogicalPlan, col: &Column) -> Option<String> {
@@ -247,108 +266,21 @@ pub fn base_column(plan: &LogicalPlan, col: &Column) -> Option<String> {
 }
 
 /// Checks that a WHERE condition cannot fail at run time on any data: a data-dependent error (division by zero,
-/// a failed cast, an overflow) would reveal something about the rows through the error itself.
+/// a failed cast, an overflow) would reveal something about the rows through the error itself, and DataFusion
+/// evaluates a condition only on the rows (batches) that reach it, so even one that fails on *no* value of the data
+/// can be an oracle if it can fail at all.
 ///
-/// Allowed: columns, literals, comparisons between operands of compatible types (both numeric, both strings,
-/// both booleans, or both of one temporal type), AND / OR / NOT, IS \[NOT\] NULL / TRUE / FALSE, BETWEEN, IN lists,
-/// LIKE / ILIKE and unary minus on floats. Everything else (arithmetic, CASTs, function calls) is refused.
+/// Runs on the analyzed plan (implicit casts explicit) after every constant was evaluated; the rule is
+/// [`crate::plan::safety::total`]: columns and literals compared with values of the same type, AND / OR / NOT,
+/// IS \[NOT\] NULL / TRUE / FALSE, BETWEEN, IN lists of literals, LIKE with a literal pattern, casts that cannot
+/// fail (to wider types), arithmetic and unary minus on floats. Everything else is refused. The optimized plan is
+/// checked again by [`crate::plan::safety::check_total`].
 pub fn check_predicate(e: &Expr, schema: &datafusion::common::DFSchema) -> Result<()> {
-    use datafusion::logical_expr::{ExprSchemable, Operator};
-    let ty = |x: &Expr| x.get_type(schema).map_err(|err| DpError::Engine(err.to_string()));
-    let compatible = |a: &Expr, b: &Expr| -> Result<bool> {
-        let (ta, tb) = (ty(a)?, ty(b)?);
-        Ok(ta == tb
-            || (ta.is_numeric() && tb.is_numeric())
-            || (is_string(&ta) && is_string(&tb))
-            || ta.is_null()
-            || tb.is_null())
-    };
-    let bad = |what: String| -> Result<()> {
+    crate::plan::safety::total(e, schema).or_else(|what| {
         refuse(
             format!("the WHERE condition uses {what}, which could fail on some rows and reveal them through the error"),
-            "use comparisons of columns with literals, AND/OR/NOT, IN, BETWEEN, LIKE and IS NULL",
+            "use comparisons of columns with literals, AND/OR/NOT, IN, BETWEEN, LIKE and IS NULL; casts only to wider \
+             types",
         )
-    };
-    match e {
-        Expr::Column(_) | Expr::Literal(..) => Ok(()),
-        Expr::Alias(a) => check_predicate(&a.expr, schema),
-        Expr::BinaryExpr(b) => {
-            use Operator::*;
-            match b.op {
-                And | Or => {
-                    check_predicate(&b.left, schema)?;
-                    check_predicate(&b.right, schema)
-                }
-                Eq | NotEq | Lt | LtEq | Gt | GtEq | IsDistinctFrom | IsNotDistinctFrom | LikeMatch | ILikeMatch
-                | NotLikeMatch | NotILikeMatch => {
-                    check_predicate(&b.left, schema)?;
-                    check_predicate(&b.right, schema)?;
-                    if compatible(&b.left, &b.right)? {
-                        Ok(())
-                    } else {
-                        bad(format!("a comparison between different types ({} {} {})", b.left, b.op, b.right))
-                    }
-                }
-                op => bad(format!("the operator `{op}`")),
-            }
-        }
-        Expr::Not(x)
-        | Expr::IsNull(x)
-        | Expr::IsNotNull(x)
-        | Expr::IsTrue(x)
-        | Expr::IsFalse(x)
-        | Expr::IsNotTrue(x)
-        | Expr::IsNotFalse(x)
-        | Expr::IsUnknown(x)
-        | Expr::IsNotUnknown(x) => check_predicate(x, schema),
-        Expr::Negative(x) => {
-            check_predicate(x, schema)?;
-            if matches!(
-                ty(x)?,
-                datafusion::arrow::datatypes::DataType::Float32 | datafusion::arrow::datatypes::DataType::Float64
-            ) || matches!(x.as_ref(), Expr::Literal(..))
-            {
-                Ok(())
-            } else {
-                bad("unary minus on an integer column (it can overflow)".into())
-            }
-        }
-        Expr::Between(b) => {
-            for x in [&b.expr, &b.low, &b.high] {
-                check_predicate(x, schema)?;
-            }
-            if compatible(&b.expr, &b.low)? && compatible(&b.expr, &b.high)? {
-                Ok(())
-            } else {
-                bad("BETWEEN with bounds of a different type".into())
-            }
-        }
-        Expr::InList(l) => {
-            check_predicate(&l.expr, schema)?;
-            for x in &l.list {
-                check_predicate(x, schema)?;
-                if !compatible(&l.expr, x)? {
-                    return bad(format!("IN with a value of a different type ({x})"));
-                }
-            }
-            Ok(())
-        }
-        Expr::Like(l) => {
-            check_predicate(&l.expr, schema)?;
-            check_predicate(&l.pattern, schema)?;
-            if is_string(&ty(&l.expr)?) && matches!(l.pattern.as_ref(), Expr::Literal(..)) {
-                Ok(())
-            } else {
-                bad("LIKE on a non-string column or with a non-literal pattern".into())
-            }
-        }
-        Expr::Cast(_) | Expr::TryCast(_) => bad("a CAST".into()),
-        Expr::ScalarFunction(f) => bad(format!("the function `{}`", f.name())),
-        other => bad(format!("`{other}`")),
-    }
-}
-
-fn is_string(t: &datafusion::arrow::datatypes::DataType) -> bool {
-    use datafusion::arrow::datatypes::DataType::*;
-    matches!(t, Utf8 | LargeUtf8 | Utf8View)
+    })
 }

@@ -1,0 +1,488 @@
+//! Run-time safety: nothing in a private plan may fail, or behave differently, because of a value in the data.
+//!
+//! DataFusion evaluates `a AND b` batch by batch and skips `b` when `a` is false for every row of the batch (and
+//! likewise `CASE`, `COALESCE`, `OR`). If `b` could fail, the query would fail **iff some row satisfies `a`**: an
+//! exact yes/no about the data, outside any noise. The rule that closes this class:
+//!
+//! * every sub-expression that reads no column (a constant) is evaluated before anything is spent, and the query
+//!   is refused if that fails ([`check_constants`]);
+//! * every expression that reads a column is **total**: it cannot fail for any value of its type
+//!   ([`check_total`], [`total`]);
+//! * the plan checked is the plan that runs: the session checks the private plan *after* DataFusion's analyzer
+//!   and optimizer, then hands exactly that plan to the physical planner (the optimizer may remove a cast, or
+//!   rewrite an IN list as ORs; it must not be able to introduce a fallible expression unseen).
+//!
+//! Refusals name only the query's own text and the column types (which come from the policy), so whether a query
+//! is refused, and the message, never depend on the data.
+
+use crate::error::{DpError, Result, engine};
+use crate::plan::clip::Clip;
+use crate::plan::exact_sum::BoundedSum;
+use crate::plan::pick::Pick;
+use datafusion::arrow::array::{ArrayRef, RecordBatch, RecordBatchOptions, StringArray};
+use datafusion::arrow::datatypes::{DataType, Schema};
+use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
+use datafusion::common::{DFSchema, ScalarValue};
+use datafusion::execution::context::ExecutionProps;
+use datafusion::functions::math::random::RandomFunc;
+use datafusion::functions_aggregate::count::Count;
+use datafusion::functions_aggregate::sum::Sum;
+use datafusion::functions_window::row_number::RowNumber;
+use datafusion::logical_expr::{ColumnarValue, Expr, ExprSchemable, LogicalPlan, Operator, WindowFunctionDefinition};
+use std::sync::Arc;
+
+/// Longest LIKE pattern accepted (bytes). Real patterns are short; a huge one only costs regex compile time.
+pub const MAX_LIKE_PATTERN: usize = 10_000;
+
+/// Most binary operators (AND, OR, comparisons, arithmetic, `||`) one statement may hold. A flat chain of n
+/// operators is an expression tree n levels deep, and the SQL planner, the optimizer and the evaluator all
+/// recurse over it: a few thousand overflow a thread's stack. Large IN lists do not count (their items are not
+/// nested), so real queries stay far below this.
+pub const MAX_OPERATORS: usize = 1000;
+
+/// Refuses a statement with more than [`MAX_OPERATORS`] binary operators, before it is parsed. Counts from the
+/// token stream, which the tokenizer produces without recursion.
+pub fn check_statement_size(sql: &str) -> Result<()> {
+    use datafusion::sql::sqlparser::dialect::GenericDialect;
+    use datafusion::sql::sqlparser::keywords::Keyword;
+    use datafusion::sql::sqlparser::tokenizer::{Token, Tokenizer};
+    let Ok(tokens) = Tokenizer::new(&GenericDialect {}, sql).tokenize() else {
+        return Ok(()); // the parser reports the syntax error itself
+    };
+    let ops = tokens
+        .iter()
+        .filter(|t| match t {
+            Token::Word(w) => matches!(w.keyword, Keyword::AND | Keyword::OR),
+            Token::Plus
+            | Token::Minus
+            | Token::Mul
+            | Token::Div
+            | Token::Mod
+            | Token::StringConcat
+            | Token::Eq
+            | Token::DoubleEq
+            | Token::Neq
+            | Token::Lt
+            | Token::Gt
+            | Token::LtEq
+            | Token::GtEq
+            | Token::Spaceship
+            | Token::Ampersand
+            | Token::Pipe
+            | Token::Caret => true,
+            _ => false,
+        })
+        .count();
+    if ops > MAX_OPERATORS {
+        return Err(DpError::refused(
+            format!("the statement has {ops} operators; at most {MAX_OPERATORS} are accepted in one statement"),
+            "shorten the expression: list values with IN (...) instead of chains of OR, or split the query",
+        ));
+    }
+    Ok(())
+}
+
+/// Whether `e` reads no data: no column, aggregate, window, subquery, placeholder or volatile function.
+fn is_constant(e: &Expr) -> bool {
+    !e.is_volatile()
+        && !e
+            .exists(|x| {
+                Ok(matches!(
+                    x,
+                    Expr::Column(_)
+                        | Expr::OuterReferenceColumn(..)
+                        | Expr::ScalarVariable(..)
+                        | Expr::AggregateFunction(_)
+                        | Expr::WindowFunction(_)
+                        | Expr::ScalarSubquery(_)
+                        | Expr::Exists(_)
+                        | Expr::InSubquery(_)
+                        | Expr::SetComparison(_)
+                        | Expr::Placeholder(_)
+                        | Expr::GroupingSet(_)
+                        | Expr::Unnest(_)
+                        | Expr::HigherOrderFunction(_)
+                        | Expr::Lambda(_)
+                        | Expr::LambdaVariable(_)
+                ))
+            })
+            .unwrap_or(true)
+}
+
+/// Evaluates a constant expression (one that [`is_constant`]).
+pub fn evaluate_constant(e: &Expr) -> datafusion::error::Result<ScalarValue> {
+    let phys = datafusion::physical_expr::create_physical_expr(
+        e,
+        &DFSchema::empty(),
+        &ExecutionProps::new(),
+        &datafusion::logical_expr::physical_planning_context::PhysicalPlanningContext::default(),
+    )?;
+    let batch = RecordBatch::try_new_with_options(
+        Arc::new(Schema::empty()),
+        vec![],
+        &RecordBatchOptions::new().with_row_count(Some(1)),
+    )?;
+    match phys.evaluate(&batch)? {
+        ColumnarValue::Scalar(s) => Ok(s),
+        ColumnarValue::Array(a) => ScalarValue::try_from_array(&a, 0),
+    }
+}
+
+/// Evaluates every constant sub-expression of every node of `plan` (its largest constant sub-trees), and refuses
+/// the query if one fails: a constant that fails only when it is evaluated would otherwise fail at run time, and
+/// only when the data makes DataFusion reach it. Call [`crate::plan::size::check_sizes`] first, so that no
+/// constant can exhaust memory while it is evaluated.
+pub fn check_constants(plan: &LogicalPlan) -> Result<()> {
+    let mut failure: Option<DpError> = None;
+    plan.apply_with_subqueries(|node| {
+        node.apply_expressions(|e| {
+            e.apply(|sub| {
+                if matches!(sub, Expr::Literal(..)) || !is_constant(sub) {
+                    return Ok(TreeNodeRecursion::Continue);
+                }
+                if let Err(err) = evaluate_constant(sub) {
+                    failure = Some(DpError::refused(
+                        format!("the constant `{sub}` cannot be evaluated: {}", err.strip_backtrace()),
+                        "fix the constant (an overflow, a division by zero, a failed cast, a too large LIKE \
+                         pattern): dpfusion evaluates every constant before the query runs",
+                    ));
+                    return Ok(TreeNodeRecursion::Stop);
+                }
+                Ok(TreeNodeRecursion::Jump)
+            })
+        })?;
+        Ok(if failure.is_some() { TreeNodeRecursion::Stop } else { TreeNodeRecursion::Continue })
+    })
+    .map_err(engine)?;
+    failure.map_or(Ok(()), Err)
+}
+
+/// Whether `CAST(x AS to)` of an `x` of type `from` succeeds for every value (no overflow, no parse).
+pub fn cast_is_total(from: &DataType, to: &DataType) -> bool {
+    use DataType::*;
+    /// Decimal digits needed for every value of an integer type.
+    fn int_digits(t: &DataType) -> Option<i16> {
+        Some(match t {
+            Int8 | UInt8 => 3,
+            Int16 | UInt16 => 5,
+            Int32 | UInt32 => 10,
+            Int64 => 19,
+            UInt64 => 20,
+            _ => return None,
+        })
+    }
+    fn bits(t: &DataType) -> u32 {
+        match t {
+            Int8 | UInt8 => 8,
+            Int16 | UInt16 => 16,
+            Int32 | UInt32 => 32,
+            _ => 64,
+        }
+    }
+    let signed = |t: &DataType| matches!(t, Int8 | Int16 | Int32 | Int64);
+    let string = |t: &DataType| matches!(t, Utf8 | LargeUtf8 | Utf8View);
+    if from == to || from.is_null() {
+        return true;
+    }
+    match (from, to) {
+        (f, t) if f.is_integer() && t.is_integer() => {
+            if signed(f) == signed(t) {
+                bits(t) >= bits(f)
+            } else {
+                !signed(f) && bits(t) > bits(f) // unsigned into a wider signed type
+            }
+        }
+        (f, Float32 | Float64) if f.is_integer() => true,
+        (f, Decimal128(p, s)) if f.is_integer() => int_digits(f).is_some_and(|d| i16::from(*p) - i16::from(*s) >= d),
+        (Boolean, t) if t.is_integer() || t.is_floating() => true,
+        (Float16, Float32 | Float64) | (Float32, Float64) => true,
+        (Decimal128(..), Float32 | Float64) => true,
+        (Decimal128(p1, s1), Decimal128(p2, s2)) => {
+            s2 >= s1 && i16::from(*p2) - i16::from(*s2) >= i16::from(*p1) - i16::from(*s1)
+        }
+        (f, t) if string(t) && (f.is_numeric() || string(f) || matches!(f, Boolean | Date32 | Date64)) => true,
+        (Date32, Date64) => true,
+        (Dictionary(_, v), t) => cast_is_total(v, t),
+        _ => false,
+    }
+}
+
+fn string_literal(e: &Expr) -> Option<Option<&str>> {
+    match e {
+        Expr::Literal(ScalarValue::Utf8(s) | ScalarValue::LargeUtf8(s) | ScalarValue::Utf8View(s), _) => {
+            Some(s.as_deref())
+        }
+        Expr::Literal(v, _) if v.is_null() => Some(None),
+        _ => None,
+    }
+}
+
+/// Checks that LIKE with this literal pattern cannot fail on any string: the pattern is short enough and its
+/// matcher builds. Arrow builds the matcher from the pattern alone, once per batch, before it looks at any value,
+/// so building it here on a one-value array is exactly the check.
+fn check_like_pattern(pattern: &str, case_insensitive: bool) -> std::result::Result<(), String> {
+    use datafusion::arrow::array::Scalar;
+    use datafusion::arrow::compute::kernels::comparison::{ilike, like};
+    if pattern.len() > MAX_LIKE_PATTERN {
+        return Err(format!("a LIKE pattern of {} bytes (at most {MAX_LIKE_PATTERN})", pattern.len()));
+    }
+    let values = StringArray::from(vec![""]);
+    let pat = Scalar::new(Arc::new(StringArray::from(vec![pattern])) as ArrayRef);
+    let built = if case_insensitive { ilike(&values, &pat) } else { like(&values, &pat) };
+    built.map(|_| ()).map_err(|e| format!("a LIKE pattern that cannot be used ({e})"))
+}
+
+/// Describes the first sub-expression of `e` that could fail on some value of the columns it reads, or `Ok` when
+/// `e` is total. Constants are assumed already evaluated by [`check_constants`] (so a constant sub-expression
+/// is total: it succeeded once, and evaluation is deterministic).
+pub fn total(e: &Expr, schema: &DFSchema) -> std::result::Result<(), String> {
+    if is_constant(e) {
+        return match e {
+            // A LIKE between constants is a constant too, but its pattern is checked like any other.
+            Expr::Like(l) => like_total(l, schema),
+            _ => Ok(()),
+        };
+    }
+    let ty = |x: &Expr| x.get_type(schema).map_err(|err| format!("`{x}` (its type is unknown: {err})"));
+    let all = |xs: &[&Expr]| xs.iter().try_for_each(|x| total(x, schema));
+    match e {
+        Expr::Column(_) | Expr::Literal(..) => Ok(()),
+        Expr::Alias(a) => total(&a.expr, schema),
+        Expr::Not(x)
+        | Expr::IsNull(x)
+        | Expr::IsNotNull(x)
+        | Expr::IsTrue(x)
+        | Expr::IsFalse(x)
+        | Expr::IsNotTrue(x)
+        | Expr::IsNotFalse(x)
+        | Expr::IsUnknown(x)
+        | Expr::IsNotUnknown(x) => total(x, schema),
+        Expr::Negative(x) => {
+            total(x, schema)?;
+            let t = ty(x)?;
+            if t.is_floating() || matches!(t, DataType::Decimal128(..)) {
+                Ok(())
+            } else {
+                Err(format!("`{e}`, a unary minus on {t} (it overflows on the smallest value)"))
+            }
+        }
+        Expr::BinaryExpr(b) => {
+            use Operator::*;
+            all(&[&b.left, &b.right])?;
+            let (lt, rt) = (ty(&b.left)?, ty(&b.right)?);
+            match b.op {
+                And | Or => Ok(()),
+                Eq | NotEq | Lt | LtEq | Gt | GtEq | IsDistinctFrom | IsNotDistinctFrom => {
+                    if lt == rt || lt.is_null() || rt.is_null() {
+                        Ok(())
+                    } else {
+                        Err(format!("a comparison between different types ({e}: {lt} and {rt})"))
+                    }
+                }
+                Plus | Minus | Multiply | Divide | Modulo if lt.is_floating() && rt.is_floating() => Ok(()),
+                LikeMatch | ILikeMatch | NotLikeMatch | NotILikeMatch => match string_literal(&b.right) {
+                    Some(Some(p)) => check_like_pattern(p, matches!(b.op, ILikeMatch | NotILikeMatch)),
+                    Some(None) => Ok(()),
+                    None => Err(format!("`{e}`, a LIKE whose pattern is not a literal")),
+                },
+                op => Err(format!("the operator `{op}` on {lt} ({e}), which can fail on some values")),
+            }
+        }
+        Expr::Between(b) => {
+            all(&[&b.expr, &b.low, &b.high])?;
+            let t = ty(&b.expr)?;
+            if ty(&b.low)? == t && ty(&b.high)? == t {
+                Ok(())
+            } else {
+                Err(format!("`{e}`, a BETWEEN with bounds of a different type"))
+            }
+        }
+        Expr::InList(l) => {
+            total(&l.expr, schema)?;
+            let t = ty(&l.expr)?;
+            for x in &l.list {
+                if !matches!(x, Expr::Literal(..)) {
+                    return Err(format!("`{x}` in an IN list (only literal values are accepted)"));
+                }
+                let xt = ty(x)?;
+                if xt != t && !xt.is_null() {
+                    return Err(format!("`{x}` in an IN list of {t} values (a value of type {xt})"));
+                }
+            }
+            Ok(())
+        }
+        Expr::Like(l) => like_total(l, schema),
+        Expr::SimilarTo(_) => Err(format!("`{e}` (SIMILAR TO compiles a regular expression)")),
+        Expr::Cast(c) => {
+            total(&c.expr, schema)?;
+            let from = ty(&c.expr)?;
+            if cast_is_total(&from, c.field.data_type()) {
+                Ok(())
+            } else {
+                Err(format!("`{e}`, a CAST from {from} to {} that fails on some values", c.field.data_type()))
+            }
+        }
+        Expr::TryCast(c) => total(&c.expr, schema),
+        Expr::Case(c) => {
+            if let Some(x) = &c.expr {
+                total(x, schema)?;
+            }
+            for (w, t) in &c.when_then_expr {
+                all(&[w, t])?;
+            }
+            match &c.else_expr {
+                Some(x) => total(x, schema),
+                None => Ok(()),
+            }
+        }
+        Expr::ScalarFunction(f) => {
+            let inner = f.func.inner();
+            if inner.is::<Clip>() || inner.is::<RandomFunc>() {
+                f.args.iter().try_for_each(|a| total(a, schema))
+            } else {
+                Err(format!("the function `{}`", f.name()))
+            }
+        }
+        Expr::AggregateFunction(a) => {
+            let inner = a.func.inner();
+            let p = &a.params;
+            let known = inner.is::<Count>() || inner.is::<Sum>() || inner.is::<BoundedSum>() || inner.is::<Pick>();
+            if !known || p.distinct || p.filter.is_some() || !p.order_by.is_empty() {
+                return Err(format!("the aggregate `{e}`"));
+            }
+            p.args.iter().try_for_each(|a| total(a, schema))
+        }
+        Expr::WindowFunction(w) => match &w.fun {
+            WindowFunctionDefinition::WindowUDF(f) if f.inner().is::<RowNumber>() => {
+                let p = &w.params;
+                p.args.iter().chain(&p.partition_by).try_for_each(|a| total(a, schema))?;
+                p.order_by.iter().try_for_each(|s| total(&s.expr, schema))
+            }
+            _ => Err(format!("the window function `{e}`")),
+        },
+        other => Err(format!("`{other}`")),
+    }
+}
+
+fn like_total(l: &datafusion::logical_expr::Like, schema: &DFSchema) -> std::result::Result<(), String> {
+    total(&l.expr, schema)?;
+    let t = l.expr.get_type(schema).map_err(|e| e.to_string())?;
+    if !matches!(t, DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View | DataType::Null) {
+        return Err(format!("LIKE on a value of type {t}"));
+    }
+    if l.escape_char.is_some_and(|c| c != '\\') {
+        return Err("LIKE ... ESCAPE with an escape character other than '\\'".into());
+    }
+    match string_literal(&l.pattern) {
+        Some(Some(p)) => check_like_pattern(p, l.case_insensitive),
+        Some(None) => Ok(()),
+        None => Err("a LIKE whose pattern is not a literal".into()),
+    }
+}
+
+/// Checks every expression of every node of an optimized private plan with [`total`], and that the plan holds
+/// only the node kinds a private plan is built from. This is the plan that runs: a refusal here means the
+/// optimizer turned the query into something that could fail on some value.
+pub fn check_total(plan: &LogicalPlan) -> Result<()> {
+    let mut failure: Option<DpError> = None;
+    plan.apply(|node| {
+        let ok_node = matches!(
+            node,
+            LogicalPlan::TableScan(_)
+                | LogicalPlan::Filter(_)
+                | LogicalPlan::Projection(_)
+                | LogicalPlan::Aggregate(_)
+                | LogicalPlan::Window(_)
+                | LogicalPlan::SubqueryAlias(_)
+                | LogicalPlan::EmptyRelation(_)
+        );
+        if !ok_node {
+            failure = Some(DpError::refused(
+                format!("the optimized private plan contains {}, which dpfusion does not run", node.display()),
+                "simplify the query to one aggregate over one table with WHERE conditions",
+            ));
+            return Ok(TreeNodeRecursion::Stop);
+        }
+        // Expressions are typed against the node's input (a scan's filters against the scan itself).
+        let schema = match node.inputs().first() {
+            Some(input) => input.schema().clone(),
+            None => node.schema().clone(),
+        };
+        node.apply_expressions(|e| {
+            if let Err(what) = total(e, &schema) {
+                failure = Some(DpError::refused(
+                    format!("the query would evaluate {what} on private rows, which could fail on some of them and reveal them through the error"),
+                    "compare columns with literals (=, <, BETWEEN, IN, LIKE, IS NULL) combined with AND/OR/NOT; \
+                     casts only to wider types",
+                ));
+                return Ok(TreeNodeRecursion::Stop);
+            }
+            Ok(TreeNodeRecursion::Continue)
+        })?;
+        Ok(if failure.is_some() { TreeNodeRecursion::Stop } else { TreeNodeRecursion::Continue })
+    })
+    .map_err(engine)?;
+    failure.map_or(Ok(()), Err)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use DataType::*;
+
+    #[test]
+    fn widening_casts_are_total_and_narrowing_ones_are_not() {
+        for (f, t) in [
+            (Int32, Int64),
+            (UInt32, Int64),
+            (Int64, Float64),
+            (Int64, Decimal128(20, 0)),
+            (Float32, Float64),
+            (Int64, Utf8),
+            (Float64, Utf8View),
+            (Boolean, Int8),
+            (Null, Int8),
+        ] {
+            assert!(cast_is_total(&f, &t), "{f} -> {t}");
+        }
+        for (f, t) in [
+            (Int64, Int32),
+            (Int64, Int16),
+            (UInt64, Int64),
+            (Int8, UInt64),
+            (Float64, Int64),
+            (Float64, Decimal128(38, 0)),
+            (Utf8, Int64),
+            (Int64, Decimal128(10, 0)),
+            (Decimal128(10, 2), Decimal128(10, 3)),
+            (Utf8, Date32),
+        ] {
+            assert!(!cast_is_total(&f, &t), "{f} -> {t}");
+        }
+    }
+
+    #[test]
+    fn like_patterns_are_probed_before_they_run() {
+        assert!(check_like_pattern("ab%", false).is_ok());
+        assert!(check_like_pattern("%a_b%", true).is_ok());
+        let long = check_like_pattern(&"_".repeat(MAX_LIKE_PATTERN + 1), false).unwrap_err();
+        assert!(long.contains("at most"), "{long}");
+    }
+
+    #[test]
+    fn flat_operator_chains_are_refused_before_parsing() {
+        let chain = (0..=MAX_OPERATORS).map(|i| format!("age = {i}")).collect::<Vec<_>>().join(" OR ");
+        let sql = format!("SELECT COUNT(*) FROM pums WHERE {chain}");
+        assert!(check_statement_size(&sql).unwrap_err().to_string().contains("operators"));
+        let items = (0..100_000).map(|i| i.to_string()).collect::<Vec<_>>().join(", ");
+        assert!(check_statement_size(&format!("SELECT COUNT(*) FROM pums WHERE age IN ({items})")).is_ok());
+    }
+
+    #[test]
+    fn failing_constants_are_found_and_good_ones_pass() {
+        use datafusion::logical_expr::lit;
+        assert!(evaluate_constant(&Expr::Negative(Box::new(lit(i64::MIN)))).is_err());
+        assert!(evaluate_constant(&(lit(1i64) / lit(0i64))).is_err());
+        assert_eq!(evaluate_constant(&(lit(2i64) + lit(3i64))).unwrap(), ScalarValue::Int64(Some(5)));
+    }
+}

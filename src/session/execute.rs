@@ -1,0 +1,376 @@
+//! Answering a query: debit, run the private plan, draw the noise once, post-process, release.
+//!
+//! **One charge, at most one draw of noise, ever** (per request id). The debit claims the request id in the same
+//! transaction ([`crate::accounting::ledger::Ledger::claim`]); the noisy measurements (after noise, before any
+//! post-processing) are stored durably, first writer wins, before anything derived from them leaves the process;
+//! every retry, and every concurrent duplicate, post-processes the stored values. A run that loses the race to
+//! store discards its own draw unseen. Nothing stores a noise *seed*: the same noise on re-read data would reveal
+//! how the data changed.
+//!
+//! Neighbouring relation: add/remove all rows of one privacy unit.
+
+use crate::accounting::ledger::{Claim, Prior};
+use crate::accounting::{Charge, EpsilonBound};
+use crate::error::{DpError, Result, engine};
+use crate::noise::accuracy;
+use crate::noise::calibrate::{Calibration, Mechanism, NoiseParams};
+use crate::noise::gaussian::DiscreteGaussian;
+use crate::noise::laplace::DiscreteLaplace;
+use crate::plan::{DpPlan, OutputKind};
+use crate::release::{Accuracy, ColumnAccuracy, Release};
+use crate::session::DpSession;
+use crate::session::post::{PostFailure, domain_product, noisy_batch, unit_of};
+use crate::session::prepare::Prepared;
+use datafusion::arrow::array::{Array, Decimal128Array, Int64Array, RecordBatch};
+use datafusion::arrow::datatypes::Schema;
+use datafusion::common::ScalarValue;
+use datafusion::logical_expr::{Expr, LogicalPlan};
+use std::collections::HashMap;
+
+/// The noisy measurements of one query as stored under its request id: a fingerprint of the plan they belong to,
+/// then `values[cell][measurement]` in grid units, cells in the order of [`domain_product`].
+pub(crate) struct Draw {
+    fingerprint: u128,
+    values: Vec<Vec<i128>>,
+}
+
+const DRAW_MAGIC: &[u8; 8] = b"dpdraw01";
+
+impl Draw {
+    fn to_bytes(&self) -> Vec<u8> {
+        let m = self.values.first().map_or(0, Vec::len);
+        let mut out = Vec::with_capacity(40 + self.values.len() * m * 16);
+        out.extend_from_slice(DRAW_MAGIC);
+        out.extend_from_slice(&self.fingerprint.to_le_bytes());
+        out.extend_from_slice(&(self.values.len() as u64).to_le_bytes());
+        out.extend_from_slice(&(m as u64).to_le_bytes());
+        for cell in &self.values {
+            for v in cell {
+                out.extend_from_slice(&v.to_le_bytes());
+            }
+        }
+        out
+    }
+
+    fn from_bytes(b: &[u8]) -> Result<Draw> {
+        let bad = || DpError::Ledger("a stored draw of noisy values is unreadable".into());
+        let word = |at: usize| b.get(at..at + 8).and_then(|w| <[u8; 8]>::try_from(w).ok()).map(u64::from_le_bytes);
+        if b.get(..8) != Some(DRAW_MAGIC.as_slice()) {
+            return Err(bad());
+        }
+        let fingerprint = b.get(8..24).and_then(|w| <[u8; 16]>::try_from(w).ok()).map(u128::from_le_bytes);
+        let (fingerprint, cells, m) =
+            (fingerprint.ok_or_else(bad)?, word(24).ok_or_else(bad)?, word(32).ok_or_else(bad)?);
+        let (cells, m) = (usize::try_from(cells).map_err(|_| bad())?, usize::try_from(m).map_err(|_| bad())?);
+        let body = b.get(40..).ok_or_else(bad)?;
+        if cells.checked_mul(m).and_then(|n| n.checked_mul(16)) != Some(body.len()) {
+            return Err(bad());
+        }
+        let mut it = body.chunks_exact(16).map(|c| <[u8; 16]>::try_from(c).map(i128::from_le_bytes));
+        let values = (0..cells)
+            .map(|_| (0..m).map(|_| it.next().and_then(|v| v.ok()).ok_or_else(bad)).collect::<Result<Vec<_>>>())
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Draw { fingerprint, values })
+    }
+}
+
+/// What to do after looking at the request id.
+enum Next {
+    /// Run under this charge, with these stored noisy values if there are some.
+    Run(Charge, Option<Vec<Vec<i128>>>),
+    /// Return this stored release.
+    Done(Box<Release>),
+}
+
+fn another_query(id: &str, charge: &Charge) -> DpError {
+    DpError::refused(
+        format!("request id `{id}` was used for another query (charge #{})", charge.id),
+        "use a new request id for a new query",
+    )
+}
+
+impl DpSession {
+    /// Answers one query: prepare (all checks, nothing spent), debit, execute, noise, post-process.
+    pub(crate) async fn query(&self, sql: &str, request_id: Option<&str>) -> Result<Release> {
+        // A stored release is returned as it is: no planning, so a later change of the policy cannot alter it.
+        if let Some(id) = request_id
+            && let Prior::Released(charge, bytes) = self.ledger.prior(id)?
+        {
+            return self.stored_release(id, sql, &charge, &bytes).map(|b| *b);
+        }
+        let prepared = self.prepare(sql).await?;
+        let (rho, mech, confidence) = self.query_settings()?;
+        let cals = Self::calibrate(&prepared.dp, rho, mech)?;
+        let (charge, stored) = match request_id {
+            None => (self.ledger.charge(sql, cals)?, None),
+            Some(id) => match self.ledger.claim(sql, id, cals)? {
+                Claim::New(c) => (c, None),
+                Claim::Existing(prior) => match self.resume(id, sql, &prepared.dp, prior)? {
+                    Next::Run(c, stored) => (c, stored),
+                    Next::Done(r) => return Ok(*r),
+                },
+            },
+        };
+        let values = match stored {
+            Some(v) => v,
+            None => {
+                let drawn = self.run_private(&prepared, &charge.measurements).await?;
+                match request_id {
+                    None => drawn,
+                    Some(id) => {
+                        // First writer wins: if another run stored its draw first, that one is used, this one dropped.
+                        let draw = Draw { fingerprint: prepared.dp.fingerprint(), values: drawn };
+                        let stored = Draw::from_bytes(&self.ledger.store_draw(id, &draw.to_bytes())?)?;
+                        if stored.fingerprint != draw.fingerprint {
+                            return Err(policy_changed(id));
+                        }
+                        stored.values
+                    }
+                }
+            }
+        };
+        let noisy = noisy_batch(&prepared.dp, domain_product(&prepared.dp), &values)?;
+        let (schema, batches) = self.run_post(&prepared.dp, noisy).await.map_err(|f| match f {
+            PostFailure::Planning(e) => e,
+            PostFailure::Running(e) => DpError::PostProcessing(e.strip_backtrace()),
+        })?;
+        let budget = self.status()?;
+        let session_epsilon = self.ledger.epsilon(self.defaults.delta)?;
+        let query_epsilon =
+            crate::accounting::convert::epsilon_for_charges(std::slice::from_ref(&charge), self.defaults.delta)?;
+        let accuracy = column_accuracy(&prepared.dp, &charge.measurements, &schema, confidence)?;
+        let release =
+            Release { sql: sql.to_string(), schema, batches, accuracy, charge, query_epsilon, session_epsilon, budget };
+        if let Some(id) = request_id {
+            // Stored before it is returned (unless a concurrent run stored the same answer first).
+            self.ledger.store_release(id, &release.to_bytes()?)?;
+        }
+        Ok(release)
+    }
+
+    fn stored_release(&self, id: &str, sql: &str, charge: &Charge, bytes: &[u8]) -> Result<Box<Release>> {
+        let r = Release::from_bytes(bytes)?;
+        if r.sql != sql {
+            return Err(another_query(id, charge));
+        }
+        Ok(Box::new(r))
+    }
+
+    /// A request id that was claimed before: return its release, post-process its stored draw, or (charged, no
+    /// draw yet) run under its charge, provided the query and the policy are the ones it was charged for.
+    fn resume(&self, id: &str, sql: &str, dp: &DpPlan, prior: Prior) -> Result<Next> {
+        match prior {
+            Prior::None => Err(DpError::Ledger(format!("request id `{id}` was claimed but has no charge"))),
+            Prior::Released(c, bytes) => self.stored_release(id, sql, &c, &bytes).map(Next::Done),
+            Prior::Drawn(c, _) | Prior::Charged(c) if c.label != sql => Err(another_query(id, &c)),
+            Prior::Drawn(_, bytes) if bytes.is_empty() => Err(DpError::refused(
+                format!(
+                    "request id `{id}` was charged by an earlier dpfusion that did not keep its noisy values, and it \
+                     was never answered; answering it now would need a second draw of noise"
+                ),
+                "use a new request id (a new charge)",
+            )),
+            Prior::Drawn(c, bytes) => {
+                let draw = Draw::from_bytes(&bytes)?;
+                if draw.fingerprint != dp.fingerprint() {
+                    return Err(policy_changed(id));
+                }
+                Ok(Next::Run(c, Some(draw.values)))
+            }
+            Prior::Charged(c) => {
+                // The noise will be calibrated from the stored charge: it must be for the same sensitivities.
+                let same = c.measurements.len() == dp.measures.len()
+                    && c.measurements.iter().zip(&dp.measures).all(|(cal, m)| {
+                        let s = match cal.mechanism() {
+                            Mechanism::Gaussian => m.sensitivity.l2,
+                            Mechanism::Laplace => m.sensitivity.l1,
+                        };
+                        cal.sensitivity == s
+                    });
+                if !same {
+                    return Err(policy_changed(id));
+                }
+                Ok(Next::Run(c, None))
+            }
+        }
+    }
+
+    /// Runs the private plan and adds noise to every cell of the domain; returns the noisy values, cells in the
+    /// order of [`domain_product`]. Errors while reading the data are reported without their text (which could
+    /// quote a private value): the engine's error stays in the `source` for the data owner.
+    async fn run_private(&self, prepared: &Prepared, cals: &[Calibration]) -> Result<Vec<Vec<i128>>> {
+        let task = self.ctx.task_ctx();
+        let exact = datafusion::physical_plan::collect(prepared.physical.clone(), task)
+            .await
+            .map_err(|source| DpError::PrivateExecution { source })?;
+        let dp = &prepared.dp;
+        let cells = exact_cells(dp, &exact)?;
+        enum Sampler {
+            Gaussian(DiscreteGaussian),
+            Laplace(DiscreteLaplace),
+        }
+        let samplers = cals
+            .iter()
+            .map(|c| match c.params {
+                NoiseParams::Gaussian { sigma_sq } => DiscreteGaussian::new(sigma_sq).map(Sampler::Gaussian),
+                NoiseParams::Laplace { scale } => DiscreteLaplace::new(scale).map(Sampler::Laplace),
+            })
+            .collect::<Result<Vec<_>>>()?;
+        if samplers.len() != dp.measures.len() {
+            return Err(DpError::Engine("the charge does not have one calibration per measurement".into()));
+        }
+        let mut rng = self.lock_rng()?;
+        let zero = vec![0; dp.measures.len()];
+        Ok(domain_product(dp)
+            .iter()
+            .map(|key| {
+                let exact = cells.get(key).unwrap_or(&zero);
+                exact
+                    .iter()
+                    .zip(&samplers)
+                    .map(|(x, s)| {
+                        let z = match s {
+                            Sampler::Gaussian(g) => g.sample(&mut rng),
+                            Sampler::Laplace(l) => l.sample(&mut rng),
+                        };
+                        x.saturating_add(z)
+                    })
+                    .collect()
+            })
+            .collect())
+    }
+}
+
+fn policy_changed(id: &str) -> DpError {
+    DpError::refused(
+        format!(
+            "request id `{id}` was charged for this query under another policy (its cells or sensitivities differ \
+             now); its noisy values cannot be reused, and new noise would be a second draw"
+        ),
+        "use a new request id (a new charge)",
+    )
+}
+
+/// Standard deviation and CI half-width (grid units) of a calibrated mechanism.
+pub(crate) fn noise_accuracy(c: &Calibration, confidence: f64) -> Result<(f64, f64)> {
+    Ok(match c.params {
+        NoiseParams::Gaussian { sigma_sq } => (
+            accuracy::discrete_gaussian_std(sigma_sq),
+            accuracy::discrete_gaussian_ci_half_width(sigma_sq, confidence)?,
+        ),
+        NoiseParams::Laplace { scale } => {
+            (accuracy::discrete_laplace_std(scale), accuracy::discrete_laplace_ci_half_width(scale, confidence)?)
+        }
+    })
+}
+
+/// Reads the exact aggregates: key → one integer per measurement (grid units).
+fn exact_cells(dp: &DpPlan, batches: &[RecordBatch]) -> Result<HashMap<Vec<ScalarValue>, Vec<i128>>> {
+    let nk = dp.keys.len();
+    let mut out = HashMap::new();
+    for b in batches {
+        for row in 0..b.num_rows() {
+            let key = (0..nk)
+                .map(|c| ScalarValue::try_from_array(b.column(c), row).map_err(engine))
+                .collect::<Result<Vec<_>>>()?;
+            let vals = (0..dp.measures.len())
+                .map(|m| exact_integer(b.column(nk + m).as_ref(), row))
+                .collect::<Result<Vec<_>>>()?;
+            out.insert(key, vals);
+        }
+    }
+    Ok(out)
+}
+
+fn exact_integer(a: &dyn Array, row: usize) -> Result<i128> {
+    if a.is_null(row) {
+        return Ok(0); // SUM over no non-NULL value
+    }
+    if let Some(x) = a.as_any().downcast_ref::<Int64Array>() {
+        return Ok(x.value(row) as i128);
+    }
+    if let Some(x) = a.as_any().downcast_ref::<Decimal128Array>() {
+        return Ok(x.value(row));
+    }
+    Err(DpError::Engine(format!("unexpected aggregate type {}", a.data_type())))
+}
+
+/// Accuracy of each output column: public keys, noisy measurements passed through, or derived values.
+fn column_accuracy(dp: &DpPlan, cals: &[Calibration], schema: &Schema, confidence: f64) -> Result<Vec<ColumnAccuracy>> {
+    schema
+        .fields()
+        .iter()
+        .enumerate()
+        .map(|(i, f)| {
+            let accuracy = match trace_output(&dp.original, i) {
+                Some(j) if j < dp.keys.len() => Accuracy::Public,
+                Some(j) => match dp.outputs.get(j - dp.keys.len()) {
+                    Some(OutputKind::Measure(m)) => match (cals.get(*m), dp.measures.get(*m)) {
+                        (Some(c), Some(measure)) => {
+                            let unit = unit_of(&measure.kind);
+                            let (std, ci) = noise_accuracy(c, confidence)?;
+                            Accuracy::Noisy {
+                                mechanism: c.mechanism(),
+                                sigma_or_scale: c.params.sigma_or_scale() * unit,
+                                std: std * unit,
+                                ci_half_width: ci * unit,
+                                confidence,
+                            }
+                        }
+                        _ => Accuracy::Derived,
+                    },
+                    _ => Accuracy::Derived,
+                },
+                None => Accuracy::Derived,
+            };
+            Ok(ColumnAccuracy { column: f.name().clone(), accuracy })
+        })
+        .collect()
+}
+
+/// Follows output column `i` of `plan` down to the aggregate; returns its index in the aggregate's output when it
+/// is passed through unchanged (possibly renamed), `None` when computed.
+fn trace_output(plan: &LogicalPlan, i: usize) -> Option<usize> {
+    match plan {
+        LogicalPlan::Aggregate(_) => Some(i),
+        LogicalPlan::Projection(p) => {
+            let e = crate::plan::validate::strip_aliases(p.expr.get(i)?);
+            let j = match e {
+                Expr::Column(c) => p.input.schema().index_of_column(c).ok()?,
+                // An aggregate expression above the Aggregate refers to the aggregate's output of that name.
+                other => p.input.schema().index_of_column_by_name(None, &other.schema_name().to_string())?,
+            };
+            trace_output(&p.input, j)
+        }
+        LogicalPlan::Filter(_) | LogicalPlan::Sort(_) | LogicalPlan::Limit(_) | LogicalPlan::SubqueryAlias(_) => {
+            trace_output(plan.inputs().first()?, i)
+        }
+        LogicalPlan::Window(w) if i < w.input.schema().fields().len() => trace_output(&w.input, i),
+        _ => None,
+    }
+}
+
+/// Used by EXPLAIN DP and releases alike: the ε of a charge of these calibrations.
+pub(crate) fn epsilon_of(cals: &[Calibration], delta: f64) -> Result<EpsilonBound> {
+    let rho = crate::accounting::filter::total_rho(cals)?;
+    let charge = Charge { id: 0, label: String::new(), measurements: cals.to_vec(), rho };
+    crate::accounting::convert::epsilon_for_charges(std::slice::from_ref(&charge), delta)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn draws_round_trip_and_damaged_ones_are_refused() {
+        let d = Draw { fingerprint: 0xfeed_beef, values: vec![vec![1, -2], vec![i128::MAX, i128::MIN]] };
+        let b = d.to_bytes();
+        let back = Draw::from_bytes(&b).unwrap();
+        assert_eq!((back.fingerprint, back.values), (d.fingerprint, d.values));
+        assert!(Draw::from_bytes(&b[..b.len() - 1]).is_err());
+        assert!(Draw::from_bytes(b"").is_err());
+        let mut wrong = b.clone();
+        wrong[0] ^= 1;
+        assert!(Draw::from_bytes(&wrong).is_err());
+    }
+}

@@ -1,0 +1,519 @@
+//! `DpSession`: SQL in, a bounded, noised, debited [`Release`] out.
+//!
+//! The path of one query:
+//! 1. DataFusion parses and plans the SQL against the registered private tables.
+//! 2. [`crate::plan::compile`] validates the plan against the policies, bounds every unit's contribution and
+//!    derives each measurement's sensitivity. A refusal spends nothing.
+//! 3. Each measurement is calibrated ([`crate::noise::calibrate`]) with an equal share ρ_q/m of the query's ρ
+//!    (m = number of distinct measurements; AVG needs a SUM and a COUNT).
+//! 4. The accountant debits the charge **before** anything is executed; an over-budget query is refused and
+//!    costs nothing. If execution then fails, the budget stays spent.
+//! 5. The private plan runs; every GROUP BY cell of the public domain is filled (0 when the data has no rows)
+//!    and exact discrete noise is added to every cell of every measurement.
+//! 6. The analyst's nodes above the aggregate (arithmetic, aliases, HAVING, ORDER BY, LIMIT) run over the noisy
+//!    table: post-processing, which costs nothing (BS16 Lemma 1.8).
+//!
+//! Neighbouring relation: add/remove all rows of one privacy unit.
+
+mod execute;
+mod post;
+mod prepare;
+
+pub use post::POST_MEMORY;
+pub use prepare::{PLANNING_STACK, RESERVED_PREFIX};
+
+use crate::accounting::{Charge, EpsilonBound, Ledger, MemoryLedger, Rho, SqliteLedger};
+use crate::error::{DpError, Result, engine};
+use crate::noise::NoiseRng;
+use crate::noise::calibrate::{Calibration, Mechanism, NoiseParams};
+use crate::policy::{self, DataFormat, SessionConfig, TablePolicy, TableSource};
+use crate::release::{BudgetStatus, Release};
+use datafusion::arrow::array::RecordBatch;
+use datafusion::arrow::datatypes::Schema;
+use datafusion::catalog::TableProvider;
+use datafusion::common::config::ConfigExtension;
+use datafusion::common::extensions_options;
+use datafusion::datasource::MemTable;
+use datafusion::execution::options::{CsvReadOptions, JsonReadOptions, ParquetReadOptions};
+use datafusion::prelude::SessionContext;
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+extensions_options! {
+    /// Per-query options the analyst may change with `SET dp.<name> = <value>`. They can only narrow: the total
+    /// budget, the policy, the ledger and the randomness come from the configuration file alone and are not
+    /// options. DataFusion's environment-variable mapping is not used for this session, so no `DP_*` or
+    /// `DATAFUSION_*` variable can change them either.
+    pub struct DpOptions {
+        /// ρ charged per query (`None`: the configuration's default_query_rho).
+        pub rho: Option<f64>, default = None
+        /// `gaussian` or `laplace` (`None`: the configuration's mechanism).
+        pub mechanism: Option<String>, default = None
+        /// Confidence level of reported intervals (`None`: the configuration's).
+        pub confidence: Option<f64>, default = None
+    }
+}
+
+impl ConfigExtension for DpOptions {
+    const PREFIX: &'static str = "dp";
+}
+
+/// What one statement produced.
+#[derive(Clone, Debug)]
+pub enum Response {
+    /// A query's noisy answer.
+    Release(Box<Release>),
+    /// `EXPLAIN DP`: the plan and its cost, nothing spent.
+    Explain(Box<Explanation>),
+    /// `SET dp.… = …` was applied.
+    Set {
+        /// Option name, e.g. `dp.rho`.
+        option: String,
+        /// The new value.
+        value: String,
+    },
+}
+
+/// One measurement as EXPLAIN DP shows it.
+#[derive(Clone, Debug)]
+pub struct ExplainedMeasure {
+    /// e.g. `SUM(income)`.
+    pub label: String,
+    /// L1 sensitivity (grid units).
+    pub l1: f64,
+    /// L2 sensitivity (grid units).
+    pub l2: f64,
+    /// Where the sensitivity comes from.
+    pub derivation: String,
+    /// The calibrated mechanism and cost.
+    pub calibration: Calibration,
+    /// Noise standard deviation in the column's units.
+    pub std: f64,
+    /// CI half-width in the column's units.
+    pub ci_half_width: f64,
+    /// Grid unit (2^-s) of the measurement: 1 for counts and integer sums.
+    pub unit: f64,
+}
+
+/// The output of `EXPLAIN DP`: what the query would do and cost, computed without touching data.
+#[derive(Clone, Debug)]
+pub struct Explanation {
+    /// The query.
+    pub sql: String,
+    /// The private plan (bounded aggregate), indented.
+    pub private_plan: String,
+    /// Number of GROUP BY cells released.
+    pub cells: u64,
+    /// Each measurement.
+    pub measures: Vec<ExplainedMeasure>,
+    /// Total ρ the query would cost.
+    pub rho: f64,
+    /// (ε, δ) of this query alone.
+    pub epsilon: EpsilonBound,
+    /// Confidence level of the intervals.
+    pub confidence: f64,
+}
+
+impl std::fmt::Display for Explanation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        writeln!(f, "EXPLAIN DP {}", self.sql)?;
+        writeln!(f, "Private plan (bounded, exact aggregates; never released without noise):")?;
+        for line in self.private_plan.lines() {
+            writeln!(f, "  {line}")?;
+        }
+        writeln!(f, "Cells released: {}", self.cells)?;
+        writeln!(f, "Measurements (ρ split equally; neighbours differ by one privacy unit):")?;
+        for m in &self.measures {
+            let c = &m.calibration;
+            let (what, param) = match c.params {
+                NoiseParams::Gaussian { sigma_sq } => ("σ", sigma_sq.to_f64().sqrt() * m.unit),
+                NoiseParams::Laplace { scale } => ("scale", scale.to_f64() * m.unit),
+            };
+            writeln!(f, "  {}", m.label)?;
+            writeln!(
+                f,
+                "    sensitivity: L1 = {}, L2 = {} ({})",
+                crate::release::fmt_num(m.l1 * m.unit),
+                crate::release::fmt_num(m.l2 * m.unit),
+                m.derivation
+            )?;
+            writeln!(
+                f,
+                "    mechanism: {} with {what} = {}, ρ = {}",
+                c.mechanism().report_name(),
+                crate::release::fmt_num(param),
+                crate::release::fmt_num(c.rho.get())
+            )?;
+            writeln!(
+                f,
+                "    accuracy: std {}, ± {} at {}% confidence",
+                crate::release::fmt_num(m.std),
+                crate::release::fmt_num(m.ci_half_width),
+                self.confidence * 100.0
+            )?;
+        }
+        write!(
+            f,
+            "Cost: ρ = {} (ε = {:.4} at δ = {:e}, {}); nothing was spent by EXPLAIN DP",
+            crate::release::fmt_num(self.rho),
+            self.epsilon.epsilon,
+            self.epsilon.delta,
+            self.epsilon.kind.describe()
+        )
+    }
+}
+
+/// The session budget and history.
+#[derive(Clone, Debug)]
+pub struct BudgetReport {
+    /// Totals.
+    pub status: BudgetStatus,
+    /// (ε, δ) of everything spent.
+    pub epsilon: EpsilonBound,
+    /// Every charge, oldest first.
+    pub charges: Vec<Charge>,
+}
+
+/// Session defaults from the configuration.
+#[derive(Clone, Debug)]
+pub(crate) struct Defaults {
+    pub(crate) query_rho: Rho,
+    pub(crate) mechanism: Mechanism,
+    pub(crate) delta: f64,
+    pub(crate) confidence: f64,
+}
+
+/// A differentially private SQL session over private tables.
+pub struct DpSession {
+    pub(crate) ctx: SessionContext,
+    /// Where post-processing runs: no tables, a limited memory pool ([`POST_MEMORY`]).
+    post: SessionContext,
+    pub(crate) policies: BTreeMap<String, TablePolicy>,
+    pub(crate) defaults: Defaults,
+    pub(crate) ledger: Box<dyn Ledger>,
+    pub(crate) rng: Mutex<NoiseRng>,
+}
+
+impl DpSession {
+    /// The session's CSPRNG (noise, and the marginal release's choice of rows).
+    pub(crate) fn lock_rng(&self) -> Result<std::sync::MutexGuard<'_, NoiseRng>> {
+        self.rng.lock().map_err(|_| DpError::Engine("the random generator is unavailable".into()))
+    }
+
+    /// **Tests only: makes every later noise draw of this session predictable.** Replaces the session's CSPRNG
+    /// with a generator seeded by `seed` ([`NoiseRng::insecure_seeded_for_tests`]), so that differential tests can
+    /// give two sessions (over neighbouring tables) the same noise. A release made after this call is not
+    /// differentially private. Reachable from Rust code only, never from a configuration file or SQL.
+    pub fn insecure_reseed_for_tests(&self, seed: u64) -> Result<()> {
+        *self.lock_rng()? = NoiseRng::insecure_seeded_for_tests(seed);
+        Ok(())
+    }
+
+    /// Opens a session from a configuration file.
+    pub async fn open(config_path: impl AsRef<std::path::Path>) -> Result<Self> {
+        let cfg = SessionConfig::from_file(config_path)?;
+        Self::from_config(&cfg).await
+    }
+
+    /// Opens a session from a validated configuration, registering every table it declares.
+    pub async fn from_config(cfg: &SessionConfig) -> Result<Self> {
+        let mut s = Self::empty(cfg.total_rho, cfg.default_query_rho, cfg.mechanism, cfg.delta, cfg.confidence)?;
+        if let Some(l) = &cfg.ledger {
+            s.ledger = Box::new(SqliteLedger::open(&l.path, &l.budget, cfg.total_rho, l.busy_timeout)?);
+        }
+        for (name, src) in &cfg.tables {
+            s.register_source(name, src).await?;
+        }
+        Ok(s)
+    }
+
+    /// A session with no tables yet (register them with [`DpSession::register_batches`] or
+    /// [`DpSession::register_table`]).
+    pub fn empty(
+        total: Rho,
+        default_query_rho: Rho,
+        mechanism: Mechanism,
+        delta: f64,
+        confidence: f64,
+    ) -> Result<Self> {
+        if !(delta > 0.0 && delta < 1.0) {
+            return Err(DpError::invalid("delta", format!("must be in (0, 1), got {delta}")));
+        }
+        policy::check_confidence(confidence)?;
+        let config = datafusion::prelude::SessionConfig::new()
+            .with_information_schema(false)
+            .with_option_extension(DpOptions::default());
+        let ctx = SessionContext::new_with_config(config);
+        Ok(DpSession {
+            ctx,
+            post: post::post_context()?,
+            policies: BTreeMap::new(),
+            defaults: Defaults { query_rho: default_query_rho, mechanism, delta, confidence },
+            ledger: Box::new(MemoryLedger::new(total)),
+            rng: Mutex::new(NoiseRng::from_os()?),
+        })
+    }
+
+    async fn register_source(&mut self, name: &str, src: &TableSource) -> Result<()> {
+        let path = src.path.to_string_lossy().to_string();
+        let globby = path.contains(['*', '?', '[']);
+        if !globby && !src.path.exists() {
+            return Err(DpError::Config(format!("[tables.{name}] path {path} does not exist; fix `path`")));
+        }
+        let r = match &src.format {
+            DataFormat::Csv { has_header, delimiter } => {
+                let opts = CsvReadOptions::new().has_header(*has_header).delimiter(*delimiter);
+                self.ctx.register_csv(name, &path, opts).await
+            }
+            DataFormat::Parquet => self.ctx.register_parquet(name, &path, ParquetReadOptions::default()).await,
+            DataFormat::Json => self.ctx.register_json(name, &path, JsonReadOptions::default()).await,
+        };
+        r.map_err(|e| DpError::Config(format!("[tables.{name}] cannot read {path}: {}", e.strip_backtrace())))?;
+        let provider = self.ctx.table_provider(name).await.map_err(engine)?;
+        if let Err(e) = check_policy_columns(name, provider.schema().as_ref(), &src.policy) {
+            let _ = self.ctx.deregister_table(name);
+            return Err(e);
+        }
+        self.policies.insert(name.to_string(), src.policy.clone());
+        Ok(())
+    }
+}
+
+fn check_policy_columns(name: &str, schema: &Schema, policy: &TablePolicy) -> Result<()> {
+    let has = |c: &str| schema.fields().iter().any(|f| f.name() == c);
+    if let Some(pu) = &policy.privacy_unit
+        && !has(pu)
+    {
+        return Err(DpError::Config(format!("[tables.{name}] privacy_unit `{pu}` is not a column of the table")));
+    }
+    for c in policy.columns.keys() {
+        if !has(c) {
+            return Err(DpError::Config(format!("[tables.{name}.columns] `{c}` is not a column of the table")));
+        }
+    }
+    Ok(())
+}
+
+/// Strips a case-insensitive keyword prefix followed by whitespace.
+fn strip_keyword<'a>(s: &'a str, kw: &str) -> Option<&'a str> {
+    let head = s.get(..kw.len())?;
+    let rest = &s[kw.len()..];
+    (head.eq_ignore_ascii_case(kw) && rest.starts_with(char::is_whitespace)).then(|| rest.trim_start())
+}
+
+/// Splits `EXPLAIN DP <query>`.
+fn explain_dp(sql: &str) -> Option<&str> {
+    strip_keyword(sql, "EXPLAIN").and_then(|r| strip_keyword(r, "DP"))
+}
+
+impl DpSession {
+    /// Registers in-memory Arrow data as a private table with `policy`.
+    pub fn register_batches(&mut self, name: &str, batches: Vec<RecordBatch>, policy: TablePolicy) -> Result<()> {
+        let schema = batches
+            .first()
+            .map(|b| b.schema())
+            .ok_or_else(|| DpError::Config(format!("table {name}: give at least one RecordBatch (it may be empty)")))?;
+        let mem =
+            MemTable::try_new(schema, vec![batches]).map_err(|e| DpError::Config(format!("table {name}: {e}")))?;
+        self.register_table(name, Arc::new(mem), policy)
+    }
+
+    /// Registers any DataFusion table provider as a private table with `policy`.
+    pub fn register_table(&mut self, name: &str, provider: Arc<dyn TableProvider>, policy: TablePolicy) -> Result<()> {
+        policy.validate(name)?;
+        check_policy_columns(name, provider.schema().as_ref(), &policy)?;
+        self.ctx.register_table(name, provider).map_err(|e| DpError::Config(format!("table {name}: {e}")))?;
+        self.policies.insert(name.to_string(), policy);
+        Ok(())
+    }
+
+    /// The private tables and their policies.
+    pub fn tables(&self) -> &BTreeMap<String, TablePolicy> {
+        &self.policies
+    }
+
+    /// The Arrow schema of a private table (column names and types; no data).
+    pub async fn table_schema(&self, name: &str) -> Result<Arc<Schema>> {
+        let p = self
+            .ctx
+            .table_provider(name)
+            .await
+            .map_err(|_| DpError::refused(format!("no table `{name}`"), "see \\tables"))?;
+        Ok(p.schema())
+    }
+
+    fn options(&self) -> DpOptions {
+        self.ctx.state().config().options().extensions.get::<DpOptions>().cloned().unwrap_or_default()
+    }
+
+    /// ρ, mechanism and confidence for the next query (the `SET dp.…` values, else the configuration's).
+    pub fn query_settings(&self) -> Result<(Rho, Mechanism, f64)> {
+        let o = self.options();
+        let rho = match o.rho {
+            Some(r) => Rho::positive(r)?,
+            None => self.defaults.query_rho,
+        };
+        let mech = match &o.mechanism {
+            Some(m) => m.parse()?,
+            None => self.defaults.mechanism,
+        };
+        Ok((rho, mech, o.confidence.unwrap_or(self.defaults.confidence)))
+    }
+
+    /// Replaces the ledger (e.g. a [`SqliteLedger`] opened by the caller). The session's configured total must
+    /// match the ledger's.
+    pub fn with_ledger(mut self, ledger: Box<dyn Ledger>) -> Self {
+        self.ledger = ledger;
+        self
+    }
+
+    /// The ledger that records this session's charges.
+    pub fn ledger(&self) -> &dyn Ledger {
+        self.ledger.as_ref()
+    }
+
+    pub(crate) fn status(&self) -> Result<BudgetStatus> {
+        let (t, s) = self.ledger.status()?;
+        Ok(BudgetStatus { rho_total: t.get(), rho_spent: s.get(), rho_remaining: t.sub_down(s).get() })
+    }
+
+    /// Budget totals and the history of charges.
+    pub fn budget(&self) -> Result<BudgetReport> {
+        let charges = self.ledger.charges()?;
+        let epsilon = crate::accounting::convert::epsilon_for_charges(&charges, self.defaults.delta)?;
+        Ok(BudgetReport { status: self.status()?, epsilon, charges })
+    }
+
+    /// The δ used for (ε, δ) reports.
+    pub fn delta(&self) -> f64 {
+        self.defaults.delta
+    }
+
+    /// Runs one statement: a query, `EXPLAIN DP <query>`, or `SET dp.<option> = <value>`.
+    pub async fn sql(&self, sql: &str) -> Result<Response> {
+        self.sql_with_request_id(sql, None).await
+    }
+
+    /// Like [`DpSession::sql`], with an idempotency key for pipelines: a query whose request id was released
+    /// before returns the stored release (the same noisy numbers, no new charge), because drawing new noise for a
+    /// retried query would let a caller average the noise away.
+    pub async fn sql_with_request_id(&self, sql: &str, request_id: Option<&str>) -> Result<Response> {
+        let text = sql.trim().trim_end_matches(';').trim_end();
+        if text.is_empty() {
+            return Err(DpError::refused(
+                "the statement is empty",
+                "type a query such as SELECT COUNT(*) FROM <table>",
+            ));
+        }
+        if let Some(id) = request_id
+            && id.trim().is_empty()
+        {
+            return Err(DpError::refused("the request id is empty", "give a non-empty id (e.g. job-2026-11-23-1)"));
+        }
+        if let Some(q) = explain_dp(text) {
+            return Ok(Response::Explain(Box::new(self.explain(q).await?)));
+        }
+        if let Some(rest) = strip_keyword(text, "SET") {
+            return self.set(rest);
+        }
+        Ok(Response::Release(Box::new(self.query(text, request_id).await?)))
+    }
+
+    /// `SET dp.<option> = <value>`: validated, and only ever narrowing what the configuration allows.
+    fn set(&self, rest: &str) -> Result<Response> {
+        let (name, value) = rest
+            .split_once('=')
+            .or_else(|| {
+                let lower = rest.to_ascii_lowercase();
+                lower.find(" to ").map(|i| (&rest[..i], &rest[i + 4..]))
+            })
+            .ok_or_else(|| DpError::refused("cannot read the SET statement", "write `SET dp.rho = 0.02`"))?;
+        let name = name.trim().to_ascii_lowercase();
+        let value = value.trim().trim_matches(|c| c == '\'' || c == '"').trim().to_string();
+        let Some(opt) = name.strip_prefix("dp.") else {
+            return Err(DpError::refused(
+                format!("`SET {name}` is not available to the analyst"),
+                "only dp.rho, dp.mechanism and dp.confidence can be set; the budget, policy and engine settings come from the configuration file",
+            ));
+        };
+        let normalized = match opt {
+            "rho" => {
+                let r: f64 = value.parse().map_err(|_| {
+                    DpError::refused(format!("dp.rho = {value} is not a number"), "write e.g. SET dp.rho = 0.02")
+                })?;
+                let r = Rho::positive(r).map_err(|e| DpError::refused(e.to_string(), "give a ρ > 0"))?;
+                let total = self.ledger.status()?.0;
+                if r.get() > total.get() {
+                    return Err(DpError::refused(
+                        format!("dp.rho = {r} exceeds the session's total budget {total}"),
+                        "choose a per-query ρ no larger than the total (\\budget shows what remains)",
+                    ));
+                }
+                r.get().to_string()
+            }
+            "mechanism" => value
+                .parse::<Mechanism>()
+                .map_err(|e| DpError::refused(e.to_string(), "SET dp.mechanism = 'gaussian' or 'laplace'"))?
+                .to_string(),
+            "confidence" => {
+                let c: f64 = value.parse().map_err(|_| {
+                    DpError::refused(
+                        format!("dp.confidence = {value} is not a number"),
+                        "write e.g. SET dp.confidence = 0.9",
+                    )
+                })?;
+                policy::check_confidence(c)
+                    .map_err(|e| DpError::refused(e.to_string(), "give a level strictly between 0 and 1"))?;
+                c.to_string()
+            }
+            other => {
+                return Err(DpError::refused(
+                    format!("there is no option dp.{other}"),
+                    "the options are dp.rho, dp.mechanism and dp.confidence",
+                ));
+            }
+        };
+        let state = self.ctx.state_ref();
+        let mut st = state.write();
+        st.config_mut().options_mut().set(&format!("dp.{opt}"), &normalized).map_err(engine)?;
+        Ok(Response::Set { option: format!("dp.{opt}"), value: normalized })
+    }
+
+    /// `EXPLAIN DP <query>`: the private plan that would run, sensitivities, mechanism, cost and accuracy. Every
+    /// check a query goes through before its debit runs here too, so EXPLAIN DP refuses exactly what the query
+    /// would refuse. Spends nothing, reads no data.
+    pub async fn explain(&self, sql: &str) -> Result<Explanation> {
+        prepare::grow_stack(async {
+            let prepared = self.prepare(sql).await?;
+            let dp = &prepared.dp;
+            let (rho, mech, confidence) = self.query_settings()?;
+            let cals = Self::calibrate(dp, rho, mech)?;
+            let mut measures = Vec::new();
+            for (m, c) in dp.measures.iter().zip(&cals) {
+                let unit = post::unit_of(&m.kind);
+                let (std, ci) = execute::noise_accuracy(c, confidence)?;
+                measures.push(ExplainedMeasure {
+                    label: m.label(),
+                    l1: m.sensitivity.l1,
+                    l2: m.sensitivity.l2,
+                    derivation: m.sensitivity.derivation.clone(),
+                    calibration: c.clone(),
+                    std: std * unit,
+                    ci_half_width: ci * unit,
+                    unit,
+                });
+            }
+            let total = crate::accounting::filter::total_rho(&cals)?;
+            Ok(Explanation {
+                sql: sql.to_string(),
+                private_plan: prepared.private.display_indent().to_string(),
+                cells: dp.cells(),
+                measures,
+                rho: total.get(),
+                epsilon: execute::epsilon_of(&cals, self.defaults.delta)?,
+                confidence,
+            })
+        })
+        .await
+    }
+}

@@ -1,0 +1,245 @@
+//! Post-processing: the analyst's plan above the aggregate, run over the noisy table.
+//!
+//! The noisy table has one row per GROUP BY cell of the public domain (keys, then one column per aggregate output
+//! in its original type). Everything computed from it is post-processing (BS16 Lemma 1.8): it costs no budget and
+//! cannot weaken the guarantee. It can still fail (a cast of a noisy value out of range) or ask for too much
+//! memory, so:
+//!
+//! * before anything is spent, the post-processing plan is bounded ([`crate::plan::size::check_post_sizes`]),
+//!   planned, and run on a public stand-in for the noisy table, twice with different values; a query whose
+//!   post-processing cannot be planned, or fails on both, is refused for free ([`DpSession::check_post_processing`]);
+//! * it runs on its own DataFusion context whose memory pool is limited ([`POST_MEMORY`]), apart from the private
+//!   plan, so that a memory limit can never be reached because of the size of the private data.
+//!
+//! A failure that remains depends on the noisy values only, and with a request id a retry post-processes the
+//! same stored values, so it repeats identically and tells nothing new.
+
+use crate::error::{DpError, Result, engine};
+use crate::plan::{DpPlan, MeasureKind, OutputKind, size};
+use crate::session::DpSession;
+use datafusion::arrow::array::{ArrayRef, RecordBatch};
+use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use datafusion::common::ScalarValue;
+use datafusion::common::tree_node::{Transformed, TreeNode};
+use datafusion::datasource::{MemTable, provider_as_source};
+use datafusion::execution::runtime_env::RuntimeEnvBuilder;
+use datafusion::logical_expr::{Expr, LogicalPlan, LogicalPlanBuilder, col};
+use datafusion::prelude::SessionContext;
+use std::sync::Arc;
+
+/// Memory pool of post-processing (bytes): sorts, windows and the like over at most [`plan::MAX_CELLS`] rows.
+pub const POST_MEMORY: usize = 1 << 30;
+
+/// The context post-processing runs on: no tables, a limited memory pool.
+pub(crate) fn post_context() -> Result<SessionContext> {
+    let runtime = RuntimeEnvBuilder::new().with_memory_limit(POST_MEMORY, 1.0).build_arc().map_err(engine)?;
+    let config = datafusion::prelude::SessionConfig::new().with_information_schema(false);
+    Ok(SessionContext::new_with_config_rt(config, runtime))
+}
+
+/// Grid unit of a measurement: 2^-s for sums on a grid, 1 otherwise.
+pub(crate) fn unit_of(kind: &MeasureKind) -> f64 {
+    match kind {
+        MeasureKind::Sum { scale_bits, .. } => 2f64.powi(-scale_bits),
+        _ => 1.0,
+    }
+}
+
+/// Every key of the cross product of the GROUP BY domains, in declaration order (one empty key without GROUP BY).
+pub(crate) fn domain_product(dp: &DpPlan) -> Vec<Vec<ScalarValue>> {
+    let mut keys: Vec<Vec<ScalarValue>> = vec![vec![]];
+    for k in &dp.keys {
+        keys = keys
+            .into_iter()
+            .flat_map(|prefix| {
+                k.domain.iter().map(move |v| {
+                    let mut key = prefix.clone();
+                    key.push(v.clone());
+                    key
+                })
+            })
+            .collect();
+    }
+    keys
+}
+
+/// The table the analyst's aggregate would have produced, from the noisy measurements: `values[c][m]` is
+/// measurement m of cell `keys[c]`, in grid units. Keys first, then one column per aggregate output in its
+/// original type (AVG = noisy SUM / noisy COUNT, clamped to the bounds).
+pub(crate) fn noisy_batch(dp: &DpPlan, keys: Vec<Vec<ScalarValue>>, values: &[Vec<i128>]) -> Result<RecordBatch> {
+    let fields = dp.aggregate_fields();
+    let mut key_cols: Vec<Vec<ScalarValue>> = vec![Vec::with_capacity(keys.len()); dp.keys.len()];
+    let mut out_cols: Vec<Vec<ScalarValue>> = vec![Vec::with_capacity(keys.len()); dp.outputs.len()];
+    for (key, cell) in keys.into_iter().zip(values) {
+        let noisy: Vec<NoisyValue> =
+            dp.measures.iter().zip(cell).map(|(m, v)| NoisyValue { grid: *v, unit: unit_of(&m.kind) }).collect();
+        if noisy.len() != dp.measures.len() {
+            return Err(DpError::Engine("a noisy cell does not have one value per measurement".into()));
+        }
+        for (k, v) in key.into_iter().enumerate() {
+            key_cols[k].push(v);
+        }
+        for (j, o) in dp.outputs.iter().enumerate() {
+            let dt = fields[j].data_type();
+            let value = match o {
+                OutputKind::Measure(i) => noisy[*i].scalar(dt)?,
+                OutputKind::Avg { sum, count } => {
+                    let (lo, hi) = match &dp.measures[*sum].kind {
+                        MeasureKind::Sum { lo, hi, .. } => (*lo, *hi),
+                        _ => (f64::NEG_INFINITY, f64::INFINITY),
+                    };
+                    let n = (noisy[*count].grid as f64).max(1.0);
+                    let avg = (noisy[*sum].as_f64() / n).clamp(lo, hi);
+                    ScalarValue::Float64(Some(avg)).cast_to(dt).map_err(engine)?
+                }
+            };
+            out_cols[j].push(value);
+        }
+    }
+    let mut arrays: Vec<ArrayRef> = Vec::new();
+    let mut schema_fields = Vec::new();
+    for (i, vals) in key_cols.into_iter().enumerate() {
+        let dt = dp.agg_schema.field(i).data_type().clone();
+        arrays.push(scalars_to_array(vals, &dt)?);
+        schema_fields.push(Field::new(format!("c{i}"), dt, true));
+    }
+    for (j, vals) in out_cols.into_iter().enumerate() {
+        let dt = fields[j].data_type().clone();
+        arrays.push(scalars_to_array(vals, &dt)?);
+        schema_fields.push(Field::new(format!("c{}", dp.keys.len() + j), dt, true));
+    }
+    RecordBatch::try_new(Arc::new(Schema::new(schema_fields)), arrays).map_err(|e| DpError::Engine(e.to_string()))
+}
+
+fn scalars_to_array(vals: Vec<ScalarValue>, dt: &DataType) -> Result<ArrayRef> {
+    if vals.is_empty() {
+        return Ok(datafusion::arrow::array::new_empty_array(dt));
+    }
+    ScalarValue::iter_to_array(vals).map_err(engine)
+}
+
+/// A noisy measurement value on its grid.
+struct NoisyValue {
+    grid: i128,
+    unit: f64,
+}
+
+impl NoisyValue {
+    fn as_f64(&self) -> f64 {
+        self.grid as f64 * self.unit
+    }
+
+    /// The value in the analyst's result type. Integer types get the nearest integer, saturated to the type's
+    /// range (a noisy SUM of an unsigned column can be negative): post-processing, never an error after the debit.
+    fn scalar(&self, dt: &DataType) -> Result<ScalarValue> {
+        // `as` from f64 to i128 saturates; on the unit grid the exact integer is used as is.
+        let v = if self.unit == 1.0 { self.grid } else { self.as_f64().round() as i128 };
+        let sat = |lo: i128, hi: i128| v.clamp(lo, hi);
+        Ok(match dt {
+            DataType::Int8 => ScalarValue::Int8(Some(sat(i8::MIN.into(), i8::MAX.into()) as i8)),
+            DataType::Int16 => ScalarValue::Int16(Some(sat(i16::MIN.into(), i16::MAX.into()) as i16)),
+            DataType::Int32 => ScalarValue::Int32(Some(sat(i32::MIN.into(), i32::MAX.into()) as i32)),
+            DataType::Int64 => ScalarValue::Int64(Some(sat(i64::MIN.into(), i64::MAX.into()) as i64)),
+            DataType::UInt8 => ScalarValue::UInt8(Some(sat(0, u8::MAX.into()) as u8)),
+            DataType::UInt16 => ScalarValue::UInt16(Some(sat(0, u16::MAX.into()) as u16)),
+            DataType::UInt32 => ScalarValue::UInt32(Some(sat(0, u32::MAX.into()) as u32)),
+            DataType::UInt64 => ScalarValue::UInt64(Some(sat(0, u64::MAX.into()) as u64)),
+            _ => return ScalarValue::Float64(Some(self.as_f64())).cast_to(dt).map_err(engine),
+        })
+    }
+}
+
+/// The analyst's plan with its aggregate replaced by the noisy table (post-processing only).
+pub(crate) fn post_plan(dp: &DpPlan, noisy: RecordBatch) -> Result<LogicalPlan> {
+    let schema = noisy.schema();
+    let mem = MemTable::try_new(schema.clone(), vec![vec![noisy]]).map_err(engine)?;
+    let scan = LogicalPlanBuilder::scan("__dp_noisy", provider_as_source(Arc::new(mem)), None).map_err(engine)?;
+    let exprs: Vec<Expr> = dp
+        .agg_schema
+        .iter()
+        .enumerate()
+        .map(|(i, (q, f))| col(format!("__dp_noisy.c{i}")).alias_qualified(q.cloned(), f.name()))
+        .collect();
+    let replacement = scan.project(exprs).and_then(|b| b.build()).map_err(engine)?;
+    let mut replaced = false;
+    let out = dp
+        .original
+        .clone()
+        .transform_up(|node| {
+            if let LogicalPlan::Aggregate(_) = &node
+                && !replaced
+            {
+                replaced = true;
+                return Ok(Transformed::yes(replacement.clone()));
+            }
+            Ok(Transformed::yes(node.recompute_schema()?))
+        })
+        .map_err(engine)?
+        .data;
+    if !replaced {
+        return Err(DpError::Engine("aggregate not found for post-processing".into()));
+    }
+    Ok(out)
+}
+
+/// Why post-processing did not produce a result.
+pub(crate) enum PostFailure {
+    /// It cannot be planned (whatever the values): refused before the debit.
+    Planning(DpError),
+    /// It failed while running on these values.
+    Running(datafusion::error::DataFusionError),
+}
+
+impl DpSession {
+    /// Plans and runs post-processing over a noisy table; returns the output schema and batches.
+    pub(crate) async fn run_post(
+        &self,
+        dp: &DpPlan,
+        noisy: RecordBatch,
+    ) -> std::result::Result<(SchemaRef, Vec<RecordBatch>), PostFailure> {
+        let rows = noisy.num_rows() as u64;
+        let plan = post_plan(dp, noisy).map_err(PostFailure::Planning)?;
+        // Bounds of the scan's columns: keys from their public domains; the measurements are numbers.
+        let key_bytes: Vec<u64> =
+            dp.keys.iter().map(|k| k.domain.iter().map(size::literal_bytes).max().unwrap_or(0)).collect();
+        let scan = |i: usize| key_bytes.get(i).copied();
+        size::check_post_sizes(&plan, rows.max(dp.cells()), &scan).map_err(PostFailure::Planning)?;
+        let df = self.post.execute_logical_plan(plan).await.map_err(|e| PostFailure::Planning(post_planning(e)))?;
+        let schema: SchemaRef = Arc::new(df.schema().as_arrow().clone());
+        let task = Arc::new(df.task_ctx());
+        let physical = df.create_physical_plan().await.map_err(|e| PostFailure::Planning(post_planning(e)))?;
+        let batches = datafusion::physical_plan::collect(physical, task).await.map_err(PostFailure::Running)?;
+        Ok((schema, batches))
+    }
+
+    /// Runs post-processing on public stand-ins for the noisy table (one cell, every measurement 1, then every
+    /// measurement 1 000 003): refuses, before anything is spent, a query whose post-processing cannot be planned
+    /// or fails on both, as it would almost surely fail on the real noisy values too. Everything here depends on
+    /// the query and the policy only.
+    pub(crate) async fn check_post_processing(&self, dp: &DpPlan) -> Result<()> {
+        let key: Vec<ScalarValue> = dp.keys.iter().filter_map(|k| k.domain.first().cloned()).collect();
+        let mut failure = None;
+        for v in [1i128, 1_000_003] {
+            let batch = noisy_batch(dp, vec![key.clone()], &[vec![v; dp.measures.len()]])?;
+            match self.run_post(dp, batch).await {
+                Ok(_) => return Ok(()),
+                Err(PostFailure::Planning(e)) => return Err(e),
+                Err(PostFailure::Running(e)) => failure = failure.or(Some(e)),
+            }
+        }
+        Err(DpError::refused(
+            format!(
+                "the computation on the aggregates fails whatever their noisy values: {}",
+                failure.map(|e| e.strip_backtrace()).unwrap_or_default()
+            ),
+            "fix the expressions above the aggregates (a division by zero, a cast that cannot succeed, ...)",
+        ))
+    }
+}
+
+fn post_planning(e: datafusion::error::DataFusionError) -> DpError {
+    DpError::refused(
+        format!("the computation on the aggregates cannot be planned: {}", e.strip_backtrace()),
+        "fix the expressions, HAVING, ORDER BY or LIMIT above the aggregates",
+    )
+}

@@ -1,0 +1,410 @@
+//! The guarantee against the adversarial audit of 2026-11-23: one test per finding, named after it (C1–C3 critical,
+//! H high, M medium, L low). The rule they enforce: whether a query succeeds, and every message it returns, must
+//! not depend on the private data; one charge, at most one draw of noise, ever.
+//!
+//! Differential tests run a query on a table D and on D′ = D plus one privacy unit crafted to satisfy the
+//! query's conditions, with the same noise seed: the outcome (refused or answered), the message and the result
+//! schema must be identical.
+
+use crate::common::{BIN, TempDir, ledger_config, pums_config, session_from};
+use datafusion::arrow::array::{Float64Array, Int64Array, RecordBatch, StringArray};
+use datafusion::arrow::datatypes::{DataType, Field, Schema};
+use dpfusion::accounting::Rho;
+use dpfusion::accounting::ledger::{Claim, Ledger, Prior, SqliteLedger};
+use dpfusion::noise::calibrate;
+use dpfusion::{ColumnPolicy, DomainValue, DpError, DpSession, Release, Response, TablePolicy};
+use std::collections::BTreeMap;
+use std::process::Command;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// People with ages 18–90 (so nobody is over 92), 2 rows each; with `extra`, one more person (pid 9999) aged 95,
+/// with a non-integer income and a name no one else has.
+fn people(extra: bool) -> RecordBatch {
+    let mut rows: Vec<(i64, i64, f64, i64, String)> = (0..150)
+        .flat_map(|p| {
+            let age = 18 + (p * 7) % 73;
+            [(p, age, (p * 1000) as f64, p % 2, format!("p{p}")), (p, age, 500.0, p % 2, format!("p{p}"))]
+        })
+        .collect();
+    if extra {
+        rows.push((9999, 95, 1234.5, 1, "zed".into()));
+    }
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("pid", DataType::Int64, false),
+        Field::new("age", DataType::Int64, true),
+        Field::new("income", DataType::Float64, true),
+        Field::new("sex", DataType::Int64, true),
+        Field::new("name", DataType::Utf8, true),
+    ]));
+    RecordBatch::try_new(
+        schema,
+        vec![
+            Arc::new(Int64Array::from(rows.iter().map(|r| r.0).collect::<Vec<_>>())),
+            Arc::new(Int64Array::from(rows.iter().map(|r| r.1).collect::<Vec<_>>())),
+            Arc::new(Float64Array::from(rows.iter().map(|r| r.2).collect::<Vec<_>>())),
+            Arc::new(Int64Array::from(rows.iter().map(|r| r.3).collect::<Vec<_>>())),
+            Arc::new(StringArray::from(rows.iter().map(|r| r.4.clone()).collect::<Vec<_>>())),
+        ],
+    )
+    .unwrap()
+}
+
+fn session(extra: bool, total: f64) -> DpSession {
+    let mut s =
+        DpSession::empty(Rho::new(total).unwrap(), Rho::new(0.05).unwrap(), calibrate::Mechanism::Gaussian, 1e-6, 0.95)
+            .unwrap();
+    let mut cols = BTreeMap::new();
+    cols.insert("age".into(), ColumnPolicy::Bounds { lo: 0.0, hi: 100.0 });
+    cols.insert("income".into(), ColumnPolicy::Bounds { lo: 0.0, hi: 100_000.0 });
+    cols.insert("sex".into(), ColumnPolicy::Domain(vec![DomainValue::Int(0), DomainValue::Int(1)]));
+    s.register_batches("people", vec![people(extra)], TablePolicy::with_unit("pid", 2, 1, cols).unwrap()).unwrap();
+    s
+}
+
+/// What the analyst sees of one statement, noisy numbers left out: answered (with the result's column names and
+/// types), refused (with the message), or failed (with the message).
+async fn seen(s: &DpSession, sql: &str) -> String {
+    match s.sql(sql).await {
+        Ok(Response::Release(r)) => {
+            let cols: Vec<String> =
+                r.schema.fields().iter().map(|f| format!("{}:{}", f.name(), f.data_type())).collect();
+            format!("answered [{}]", cols.join(", "))
+        }
+        Ok(other) => format!("answered {other:?}"),
+        Err(e @ (DpError::Refused { .. } | DpError::OverBudget { .. })) => format!("refused: {e}"),
+        Err(e) => format!("FAILED: {e}"),
+    }
+}
+
+/// Runs `sql` on D and D′ with the same noise seed; asserts the same outcome and that a refusal spent nothing.
+/// Returns the outcome.
+async fn differential(sql: &str) -> String {
+    let (d, d1) = (session(false, 100.0), session(true, 100.0));
+    d.insecure_reseed_for_tests(7).unwrap();
+    d1.insecure_reseed_for_tests(7).unwrap();
+    let (a, b) = (seen(&d, sql).await, seen(&d1, sql).await);
+    assert_eq!(a, b, "{sql}: the outcome depends on the data");
+    assert!(!a.starts_with("FAILED"), "{sql}: nothing may fail after the debit: {a}");
+    if a.starts_with("refused") {
+        assert_eq!(d.budget().unwrap().charges.len(), 0, "{sql}: a refusal spends nothing");
+    }
+    a
+}
+
+const HUGE_LIKE: usize = 120_000;
+
+#[tokio::test]
+async fn c1_literals_that_fail_when_evaluated_are_refused_before_the_debit_whatever_the_data() {
+    let huge = "_".repeat(HUGE_LIKE);
+    // Each condition is false on every row of D and true on the extra person of D′; the failing part sits behind
+    // DataFusion's short-circuit, so before the fix D answered and D′ failed after its debit.
+    let oracles = [
+        "age > 92 AND age IN (1, -(-9223372036854775808))".to_string(),
+        "pid = 9999 AND age IN (1, -(-9223372036854775808))".to_string(),
+        "age < 93 OR age > -(-9223372036854775808)".to_string(),
+        format!("age > 92 AND 'a' LIKE '{huge}'"),
+        format!("age > 92 AND name LIKE '{huge}'"),
+        "age > 92 AND age = 'abc'".to_string(),
+        "CASE WHEN age > 92 THEN 1 / 0 ELSE 0 END = 0".to_string(),
+        "COALESCE(CASE WHEN age > 92 THEN NULL ELSE age END, 1 / 0) > 0".to_string(),
+        "age > 92 AND CAST(name AS BIGINT) > 0".to_string(),
+        "age > 92 AND age / 0 > 1".to_string(),
+        "age > 92 AND age + 9223372036854775807 > 0".to_string(),
+        "age > 92 AND -age < 0".to_string(),
+        "age > 92 AND CAST(age AS SMALLINT) > 0".to_string(),
+        "age > 92 AND abs(age) > 0".to_string(),
+        "age > 92 AND name SIMILAR TO 'z.*'".to_string(),
+        "age > 92 AND name ~ 'z.*'".to_string(),
+    ];
+    for cond in &oracles {
+        let out = differential(&format!("SELECT COUNT(*) FROM people WHERE {cond}")).await;
+        assert!(out.starts_with("refused"), "{cond}: {out}");
+    }
+    // Total conditions are answered on both (casts to wider types, float arithmetic, short LIKE patterns).
+    for cond in [
+        "age > 92.5",
+        "income / 0 > 1",
+        "income * 2.0 > 1000",
+        "-income < 0",
+        "name LIKE 'z%' OR name IS NULL",
+        "age IN (93, 95) AND NOT (sex = 0)",
+        "CAST(age AS DOUBLE) BETWEEN 92 AND 99",
+    ] {
+        let out = differential(&format!("SELECT COUNT(*) FROM people WHERE {cond}")).await;
+        assert!(out.starts_with("answered"), "{cond}: {out}");
+    }
+}
+
+#[tokio::test]
+async fn c1_the_plan_checked_is_the_optimized_plan_that_runs() {
+    let s = session(false, 1.0);
+    let Ok(Response::Explain(e)) = s.sql("EXPLAIN DP SELECT COUNT(*) FROM people WHERE age IN (93, 95)").await else {
+        panic!("EXPLAIN DP must answer");
+    };
+    // The optimizer's work is visible: the scan reads only the columns needed, and the IN list became ORs.
+    assert!(e.private_plan.contains("TableScan: people projection=["), "{}", e.private_plan);
+    assert!(e.private_plan.contains("dp_clip") || e.private_plan.contains("CASE"), "{}", e.private_plan);
+}
+
+/// A post-processing error that depends on the noisy value (the count is far above 127), with the value in the
+/// message: the audit's way to read one fresh noise draw per retry.
+const NOISY_ERROR: &str = "SELECT CAST(COUNT(*) AS TINYINT) AS n FROM pums WHERE age >= 18";
+
+#[tokio::test]
+async fn c2_a_retried_request_id_never_draws_new_noise_even_over_budget() {
+    let dir = TempDir::new("c2");
+    let s = DpSession::open(ledger_config(&dir, 0.1)).await.unwrap();
+    let first = s.sql_with_request_id(NOISY_ERROR, Some("job-42")).await.unwrap_err();
+    assert!(matches!(first, DpError::PostProcessing(_)), "{first}");
+    for _ in 0..10 {
+        let again = s.sql_with_request_id(NOISY_ERROR, Some("job-42")).await.unwrap_err();
+        assert_eq!(again.to_string(), first.to_string(), "a retry must post-process the same noisy value");
+    }
+    assert_eq!(s.budget().unwrap().charges.len(), 1, "one charge");
+    // Spend the rest: the retry still answers the same (it was paid for), and draws nothing new.
+    s.sql("SELECT COUNT(*) FROM pums").await.unwrap();
+    assert!(matches!(s.sql("SELECT COUNT(*) FROM pums").await, Err(DpError::OverBudget { .. })));
+    let late = s.sql_with_request_id(NOISY_ERROR, Some("job-42")).await.unwrap_err();
+    assert_eq!(late.to_string(), first.to_string());
+    // And in another process, from the ledger.
+    drop(s);
+    let o = Command::new(BIN)
+        .args(["query", "--request-id", "job-42", "--config"])
+        .arg(dir.join("dp.toml"))
+        .arg(NOISY_ERROR)
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&o.stderr).contains(&first.to_string()), "{}", String::from_utf8_lossy(&o.stderr));
+}
+
+#[tokio::test]
+async fn c2_a_charge_whose_run_stopped_before_its_draw_is_answered_once_under_that_charge() {
+    let dir = TempDir::new("c2b");
+    let cfg = ledger_config(&dir, 1.0);
+    let sql = "SELECT sex, COUNT(*) FROM pums GROUP BY sex";
+    let s = DpSession::open(&cfg).await.unwrap();
+    let Ok(Response::Explain(e)) = s.sql(&format!("EXPLAIN DP {sql}")).await else { panic!() };
+    let cals: Vec<_> = e.measures.iter().map(|m| m.calibration.clone()).collect();
+    drop(s);
+    // A run that was charged and then killed before it drew its noise.
+    let l = SqliteLedger::open(&dir.join("ledger.db"), "test", Rho::new(1.0).unwrap(), Duration::from_secs(5)).unwrap();
+    let Claim::New(c) = l.claim(sql, "job-7", cals.clone()).unwrap() else { panic!("new id") };
+    drop(l);
+    let s = DpSession::open(&cfg).await.unwrap();
+    let a: Release = match s.sql_with_request_id(sql, Some("job-7")).await.unwrap() {
+        Response::Release(r) => *r,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(a.charge.id, c.id, "answered under the existing charge");
+    assert_eq!(s.budget().unwrap().charges.len(), 1, "no new charge");
+    let Response::Release(b) = s.sql_with_request_id(sql, Some("job-7")).await.unwrap() else { panic!() };
+    assert_eq!(a.batches, b.batches);
+    // A charge made for other sensitivities (the policy changed since) is never answered with new noise.
+    let l = SqliteLedger::open(&dir.join("ledger.db"), "test", Rho::new(1.0).unwrap(), Duration::from_secs(5)).unwrap();
+    let other = vec![calibrate::gaussian(7.0, Rho::new(0.05).unwrap()).unwrap()];
+    let Claim::New(_) = l.claim(sql, "job-8", other).unwrap() else { panic!("new id") };
+    let e = s.sql_with_request_id(sql, Some("job-8")).await.unwrap_err();
+    assert!(e.to_string().contains("another policy"), "{e}");
+}
+
+#[test]
+fn c2_a_ledger_of_format_1_never_recomputes_a_charged_unreleased_request() {
+    let dir = TempDir::new("v1");
+    let path = dir.join("ledger.db");
+    let cal = calibrate::gaussian(2.0, Rho::new(0.05).unwrap()).unwrap();
+    {
+        let l = SqliteLedger::open(&path, "test", Rho::new(1.0).unwrap(), Duration::from_secs(5)).unwrap();
+        let Claim::New(_) = l.claim("SELECT COUNT(*) FROM pums", "old", vec![cal]).unwrap() else { panic!() };
+    }
+    // Make it what dpfusion's format 1 was: no draws table.
+    let conn = rusqlite::Connection::open(&path).unwrap();
+    conn.execute_batch("DROP TABLE draws; UPDATE meta SET value = '1' WHERE key = 'format';").unwrap();
+    drop(conn);
+    let l = SqliteLedger::open(&path, "test", Rho::new(1.0).unwrap(), Duration::from_secs(5)).unwrap();
+    match l.prior("old").unwrap() {
+        Prior::Drawn(_, body) => assert!(body.is_empty(), "marked as drawn and lost"),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn c3_concurrent_processes_with_one_request_id_release_one_noisy_value() {
+    let dir = TempDir::new("c3");
+    let cfg = ledger_config(&dir, 100.0);
+    for round in 0..3 {
+        let id = format!("race-{round}");
+        let children: Vec<_> = (0..8)
+            .map(|_| {
+                Command::new(BIN)
+                    .args(["query", "--format", "json", "--request-id", &id, "--config"])
+                    .arg(&cfg)
+                    .arg("SELECT sex, COUNT(*) FROM pums GROUP BY sex")
+                    .stdout(std::process::Stdio::piped())
+                    .stderr(std::process::Stdio::piped())
+                    .spawn()
+                    .unwrap()
+            })
+            .collect();
+        let mut values = std::collections::BTreeSet::new();
+        for c in children {
+            let o = c.wait_with_output().unwrap();
+            assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+            let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+            values.insert(v["rows"].to_string());
+        }
+        assert_eq!(values.len(), 1, "round {round}: one request id released {values:?}");
+    }
+    let l =
+        SqliteLedger::open(&dir.join("ledger.db"), "test", Rho::new(100.0).unwrap(), Duration::from_secs(5)).unwrap();
+    assert_eq!(l.charges().unwrap().len(), 3, "one charge per request id");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn c3_concurrent_tasks_with_one_request_id_release_one_noisy_value() {
+    let s = Arc::new(session(false, 100.0));
+    let tasks: Vec<_> = (0..8)
+        .map(|_| {
+            let s = s.clone();
+            tokio::spawn(async move {
+                match s.sql_with_request_id("SELECT sex, SUM(income) FROM people GROUP BY sex", Some("t")).await {
+                    Ok(Response::Release(r)) => r.batches,
+                    other => panic!("{other:?}"),
+                }
+            })
+        })
+        .collect();
+    let mut seen = Vec::new();
+    for t in tasks {
+        seen.push(t.await.unwrap());
+    }
+    assert!(seen.windows(2).all(|w| w[0] == w[1]), "one draw for one request id");
+    assert_eq!(s.budget().unwrap().charges.len(), 1);
+}
+
+#[tokio::test]
+async fn h2_long_operator_chains_are_refused_not_a_crash() {
+    let s = session(false, 1.0);
+    let ors = (0..8000).map(|i| format!("age = {i}")).collect::<Vec<_>>().join(" OR ");
+    let plus = format!("SELECT COUNT(*){} FROM people", " + 1".repeat(5300));
+    for q in [format!("SELECT COUNT(*) FROM people WHERE {ors}"), plus] {
+        for sql in [q.clone(), format!("EXPLAIN DP {q}")] {
+            let e = s.sql(&sql).await.unwrap_err();
+            assert!(e.to_string().contains("operators"), "{e}");
+        }
+    }
+    assert_eq!(s.budget().unwrap().charges.len(), 0);
+}
+
+#[test]
+fn h2_planning_a_chain_under_the_limit_fits_a_small_thread_stack() {
+    // 990 operators, on a thread with a 1 MiB stack (DataFusion's planner alone needs more than 2 MiB for
+    // 1 200 in a debug build): planning must run on its own large stack.
+    let q = format!(
+        "SELECT COUNT(*) FROM people WHERE {}",
+        (0..496).map(|i| format!("age = {i}")).collect::<Vec<_>>().join(" OR ")
+    );
+    let h = std::thread::Builder::new()
+        .stack_size(1 << 20)
+        .spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            rt.block_on(async {
+                let s = session(false, 1.0);
+                matches!(s.sql(&q).await, Ok(Response::Release(_)))
+            })
+        })
+        .unwrap();
+    assert!(h.join().unwrap(), "answered");
+}
+
+#[tokio::test]
+async fn h5_post_processing_that_could_exhaust_memory_is_refused_before_the_debit() {
+    let doubling = {
+        let mut q = "WITH t0 AS (SELECT CAST(COUNT(*) AS VARCHAR) AS c FROM people)".to_string();
+        for i in 1..=30 {
+            q.push_str(&format!(", t{i} AS (SELECT concat(c, c) AS c FROM t{})", i - 1));
+        }
+        q + " SELECT length(c) FROM t30"
+    };
+    for sql in [
+        "SELECT length(lpad('x', CAST(COUNT(*) AS BIGINT) * 1000000000)) FROM people".to_string(),
+        "SELECT COUNT(*), repeat('ab', 1000000000000) FROM people".to_string(),
+        "SELECT COUNT(*) FROM people WHERE name = lpad('x', 100000000000)".to_string(),
+        "SELECT string_agg(CAST(n AS VARCHAR), ',') OVER () FROM (SELECT COUNT(*) AS n FROM people) t".to_string(),
+        doubling,
+    ] {
+        let out = differential(&sql).await;
+        assert!(out.starts_with("refused"), "{sql}: {out}");
+    }
+    // Bounded text is fine.
+    let out = differential("SELECT lpad(CAST(COUNT(*) AS VARCHAR), 12, '.') AS n FROM people").await;
+    assert!(out.starts_with("answered"), "{out}");
+}
+
+#[tokio::test]
+async fn m2_queries_that_fail_whatever_the_noise_are_refused_for_free() {
+    for sql in [
+        "SELECT COUNT(*) FROM people LIMIT -1",
+        "SELECT COUNT(*) FROM people WHERE 2 IS NOT UNKNOWN",
+        "SELECT COUNT(*) FROM people WHERE 17000 ~~ income",
+        "SELECT COUNT(*) / 0 FROM people",
+        "SELECT CAST(CONCAT('n=', CAST(COUNT(*) AS VARCHAR)) AS BIGINT) AS leak FROM people",
+        "SELECT COUNT(*) FROM people HAVING COUNT(*) > -(-9223372036854775808)",
+        "SELECT COUNT(*) FROM people ORDER BY 1 / 0",
+    ] {
+        let out = differential(sql).await;
+        assert!(out.starts_with("refused"), "{sql}: {out}");
+    }
+    // A failure that depends on the noisy value is not refused up front (it may well succeed).
+    assert!(differential("SELECT 1000 / (COUNT(*) - 1) FROM people").await.starts_with("answered"));
+}
+
+#[tokio::test]
+async fn l3_an_empty_request_id_is_refused() {
+    let s = session(false, 1.0);
+    for id in ["", "  "] {
+        let e = s.sql_with_request_id("SELECT COUNT(*) FROM people", Some(id)).await.unwrap_err();
+        assert!(e.to_string().contains("request id is empty"), "{e}");
+    }
+    assert_eq!(s.budget().unwrap().charges.len(), 0);
+}
+
+#[tokio::test]
+async fn l4_a_replayed_release_reports_the_same_epsilon_to_the_last_bit() {
+    let dir = TempDir::new("l4");
+    let s = DpSession::open(ledger_config(&dir, 1.0)).await.unwrap();
+    let get = |r: Response| match r {
+        Response::Release(r) => *r,
+        other => panic!("{other:?}"),
+    };
+    let a = get(s.sql_with_request_id("SELECT COUNT(*) FROM pums", Some("e")).await.unwrap());
+    let b = get(s.sql_with_request_id("SELECT COUNT(*) FROM pums", Some("e")).await.unwrap());
+    assert_eq!(a.query_epsilon.epsilon.to_bits(), b.query_epsilon.epsilon.to_bits());
+    assert_eq!(a.session_epsilon.epsilon.to_bits(), b.session_epsilon.epsilon.to_bits());
+}
+
+#[tokio::test]
+async fn l7_internal_names_are_refused_as_aliases() {
+    for sql in [
+        "SELECT COUNT(*) AS __dp_m0 FROM people",
+        "SELECT SUM(x) FROM (SELECT income AS __dp_unit, income AS x FROM people) t",
+        "SELECT COUNT(*) FROM (SELECT age AS __dp_x0 FROM people) t",
+        "SELECT COUNT(*) FROM people AS __dp_noisy",
+        "SELECT n AS __DP_R FROM (SELECT COUNT(*) AS n FROM people) t",
+    ] {
+        let out = differential(sql).await;
+        assert!(out.contains("reserves"), "{sql}: {out}");
+    }
+}
+
+#[tokio::test]
+async fn the_pums_demo_answers_the_readme_queries_after_all_checks() {
+    let s = session_from(&pums_config("pums_dup.csv", 1.0, 2, 1)).await;
+    for sql in [
+        "SELECT COUNT(*) FROM pums WHERE age >= 18",
+        "SELECT sex, COUNT(*) AS n, AVG(income) AS avg_income FROM pums GROUP BY sex",
+        "SELECT race, SUM(income) FROM pums GROUP BY race",
+    ] {
+        assert!(matches!(s.sql(sql).await, Ok(Response::Release(_))), "{sql}");
+    }
+}
