@@ -133,8 +133,9 @@ fn people_config(data: &Path, person_level: bool) -> String {
     };
     format!(
         "[session]\nrho = 1e9\ndefault_query_rho = 0.01\n\n[tables.people]\npath = \"{}\"\nformat = \"parquet\"\n{unit}\n\
-         [tables.people.columns]\nage = {{ bounds = [0, 99] }}\nincome = {{ bounds = [0, 200000] }}\nsex = {{ domain = [0, 1] }}\n\
-         state = {{ domain = [{}] }}\neducation = {{ domain = [{}] }}\n",
+         [tables.people.columns]\nperson_id = {{ type = \"int64\" }}\nage = {{ type = \"int64\", bounds = [0, 99] }}\n\
+         income = {{ type = \"float64\", bounds = [0, 200000] }}\nsex = {{ type = \"int64\", domain = [0, 1] }}\n\
+         state = {{ type = \"int64\", domain = [{}] }}\neducation = {{ type = \"int64\", domain = [{}] }}\n",
         data.display(),
         (0..50).map(|i| i.to_string()).collect::<Vec<_>>().join(", "),
         (1..17).map(|i| i.to_string()).collect::<Vec<_>>().join(", ")
@@ -271,9 +272,9 @@ async fn bench_marginals(data: &Path, reps: usize) -> Res<()> {
     {
         let cfg = format!(
             "[session]\nrho = 1e9\ndefault_query_rho = 0.01\n\n[tables.wide]\npath = \"{}\"\nformat = \"parquet\"\n{policy}\n\
-             [tables.wide.columns]\n{}",
+             [tables.wide.columns]\nperson_id = {{ type = \"int64\" }}\n{}",
             data.display(),
-            cols.iter().map(|c| format!("{c} = {{ domain = [0, 1] }}\n")).collect::<String>()
+            cols.iter().map(|c| format!("{c} = {{ type = \"int8\", domain = [0, 1] }}\n")).collect::<String>()
         );
         let s = DpSession::from_config(&SessionConfig::from_toml_str(&cfg, Path::new("."))?).await?;
         let spec = MarginalSpec::rho(1.0);

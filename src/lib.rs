@@ -17,10 +17,12 @@ pub mod cli;
 pub mod error;
 pub mod marginals;
 pub mod noise;
+pub mod owner_log;
 pub mod plan;
 pub mod policy;
 pub mod release;
 pub mod session;
+pub mod source;
 
 pub use error::{DpError, Result};
 pub use policy::{ColumnPolicy, DomainValue, SessionConfig, TablePolicy};

@@ -74,6 +74,9 @@ pub struct SessionSettings {
     /// Confidence level of reported intervals, in (0, 1).
     #[serde(default = "default_confidence")]
     pub confidence: f64,
+    /// A file only the data owner reads: how many values of each column did not parse (read as NULL), and the
+    /// details of errors whose text is withheld from analysts. Relative to the configuration file.
+    pub owner_log: Option<String>,
 }
 
 fn default_mechanism() -> String {
@@ -122,10 +125,107 @@ fn default_delimiter() -> char {
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ColumnConfig {
+    /// The column's type (`int64`, `float64`, `string`, ...; see [`ColumnType`]). Required: the schema the
+    /// analyst sees must never be inferred from the data.
+    #[serde(rename = "type")]
+    pub data_type: Option<String>,
     /// `[lo, hi]`: values are clamped to this range before SUM/AVG.
-    pub bounds: Option<[f64; 2]>,
+    pub bounds: Option<Vec<f64>>,
     /// The public set of values a GROUP BY key can take.
     pub domain: Option<Vec<DomainValue>>,
+}
+
+/// A column type as the policy declares it. The data is read with these types: a value that does not parse as
+/// its column's type is read as NULL (and counted in the owner's log), so the schema, and every refusal and
+/// result type derived from it, never depends on the data.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ColumnType(datafusion::arrow::datatypes::DataType);
+
+impl ColumnType {
+    /// The names accepted in the configuration, with their Arrow types.
+    pub const NAMES: &[&str] = &[
+        "int8",
+        "int16",
+        "int32",
+        "int64",
+        "uint8",
+        "uint16",
+        "uint32",
+        "uint64",
+        "float32",
+        "float64",
+        "string",
+        "boolean",
+        "date",
+        "timestamp",
+    ];
+
+    /// The Arrow type.
+    pub fn data_type(&self) -> &datafusion::arrow::datatypes::DataType {
+        &self.0
+    }
+
+    /// The configuration name of an Arrow type dpfusion can read, if it is one (string types all map to `string`).
+    pub fn name_of(dt: &datafusion::arrow::datatypes::DataType) -> Option<&'static str> {
+        use datafusion::arrow::datatypes::{DataType::*, TimeUnit};
+        Some(match dt {
+            Int8 => "int8",
+            Int16 => "int16",
+            Int32 => "int32",
+            Int64 => "int64",
+            UInt8 => "uint8",
+            UInt16 => "uint16",
+            UInt32 => "uint32",
+            UInt64 => "uint64",
+            Float32 => "float32",
+            Float64 => "float64",
+            Utf8 | LargeUtf8 | Utf8View => "string",
+            Boolean => "boolean",
+            Date32 => "date",
+            Timestamp(TimeUnit::Microsecond, None) => "timestamp",
+            _ => return None,
+        })
+    }
+
+    /// Whether a file column of type `dt` holds exactly this type (the string types are one family).
+    pub fn matches(&self, dt: &datafusion::arrow::datatypes::DataType) -> bool {
+        Self::name_of(dt).is_some_and(|n| Some(n) == Self::name_of(&self.0))
+    }
+}
+
+impl std::str::FromStr for ColumnType {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        use datafusion::arrow::datatypes::{DataType::*, TimeUnit};
+        Ok(ColumnType(match s.trim().to_ascii_lowercase().as_str() {
+            "int8" | "tinyint" => Int8,
+            "int16" | "smallint" => Int16,
+            "int32" | "int" | "integer" => Int32,
+            "int64" | "bigint" => Int64,
+            "uint8" => UInt8,
+            "uint16" => UInt16,
+            "uint32" => UInt32,
+            "uint64" => UInt64,
+            "float32" | "real" | "float" => Float32,
+            "float64" | "double" => Float64,
+            "string" | "text" | "utf8" | "varchar" => Utf8,
+            "boolean" | "bool" => Boolean,
+            "date" => Date32,
+            "timestamp" => Timestamp(TimeUnit::Microsecond, None),
+            other => {
+                return Err(format!(
+                    "`{other}` is not a column type dpfusion reads; use one of {}",
+                    Self::NAMES.join(", ")
+                ));
+            }
+        }))
+    }
+}
+
+impl std::fmt::Display for ColumnType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(Self::name_of(&self.0).unwrap_or("unknown"))
+    }
 }
 
 /// One value of a public domain.
@@ -295,13 +395,16 @@ impl TablePolicy {
     }
 }
 
-/// A private table as the configuration declares it: where the data is, and its policy.
+/// A private table as the configuration declares it: where the data is, its columns and their types, and its
+/// policy.
 #[derive(Clone, Debug)]
 pub struct TableSource {
-    /// Resolved path or glob.
+    /// Resolved path, directory or glob.
     pub path: PathBuf,
     /// File format.
     pub format: DataFormat,
+    /// Every column the analyst can use, with its declared type (columns of the file not listed are not read).
+    pub columns: BTreeMap<String, ColumnType>,
     /// Privacy policy.
     pub policy: TablePolicy,
 }
@@ -323,6 +426,8 @@ pub struct SessionConfig {
     pub tables: BTreeMap<String, TableSource>,
     /// The durable ledger, if configured.
     pub ledger: Option<LedgerSettings>,
+    /// The data owner's log (values that did not parse, details of failed reads), if configured.
+    pub owner_log: Option<PathBuf>,
 }
 
 fn cfg_err(e: DpError, key: &str) -> DpError {
@@ -377,17 +482,40 @@ impl SessionConfig {
                 if l.budget.trim().is_empty() {
                     return Err(DpError::Config("[ledger] budget must be a non-empty name".into()));
                 }
-                let p = Path::new(&l.path);
-                let path = if p.is_absolute() { p.to_path_buf() } else { base_dir.join(p) };
+                if l.busy_timeout_ms > MAX_BUSY_TIMEOUT_MS {
+                    return Err(DpError::Config(format!(
+                        "[ledger] busy_timeout_ms = {} is more than an hour ({MAX_BUSY_TIMEOUT_MS}); 5000 is usual",
+                        l.busy_timeout_ms
+                    )));
+                }
                 Some(LedgerSettings {
-                    path,
+                    path: resolve(base_dir, &l.path),
                     budget: l.budget,
                     busy_timeout: std::time::Duration::from_millis(l.busy_timeout_ms),
                 })
             }
         };
-        Ok(SessionConfig { total_rho, default_query_rho, mechanism, delta: s.delta, confidence, tables, ledger })
+        let owner_log = s.owner_log.as_deref().map(|p| resolve(base_dir, p));
+        Ok(SessionConfig {
+            total_rho,
+            default_query_rho,
+            mechanism,
+            delta: s.delta,
+            confidence,
+            tables,
+            ledger,
+            owner_log,
+        })
     }
+}
+
+/// Longest accepted `[ledger] busy_timeout_ms` (one hour).
+pub const MAX_BUSY_TIMEOUT_MS: u64 = 3_600_000;
+
+/// `p` resolved against the configuration file's directory when relative.
+pub(crate) fn resolve(base_dir: &Path, p: &str) -> PathBuf {
+    let p = Path::new(p);
+    if p.is_absolute() { p.to_path_buf() } else { base_dir.join(p) }
 }
 
 fn table_source(name: &str, t: TableConfig, base_dir: &Path) -> Result<TableSource> {
@@ -407,22 +535,45 @@ fn table_source(name: &str, t: TableConfig, base_dir: &Path) -> Result<TableSour
         }
     };
     let mut columns = BTreeMap::new();
+    let mut types = BTreeMap::new();
     for (col, c) in t.columns {
+        let Some(ty) = &c.data_type else {
+            return Err(DpError::Config(format!(
+                "[tables.{name}.columns] {col}: no `type`. Column types come from the policy, never from the data \
+                 (one unusual value would change them): run `dpfusion pin --config <this file>` once to write the \
+                 types of the file into the policy, check them, or write e.g. `type = \"int64\"`"
+            )));
+        };
+        let ty: ColumnType =
+            ty.parse().map_err(|e| DpError::Config(format!("[tables.{name}.columns] {col}: type {e}")))?;
+        types.insert(col.clone(), ty);
         let p = match (c.bounds, c.domain) {
-            (Some([lo, hi]), None) => ColumnPolicy::Bounds { lo, hi },
-            (None, Some(d)) => ColumnPolicy::Domain(d),
+            (Some(b), None) => match b.as_slice() {
+                [lo, hi] => Some(ColumnPolicy::Bounds { lo: *lo, hi: *hi }),
+                other => {
+                    return Err(DpError::Config(format!(
+                        "[tables.{name}.columns] {col}: bounds = {other:?} must be two numbers [lo, hi]"
+                    )));
+                }
+            },
+            (None, Some(d)) => Some(ColumnPolicy::Domain(d)),
             (Some(_), Some(_)) => {
                 return Err(DpError::Config(format!(
                     "[tables.{name}.columns] {col}: give either `bounds` or `domain`, not both"
                 )));
             }
-            (None, None) => {
-                return Err(DpError::Config(format!(
-                    "[tables.{name}.columns] {col}: needs `bounds = [lo, hi]` or `domain = [...]`"
-                )));
-            }
+            (None, None) => None,
         };
-        columns.insert(col, p);
+        if let Some(p) = p {
+            columns.insert(col, p);
+        }
+    }
+    if let Some(pu) = &t.privacy_unit
+        && !types.contains_key(pu)
+    {
+        return Err(DpError::Config(format!(
+            "[tables.{name}.columns] the privacy unit `{pu}` must be declared with its type, e.g. `{pu} = {{ type = \"int64\" }}`"
+        )));
     }
     let policy = TablePolicy {
         max_rows_per_unit: t.max_rows_per_unit.unwrap_or(1),
@@ -431,7 +582,5 @@ fn table_source(name: &str, t: TableConfig, base_dir: &Path) -> Result<TableSour
         columns,
     };
     policy.validate(name)?;
-    let path = Path::new(&t.path);
-    let path = if path.is_absolute() { path.to_path_buf() } else { base_dir.join(path) };
-    Ok(TableSource { path, format, policy })
+    Ok(TableSource { path: resolve(base_dir, &t.path), format, columns: types, policy })
 }

@@ -68,12 +68,13 @@ max_rows_per_unit = {k}
 max_groups_per_unit = {g}
 
 [tables.pums.columns]
-age = {{ bounds = [0, 100] }}
-income = {{ bounds = [0, 500000] }}
-sex = {{ domain = [0, 1] }}
-race = {{ domain = [1, 2, 3, 4, 5, 6] }}
-married = {{ domain = [0, 1] }}
-educ = {{ domain = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16] }}
+pid = {{ type = "int64" }}
+age = {{ type = "int64", bounds = [0, 100] }}
+income = {{ type = "int64", bounds = [0, 500000] }}
+sex = {{ type = "int64", domain = [0, 1] }}
+race = {{ type = "int64", domain = [1, 2, 3, 4, 5, 6] }}
+married = {{ type = "int64", domain = [0, 1] }}
+educ = {{ type = "int64", domain = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16] }}
 "#
     )
 }

@@ -18,12 +18,13 @@ max_rows_per_unit = 2
 max_groups_per_unit = 1
 
 [tables.pums.columns]
-age = { bounds = [0, 100] }
-income = { bounds = [0, 500000] }
-sex = { domain = [0, 1] }
-race = { domain = [1, 2, 3, 4, 5, 6] }
-married = { domain = [0, 1] }
-educ = { domain = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16] }
+pid = { type = "int64" }
+age = { type = "int64", bounds = [0, 100] }
+income = { type = "int64", bounds = [0, 500000] }
+sex = { type = "int64", domain = [0, 1] }
+race = { type = "int64", domain = [1, 2, 3, 4, 5, 6] }
+married = { type = "int64", domain = [0, 1] }
+educ = { type = "int64", domain = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16] }
 "#;
 
 fn root() -> &'static Path {
@@ -58,6 +59,9 @@ fn err(text: &str) -> String {
 #[test]
 fn mistakes_are_reported_with_the_fix() {
     let base = EXAMPLE.to_string();
+    let age = r#"age = { type = "int64", bounds = [0, 100] }"#;
+    let sex = r#"sex = { type = "int64", domain = [0, 1] }"#;
+    let pid = r#"pid = { type = "int64" }"#;
     let cases: Vec<(String, &str)> = vec![
         (base.replace("rho = 1.0 ", "rho = -1.0 "), "negative"),
         (base.replace("default_query_rho = 0.05", "default_query_rho = 2.0"), "exceeds the total"),
@@ -65,13 +69,18 @@ fn mistakes_are_reported_with_the_fix() {
         (base.replace("delta = 1e-6", "delta = 1.5"), "delta"),
         (base.replace("format = \"csv\"", "format = \"xlsx\""), "\"csv\", \"parquet\" or \"json\""),
         (base.replace("max_rows_per_unit = 2", "max_rows_per_unit = 0"), "max_rows_per_unit"),
-        (base.replace("age = { bounds = [0, 100] }", "age = { bounds = [100, 0] }"), "lo ≤ hi"),
-        (base.replace("age = { bounds = [0, 100] }", "age = { bound = [0, 100] }"), "unknown field `bound`"),
-        (base.replace("sex = { domain = [0, 1] }", "sex = { domain = [0, 0] }"), "twice"),
-        (base.replace("sex = { domain = [0, 1] }", "sex = { domain = [] }"), "empty"),
-        (base.replace("sex = { domain = [0, 1] }", "sex = { domain = [0, 1], bounds = [0, 1] }"), "not both"),
-        (base.replace("sex = { domain = [0, 1] }", "pid = { domain = [0, 1] }"), "privacy unit"),
+        (base.replace(age, r#"age = { type = "int64", bounds = [100, 0] }"#), "lo ≤ hi"),
+        (base.replace(age, r#"age = { type = "int64", bound = [0, 100] }"#), "unknown field `bound`"),
+        (base.replace(age, r#"age = { type = "int64", bounds = [0, 1, 2] }"#), "two numbers"),
+        (base.replace(age, r#"age = { bounds = [0, 100] }"#), "dpfusion pin"),
+        (base.replace(age, r#"age = { type = "decimal", bounds = [0, 100] }"#), "not a column type"),
+        (base.replace(sex, r#"sex = { type = "int64", domain = [0, 0] }"#), "twice"),
+        (base.replace(sex, r#"sex = { type = "int64", domain = [] }"#), "empty"),
+        (base.replace(sex, r#"sex = { type = "int64", domain = [0, 1], bounds = [0, 1] }"#), "not both"),
+        (base.replace(pid, r#"pid = { type = "int64", domain = [0, 1] }"#), "privacy unit"),
+        (base.replace(pid, ""), "must be declared with its type"),
         (base.replace("privacy_unit = \"pid\"\n", ""), "privacy_unit"),
+        (base.clone() + "\n[ledger]\npath = \"l.db\"\nbusy_timeout_ms = 18446744073709551615\n", "more than an hour"),
         ("[session]\nrho = 1\n".to_string(), "default_query_rho"),
         ("this is not toml".to_string(), "expected"),
     ];
@@ -87,10 +96,12 @@ async fn missing_or_broken_data_is_a_config_error() {
     let cfg = SessionConfig::from_toml_str(&missing, root()).unwrap();
     let e = dpfusion::DpSession::from_config(&cfg).await.err().expect("must fail");
     assert!(matches!(e, DpError::Config(_)) && e.to_string().contains("does not exist"), "{e}");
-    let wrong_unit = EXAMPLE.replace("privacy_unit = \"pid\"", "privacy_unit = \"person\"");
+    let wrong_unit = EXAMPLE
+        .replace("privacy_unit = \"pid\"", "privacy_unit = \"person\"")
+        .replace("pid = { type", "person = { type");
     let cfg = SessionConfig::from_toml_str(&wrong_unit, root()).unwrap();
     let e = dpfusion::DpSession::from_config(&cfg).await.err().expect("must fail");
-    assert!(e.to_string().contains("privacy_unit `person` is not a column"), "{e}");
+    assert!(e.to_string().contains("`person` is not a column of"), "{e}");
     let e = dpfusion::DpSession::open(root().join("config/nope.toml")).await.err().expect("must fail");
     assert!(matches!(e, DpError::Io { .. }), "{e}");
 }

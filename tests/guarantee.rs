@@ -408,3 +408,279 @@ async fn the_pums_demo_answers_the_readme_queries_after_all_checks() {
         assert!(matches!(s.sql(sql).await, Ok(Response::Release(_))), "{sql}");
     }
 }
+
+/// A copy of pums_dup.csv with `extra` lines appended, and a configuration for it (owner log in `dir`).
+fn pums_with(dir: &TempDir, tag: &str, extra: &[u8]) -> std::path::PathBuf {
+    let mut data = std::fs::read(format!("{}/examples/data/pums_dup.csv", crate::common::ROOT)).unwrap();
+    data.extend_from_slice(extra);
+    let csv = dir.join(format!("{tag}.csv"));
+    std::fs::write(&csv, data).unwrap();
+    let cfg =
+        pums_config("pums_dup.csv", 100.0, 2, 1).replace("examples/data/pums_dup.csv", csv.to_str().unwrap()).replace(
+            "delta = 1e-6",
+            &format!("delta = 1e-6\nowner_log = \"{}\"", dir.join(format!("{tag}.log")).display()),
+        );
+    let p = dir.join(format!("{tag}.toml"));
+    std::fs::write(&p, cfg).unwrap();
+    p
+}
+
+/// Everything an analyst can see of a table without spending: its schema, and EXPLAIN DP of a few queries.
+async fn free_view(s: &DpSession) -> String {
+    let schema = s.table_schema("pums").await.unwrap();
+    let mut out = format!("{schema:?}");
+    for q in ["SELECT SUM(income) FROM pums", "SELECT COUNT(*) FROM pums WHERE age > 30", "SELECT AVG(age) FROM pums"] {
+        out += &match s.explain(q).await {
+            Ok(e) => e.to_string(),
+            Err(e) => e.to_string(),
+        };
+    }
+    out
+}
+
+#[tokio::test]
+async fn h1_column_types_come_from_the_policy_never_from_the_data() {
+    let dir = TempDir::new("h1");
+    let d = DpSession::open(pums_with(&dir, "d", b"")).await.unwrap();
+    // One more person with a non-integer income; one with a word for an age.
+    let d1 = DpSession::open(pums_with(&dir, "d1", b"40,1,9,1,1234.5,1,50001\n")).await.unwrap();
+    let d2 = DpSession::open(pums_with(&dir, "d2", b"unknown,1,9,1,100,1,50002\n")).await.unwrap();
+    let base = free_view(&d).await;
+    assert!(base.contains("income"), "{base}");
+    assert_eq!(free_view(&d1).await, base, "a float in an integer column changed what the analyst sees");
+    assert_eq!(free_view(&d2).await, base, "a word in a number column changed what the analyst sees");
+    for q in ["SELECT SUM(income) AS s FROM pums", "SELECT COUNT(*) FROM pums WHERE age > 30"] {
+        let (a, b, c) = (seen(&d, q).await, seen(&d1, q).await, seen(&d2, q).await);
+        assert!(a.starts_with("answered") && a == b && a == c, "{q}: {a} / {b} / {c}");
+    }
+    // The owner, not the analyst, learns that values did not parse.
+    let log = std::fs::read_to_string(dir.join("d2.log")).unwrap_or_default();
+    assert!(log.contains("age: 1"), "{log}");
+}
+
+#[tokio::test]
+async fn h1_malformed_rows_are_read_as_nulls_and_never_quoted() {
+    let dir = TempDir::new("h1b");
+    let d = DpSession::open(pums_with(&dir, "d", b"")).await.unwrap();
+    // Short rows, extra fields, invalid UTF-8, a float for an integer, and an unterminated quote at the end.
+    let bad: &[u8] =
+        b"45.5,1,9,1,77777,1,60001\n31,0\n22,1,3,4,5,0,60002,extra,fields\n3\xff9,1,9,1,100,1,60003\n\"open,1,2,3";
+    let d1 = DpSession::open(pums_with(&dir, "d1", bad)).await.unwrap();
+    d.insecure_reseed_for_tests(3).unwrap();
+    d1.insecure_reseed_for_tests(3).unwrap();
+    for q in [
+        "SELECT COUNT(*) FROM pums",
+        "SELECT sex, SUM(income), AVG(age) FROM pums GROUP BY sex",
+        "SELECT COUNT(*) FROM pums WHERE age > 40 AND income < 80000",
+    ] {
+        let (a, b) = (seen(&d, q).await, seen(&d1, q).await);
+        assert_eq!(a, b, "{q}");
+        assert!(a.starts_with("answered"), "{q}: {a}");
+        for private in ["45.5", "77777", "60001", "extra", "open"] {
+            assert!(!b.contains(private), "{q}: a private value in {b}");
+        }
+    }
+    let log = std::fs::read_to_string(dir.join("d1.log")).unwrap();
+    assert!(log.contains("values read as NULL"), "{log}");
+}
+
+#[tokio::test]
+async fn h1_json_lines_are_read_with_the_declared_types() {
+    let dir = TempDir::new("h1j");
+    let lines = "{\"pid\": 1, \"age\": 30, \"income\": 100}\n{\"pid\": 2, \"age\": \"old\", \"income\": 1.5}\nnot json\n\n\
+                 {\"pid\": [1], \"age\": 40}\n";
+    std::fs::write(dir.join("t.json"), lines).unwrap();
+    let cfg = format!(
+        "[session]\nrho = 10\ndefault_query_rho = 0.5\n\n[tables.t]\npath = \"{}\"\nformat = \"json\"\nprivacy_unit = \
+         \"pid\"\n\n[tables.t.columns]\npid = {{ type = \"int64\" }}\nage = {{ type = \"int64\", bounds = [0, 100] }}\n\
+         income = {{ type = \"int64\", bounds = [0, 1000] }}\n",
+        dir.join("t.json").display()
+    );
+    std::fs::write(dir.join("t.toml"), cfg).unwrap();
+    let s = DpSession::open(dir.join("t.toml")).await.unwrap();
+    let schema = s.table_schema("t").await.unwrap();
+    assert_eq!(schema.field_with_name("income").unwrap().data_type(), &DataType::Int64);
+    assert!(seen(&s, "SELECT COUNT(*), SUM(age) FROM t").await.starts_with("answered"));
+}
+
+#[tokio::test]
+async fn h6_a_malformed_parquet_file_is_a_configuration_error_not_a_panic() {
+    let dir = TempDir::new("h6");
+    let mut bytes = b"PAR1".to_vec();
+    let mut x: u32 = 12345;
+    for _ in 0..5000 {
+        x = x.wrapping_mul(1103515245).wrapping_add(12345);
+        bytes.push((x >> 16) as u8);
+    }
+    bytes.extend_from_slice(&5000u32.to_le_bytes()); // a footer length that points nowhere
+    bytes.extend_from_slice(b"PAR1");
+    std::fs::write(dir.join("t.parquet"), bytes).unwrap();
+    let cfg = format!(
+        "[session]\nrho = 1\ndefault_query_rho = 0.5\n\n[tables.t]\npath = \"{}\"\nformat = \"parquet\"\n\n\
+         [tables.t.columns]\nx = {{ type = \"int64\", bounds = [0, 1] }}\n",
+        dir.join("t.parquet").display()
+    );
+    std::fs::write(dir.join("t.toml"), cfg).unwrap();
+    let e = DpSession::open(dir.join("t.toml")).await.err().expect("refused");
+    assert!(matches!(e, DpError::Config(_)) && e.to_string().contains("not a readable Parquet file"), "{e}");
+}
+
+#[tokio::test]
+async fn h1_a_parquet_column_of_another_type_than_declared_is_a_configuration_error() {
+    let dir = TempDir::new("h1p");
+    let batch = RecordBatch::try_new(
+        Arc::new(Schema::new(vec![Field::new("x", DataType::Float64, false)])),
+        vec![Arc::new(Float64Array::from(vec![1.5, 2.0]))],
+    )
+    .unwrap();
+    let f = std::fs::File::create(dir.join("t.parquet")).unwrap();
+    let mut w = datafusion::parquet::arrow::ArrowWriter::try_new(f, batch.schema(), None).unwrap();
+    w.write(&batch).unwrap();
+    w.close().unwrap();
+    let cfg = |ty: &str| {
+        format!(
+            "[session]\nrho = 1\ndefault_query_rho = 0.5\n\n[tables.t]\npath = \"{}\"\nformat = \"parquet\"\n\n\
+             [tables.t.columns]\nx = {{ type = \"{ty}\", bounds = [0, 10] }}\n",
+            dir.join("t.parquet").display()
+        )
+    };
+    std::fs::write(dir.join("t.toml"), cfg("int64")).unwrap();
+    let e = DpSession::open(dir.join("t.toml")).await.err().expect("refused");
+    assert!(e.to_string().contains("column `x` is Float64 in the file, but the policy declares it int64"), "{e}");
+    std::fs::write(dir.join("t.toml"), cfg("float64")).unwrap();
+    let s = DpSession::open(dir.join("t.toml")).await.unwrap();
+    assert!(seen(&s, "SELECT SUM(x) FROM t").await.starts_with("answered"));
+}
+
+#[tokio::test]
+async fn m5_a_fifo_as_table_path_is_refused_not_a_hang() {
+    let dir = TempDir::new("m5");
+    let fifo = dir.join("pums.csv");
+    assert!(Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+    let cfg = pums_config("pums_dup.csv", 1.0, 2, 1).replace("examples/data/pums_dup.csv", fifo.to_str().unwrap());
+    std::fs::write(dir.join("t.toml"), cfg).unwrap();
+    let e = DpSession::open(dir.join("t.toml")).await.err().expect("refused");
+    assert!(e.to_string().contains("not a regular file"), "{e}");
+}
+
+fn dpfusion(args: &[&str]) -> std::process::Output {
+    Command::new(BIN).args(args).current_dir(crate::common::ROOT).output().unwrap()
+}
+
+#[test]
+fn h3_marginals_out_never_overwrites_a_file_of_the_configuration_and_needs_force_for_others() {
+    let dir = TempDir::new("h3");
+    let cfg = ledger_config(&dir, 1.0);
+    let cfg = cfg.to_str().unwrap();
+    // Create the ledger, and a file that exists.
+    assert!(dpfusion(&["budget", "-c", cfg]).status.success());
+    let table = format!("{}/examples/data/pums_dup.csv", crate::common::ROOT);
+    let table_bytes = std::fs::read(&table).unwrap();
+    let existing = dir.join("old.csv");
+    std::fs::write(&existing, "keep me").unwrap();
+    let run = |out: &std::path::Path, force: bool| {
+        let mut args = vec!["marginals", "-c", cfg, "--table", "pums", "--all", "--rho", "0.05", "--out"];
+        args.push(out.to_str().unwrap());
+        if force {
+            args.push("--force");
+        }
+        dpfusion(&args)
+    };
+    for force in [false, true] {
+        for target in [dir.join("ledger.db"), std::path::PathBuf::from(&table), dir.join("dp.toml")] {
+            let o = run(&target, force);
+            assert!(!o.status.success());
+            assert!(String::from_utf8_lossy(&o.stderr).contains("a file of the configuration"), "{o:?}");
+        }
+    }
+    let o = run(&existing, false);
+    assert!(String::from_utf8_lossy(&o.stderr).contains("--force"), "{o:?}");
+    assert_eq!(std::fs::read_to_string(&existing).unwrap(), "keep me");
+    assert!(std::fs::read(&table).unwrap() == table_bytes, "the table is untouched");
+    let l = SqliteLedger::open(&dir.join("ledger.db"), "test", Rho::new(1.0).unwrap(), Duration::from_secs(5)).unwrap();
+    assert_eq!(l.charges().unwrap().len(), 0, "the ledger is intact, and every refusal came before the debit");
+    assert!(run(&existing, true).status.success());
+    assert!(std::fs::read_to_string(&existing).unwrap().starts_with("column,key"));
+    assert!(run(&dir.join("new.csv"), false).status.success());
+}
+
+#[test]
+fn h4_query_f_echoes_at_most_a_prefix_and_never_reads_a_table() {
+    let dir = TempDir::new("h4");
+    let text: String = (0..2000).map(|i| format!("{i},secret-{i}\n")).collect();
+    std::fs::write(dir.join("notes.txt"), &text).unwrap();
+    let o = dpfusion(&["query", "--format", "json", "-f", dir.join("notes.txt").to_str().unwrap()]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert!(v["sql"].as_str().unwrap().chars().count() <= 201, "{}", v["sql"]);
+    assert!(!String::from_utf8_lossy(&o.stdout).contains("secret-1999"));
+    let o = dpfusion(&["query", "--format", "json", "-f", "examples/data/pums_dup.csv"]);
+    assert!(String::from_utf8_lossy(&o.stderr).contains("a file of the configuration"), "{o:?}");
+}
+
+#[test]
+fn m5_query_f_refuses_fifos_and_devices_instead_of_hanging() {
+    let dir = TempDir::new("m5f");
+    let fifo = dir.join("q.sql");
+    assert!(Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+    for f in [fifo.to_str().unwrap(), "/dev/zero"] {
+        let mut child = Command::new(BIN)
+            .args(["query", "-f", f])
+            .current_dir(crate::common::ROOT)
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let t = std::time::Instant::now();
+        let status = loop {
+            if let Some(s) = child.try_wait().unwrap() {
+                break s;
+            }
+            if t.elapsed() > Duration::from_secs(60) {
+                let _ = child.kill();
+                panic!("{f}: still running after a minute");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let mut err = String::new();
+        std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+        assert!(!status.success() && err.contains("not a regular file"), "{f}: {err}");
+    }
+}
+
+#[test]
+fn l2_marginals_long_takes_attribute_comma_value() {
+    let o = dpfusion(&["marginals", "--table", "pums", "--long", "sex,race", "--rho", "0.5", "--plan"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let o = dpfusion(&["marginals", "--table", "pums", "--long", "sex", "--rho", "0.5", "--plan"]);
+    assert!(String::from_utf8_lossy(&o.stderr).contains("--long ATTRIBUTE,VALUE"), "{o:?}");
+}
+
+#[tokio::test]
+async fn l6_comments_before_explain_dp_and_semicolons_inside_comments() {
+    let s = session(false, 1.0);
+    for sql in ["/* why */ EXPLAIN DP SELECT COUNT(*) FROM people", "-- why\nEXPLAIN DP SELECT COUNT(*) FROM people"] {
+        assert!(matches!(s.sql(sql).await, Ok(Response::Explain(_))), "{sql}");
+    }
+    let parts = dpfusion::cli::split_statements("SELECT 1 /* ; */ FROM t; /* a;b */ SELECT 2 -- ;\n;");
+    assert_eq!(parts.len(), 2, "{parts:?}");
+}
+
+#[test]
+fn pin_writes_the_declared_types_and_keeps_the_comments() {
+    let dir = TempDir::new("pin");
+    let text = std::fs::read_to_string(format!("{}/config/pums.toml", crate::common::ROOT))
+        .unwrap()
+        .replace("../examples/", &format!("{}/examples/", crate::common::ROOT))
+        .replace("type = \"int64\", ", "")
+        .replace("pid = { type = \"int64\" }\n", "");
+    let cfg = dir.join("p.toml");
+    std::fs::write(&cfg, &text).unwrap();
+    let o = dpfusion(&["query", "-c", cfg.to_str().unwrap(), "SELECT COUNT(*) FROM pums"]);
+    assert!(String::from_utf8_lossy(&o.stderr).contains("dpfusion pin"), "unpinned types are refused: {o:?}");
+    let o = dpfusion(&["pin", "-c", cfg.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let pinned = std::fs::read_to_string(&cfg).unwrap();
+    assert!(pinned.contains("age = { type = \"int64\", bounds = [0, 100] }"), "{pinned}");
+    assert!(pinned.contains("pid = { type = \"int64\" }"), "{pinned}");
+    assert!(pinned.contains("# The bundled demo"), "comments are kept");
+    assert!(dpfusion(&["query", "-c", cfg.to_str().unwrap(), "SELECT COUNT(*) FROM pums"]).status.success());
+}

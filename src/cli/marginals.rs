@@ -32,7 +32,7 @@ pub struct MarginalArgs {
     #[arg(long)]
     pub all: bool,
     /// Long table: ATTRIBUTE,VALUE columns (one histogram of VALUE per attribute of ATTRIBUTE's domain).
-    #[arg(long, value_delimiter = ',', num_args = 2)]
+    #[arg(long, value_delimiter = ',', num_args = 1..=2, value_name = "ATTRIBUTE,VALUE")]
     pub long: Vec<String>,
     /// ρ to spend on the whole release.
     #[arg(long, conflicts_with = "target_std")]
@@ -43,9 +43,12 @@ pub struct MarginalArgs {
     /// Output format.
     #[arg(long, value_enum, default_value = "csv")]
     pub format: MarginalFormat,
-    /// Write the release here instead of standard output.
+    /// Write the release here instead of standard output (a new file, unless --force).
     #[arg(long)]
     pub out: Option<PathBuf>,
+    /// Overwrite --out and --plot files that exist (never a file of the configuration: tables, ledger, log).
+    #[arg(long)]
+    pub force: bool,
     /// Draw one bar chart per column with its confidence interval (.svg or .png).
     #[arg(long)]
     pub plot: Option<PathBuf>,
@@ -113,8 +116,21 @@ fn print_plan(p: &MarginalPlan) {
 
 /// Runs the command; returns whether it succeeded.
 pub async fn run(a: MarginalArgs) -> Result<bool, DpError> {
-    let path = a.config.clone().unwrap_or_else(super::default_config);
-    let s = DpSession::open(&path).await?;
+    let (s, path, cfg) = super::open_with_config(a.config.clone()).await?;
+    if !a.long.is_empty() && a.long.len() != 2 {
+        return Err(DpError::Config("--long takes two columns: --long ATTRIBUTE,VALUE".into()));
+    }
+    // Every output is checked before anything is spent: a release that cannot be written is not released.
+    let protected = super::protected_paths(&path, &cfg);
+    for p in a.out.iter().chain(&a.plot) {
+        super::check_output(p, a.force, &protected)?;
+    }
+    if let Some(p) = &a.plot {
+        super::plot::check_path(p)?;
+    }
+    if a.format == MarginalFormat::Parquet && a.out.is_none() {
+        return Err(DpError::Config("--format parquet needs --out FILE.parquet".into()));
+    }
     let cols = columns_of(&s, &a)?;
     let spec = MarginalSpec { budget: budget(&a)?, consistency: !a.no_consistency, confidence: None, progress: true };
     if a.plan {
@@ -135,9 +151,9 @@ pub async fn run(a: MarginalArgs) -> Result<bool, DpError> {
         s.marginals(&a.table, &cols, &spec).await?
     };
     if let Some(p) = &a.plot {
-        super::plot::write_plot(&r, p)?;
+        super::plot::write_plot(&r, p, a.force)?;
     }
-    write_release(&r, a.format, a.out.as_deref())?;
+    write_release(&r, a.format, a.out.as_deref(), a.force)?;
     eprintln!(
         "released {} histograms ({} cells) · σ = {} · ρ spent {} · remaining {}",
         r.columns.len(),
@@ -153,7 +169,19 @@ fn io_err(p: &Path, e: impl std::fmt::Display) -> DpError {
     DpError::Io { path: p.display().to_string(), source: std::io::Error::other(e.to_string()) }
 }
 
-fn write_release(r: &MarginalRelease, format: MarginalFormat, out: Option<&Path>) -> Result<(), DpError> {
+/// Creates `p` for writing: a new file, or (with `force`) truncating an existing one.
+pub(crate) fn create(p: &Path, force: bool) -> Result<std::fs::File, DpError> {
+    let mut o = std::fs::OpenOptions::new();
+    o.write(true);
+    if force {
+        o.create(true).truncate(true)
+    } else {
+        o.create_new(true)
+    };
+    o.open(p).map_err(|source| DpError::Io { path: p.display().to_string(), source })
+}
+
+fn write_release(r: &MarginalRelease, format: MarginalFormat, out: Option<&Path>, force: bool) -> Result<(), DpError> {
     let batch = r.to_record_batch()?;
     let bytes: Vec<u8> = match format {
         MarginalFormat::Json => serde_json::to_vec_pretty(r).map_err(|e| DpError::Engine(e.to_string()))?,
@@ -168,8 +196,7 @@ fn write_release(r: &MarginalRelease, format: MarginalFormat, out: Option<&Path>
         }
         MarginalFormat::Parquet => {
             let out = out.ok_or_else(|| DpError::Config("--format parquet needs --out FILE.parquet".into()))?;
-            let f =
-                std::fs::File::create(out).map_err(|source| DpError::Io { path: out.display().to_string(), source })?;
+            let f = create(out, force)?;
             let mut w = datafusion::parquet::arrow::ArrowWriter::try_new(f, batch.schema(), None)
                 .map_err(|e| io_err(out, e))?;
             w.write(&batch).map_err(|e| io_err(out, e))?;
@@ -178,7 +205,10 @@ fn write_release(r: &MarginalRelease, format: MarginalFormat, out: Option<&Path>
         }
     };
     match out {
-        Some(p) => std::fs::write(p, bytes).map_err(|source| DpError::Io { path: p.display().to_string(), source }),
+        Some(p) => {
+            use std::io::Write;
+            create(p, force)?.write_all(&bytes).map_err(|source| DpError::Io { path: p.display().to_string(), source })
+        }
         None => {
             println!("{}", String::from_utf8_lossy(&bytes).trim_end());
             Ok(())

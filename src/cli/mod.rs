@@ -4,6 +4,7 @@
 
 pub mod marginals;
 pub mod output;
+pub mod pin;
 pub mod plot;
 pub mod repl;
 
@@ -62,6 +63,9 @@ enum Command {
     /// Release every one-way marginal (histogram) of a table at once: one σ, one debit, √d less noise than d
     /// separate queries. --plan shows σ and accuracy without touching data or spending anything.
     Marginals(marginals::MarginalArgs),
+    /// Data owner: write the column types of each table's files into the configuration (once; types are part of
+    /// the policy and never inferred when queries run).
+    Pin(pin::PinArgs),
     /// Show the budget: total, spent, remaining, (ε, δ); with --history, every charge.
     Budget {
         /// Configuration file (TOML).
@@ -86,7 +90,8 @@ pub fn default_config() -> PathBuf {
     if local.exists() { local.to_path_buf() } else { Path::new(env!("CARGO_MANIFEST_DIR")).join("config/pums.toml") }
 }
 
-/// Splits SQL text into statements on `;` outside quotes and comments.
+/// Splits SQL text into statements on `;` outside quotes and comments (`-- ...` to the end of the line, and
+/// `/* ... */`, which are dropped).
 pub fn split_statements(text: &str) -> Vec<String> {
     let mut out = Vec::new();
     let mut cur = String::new();
@@ -113,6 +118,17 @@ pub fn split_statements(text: &str) -> Vec<String> {
                         }
                     }
                 }
+                '/' if chars.peek() == Some(&'*') => {
+                    chars.next();
+                    let mut prev = ' ';
+                    for c in chars.by_ref() {
+                        if prev == '*' && c == '/' {
+                            break;
+                        }
+                        prev = c;
+                    }
+                    cur.push(' ');
+                }
                 ';' => {
                     if !cur.trim().is_empty() {
                         out.push(cur.trim().to_string());
@@ -129,10 +145,83 @@ pub fn split_statements(text: &str) -> Vec<String> {
     out
 }
 
+/// Largest SQL file `query -f` reads (bytes).
+pub const MAX_SQL_FILE: u64 = 16 << 20;
+
+/// Every file a configuration names: the configuration itself, the tables' files, the ledger (with its SQLite
+/// side files) and the owner's log, canonicalized. No command writes to them, and `query -f` does not read them.
+pub fn protected_paths(config: &Path, cfg: &crate::SessionConfig) -> Vec<PathBuf> {
+    let mut out = vec![config.to_path_buf()];
+    for (name, t) in &cfg.tables {
+        out.extend(crate::source::files(name, &t.path).unwrap_or_default());
+    }
+    if let Some(l) = &cfg.ledger {
+        for suffix in ["", "-wal", "-shm", "-journal"] {
+            out.push(PathBuf::from(format!("{}{suffix}", l.path.display())));
+        }
+    }
+    out.extend(cfg.owner_log.clone());
+    out.into_iter().map(|p| canonical(&p)).collect()
+}
+
+/// `p` canonicalized if it exists, else its canonicalized directory joined with its name (or `p` itself).
+fn canonical(p: &Path) -> PathBuf {
+    p.canonicalize().unwrap_or_else(|_| match (p.parent(), p.file_name()) {
+        (Some(d), Some(n)) => d.canonicalize().map(|d| d.join(n)).unwrap_or_else(|_| p.to_path_buf()),
+        _ => p.to_path_buf(),
+    })
+}
+
+/// Refuses to write `p` when it is a file of the configuration (never, even with `--force`: the ledger or a
+/// table would be destroyed), or when it exists and `force` is not given.
+pub fn check_output(p: &Path, force: bool, protected: &[PathBuf]) -> Result<(), DpError> {
+    if protected.contains(&canonical(p)) {
+        return Err(DpError::Config(format!(
+            "{} is a file of the configuration (a table, the ledger, the owner's log or the configuration itself); \
+             write the output elsewhere",
+            p.display()
+        )));
+    }
+    match std::fs::symlink_metadata(p) {
+        Ok(m) if !m.is_file() => Err(DpError::Config(format!("{} exists and is not a regular file", p.display()))),
+        Ok(_) if !force => Err(DpError::Config(format!(
+            "{} exists; pass --force to overwrite it, or choose another name",
+            p.display()
+        ))),
+        _ => Ok(()),
+    }
+}
+
+/// Reads an SQL file for `query -f`: a regular file of at most [`MAX_SQL_FILE`] bytes, not a file of the
+/// configuration.
+fn read_sql_file(f: &Path, protected: &[PathBuf]) -> Result<String, DpError> {
+    let io = |source: std::io::Error| DpError::Io { path: f.display().to_string(), source };
+    if protected.contains(&canonical(f)) {
+        return Err(DpError::Config(format!("{} is a file of the configuration, not SQL", f.display())));
+    }
+    crate::source::check_regular_file(f).map_err(DpError::Config)?;
+    let len = std::fs::metadata(f).map_err(io)?.len();
+    if len > MAX_SQL_FILE {
+        return Err(DpError::Config(format!(
+            "{} has {len} bytes; SQL files of at most {MAX_SQL_FILE} are read",
+            f.display()
+        )));
+    }
+    std::fs::read_to_string(f).map_err(io)
+}
+
 async fn open(config: Option<PathBuf>) -> Result<(DpSession, PathBuf), DpError> {
+    open_with_config(config).await.map(|(s, p, _)| (s, p))
+}
+
+/// Opens the session and keeps the configuration (for the paths it names).
+pub(crate) async fn open_with_config(
+    config: Option<PathBuf>,
+) -> Result<(DpSession, PathBuf, crate::SessionConfig), DpError> {
     let path = config.unwrap_or_else(default_config);
-    let s = DpSession::open(&path).await?;
-    Ok((s, path))
+    let cfg = crate::SessionConfig::from_file(&path)?;
+    let s = DpSession::from_config(&cfg).await?;
+    Ok((s, path, cfg))
 }
 
 /// Runs statements, printing each answer; returns whether all succeeded. Errors go to stderr too.
@@ -205,13 +294,9 @@ async fn run(cli: Cli) -> Result<bool, DpError> {
             repl::run(s, &path).await
         }
         Command::Query { config, format, rho, request_id, file, sql } => {
-            let (s, _) = open(config).await?;
+            let (s, path, cfg) = open_with_config(config).await?;
             let statements = match (file, sql) {
-                (Some(f), None) => {
-                    let text = std::fs::read_to_string(&f)
-                        .map_err(|source| DpError::Io { path: f.display().to_string(), source })?;
-                    split_statements(&text)
-                }
+                (Some(f), None) => split_statements(&read_sql_file(&f, &protected_paths(&path, &cfg))?),
                 (None, Some(q)) => split_statements(&q),
                 _ => return Err(DpError::Config("give one SQL statement, or -f FILE.sql".into())),
             };
@@ -224,6 +309,7 @@ async fn run(cli: Cli) -> Result<bool, DpError> {
             Ok(run_statements(&s, &statements, format, request_id.as_deref()).await)
         }
         Command::Marginals(a) => marginals::run(a).await,
+        Command::Pin(a) => pin::run(a).await,
         Command::Explain { config, sql } => {
             let (s, _) = open(config).await?;
             let e = s.explain(sql.trim().trim_end_matches(';')).await?;

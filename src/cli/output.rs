@@ -98,6 +98,17 @@ pub fn release_json(r: &Release) -> Value {
     })
 }
 
+/// Characters of a statement echoed back with its error (a file given to `query -f` by mistake is not repeated).
+pub const ECHO_CHARS: usize = 200;
+
+/// At most [`ECHO_CHARS`] characters of `sql`, with `…` when cut.
+pub fn echo(sql: &str) -> String {
+    match sql.char_indices().nth(ECHO_CHARS) {
+        Some((i, _)) => format!("{}…", &sql[..i]),
+        None => sql.to_string(),
+    }
+}
+
 /// The JSON object of a refused or failed statement.
 pub fn error_json(sql: &str, e: &DpError) -> Value {
     let (status, error, hint) = match e {
@@ -107,7 +118,7 @@ pub fn error_json(sql: &str, e: &DpError) -> Value {
         }
         other => ("error", other.to_string(), String::new()),
     };
-    json!({"status": status, "sql": sql, "error": error, "hint": hint})
+    json!({"status": status, "sql": echo(sql), "error": error, "hint": hint})
 }
 
 fn explain_json(e: &Explanation) -> Value {

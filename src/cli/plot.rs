@@ -245,8 +245,17 @@ fn png(r: &Raster) -> Vec<u8> {
     out
 }
 
-/// Writes the charts to `path`: `.svg` or `.png`.
-pub fn write_plot(r: &MarginalRelease, path: &Path) -> Result<(), DpError> {
+/// Checks that `path` names a chart format (`.svg` or `.png`), before anything is spent.
+pub fn check_path(path: &Path) -> Result<(), DpError> {
+    match path.extension().and_then(|e| e.to_str()).map(str::to_ascii_lowercase).as_deref() {
+        Some("svg" | "png") => Ok(()),
+        _ => Err(DpError::Config(format!("--plot {}: use a .svg or .png file name", path.display()))),
+    }
+}
+
+/// Writes the charts to `path`: `.svg` or `.png` (a new file, unless `force`).
+pub fn write_plot(r: &MarginalRelease, path: &Path, force: bool) -> Result<(), DpError> {
+    check_path(path)?;
     let (w, h) = size(r);
     let bytes = match path.extension().and_then(|e| e.to_str()).map(str::to_ascii_lowercase).as_deref() {
         Some("svg") => {
@@ -265,7 +274,10 @@ pub fn write_plot(r: &MarginalRelease, path: &Path) -> Result<(), DpError> {
         }
         _ => return Err(DpError::Config(format!("--plot {}: use a .svg or .png file name", path.display()))),
     };
-    std::fs::write(path, bytes).map_err(|source| DpError::Io { path: path.display().to_string(), source })
+    use std::io::Write;
+    super::marginals::create(path, force)?
+        .write_all(&bytes)
+        .map_err(|source| DpError::Io { path: path.display().to_string(), source })
 }
 
 #[cfg(test)]

@@ -200,9 +200,12 @@ impl DpSession {
     /// quote a private value): the engine's error stays in the `source` for the data owner.
     async fn run_private(&self, prepared: &Prepared, cals: &[Calibration]) -> Result<Vec<Vec<i128>>> {
         let task = self.ctx.task_ctx();
-        let exact = datafusion::physical_plan::collect(prepared.physical.clone(), task)
-            .await
-            .map_err(|source| DpError::PrivateExecution { source })?;
+        let exact = datafusion::physical_plan::collect(prepared.physical.clone(), task).await.map_err(|source| {
+            if let Some(log) = &self.owner_log {
+                log.write(&format!("a private plan failed while reading the data: {}", source.strip_backtrace()));
+            }
+            DpError::PrivateExecution { source }
+        })?;
         let dp = &prepared.dp;
         let cells = exact_cells(dp, &exact)?;
         enum Sampler {

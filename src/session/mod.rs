@@ -26,7 +26,8 @@ use crate::accounting::{Charge, EpsilonBound, Ledger, MemoryLedger, Rho, SqliteL
 use crate::error::{DpError, Result, engine};
 use crate::noise::NoiseRng;
 use crate::noise::calibrate::{Calibration, Mechanism, NoiseParams};
-use crate::policy::{self, DataFormat, SessionConfig, TablePolicy, TableSource};
+use crate::owner_log::OwnerLog;
+use crate::policy::{self, SessionConfig, TablePolicy, TableSource};
 use crate::release::{BudgetStatus, Release};
 use datafusion::arrow::array::RecordBatch;
 use datafusion::arrow::datatypes::Schema;
@@ -34,7 +35,6 @@ use datafusion::catalog::TableProvider;
 use datafusion::common::config::ConfigExtension;
 use datafusion::common::extensions_options;
 use datafusion::datasource::MemTable;
-use datafusion::execution::options::{CsvReadOptions, JsonReadOptions, ParquetReadOptions};
 use datafusion::prelude::SessionContext;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -192,6 +192,8 @@ pub struct DpSession {
     pub(crate) defaults: Defaults,
     pub(crate) ledger: Box<dyn Ledger>,
     pub(crate) rng: Mutex<NoiseRng>,
+    /// The data owner's log, if configured.
+    pub(crate) owner_log: Option<Arc<OwnerLog>>,
 }
 
 impl DpSession {
@@ -221,8 +223,11 @@ impl DpSession {
         if let Some(l) = &cfg.ledger {
             s.ledger = Box::new(SqliteLedger::open(&l.path, &l.budget, cfg.total_rho, l.busy_timeout)?);
         }
+        if let Some(p) = &cfg.owner_log {
+            s.owner_log = Some(Arc::new(OwnerLog::open(p)?));
+        }
         for (name, src) in &cfg.tables {
-            s.register_source(name, src).await?;
+            s.register_source(name, src)?;
         }
         Ok(s)
     }
@@ -251,29 +256,14 @@ impl DpSession {
             defaults: Defaults { query_rho: default_query_rho, mechanism, delta, confidence },
             ledger: Box::new(MemoryLedger::new(total)),
             rng: Mutex::new(NoiseRng::from_os()?),
+            owner_log: None,
         })
     }
 
-    async fn register_source(&mut self, name: &str, src: &TableSource) -> Result<()> {
-        let path = src.path.to_string_lossy().to_string();
-        let globby = path.contains(['*', '?', '[']);
-        if !globby && !src.path.exists() {
-            return Err(DpError::Config(format!("[tables.{name}] path {path} does not exist; fix `path`")));
-        }
-        let r = match &src.format {
-            DataFormat::Csv { has_header, delimiter } => {
-                let opts = CsvReadOptions::new().has_header(*has_header).delimiter(*delimiter);
-                self.ctx.register_csv(name, &path, opts).await
-            }
-            DataFormat::Parquet => self.ctx.register_parquet(name, &path, ParquetReadOptions::default()).await,
-            DataFormat::Json => self.ctx.register_json(name, &path, JsonReadOptions::default()).await,
-        };
-        r.map_err(|e| DpError::Config(format!("[tables.{name}] cannot read {path}: {}", e.strip_backtrace())))?;
-        let provider = self.ctx.table_provider(name).await.map_err(engine)?;
-        if let Err(e) = check_policy_columns(name, provider.schema().as_ref(), &src.policy) {
-            let _ = self.ctx.deregister_table(name);
-            return Err(e);
-        }
+    fn register_source(&mut self, name: &str, src: &TableSource) -> Result<()> {
+        let provider = crate::source::provider(name, src, self.owner_log.clone())?;
+        check_policy_columns(name, provider.schema().as_ref(), &src.policy)?;
+        self.ctx.register_table(name, provider).map_err(|e| DpError::Config(format!("table {name}: {e}")))?;
         self.policies.insert(name.to_string(), src.policy.clone());
         Ok(())
     }
@@ -292,6 +282,24 @@ fn check_policy_columns(name: &str, schema: &Schema, policy: &TablePolicy) -> Re
         }
     }
     Ok(())
+}
+
+/// `s` without leading whitespace and comments (`-- ...` lines and `/* ... */` blocks), so that
+/// `/* why */ EXPLAIN DP ...` is recognised.
+fn strip_leading_comments(mut s: &str) -> &str {
+    loop {
+        s = s.trim_start();
+        if let Some(rest) = s.strip_prefix("--") {
+            s = rest.split_once('\n').map_or("", |(_, r)| r);
+        } else if let Some(rest) = s.strip_prefix("/*") {
+            match rest.split_once("*/") {
+                Some((_, r)) => s = r,
+                None => return s, // unterminated: the parser reports it
+            }
+        } else {
+            return s;
+        }
+    }
 }
 
 /// Strips a case-insensitive keyword prefix followed by whitespace.
@@ -398,7 +406,7 @@ impl DpSession {
     /// before returns the stored release (the same noisy numbers, no new charge), because drawing new noise for a
     /// retried query would let a caller average the noise away.
     pub async fn sql_with_request_id(&self, sql: &str, request_id: Option<&str>) -> Result<Response> {
-        let text = sql.trim().trim_end_matches(';').trim_end();
+        let text = strip_leading_comments(sql).trim_end_matches(';').trim_end();
         if text.is_empty() {
             return Err(DpError::refused(
                 "the statement is empty",
