@@ -239,9 +239,7 @@ impl Lookup {
                 }
                 Lookup::Bools(b)
             }
-            _ => Lookup::Strs(
-                domain.iter().enumerate().map(|(i, v)| (v.to_string().trim_matches('\'').to_string(), i)).collect(),
-            ),
+            _ => Lookup::Strs(domain.iter().enumerate().map(|(i, v)| (domain_label(v), i)).collect()),
         }
     }
 

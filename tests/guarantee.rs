@@ -684,3 +684,37 @@ fn pin_writes_the_declared_types_and_keeps_the_comments() {
     assert!(pinned.contains("# The bundled demo"), "comments are kept");
     assert!(dpfusion(&["query", "-c", cfg.to_str().unwrap(), "SELECT COUNT(*) FROM pums"]).status.success());
 }
+
+#[tokio::test]
+async fn l5_a_tiny_rho_is_echoed_short_and_refused_not_an_error() {
+    let s = session(false, 1.0);
+    match s.sql("SET dp.rho = 1e-300").await.unwrap() {
+        Response::Set { value, .. } => assert_eq!(value, "1e-300"),
+        other => panic!("{other:?}"),
+    }
+    s.sql("SET dp.rho = 5e-324").await.unwrap();
+    let e = s.sql("SELECT AVG(income) FROM people").await.unwrap_err();
+    assert!(matches!(e, DpError::Refused { .. }), "{e}");
+    assert_eq!(s.budget().unwrap().charges.len(), 0);
+}
+
+#[tokio::test]
+async fn marginal_string_keys_that_begin_or_end_with_a_quote_are_counted() {
+    let batch = RecordBatch::try_new(
+        Arc::new(Schema::new(vec![Field::new("k", DataType::Utf8, false)])),
+        vec![Arc::new(StringArray::from(vec!["O'"; 400]))],
+    )
+    .unwrap();
+    let mut s =
+        DpSession::empty(Rho::new(10.0).unwrap(), Rho::new(1.0).unwrap(), calibrate::Mechanism::Gaussian, 1e-6, 0.95)
+            .unwrap();
+    let mut cols = BTreeMap::new();
+    cols.insert(
+        "k".to_string(),
+        ColumnPolicy::Domain(vec![DomainValue::Str("O'".into()), DomainValue::Str("x".into())]),
+    );
+    s.register_batches("t", vec![batch], TablePolicy::row_level(cols).unwrap()).unwrap();
+    let r = s.marginals("t", &["k".to_string()], &dpfusion::marginals::MarginalSpec::rho(5.0)).await.unwrap();
+    // σ = 1/√10 ≈ 0.32: the count of "O'" is 400 up to a few units.
+    assert!((r.columns[0].noisy[0] - 400).abs() < 10, "{:?}", r.columns[0].noisy);
+}

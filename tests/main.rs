@@ -4,6 +4,7 @@ mod accounting;
 mod cli;
 mod common;
 mod config;
+mod differential;
 mod guarantee;
 mod ledger;
 mod marginals;

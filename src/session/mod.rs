@@ -284,6 +284,13 @@ fn check_policy_columns(name: &str, schema: &Schema, policy: &TablePolicy) -> Re
     Ok(())
 }
 
+/// `x` as the shortest text that reads back as `x`, in scientific notation when the plain form is long (`1e-300`,
+/// not three hundred digits).
+fn short_number(x: f64) -> String {
+    let plain = x.to_string();
+    if plain.len() > 20 { format!("{x:e}") } else { plain }
+}
+
 /// `s` without leading whitespace and comments (`-- ...` lines and `/* ... */` blocks), so that
 /// `/* why */ EXPLAIN DP ...` is recognised.
 fn strip_leading_comments(mut s: &str) -> &str {
@@ -457,7 +464,7 @@ impl DpSession {
                         "choose a per-query ρ no larger than the total (\\budget shows what remains)",
                     ));
                 }
-                r.get().to_string()
+                short_number(r.get())
             }
             "mechanism" => value
                 .parse::<Mechanism>()
@@ -472,7 +479,7 @@ impl DpSession {
                 })?;
                 policy::check_confidence(c)
                     .map_err(|e| DpError::refused(e.to_string(), "give a level strictly between 0 and 1"))?;
-                c.to_string()
+                short_number(c)
             }
             other => {
                 return Err(DpError::refused(
