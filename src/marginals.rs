@@ -243,9 +243,13 @@ impl Lookup {
         }
     }
 
-    /// The domain index of every value of `a` (None for NULL and out-of-domain values).
+    /// The domain index of every value of `a` (None for NULL and out-of-domain values). A value that does not
+    /// convert to the domain's type is out of the domain (a safe cast: never an error that depends on a value).
     fn indices(&self, a: &ArrayRef) -> Result<Vec<Option<usize>>> {
-        let cast = |dt: &DataType| datafusion::arrow::compute::cast(a, dt).map_err(|e| DpError::Engine(e.to_string()));
+        let safe = datafusion::arrow::compute::CastOptions { safe: true, ..Default::default() };
+        let cast = |dt: &DataType| {
+            datafusion::arrow::compute::cast_with_options(a, dt, &safe).map_err(|e| DpError::Engine(e.to_string()))
+        };
         Ok(match self {
             Lookup::Range { min, idx } => {
                 let c = cast(&DataType::Int64)?;
@@ -456,7 +460,14 @@ impl DpSession {
         let types: Vec<DataType> = over.schema().fields().iter().map(|f| f.data_type().clone()).collect();
         let keys = types.len() - 1;
         let conv = RowConverter::new(types[..keys].iter().cloned().map(SortField::new).collect()).map_err(arrow_err)?;
-        let batches = self.ctx.execute_logical_plan(over).await.map_err(engine)?.collect().await.map_err(engine)?;
+        let batches = self
+            .ctx
+            .execute_logical_plan(over)
+            .await
+            .map_err(engine)?
+            .collect()
+            .await
+            .map_err(|e| self.private_failure(e))?;
         let mut keep = HashMap::new();
         let mut rng = self.lock_rng()?;
         for b in &batches {
@@ -481,14 +492,14 @@ impl DpSession {
         progress: bool,
     ) -> Result<Vec<Vec<i128>>> {
         let df = self.ctx.execute_logical_plan(lp).await.map_err(engine)?;
-        let mut stream = df.execute_stream().await.map_err(engine)?;
+        let mut stream = df.execute_stream().await.map_err(|e| self.private_failure(e))?;
         let lookups: Vec<Lookup> = domains.iter().map(|d| Lookup::new(d)).collect();
         let mut counts: Vec<Vec<i128>> = domains.iter().map(|d| vec![0; d.len()]).collect();
         let attr_lookup = long_attrs.map(|a| Lookup::new(a));
         let show = progress && std::io::stderr().is_terminal();
         let (start, mut last, mut rows) = (Instant::now(), Instant::now(), 0usize);
         while let Some(batch) = stream.next().await {
-            let mut batch = batch.map_err(engine)?;
+            let mut batch = batch.map_err(|e| self.private_failure(e))?;
             if let Some(sampler) = &mut sampler {
                 batch = sampler.sample(&batch)?;
             }

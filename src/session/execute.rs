@@ -200,12 +200,9 @@ impl DpSession {
     /// quote a private value): the engine's error stays in the `source` for the data owner.
     async fn run_private(&self, prepared: &Prepared, cals: &[Calibration]) -> Result<Vec<Vec<i128>>> {
         let task = self.ctx.task_ctx();
-        let exact = datafusion::physical_plan::collect(prepared.physical.clone(), task).await.map_err(|source| {
-            if let Some(log) = &self.owner_log {
-                log.write(&format!("a private plan failed while reading the data: {}", source.strip_backtrace()));
-            }
-            DpError::PrivateExecution { source }
-        })?;
+        let exact = datafusion::physical_plan::collect(prepared.physical.clone(), task)
+            .await
+            .map_err(|e| self.private_failure(e))?;
         let dp = &prepared.dp;
         let cells = exact_cells(dp, &exact)?;
         enum Sampler {
@@ -241,6 +238,17 @@ impl DpSession {
                     .collect()
             })
             .collect())
+    }
+}
+
+impl DpSession {
+    /// An error while a private plan ran (after its debit): its text goes to the owner's log only, since it could
+    /// quote a private value; the analyst gets [`DpError::PrivateExecution`].
+    pub(crate) fn private_failure(&self, source: datafusion::error::DataFusionError) -> DpError {
+        if let Some(log) = &self.owner_log {
+            log.write(&format!("a private plan failed while reading the data: {}", source.strip_backtrace()));
+        }
+        DpError::PrivateExecution { source }
     }
 }
 

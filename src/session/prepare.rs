@@ -147,6 +147,9 @@ impl DpSession {
         };
         let dp = plan::compile(&analyzed, &policy_of)?;
         let private = state.optimize(&dp.private).map_err(|e| internal("optimized", e))?;
+        // The optimizer folds what it can and keeps what fails for run time: check the plan that runs, again.
+        size::check_constant_sizes(&private)?;
+        safety::check_constants(&private)?;
         safety::check_total(&private)?;
         let physical =
             state.query_planner().create_physical_plan(&private, &state).await.map_err(|e| internal("planned", e))?;
