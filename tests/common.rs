@@ -1,7 +1,13 @@
 //! Helpers shared by the SQL-level tests.
 
-use dpfusion::{DpSession, Release, Response, SessionConfig};
+use datafusion::arrow::array::{Float64Array, Int64Array, RecordBatch, StringArray};
+use datafusion::arrow::datatypes::{DataType, Field, Schema};
+use dpfusion::accounting::Rho;
+use dpfusion::noise::calibrate::Mechanism;
+use dpfusion::{ColumnPolicy, DomainValue, DpSession, Release, Response, SessionConfig, TablePolicy};
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 /// The dpfusion binary built for these tests.
 pub const BIN: &str = env!("CARGO_BIN_EXE_dpfusion");
@@ -107,4 +113,50 @@ pub fn column_f64(r: &Release, c: usize) -> Vec<f64> {
         }
     }
     out
+}
+
+/// `n` people aged 18–90 (nobody is over 92), incomes in whole thousands below 200 000, named p0, p1, ..., two rows
+/// each; with `extra`, one more person, pid 9999: aged 95, income 1234.5, named "zed" (two rows).
+pub fn people(n: i64, extra: bool) -> RecordBatch {
+    let mut rows: Vec<(i64, i64, f64, i64, String)> = (0..n)
+        .flat_map(|p| {
+            let r = (p, 18 + (p * 7) % 73, ((p * 37) % 200 * 1000) as f64, p % 2, format!("p{p}"));
+            [r.clone(), r]
+        })
+        .collect();
+    if extra {
+        rows.push((9999, 95, 1234.5, 1, "zed".into()));
+        rows.push((9999, 95, 1234.5, 1, "zed".into()));
+    }
+    RecordBatch::try_new(
+        Arc::new(Schema::new(vec![
+            Field::new("pid", DataType::Int64, false),
+            Field::new("age", DataType::Int64, true),
+            Field::new("income", DataType::Float64, true),
+            Field::new("sex", DataType::Int64, true),
+            Field::new("name", DataType::Utf8, true),
+        ])),
+        vec![
+            Arc::new(Int64Array::from(rows.iter().map(|r| r.0).collect::<Vec<_>>())),
+            Arc::new(Int64Array::from(rows.iter().map(|r| r.1).collect::<Vec<_>>())),
+            Arc::new(Float64Array::from(rows.iter().map(|r| r.2).collect::<Vec<_>>())),
+            Arc::new(Int64Array::from(rows.iter().map(|r| r.3).collect::<Vec<_>>())),
+            Arc::new(StringArray::from(rows.iter().map(|r| r.4.clone()).collect::<Vec<_>>())),
+        ],
+    )
+    .unwrap()
+}
+
+/// A session over [`people`] as table `people`: `pid` units, 2 rows and 1 group per unit, age in [0, 100], income
+/// in [0, 200 000], sex in {0, 1}; a total budget and a per-query ρ.
+pub fn people_session(n: i64, extra: bool, total: f64, query_rho: f64) -> DpSession {
+    let mut s =
+        DpSession::empty(Rho::new(total).unwrap(), Rho::new(query_rho).unwrap(), Mechanism::Gaussian, 1e-6, 0.95)
+            .unwrap();
+    let mut cols = BTreeMap::new();
+    cols.insert("age".into(), ColumnPolicy::Bounds { lo: 0.0, hi: 100.0 });
+    cols.insert("income".into(), ColumnPolicy::Bounds { lo: 0.0, hi: 200_000.0 });
+    cols.insert("sex".into(), ColumnPolicy::Domain(vec![DomainValue::Int(0), DomainValue::Int(1)]));
+    s.register_batches("people", vec![people(n, extra)], TablePolicy::with_unit("pid", 2, 1, cols).unwrap()).unwrap();
+    s
 }

@@ -15,58 +15,14 @@
 //! The default run is sized for CI (a few seconds);
 //! `DPFUSION_FUZZ_CASES=20000 cargo test differential` runs a longer one (seed: `DPFUSION_FUZZ_SEED`).
 
-use datafusion::arrow::array::{Float64Array, Int64Array, RecordBatch, StringArray};
-use datafusion::arrow::datatypes::{DataType, Field, Schema};
-use dpfusion::accounting::Rho;
-use dpfusion::noise::calibrate::Mechanism;
-use dpfusion::{ColumnPolicy, DomainValue, DpError, DpSession, Response, TablePolicy};
+use dpfusion::{DpError, DpSession, Response};
 use rand::seq::IndexedRandom;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Arc;
-
-/// 300 people aged 18–90 with incomes in whole thousands, named p0..p299; with `extra`, person 9999: aged 95,
-/// income 1234.5, named "zed". Two rows per person.
-fn table(extra: bool) -> RecordBatch {
-    let mut rows: Vec<(i64, i64, f64, i64, String)> = (0..300)
-        .flat_map(|p| {
-            let r = (p, 18 + (p * 7) % 73, ((p * 37) % 200 * 1000) as f64, p % 2, format!("p{p}"));
-            [r.clone(), r]
-        })
-        .collect();
-    if extra {
-        rows.push((9999, 95, 1234.5, 1, "zed".into()));
-        rows.push((9999, 95, 1234.5, 1, "zed".into()));
-    }
-    RecordBatch::try_new(
-        Arc::new(Schema::new(vec![
-            Field::new("pid", DataType::Int64, false),
-            Field::new("age", DataType::Int64, true),
-            Field::new("income", DataType::Float64, true),
-            Field::new("sex", DataType::Int64, true),
-            Field::new("name", DataType::Utf8, true),
-        ])),
-        vec![
-            Arc::new(Int64Array::from(rows.iter().map(|r| r.0).collect::<Vec<_>>())),
-            Arc::new(Int64Array::from(rows.iter().map(|r| r.1).collect::<Vec<_>>())),
-            Arc::new(Float64Array::from(rows.iter().map(|r| r.2).collect::<Vec<_>>())),
-            Arc::new(Int64Array::from(rows.iter().map(|r| r.3).collect::<Vec<_>>())),
-            Arc::new(StringArray::from(rows.iter().map(|r| r.4.clone()).collect::<Vec<_>>())),
-        ],
-    )
-    .unwrap()
-}
 
 fn session(extra: bool) -> DpSession {
-    let mut s =
-        DpSession::empty(Rho::new(1e12).unwrap(), Rho::new(1e4).unwrap(), Mechanism::Gaussian, 1e-6, 0.95).unwrap();
-    let mut cols = BTreeMap::new();
-    cols.insert("age".into(), ColumnPolicy::Bounds { lo: 0.0, hi: 100.0 });
-    cols.insert("income".into(), ColumnPolicy::Bounds { lo: 0.0, hi: 200_000.0 });
-    cols.insert("sex".into(), ColumnPolicy::Domain(vec![DomainValue::Int(0), DomainValue::Int(1)]));
-    s.register_batches("people", vec![table(extra)], TablePolicy::with_unit("pid", 2, 1, cols).unwrap()).unwrap();
-    s
+    crate::common::people_session(300, extra, 1e12, 1e4)
 }
 
 /// Digits replaced by `#`: a post-processing error may quote a noisy number, which may differ.

@@ -6,8 +6,8 @@
 //! query's conditions, with the same noise seed: the outcome (refused or answered), the message and the result
 //! schema must be identical.
 
-use crate::common::{BIN, TempDir, ledger_config, pums_config, session_from};
-use datafusion::arrow::array::{Float64Array, Int64Array, RecordBatch, StringArray};
+use crate::common::{BIN, TempDir, ledger_config, people_session, pums_config, session_from};
+use datafusion::arrow::array::{Float64Array, RecordBatch, StringArray};
 use datafusion::arrow::datatypes::{DataType, Field, Schema};
 use dpfusion::accounting::Rho;
 use dpfusion::accounting::ledger::{Claim, Ledger, Prior, SqliteLedger};
@@ -18,48 +18,8 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
-/// People with ages 18–90 (so nobody is over 92), 2 rows each; with `extra`, one more person (pid 9999) aged 95,
-/// with a non-integer income and a name no one else has.
-fn people(extra: bool) -> RecordBatch {
-    let mut rows: Vec<(i64, i64, f64, i64, String)> = (0..150)
-        .flat_map(|p| {
-            let age = 18 + (p * 7) % 73;
-            [(p, age, (p * 1000) as f64, p % 2, format!("p{p}")), (p, age, 500.0, p % 2, format!("p{p}"))]
-        })
-        .collect();
-    if extra {
-        rows.push((9999, 95, 1234.5, 1, "zed".into()));
-    }
-    let schema = Arc::new(Schema::new(vec![
-        Field::new("pid", DataType::Int64, false),
-        Field::new("age", DataType::Int64, true),
-        Field::new("income", DataType::Float64, true),
-        Field::new("sex", DataType::Int64, true),
-        Field::new("name", DataType::Utf8, true),
-    ]));
-    RecordBatch::try_new(
-        schema,
-        vec![
-            Arc::new(Int64Array::from(rows.iter().map(|r| r.0).collect::<Vec<_>>())),
-            Arc::new(Int64Array::from(rows.iter().map(|r| r.1).collect::<Vec<_>>())),
-            Arc::new(Float64Array::from(rows.iter().map(|r| r.2).collect::<Vec<_>>())),
-            Arc::new(Int64Array::from(rows.iter().map(|r| r.3).collect::<Vec<_>>())),
-            Arc::new(StringArray::from(rows.iter().map(|r| r.4.clone()).collect::<Vec<_>>())),
-        ],
-    )
-    .unwrap()
-}
-
 fn session(extra: bool, total: f64) -> DpSession {
-    let mut s =
-        DpSession::empty(Rho::new(total).unwrap(), Rho::new(0.05).unwrap(), calibrate::Mechanism::Gaussian, 1e-6, 0.95)
-            .unwrap();
-    let mut cols = BTreeMap::new();
-    cols.insert("age".into(), ColumnPolicy::Bounds { lo: 0.0, hi: 100.0 });
-    cols.insert("income".into(), ColumnPolicy::Bounds { lo: 0.0, hi: 100_000.0 });
-    cols.insert("sex".into(), ColumnPolicy::Domain(vec![DomainValue::Int(0), DomainValue::Int(1)]));
-    s.register_batches("people", vec![people(extra)], TablePolicy::with_unit("pid", 2, 1, cols).unwrap()).unwrap();
-    s
+    people_session(150, extra, total, 0.05)
 }
 
 /// What the analyst sees of one statement, noisy numbers left out: answered (with the result's column names and
@@ -734,4 +694,19 @@ async fn a_marginal_value_that_does_not_convert_to_its_domain_is_out_of_the_doma
     s.register_batches("t", vec![batch], TablePolicy::row_level(cols).unwrap()).unwrap();
     let r = s.marginals("t", &["k".to_string()], &dpfusion::marginals::MarginalSpec::rho(5.0)).await;
     assert!(r.is_ok(), "{:?}", r.err());
+}
+
+#[test]
+fn h7_a_huge_busy_timeout_is_a_configuration_error_not_a_panic() {
+    let text = pums_config("pums_dup.csv", 1.0, 2, 1)
+        + "\n[ledger]\npath = \"l.db\"\nbusy_timeout_ms = 18446744073709551615\n";
+    let e = dpfusion::SessionConfig::from_toml_str(&text, std::path::Path::new(crate::common::ROOT)).unwrap_err();
+    assert!(matches!(e, DpError::Config(_)) && e.to_string().contains("more than an hour"), "{e}");
+}
+
+#[test]
+fn l1_bounds_with_three_numbers_are_refused_not_cut_to_two() {
+    let text = pums_config("pums_dup.csv", 1.0, 2, 1).replace("bounds = [0, 100]", "bounds = [0, 1, 2]");
+    let e = dpfusion::SessionConfig::from_toml_str(&text, std::path::Path::new(crate::common::ROOT)).unwrap_err();
+    assert!(e.to_string().contains("must be two numbers"), "{e}");
 }

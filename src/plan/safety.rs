@@ -128,33 +128,46 @@ pub fn evaluate_constant(e: &Expr) -> datafusion::error::Result<ScalarValue> {
     }
 }
 
-/// Evaluates every constant sub-expression of every node of `plan` (its largest constant sub-trees), and refuses
-/// the query if one fails: a constant that fails only when it is evaluated would otherwise fail at run time, and
-/// only when the data makes DataFusion reach it. Call [`crate::plan::size::check_sizes`] first, so that no
-/// constant can exhaust memory while it is evaluated.
-pub fn check_constants(plan: &LogicalPlan) -> Result<()> {
+/// Visits every sub-expression of every node of `plan` (subqueries included), from the top: `visit` returns
+/// `None` to look inside the expression, `Some(Ok(()))` to skip what is inside it, `Some(Err(e))` to stop with `e`.
+pub(crate) fn visit_expressions(plan: &LogicalPlan, mut visit: impl FnMut(&Expr) -> Option<Result<()>>) -> Result<()> {
     let mut failure: Option<DpError> = None;
     plan.apply_with_subqueries(|node| {
         node.apply_expressions(|e| {
             e.apply(|sub| {
-                if matches!(sub, Expr::Literal(..)) || !is_constant(sub) {
-                    return Ok(TreeNodeRecursion::Continue);
-                }
-                if let Err(err) = evaluate_constant(sub) {
-                    failure = Some(DpError::refused(
-                        format!("the constant `{sub}` cannot be evaluated: {}", err.strip_backtrace()),
-                        "fix the constant (an overflow, a division by zero, a failed cast, a too large LIKE \
-                         pattern): dpfusion evaluates every constant before the query runs",
-                    ));
-                    return Ok(TreeNodeRecursion::Stop);
-                }
-                Ok(TreeNodeRecursion::Jump)
+                Ok(match visit(sub) {
+                    None => TreeNodeRecursion::Continue,
+                    Some(Ok(())) => TreeNodeRecursion::Jump,
+                    Some(Err(err)) => {
+                        failure = Some(err);
+                        TreeNodeRecursion::Stop
+                    }
+                })
             })
         })?;
         Ok(if failure.is_some() { TreeNodeRecursion::Stop } else { TreeNodeRecursion::Continue })
     })
     .map_err(engine)?;
     failure.map_or(Ok(()), Err)
+}
+
+/// Evaluates every constant sub-expression of every node of `plan` (its largest constant sub-trees), and refuses
+/// the query if one fails: a constant that fails only when it is evaluated would otherwise fail at run time, and
+/// only when the data makes DataFusion reach it. Call [`crate::plan::size::check_constant_sizes`] first, so that no
+/// constant can exhaust memory while it is evaluated.
+pub fn check_constants(plan: &LogicalPlan) -> Result<()> {
+    visit_expressions(plan, |sub| {
+        if matches!(sub, Expr::Literal(..)) || !is_constant(sub) {
+            return None;
+        }
+        Some(evaluate_constant(sub).map(|_| ()).map_err(|err| {
+            DpError::refused(
+                format!("the constant `{sub}` cannot be evaluated: {}", err.strip_backtrace()),
+                "fix the constant (an overflow, a division by zero, a failed cast, a too large LIKE pattern): \
+                 dpfusion evaluates every constant before the query runs",
+            )
+        }))
+    })
 }
 
 /// Whether `CAST(x AS to)` of an `x` of type `from` succeeds for every value (no overflow, no parse).

@@ -156,24 +156,12 @@ fn too_large(what: &Expr) -> DpError {
 
 /// Bounds every constant sub-expression of `plan` before anything evaluates it (DataFusion's optimizer included).
 pub fn check_constant_sizes(plan: &LogicalPlan) -> Result<()> {
-    let mut failure = None;
-    plan.apply_with_subqueries(|node| {
-        node.apply_expressions(|e| {
-            e.apply(|sub| {
-                if !matches!(sub, Expr::ScalarFunction(_) | Expr::BinaryExpr(_)) || sub.any_column_refs() {
-                    return Ok(TreeNodeRecursion::Continue);
-                }
-                if value_bound(sub, &DFSchema::empty(), &|_| None).is_none() {
-                    failure = Some(too_large(sub));
-                    return Ok(TreeNodeRecursion::Stop);
-                }
-                Ok(TreeNodeRecursion::Jump)
-            })
-        })?;
-        Ok(if failure.is_some() { TreeNodeRecursion::Stop } else { TreeNodeRecursion::Continue })
+    crate::plan::safety::visit_expressions(plan, |sub| {
+        if !matches!(sub, Expr::ScalarFunction(_) | Expr::BinaryExpr(_)) || sub.any_column_refs() {
+            return None;
+        }
+        Some(value_bound(sub, &DFSchema::empty(), &|_| None).map(|_| ()).ok_or_else(|| too_large(sub)))
     })
-    .map_err(engine)?;
-    failure.map_or(Ok(()), Err)
 }
 
 /// Bounds every expression of the post-processing `plan` (over a scan of the noisy table, `rows` rows at most,
