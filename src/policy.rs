@@ -537,6 +537,13 @@ fn table_source(name: &str, t: TableConfig, base_dir: &Path) -> Result<TableSour
     let mut columns = BTreeMap::new();
     let mut types = BTreeMap::new();
     for (col, c) in t.columns {
+        if col.to_ascii_lowercase().starts_with(crate::plan::RESERVED_PREFIX) {
+            return Err(DpError::Config(format!(
+                "[tables.{name}.columns] {col}: names beginning with `{}` are reserved for dpfusion's own columns; \
+                 rename the column in the file",
+                crate::plan::RESERVED_PREFIX
+            )));
+        }
         let Some(ty) = &c.data_type else {
             return Err(DpError::Config(format!(
                 "[tables.{name}.columns] {col}: no `type`. Column types come from the policy, never from the data \

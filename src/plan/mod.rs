@@ -145,6 +145,10 @@ fn refuse<T>(reason: impl Into<String>, hint: impl Into<String>) -> Result<T> {
     Err(DpError::refused(reason, hint))
 }
 
+/// Prefix of the names dpfusion gives its own columns and tables (`__dp_unit`, `__dp_m0`, `__dp_noisy`, ...): no
+/// query and no table column may use it.
+pub const RESERVED_PREFIX: &str = "__dp_";
+
 /// Largest number of GROUP BY cells one query may release.
 pub const MAX_CELLS: u64 = 1_000_000;
 

@@ -63,7 +63,11 @@ fn has_subquery(e: &Expr) -> bool {
     e.exists(|e| {
         Ok(matches!(
             e,
-            Expr::ScalarSubquery(_) | Expr::Exists(_) | Expr::InSubquery(_) | Expr::OuterReferenceColumn(..)
+            Expr::ScalarSubquery(_)
+                | Expr::Exists(_)
+                | Expr::InSubquery(_)
+                | Expr::SetComparison(_)
+                | Expr::OuterReferenceColumn(..)
         ))
     })
     .unwrap_or(true)

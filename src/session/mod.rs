@@ -1,17 +1,19 @@
 //! `DpSession`: SQL in, a bounded, noised, debited [`Release`] out.
 //!
 //! The path of one query:
-//! 1. DataFusion parses and plans the SQL against the registered private tables.
-//! 2. [`crate::plan::compile`] validates the plan against the policies, bounds every unit's contribution and
-//!    derives each measurement's sensitivity. A refusal spends nothing.
-//! 3. Each measurement is calibrated ([`crate::noise::calibrate`]) with an equal share ρ_q/m of the query's ρ
+//! 1. **Prepare** (`prepare.rs`, nothing read, nothing spent): DataFusion parses, plans and type-checks the SQL;
+//!    every constant is bounded and evaluated; [`crate::plan::compile`] validates the plan against the policies,
+//!    bounds every unit's contribution and derives each measurement's sensitivity; the optimized private plan is
+//!    checked total and physically planned; post-processing is tried on public stand-ins. Any failure is a refusal.
+//! 2. Each measurement is calibrated ([`crate::noise::calibrate`]) with an equal share ρ_q/m of the query's ρ
 //!    (m = number of distinct measurements; AVG needs a SUM and a COUNT).
-//! 4. The accountant debits the charge **before** anything is executed; an over-budget query is refused and
-//!    costs nothing. If execution then fails, the budget stays spent.
-//! 5. The private plan runs; every GROUP BY cell of the public domain is filled (0 when the data has no rows)
-//!    and exact discrete noise is added to every cell of every measurement.
-//! 6. The analyst's nodes above the aggregate (arithmetic, aliases, HAVING, ORDER BY, LIMIT) run over the noisy
-//!    table: post-processing, which costs nothing (BS16 Lemma 1.8).
+//! 3. **Execute** (`execute.rs`): the accountant debits the charge (claiming the request id, if any) **before**
+//!    anything is executed; an over-budget query is refused and costs nothing. The private plan runs; every GROUP
+//!    BY cell of the public domain is filled (0 when the data has no rows) and exact discrete noise is added to
+//!    every cell of every measurement; with a request id, the noisy values are stored before they are used.
+//! 4. **Post-process** (`post.rs`): the analyst's nodes above the aggregate (arithmetic, aliases, HAVING, ORDER
+//!    BY, LIMIT) run over the noisy table on a memory-limited context: post-processing, which costs nothing
+//!    (BS16 Lemma 1.8).
 //!
 //! Neighbouring relation: add/remove all rows of one privacy unit.
 
@@ -20,7 +22,7 @@ mod post;
 mod prepare;
 
 pub use post::POST_MEMORY;
-pub use prepare::{PLANNING_STACK, RESERVED_PREFIX};
+pub use prepare::PLANNING_STACK;
 
 use crate::accounting::{Charge, EpsilonBound, Ledger, MemoryLedger, Rho, SqliteLedger};
 use crate::error::{DpError, Result, engine};

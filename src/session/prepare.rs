@@ -19,7 +19,7 @@
 use crate::accounting::Rho;
 use crate::error::{DpError, Result};
 use crate::noise::calibrate::{self, Calibration, Mechanism};
-use crate::plan::{self, DpPlan, safety, size};
+use crate::plan::{self, DpPlan, RESERVED_PREFIX, safety, size};
 use crate::policy::TablePolicy;
 use crate::session::DpSession;
 use datafusion::common::TableReference;
@@ -74,9 +74,6 @@ fn planning_error(e: datafusion::error::DataFusionError) -> DpError {
     };
     DpError::refused(msg, hint)
 }
-
-/// Prefix of the names dpfusion gives its own columns and tables.
-pub const RESERVED_PREFIX: &str = "__dp_";
 
 /// Refuses a query that names a column or table with dpfusion's reserved prefix (they would collide with the
 /// columns of the bounded plan).
