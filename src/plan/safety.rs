@@ -109,7 +109,7 @@ fn is_constant(e: &Expr) -> bool {
             .unwrap_or(true)
 }
 
-/// Evaluates a constant expression (one that [`is_constant`]).
+/// Evaluates a constant expression (one that reads no column, aggregate, window, subquery or volatile function).
 pub fn evaluate_constant(e: &Expr) -> datafusion::error::Result<ScalarValue> {
     let phys = datafusion::physical_expr::create_physical_expr(
         e,

@@ -27,7 +27,7 @@ use datafusion::logical_expr::{Expr, LogicalPlan, LogicalPlanBuilder, col};
 use datafusion::prelude::SessionContext;
 use std::sync::Arc;
 
-/// Memory pool of post-processing (bytes): sorts, windows and the like over at most [`plan::MAX_CELLS`] rows.
+/// Memory pool of post-processing (bytes): sorts, windows and the like over at most [`crate::plan::MAX_CELLS`] rows.
 pub const POST_MEMORY: usize = 1 << 30;
 
 /// The context post-processing runs on: no tables, a limited memory pool.
