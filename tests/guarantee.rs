@@ -710,3 +710,15 @@ fn l1_bounds_with_three_numbers_are_refused_not_cut_to_two() {
     let e = dpfusion::SessionConfig::from_toml_str(&text, std::path::Path::new(crate::common::ROOT)).unwrap_err();
     assert!(e.to_string().contains("must be two numbers"), "{e}");
 }
+
+#[tokio::test]
+async fn h5_post_processing_without_functions_is_bounded_in_size_too() {
+    // Projections of literals need no dry run, but their size is still bounded (per value, and per column).
+    let s = session_from(&pums_config("pums_dup.csv", 1.0, 2, 1)).await;
+    let big = "x".repeat(1 << 19);
+    let ok = format!("SELECT educ, COUNT(*), '{big}' AS note FROM pums GROUP BY educ");
+    assert!(matches!(s.sql(&ok).await, Ok(Response::Release(_))));
+    let huge = "x".repeat((1 << 20) + 1);
+    let e = s.sql(&format!("SELECT COUNT(*), '{huge}' AS note FROM pums")).await.unwrap_err();
+    assert!(matches!(e, DpError::Refused { .. }), "{e}");
+}

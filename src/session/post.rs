@@ -197,13 +197,7 @@ impl DpSession {
         dp: &DpPlan,
         noisy: RecordBatch,
     ) -> std::result::Result<(SchemaRef, Vec<RecordBatch>), PostFailure> {
-        let rows = noisy.num_rows() as u64;
-        let plan = post_plan(dp, noisy).map_err(PostFailure::Planning)?;
-        // Bounds of the scan's columns: keys from their public domains; the measurements are numbers.
-        let key_bytes: Vec<u64> =
-            dp.keys.iter().map(|k| k.domain.iter().map(size::literal_bytes).max().unwrap_or(0)).collect();
-        let scan = |i: usize| key_bytes.get(i).copied();
-        size::check_post_sizes(&plan, rows.max(dp.cells()), &scan).map_err(PostFailure::Planning)?;
+        let plan = bounded_post_plan(dp, noisy).map_err(PostFailure::Planning)?;
         let df = self.post.execute_logical_plan(plan).await.map_err(|e| PostFailure::Planning(post_planning(e)))?;
         let schema: SchemaRef = Arc::new(df.schema().as_arrow().clone());
         let task = Arc::new(df.task_ctx());
@@ -212,16 +206,20 @@ impl DpSession {
         Ok((schema, batches))
     }
 
-    /// Runs post-processing on public stand-ins for the noisy table (one cell, every measurement 1, then every
-    /// measurement 1 000 003): refuses, before anything is spent, a query whose post-processing cannot be planned
-    /// or fails on both, as it would almost surely fail on the real noisy values too. Everything here depends on
-    /// the query and the policy only.
+    /// Checks post-processing before anything is spent: its plan is bounded in size ([`bounded_post_plan`]) and,
+    /// unless it [`cannot_fail`], run on public stand-ins for the noisy table (one cell, every measurement 1, then
+    /// every measurement 1 000 003). A query whose post-processing cannot be planned, or fails on both, is refused:
+    /// it would almost surely fail on the real noisy values too. Everything here depends on the query and the
+    /// policy only.
     pub(crate) async fn check_post_processing(&self, dp: &DpPlan) -> Result<()> {
         let key: Vec<ScalarValue> = dp.keys.iter().filter_map(|k| k.domain.first().cloned()).collect();
+        let stand_in = |v: i128| noisy_batch(dp, vec![key.clone()], &[vec![v; dp.measures.len()]]);
+        if cannot_fail(&dp.original) {
+            return bounded_post_plan(dp, stand_in(1)?).map(|_| ());
+        }
         let mut failure = None;
         for v in [1i128, 1_000_003] {
-            let batch = noisy_batch(dp, vec![key.clone()], &[vec![v; dp.measures.len()]])?;
-            match self.run_post(dp, batch).await {
+            match self.run_post(dp, stand_in(v)?).await {
                 Ok(_) => return Ok(()),
                 Err(PostFailure::Planning(e)) => return Err(e),
                 Err(PostFailure::Running(e)) => failure = failure.or(Some(e)),
@@ -234,6 +232,38 @@ impl DpSession {
             ),
             "fix the expressions above the aggregates (a division by zero, a cast that cannot succeed, ...)",
         ))
+    }
+}
+
+/// The post-processing plan over `noisy`, every value and column of it bounded in size for the query's full
+/// number of cells ([`size::check_post_sizes`]), before anything evaluates it.
+fn bounded_post_plan(dp: &DpPlan, noisy: RecordBatch) -> Result<LogicalPlan> {
+    let rows = (noisy.num_rows() as u64).max(dp.cells());
+    let plan = post_plan(dp, noisy)?;
+    // Bounds of the scan's columns: keys from their public domains; the measurements are numbers.
+    let key_bytes: Vec<u64> =
+        dp.keys.iter().map(|k| k.domain.iter().map(size::literal_bytes).max().unwrap_or(0)).collect();
+    size::check_post_sizes(&plan, rows, &|i: usize| key_bytes.get(i).copied())?;
+    Ok(plan)
+}
+
+/// Whether the post-processing part of `plan` (the nodes above its aggregate) can be seen not to fail without
+/// running it: only projections, aliases, filters (HAVING) and sorts, all of whose expressions are total
+/// ([`crate::plan::safety::total`]: no function that can fail, no amplifying one, no LIMIT for the optimizer to
+/// reject). The common case, `SELECT COUNT(*) AS n ...`, needs no dry run.
+fn cannot_fail(plan: &LogicalPlan) -> bool {
+    match plan {
+        LogicalPlan::Aggregate(_) => true,
+        LogicalPlan::Projection(_) | LogicalPlan::SubqueryAlias(_) | LogicalPlan::Filter(_) | LogicalPlan::Sort(_) => {
+            let [input] = plan.inputs()[..] else { return false };
+            let mut total = true;
+            let _ = plan.apply_expressions(|e| {
+                total &= crate::plan::safety::total(e, input.schema()).is_ok();
+                Ok(datafusion::common::tree_node::TreeNodeRecursion::Continue)
+            });
+            total && cannot_fail(input)
+        }
+        _ => false,
     }
 }
 
