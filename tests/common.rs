@@ -4,7 +4,7 @@ use datafusion::arrow::array::{Float64Array, Int64Array, RecordBatch, StringArra
 use datafusion::arrow::datatypes::{DataType, Field, Schema};
 use dpfusion::accounting::Rho;
 use dpfusion::noise::calibrate::Mechanism;
-use dpfusion::{ColumnPolicy, DomainValue, DpSession, Release, Response, SessionConfig, TablePolicy};
+use dpfusion::{ColumnPolicy, DomainValue, DpError, DpSession, Release, Response, SessionConfig, TablePolicy};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -159,4 +159,39 @@ pub fn people_session(n: i64, extra: bool, total: f64, query_rho: f64) -> DpSess
     cols.insert("sex".into(), ColumnPolicy::Domain(vec![DomainValue::Int(0), DomainValue::Int(1)]));
     s.register_batches("people", vec![people(n, extra)], TablePolicy::with_unit("pid", 2, 1, cols).unwrap()).unwrap();
     s
+}
+
+/// Digits replaced by `#`: a post-processing error may quote a noisy number, which may differ from run to run.
+pub fn mask_numbers(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    let mut in_number = false;
+    for c in s.chars() {
+        let digit = c.is_ascii_digit() || (in_number && (c == '.' || c == 'e' || c == '-'));
+        if digit && !in_number {
+            out.push('#');
+        }
+        if !digit {
+            out.push(c);
+        }
+        in_number = digit;
+    }
+    out
+}
+
+/// What an analyst sees of one statement, noisy numbers left out: `answered [name:type, ...]`, `explain <text>`,
+/// `refused: <message>`, `post-processing failed: <message, numbers masked>`, or `FAILED: <error>` for any other
+/// error (which the guarantee says must never happen).
+pub async fn seen(s: &DpSession, sql: &str) -> String {
+    match s.sql(sql).await {
+        Ok(Response::Release(r)) => {
+            let cols: Vec<String> =
+                r.schema.fields().iter().map(|f| format!("{}:{}", f.name(), f.data_type())).collect();
+            format!("answered [{}]", cols.join(", "))
+        }
+        Ok(Response::Explain(e)) => format!("explain {e}"),
+        Ok(other) => format!("{other:?}"),
+        Err(e @ (DpError::Refused { .. } | DpError::OverBudget { .. })) => format!("refused: {e}"),
+        Err(DpError::PostProcessing(m)) => format!("post-processing failed: {}", mask_numbers(&m)),
+        Err(e) => format!("FAILED: {e}"),
+    }
 }

@@ -15,7 +15,7 @@
 //! The default run is sized for CI (a few seconds);
 //! `DPFUSION_FUZZ_CASES=20000 cargo test differential` runs a longer one (seed: `DPFUSION_FUZZ_SEED`).
 
-use dpfusion::{DpError, DpSession, Response};
+use dpfusion::DpSession;
 use rand::seq::IndexedRandom;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -25,37 +25,11 @@ fn session(extra: bool) -> DpSession {
     crate::common::people_session(300, extra, 1e12, 1e4)
 }
 
-/// Digits replaced by `#`: a post-processing error may quote a noisy number, which may differ.
-fn mask_numbers(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    let mut in_number = false;
-    for c in s.chars() {
-        let digit = c.is_ascii_digit() || (in_number && (c == '.' || c == 'e' || c == '-'));
-        if digit && !in_number {
-            out.push('#');
-        }
-        if !digit {
-            out.push(c);
-        }
-        in_number = digit;
-    }
-    out
-}
-
-/// What the analyst sees, noisy numbers masked. Panics on an error that must never happen.
+/// What the analyst sees ([`crate::common::seen`]); panics on an error that must never happen.
 async fn outcome(s: &DpSession, sql: &str) -> String {
-    match s.sql(sql).await {
-        Ok(Response::Release(r)) => {
-            let cols: Vec<String> =
-                r.schema.fields().iter().map(|f| format!("{}:{}", f.name(), f.data_type())).collect();
-            format!("answered [{}]", cols.join(", "))
-        }
-        Ok(Response::Explain(e)) => format!("explain {e}"),
-        Ok(other) => format!("{other:?}"),
-        Err(e @ DpError::Refused { .. }) => format!("refused: {e}"),
-        Err(DpError::PostProcessing(m)) => format!("post-processing failed: {}", mask_numbers(&m)),
-        Err(e) => panic!("{sql}\nan error that must never happen: {e:?}"),
-    }
+    let o = crate::common::seen(s, sql).await;
+    assert!(!o.starts_with("FAILED"), "{sql}\nan error that must never happen: {o}");
+    o
 }
 
 /// The query generator.

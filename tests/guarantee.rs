@@ -6,7 +6,7 @@
 //! query's conditions, with the same noise seed: the outcome (refused or answered), the message and the result
 //! schema must be identical.
 
-use crate::common::{BIN, TempDir, ledger_config, people_session, pums_config, session_from};
+use crate::common::{BIN, TempDir, ledger_config, people_session, pums_config, seen, session_from};
 use datafusion::arrow::array::{Float64Array, RecordBatch, StringArray};
 use datafusion::arrow::datatypes::{DataType, Field, Schema};
 use dpfusion::accounting::Rho;
@@ -20,21 +20,6 @@ use std::time::Duration;
 
 fn session(extra: bool, total: f64) -> DpSession {
     people_session(150, extra, total, 0.05)
-}
-
-/// What the analyst sees of one statement, noisy numbers left out: answered (with the result's column names and
-/// types), refused (with the message), or failed (with the message).
-async fn seen(s: &DpSession, sql: &str) -> String {
-    match s.sql(sql).await {
-        Ok(Response::Release(r)) => {
-            let cols: Vec<String> =
-                r.schema.fields().iter().map(|f| format!("{}:{}", f.name(), f.data_type())).collect();
-            format!("answered [{}]", cols.join(", "))
-        }
-        Ok(other) => format!("answered {other:?}"),
-        Err(e @ (DpError::Refused { .. } | DpError::OverBudget { .. })) => format!("refused: {e}"),
-        Err(e) => format!("FAILED: {e}"),
-    }
 }
 
 /// Runs `sql` on D and D′ with the same noise seed; asserts the same outcome and that a refusal spent nothing.
