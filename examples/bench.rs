@@ -303,7 +303,7 @@ fn bench_ledger(out: &Path, n: usize) -> Res<()> {
     let path = out.join("bench-ledger.db");
     let _ = std::fs::remove_file(&path);
     let l = SqliteLedger::open(&path, "b", Rho::new(1e9)?, std::time::Duration::from_secs(30))?;
-    let m = dpfusion::noise::calibrate::gaussian(1.0, Rho::new(1e-6)?)?;
+    let m = dpfusion::accounting::calibrate::gaussian(1.0, Rho::new(1e-6)?)?;
     let t = Instant::now();
     for _ in 0..n {
         l.charge("SELECT COUNT(*) FROM t", vec![m.clone()])?;
@@ -330,7 +330,7 @@ fn bench_ledger(out: &Path, n: usize) -> Res<()> {
 fn ledger_child(path: &str, n: usize) -> Res<()> {
     use dpfusion::accounting::{Ledger, Rho, SqliteLedger};
     let l = SqliteLedger::open(Path::new(path), "b", Rho::new(1e9)?, std::time::Duration::from_secs(30))?;
-    let m = dpfusion::noise::calibrate::gaussian(1.0, Rho::new(1e-6)?)?;
+    let m = dpfusion::accounting::calibrate::gaussian(1.0, Rho::new(1e-6)?)?;
     for _ in 0..n {
         l.charge("child", vec![m.clone()])?;
     }

@@ -8,7 +8,8 @@
 //! onto a dyadic grid, so numerator and denominator are large and the acceptance exponent sometimes needs the
 //! big-integer path), and the discrete Laplace with scale σ.
 
-use dpfusion::noise::calibrate::{self, NoiseParams};
+use dpfusion::accounting::calibrate;
+use dpfusion::noise::NoiseParams;
 use dpfusion::noise::gaussian::DiscreteGaussian;
 use dpfusion::noise::laplace::DiscreteLaplace;
 use dpfusion::noise::{NoiseRng, Ratio};

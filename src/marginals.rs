@@ -19,11 +19,12 @@
 //! histogram onto {x ≥ 0, Σx = T̂} (sort-based simplex projection). Every released column is non-negative and sums
 //! to the same total. The raw noisy counts are kept next to the projected ones.
 
+use crate::accounting::calibrate::{self, Calibration};
 use crate::accounting::convert::EpsilonBound;
 use crate::accounting::{Charge, Rho};
 use crate::error::{DpError, Result, engine};
+use crate::noise::NoiseParams;
 use crate::noise::accuracy;
-use crate::noise::calibrate::{self, Calibration, NoiseParams};
 use crate::noise::gaussian::DiscreteGaussian;
 use crate::plan::bound;
 use crate::policy::DomainValue;

@@ -1,8 +1,8 @@
 //! The session filter: debits, refusals that change nothing, exact edges of the budget.
 
 use dpfusion::DpError;
+use dpfusion::accounting::calibrate::{self, Calibration};
 use dpfusion::accounting::{Rho, ZcdpFilter};
-use dpfusion::noise::calibrate::{self, Calibration};
 
 fn rho(x: f64) -> Rho {
     Rho::new(x).unwrap()

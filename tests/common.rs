@@ -3,7 +3,7 @@
 use datafusion::arrow::array::{Float64Array, Int64Array, RecordBatch, StringArray};
 use datafusion::arrow::datatypes::{DataType, Field, Schema};
 use dpfusion::accounting::Rho;
-use dpfusion::noise::calibrate::Mechanism;
+use dpfusion::noise::Mechanism;
 use dpfusion::{ColumnPolicy, DomainValue, DpError, DpSession, Release, Response, SessionConfig, TablePolicy};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

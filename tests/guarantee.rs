@@ -10,8 +10,8 @@ use crate::common::{BIN, TempDir, ledger_config, people_session, pums_config, se
 use datafusion::arrow::array::{Float64Array, RecordBatch, StringArray};
 use datafusion::arrow::datatypes::{DataType, Field, Schema};
 use dpfusion::accounting::Rho;
+use dpfusion::accounting::calibrate;
 use dpfusion::accounting::ledger::{Claim, Ledger, Prior, SqliteLedger};
-use dpfusion::noise::calibrate;
 use dpfusion::{ColumnPolicy, DomainValue, DpError, DpSession, Release, Response, TablePolicy};
 use std::collections::BTreeMap;
 use std::process::Command;
@@ -650,9 +650,14 @@ async fn marginal_string_keys_that_begin_or_end_with_a_quote_are_counted() {
         vec![Arc::new(StringArray::from(vec!["O'"; 400]))],
     )
     .unwrap();
-    let mut s =
-        DpSession::empty(Rho::new(10.0).unwrap(), Rho::new(1.0).unwrap(), calibrate::Mechanism::Gaussian, 1e-6, 0.95)
-            .unwrap();
+    let mut s = DpSession::empty(
+        Rho::new(10.0).unwrap(),
+        Rho::new(1.0).unwrap(),
+        dpfusion::noise::Mechanism::Gaussian,
+        1e-6,
+        0.95,
+    )
+    .unwrap();
     let mut cols = BTreeMap::new();
     cols.insert(
         "k".to_string(),
@@ -671,9 +676,14 @@ async fn a_marginal_value_that_does_not_convert_to_its_domain_is_out_of_the_doma
         vec![Arc::new(StringArray::from(vec![Some("0"), Some("1"), Some("x"), None, Some("1")]))],
     )
     .unwrap();
-    let mut s =
-        DpSession::empty(Rho::new(10.0).unwrap(), Rho::new(1.0).unwrap(), calibrate::Mechanism::Gaussian, 1e-6, 0.95)
-            .unwrap();
+    let mut s = DpSession::empty(
+        Rho::new(10.0).unwrap(),
+        Rho::new(1.0).unwrap(),
+        dpfusion::noise::Mechanism::Gaussian,
+        1e-6,
+        0.95,
+    )
+    .unwrap();
     let mut cols = BTreeMap::new();
     cols.insert("k".to_string(), ColumnPolicy::Domain(vec![DomainValue::Int(0), DomainValue::Int(1)]));
     s.register_batches("t", vec![batch], TablePolicy::row_level(cols).unwrap()).unwrap();

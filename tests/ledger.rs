@@ -3,8 +3,8 @@
 //! files.
 
 use dpfusion::accounting::Rho;
+use dpfusion::accounting::calibrate;
 use dpfusion::accounting::ledger::{Ledger, SqliteLedger};
-use dpfusion::noise::calibrate;
 use dpfusion::{DpError, DpSession, Response};
 use std::io::Read;
 use std::process::{Command, Stdio};

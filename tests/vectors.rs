@@ -3,9 +3,10 @@
 //! T3b), inverse conversions (T4), the exact Gaussian-DP curve (T5), pure-Gaussian compositions (T7) and a mixed
 //! session (T10).
 
+use dpfusion::accounting::calibrate;
 use dpfusion::accounting::convert::{self, BoundKind};
 use dpfusion::accounting::{Rho, ZcdpFilter};
-use dpfusion::noise::calibrate::{self, NoiseParams};
+use dpfusion::noise::NoiseParams;
 
 const TOL: f64 = 1e-9;
 

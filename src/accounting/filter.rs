@@ -5,9 +5,9 @@
 //! within its total. Refused charges change nothing and draw no noise.
 
 use crate::accounting::Rho;
+use crate::accounting::calibrate::Calibration;
 use crate::accounting::convert::{EpsilonBound, epsilon_for_charges};
 use crate::error::{DpError, Result};
-use crate::noise::calibrate::Calibration;
 use serde::{Deserialize, Serialize};
 
 /// One debit: what it was for, the measurements it paid for, and its total cost.

@@ -16,11 +16,11 @@
 //!
 //! Pure bookkeeping: no DataFusion or Arrow here; releases are stored as opaque bytes.
 
+use crate::accounting::calibrate::Calibration;
 use crate::accounting::convert::{EpsilonBound, epsilon_for_charges};
 use crate::accounting::filter::total_rho;
 use crate::accounting::{Charge, Rho, ZcdpFilter};
 use crate::error::{DpError, Result};
-use crate::noise::calibrate::Calibration;
 use rusqlite::{Connection, ErrorCode, OptionalExtension, TransactionBehavior, params};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};

@@ -1,7 +1,10 @@
-//! zCDP accounting: the budget type, the session filter that debits charges, and conversions to (ε, δ).
+//! zCDP accounting: the budget type, calibration of each measurement to its cost, the session filter that debits
+//! charges, the durable ledger, and conversions to (ε, δ).
 //!
-//! Pure arithmetic: nothing here imports DataFusion or Arrow.
+//! Nothing here imports DataFusion or Arrow; [`ledger`] stores charges in SQLite. Depends on [`crate::noise`] for
+//! the mechanisms' parameters, never the other way round.
 
+pub mod calibrate;
 pub mod convert;
 pub mod filter;
 pub mod ledger;

@@ -16,7 +16,7 @@ use crate::noise::{NoiseRng, Ratio};
 /// neighbours is e^{(|z−q(x′)| − |z−q(x)|)/b} ≤ e^{Δ₁/b} by the triangle inequality (the geometric mechanism of
 /// Ghosh, Roughgarden & Sundararajan 2009; CKS20 Alg. 2 is the exact sampler used here). ε-DP implies
 /// (ε²/2)-zCDP (BS16 Prop 1.4), which is how dpfusion charges it: `../shared/research/seeds.md` §2 row 4
-/// (b = Δ₁/ε, ρ = ε²/2), calibrated in [`crate::noise::calibrate::laplace`].
+/// (b = Δ₁/ε, ρ = ε²/2), calibrated in [`crate::accounting::calibrate::laplace`].
 ///
 /// **Sensitivity assumption.** Δ₁ is the L1 sensitivity of the *integer-valued* query under the neighbouring
 /// relation of dpfusion: two datasets are neighbours when one is obtained from the other by adding or removing

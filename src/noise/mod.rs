@@ -6,21 +6,21 @@
 //! * [`rng`]: the only randomness source, a ChaCha20 CSPRNG seeded by the operating system.
 //! * [`ratio`]: exact rational parameters (σ², scale), so no floating-point number is on the sampling path.
 //! * [`bernoulli`], [`laplace`], [`gaussian`]: the CKS20 samplers.
-//! * [`calibrate`]: from a sensitivity and a ρ to a sampler's parameter, rounded in the safe direction.
+//! * [`mechanism`]: the two mechanisms and their exact parameters (how they are calibrated to a sensitivity and a
+//!   budget is [`crate::accounting::calibrate`], which depends on this module; nothing here depends on it).
 //! * [`accuracy`]: standard deviation and confidence-interval half-width of the exact discrete distributions.
 //!
 //! Neighbouring relation throughout dpfusion: two datasets are neighbours when one is obtained from the other by
-//! adding or removing **all rows of one privacy unit**. Sensitivities handed to [`calibrate`] must be computed
-//! under that relation.
+//! adding or removing **all rows of one privacy unit**.
 
 pub mod accuracy;
 pub mod bernoulli;
-pub mod calibrate;
 pub mod gaussian;
 pub mod laplace;
+pub mod mechanism;
 pub mod ratio;
 pub mod rng;
 
-pub use calibrate::{Mechanism, NoiseParams};
+pub use mechanism::{Mechanism, NoiseParams};
 pub use ratio::Ratio;
 pub use rng::NoiseRng;

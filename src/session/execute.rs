@@ -9,13 +9,14 @@
 //!
 //! Neighbouring relation: add/remove all rows of one privacy unit.
 
+use crate::accounting::calibrate::Calibration;
 use crate::accounting::ledger::{Claim, Prior};
 use crate::accounting::{Charge, EpsilonBound};
 use crate::error::{DpError, Result, engine};
 use crate::noise::accuracy;
-use crate::noise::calibrate::{Calibration, Mechanism, NoiseParams};
 use crate::noise::gaussian::DiscreteGaussian;
 use crate::noise::laplace::DiscreteLaplace;
+use crate::noise::{Mechanism, NoiseParams};
 use crate::plan::{DpPlan, OutputKind};
 use crate::release::{Accuracy, ColumnAccuracy, Release};
 use crate::session::DpSession;

@@ -5,7 +5,7 @@
 //!    every constant is bounded and evaluated; [`crate::plan::compile`] validates the plan against the policies,
 //!    bounds every unit's contribution and derives each measurement's sensitivity; the optimized private plan is
 //!    checked total and physically planned; post-processing is tried on public stand-ins. Any failure is a refusal.
-//! 2. Each measurement is calibrated ([`crate::noise::calibrate`]) with an equal share ρ_q/m of the query's ρ
+//! 2. Each measurement is calibrated ([`crate::accounting::calibrate`]) with an equal share ρ_q/m of the query's ρ
 //!    (m = number of distinct measurements; AVG needs a SUM and a COUNT).
 //! 3. **Execute** (`execute.rs`): the accountant debits the charge (claiming the request id, if any) **before**
 //!    anything is executed; an over-budget query is refused and costs nothing. The private plan runs; every GROUP
@@ -24,10 +24,11 @@ mod prepare;
 pub use post::POST_MEMORY;
 pub use prepare::PLANNING_STACK;
 
+use crate::accounting::calibrate::Calibration;
 use crate::accounting::{Charge, EpsilonBound, Ledger, MemoryLedger, Rho, SqliteLedger};
 use crate::error::{DpError, Result, engine};
 use crate::noise::NoiseRng;
-use crate::noise::calibrate::{Calibration, Mechanism, NoiseParams};
+use crate::noise::{Mechanism, NoiseParams};
 use crate::owner_log::OwnerLog;
 use crate::policy::{self, SessionConfig, TablePolicy, TableSource};
 use crate::release::{BudgetStatus, Release};

@@ -17,8 +17,9 @@
 //! [`crate::plan::safety::MAX_OPERATORS`] operators, which keeps even execution within a default thread stack.
 
 use crate::accounting::Rho;
+use crate::accounting::calibrate::{self, Calibration};
 use crate::error::{DpError, Result};
-use crate::noise::calibrate::{self, Calibration, Mechanism};
+use crate::noise::Mechanism;
 use crate::plan::{self, DpPlan, RESERVED_PREFIX, safety, size};
 use crate::policy::TablePolicy;
 use crate::session::DpSession;
