@@ -14,6 +14,7 @@
 
 pub mod accounting;
 pub mod cli;
+pub mod config;
 pub mod error;
 pub mod marginals;
 pub mod noise;
@@ -24,7 +25,8 @@ pub mod release;
 pub mod session;
 pub mod source;
 
+pub use config::SessionConfig;
 pub use error::{DpError, Result};
-pub use policy::{ColumnPolicy, DomainValue, SessionConfig, TablePolicy};
+pub use policy::{ColumnPolicy, DomainValue, TablePolicy};
 pub use release::{Accuracy, Release};
 pub use session::{DpSession, Response};

@@ -370,7 +370,8 @@ impl DpSession {
         spec: &MarginalSpec,
     ) -> Result<MarginalRelease> {
         let policy = &self.policies[table];
-        let confidence = crate::policy::check_confidence(spec.confidence.unwrap_or(self.defaults.confidence))?;
+        let confidence = spec.confidence.unwrap_or(self.defaults.confidence);
+        crate::noise::accuracy::check_confidence(confidence)?;
         let d = columns.len();
         let cells: usize = domains.iter().map(Vec::len).sum();
         let k = policy.max_rows_per_unit;

@@ -7,7 +7,8 @@
 //! the result: a column that should be numeric but comes out as `string` means that some value does not parse.
 
 use crate::DpError;
-use crate::policy::{ColumnType, Config};
+use crate::config::Config;
+use crate::policy::ColumnType;
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::execution::options::{CsvReadOptions, JsonReadOptions, ParquetReadOptions};
 use datafusion::prelude::SessionContext;
@@ -64,7 +65,7 @@ pub async fn run(a: PinArgs) -> Result<bool, DpError> {
         if a.table.as_ref().is_some_and(|only| only != name) {
             continue;
         }
-        let path = crate::policy::resolve(&base, &t.path);
+        let path = crate::config::resolve(&base, &t.path);
         let schema = infer(name, &path, &t.format, t.has_header, t.delimiter).await?;
         let columns = doc["tables"][name.as_str()]["columns"].or_insert(toml_edit::table());
         let Some(columns) = columns.as_table_like_mut() else {

@@ -26,11 +26,12 @@ pub use prepare::PLANNING_STACK;
 
 use crate::accounting::calibrate::Calibration;
 use crate::accounting::{Charge, EpsilonBound, Ledger, MemoryLedger, Rho, SqliteLedger};
+use crate::config::{SessionConfig, TableSource};
 use crate::error::{DpError, Result, engine};
 use crate::noise::NoiseRng;
 use crate::noise::{Mechanism, NoiseParams};
 use crate::owner_log::OwnerLog;
-use crate::policy::{self, SessionConfig, TablePolicy, TableSource};
+use crate::policy::TablePolicy;
 use crate::release::{BudgetStatus, Release};
 use datafusion::arrow::array::RecordBatch;
 use datafusion::arrow::datatypes::Schema;
@@ -247,7 +248,7 @@ impl DpSession {
         if !(delta > 0.0 && delta < 1.0) {
             return Err(DpError::invalid("delta", format!("must be in (0, 1), got {delta}")));
         }
-        policy::check_confidence(confidence)?;
+        crate::noise::accuracy::check_confidence(confidence)?;
         let config = datafusion::prelude::SessionConfig::new()
             .with_information_schema(false)
             .with_option_extension(DpOptions::default());
@@ -480,7 +481,7 @@ impl DpSession {
                         "write e.g. SET dp.confidence = 0.9",
                     )
                 })?;
-                policy::check_confidence(c)
+                crate::noise::accuracy::check_confidence(c)
                     .map_err(|e| DpError::refused(e.to_string(), "give a level strictly between 0 and 1"))?;
                 short_number(c)
             }

@@ -15,9 +15,9 @@
 
 pub mod text;
 
+use crate::config::{DataFormat, TableSource};
 use crate::error::{DpError, Result};
 use crate::owner_log::OwnerLog;
-use crate::policy::{DataFormat, TableSource};
 use datafusion::arrow::datatypes::{Field, Schema, SchemaRef};
 use datafusion::catalog::TableProvider;
 use datafusion::datasource::file_format::parquet::ParquetFormat;

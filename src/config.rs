@@ -1,0 +1,343 @@
+//! The configuration file: the session's budget and defaults, the durable ledger, the owner's log, and for each
+//! private table where its data is and its policy ([`crate::policy`]). Loaded from TOML and validated, every
+//! mistake reported with what to change.
+
+use crate::accounting::Rho;
+use crate::error::{DpError, Result};
+use crate::noise::Mechanism;
+use crate::policy::{ColumnPolicy, ColumnType, DomainValue, TablePolicy};
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+/// The whole configuration file.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// Session-wide budget and defaults.
+    pub session: SessionSettings,
+    /// The private tables, by name.
+    #[serde(default)]
+    pub tables: BTreeMap<String, TableConfig>,
+    /// The durable budget ledger; without it the budget lives in memory only.
+    pub ledger: Option<LedgerConfig>,
+}
+
+/// `[ledger]`: where the durable budget ledger is.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LedgerConfig {
+    /// SQLite file (created if missing; relative paths resolve against the configuration file's directory).
+    pub path: String,
+    /// Name of the budget inside the ledger (one per dataset and analyst is the expected use).
+    #[serde(default = "default_budget")]
+    pub budget: String,
+    /// How long to wait for another process holding the ledger's lock before reporting an error.
+    #[serde(default = "default_busy")]
+    pub busy_timeout_ms: u64,
+}
+
+fn default_budget() -> String {
+    "default".into()
+}
+fn default_busy() -> u64 {
+    5000
+}
+
+/// A validated ledger location.
+#[derive(Clone, Debug)]
+pub struct LedgerSettings {
+    /// Resolved file path.
+    pub path: PathBuf,
+    /// Budget name.
+    pub budget: String,
+    /// Lock wait.
+    pub busy_timeout: std::time::Duration,
+}
+
+/// `[session]`: the budget and the defaults of each query.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SessionSettings {
+    /// Total zCDP budget ρ of the session.
+    pub rho: f64,
+    /// ρ charged per query unless `SET dp.rho` says otherwise.
+    pub default_query_rho: f64,
+    /// Default mechanism: `"gaussian"` or `"laplace"`.
+    #[serde(default = "default_mechanism")]
+    pub mechanism: String,
+    /// δ at which (ε, δ) is reported.
+    #[serde(default = "default_delta")]
+    pub delta: f64,
+    /// Confidence level of reported intervals, in (0, 1).
+    #[serde(default = "default_confidence")]
+    pub confidence: f64,
+    /// A file only the data owner reads: how many values of each column did not parse (read as NULL), and the
+    /// details of errors whose text is withheld from analysts. Relative to the configuration file.
+    pub owner_log: Option<String>,
+}
+
+fn default_mechanism() -> String {
+    "gaussian".into()
+}
+fn default_delta() -> f64 {
+    1e-6
+}
+fn default_confidence() -> f64 {
+    0.95
+}
+
+/// `[tables.NAME]`: where a private table is and how it is protected.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TableConfig {
+    /// File path or glob (relative paths are resolved against the configuration file's directory).
+    pub path: String,
+    /// `csv`, `parquet` or `json` (newline-delimited JSON).
+    pub format: String,
+    /// For CSV: whether the first line is a header (default true).
+    #[serde(default = "default_true")]
+    pub has_header: bool,
+    /// For CSV: the field delimiter (default `,`).
+    #[serde(default = "default_delimiter")]
+    pub delimiter: char,
+    /// The privacy-unit column; absent means every row is its own unit.
+    pub privacy_unit: Option<String>,
+    /// Most rows one unit may contribute (per group in a GROUP BY).
+    pub max_rows_per_unit: Option<u64>,
+    /// Most groups one unit may contribute to in a GROUP BY.
+    pub max_groups_per_unit: Option<u64>,
+    /// Per-column policy: `bounds` or `domain`.
+    #[serde(default)]
+    pub columns: BTreeMap<String, ColumnConfig>,
+}
+
+fn default_true() -> bool {
+    true
+}
+fn default_delimiter() -> char {
+    ','
+}
+
+/// A column's declared policy in the file.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ColumnConfig {
+    /// The column's type (`int64`, `float64`, `string`, ...; see [`ColumnType`]). Required: the schema the
+    /// analyst sees must never be inferred from the data.
+    #[serde(rename = "type")]
+    pub data_type: Option<String>,
+    /// `[lo, hi]`: values are clamped to this range before SUM/AVG.
+    pub bounds: Option<Vec<f64>>,
+    /// The public set of values a GROUP BY key can take.
+    pub domain: Option<Vec<DomainValue>>,
+}
+
+/// Where a table's data lives.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DataFormat {
+    /// CSV with a header line (or not) and a delimiter.
+    Csv {
+        /// First line is a header.
+        has_header: bool,
+        /// Field delimiter.
+        delimiter: u8,
+    },
+    /// Apache Parquet.
+    Parquet,
+    /// Newline-delimited JSON.
+    Json,
+}
+
+/// A private table as the configuration declares it: where the data is, its columns and their types, and its
+/// policy.
+#[derive(Clone, Debug)]
+pub struct TableSource {
+    /// Resolved path, directory or glob.
+    pub path: PathBuf,
+    /// File format.
+    pub format: DataFormat,
+    /// Every column the analyst can use, with its declared type (columns of the file not listed are not read).
+    pub columns: BTreeMap<String, ColumnType>,
+    /// Privacy policy.
+    pub policy: TablePolicy,
+}
+
+/// The validated session configuration.
+#[derive(Clone, Debug)]
+pub struct SessionConfig {
+    /// Total budget.
+    pub total_rho: Rho,
+    /// Default ρ per query.
+    pub default_query_rho: Rho,
+    /// Default mechanism.
+    pub mechanism: Mechanism,
+    /// δ for (ε, δ) reports.
+    pub delta: f64,
+    /// Confidence level of reported intervals.
+    pub confidence: f64,
+    /// The private tables.
+    pub tables: BTreeMap<String, TableSource>,
+    /// The durable ledger, if configured.
+    pub ledger: Option<LedgerSettings>,
+    /// The data owner's log (values that did not parse, details of failed reads), if configured.
+    pub owner_log: Option<PathBuf>,
+}
+
+fn cfg_err(e: DpError, key: &str) -> DpError {
+    match e {
+        DpError::InvalidParameter { reason, .. } => DpError::Config(format!("[session] {key}: {reason}")),
+        other => other,
+    }
+}
+
+impl SessionConfig {
+    /// Loads and validates a configuration file. Relative table paths resolve against the file's directory.
+    pub fn from_file(path: impl AsRef<Path>) -> Result<Self> {
+        let path = path.as_ref();
+        let text =
+            std::fs::read_to_string(path).map_err(|source| DpError::Io { path: path.display().to_string(), source })?;
+        let base = path.parent().map(Path::to_path_buf).unwrap_or_default();
+        Self::from_toml_str(&text, &base).map_err(|e| match e {
+            DpError::Config(m) => DpError::Config(format!("{}: {m}", path.display())),
+            other => other,
+        })
+    }
+
+    /// Parses and validates configuration text; relative table paths resolve against `base_dir`.
+    pub fn from_toml_str(text: &str, base_dir: &Path) -> Result<Self> {
+        let raw: Config = toml::from_str(text).map_err(|e| DpError::Config(e.to_string()))?;
+        let s = &raw.session;
+        let total_rho = Rho::new(s.rho).map_err(|e| cfg_err(e, "rho"))?;
+        let default_query_rho = Rho::positive(s.default_query_rho).map_err(|e| cfg_err(e, "default_query_rho"))?;
+        if default_query_rho.get() > total_rho.get() {
+            return Err(DpError::Config(format!(
+                "[session] default_query_rho = {} exceeds the total rho = {}; lower it",
+                s.default_query_rho, s.rho
+            )));
+        }
+        let mechanism: Mechanism = s.mechanism.parse().map_err(|e| cfg_err(e, "mechanism"))?;
+        if !(s.delta > 0.0 && s.delta < 1.0) {
+            return Err(DpError::Config(format!("[session] delta = {} must be in (0, 1); 1e-6 is usual", s.delta)));
+        }
+        crate::noise::accuracy::check_confidence(s.confidence).map_err(|e| cfg_err(e, "confidence"))?;
+        let confidence = s.confidence;
+        let mut tables = BTreeMap::new();
+        for (name, t) in raw.tables {
+            tables.insert(name.clone(), table_source(&name, t, base_dir)?);
+        }
+        let ledger = match raw.ledger {
+            None => None,
+            Some(l) => {
+                if l.budget.trim().is_empty() {
+                    return Err(DpError::Config("[ledger] budget must be a non-empty name".into()));
+                }
+                if l.busy_timeout_ms > MAX_BUSY_TIMEOUT_MS {
+                    return Err(DpError::Config(format!(
+                        "[ledger] busy_timeout_ms = {} is more than an hour ({MAX_BUSY_TIMEOUT_MS}); 5000 is usual",
+                        l.busy_timeout_ms
+                    )));
+                }
+                Some(LedgerSettings {
+                    path: resolve(base_dir, &l.path),
+                    budget: l.budget,
+                    busy_timeout: std::time::Duration::from_millis(l.busy_timeout_ms),
+                })
+            }
+        };
+        let owner_log = s.owner_log.as_deref().map(|p| resolve(base_dir, p));
+        Ok(SessionConfig {
+            total_rho,
+            default_query_rho,
+            mechanism,
+            delta: s.delta,
+            confidence,
+            tables,
+            ledger,
+            owner_log,
+        })
+    }
+}
+
+/// Longest accepted `[ledger] busy_timeout_ms` (one hour).
+pub const MAX_BUSY_TIMEOUT_MS: u64 = 3_600_000;
+
+/// `p` resolved against the configuration file's directory when relative.
+pub(crate) fn resolve(base_dir: &Path, p: &str) -> PathBuf {
+    let p = Path::new(p);
+    if p.is_absolute() { p.to_path_buf() } else { base_dir.join(p) }
+}
+
+fn table_source(name: &str, t: TableConfig, base_dir: &Path) -> Result<TableSource> {
+    let format = match t.format.to_ascii_lowercase().as_str() {
+        "csv" => {
+            if !t.delimiter.is_ascii() {
+                return Err(DpError::Config(format!("[tables.{name}] delimiter must be one ASCII character")));
+            }
+            DataFormat::Csv { has_header: t.has_header, delimiter: t.delimiter as u8 }
+        }
+        "parquet" => DataFormat::Parquet,
+        "json" | "ndjson" => DataFormat::Json,
+        other => {
+            return Err(DpError::Config(format!(
+                "[tables.{name}] format = \"{other}\" is not supported; use \"csv\", \"parquet\" or \"json\""
+            )));
+        }
+    };
+    let mut columns = BTreeMap::new();
+    let mut types = BTreeMap::new();
+    for (col, c) in t.columns {
+        if col.to_ascii_lowercase().starts_with(crate::plan::RESERVED_PREFIX) {
+            return Err(DpError::Config(format!(
+                "[tables.{name}.columns] {col}: names beginning with `{}` are reserved for dpfusion's own columns; \
+                 rename the column in the file",
+                crate::plan::RESERVED_PREFIX
+            )));
+        }
+        let Some(ty) = &c.data_type else {
+            return Err(DpError::Config(format!(
+                "[tables.{name}.columns] {col}: no `type`. Column types come from the policy, never from the data \
+                 (one unusual value would change them): run `dpfusion pin --config <this file>` once to write the \
+                 types of the file into the policy, check them, or write e.g. `type = \"int64\"`"
+            )));
+        };
+        let ty: ColumnType =
+            ty.parse().map_err(|e| DpError::Config(format!("[tables.{name}.columns] {col}: type {e}")))?;
+        types.insert(col.clone(), ty);
+        let p = match (c.bounds, c.domain) {
+            (Some(b), None) => match b.as_slice() {
+                [lo, hi] => Some(ColumnPolicy::Bounds { lo: *lo, hi: *hi }),
+                other => {
+                    return Err(DpError::Config(format!(
+                        "[tables.{name}.columns] {col}: bounds = {other:?} must be two numbers [lo, hi]"
+                    )));
+                }
+            },
+            (None, Some(d)) => Some(ColumnPolicy::Domain(d)),
+            (Some(_), Some(_)) => {
+                return Err(DpError::Config(format!(
+                    "[tables.{name}.columns] {col}: give either `bounds` or `domain`, not both"
+                )));
+            }
+            (None, None) => None,
+        };
+        if let Some(p) = p {
+            columns.insert(col, p);
+        }
+    }
+    if let Some(pu) = &t.privacy_unit
+        && !types.contains_key(pu)
+    {
+        return Err(DpError::Config(format!(
+            "[tables.{name}.columns] the privacy unit `{pu}` must be declared with its type, e.g. `{pu} = {{ type = \"int64\" }}`"
+        )));
+    }
+    let policy = TablePolicy {
+        max_rows_per_unit: t.max_rows_per_unit.unwrap_or(1),
+        max_groups_per_unit: t.max_groups_per_unit.unwrap_or(1),
+        privacy_unit: t.privacy_unit,
+        columns,
+    };
+    policy.validate(name)?;
+    Ok(TableSource { path: resolve(base_dir, &t.path), format, columns: types, policy })
+}
