@@ -6,7 +6,6 @@
 //! Run: `cargo run --example pipeline -- [CONFIG] [OUT_DIR] [QUERY.sql ...]`
 //! (defaults: config/pums.toml, ./pipeline-out, and queries 01–08).
 
-use dpfusion::cli::output::release_json;
 use dpfusion::{DpSession, Response};
 use std::path::PathBuf;
 
@@ -32,7 +31,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     for file in &files {
         let name = file.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
         let text = std::fs::read_to_string(file)?;
-        for (i, sql) in dpfusion::cli::split_statements(&text).iter().enumerate() {
+        for (i, sql) in dpfusion::split_statements(&text).iter().enumerate() {
             let request_id = format!("pipeline/{name}/{i}");
             match session.sql_with_request_id(sql, Some(&request_id)).await {
                 Ok(Response::Release(r)) => {
@@ -46,7 +45,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                         w.write(b)?;
                     }
                     w.close()?;
-                    std::fs::write(base.with_extension("json"), serde_json::to_string_pretty(&release_json(&r))?)?;
+                    std::fs::write(base.with_extension("json"), serde_json::to_string_pretty(&r.to_json())?)?;
                     println!("{name}: {} rows → {}.parquet/.json · {}", r.num_rows(), base.display(), r.cost_line());
                 }
                 Ok(_) => {}

@@ -263,7 +263,7 @@ impl SessionConfig {
 pub const MAX_BUSY_TIMEOUT_MS: u64 = 3_600_000;
 
 /// `p` resolved against the configuration file's directory when relative.
-pub(crate) fn resolve(base_dir: &Path, p: &str) -> PathBuf {
+pub fn resolve(base_dir: &Path, p: &str) -> PathBuf {
     let p = Path::new(p);
     if p.is_absolute() { p.to_path_buf() } else { base_dir.join(p) }
 }

@@ -13,7 +13,6 @@
 //! session filter, (ε, δ) conversions).
 
 pub mod accounting;
-pub mod cli;
 pub mod config;
 pub mod error;
 pub mod marginals;
@@ -29,4 +28,4 @@ pub use config::SessionConfig;
 pub use error::{DpError, Result};
 pub use policy::{ColumnPolicy, DomainValue, TablePolicy};
 pub use release::{Accuracy, Release};
-pub use session::{DpSession, Response};
+pub use session::{DpSession, Response, split_statements};

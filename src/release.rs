@@ -4,7 +4,9 @@ use crate::accounting::{Charge, EpsilonBound};
 use crate::noise::Mechanism;
 use datafusion::arrow::array::RecordBatch;
 use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::common::ScalarValue;
 use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
 
 /// How accurate one output column is.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -135,6 +137,12 @@ impl Release {
         })
     }
 
+    /// The release as one JSON object: `status`, `sql`, `columns`, `rows`, `accuracy` (each noisy or computed
+    /// column), `charge` (ρ, ε, δ of this query) and `budget` (of the session after it).
+    pub fn to_json(&self) -> Value {
+        release_json(self)
+    }
+
     /// Number of result rows.
     pub fn num_rows(&self) -> usize {
         self.batches.iter().map(RecordBatch::num_rows).sum()
@@ -184,4 +192,68 @@ pub fn fmt_num(x: f64) -> String {
     } else {
         format!("{x:.4e}")
     }
+}
+
+fn scalar_json(v: ScalarValue) -> Value {
+    if v.is_null() {
+        return Value::Null;
+    }
+    match v {
+        ScalarValue::Boolean(Some(b)) => json!(b),
+        ScalarValue::Float64(Some(f)) => json!(f),
+        ScalarValue::Float32(Some(f)) => json!(f),
+        ScalarValue::Int8(Some(i)) => json!(i),
+        ScalarValue::Int16(Some(i)) => json!(i),
+        ScalarValue::Int32(Some(i)) => json!(i),
+        ScalarValue::Int64(Some(i)) => json!(i),
+        ScalarValue::UInt8(Some(i)) => json!(i),
+        ScalarValue::UInt16(Some(i)) => json!(i),
+        ScalarValue::UInt32(Some(i)) => json!(i),
+        ScalarValue::UInt64(Some(i)) => json!(i),
+        ScalarValue::Utf8(Some(s)) | ScalarValue::LargeUtf8(Some(s)) | ScalarValue::Utf8View(Some(s)) => json!(s),
+        other => match other.cast_to(&datafusion::arrow::datatypes::DataType::Float64) {
+            Ok(ScalarValue::Float64(Some(f))) => json!(f),
+            _ => json!(other.to_string()),
+        },
+    }
+}
+
+fn rows_json(batches: &[RecordBatch]) -> Vec<Value> {
+    let mut rows = Vec::new();
+    for b in batches {
+        for r in 0..b.num_rows() {
+            let row: Vec<Value> = b
+                .columns()
+                .iter()
+                .map(|c| ScalarValue::try_from_array(c.as_ref(), r).map(scalar_json).unwrap_or(Value::Null))
+                .collect();
+            rows.push(Value::Array(row));
+        }
+    }
+    rows
+}
+
+fn release_json(r: &Release) -> Value {
+    let accuracy: Vec<Value> = r
+        .accuracy
+        .iter()
+        .filter_map(|c| match &c.accuracy {
+            Accuracy::Noisy { mechanism, sigma_or_scale, std, ci_half_width, confidence } => Some(json!({
+                "column": c.column, "mechanism": mechanism.report_name(), "sigma_or_scale": sigma_or_scale,
+                "std": std, "ci_half_width": ci_half_width, "confidence": confidence,
+            })),
+            Accuracy::Derived => Some(json!({"column": c.column, "mechanism": "post_processed"})),
+            Accuracy::Public => None,
+        })
+        .collect();
+    json!({
+        "status": "ok",
+        "sql": r.sql,
+        "columns": r.schema.fields().iter().map(|f| f.name().clone()).collect::<Vec<_>>(),
+        "rows": rows_json(&r.batches),
+        "accuracy": accuracy,
+        "charge": {"id": r.charge.id, "rho": r.charge.rho.get(), "epsilon": r.query_epsilon.epsilon, "delta": r.query_epsilon.delta},
+        "budget": {"rho_total": r.budget.rho_total, "rho_spent": r.budget.rho_spent, "rho_remaining": r.budget.rho_remaining,
+                   "epsilon": r.session_epsilon.epsilon, "delta": r.session_epsilon.delta},
+    })
 }

@@ -605,7 +605,7 @@ async fn l6_comments_before_explain_dp_and_semicolons_inside_comments() {
     for sql in ["/* why */ EXPLAIN DP SELECT COUNT(*) FROM people", "-- why\nEXPLAIN DP SELECT COUNT(*) FROM people"] {
         assert!(matches!(s.sql(sql).await, Ok(Response::Explain(_))), "{sql}");
     }
-    let parts = dpfusion::cli::split_statements("SELECT 1 /* ; */ FROM t; /* a;b */ SELECT 2 -- ;\n;");
+    let parts = dpfusion::split_statements("SELECT 1 /* ; */ FROM t; /* a;b */ SELECT 2 -- ;\n;");
     assert_eq!(parts.len(), 2, "{parts:?}");
 }
 

@@ -1,8 +1,8 @@
 //! `dpfusion marginals`: all one-way marginals of a table in one release, or the plan of one (`--plan`).
 
-use crate::DpError;
-use crate::marginals::{MarginalBudget, MarginalPlan, MarginalRelease, MarginalSpec};
-use crate::session::DpSession;
+use dpfusion::DpError;
+use dpfusion::marginals::{MarginalBudget, MarginalPlan, MarginalRelease, MarginalSpec};
+use dpfusion::session::DpSession;
 use std::path::{Path, PathBuf};
 
 /// Output format of a marginal release.
@@ -95,21 +95,21 @@ fn budget(a: &MarginalArgs) -> Result<MarginalBudget, DpError> {
 fn print_plan(p: &MarginalPlan) {
     println!("one-way marginals plan (nothing touched, nothing spent)");
     println!("  histograms d = {} · cells = {} · rows per unit k = {}", p.d, p.cells, p.rows_per_unit);
-    println!("  joint L2 sensitivity k·√d = {}", crate::release::fmt_num(p.l2_sensitivity));
+    println!("  joint L2 sensitivity k·√d = {}", dpfusion::release::fmt_num(p.l2_sensitivity));
     println!(
         "  ρ = {} → σ = {} counts per cell (std {})",
-        crate::release::fmt_num(p.rho),
-        crate::release::fmt_num(p.sigma),
-        crate::release::fmt_num(p.std)
+        dpfusion::release::fmt_num(p.rho),
+        dpfusion::release::fmt_num(p.sigma),
+        dpfusion::release::fmt_num(p.std)
     );
     if let Some(f) = p.sigma_frequency {
-        println!("  σ on the frequency scale = {}", crate::release::fmt_num(f));
+        println!("  σ on the frequency scale = {}", dpfusion::release::fmt_num(f));
     }
     println!("  each cell: ± {} at {}% · all cells at once: ± {}", p.ci_half_width, p.confidence * 100.0, p.max_error);
     println!("  ε = {:.4} at δ = {:e} ({})", p.epsilon.epsilon, p.epsilon.delta, p.epsilon.kind.describe());
     println!(
         "  separate queries at ρ/d each would have σ = {} (√d = {:.1} times more)",
-        crate::release::fmt_num(p.sigma * (p.d as f64).sqrt()),
+        dpfusion::release::fmt_num(p.sigma * (p.d as f64).sqrt()),
         (p.d as f64).sqrt()
     );
 }
@@ -141,7 +141,7 @@ pub async fn run(a: MarginalArgs) -> Result<bool, DpError> {
         } else {
             (cols.len(), cols.iter().map(|c| policy.domain(c).map_or(0, |d| d.len())).sum())
         };
-        let (p, _) = crate::marginals::plan(d, cells, policy.max_rows_per_unit, spec.budget, a.n, 0.95, s.delta())?;
+        let (p, _) = dpfusion::marginals::plan(d, cells, policy.max_rows_per_unit, spec.budget, a.n, 0.95, s.delta())?;
         print_plan(&p);
         return Ok(true);
     }
@@ -158,9 +158,9 @@ pub async fn run(a: MarginalArgs) -> Result<bool, DpError> {
         "released {} histograms ({} cells) · σ = {} · ρ spent {} · remaining {}",
         r.columns.len(),
         r.plan.cells,
-        crate::release::fmt_num(r.plan.sigma),
-        crate::release::fmt_num(r.charge.rho.get()),
-        crate::release::fmt_num(r.budget.rho_remaining)
+        dpfusion::release::fmt_num(r.plan.sigma),
+        dpfusion::release::fmt_num(r.charge.rho.get()),
+        dpfusion::release::fmt_num(r.budget.rho_remaining)
     );
     Ok(true)
 }

@@ -1,6 +1,6 @@
 //! The `dpfusion` command line: `repl` (the default), `query`, `explain` and `budget`.
 //!
-//! A thin front-end over [`crate::DpSession`]: every privacy decision is the library's.
+//! A thin front-end over [`dpfusion::DpSession`]: every privacy decision is the library's.
 
 pub mod marginals;
 pub mod output;
@@ -8,9 +8,9 @@ pub mod pin;
 pub mod plot;
 pub mod repl;
 
-use crate::DpError;
-use crate::session::DpSession;
 use clap::{Parser, Subcommand};
+use dpfusion::DpError;
+use dpfusion::session::DpSession;
 use output::Format;
 use std::path::{Path, PathBuf};
 
@@ -90,70 +90,15 @@ pub fn default_config() -> PathBuf {
     if local.exists() { local.to_path_buf() } else { Path::new(env!("CARGO_MANIFEST_DIR")).join("config/pums.toml") }
 }
 
-/// Splits SQL text into statements on `;` outside quotes and comments (`-- ...` to the end of the line, and
-/// `/* ... */`, which are dropped).
-pub fn split_statements(text: &str) -> Vec<String> {
-    let mut out = Vec::new();
-    let mut cur = String::new();
-    let mut chars = text.chars().peekable();
-    let mut quote: Option<char> = None;
-    while let Some(c) = chars.next() {
-        match quote {
-            Some(q) => {
-                cur.push(c);
-                if c == q {
-                    quote = None;
-                }
-            }
-            None => match c {
-                '\'' | '"' => {
-                    quote = Some(c);
-                    cur.push(c);
-                }
-                '-' if chars.peek() == Some(&'-') => {
-                    for c in chars.by_ref() {
-                        if c == '\n' {
-                            cur.push('\n');
-                            break;
-                        }
-                    }
-                }
-                '/' if chars.peek() == Some(&'*') => {
-                    chars.next();
-                    let mut prev = ' ';
-                    for c in chars.by_ref() {
-                        if prev == '*' && c == '/' {
-                            break;
-                        }
-                        prev = c;
-                    }
-                    cur.push(' ');
-                }
-                ';' => {
-                    if !cur.trim().is_empty() {
-                        out.push(cur.trim().to_string());
-                    }
-                    cur.clear();
-                }
-                _ => cur.push(c),
-            },
-        }
-    }
-    if !cur.trim().is_empty() {
-        out.push(cur.trim().to_string());
-    }
-    out
-}
-
 /// Largest SQL file `query -f` reads (bytes).
 pub const MAX_SQL_FILE: u64 = 16 << 20;
 
 /// Every file a configuration names: the configuration itself, the tables' files, the ledger (with its SQLite
 /// side files) and the owner's log, canonicalized. No command writes to them, and `query -f` does not read them.
-pub fn protected_paths(config: &Path, cfg: &crate::SessionConfig) -> Vec<PathBuf> {
+pub fn protected_paths(config: &Path, cfg: &dpfusion::SessionConfig) -> Vec<PathBuf> {
     let mut out = vec![config.to_path_buf()];
     for (name, t) in &cfg.tables {
-        out.extend(crate::source::files(name, &t.path).unwrap_or_default());
+        out.extend(dpfusion::source::files(name, &t.path).unwrap_or_default());
     }
     if let Some(l) = &cfg.ledger {
         for suffix in ["", "-wal", "-shm", "-journal"] {
@@ -199,7 +144,7 @@ fn read_sql_file(f: &Path, protected: &[PathBuf]) -> Result<String, DpError> {
     if protected.contains(&canonical(f)) {
         return Err(DpError::Config(format!("{} is a file of the configuration, not SQL", f.display())));
     }
-    crate::source::check_regular_file(f).map_err(DpError::Config)?;
+    dpfusion::source::check_regular_file(f).map_err(DpError::Config)?;
     let len = std::fs::metadata(f).map_err(io)?.len();
     if len > MAX_SQL_FILE {
         return Err(DpError::Config(format!(
@@ -217,9 +162,9 @@ async fn open(config: Option<PathBuf>) -> Result<(DpSession, PathBuf), DpError> 
 /// Opens the session and keeps the configuration (for the paths it names).
 pub(crate) async fn open_with_config(
     config: Option<PathBuf>,
-) -> Result<(DpSession, PathBuf, crate::SessionConfig), DpError> {
+) -> Result<(DpSession, PathBuf, dpfusion::SessionConfig), DpError> {
     let path = config.unwrap_or_else(default_config);
-    let cfg = crate::SessionConfig::from_file(&path)?;
+    let cfg = dpfusion::SessionConfig::from_file(&path)?;
     let s = DpSession::from_config(&cfg).await?;
     Ok((s, path, cfg))
 }
@@ -255,8 +200,8 @@ pub(crate) fn print_budget(session: &DpSession, history: bool) -> Result<(), DpE
     println!(
         "budget: total ρ = {} · spent {} · remaining {}",
         b.status.rho_total,
-        crate::release::fmt_num(b.status.rho_spent),
-        crate::release::fmt_num(b.status.rho_remaining)
+        dpfusion::release::fmt_num(b.status.rho_spent),
+        dpfusion::release::fmt_num(b.status.rho_remaining)
     );
     println!(
         "privacy loss so far: ε = {:.4} at δ = {:e} ({})",
@@ -279,10 +224,10 @@ pub(crate) fn print_budget(session: &DpSession, history: bool) -> Result<(), DpE
             .measurements
             .iter()
             .map(|m| {
-                format!("{} σ/b={}", m.mechanism().report_name(), crate::release::fmt_num(m.params.sigma_or_scale()))
+                format!("{} σ/b={}", m.mechanism().report_name(), dpfusion::release::fmt_num(m.params.sigma_or_scale()))
             })
             .collect();
-        println!("  #{} ρ={} [{}] {}", c.id, crate::release::fmt_num(c.rho.get()), mechs.join(", "), c.label);
+        println!("  #{} ρ={} [{}] {}", c.id, dpfusion::release::fmt_num(c.rho.get()), mechs.join(", "), c.label);
     }
     Ok(())
 }
@@ -296,8 +241,8 @@ async fn run(cli: Cli) -> Result<bool, DpError> {
         Command::Query { config, format, rho, request_id, file, sql } => {
             let (s, path, cfg) = open_with_config(config).await?;
             let statements = match (file, sql) {
-                (Some(f), None) => split_statements(&read_sql_file(&f, &protected_paths(&path, &cfg))?),
-                (None, Some(q)) => split_statements(&q),
+                (Some(f), None) => dpfusion::split_statements(&read_sql_file(&f, &protected_paths(&path, &cfg))?),
+                (None, Some(q)) => dpfusion::split_statements(&q),
                 _ => return Err(DpError::Config("give one SQL statement, or -f FILE.sql".into())),
             };
             if statements.is_empty() {
@@ -319,7 +264,7 @@ async fn run(cli: Cli) -> Result<bool, DpError> {
         Command::Budget { config, history, set_total, reason } => {
             let (s, _) = open(config).await?;
             if let Some(t) = set_total {
-                let t = crate::accounting::Rho::new(t)?;
+                let t = dpfusion::accounting::Rho::new(t)?;
                 s.ledger().set_total(t, reason.as_deref().unwrap_or(""))?;
                 println!("total set to ρ = {t} (recorded in the ledger)");
             }

@@ -6,12 +6,12 @@
 //! configuration's comments and layout. Types already declared are kept. It is run by the data owner, who checks
 //! the result: a column that should be numeric but comes out as `string` means that some value does not parse.
 
-use crate::DpError;
-use crate::config::Config;
-use crate::policy::ColumnType;
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::execution::options::{CsvReadOptions, JsonReadOptions, ParquetReadOptions};
 use datafusion::prelude::SessionContext;
+use dpfusion::DpError;
+use dpfusion::config::Config;
+use dpfusion::policy::ColumnType;
 use std::path::{Path, PathBuf};
 use toml_edit::{DocumentMut, InlineTable, Item, Value};
 
@@ -31,7 +31,7 @@ pub struct PinArgs {
 
 /// The schema of a table's files, read in full by DataFusion's inference (this is the one place dpfusion does).
 async fn infer(name: &str, path: &Path, format: &str, has_header: bool, delimiter: char) -> Result<SchemaRef, DpError> {
-    crate::source::files(name, path)?;
+    dpfusion::source::files(name, path)?;
     let ctx = SessionContext::new();
     let p = path.to_string_lossy();
     let r = match format.to_ascii_lowercase().as_str() {
@@ -49,7 +49,10 @@ async fn infer(name: &str, path: &Path, format: &str, has_header: bool, delimite
         other => return Err(DpError::Config(format!("[tables.{name}] format = \"{other}\" is not supported"))),
     };
     r.map_err(|e| DpError::Config(format!("[tables.{name}] cannot read {p}: {}", e.strip_backtrace())))?;
-    let t = ctx.table_provider("t").await.map_err(crate::error::engine)?;
+    let t = ctx
+        .table_provider("t")
+        .await
+        .map_err(|e| DpError::Config(format!("[tables.{name}] {}", e.strip_backtrace())))?;
     Ok(t.schema())
 }
 
@@ -65,7 +68,7 @@ pub async fn run(a: PinArgs) -> Result<bool, DpError> {
         if a.table.as_ref().is_some_and(|only| only != name) {
             continue;
         }
-        let path = crate::config::resolve(&base, &t.path);
+        let path = dpfusion::config::resolve(&base, &t.path);
         let schema = infer(name, &path, &t.format, t.has_header, t.delimiter).await?;
         let columns = doc["tables"][name.as_str()]["columns"].or_insert(toml_edit::table());
         let Some(columns) = columns.as_table_like_mut() else {

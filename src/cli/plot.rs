@@ -2,8 +2,8 @@
 //! PNG. Both formats draw the same primitives; the PNG is rasterised here (a 3×5 pixel font, an uncompressed
 //! zlib stream), so no font files or image libraries are needed.
 
-use crate::DpError;
-use crate::marginals::MarginalRelease;
+use dpfusion::DpError;
+use dpfusion::marginals::MarginalRelease;
 use std::path::Path;
 
 type Rgb = [u8; 3];

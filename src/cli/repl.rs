@@ -2,9 +2,9 @@
 //! tables and columns, meta-commands, and a budget line after every answer.
 
 use super::output::{self, Format};
-use crate::DpError;
-use crate::policy::ColumnPolicy;
-use crate::session::{DpSession, Response};
+use dpfusion::DpError;
+use dpfusion::policy::ColumnPolicy;
+use dpfusion::session::{DpSession, Response};
 use rustyline::completion::{Completer, Pair};
 use rustyline::error::ReadlineError;
 use rustyline::highlight::Highlighter;
@@ -226,7 +226,7 @@ pub async fn run(session: DpSession, config: &Path) -> Result<bool, DpError> {
          tables: {} · \\? for help, \\q to leave",
         config.display(),
         b.status.rho_total,
-        crate::release::fmt_num(b.status.rho_spent),
+        dpfusion::release::fmt_num(b.status.rho_spent),
         session.delta(),
         session.tables().keys().cloned().collect::<Vec<_>>().join(", ")
     );
@@ -275,7 +275,7 @@ pub async fn run(session: DpSession, config: &Path) -> Result<bool, DpError> {
                 }
                 let text = std::mem::take(&mut buffer);
                 let _ = rl.add_history_entry(text.trim());
-                for sql in super::split_statements(&text) {
+                for sql in dpfusion::split_statements(&text) {
                     shell.statement(&sql).await;
                 }
             }
@@ -294,7 +294,7 @@ pub async fn run(session: DpSession, config: &Path) -> Result<bool, DpError> {
     }
     if !buffer.trim().is_empty() {
         // End of input with an unterminated statement: run it rather than drop it silently.
-        for sql in super::split_statements(&buffer) {
+        for sql in dpfusion::split_statements(&buffer) {
             shell.statement(&sql).await;
         }
     }

@@ -20,14 +20,17 @@
 mod execute;
 mod post;
 mod prepare;
+mod statement;
 
 pub use post::POST_MEMORY;
 pub use prepare::PLANNING_STACK;
+use statement::Statement;
+pub use statement::{DpOptions, split_statements};
 
 use crate::accounting::calibrate::Calibration;
 use crate::accounting::{Charge, EpsilonBound, Ledger, MemoryLedger, Rho, SqliteLedger};
 use crate::config::{SessionConfig, TableSource};
-use crate::error::{DpError, Result, engine};
+use crate::error::{DpError, Result};
 use crate::noise::NoiseRng;
 use crate::noise::{Mechanism, NoiseParams};
 use crate::owner_log::OwnerLog;
@@ -36,31 +39,10 @@ use crate::release::{BudgetStatus, Release};
 use datafusion::arrow::array::RecordBatch;
 use datafusion::arrow::datatypes::Schema;
 use datafusion::catalog::TableProvider;
-use datafusion::common::config::ConfigExtension;
-use datafusion::common::extensions_options;
 use datafusion::datasource::MemTable;
 use datafusion::prelude::SessionContext;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
-
-extensions_options! {
-    /// Per-query options the analyst may change with `SET dp.<name> = <value>`. They can only narrow: the total
-    /// budget, the policy, the ledger and the randomness come from the configuration file alone and are not
-    /// options. DataFusion's environment-variable mapping is not used for this session, so no `DP_*` or
-    /// `DATAFUSION_*` variable can change them either.
-    pub struct DpOptions {
-        /// ρ charged per query (`None`: the configuration's default_query_rho).
-        pub rho: Option<f64>, default = None
-        /// `gaussian` or `laplace` (`None`: the configuration's mechanism).
-        pub mechanism: Option<String>, default = None
-        /// Confidence level of reported intervals (`None`: the configuration's).
-        pub confidence: Option<f64>, default = None
-    }
-}
-
-impl ConfigExtension for DpOptions {
-    const PREFIX: &'static str = "dp";
-}
 
 /// What one statement produced.
 #[derive(Clone, Debug)]
@@ -288,43 +270,6 @@ fn check_policy_columns(name: &str, schema: &Schema, policy: &TablePolicy) -> Re
     Ok(())
 }
 
-/// `x` as the shortest text that reads back as `x`, in scientific notation when the plain form is long (`1e-300`,
-/// not three hundred digits).
-fn short_number(x: f64) -> String {
-    let plain = x.to_string();
-    if plain.len() > 20 { format!("{x:e}") } else { plain }
-}
-
-/// `s` without leading whitespace and comments (`-- ...` lines and `/* ... */` blocks), so that
-/// `/* why */ EXPLAIN DP ...` is recognised.
-fn strip_leading_comments(mut s: &str) -> &str {
-    loop {
-        s = s.trim_start();
-        if let Some(rest) = s.strip_prefix("--") {
-            s = rest.split_once('\n').map_or("", |(_, r)| r);
-        } else if let Some(rest) = s.strip_prefix("/*") {
-            match rest.split_once("*/") {
-                Some((_, r)) => s = r,
-                None => return s, // unterminated: the parser reports it
-            }
-        } else {
-            return s;
-        }
-    }
-}
-
-/// Strips a case-insensitive keyword prefix followed by whitespace.
-fn strip_keyword<'a>(s: &'a str, kw: &str) -> Option<&'a str> {
-    let head = s.get(..kw.len())?;
-    let rest = &s[kw.len()..];
-    (head.eq_ignore_ascii_case(kw) && rest.starts_with(char::is_whitespace)).then(|| rest.trim_start())
-}
-
-/// Splits `EXPLAIN DP <query>`.
-fn explain_dp(sql: &str) -> Option<&str> {
-    strip_keyword(sql, "EXPLAIN").and_then(|r| strip_keyword(r, "DP"))
-}
-
 impl DpSession {
     /// Registers in-memory Arrow data as a private table with `policy`.
     pub fn register_batches(&mut self, name: &str, batches: Vec<RecordBatch>, policy: TablePolicy) -> Result<()> {
@@ -359,24 +304,6 @@ impl DpSession {
             .await
             .map_err(|_| DpError::refused(format!("no table `{name}`"), "see \\tables"))?;
         Ok(p.schema())
-    }
-
-    fn options(&self) -> DpOptions {
-        self.ctx.state().config().options().extensions.get::<DpOptions>().cloned().unwrap_or_default()
-    }
-
-    /// ρ, mechanism and confidence for the next query (the `SET dp.…` values, else the configuration's).
-    pub fn query_settings(&self) -> Result<(Rho, Mechanism, f64)> {
-        let o = self.options();
-        let rho = match o.rho {
-            Some(r) => Rho::positive(r)?,
-            None => self.defaults.query_rho,
-        };
-        let mech = match &o.mechanism {
-            Some(m) => m.parse()?,
-            None => self.defaults.mechanism,
-        };
-        Ok((rho, mech, o.confidence.unwrap_or(self.defaults.confidence)))
     }
 
     /// Replaces the ledger (e.g. a [`SqliteLedger`] opened by the caller). The session's configured total must
@@ -417,85 +344,16 @@ impl DpSession {
     /// before returns the stored release (the same noisy numbers, no new charge), because drawing new noise for a
     /// retried query would let a caller average the noise away.
     pub async fn sql_with_request_id(&self, sql: &str, request_id: Option<&str>) -> Result<Response> {
-        let text = strip_leading_comments(sql).trim_end_matches(';').trim_end();
-        if text.is_empty() {
-            return Err(DpError::refused(
-                "the statement is empty",
-                "type a query such as SELECT COUNT(*) FROM <table>",
-            ));
-        }
         if let Some(id) = request_id
             && id.trim().is_empty()
         {
             return Err(DpError::refused("the request id is empty", "give a non-empty id (e.g. job-2026-11-23-1)"));
         }
-        if let Some(q) = explain_dp(text) {
-            return Ok(Response::Explain(Box::new(self.explain(q).await?)));
+        match statement::classify(sql)? {
+            Statement::Explain(q) => Ok(Response::Explain(Box::new(self.explain(q).await?))),
+            Statement::Set(rest) => self.set(rest),
+            Statement::Query(q) => Ok(Response::Release(Box::new(self.query(q, request_id).await?))),
         }
-        if let Some(rest) = strip_keyword(text, "SET") {
-            return self.set(rest);
-        }
-        Ok(Response::Release(Box::new(self.query(text, request_id).await?)))
-    }
-
-    /// `SET dp.<option> = <value>`: validated, and only ever narrowing what the configuration allows.
-    fn set(&self, rest: &str) -> Result<Response> {
-        let (name, value) = rest
-            .split_once('=')
-            .or_else(|| {
-                let lower = rest.to_ascii_lowercase();
-                lower.find(" to ").map(|i| (&rest[..i], &rest[i + 4..]))
-            })
-            .ok_or_else(|| DpError::refused("cannot read the SET statement", "write `SET dp.rho = 0.02`"))?;
-        let name = name.trim().to_ascii_lowercase();
-        let value = value.trim().trim_matches(|c| c == '\'' || c == '"').trim().to_string();
-        let Some(opt) = name.strip_prefix("dp.") else {
-            return Err(DpError::refused(
-                format!("`SET {name}` is not available to the analyst"),
-                "only dp.rho, dp.mechanism and dp.confidence can be set; the budget, policy and engine settings come from the configuration file",
-            ));
-        };
-        let normalized = match opt {
-            "rho" => {
-                let r: f64 = value.parse().map_err(|_| {
-                    DpError::refused(format!("dp.rho = {value} is not a number"), "write e.g. SET dp.rho = 0.02")
-                })?;
-                let r = Rho::positive(r).map_err(|e| DpError::refused(e.to_string(), "give a ρ > 0"))?;
-                let total = self.ledger.status()?.0;
-                if r.get() > total.get() {
-                    return Err(DpError::refused(
-                        format!("dp.rho = {r} exceeds the session's total budget {total}"),
-                        "choose a per-query ρ no larger than the total (\\budget shows what remains)",
-                    ));
-                }
-                short_number(r.get())
-            }
-            "mechanism" => value
-                .parse::<Mechanism>()
-                .map_err(|e| DpError::refused(e.to_string(), "SET dp.mechanism = 'gaussian' or 'laplace'"))?
-                .to_string(),
-            "confidence" => {
-                let c: f64 = value.parse().map_err(|_| {
-                    DpError::refused(
-                        format!("dp.confidence = {value} is not a number"),
-                        "write e.g. SET dp.confidence = 0.9",
-                    )
-                })?;
-                crate::noise::accuracy::check_confidence(c)
-                    .map_err(|e| DpError::refused(e.to_string(), "give a level strictly between 0 and 1"))?;
-                short_number(c)
-            }
-            other => {
-                return Err(DpError::refused(
-                    format!("there is no option dp.{other}"),
-                    "the options are dp.rho, dp.mechanism and dp.confidence",
-                ));
-            }
-        };
-        let state = self.ctx.state_ref();
-        let mut st = state.write();
-        st.config_mut().options_mut().set(&format!("dp.{opt}"), &normalized).map_err(engine)?;
-        Ok(Response::Set { option: format!("dp.{opt}"), value: normalized })
     }
 
     /// `EXPLAIN DP <query>`: the private plan that would run, sensitivities, mechanism, cost and accuracy. Every

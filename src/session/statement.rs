@@ -1,0 +1,220 @@
+//! What a statement is, before it is planned: a query, `EXPLAIN DP <query>`, or `SET dp.<option> = <value>`; the
+//! per-query options the analyst may set; and the splitting of SQL text into statements.
+
+use crate::accounting::Rho;
+use crate::error::{DpError, Result, engine};
+use crate::noise::Mechanism;
+use crate::session::{DpSession, Response};
+use datafusion::common::config::ConfigExtension;
+use datafusion::common::extensions_options;
+
+extensions_options! {
+    /// Per-query options the analyst may change with `SET dp.<name> = <value>`. They can only narrow: the total
+    /// budget, the policy, the ledger and the randomness come from the configuration file alone and are not
+    /// options. DataFusion's environment-variable mapping is not used for this session, so no `DP_*` or
+    /// `DATAFUSION_*` variable can change them either.
+    pub struct DpOptions {
+        /// ρ charged per query (`None`: the configuration's default_query_rho).
+        pub rho: Option<f64>, default = None
+        /// `gaussian` or `laplace` (`None`: the configuration's mechanism).
+        pub mechanism: Option<String>, default = None
+        /// Confidence level of reported intervals (`None`: the configuration's).
+        pub confidence: Option<f64>, default = None
+    }
+}
+
+impl ConfigExtension for DpOptions {
+    const PREFIX: &'static str = "dp";
+}
+
+/// One statement, by kind.
+pub(crate) enum Statement<'a> {
+    /// A query (to answer).
+    Query(&'a str),
+    /// `EXPLAIN DP <query>`: the query.
+    Explain(&'a str),
+    /// `SET <rest>`.
+    Set(&'a str),
+}
+
+/// What kind of statement `sql` is (leading comments and trailing `;` ignored); an empty one is refused.
+pub(crate) fn classify(sql: &str) -> Result<Statement<'_>> {
+    let text = strip_leading_comments(sql).trim_end_matches(';').trim_end();
+    if text.is_empty() {
+        return Err(DpError::refused("the statement is empty", "type a query such as SELECT COUNT(*) FROM <table>"));
+    }
+    if let Some(q) = strip_keyword(text, "EXPLAIN").and_then(|r| strip_keyword(r, "DP")) {
+        return Ok(Statement::Explain(q));
+    }
+    Ok(match strip_keyword(text, "SET") {
+        Some(rest) => Statement::Set(rest),
+        None => Statement::Query(text),
+    })
+}
+
+/// Splits SQL text into statements on `;` outside quotes and comments (`-- ...` to the end of the line, and
+/// `/* ... */`, which are dropped).
+pub fn split_statements(text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut cur = String::new();
+    let mut chars = text.chars().peekable();
+    let mut quote: Option<char> = None;
+    while let Some(c) = chars.next() {
+        match quote {
+            Some(q) => {
+                cur.push(c);
+                if c == q {
+                    quote = None;
+                }
+            }
+            None => match c {
+                '\'' | '"' => {
+                    quote = Some(c);
+                    cur.push(c);
+                }
+                '-' if chars.peek() == Some(&'-') => {
+                    for c in chars.by_ref() {
+                        if c == '\n' {
+                            cur.push('\n');
+                            break;
+                        }
+                    }
+                }
+                '/' if chars.peek() == Some(&'*') => {
+                    chars.next();
+                    let mut prev = ' ';
+                    for c in chars.by_ref() {
+                        if prev == '*' && c == '/' {
+                            break;
+                        }
+                        prev = c;
+                    }
+                    cur.push(' ');
+                }
+                ';' => {
+                    if !cur.trim().is_empty() {
+                        out.push(cur.trim().to_string());
+                    }
+                    cur.clear();
+                }
+                _ => cur.push(c),
+            },
+        }
+    }
+    if !cur.trim().is_empty() {
+        out.push(cur.trim().to_string());
+    }
+    out
+}
+
+/// `x` as the shortest text that reads back as `x`, in scientific notation when the plain form is long (`1e-300`,
+/// not three hundred digits).
+fn short_number(x: f64) -> String {
+    let plain = x.to_string();
+    if plain.len() > 20 { format!("{x:e}") } else { plain }
+}
+
+/// `s` without leading whitespace and comments (`-- ...` lines and `/* ... */` blocks), so that
+/// `/* why */ EXPLAIN DP ...` is recognised.
+fn strip_leading_comments(mut s: &str) -> &str {
+    loop {
+        s = s.trim_start();
+        if let Some(rest) = s.strip_prefix("--") {
+            s = rest.split_once('\n').map_or("", |(_, r)| r);
+        } else if let Some(rest) = s.strip_prefix("/*") {
+            match rest.split_once("*/") {
+                Some((_, r)) => s = r,
+                None => return s, // unterminated: the parser reports it
+            }
+        } else {
+            return s;
+        }
+    }
+}
+
+/// Strips a case-insensitive keyword prefix followed by whitespace.
+fn strip_keyword<'a>(s: &'a str, kw: &str) -> Option<&'a str> {
+    let head = s.get(..kw.len())?;
+    let rest = &s[kw.len()..];
+    (head.eq_ignore_ascii_case(kw) && rest.starts_with(char::is_whitespace)).then(|| rest.trim_start())
+}
+
+impl DpSession {
+    pub(crate) fn options(&self) -> DpOptions {
+        self.ctx.state().config().options().extensions.get::<DpOptions>().cloned().unwrap_or_default()
+    }
+
+    /// ρ, mechanism and confidence for the next query (the `SET dp.…` values, else the configuration's).
+    pub fn query_settings(&self) -> Result<(Rho, Mechanism, f64)> {
+        let o = self.options();
+        let rho = match o.rho {
+            Some(r) => Rho::positive(r)?,
+            None => self.defaults.query_rho,
+        };
+        let mech = match &o.mechanism {
+            Some(m) => m.parse()?,
+            None => self.defaults.mechanism,
+        };
+        Ok((rho, mech, o.confidence.unwrap_or(self.defaults.confidence)))
+    }
+
+    /// `SET dp.<option> = <value>`: validated, and only ever narrowing what the configuration allows.
+    pub(crate) fn set(&self, rest: &str) -> Result<Response> {
+        let (name, value) = rest
+            .split_once('=')
+            .or_else(|| {
+                let lower = rest.to_ascii_lowercase();
+                lower.find(" to ").map(|i| (&rest[..i], &rest[i + 4..]))
+            })
+            .ok_or_else(|| DpError::refused("cannot read the SET statement", "write `SET dp.rho = 0.02`"))?;
+        let name = name.trim().to_ascii_lowercase();
+        let value = value.trim().trim_matches(|c| c == '\'' || c == '"').trim().to_string();
+        let Some(opt) = name.strip_prefix("dp.") else {
+            return Err(DpError::refused(
+                format!("`SET {name}` is not available to the analyst"),
+                "only dp.rho, dp.mechanism and dp.confidence can be set; the budget, policy and engine settings come from the configuration file",
+            ));
+        };
+        let normalized = match opt {
+            "rho" => {
+                let r: f64 = value.parse().map_err(|_| {
+                    DpError::refused(format!("dp.rho = {value} is not a number"), "write e.g. SET dp.rho = 0.02")
+                })?;
+                let r = Rho::positive(r).map_err(|e| DpError::refused(e.to_string(), "give a ρ > 0"))?;
+                let total = self.ledger.status()?.0;
+                if r.get() > total.get() {
+                    return Err(DpError::refused(
+                        format!("dp.rho = {r} exceeds the session's total budget {total}"),
+                        "choose a per-query ρ no larger than the total (\\budget shows what remains)",
+                    ));
+                }
+                short_number(r.get())
+            }
+            "mechanism" => value
+                .parse::<Mechanism>()
+                .map_err(|e| DpError::refused(e.to_string(), "SET dp.mechanism = 'gaussian' or 'laplace'"))?
+                .to_string(),
+            "confidence" => {
+                let c: f64 = value.parse().map_err(|_| {
+                    DpError::refused(
+                        format!("dp.confidence = {value} is not a number"),
+                        "write e.g. SET dp.confidence = 0.9",
+                    )
+                })?;
+                crate::noise::accuracy::check_confidence(c)
+                    .map_err(|e| DpError::refused(e.to_string(), "give a level strictly between 0 and 1"))?;
+                short_number(c)
+            }
+            other => {
+                return Err(DpError::refused(
+                    format!("there is no option dp.{other}"),
+                    "the options are dp.rho, dp.mechanism and dp.confidence",
+                ));
+            }
+        };
+        let state = self.ctx.state_ref();
+        let mut st = state.write();
+        st.config_mut().options_mut().set(&format!("dp.{opt}"), &normalized).map_err(engine)?;
+        Ok(Response::Set { option: format!("dp.{opt}"), value: normalized })
+    }
+}
