@@ -44,7 +44,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("|---:|---:|---:|---:|");
     for sigma in [1u128, 10, 1_000, 1_000_000] {
         let g = DiscreteGaussian::new(Ratio::integer(sigma * sigma))?;
-        let NoiseParams::Gaussian { sigma_sq } = calibrate::gaussian_for_sigma(1.0, sigma as f64)?.params else {
+        let NoiseParams::Gaussian { sigma_sq } = calibrate::gaussian_for_sigma(1.0, sigma as f64)?.params() else {
             return Err("calibration did not produce a Gaussian".into());
         };
         let gc = DiscreteGaussian::new(sigma_sq)?;

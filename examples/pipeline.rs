@@ -38,10 +38,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                     let base = out.join(format!("{name}_{i}"));
                     let mut w = datafusion::parquet::arrow::ArrowWriter::try_new(
                         std::fs::File::create(base.with_extension("parquet"))?,
-                        r.schema.clone(),
+                        r.schema().clone(),
                         None,
                     )?;
-                    for b in &r.batches {
+                    for b in r.batches() {
                         w.write(b)?;
                     }
                     w.close()?;

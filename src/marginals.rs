@@ -183,7 +183,7 @@ pub fn plan(
         MarginalBudget::Rho(r) => calibrate::gaussian(l2, Rho::positive(r)?)?,
         MarginalBudget::TargetStd(s) => calibrate::gaussian_for_sigma(l2, s)?,
     };
-    let NoiseParams::Gaussian { sigma_sq } = cal.params else {
+    let NoiseParams::Gaussian { sigma_sq } = cal.params() else {
         return Err(DpError::Engine("marginals use the Gaussian mechanism".into()));
     };
     let per_cell = confidence.powf(1.0 / cells as f64);
@@ -194,14 +194,14 @@ pub fn plan(
         rows_per_unit: k,
         cells,
         l2_sensitivity: l2,
-        rho: cal.rho.get(),
+        rho: cal.rho().get(),
         sigma,
         std: accuracy::discrete_gaussian_std(sigma_sq),
         ci_half_width: accuracy::discrete_gaussian_ci_half_width(sigma_sq, confidence)?,
         max_error: accuracy::discrete_gaussian_ci_half_width(sigma_sq, per_cell)?,
         confidence,
         sigma_frequency: n.filter(|n| *n > 0.0).map(|n| sigma / n),
-        epsilon: crate::accounting::convert::epsilon_for_rho(cal.rho.get(), delta, true)?,
+        epsilon: crate::accounting::convert::epsilon_for_rho(cal.rho().get(), delta, true)?,
     };
     Ok((plan, cal))
 }
@@ -421,7 +421,7 @@ impl DpSession {
             None => None,
         };
         let exact = self.count_cells(lp, sampler, &domains, long.as_ref().map(|l| &l.2), spec.progress).await?;
-        let NoiseParams::Gaussian { sigma_sq } = cal.params else { unreachable!("plan() calibrates a Gaussian") };
+        let NoiseParams::Gaussian { sigma_sq } = cal.params() else { unreachable!("plan() calibrates a Gaussian") };
         let g = DiscreteGaussian::new(sigma_sq)?;
         let mut rng = self.lock_rng()?;
         let noisy: Vec<Vec<i64>> = exact

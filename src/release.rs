@@ -54,30 +54,14 @@ pub struct BudgetStatus {
 }
 
 /// A differentially private answer to one query.
+///
+/// Made only by the code that runs a private plan, from the [`Charge`] the accountant recorded for it (or read
+/// back, as it was first made, from the ledger): a release cannot exist without its debit.
 #[derive(Clone, Debug)]
 pub struct Release {
-    /// The SQL text.
-    pub sql: String,
-    /// Output schema.
-    pub schema: SchemaRef,
-    /// The noisy, post-processed result.
-    pub batches: Vec<RecordBatch>,
-    /// Per output column: public, noisy (with its interval) or derived.
-    pub accuracy: Vec<ColumnAccuracy>,
-    /// The debit this query made (recorded before execution).
-    pub charge: Charge,
-    /// (ε, δ) of this query alone.
-    pub query_epsilon: EpsilonBound,
-    /// (ε, δ) of the whole session so far.
-    pub session_epsilon: EpsilonBound,
-    /// Budget after this query.
-    pub budget: BudgetStatus,
-}
-
-/// Everything of a release but its data, for storage.
-#[derive(Serialize, Deserialize)]
-struct StoredMeta {
     sql: String,
+    schema: SchemaRef,
+    batches: Vec<RecordBatch>,
     accuracy: Vec<ColumnAccuracy>,
     charge: Charge,
     query_epsilon: EpsilonBound,
@@ -85,14 +69,80 @@ struct StoredMeta {
     budget: BudgetStatus,
 }
 
+/// Everything of a release but its data and its charge (which the ledger keeps), for storage.
+#[derive(Serialize, Deserialize)]
+struct StoredMeta {
+    sql: String,
+    accuracy: Vec<ColumnAccuracy>,
+    query_epsilon: EpsilonBound,
+    session_epsilon: EpsilonBound,
+    budget: BudgetStatus,
+}
+
+/// What a release is made of, but its charge.
+pub(crate) struct Parts {
+    pub(crate) sql: String,
+    pub(crate) schema: SchemaRef,
+    pub(crate) batches: Vec<RecordBatch>,
+    pub(crate) accuracy: Vec<ColumnAccuracy>,
+    pub(crate) query_epsilon: EpsilonBound,
+    pub(crate) session_epsilon: EpsilonBound,
+    pub(crate) budget: BudgetStatus,
+}
+
 impl Release {
-    /// Encodes the release for the ledger (idempotent retries): a length-prefixed JSON header, then the result
+    /// A release of `parts`, paid for by `charge` (taken by value: one charge, one release).
+    pub(crate) fn new(parts: Parts, charge: Charge) -> Self {
+        let Parts { sql, schema, batches, accuracy, query_epsilon, session_epsilon, budget } = parts;
+        Release { sql, schema, batches, accuracy, charge, query_epsilon, session_epsilon, budget }
+    }
+
+    /// The SQL text.
+    pub fn sql(&self) -> &str {
+        &self.sql
+    }
+
+    /// The output schema.
+    pub fn schema(&self) -> &SchemaRef {
+        &self.schema
+    }
+
+    /// The noisy, post-processed result.
+    pub fn batches(&self) -> &[RecordBatch] {
+        &self.batches
+    }
+
+    /// Per output column: public, noisy (with its interval) or derived.
+    pub fn accuracy(&self) -> &[ColumnAccuracy] {
+        &self.accuracy
+    }
+
+    /// The debit this query made (recorded before execution).
+    pub fn charge(&self) -> &Charge {
+        &self.charge
+    }
+
+    /// (ε, δ) of this query alone.
+    pub fn query_epsilon(&self) -> EpsilonBound {
+        self.query_epsilon
+    }
+
+    /// (ε, δ) of the whole session when the query was answered.
+    pub fn session_epsilon(&self) -> EpsilonBound {
+        self.session_epsilon
+    }
+
+    /// The budget after this query.
+    pub fn budget(&self) -> BudgetStatus {
+        self.budget
+    }
+
+    /// Encodes the release for the ledger (idempotent retries; the charge itself stays in the ledger): a length-prefixed JSON header, then the result
     /// as an Arrow IPC stream. The exact bits come back from [`Release::from_bytes`].
-    pub fn to_bytes(&self) -> crate::Result<Vec<u8>> {
+    pub(crate) fn to_bytes(&self) -> crate::Result<Vec<u8>> {
         let meta = StoredMeta {
             sql: self.sql.clone(),
             accuracy: self.accuracy.clone(),
-            charge: self.charge.clone(),
             query_epsilon: self.query_epsilon,
             session_epsilon: self.session_epsilon,
             budget: self.budget,
@@ -110,8 +160,8 @@ impl Release {
         Ok(out)
     }
 
-    /// Decodes [`Release::to_bytes`].
-    pub fn from_bytes(bytes: &[u8]) -> crate::Result<Release> {
+    /// Decodes [`Release::to_bytes`]; `charge` is the one the ledger recorded for it.
+    pub(crate) fn from_bytes(bytes: &[u8], charge: Charge) -> crate::Result<Release> {
         let bad = |m: String| crate::DpError::Ledger(format!("stored release is unreadable: {m}"));
         let len = bytes
             .get(..8)
@@ -130,7 +180,7 @@ impl Release {
             schema,
             batches,
             accuracy: meta.accuracy,
-            charge: meta.charge,
+            charge,
             query_epsilon: meta.query_epsilon,
             session_epsilon: meta.session_epsilon,
             budget: meta.budget,
@@ -175,7 +225,7 @@ impl Release {
     pub fn cost_line(&self) -> String {
         format!(
             "ρ spent {} (ε={:.3} at δ={:e}) · remaining {}",
-            fmt_num(self.charge.rho.get()),
+            fmt_num(self.charge.rho().get()),
             self.query_epsilon.epsilon,
             self.query_epsilon.delta,
             fmt_num(self.budget.rho_remaining)
@@ -252,7 +302,7 @@ fn release_json(r: &Release) -> Value {
         "columns": r.schema.fields().iter().map(|f| f.name().clone()).collect::<Vec<_>>(),
         "rows": rows_json(&r.batches),
         "accuracy": accuracy,
-        "charge": {"id": r.charge.id, "rho": r.charge.rho.get(), "epsilon": r.query_epsilon.epsilon, "delta": r.query_epsilon.delta},
+        "charge": {"id": r.charge.id(), "rho": r.charge.rho().get(), "epsilon": r.query_epsilon.epsilon, "delta": r.query_epsilon.delta},
         "budget": {"rho_total": r.budget.rho_total, "rho_spent": r.budget.rho_spent, "rho_remaining": r.budget.rho_remaining,
                    "epsilon": r.session_epsilon.epsilon, "delta": r.session_epsilon.delta},
     })

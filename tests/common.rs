@@ -105,7 +105,7 @@ pub fn column_f64(r: &Release, c: usize) -> Vec<f64> {
     use datafusion::arrow::array::{Array, AsArray};
     use datafusion::arrow::datatypes::{DataType, Float64Type};
     let mut out = Vec::new();
-    for b in &r.batches {
+    for b in r.batches() {
         let a = datafusion::arrow::compute::cast(b.column(c), &DataType::Float64).expect("cast");
         let a = a.as_primitive::<Float64Type>();
         for i in 0..a.len() {
@@ -185,7 +185,7 @@ pub async fn seen(s: &DpSession, sql: &str) -> String {
     match s.sql(sql).await {
         Ok(Response::Release(r)) => {
             let cols: Vec<String> =
-                r.schema.fields().iter().map(|f| format!("{}:{}", f.name(), f.data_type())).collect();
+                r.schema().fields().iter().map(|f| format!("{}:{}", f.name(), f.data_type())).collect();
             format!("answered [{}]", cols.join(", "))
         }
         Ok(Response::Explain(e)) => format!("explain {e}"),

@@ -141,10 +141,10 @@ async fn c2_a_charge_whose_run_stopped_before_its_draw_is_answered_once_under_th
         Response::Release(r) => *r,
         other => panic!("{other:?}"),
     };
-    assert_eq!(a.charge.id, c.id, "answered under the existing charge");
+    assert_eq!(a.charge().id(), c.id(), "answered under the existing charge");
     assert_eq!(s.budget().unwrap().charges.len(), 1, "no new charge");
     let Response::Release(b) = s.sql_with_request_id(sql, Some("job-7")).await.unwrap() else { panic!() };
-    assert_eq!(a.batches, b.batches);
+    assert_eq!(a.batches(), b.batches());
     // A charge made for other sensitivities (the policy changed since) is never answered with new noise.
     let l = SqliteLedger::open(&dir.join("ledger.db"), "test", Rho::new(1.0).unwrap(), Duration::from_secs(5)).unwrap();
     let other = vec![calibrate::gaussian(7.0, Rho::new(0.05).unwrap()).unwrap()];
@@ -213,7 +213,7 @@ async fn c3_concurrent_tasks_with_one_request_id_release_one_noisy_value() {
             let s = s.clone();
             tokio::spawn(async move {
                 match s.sql_with_request_id("SELECT sex, SUM(income) FROM people GROUP BY sex", Some("t")).await {
-                    Ok(Response::Release(r)) => r.batches,
+                    Ok(Response::Release(r)) => r.batches().to_vec(),
                     other => panic!("{other:?}"),
                 }
             })
@@ -324,8 +324,8 @@ async fn l4_a_replayed_release_reports_the_same_epsilon_to_the_last_bit() {
     };
     let a = get(s.sql_with_request_id("SELECT COUNT(*) FROM pums", Some("e")).await.unwrap());
     let b = get(s.sql_with_request_id("SELECT COUNT(*) FROM pums", Some("e")).await.unwrap());
-    assert_eq!(a.query_epsilon.epsilon.to_bits(), b.query_epsilon.epsilon.to_bits());
-    assert_eq!(a.session_epsilon.epsilon.to_bits(), b.session_epsilon.epsilon.to_bits());
+    assert_eq!(a.query_epsilon().epsilon.to_bits(), b.query_epsilon().epsilon.to_bits());
+    assert_eq!(a.session_epsilon().epsilon.to_bits(), b.session_epsilon().epsilon.to_bits());
 }
 
 #[tokio::test]

@@ -30,7 +30,7 @@ async fn charges_survive_the_session_and_show_in_a_new_one() {
     let b = s.budget().unwrap();
     assert_eq!(b.charges.len(), 2);
     assert!((b.status.rho_spent - 0.1).abs() < 1e-9);
-    assert_eq!(b.charges[1].label, "SELECT sex, COUNT(*) FROM pums GROUP BY sex");
+    assert_eq!(b.charges[1].label(), "SELECT sex, COUNT(*) FROM pums GROUP BY sex");
     // The ledger's total is authoritative: a configuration that disagrees is refused, not silently applied.
     std::fs::write(&cfg, std::fs::read_to_string(&cfg).unwrap().replace("rho = 1\n", "rho = 5\n")).unwrap();
     let e = DpSession::open(&cfg).await.err().expect("total mismatch must fail");
@@ -68,10 +68,10 @@ fn sixteen_threads_at_the_edge_of_the_budget_never_overspend() {
     let charges = l.charges().unwrap();
     assert_eq!(charges.len(), granted);
     assert!(spent.get() <= total.get(), "spent {spent} > total {total}");
-    assert!(granted as f64 * m.rho.get() <= 1.0);
+    assert!(granted as f64 * m.rho().get() <= 1.0);
     // 160 attempts of ≈0.03 against 1.0: exactly as many as fit were granted.
-    assert_eq!(granted, (1.0 / m.rho.get()).floor() as usize);
-    let sum: f64 = charges.iter().map(|c| c.rho.get()).sum();
+    assert_eq!(granted, (1.0 / m.rho().get()).floor() as usize);
+    let sum: f64 = charges.iter().map(|c| c.rho().get()).sum();
     assert!((sum - spent.get()).abs() < 1e-12);
 }
 
@@ -135,9 +135,9 @@ fn sigkill_at_random_points_never_loses_a_charge_of_a_printed_release() {
         // After every kill the ledger opens (integrity checked on open) and is consistent.
         let l = SqliteLedger::open(&dir.join("ledger.db"), "test", rho(100.0), Duration::from_secs(10)).unwrap();
         let charges = l.charges().unwrap();
-        let sum: f64 = charges.iter().map(|c| c.rho.get()).sum();
+        let sum: f64 = charges.iter().map(|c| c.rho().get()).sum();
         assert!((sum - l.status().unwrap().1.get()).abs() < 1e-9, "spent must equal the sum of the charges");
-        let on_disk: std::collections::HashSet<u64> = charges.iter().map(|c| c.id).collect();
+        let on_disk: std::collections::HashSet<u64> = charges.iter().map(|c| c.id()).collect();
         for id in &printed_ids {
             assert!(on_disk.contains(id), "release with charge #{id} was printed but its charge is not on disk");
         }
@@ -156,11 +156,11 @@ async fn a_request_id_returns_the_same_release_and_charges_once() {
     };
     let a = get(s.sql_with_request_id(q, Some("job-1")).await.unwrap());
     let b = get(s.sql_with_request_id(q, Some("job-1")).await.unwrap());
-    assert_eq!(a.batches, b.batches, "a retry returns the stored numbers");
-    assert_eq!(a.charge.id, b.charge.id);
+    assert_eq!(a.batches(), b.batches(), "a retry returns the stored numbers");
+    assert_eq!(a.charge().id(), b.charge().id());
     assert_eq!(s.budget().unwrap().charges.len(), 1);
     let c = get(s.sql_with_request_id(q, Some("job-2")).await.unwrap());
-    assert_ne!(a.charge.id, c.charge.id);
+    assert_ne!(a.charge().id(), c.charge().id());
     assert_eq!(s.budget().unwrap().charges.len(), 2);
     // The same id for another query is refused.
     let e = s.sql_with_request_id("SELECT COUNT(*) FROM pums", Some("job-1")).await.unwrap_err();
@@ -178,7 +178,7 @@ async fn a_request_id_returns_the_same_release_and_charges_once() {
     };
     let (x, y) = (run(), run());
     assert_eq!(x["rows"], y["rows"]);
-    assert_eq!(x["charge"]["id"], a.charge.id);
+    assert_eq!(x["charge"]["id"], a.charge().id());
 }
 
 #[test]

@@ -280,5 +280,5 @@ async fn long_non_ascii_column_lists_are_labelled_without_panicking() {
         DpSession::empty(Rho::new(1.0).unwrap(), Rho::new(0.1).unwrap(), Mechanism::Gaussian, 1e-6, 0.95).unwrap();
     s.register_batches("t", vec![batch], TablePolicy::row_level(cols).unwrap()).unwrap();
     let r = s.marginals("t", &names, &MarginalSpec::rho(0.5)).await.unwrap();
-    assert!(r.charge.label.ends_with("…)") && r.charge.label.len() < 220, "{}", r.charge.label);
+    assert!(r.charge.label().ends_with("…)") && r.charge.label().len() < 220, "{}", r.charge.label());
 }

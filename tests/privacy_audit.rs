@@ -69,8 +69,8 @@ async fn runs(s: &DpSession, sql: &str) -> (Vec<Vec<f64>>, f64) {
     let mut claimed = f64::NAN;
     for _ in 0..N {
         let r = crate::common::release(s, sql).await;
-        let c = r.accuracy.len() - 1;
-        if let Accuracy::Noisy { std, .. } = r.accuracy[c].accuracy {
+        let c = r.accuracy().len() - 1;
+        if let Accuracy::Noisy { std, .. } = r.accuracy()[c].accuracy {
             claimed = std;
         }
         let v = crate::common::column_f64(&r, c);
@@ -196,7 +196,7 @@ async fn units_over_the_row_limit_contribute_k_rows_worth() {
     s.register_batches("t", vec![batch], policy).unwrap();
     let r = crate::common::release(&s, "SELECT SUM(income), COUNT(*) FROM t").await;
     let (sum, count) = (crate::common::column_f64(&r, 0)[0], crate::common::column_f64(&r, 1)[0]);
-    let sd = |c: usize| match r.accuracy[c].accuracy {
+    let sd = |c: usize| match r.accuracy()[c].accuracy {
         Accuracy::Noisy { std, .. } => std,
         _ => panic!("noisy"),
     };
@@ -249,7 +249,7 @@ async fn out_of_domain_and_null_keys_are_never_released() {
         let keys: Vec<(f64, f64)> =
             crate::common::column_f64(&r, 0).into_iter().zip(crate::common::column_f64(&r, 2)).collect();
         let strings: Vec<String> = r
-            .batches
+            .batches()
             .iter()
             .flat_map(|b| {
                 let a = b.column(1).as_any().downcast_ref::<StringArray>().unwrap();

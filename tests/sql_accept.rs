@@ -101,16 +101,16 @@ async fn answered_queries_have_full_domains_and_honest_intervals() {
     let mut confidence = 0.0;
     for sql in CHECKED {
         let r = release(&s, sql).await;
-        let nkeys = r.accuracy.iter().take_while(|a| a.accuracy == Accuracy::Public).count();
+        let nkeys = r.accuracy().iter().take_while(|a| a.accuracy == Accuracy::Public).count();
         // Every domain key is present: the product of the key domains.
         let domain_sizes: HashMap<&str, usize> = [("sex", 2), ("race", 6), ("married", 2), ("educ", 16)].into();
         let expected_rows: usize =
-            r.schema.fields().iter().take(nkeys).map(|f| domain_sizes[f.name().as_str()]).product();
+            r.schema().fields().iter().take(nkeys).map(|f| domain_sizes[f.name().as_str()]).product();
         assert_eq!(r.num_rows(), expected_rows, "{sql}: every domain key must appear once");
         let truth = exact(&ctx, sql, nkeys).await;
         let keys: Vec<Vec<String>> = {
             use datafusion::arrow::util::display::array_value_to_string;
-            r.batches
+            r.batches()
                 .iter()
                 .flat_map(|b| {
                     (0..b.num_rows())
@@ -118,7 +118,7 @@ async fn answered_queries_have_full_domains_and_honest_intervals() {
                 })
                 .collect()
         };
-        for (c, acc) in r.accuracy.iter().enumerate().skip(nkeys) {
+        for (c, acc) in r.accuracy().iter().enumerate().skip(nkeys) {
             let Accuracy::Noisy { ci_half_width, confidence: conf, .. } = acc.accuracy else {
                 panic!("{sql}: column {} should be a direct noisy measurement", acc.column)
             };
@@ -132,7 +132,11 @@ async fn answered_queries_have_full_domains_and_honest_intervals() {
                 }
             }
         }
-        assert!(r.charge.rho.get() > 0.0 && r.charge.rho.get() <= 0.05, "{sql}: charged {}", r.charge.rho.get());
+        assert!(
+            r.charge().rho().get() > 0.0 && r.charge().rho().get() <= 0.05,
+            "{sql}: charged {}",
+            r.charge().rho().get()
+        );
     }
     // Each cell misses its interval with probability ≤ 1 − confidence, independently. Fail only when the number
     // of misses exceeds the binomial quantile at 1 − 1e-9: a correct implementation fails this test far less
@@ -150,7 +154,7 @@ async fn post_processing_queries_are_answered() {
         if let Some(n) = rows {
             assert_eq!(r.num_rows(), *n, "{sql}");
         }
-        assert!(r.accuracy.iter().any(|a| a.accuracy != Accuracy::Public), "{sql}: something is noisy");
+        assert!(r.accuracy().iter().any(|a| a.accuracy != Accuracy::Public), "{sql}: something is noisy");
     }
     // HAVING runs on noisy counts, over all six race keys: at most six rows.
     let r = release(&s, "SELECT race, COUNT(*) AS n FROM pums GROUP BY race HAVING COUNT(*) > 50").await;
@@ -159,9 +163,9 @@ async fn post_processing_queries_are_answered() {
     let r = release(&s, "SELECT AVG(age) FROM pums").await;
     let a = column_f64(&r, 0)[0];
     assert!((0.0..=100.0).contains(&a));
-    assert_eq!(r.accuracy[0].accuracy, Accuracy::Derived);
+    assert_eq!(r.accuracy()[0].accuracy, Accuracy::Derived);
     // Two measurements share the query's ρ.
-    assert_eq!(r.charge.measurements.len(), 2);
+    assert_eq!(r.charge().measurements().len(), 2);
 }
 
 #[tokio::test]
@@ -178,9 +182,22 @@ async fn bounding_truncates_units_with_many_rows() {
         let s = session_from(&pums_config("pums_dup.csv", 10.0, k, 1)).await;
         s.sql("SET dp.rho = 1").await.unwrap();
         let r = release(&s, "SELECT COUNT(*) FROM pums").await;
-        let Accuracy::Noisy { std, .. } = r.accuracy[0].accuracy else { panic!() };
+        let Accuracy::Noisy { std, .. } = r.accuracy()[0].accuracy else { panic!() };
         let got = column_f64(&r, 0)[0];
         // 6 standard deviations: a correct implementation lands outside with probability < 1e-8.
         assert!((got - want).abs() < 6.0 * std + 1.0, "k={k}: got {got}, want {want} ± {std}");
+    }
+}
+
+#[tokio::test]
+async fn explain_dp_and_the_release_report_the_same_epsilon_for_either_mechanism() {
+    let s = session_from(&pums_config("pums_dup.csv", 10.0, 2, 1)).await;
+    for mech in ["gaussian", "laplace"] {
+        s.sql(&format!("SET dp.mechanism = '{mech}'")).await.unwrap();
+        let q = "SELECT sex, COUNT(*), SUM(income) FROM pums GROUP BY sex";
+        let Ok(dpfusion::Response::Explain(e)) = s.sql(&format!("EXPLAIN DP {q}")).await else { panic!("explain") };
+        let r = release(&s, q).await;
+        assert_eq!(e.epsilon, r.query_epsilon(), "{mech}: EXPLAIN DP promised another ε than the release reports");
+        assert_eq!(e.rho, r.charge().rho().get(), "{mech}");
     }
 }

@@ -128,14 +128,14 @@ async fn set_only_narrows_and_is_validated() {
     unsafe { std::env::set_var("DATAFUSION_DP_RHO", "0.9") };
     unsafe { std::env::set_var("DP_RHO", "0.9") };
     let r = crate::common::release(&s, "SELECT COUNT(*) FROM pums").await;
-    assert!((r.charge.rho.get() - 0.05).abs() < 1e-9);
+    assert!((r.charge().rho().get() - 0.05).abs() < 1e-9);
     s.sql("SET dp.rho = 0.02").await.unwrap();
     s.sql("SET dp.mechanism TO 'laplace'").await.unwrap();
     s.sql("SET dp.confidence = 0.9").await.unwrap();
     let r = crate::common::release(&s, "SELECT COUNT(*) FROM pums").await;
-    assert!((r.charge.rho.get() - 0.02).abs() < 1e-9);
-    assert_eq!(r.charge.measurements[0].mechanism(), dpfusion::noise::Mechanism::Laplace);
-    let dpfusion::Accuracy::Noisy { confidence, .. } = r.accuracy[0].accuracy else { panic!() };
+    assert!((r.charge().rho().get() - 0.02).abs() < 1e-9);
+    assert_eq!(r.charge().measurements()[0].mechanism(), dpfusion::noise::Mechanism::Laplace);
+    let dpfusion::Accuracy::Noisy { confidence, .. } = r.accuracy()[0].accuracy else { panic!() };
     assert_eq!(confidence, 0.9);
     assert_eq!(s.budget().unwrap().status.rho_total, 1.0);
 }

@@ -34,18 +34,18 @@ fn t1_gaussian_calibration() {
     ];
     for (l2, r, sigma) in cases {
         let c = calibrate::gaussian(l2, rho(r)).unwrap();
-        let NoiseParams::Gaussian { sigma_sq } = c.params else { panic!("not gaussian") };
+        let NoiseParams::Gaussian { sigma_sq } = c.params() else { panic!("not gaussian") };
         // σ² is rounded *up* onto a grid of ~40 bits: equal to 1e-9, never below.
         close(sigma_sq.to_f64().sqrt(), sigma, &format!("T1 sigma (Δ₂={l2}, ρ={r})"));
         assert!(sigma_sq.to_f64() >= l2 * l2 / (2.0 * r));
-        close(c.rho.get(), r, "T1 rho charged");
+        close(c.rho().get(), r, "T1 rho charged");
     }
     // T1.8, T1.9: ρ = Δ²/(2σ²).
-    close(calibrate::gaussian_for_sigma(1.0, 10.0).unwrap().rho.get(), 0.005, "T1.8");
-    close(calibrate::gaussian_for_sigma(100.0, 500.0).unwrap().rho.get(), 0.02, "T1.9");
+    close(calibrate::gaussian_for_sigma(1.0, 10.0).unwrap().rho().get(), 0.005, "T1.8");
+    close(calibrate::gaussian_for_sigma(100.0, 500.0).unwrap().rho().get(), 0.02, "T1.9");
     // T1.10: μ = Δ/σ; and μ-GDP ⇒ μ²/2-zCDP (T9b.3).
     let c = calibrate::gaussian_for_sigma(1.0, 2.0).unwrap();
-    close((2.0 * c.rho.get()).sqrt(), 0.5, "T1.10 mu");
+    close((2.0 * c.rho().get()).sqrt(), 0.5, "T1.10 mu");
 }
 
 #[test]
@@ -53,9 +53,9 @@ fn t2_laplace_pure_to_zcdp() {
     // ε-DP ⇒ ε²/2-zCDP (BS16 Prop 1.4): Laplace calibrated at ρ = ε²/2 has pure ε = Δ₁/b.
     for (eps, want_rho) in [(0.1, 0.005), (0.5, 0.125), (1.0, 0.5), (1.09861228866811, 0.603474480406291), (2.0, 2.0)] {
         let c = calibrate::laplace(1.0, rho(want_rho)).unwrap();
-        close(c.pure_epsilon.unwrap(), eps, "T2 pure epsilon");
-        close(c.rho.get(), want_rho, "T2 rho");
-        let NoiseParams::Laplace { scale } = c.params else { panic!() };
+        close(c.pure_epsilon().unwrap(), eps, "T2 pure epsilon");
+        close(c.rho().get(), want_rho, "T2 rho");
+        let NoiseParams::Laplace { scale } = c.params() else { panic!() };
         close(scale.to_f64(), 1.0 / eps, "T2 scale");
     }
 }

@@ -16,23 +16,44 @@ use serde::{Deserialize, Serialize};
 /// A calibrated measurement: the sampler's exact parameter, the sensitivity it was calibrated to, and its cost.
 ///
 /// This is also the record a [`crate::accounting::Charge`] stores for each measurement, so it is serialisable as
-/// it is (a durable ledger can store it without change).
+/// it is (a durable ledger can store it without change). Only the functions of this module make one: its cost is
+/// always the one they computed for its parameter.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Calibration {
     /// The sampler and its exact parameter.
-    pub params: NoiseParams,
+    params: NoiseParams,
     /// The sensitivity the noise is calibrated to: L2 for the Gaussian, L1 for the Laplace.
-    pub sensitivity: f64,
+    sensitivity: f64,
     /// The zCDP cost charged for this measurement (≤ the ρ asked for, ≥ the true cost).
-    pub rho: Rho,
+    rho: Rho,
     /// For the Laplace mechanism, the pure-DP ε = Δ₁/b it satisfies (rounded up); `None` for the Gaussian.
-    pub pure_epsilon: Option<f64>,
+    pure_epsilon: Option<f64>,
 }
 
 impl Calibration {
     /// The mechanism.
     pub fn mechanism(&self) -> Mechanism {
         self.params.mechanism()
+    }
+
+    /// The sampler's exact parameter.
+    pub fn params(&self) -> NoiseParams {
+        self.params
+    }
+
+    /// The sensitivity the noise is calibrated to: L2 for the Gaussian, L1 for the Laplace.
+    pub fn sensitivity(&self) -> f64 {
+        self.sensitivity
+    }
+
+    /// The zCDP cost of this measurement (≤ the ρ asked for, ≥ the true cost).
+    pub fn rho(&self) -> Rho {
+        self.rho
+    }
+
+    /// For the Laplace mechanism, the pure-DP ε = Δ₁/b it satisfies (rounded up); `None` for the Gaussian.
+    pub fn pure_epsilon(&self) -> Option<f64> {
+        self.pure_epsilon
     }
 }
 

@@ -6,6 +6,7 @@
 //! rounded so the reported ε is never below the true value of the bound (seeds.md §2, invariant 3).
 
 use crate::accounting::Charge;
+use crate::accounting::calibrate::Calibration;
 use crate::accounting::rho::up_sum;
 use crate::error::{DpError, Result};
 use serde::{Deserialize, Serialize};
@@ -237,8 +238,32 @@ pub fn gdp_eps(mu: f64, delta: f64) -> Result<f64> {
 /// (ρ-zCDP does not imply √(2ρ)-GDP in general, seeds.md §4 pitfall 9); pure composition Σεᵢ (valid at δ = 0)
 /// **only** when every measurement was pure-DP (pitfall 10).
 pub fn epsilon_for_charges(charges: &[Charge], delta: f64) -> Result<EpsilonBound> {
+    let rho = charges.iter().try_fold(crate::accounting::Rho::ZERO, |acc, c| acc.add_up(c.rho()))?.get();
+    let all_gaussian = charges.iter().all(Charge::all_gaussian);
+    let pure = charges.iter().try_fold(0.0, |acc, c| c.pure_epsilon().map(|e| up_sum(acc, e)));
+    best_epsilon(rho, delta, all_gaussian, pure)
+}
+
+/// [`epsilon_for_charges`] for one query's measurements before it is charged (EXPLAIN DP): the same candidates,
+/// so EXPLAIN DP and the release report the same ε.
+pub fn epsilon_for_measurements(measurements: &[Calibration], delta: f64) -> Result<EpsilonBound> {
+    let rho = crate::accounting::filter::total_rho(measurements)?.get();
+    let all_gaussian = measurements.iter().all(|m| m.pure_epsilon().is_none());
+    let pure = measurements.iter().try_fold(0.0, |acc, m| m.pure_epsilon().map(|e| up_sum(acc, e)));
+    best_epsilon(rho, delta, all_gaussian, pure)
+}
+
+/// The tightest ε for a single ρ (no knowledge of the mechanisms but whether all are Gaussian): min of the BS16
+/// and CKS20 bounds; with `all_gaussian`, also the exact GDP curve.
+pub fn epsilon_for_rho(rho: f64, delta: f64, all_gaussian: bool) -> Result<EpsilonBound> {
+    check_rho(rho)?;
+    best_epsilon(rho, delta, all_gaussian, None)
+}
+
+/// The one list of candidate bounds (see [`epsilon_for_charges`]): `pure` is Σεᵢ when every measurement was
+/// pure-DP.
+fn best_epsilon(rho: f64, delta: f64, all_gaussian: bool, pure: Option<f64>) -> Result<EpsilonBound> {
     check_delta(delta)?;
-    let rho = charges.iter().try_fold(crate::accounting::Rho::ZERO, |acc, c| acc.add_up(c.rho))?.get();
     if rho == 0.0 {
         return Ok(EpsilonBound { epsilon: 0.0, delta, kind: BoundKind::NothingSpent });
     }
@@ -250,42 +275,13 @@ pub fn epsilon_for_charges(charges: &[Charge], delta: f64) -> Result<EpsilonBoun
     ];
     // The GDP curve is one more candidate; for a huge ρ its ε is beyond the search range (an error), and the
     // other bounds, which hold for every ρ, are reported instead.
-    if charges.iter().all(Charge::all_gaussian)
-        && let Ok(g) = gdp_eps((2.0 * rho).sqrt() * UP, delta)
-    {
+    if all_gaussian && let Ok(g) = gdp_eps((2.0 * rho).sqrt() * UP, delta) {
         cands.push((g, BoundKind::GaussianExact));
     }
-    if let Some(pure) = charges.iter().try_fold(0.0, |acc, c| c.pure_epsilon().map(|e| up_sum(acc, e))) {
+    if let Some(pure) = pure {
         cands.push((pure, BoundKind::PureComposition));
     }
     let (epsilon, kind) =
         cands.into_iter().fold((f64::INFINITY, BoundKind::Bs16Simple), |best, c| if c.0 < best.0 { c } else { best });
     Ok(EpsilonBound { epsilon, delta, kind })
-}
-
-/// The tightest ε for a single ρ (no knowledge of the mechanisms): min of the BS16 and CKS20 bounds; with
-/// `all_gaussian`, also the exact GDP curve.
-pub fn epsilon_for_rho(rho: f64, delta: f64, all_gaussian: bool) -> Result<EpsilonBound> {
-    check_rho(rho)?;
-    check_delta(delta)?;
-    if rho == 0.0 {
-        return Ok(EpsilonBound { epsilon: 0.0, delta, kind: BoundKind::NothingSpent });
-    }
-    let mut best = (eps_simple(rho, delta)?, BoundKind::Bs16Simple);
-    for c in [
-        (eps_bs16_sqrt_pi(rho, delta)?, BoundKind::Bs16SqrtPi),
-        (eps_bs16_tight(rho, delta)?, BoundKind::Bs16Tight),
-        (eps_cks20(rho, delta)?, BoundKind::Cks20),
-    ] {
-        if c.0 < best.0 {
-            best = c;
-        }
-    }
-    if all_gaussian
-        && let Ok(g) = gdp_eps((2.0 * rho).sqrt() * UP, delta)
-        && g < best.0
-    {
-        best = (g, BoundKind::GaussianExact);
-    }
-    Ok(EpsilonBound { epsilon: best.0, delta, kind: best.1 })
 }

@@ -8,42 +8,67 @@ use crate::accounting::Rho;
 use crate::accounting::calibrate::Calibration;
 use crate::accounting::convert::{EpsilonBound, epsilon_for_charges};
 use crate::error::{DpError, Result};
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
 /// One debit: what it was for, the measurements it paid for, and its total cost.
 ///
-/// Serialisable as is, so a durable ledger can store it without change.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+/// Only the accountant makes one ([`ZcdpFilter::charge`], [`crate::accounting::Ledger`]), when it has recorded the
+/// debit; the code that runs a private plan needs one. Serialisable for reports, never deserialised into a new
+/// charge outside the ledger.
+#[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Charge {
-    /// Sequence number within the filter, from 1.
-    pub id: u64,
-    /// What the charge was for (the SQL text, or a description of a batch release).
-    pub label: String,
-    /// The measurements (mechanism, sensitivity, exact noise parameter, ρ each).
-    pub measurements: Vec<Calibration>,
-    /// Total cost: the sum of the measurements' ρ, rounded up.
-    pub rho: Rho,
+    id: u64,
+    label: String,
+    measurements: Vec<Calibration>,
+    rho: Rho,
 }
 
 impl Charge {
+    /// A charge the accountant has recorded (or read back from its ledger).
+    pub(in crate::accounting) fn new(id: u64, label: String, measurements: Vec<Calibration>, rho: Rho) -> Self {
+        Charge { id, label, measurements, rho }
+    }
+
+    /// Sequence number within its budget, from 1.
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// What the charge was for (the SQL text, or a description of a batch release).
+    pub fn label(&self) -> &str {
+        &self.label
+    }
+
+    /// The measurements it paid for (mechanism, sensitivity, exact noise parameter, ρ each).
+    pub fn measurements(&self) -> &[Calibration] {
+        &self.measurements
+    }
+
+    /// Total cost: the sum of the measurements' ρ, rounded up.
+    pub fn rho(&self) -> Rho {
+        self.rho
+    }
+
     /// True when every measurement is Gaussian (the exact GDP conversion then applies).
     pub fn all_gaussian(&self) -> bool {
-        self.measurements.iter().all(|m| m.pure_epsilon.is_none())
+        self.measurements.iter().all(|m| m.pure_epsilon().is_none())
     }
 
     /// The pure ε of this charge when every measurement is pure-DP (Laplace): the sum of their ε, rounded up.
     pub fn pure_epsilon(&self) -> Option<f64> {
-        self.measurements.iter().try_fold(0.0, |acc, m| m.pure_epsilon.map(|e| crate::accounting::rho::up_sum(acc, e)))
+        self.measurements
+            .iter()
+            .try_fold(0.0, |acc, m| m.pure_epsilon().map(|e| crate::accounting::rho::up_sum(acc, e)))
     }
 }
 
 /// Sum of the costs of `measurements`, rounded up.
 pub fn total_rho(measurements: &[Calibration]) -> Result<Rho> {
-    measurements.iter().try_fold(Rho::ZERO, |acc, m| acc.add_up(m.rho))
+    measurements.iter().try_fold(Rho::ZERO, |acc, m| acc.add_up(m.rho()))
 }
 
 /// A session's privacy filter: total budget, what has been spent, and the history of charges.
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, Serialize)]
 pub struct ZcdpFilter {
     total: Rho,
     spent: Rho,
@@ -108,7 +133,7 @@ impl ZcdpFilter {
         }
         let rho = total_rho(&measurements)?;
         let new_spent = self.check(rho)?;
-        let charge = Charge { id: self.charges.len() as u64 + 1, label: label.into(), measurements, rho };
+        let charge = Charge::new(self.charges.len() as u64 + 1, label.into(), measurements, rho);
         self.spent = new_spent;
         self.charges.push(charge.clone());
         Ok(charge)

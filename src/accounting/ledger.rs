@@ -335,7 +335,7 @@ impl SqliteLedger {
         let measurements: Vec<Calibration> = serde_json::from_str(&m)
             .map_err(|e| DpError::Ledger(format!("{}: charge {id} is unreadable ({e})", self.display())))?;
         let rho = Rho::new(rho)?;
-        Ok(Charge { id: id as u64, label, measurements, rho })
+        Ok(Charge::new(id as u64, label, measurements, rho))
     }
 }
 
@@ -369,7 +369,7 @@ impl SqliteLedger {
         tx.execute("UPDATE budgets SET spent = ?1 WHERE name = ?2", params![new_spent.get(), self.budget])
             .map_err(|e| sql_error(&display, e))?;
         tx.commit().map_err(|e| sql_error(&display, e))?;
-        Ok(Claim::New(Charge { id: id as u64, label: label.to_string(), measurements, rho }))
+        Ok(Claim::New(Charge::new(id as u64, label.to_string(), measurements, rho)))
     }
 
     /// What is stored for `request_id`, read on `conn` (inside a transaction when the caller holds one).

@@ -159,7 +159,7 @@ pub async fn run(a: MarginalArgs) -> Result<bool, DpError> {
         r.columns.len(),
         r.plan.cells,
         dpfusion::release::fmt_num(r.plan.sigma),
-        dpfusion::release::fmt_num(r.charge.rho.get()),
+        dpfusion::release::fmt_num(r.charge.rho().get()),
         dpfusion::release::fmt_num(r.budget.rho_remaining)
     );
     Ok(true)

@@ -221,13 +221,17 @@ pub(crate) fn print_budget(session: &DpSession, history: bool) -> Result<(), DpE
     }
     for c in &b.charges {
         let mechs: Vec<String> = c
-            .measurements
+            .measurements()
             .iter()
             .map(|m| {
-                format!("{} σ/b={}", m.mechanism().report_name(), dpfusion::release::fmt_num(m.params.sigma_or_scale()))
+                format!(
+                    "{} σ/b={}",
+                    m.mechanism().report_name(),
+                    dpfusion::release::fmt_num(m.params().sigma_or_scale())
+                )
             })
             .collect();
-        println!("  #{} ρ={} [{}] {}", c.id, dpfusion::release::fmt_num(c.rho.get()), mechs.join(", "), c.label);
+        println!("  #{} ρ={} [{}] {}", c.id(), dpfusion::release::fmt_num(c.rho().get()), mechs.join(", "), c.label());
     }
     Ok(())
 }

@@ -61,8 +61,8 @@ fn explain_json(e: &Explanation) -> Value {
         .map(|m| {
             json!({"measure": m.label, "l1": m.l1 * m.unit, "l2": m.l2 * m.unit, "sensitivity_from": m.derivation,
                    "mechanism": m.calibration.mechanism().report_name(),
-                   "sigma_or_scale": m.calibration.params.sigma_or_scale() * m.unit,
-                   "rho": m.calibration.rho.get(), "std": m.std, "ci_half_width": m.ci_half_width})
+                   "sigma_or_scale": m.calibration.params().sigma_or_scale() * m.unit,
+                   "rho": m.calibration.rho().get(), "std": m.std, "ci_half_width": m.ci_half_width})
         })
         .collect();
     json!({"status": "explain", "sql": e.sql, "plan": e.private_plan, "cells": e.cells, "measurements": measures,
@@ -79,7 +79,7 @@ pub fn render(sql: &str, outcome: &Result<Response, DpError>, format: Format) ->
             Err(e) => format!("error: {e}"),
         },
         Format::Csv => match outcome {
-            Ok(Response::Release(r)) => csv(&r.batches),
+            Ok(Response::Release(r)) => csv(r.batches()),
             Ok(Response::Explain(e)) => e.to_string(),
             Ok(Response::Set { option, value }) => format!("{option},{value}"),
             Err(e) => format!("error: {e}"),

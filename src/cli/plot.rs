@@ -39,7 +39,7 @@ fn draw(r: &MarginalRelease, c: &mut dyn Canvas) {
             "noisy counts, bars +- {ci} ({}% per cell), sigma {:.3}, rho {:.4}",
             r.plan.confidence * 100.0,
             r.plan.sigma,
-            r.charge.rho.get()
+            r.charge.rho().get()
         ),
         false,
     );

@@ -9,16 +9,16 @@
 //!
 //! Neighbouring relation: add/remove all rows of one privacy unit.
 
+use crate::accounting::Charge;
 use crate::accounting::calibrate::Calibration;
 use crate::accounting::ledger::{Claim, Prior};
-use crate::accounting::{Charge, EpsilonBound};
 use crate::error::{DpError, Result, engine};
 use crate::noise::accuracy;
 use crate::noise::gaussian::DiscreteGaussian;
 use crate::noise::laplace::DiscreteLaplace;
 use crate::noise::{Mechanism, NoiseParams};
 use crate::plan::{DpPlan, OutputKind};
-use crate::release::{Accuracy, ColumnAccuracy, Release};
+use crate::release::{Accuracy, ColumnAccuracy, Parts, Release};
 use crate::session::DpSession;
 use crate::session::post::{PostFailure, domain_product, noisy_batch, unit_of};
 use crate::session::prepare::Prepared;
@@ -85,42 +85,58 @@ enum Next {
 
 fn another_query(id: &str, charge: &Charge) -> DpError {
     DpError::refused(
-        format!("request id `{id}` was used for another query (charge #{})", charge.id),
+        format!("request id `{id}` was used for another query (charge #{})", charge.id()),
         "use a new request id for a new query",
     )
 }
 
 impl DpSession {
-    /// Answers one query: prepare (all checks, nothing spent), debit, execute, noise, post-process.
+    /// Answers one query: prepare and price it (all checks, nothing spent), debit, then [`DpSession::release`].
     pub(crate) async fn query(&self, sql: &str, request_id: Option<&str>) -> Result<Release> {
         // A stored release is returned as it is: no planning, so a later change of the policy cannot alter it.
         if let Some(id) = request_id
             && let Prior::Released(charge, bytes) = self.ledger.prior(id)?
         {
-            return self.stored_release(id, sql, &charge, &bytes).map(|b| *b);
+            return stored_release(id, sql, charge, &bytes);
         }
         let prepared = self.prepare(sql).await?;
-        let (rho, mech, confidence) = self.query_settings()?;
-        let cals = Self::calibrate(&prepared.dp, rho, mech)?;
+        let quote = self.quote(&prepared.dp)?;
         let (charge, stored) = match request_id {
-            None => (self.ledger.charge(sql, cals)?, None),
-            Some(id) => match self.ledger.claim(sql, id, cals)? {
+            None => (self.ledger.charge(sql, quote.measurements)?, None),
+            Some(id) => match self.ledger.claim(sql, id, quote.measurements)? {
                 Claim::New(c) => (c, None),
-                Claim::Existing(prior) => match self.resume(id, sql, &prepared.dp, prior)? {
+                Claim::Existing(prior) => match resume(id, sql, &prepared.dp, prior)? {
                     Next::Run(c, stored) => (c, stored),
                     Next::Done(r) => return Ok(*r),
                 },
             },
         };
+        self.release(sql, &prepared, charge, stored, request_id, quote.confidence).await
+    }
+
+    /// The one place a private plan runs and a [`Release`] is made, from the `charge` that paid for it (taken by
+    /// value: one charge, one release). Without `stored` noisy values, runs the private plan and draws the noise;
+    /// with a request id, the draw is stored (first writer wins) before anything derived from it is computed, and
+    /// the release is stored before it is returned.
+    async fn release(
+        &self,
+        sql: &str,
+        prepared: &Prepared,
+        charge: Charge,
+        stored: Option<Vec<Vec<i128>>>,
+        request_id: Option<&str>,
+        confidence: f64,
+    ) -> Result<Release> {
+        let dp = &prepared.dp;
         let values = match stored {
             Some(v) => v,
             None => {
-                let drawn = self.run_private(&prepared, &charge.measurements).await?;
+                let drawn = self.run_private(prepared, charge.measurements()).await?;
                 match request_id {
                     None => drawn,
                     Some(id) => {
                         // First writer wins: if another run stored its draw first, that one is used, this one dropped.
-                        let draw = Draw { fingerprint: prepared.dp.fingerprint(), values: drawn };
+                        let draw = Draw { fingerprint: dp.fingerprint(), values: drawn };
                         let stored = Draw::from_bytes(&self.ledger.store_draw(id, &draw.to_bytes())?)?;
                         if stored.fingerprint != draw.fingerprint {
                             return Err(policy_changed(id));
@@ -130,72 +146,81 @@ impl DpSession {
                 }
             }
         };
-        let noisy = noisy_batch(&prepared.dp, domain_product(&prepared.dp), &values)?;
-        let (schema, batches) = self.run_post(&prepared.dp, noisy).await.map_err(|f| match f {
+        let noisy = noisy_batch(dp, domain_product(dp), &values)?;
+        let (schema, batches) = self.run_post(dp, noisy).await.map_err(|f| match f {
             PostFailure::Planning(e) => e,
             PostFailure::Running(e) => DpError::PostProcessing(e.strip_backtrace()),
         })?;
-        let budget = self.status()?;
-        let session_epsilon = self.ledger.epsilon(self.defaults.delta)?;
-        let query_epsilon =
-            crate::accounting::convert::epsilon_for_charges(std::slice::from_ref(&charge), self.defaults.delta)?;
-        let accuracy = column_accuracy(&prepared.dp, &charge.measurements, &schema, confidence)?;
-        let release =
-            Release { sql: sql.to_string(), schema, batches, accuracy, charge, query_epsilon, session_epsilon, budget };
+        let parts = Parts {
+            sql: sql.to_string(),
+            accuracy: column_accuracy(dp, charge.measurements(), &schema, confidence)?,
+            schema,
+            batches,
+            budget: self.status()?,
+            session_epsilon: self.ledger.epsilon(self.defaults.delta)?,
+            query_epsilon: crate::accounting::convert::epsilon_for_charges(
+                std::slice::from_ref(&charge),
+                self.defaults.delta,
+            )?,
+        };
+        let release = Release::new(parts, charge);
         if let Some(id) = request_id {
             // Stored before it is returned (unless a concurrent run stored the same answer first).
             self.ledger.store_release(id, &release.to_bytes()?)?;
         }
         Ok(release)
     }
+}
 
-    fn stored_release(&self, id: &str, sql: &str, charge: &Charge, bytes: &[u8]) -> Result<Box<Release>> {
-        let r = Release::from_bytes(bytes)?;
-        if r.sql != sql {
-            return Err(another_query(id, charge));
-        }
-        Ok(Box::new(r))
+/// A stored release, read back with the charge the ledger recorded for it; refused if the id was for another query.
+fn stored_release(id: &str, sql: &str, charge: Charge, bytes: &[u8]) -> Result<Release> {
+    let r = Release::from_bytes(bytes, charge)?;
+    if r.sql() != sql {
+        return Err(another_query(id, r.charge()));
     }
+    Ok(r)
+}
 
-    /// A request id that was claimed before: return its release, post-process its stored draw, or (charged, no
-    /// draw yet) run under its charge, provided the query and the policy are the ones it was charged for.
-    fn resume(&self, id: &str, sql: &str, dp: &DpPlan, prior: Prior) -> Result<Next> {
-        match prior {
-            Prior::None => Err(DpError::Ledger(format!("request id `{id}` was claimed but has no charge"))),
-            Prior::Released(c, bytes) => self.stored_release(id, sql, &c, &bytes).map(Next::Done),
-            Prior::Drawn(c, _) | Prior::Charged(c) if c.label != sql => Err(another_query(id, &c)),
-            Prior::Drawn(_, bytes) if bytes.is_empty() => Err(DpError::refused(
-                format!(
-                    "request id `{id}` was charged by an earlier dpfusion that did not keep its noisy values, and it \
+/// A request id that was claimed before: return its release, post-process its stored draw, or (charged, no draw
+/// yet) run under its charge, provided the query and the policy are the ones it was charged for.
+fn resume(id: &str, sql: &str, dp: &DpPlan, prior: Prior) -> Result<Next> {
+    match prior {
+        Prior::None => Err(DpError::Ledger(format!("request id `{id}` was claimed but has no charge"))),
+        Prior::Released(c, bytes) => stored_release(id, sql, c, &bytes).map(|r| Next::Done(Box::new(r))),
+        Prior::Drawn(c, _) | Prior::Charged(c) if c.label() != sql => Err(another_query(id, &c)),
+        Prior::Drawn(_, bytes) if bytes.is_empty() => Err(DpError::refused(
+            format!(
+                "request id `{id}` was charged by an earlier dpfusion that did not keep its noisy values, and it \
                      was never answered; answering it now would need a second draw of noise"
-                ),
-                "use a new request id (a new charge)",
-            )),
-            Prior::Drawn(c, bytes) => {
-                let draw = Draw::from_bytes(&bytes)?;
-                if draw.fingerprint != dp.fingerprint() {
-                    return Err(policy_changed(id));
-                }
-                Ok(Next::Run(c, Some(draw.values)))
+            ),
+            "use a new request id (a new charge)",
+        )),
+        Prior::Drawn(c, bytes) => {
+            let draw = Draw::from_bytes(&bytes)?;
+            if draw.fingerprint != dp.fingerprint() {
+                return Err(policy_changed(id));
             }
-            Prior::Charged(c) => {
-                // The noise will be calibrated from the stored charge: it must be for the same sensitivities.
-                let same = c.measurements.len() == dp.measures.len()
-                    && c.measurements.iter().zip(&dp.measures).all(|(cal, m)| {
-                        let s = match cal.mechanism() {
-                            Mechanism::Gaussian => m.sensitivity.l2,
-                            Mechanism::Laplace => m.sensitivity.l1,
-                        };
-                        cal.sensitivity == s
-                    });
-                if !same {
-                    return Err(policy_changed(id));
-                }
-                Ok(Next::Run(c, None))
+            Ok(Next::Run(c, Some(draw.values)))
+        }
+        Prior::Charged(c) => {
+            // The noise will be calibrated from the stored charge: it must be for the same sensitivities.
+            let same = c.measurements().len() == dp.measures.len()
+                && c.measurements().iter().zip(&dp.measures).all(|(cal, m)| {
+                    let s = match cal.mechanism() {
+                        Mechanism::Gaussian => m.sensitivity.l2,
+                        Mechanism::Laplace => m.sensitivity.l1,
+                    };
+                    cal.sensitivity() == s
+                });
+            if !same {
+                return Err(policy_changed(id));
             }
+            Ok(Next::Run(c, None))
         }
     }
+}
 
+impl DpSession {
     /// Runs the private plan and adds noise to every cell of the domain; returns the noisy values, cells in the
     /// order of [`domain_product`]. Errors while reading the data are reported without their text (which could
     /// quote a private value): the engine's error stays in the `source` for the data owner.
@@ -212,7 +237,7 @@ impl DpSession {
         }
         let samplers = cals
             .iter()
-            .map(|c| match c.params {
+            .map(|c| match c.params() {
                 NoiseParams::Gaussian { sigma_sq } => DiscreteGaussian::new(sigma_sq).map(Sampler::Gaussian),
                 NoiseParams::Laplace { scale } => DiscreteLaplace::new(scale).map(Sampler::Laplace),
             })
@@ -265,7 +290,7 @@ fn policy_changed(id: &str) -> DpError {
 
 /// Standard deviation and CI half-width (grid units) of a calibrated mechanism.
 pub(crate) fn noise_accuracy(c: &Calibration, confidence: f64) -> Result<(f64, f64)> {
-    Ok(match c.params {
+    Ok(match c.params() {
         NoiseParams::Gaussian { sigma_sq } => (
             accuracy::discrete_gaussian_std(sigma_sq),
             accuracy::discrete_gaussian_ci_half_width(sigma_sq, confidence)?,
@@ -323,7 +348,7 @@ fn column_accuracy(dp: &DpPlan, cals: &[Calibration], schema: &Schema, confidenc
                             let (std, ci) = noise_accuracy(c, confidence)?;
                             Accuracy::Noisy {
                                 mechanism: c.mechanism(),
-                                sigma_or_scale: c.params.sigma_or_scale() * unit,
+                                sigma_or_scale: c.params().sigma_or_scale() * unit,
                                 std: std * unit,
                                 ci_half_width: ci * unit,
                                 confidence,
@@ -360,13 +385,6 @@ fn trace_output(plan: &LogicalPlan, i: usize) -> Option<usize> {
         LogicalPlan::Window(w) if i < w.input.schema().fields().len() => trace_output(&w.input, i),
         _ => None,
     }
-}
-
-/// Used by EXPLAIN DP and releases alike: the ε of a charge of these calibrations.
-pub(crate) fn epsilon_of(cals: &[Calibration], delta: f64) -> Result<EpsilonBound> {
-    let rho = crate::accounting::filter::total_rho(cals)?;
-    let charge = Charge { id: 0, label: String::new(), measurements: cals.to_vec(), rho };
-    crate::accounting::convert::epsilon_for_charges(std::slice::from_ref(&charge), delta)
 }
 
 #[cfg(test)]

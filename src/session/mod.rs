@@ -111,7 +111,7 @@ impl std::fmt::Display for Explanation {
         writeln!(f, "Measurements (ρ split equally; neighbours differ by one privacy unit):")?;
         for m in &self.measures {
             let c = &m.calibration;
-            let (what, param) = match c.params {
+            let (what, param) = match c.params() {
                 NoiseParams::Gaussian { sigma_sq } => ("σ", sigma_sq.to_f64().sqrt() * m.unit),
                 NoiseParams::Laplace { scale } => ("scale", scale.to_f64() * m.unit),
             };
@@ -128,7 +128,7 @@ impl std::fmt::Display for Explanation {
                 "    mechanism: {} with {what} = {}, ρ = {}",
                 c.mechanism().report_name(),
                 crate::release::fmt_num(param),
-                crate::release::fmt_num(c.rho.get())
+                crate::release::fmt_num(c.rho().get())
             )?;
             writeln!(
                 f,
@@ -363,12 +363,11 @@ impl DpSession {
         prepare::grow_stack(async {
             let prepared = self.prepare(sql).await?;
             let dp = &prepared.dp;
-            let (rho, mech, confidence) = self.query_settings()?;
-            let cals = Self::calibrate(dp, rho, mech)?;
+            let quote = self.quote(dp)?;
             let mut measures = Vec::new();
-            for (m, c) in dp.measures.iter().zip(&cals) {
+            for (m, c) in dp.measures.iter().zip(&quote.measurements) {
                 let unit = post::unit_of(&m.kind);
-                let (std, ci) = execute::noise_accuracy(c, confidence)?;
+                let (std, ci) = execute::noise_accuracy(c, quote.confidence)?;
                 measures.push(ExplainedMeasure {
                     label: m.label(),
                     l1: m.sensitivity.l1,
@@ -380,15 +379,14 @@ impl DpSession {
                     unit,
                 });
             }
-            let total = crate::accounting::filter::total_rho(&cals)?;
             Ok(Explanation {
                 sql: sql.to_string(),
                 private_plan: prepared.private.display_indent().to_string(),
                 cells: dp.cells(),
                 measures,
-                rho: total.get(),
-                epsilon: execute::epsilon_of(&cals, self.defaults.delta)?,
-                confidence,
+                rho: quote.rho.get(),
+                epsilon: quote.epsilon,
+                confidence: quote.confidence,
             })
         })
         .await

@@ -183,3 +183,28 @@ fn internal(stage: &str, e: datafusion::error::DataFusionError) -> DpError {
         "simplify the query; if it looks valid, report it as a dpfusion bug",
     )
 }
+
+/// A priced query: the measurements it would pay for (each calibrated), its total ρ and its (ε, δ), and the
+/// confidence of its intervals. Computed once, before anything is spent: EXPLAIN DP shows it, and the debit pays
+/// exactly its measurements.
+pub(crate) struct Quote {
+    /// One calibration per measurement of the plan.
+    pub(crate) measurements: Vec<Calibration>,
+    /// Their total cost, rounded up.
+    pub(crate) rho: Rho,
+    /// (ε, δ) of this query alone, by the same bounds a release reports.
+    pub(crate) epsilon: crate::accounting::EpsilonBound,
+    /// Confidence level of the intervals.
+    pub(crate) confidence: f64,
+}
+
+impl DpSession {
+    /// Prices `dp` with the session's current settings (`SET dp.rho`, `dp.mechanism`, `dp.confidence`).
+    pub(crate) fn quote(&self, dp: &DpPlan) -> Result<Quote> {
+        let (rho, mech, confidence) = self.query_settings()?;
+        let measurements = Self::calibrate(dp, rho, mech)?;
+        let rho = crate::accounting::filter::total_rho(&measurements)?;
+        let epsilon = crate::accounting::convert::epsilon_for_measurements(&measurements, self.defaults.delta)?;
+        Ok(Quote { measurements, rho, epsilon, confidence })
+    }
+}
