@@ -3,6 +3,7 @@
 //! Every message says what went wrong *and* what to change. Errors never carry private values: a refusal
 //! describes the query and the policy, never the data.
 
+use crate::refusal::Refusal;
 use thiserror::Error;
 
 /// Everything that can go wrong in dpfusion, each variant with a message a user can act on.
@@ -35,13 +36,8 @@ pub enum DpError {
     },
 
     /// The query cannot be answered under the privacy policy. Nothing was spent.
-    #[error("query refused: {reason}. {hint}")]
-    Refused {
-        /// Why the query cannot be answered.
-        reason: String,
-        /// What to change so that it can be.
-        hint: String,
-    },
+    #[error("query refused: {0}. {hint}", hint = .0.hint())]
+    Refused(Refusal),
 
     /// The configuration file or an API-provided policy is wrong.
     #[error("configuration error: {0}")]
@@ -56,8 +52,12 @@ pub enum DpError {
     Randomness(String),
 
     /// An error from the query engine (DataFusion / Arrow) outside the private part of a plan.
-    #[error("query engine error: {0}")]
-    Engine(String),
+    #[error("query engine error: {}", .0.strip_backtrace())]
+    Engine(#[source] datafusion::error::DataFusionError),
+
+    /// A broken invariant of dpfusion itself: a bug to report, never the data's doing.
+    #[error("internal error (a dpfusion bug, please report it): {0}")]
+    Internal(String),
 
     /// The private plan failed while it ran (a file that cannot be read, a corrupt file). The charge stands. The
     /// message never includes the engine's text, which could quote a private value; it is kept as the `source`
@@ -93,15 +93,40 @@ impl DpError {
         DpError::InvalidParameter { name, reason: reason.into() }
     }
 
-    /// Shorthand for [`DpError::Refused`].
-    pub fn refused(reason: impl Into<String>, hint: impl Into<String>) -> Self {
-        DpError::Refused { reason: reason.into(), hint: hint.into() }
+    /// A stable identifier of the error's kind, for programs (the JSON output's `code`): a refusal's own code
+    /// ([`Refusal::code`]), or the kind of error.
+    pub fn code(&self) -> &'static str {
+        match self {
+            DpError::Refused(r) => r.code(),
+            DpError::OverBudget { .. } => "over_budget",
+            DpError::InvalidParameter { .. } => "invalid_parameter",
+            DpError::Config(_) => "config_error",
+            DpError::Ledger(_) => "ledger_error",
+            DpError::Randomness(_) => "randomness_error",
+            DpError::Engine(_) => "engine_error",
+            DpError::Internal(_) => "internal_error",
+            DpError::PrivateExecution { .. } => "private_execution_failed",
+            DpError::PostProcessing(_) => "post_processing_failed",
+            DpError::Io { .. } => "io_error",
+        }
+    }
+
+    /// Whether nothing was spent and the statement was not answered for a reason the analyst can change: a
+    /// refusal or a query over the budget.
+    pub fn is_refusal(&self) -> bool {
+        matches!(self, DpError::Refused(_) | DpError::OverBudget { .. })
     }
 }
 
-/// A DataFusion error outside the private part of a plan, as [`DpError::Engine`] (backtrace stripped).
+impl From<Refusal> for DpError {
+    fn from(r: Refusal) -> Self {
+        DpError::Refused(r)
+    }
+}
+
+/// A DataFusion error outside the private part of a plan, as [`DpError::Engine`].
 pub(crate) fn engine(e: datafusion::error::DataFusionError) -> DpError {
-    DpError::Engine(e.strip_backtrace())
+    DpError::Engine(e)
 }
 
 /// A budget figure for messages: 10 significant digits, trailing zeros dropped (the exact values are in the

@@ -28,6 +28,7 @@ use crate::noise::accuracy;
 use crate::noise::gaussian::DiscreteGaussian;
 use crate::plan::bound;
 use crate::policy::DomainValue;
+use crate::refusal::Refusal;
 use crate::release::BudgetStatus;
 use crate::session::DpSession;
 use datafusion::arrow::array::{ArrayRef, AsArray, BooleanArray, Float64Array, Int64Array, RecordBatch, StringArray};
@@ -160,7 +161,7 @@ impl MarginalRelease {
             Arc::new(Float64Array::from(count)),
             Arc::new(Float64Array::from(freq)),
         ];
-        RecordBatch::try_new(schema, arrays).map_err(|e| DpError::Engine(e.to_string()))
+        RecordBatch::try_new(schema, arrays).map_err(|e| DpError::Internal(e.to_string()))
     }
 }
 
@@ -184,7 +185,7 @@ pub fn plan(
         MarginalBudget::TargetStd(s) => calibrate::gaussian_for_sigma(l2, s)?,
     };
     let NoiseParams::Gaussian { sigma_sq } = cal.params() else {
-        return Err(DpError::Engine("marginals use the Gaussian mechanism".into()));
+        return Err(DpError::Internal("marginals use the Gaussian mechanism".into()));
     };
     let per_cell = confidence.powf(1.0 / cells as f64);
     let per_cell = if per_cell < 1.0 { per_cell } else { 1.0 - f64::EPSILON };
@@ -249,7 +250,7 @@ impl Lookup {
     fn indices(&self, a: &ArrayRef) -> Result<Vec<Option<usize>>> {
         let safe = datafusion::arrow::compute::CastOptions { safe: true, ..Default::default() };
         let cast = |dt: &DataType| {
-            datafusion::arrow::compute::cast_with_options(a, dt, &safe).map_err(|e| DpError::Engine(e.to_string()))
+            datafusion::arrow::compute::cast_with_options(a, dt, &safe).map_err(|e| DpError::Internal(e.to_string()))
         };
         Ok(match self {
             Lookup::Range { min, idx } => {
@@ -309,16 +310,15 @@ impl DpSession {
     /// discrete Gaussian noise on every cell, computed in a single pass over the data. See the module docs for
     /// the privacy claim.
     pub async fn marginals(&self, table: &str, columns: &[String], spec: &MarginalSpec) -> Result<MarginalRelease> {
-        let policy = self.policies.get(table).cloned().ok_or_else(|| {
-            DpError::refused(format!("no private table `{table}`"), "see \\tables for the tables of this session")
-        })?;
+        let policy = self
+            .policies
+            .get(table)
+            .cloned()
+            .ok_or_else(|| DpError::Refused(Refusal::NoTable { table: table.to_string() }))?;
         let mut domains = Vec::new();
         for c in columns {
             let d = policy.domain(c).ok_or_else(|| {
-                DpError::refused(
-                    format!("column `{c}` has no public domain, so its histogram's cells would depend on the data"),
-                    format!("add `domain = [...]` for column {c} in [tables.{table}.columns] (for 0/1 columns: domain = [0, 1])"),
-                )
+                DpError::Refused(Refusal::MarginalNoDomain { table: table.to_string(), column: c.clone() })
             })?;
             domains.push(d.to_vec());
         }
@@ -338,13 +338,10 @@ impl DpSession {
             .policies
             .get(table)
             .cloned()
-            .ok_or_else(|| DpError::refused(format!("no private table `{table}`"), "see \\tables"))?;
+            .ok_or_else(|| DpError::Refused(Refusal::NoTable { table: table.to_string() }))?;
         let need = |c: &str| {
             policy.domain(c).map(|d| d.to_vec()).ok_or_else(|| {
-                DpError::refused(
-                    format!("column `{c}` has no public domain"),
-                    format!("add `domain = [...]` for column {c} in [tables.{table}.columns]"),
-                )
+                DpError::Refused(Refusal::MarginalNoDomain { table: table.to_string(), column: c.to_string() })
             })
         };
         let attrs = need(attribute_column)?;

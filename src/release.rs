@@ -147,15 +147,15 @@ impl Release {
             session_epsilon: self.session_epsilon,
             budget: self.budget,
         };
-        let head = serde_json::to_vec(&meta).map_err(|e| crate::DpError::Engine(e.to_string()))?;
+        let head = serde_json::to_vec(&meta).map_err(|e| crate::DpError::Internal(e.to_string()))?;
         let mut out = (head.len() as u64).to_le_bytes().to_vec();
         out.extend_from_slice(&head);
         let mut w = datafusion::arrow::ipc::writer::StreamWriter::try_new(&mut out, &self.schema)
-            .map_err(|e| crate::DpError::Engine(e.to_string()))?;
+            .map_err(|e| crate::DpError::Internal(e.to_string()))?;
         for b in &self.batches {
-            w.write(b).map_err(|e| crate::DpError::Engine(e.to_string()))?;
+            w.write(b).map_err(|e| crate::DpError::Internal(e.to_string()))?;
         }
-        w.finish().map_err(|e| crate::DpError::Engine(e.to_string()))?;
+        w.finish().map_err(|e| crate::DpError::Internal(e.to_string()))?;
         drop(w);
         Ok(out)
     }

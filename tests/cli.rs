@@ -79,6 +79,7 @@ fn refusals_exit_non_zero_with_the_error_on_stderr_and_in_json() {
     assert_eq!(o.status.code(), Some(1));
     let v: Value = serde_json::from_slice(&o.stdout).expect("json");
     assert_eq!(v["status"], "refused");
+    assert_eq!(v["code"], "no_domain", "a stable code for programs");
     assert!(v["error"].as_str().unwrap().contains("no public domain"));
     assert!(v["hint"].as_str().unwrap().contains("domain"));
     // A configuration that does not exist: exit 2 and a clear message.

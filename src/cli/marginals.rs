@@ -1,8 +1,8 @@
 //! `dpfusion marginals`: all one-way marginals of a table in one release, or the plan of one (`--plan`).
 
-use dpfusion::DpError;
 use dpfusion::marginals::{MarginalBudget, MarginalPlan, MarginalRelease, MarginalSpec};
 use dpfusion::session::DpSession;
+use dpfusion::{DpError, Refusal};
 use std::path::{Path, PathBuf};
 
 /// Output format of a marginal release.
@@ -64,17 +64,12 @@ pub struct MarginalArgs {
 }
 
 fn columns_of(s: &DpSession, a: &MarginalArgs) -> Result<Vec<String>, DpError> {
-    let policy = s
-        .tables()
-        .get(&a.table)
-        .ok_or_else(|| DpError::refused(format!("no private table `{}`", a.table), "see \\tables"))?;
+    let policy =
+        s.tables().get(&a.table).ok_or_else(|| DpError::Refused(Refusal::NoTable { table: a.table.clone() }))?;
     if a.all {
         let cols: Vec<String> = policy.columns.keys().filter(|c| policy.domain(c).is_some()).cloned().collect();
         if cols.is_empty() {
-            return Err(DpError::refused(
-                format!("table {} has no column with a public domain", a.table),
-                "declare `domain = [...]` for the columns to release",
-            ));
+            return Err(DpError::Refused(Refusal::NoDomainColumns { table: a.table.clone() }));
         }
         return Ok(cols);
     }
@@ -184,14 +179,14 @@ pub(crate) fn create(p: &Path, force: bool) -> Result<std::fs::File, DpError> {
 fn write_release(r: &MarginalRelease, format: MarginalFormat, out: Option<&Path>, force: bool) -> Result<(), DpError> {
     let batch = r.to_record_batch()?;
     let bytes: Vec<u8> = match format {
-        MarginalFormat::Json => serde_json::to_vec_pretty(r).map_err(|e| DpError::Engine(e.to_string()))?,
+        MarginalFormat::Json => serde_json::to_vec_pretty(r).map_err(|e| DpError::Internal(e.to_string()))?,
         MarginalFormat::Csv => {
             let mut buf = Vec::new();
             datafusion::arrow::csv::WriterBuilder::new()
                 .with_header(true)
                 .build(&mut buf)
                 .write(&batch)
-                .map_err(|e| DpError::Engine(e.to_string()))?;
+                .map_err(|e| DpError::Internal(e.to_string()))?;
             buf
         }
         MarginalFormat::Parquet => {

@@ -45,13 +45,13 @@ pub fn echo(sql: &str) -> String {
 /// The JSON object of a refused or failed statement.
 pub fn error_json(sql: &str, e: &DpError) -> Value {
     let (status, error, hint) = match e {
-        DpError::Refused { reason, hint } => ("refused", reason.clone(), hint.clone()),
+        DpError::Refused(r) => ("refused", r.to_string(), r.hint()),
         DpError::OverBudget { .. } => {
             ("refused", e.to_string(), "ask for less ρ (SET dp.rho) or a larger budget".into())
         }
         other => ("error", other.to_string(), String::new()),
     };
-    json!({"status": status, "sql": echo(sql), "error": error, "hint": hint})
+    json!({"status": status, "code": e.code(), "sql": echo(sql), "error": error, "hint": hint})
 }
 
 fn explain_json(e: &Explanation) -> Value {

@@ -146,7 +146,7 @@ impl Shell {
             .session
             .tables()
             .get(table)
-            .ok_or_else(|| DpError::refused(format!("no table `{table}`"), "see \\tables"))?;
+            .ok_or_else(|| DpError::Refused(dpfusion::Refusal::NoTable { table: table.to_string() }))?;
         let schema = self.session.table_schema(table).await?;
         println!("table {table}");
         match &policy.privacy_unit {
@@ -244,7 +244,7 @@ pub async fn run(session: DpSession, config: &Path) -> Result<bool, DpError> {
         }
     }
     let mut rl: Editor<DpHelper, rustyline::history::DefaultHistory> =
-        Editor::new().map_err(|e| DpError::Engine(format!("cannot start the line editor: {e}")))?;
+        Editor::new().map_err(|e| DpError::Config(format!("cannot start the line editor: {e}")))?;
     rl.set_helper(Some(DpHelper { words }));
     let hist = history_path();
     if let Some(h) = &hist {

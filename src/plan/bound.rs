@@ -22,6 +22,7 @@ use crate::plan::clip::Clip as ClipFn;
 use crate::plan::exact_sum::BoundedSum;
 use crate::plan::pick::{self, Pick};
 use crate::policy::DomainValue;
+use crate::refusal::Refusal;
 use datafusion::arrow::datatypes::DataType;
 use datafusion::common::tree_node::{Transformed, TreeNode};
 use datafusion::common::{Column, DFSchema, ScalarValue};
@@ -119,7 +120,7 @@ pub fn domain_filter(input: LogicalPlan, keys: &[(Column, Vec<ScalarValue>)]) ->
             None => Expr::Column(c.clone()).in_list(dom.iter().cloned().map(lit).collect(), false),
         })
         .reduce(Expr::and)
-        .ok_or_else(|| DpError::Engine("no domain predicate".into()))?;
+        .ok_or_else(|| DpError::Internal("no domain predicate".into()))?;
     LogicalPlanBuilder::from(input).filter(pred).and_then(|b| b.build()).map_err(engine)
 }
 
@@ -258,10 +259,7 @@ pub fn bounded_value(value: Expr, schema: &DFSchema, lo: f64, hi: f64, column: &
     if dt.is_integer() && dt != DataType::UInt64 {
         let (ilo, ihi) = (lo.ceil(), hi.floor());
         if ilo > ihi {
-            return Err(DpError::refused(
-                format!("bounds [{lo}, {hi}] of integer column `{column}` contain no integer"),
-                format!("widen `bounds` of column {column} to include at least one integer"),
-            ));
+            return Err(DpError::Refused(Refusal::EmptyIntegerBounds { column: column.to_string(), lo, hi }));
         }
         let m = ilo.abs().max(ihi.abs());
         if grid_bits(m) >= 0 {
@@ -270,10 +268,7 @@ pub fn bounded_value(value: Expr, schema: &DFSchema, lo: f64, hi: f64, column: &
             return Ok(BoundedValue { sum, max_abs: m, scale_bits: 0, lo: ilo, hi: ihi });
         }
     } else if !dt.is_numeric() {
-        return Err(DpError::refused(
-            format!("SUM/AVG needs a numeric column, but `{column}` is {dt}"),
-            "use COUNT on non-numeric columns, or GROUP BY them if they have a public domain",
-        ));
+        return Err(DpError::Refused(Refusal::NotNumeric { column: column.to_string(), data_type: dt.to_string() }));
     }
     let m = lo.abs().max(hi.abs());
     let bits = grid_bits(m);

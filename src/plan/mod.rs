@@ -20,6 +20,7 @@ pub mod validate;
 
 use crate::error::{DpError, Result, engine};
 use crate::policy::TablePolicy;
+use crate::refusal::Refusal;
 use datafusion::arrow::datatypes::{DataType, FieldRef};
 use datafusion::common::{Column, DFSchemaRef, ScalarValue, TableReference};
 use datafusion::functions_aggregate::average::Avg;
@@ -141,8 +142,8 @@ impl DpPlan {
     }
 }
 
-fn refuse<T>(reason: impl Into<String>, hint: impl Into<String>) -> Result<T> {
-    Err(DpError::refused(reason, hint))
+fn refuse<T>(r: Refusal) -> Result<T> {
+    Err(DpError::Refused(r))
 }
 
 /// Prefix of the names dpfusion gives its own columns and tables (`__dp_unit`, `__dp_m0`, `__dp_noisy`, ...): no
@@ -159,39 +160,28 @@ pub fn compile(plan: &LogicalPlan, policy_of: &dyn Fn(&TableReference) -> Option
     let located = validate::locate(plan, &is_private)?;
     let agg = located.aggregate;
     let table = located.table;
-    let policy = policy_of(&table).ok_or_else(|| DpError::Engine(format!("no policy for {table}")))?;
+    let policy = policy_of(&table).ok_or_else(|| DpError::Internal(format!("no policy for {table}")))?;
     let input = agg.input.as_ref();
     let unit_desc = policy.privacy_unit.clone().unwrap_or_else(|| "row".into());
 
     // GROUP BY keys: bare columns with a public domain, never the privacy unit.
     if agg.group_expr.iter().any(|e| matches!(e, Expr::GroupingSet(_))) {
-        return refuse("GROUPING SETS / ROLLUP / CUBE are not supported", "GROUP BY plain columns");
+        return refuse(Refusal::GroupingSets);
     }
     let mut keys = Vec::new();
     for g in &agg.group_expr {
         let Expr::Column(c) = validate::strip_aliases(g).clone() else {
-            return refuse(
-                format!("GROUP BY `{g}` is computed, and a computed key has no public domain"),
-                "GROUP BY columns that have a `domain` in the policy",
-            );
+            return refuse(Refusal::ComputedKey { expr: g.to_string() });
         };
         let base = validate::base_column(input, &c);
         let Some(base) = base else {
-            return refuse(format!("GROUP BY `{c}` is not a table column"), "GROUP BY columns of the table");
+            return refuse(Refusal::KeyNotColumn { column: c.to_string() });
         };
         if policy.privacy_unit.as_deref() == Some(base.as_str()) {
-            return refuse(
-                format!("GROUP BY on column `{base}`, the privacy unit, would release one group per person"),
-                "group by a column with a public domain instead",
-            );
+            return refuse(Refusal::UnitAsKey { column: base });
         }
         let Some(domain) = policy.domain(&base) else {
-            return refuse(
-                format!("GROUP BY on column `{base}`, which has no public domain"),
-                format!(
-                    "add `domain = [...]` for column {base} in [tables.{table}.columns] (the values a key can take)"
-                ),
-            );
+            return refuse(Refusal::NoDomain { table: table.to_string(), column: base });
         };
         let (_, field) = input.schema().qualified_field_from_column(&c).map_err(engine)?;
         let domain =
@@ -200,10 +190,7 @@ pub fn compile(plan: &LogicalPlan, policy_of: &dyn Fn(&TableReference) -> Option
     }
     let cells = keys.iter().fold(1u64, |acc, k| acc.saturating_mul(k.domain.len() as u64));
     if cells > MAX_CELLS {
-        return refuse(
-            format!("the GROUP BY has {cells} cells (the product of the key domains), more than {MAX_CELLS}"),
-            "group by fewer columns, or columns with smaller domains",
-        );
+        return refuse(Refusal::TooManyCells { cells, max: MAX_CELLS });
     }
     let contribution = Contribution::of(&policy, (!keys.is_empty()).then_some(cells));
 
@@ -245,40 +232,29 @@ pub fn compile(plan: &LogicalPlan, policy_of: &dyn Fn(&TableReference) -> Option
     };
     for a in &agg.aggr_expr {
         let Expr::AggregateFunction(af) = validate::strip_aliases(a).clone() else {
-            return refuse(format!("`{a}` is not an aggregate dpfusion supports"), "use COUNT, SUM or AVG");
+            return refuse(Refusal::NotAnAggregate { expr: a.to_string() });
         };
         let name = af.func.name().to_uppercase();
         let p = &af.params;
         if p.distinct {
-            return refuse(
-                format!("{name}(DISTINCT ...) is not supported yet"),
-                "use COUNT(*) or COUNT(column) without DISTINCT",
-            );
+            return refuse(Refusal::DistinctAggregate { name });
         }
         if p.filter.is_some() {
-            return refuse(format!("{name}(...) FILTER (WHERE ...) is not supported"), "move the condition into WHERE");
+            return refuse(Refusal::FilteredAggregate { name });
         }
         if !p.order_by.is_empty() {
-            return refuse(
-                format!("{name}(... ORDER BY ...) is not supported"),
-                "remove the ORDER BY inside the aggregate",
-            );
+            return refuse(Refusal::OrderedAggregate { name });
         }
         let inner = af.func.inner();
-        let arg_column = |what: &str| -> Result<(Column, String)> {
+        let arg_column = |what: &'static str| -> Result<(Column, String)> {
             let [arg] = p.args.as_slice() else {
-                return refuse(format!("{what} takes one column"), format!("write {what}(column)"));
+                return refuse(Refusal::ArgumentCount { aggregate: what });
             };
             let Expr::Column(c) = validate::strip_total_casts(arg, input.schema()).clone() else {
-                return refuse(
-                    format!("{what}({arg}) aggregates a computed value, which dpfusion cannot bound"),
-                    format!(
-                        "aggregate a table column ({what}(income)); arithmetic on the result is fine ({what}(income) * 2)"
-                    ),
-                );
+                return refuse(Refusal::ComputedArgument { aggregate: what, arg: arg.to_string() });
             };
             let Some(base) = validate::base_column(input, &c) else {
-                return refuse(format!("`{c}` is not a table column"), "aggregate table columns");
+                return refuse(Refusal::ArgumentNotColumn { column: c.to_string() });
             };
             Ok((c, base))
         };
@@ -310,16 +286,10 @@ pub fn compile(plan: &LogicalPlan, policy_of: &dyn Fn(&TableReference) -> Option
             let what = if inner.is::<Sum>() { "SUM" } else { "AVG" };
             let (c, base) = arg_column(what)?;
             if unit_col(&base) {
-                return refuse(
-                    format!("{what} over the privacy unit `{base}` is meaningless"),
-                    "aggregate a value column",
-                );
+                return refuse(Refusal::UnitAggregated { aggregate: what, column: base });
             }
             let Some((lo, hi)) = policy.bounds(&base) else {
-                return refuse(
-                    format!("{what}({base}) needs bounds on column `{base}`, and the policy declares none"),
-                    format!("add `bounds = [lo, hi]` for column {base} in [tables.{table}.columns]"),
-                );
+                return refuse(Refusal::NoBounds { aggregate: what, table: table.to_string(), column: base });
             };
             let bv = bound::bounded_value(Expr::Column(c.clone()), &schema, lo, hi, &base)?;
             let bound_text = if bv.scale_bits == 0 {
@@ -348,17 +318,11 @@ pub fn compile(plan: &LogicalPlan, policy_of: &dyn Fn(&TableReference) -> Option
                 outputs.push(OutputKind::Avg { sum: si, count: ci });
             }
         } else {
-            return refuse(
-                format!("the aggregate {name} is not supported yet"),
-                "dpfusion answers COUNT, SUM and AVG; MIN, MAX, quantiles, COUNT DISTINCT and VAR come in a later release",
-            );
+            return refuse(Refusal::UnsupportedAggregate { name });
         }
     }
     if measures.is_empty() {
-        return refuse(
-            "the query has no aggregate (SELECT DISTINCT or GROUP BY alone would release keys and nothing else)",
-            "add an aggregate such as COUNT(*); the keys of a public domain are known without a query",
-        );
+        return refuse(Refusal::NoAggregate);
     }
     let private = if policy.privacy_unit.is_some() {
         for m in &measures {

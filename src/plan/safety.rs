@@ -19,6 +19,7 @@ use crate::error::{DpError, Result, engine};
 use crate::plan::clip::Clip;
 use crate::plan::exact_sum::BoundedSum;
 use crate::plan::pick::Pick;
+use crate::refusal::Refusal;
 use datafusion::arrow::array::{ArrayRef, RecordBatch, RecordBatchOptions, StringArray};
 use datafusion::arrow::datatypes::{DataType, Schema};
 use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
@@ -74,10 +75,7 @@ pub fn check_statement_size(sql: &str) -> Result<()> {
         })
         .count();
     if ops > MAX_OPERATORS {
-        return Err(DpError::refused(
-            format!("the statement has {ops} operators; at most {MAX_OPERATORS} are accepted in one statement"),
-            "shorten the expression: list values with IN (...) instead of chains of OR, or split the query",
-        ));
+        return Err(DpError::Refused(Refusal::TooManyOperators { count: ops, max: MAX_OPERATORS }));
     }
     Ok(())
 }
@@ -161,11 +159,7 @@ pub fn check_constants(plan: &LogicalPlan) -> Result<()> {
             return None;
         }
         Some(evaluate_constant(sub).map(|_| ()).map_err(|err| {
-            DpError::refused(
-                format!("the constant `{sub}` cannot be evaluated: {}", err.strip_backtrace()),
-                "fix the constant (an overflow, a division by zero, a failed cast, a too large LIKE pattern): \
-                 dpfusion evaluates every constant before the query runs",
-            )
+            DpError::Refused(Refusal::ConstantFails { constant: sub.to_string(), error: err.strip_backtrace() })
         }))
     })
 }
@@ -410,10 +404,7 @@ pub fn check_total(plan: &LogicalPlan) -> Result<()> {
                 | LogicalPlan::EmptyRelation(_)
         );
         if !ok_node {
-            failure = Some(DpError::refused(
-                format!("the optimized private plan contains {}, which dpfusion does not run", node.display()),
-                "simplify the query to one aggregate over one table with WHERE conditions",
-            ));
+            failure = Some(DpError::Refused(Refusal::UnsafeNode { node: node.display().to_string() }));
             return Ok(TreeNodeRecursion::Stop);
         }
         // Expressions are typed against the node's input (a scan's filters against the scan itself).
@@ -423,11 +414,7 @@ pub fn check_total(plan: &LogicalPlan) -> Result<()> {
         };
         node.apply_expressions(|e| {
             if let Err(what) = total(e, &schema) {
-                failure = Some(DpError::refused(
-                    format!("the query would evaluate {what} on private rows, which could fail on some of them and reveal them through the error"),
-                    "compare columns with literals (=, <, BETWEEN, IN, LIKE, IS NULL) combined with AND/OR/NOT; \
-                     casts only to wider types",
-                ));
+                failure = Some(DpError::Refused(Refusal::UnsafePlan { what }));
                 return Ok(TreeNodeRecursion::Stop);
             }
             Ok(TreeNodeRecursion::Continue)

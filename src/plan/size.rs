@@ -15,6 +15,7 @@
 
 use crate::error::{DpError, Result, engine};
 use crate::plan::safety::evaluate_constant;
+use crate::refusal::Refusal;
 use datafusion::arrow::datatypes::DataType;
 use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
 use datafusion::common::{DFSchema, ScalarValue};
@@ -144,14 +145,7 @@ pub fn value_bound(e: &Expr, schema: &DFSchema, column: &dyn Fn(usize) -> Option
 }
 
 fn too_large(what: &Expr) -> DpError {
-    DpError::refused(
-        format!(
-            "`{what}` could produce a value larger than {} MiB (or of a size dpfusion cannot bound)",
-            MAX_VALUE_BYTES >> 20
-        ),
-        "use functions whose result size follows from their inputs, with literal lengths and counts \
-         (lpad(x, 10), repeat(x, 3)); numbers and short texts are fine",
-    )
+    DpError::Refused(Refusal::ValueTooLarge { expr: what.to_string(), max_mib: MAX_VALUE_BYTES >> 20 })
 }
 
 /// Bounds every constant sub-expression of `plan` before anything evaluates it (DataFusion's optimizer included).
@@ -191,10 +185,11 @@ pub fn check_post_sizes(plan: &LogicalPlan, rows: u64, scan: &dyn Fn(usize) -> O
     for e in &exprs {
         let b = value_bound(e, &input_schema, &column).ok_or_else(|| too_large(e))?;
         if b.saturating_mul(rows) > MAX_COLUMN_BYTES {
-            return Err(DpError::refused(
-                format!("`{e}` over {rows} result rows could take more than {} MiB", MAX_COLUMN_BYTES >> 20),
-                "produce shorter values, or GROUP BY fewer cells",
-            ));
+            return Err(DpError::Refused(Refusal::ColumnTooLarge {
+                expr: e.to_string(),
+                rows,
+                max_mib: MAX_COLUMN_BYTES >> 20,
+            }));
         }
         bounds.push(b);
     }
@@ -212,10 +207,7 @@ pub fn check_post_sizes(plan: &LogicalPlan, rows: u64, scan: &dyn Fn(usize) -> O
 }
 
 fn internal(plan: &LogicalPlan) -> DpError {
-    DpError::refused(
-        format!("post-processing with {} is not supported", plan.display()),
-        "post-process the aggregate with projections, HAVING, ORDER BY, LIMIT and window functions",
-    )
+    DpError::Refused(Refusal::PostProcessingNode { node: plan.display().to_string() })
 }
 
 #[cfg(test)]

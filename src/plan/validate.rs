@@ -6,12 +6,13 @@
 //! unions and every statement that reaches outside a read-only view are refused.
 
 use crate::error::{DpError, Result, engine};
+use crate::refusal::Refusal;
 use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
 use datafusion::common::{Column, TableReference};
 use datafusion::logical_expr::{Aggregate, Expr, LogicalPlan};
 
-fn refuse<T>(reason: impl Into<String>, hint: impl Into<String>) -> Result<T> {
-    Err(DpError::refused(reason, hint))
+fn refuse<T>(r: Refusal) -> Result<T> {
+    Err(DpError::Refused(r))
 }
 
 /// Name of a plan node for messages.
@@ -39,22 +40,12 @@ fn node_name(p: &LogicalPlan) -> String {
 /// Refuses statements that are not plain queries: DDL, DML, COPY, EXPLAIN \[ANALYZE\], SET/other statements.
 pub fn check_statement_kind(plan: &LogicalPlan) -> Result<()> {
     match plan {
-        LogicalPlan::Analyze(_) => refuse(
-            "EXPLAIN ANALYZE executes the query and its metrics carry exact row counts",
-            "use `EXPLAIN DP <query>` to see the private plan, its sensitivity and its cost without touching data",
-        ),
-        LogicalPlan::Explain(_) => refuse(
-            "plain EXPLAIN is not available",
-            "use `EXPLAIN DP <query>` to see the private plan, its sensitivity and its cost",
-        ),
-        LogicalPlan::Dml(_) | LogicalPlan::Ddl(_) | LogicalPlan::Copy(_) => refuse(
-            format!("{} would reach outside the analyst's read-only view", node_name(plan)),
-            "dpfusion answers SELECT queries with aggregates; tables are declared by the data owner in the configuration file",
-        ),
-        LogicalPlan::Statement(_) => refuse(
-            "this statement is not available",
-            "only `SET dp.rho = ...`, `SET dp.mechanism = ...` and `SET dp.confidence = ...` can be set by the analyst",
-        ),
+        LogicalPlan::Analyze(_) => refuse(Refusal::ExplainAnalyze),
+        LogicalPlan::Explain(_) => refuse(Refusal::PlainExplain),
+        LogicalPlan::Dml(_) | LogicalPlan::Ddl(_) | LogicalPlan::Copy(_) => {
+            refuse(Refusal::OutsideReadOnly { what: node_name(plan) })
+        }
+        LogicalPlan::Statement(_) => refuse(Refusal::StatementNotAvailable),
         _ => Ok(()),
     }
 }
@@ -95,10 +86,7 @@ pub fn locate<'a>(plan: &'a LogicalPlan, is_private: &dyn Fn(&TableReference) ->
     })
     .map_err(engine)?;
     if sub {
-        return refuse(
-            "subqueries inside expressions (IN (SELECT ...), EXISTS, scalar subqueries) are not supported",
-            "rewrite the query as one aggregate over one table, with conditions in WHERE",
-        );
+        return refuse(Refusal::Subquery);
     }
     // Walk down the post-processing chain to the aggregate.
     let mut node = plan;
@@ -117,44 +105,27 @@ pub fn locate<'a>(plan: &'a LogicalPlan, is_private: &dyn Fn(&TableReference) ->
             | LogicalPlan::Distinct(_) => {
                 let inputs = node.inputs();
                 let [only] = inputs.as_slice() else {
-                    return refuse("unexpected plan shape", "write one aggregate query over one table");
+                    return refuse(Refusal::UnexpectedShape);
                 };
                 node = only;
             }
             LogicalPlan::TableScan(scan) => {
-                return if is_private(&scan.table_name) {
-                    refuse(
-                        format!(
-                            "the query returns rows of the private table `{}` without aggregating them",
-                            scan.table_name
-                        ),
-                        "ask for aggregates instead, e.g. `SELECT COUNT(*) ...` or `SELECT sex, AVG(income) ... GROUP BY sex`",
-                    )
+                let table = scan.table_name.to_string();
+                return refuse(if is_private(&scan.table_name) {
+                    Refusal::RawRows { table }
                 } else {
-                    refuse(
-                        format!("`{}` is not a private table of this session", scan.table_name),
-                        "query one of the tables listed by the configuration (\\tables in the REPL)",
-                    )
-                };
+                    Refusal::NotPrivateTable { table }
+                });
             }
             LogicalPlan::EmptyRelation(_) | LogicalPlan::Values(_) => {
-                return refuse(
-                    "the query reads no private table",
-                    "dpfusion answers aggregate queries over the private tables of the configuration",
-                );
+                return refuse(Refusal::NoPrivateTable);
             }
             LogicalPlan::Join(_) | LogicalPlan::Union(_) => {
-                return refuse(
-                    format!("{} of query results is not supported", node_name(node)),
-                    "ask one aggregate query over one private table at a time",
-                );
+                return refuse(Refusal::CombinedResults { what: node_name(node) });
             }
             other => {
                 check_statement_kind(other)?;
-                return refuse(
-                    format!("{} is not supported", node_name(other)),
-                    "write one aggregate query (COUNT, SUM, AVG, optionally GROUP BY) over one private table",
-                );
+                return refuse(Refusal::UnsupportedNode { what: node_name(other) });
             }
         }
     }
@@ -164,10 +135,7 @@ pub fn locate<'a>(plan: &'a LogicalPlan, is_private: &dyn Fn(&TableReference) ->
 fn check_private_input(input: &LogicalPlan, is_private: &dyn Fn(&TableReference) -> bool) -> Result<TableReference> {
     let nested = input.exists(|n| Ok(matches!(n, LogicalPlan::Aggregate(_)))).map_err(engine)?;
     if nested {
-        return refuse(
-            "aggregates of aggregates (a GROUP BY inside a subquery) are not supported",
-            "ask one level of aggregation; post-process its noisy result instead",
-        );
+        return refuse(Refusal::NestedAggregate);
     }
     let mut node = input;
     loop {
@@ -180,43 +148,25 @@ fn check_private_input(input: &LogicalPlan, is_private: &dyn Fn(&TableReference)
             LogicalPlan::Projection(p) => {
                 for e in &p.expr {
                     if !matches!(strip_aliases(e), Expr::Column(_)) {
-                        return refuse(
-                            format!(
-                                "the subquery computes `{e}` row by row, and dpfusion cannot bound computed values"
-                            ),
-                            "aggregate table columns directly (SUM(income), not SUM(income * 2)); arithmetic on the \
-                             aggregates themselves is fine (SUM(income) * 2)",
-                        );
+                        return refuse(Refusal::ComputedBeforeAggregate { expr: e.to_string() });
                     }
                 }
                 node = &p.input;
             }
             LogicalPlan::TableScan(scan) => {
                 if !is_private(&scan.table_name) {
-                    return refuse(
-                        format!("`{}` is not a private table of this session", scan.table_name),
-                        "query one of the tables listed by the configuration",
-                    );
+                    return refuse(Refusal::NotPrivateTable { table: scan.table_name.to_string() });
                 }
                 return Ok(scan.table_name.clone());
             }
             LogicalPlan::Join(_) => {
-                return refuse(
-                    "joins are not supported (a join can multiply one unit's rows and break its contribution bound)",
-                    "query one private table at a time",
-                );
+                return refuse(Refusal::Join);
             }
             LogicalPlan::Aggregate(_) => {
-                return refuse(
-                    "aggregates of aggregates (nested GROUP BY) are not supported",
-                    "ask one level of aggregation; post-process its noisy result instead",
-                );
+                return refuse(Refusal::NestedAggregate);
             }
             other => {
-                return refuse(
-                    format!("{} before the aggregation is not supported", node_name(other)),
-                    "keep only WHERE conditions between the table and the aggregate",
-                );
+                return refuse(Refusal::BeforeAggregate { what: node_name(other) });
             }
         }
     }
@@ -280,11 +230,5 @@ pub fn base_column(plan: &LogicalPlan, col: &Column) -> Option<String> {
 /// fail (to wider types), arithmetic and unary minus on floats. Everything else is refused. The optimized plan is
 /// checked again by [`crate::plan::safety::check_total`].
 pub fn check_predicate(e: &Expr, schema: &datafusion::common::DFSchema) -> Result<()> {
-    crate::plan::safety::total(e, schema).or_else(|what| {
-        refuse(
-            format!("the WHERE condition uses {what}, which could fail on some rows and reveal them through the error"),
-            "use comparisons of columns with literals, AND/OR/NOT, IN, BETWEEN, LIKE and IS NULL; casts only to wider \
-             types",
-        )
-    })
+    crate::plan::safety::total(e, schema).or_else(|what| refuse(Refusal::UnsafeCondition { what }))
 }

@@ -18,6 +18,7 @@ use crate::noise::gaussian::DiscreteGaussian;
 use crate::noise::laplace::DiscreteLaplace;
 use crate::noise::{Mechanism, NoiseParams};
 use crate::plan::{DpPlan, OutputKind};
+use crate::refusal::Refusal;
 use crate::release::{Accuracy, ColumnAccuracy, Parts, Release};
 use crate::session::DpSession;
 use crate::session::post::{PostFailure, domain_product, noisy_batch, unit_of};
@@ -84,10 +85,7 @@ enum Next {
 }
 
 fn another_query(id: &str, charge: &Charge) -> DpError {
-    DpError::refused(
-        format!("request id `{id}` was used for another query (charge #{})", charge.id()),
-        "use a new request id for a new query",
-    )
+    DpError::Refused(Refusal::RequestIdReused { id: id.to_string(), charge: charge.id() })
 }
 
 impl DpSession {
@@ -188,13 +186,9 @@ fn resume(id: &str, sql: &str, dp: &DpPlan, prior: Prior) -> Result<Next> {
         Prior::None => Err(DpError::Ledger(format!("request id `{id}` was claimed but has no charge"))),
         Prior::Released(c, bytes) => stored_release(id, sql, c, &bytes).map(|r| Next::Done(Box::new(r))),
         Prior::Drawn(c, _) | Prior::Charged(c) if c.label() != sql => Err(another_query(id, &c)),
-        Prior::Drawn(_, bytes) if bytes.is_empty() => Err(DpError::refused(
-            format!(
-                "request id `{id}` was charged by an earlier dpfusion that did not keep its noisy values, and it \
-                     was never answered; answering it now would need a second draw of noise"
-            ),
-            "use a new request id (a new charge)",
-        )),
+        Prior::Drawn(_, bytes) if bytes.is_empty() => {
+            Err(DpError::Refused(Refusal::RequestIdLost { id: id.to_string() }))
+        }
         Prior::Drawn(c, bytes) => {
             let draw = Draw::from_bytes(&bytes)?;
             if draw.fingerprint != dp.fingerprint() {
@@ -243,7 +237,7 @@ impl DpSession {
             })
             .collect::<Result<Vec<_>>>()?;
         if samplers.len() != dp.measures.len() {
-            return Err(DpError::Engine("the charge does not have one calibration per measurement".into()));
+            return Err(DpError::Internal("the charge does not have one calibration per measurement".into()));
         }
         let mut rng = self.lock_rng()?;
         let zero = vec![0; dp.measures.len()];
@@ -279,13 +273,7 @@ impl DpSession {
 }
 
 fn policy_changed(id: &str) -> DpError {
-    DpError::refused(
-        format!(
-            "request id `{id}` was charged for this query under another policy (its cells or sensitivities differ \
-             now); its noisy values cannot be reused, and new noise would be a second draw"
-        ),
-        "use a new request id (a new charge)",
-    )
+    DpError::Refused(Refusal::PolicyChanged { id: id.to_string() })
 }
 
 /// Standard deviation and CI half-width (grid units) of a calibrated mechanism.
@@ -329,7 +317,7 @@ fn exact_integer(a: &dyn Array, row: usize) -> Result<i128> {
     if let Some(x) = a.as_any().downcast_ref::<Decimal128Array>() {
         return Ok(x.value(row));
     }
-    Err(DpError::Engine(format!("unexpected aggregate type {}", a.data_type())))
+    Err(DpError::Internal(format!("unexpected aggregate type {}", a.data_type())))
 }
 
 /// Accuracy of each output column: public keys, noisy measurements passed through, or derived values.

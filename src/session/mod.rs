@@ -35,6 +35,7 @@ use crate::noise::NoiseRng;
 use crate::noise::{Mechanism, NoiseParams};
 use crate::owner_log::OwnerLog;
 use crate::policy::TablePolicy;
+use crate::refusal::Refusal;
 use crate::release::{BudgetStatus, Release};
 use datafusion::arrow::array::RecordBatch;
 use datafusion::arrow::datatypes::Schema;
@@ -185,7 +186,9 @@ pub struct DpSession {
 impl DpSession {
     /// The session's CSPRNG (noise, and the marginal release's choice of rows).
     pub(crate) fn lock_rng(&self) -> Result<std::sync::MutexGuard<'_, NoiseRng>> {
-        self.rng.lock().map_err(|_| DpError::Engine("the random generator is unavailable".into()))
+        self.rng.lock().map_err(|_| {
+            DpError::Internal("the random generator is unavailable after a crash in another thread".into())
+        })
     }
 
     /// **Tests only: makes every later noise draw of this session predictable.** Replaces the session's CSPRNG
@@ -302,7 +305,7 @@ impl DpSession {
             .ctx
             .table_provider(name)
             .await
-            .map_err(|_| DpError::refused(format!("no table `{name}`"), "see \\tables"))?;
+            .map_err(|_| DpError::Refused(Refusal::NoTable { table: name.to_string() }))?;
         Ok(p.schema())
     }
 
@@ -347,7 +350,7 @@ impl DpSession {
         if let Some(id) = request_id
             && id.trim().is_empty()
         {
-            return Err(DpError::refused("the request id is empty", "give a non-empty id (e.g. job-2026-11-23-1)"));
+            return Err(DpError::Refused(Refusal::EmptyRequestId));
         }
         match statement::classify(sql)? {
             Statement::Explain(q) => Ok(Response::Explain(Box::new(self.explain(q).await?))),

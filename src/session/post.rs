@@ -16,6 +16,7 @@
 
 use crate::error::{DpError, Result, engine};
 use crate::plan::{DpPlan, MeasureKind, OutputKind, size};
+use crate::refusal::Refusal;
 use crate::session::DpSession;
 use datafusion::arrow::array::{ArrayRef, RecordBatch};
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
@@ -74,7 +75,7 @@ pub(crate) fn noisy_batch(dp: &DpPlan, keys: Vec<Vec<ScalarValue>>, values: &[Ve
         let noisy: Vec<NoisyValue> =
             dp.measures.iter().zip(cell).map(|(m, v)| NoisyValue { grid: *v, unit: unit_of(&m.kind) }).collect();
         if noisy.len() != dp.measures.len() {
-            return Err(DpError::Engine("a noisy cell does not have one value per measurement".into()));
+            return Err(DpError::Internal("a noisy cell does not have one value per measurement".into()));
         }
         for (k, v) in key.into_iter().enumerate() {
             key_cols[k].push(v);
@@ -108,7 +109,7 @@ pub(crate) fn noisy_batch(dp: &DpPlan, keys: Vec<Vec<ScalarValue>>, values: &[Ve
         arrays.push(scalars_to_array(vals, &dt)?);
         schema_fields.push(Field::new(format!("c{}", dp.keys.len() + j), dt, true));
     }
-    RecordBatch::try_new(Arc::new(Schema::new(schema_fields)), arrays).map_err(|e| DpError::Engine(e.to_string()))
+    RecordBatch::try_new(Arc::new(Schema::new(schema_fields)), arrays).map_err(|e| DpError::Internal(e.to_string()))
 }
 
 fn scalars_to_array(vals: Vec<ScalarValue>, dt: &DataType) -> Result<ArrayRef> {
@@ -177,7 +178,7 @@ pub(crate) fn post_plan(dp: &DpPlan, noisy: RecordBatch) -> Result<LogicalPlan> 
         .map_err(engine)?
         .data;
     if !replaced {
-        return Err(DpError::Engine("aggregate not found for post-processing".into()));
+        return Err(DpError::Internal("aggregate not found for post-processing".into()));
     }
     Ok(out)
 }
@@ -225,13 +226,9 @@ impl DpSession {
                 Err(PostFailure::Running(e)) => failure = failure.or(Some(e)),
             }
         }
-        Err(DpError::refused(
-            format!(
-                "the computation on the aggregates fails whatever their noisy values: {}",
-                failure.map(|e| e.strip_backtrace()).unwrap_or_default()
-            ),
-            "fix the expressions above the aggregates (a division by zero, a cast that cannot succeed, ...)",
-        ))
+        Err(DpError::Refused(Refusal::PostProcessingFails {
+            message: failure.map(|e| e.strip_backtrace()).unwrap_or_default(),
+        }))
     }
 }
 
@@ -268,8 +265,5 @@ fn cannot_fail(plan: &LogicalPlan) -> bool {
 }
 
 fn post_planning(e: datafusion::error::DataFusionError) -> DpError {
-    DpError::refused(
-        format!("the computation on the aggregates cannot be planned: {}", e.strip_backtrace()),
-        "fix the expressions, HAVING, ORDER BY or LIMIT above the aggregates",
-    )
+    DpError::Refused(Refusal::PostProcessingPlan { message: e.strip_backtrace() })
 }

@@ -22,6 +22,7 @@ use crate::error::{DpError, Result};
 use crate::noise::Mechanism;
 use crate::plan::{self, DpPlan, RESERVED_PREFIX, safety, size};
 use crate::policy::TablePolicy;
+use crate::refusal::Refusal;
 use crate::session::DpSession;
 use datafusion::common::TableReference;
 use datafusion::common::tree_node::TreeNodeRecursion;
@@ -63,17 +64,23 @@ pub(crate) fn grow_stack<F: Future>(f: F) -> impl Future<Output = F::Output> {
     GrowStack(Box::pin(f))
 }
 
-/// Maps a DataFusion planning error (unknown table or column, syntax) to a refusal with a hint.
+/// A DataFusion error while the query is parsed or planned, as the refusal it is (by the error's kind, not its
+/// text): a syntax error, an unknown name, or another planning error.
 fn planning_error(e: datafusion::error::DataFusionError) -> DpError {
-    let msg = e.strip_backtrace();
-    let hint = if msg.contains("not found") || msg.contains("No field named") {
-        "check table and column names (\\tables and \\describe in the REPL)"
-    } else if msg.contains("SQL error") || msg.contains("ParserError") {
-        "check the SQL syntax"
-    } else {
-        "rewrite the query as COUNT/SUM/AVG over one private table"
-    };
-    DpError::refused(msg, hint)
+    use datafusion::error::DataFusionError as E;
+    let message = e.strip_backtrace();
+    DpError::Refused(match e.find_root() {
+        E::SQL(..) => Refusal::Syntax { message },
+        E::SchemaError(..) => Refusal::UnknownName { message },
+        _ => Refusal::Planning { message },
+    })
+}
+
+/// Whether a parsed statement is a plain query (`SELECT ...`, `WITH ...`).
+fn is_query(s: &datafusion::sql::parser::Statement) -> bool {
+    use datafusion::sql::parser::Statement as S;
+    use datafusion::sql::sqlparser::ast::Statement as Sql;
+    matches!(s, S::Statement(inner) if matches!(**inner, Sql::Query(_)))
 }
 
 /// Refuses a query that names a column or table with dpfusion's reserved prefix (they would collide with the
@@ -93,15 +100,25 @@ fn check_reserved_names(plan: &LogicalPlan) -> Result<()> {
     })
     .map_err(crate::error::engine)?;
     match found {
-        Some(name) => Err(DpError::refused(
-            format!("the name `{name}` begins with `{RESERVED_PREFIX}`, which dpfusion reserves for its own columns"),
-            "choose another alias",
-        )),
+        Some(name) => Err(DpError::Refused(Refusal::ReservedName { name })),
         None => Ok(()),
     }
 }
 
 impl DpSession {
+    /// The policy of a private table named by a query: only bare names are registered, and a qualified name
+    /// (catalog.schema.table) must name the default catalog and schema.
+    fn private_table(&self, t: &TableReference) -> Option<TablePolicy> {
+        let ok = match t {
+            TableReference::Bare { .. } => true,
+            TableReference::Partial { schema, .. } => schema.as_ref() == "public",
+            TableReference::Full { catalog, schema, .. } => {
+                catalog.as_ref() == "datafusion" && schema.as_ref() == "public"
+            }
+        };
+        ok.then(|| self.policies.get(t.table()).cloned()).flatten()
+    }
+
     /// Plans and checks `sql` end to end (see the module docs). Spends nothing, reads no data.
     pub(crate) async fn prepare(&self, sql: &str) -> Result<Prepared> {
         safety::check_statement_size(sql)?;
@@ -110,40 +127,34 @@ impl DpSession {
 
     async fn prepare_deep(&self, sql: &str) -> Result<Prepared> {
         let state = self.ctx.state();
-        let logical = state.create_logical_plan(sql).await.map_err(planning_error)?;
+        let dialect = state.config().options().sql_parser.dialect;
+        let statement = state.sql_to_statement(sql, &dialect).map_err(planning_error)?;
+        // Every table a query names must be a private table of the session: checked before planning, so the
+        // refusal names the table rather than quoting the planner. (Other statements are refused by their kind.)
+        if is_query(&statement) {
+            for t in state.resolve_table_references(&statement).map_err(planning_error)? {
+                if self.private_table(&t).is_none() {
+                    return Err(DpError::Refused(Refusal::NotPrivateTable { table: t.to_string() }));
+                }
+            }
+        }
+        let logical = state.statement_to_plan(statement).await.map_err(planning_error)?;
         plan::validate::check_statement_kind(&logical)?;
         SQLOptions::new()
             .with_allow_ddl(false)
             .with_allow_dml(false)
             .with_allow_statements(false)
             .verify_plan(&logical)
-            .map_err(|e| DpError::refused(e.strip_backtrace(), "dpfusion answers read-only aggregate queries"))?;
+            .map_err(|e| DpError::Refused(Refusal::OutsideReadOnly { what: e.strip_backtrace() }))?;
         check_reserved_names(&logical)?;
         // The analyzer makes every implicit cast explicit: what is validated below is what runs.
-        let analyzed = state.analyzer().execute_and_check(logical, state.config_options(), |_, _| {}).map_err(|e| {
-            DpError::refused(
-                format!("the query does not type-check: {}", e.strip_backtrace()),
-                "compare values of compatible types, and use functions with the argument types they take",
-            )
-        })?;
+        let analyzed = state
+            .analyzer()
+            .execute_and_check(logical, state.config_options(), |_, _| {})
+            .map_err(|e| DpError::Refused(Refusal::TypeCheck { message: e.strip_backtrace() }))?;
         size::check_constant_sizes(&analyzed)?;
         safety::check_constants(&analyzed)?;
-        let policies = &self.policies;
-        let policy_of = |t: &TableReference| -> Option<TablePolicy> {
-            // Only bare names are registered; a qualified name (catalog.schema.table) must match the default.
-            let name = t.table();
-            match t {
-                TableReference::Bare { .. } => policies.get(name).cloned(),
-                TableReference::Partial { schema, .. } if schema.as_ref() == "public" => policies.get(name).cloned(),
-                TableReference::Full { catalog, schema, .. }
-                    if catalog.as_ref() == "datafusion" && schema.as_ref() == "public" =>
-                {
-                    policies.get(name).cloned()
-                }
-                _ => None,
-            }
-        };
-        let dp = plan::compile(&analyzed, &policy_of)?;
+        let dp = plan::compile(&analyzed, &|t| self.private_table(t))?;
         let private = state.optimize(&dp.private).map_err(|e| internal("optimized", e))?;
         // The optimizer folds what it can and keeps what fails for run time: check the plan that runs, again.
         size::check_constant_sizes(&private)?;
@@ -159,17 +170,13 @@ impl DpSession {
     pub(crate) fn calibrate(dp: &DpPlan, rho: Rho, mech: Mechanism) -> Result<Vec<Calibration>> {
         let m = dp.measures.len() as f64;
         let share = Rho::positive(rho.get() / m).map_err(|e| {
-            DpError::refused(format!("ρ = {rho} cannot be split over {m} measurements: {e}"), "raise SET dp.rho")
+            DpError::Refused(Refusal::RhoSplit { rho: rho.get(), measures: dp.measures.len(), reason: e.to_string() })
         })?;
         dp.measures
             .iter()
             .map(|ms| {
-                calibrate::calibrate(mech, ms.sensitivity.l1, ms.sensitivity.l2, share).map_err(|e| {
-                    DpError::refused(
-                        format!("{} cannot be calibrated: {e}", ms.label()),
-                        "check the column's bounds and the per-query ρ (SET dp.rho)",
-                    )
-                })
+                calibrate::calibrate(mech, ms.sensitivity.l1, ms.sensitivity.l2, share)
+                    .map_err(|e| DpError::Refused(Refusal::Calibration { measure: ms.label(), reason: e.to_string() }))
             })
             .collect()
     }
@@ -177,11 +184,8 @@ impl DpSession {
 
 /// The private plan, built by dpfusion from a validated query, failed to optimize or plan: a refusal (nothing is
 /// spent), with the engine's message, which names the plan and never a value.
-fn internal(stage: &str, e: datafusion::error::DataFusionError) -> DpError {
-    DpError::refused(
-        format!("the private plan cannot be {stage}: {}", e.strip_backtrace()),
-        "simplify the query; if it looks valid, report it as a dpfusion bug",
-    )
+fn internal(stage: &'static str, e: datafusion::error::DataFusionError) -> DpError {
+    DpError::Refused(Refusal::PrivatePlan { stage, message: e.strip_backtrace() })
 }
 
 /// A priced query: the measurements it would pay for (each calibrated), its total ρ and its (ε, δ), and the

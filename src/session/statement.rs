@@ -4,6 +4,7 @@
 use crate::accounting::Rho;
 use crate::error::{DpError, Result, engine};
 use crate::noise::Mechanism;
+use crate::refusal::Refusal;
 use crate::session::{DpSession, Response};
 use datafusion::common::config::ConfigExtension;
 use datafusion::common::extensions_options;
@@ -41,7 +42,7 @@ pub(crate) enum Statement<'a> {
 pub(crate) fn classify(sql: &str) -> Result<Statement<'_>> {
     let text = strip_leading_comments(sql).trim_end_matches(';').trim_end();
     if text.is_empty() {
-        return Err(DpError::refused("the statement is empty", "type a query such as SELECT COUNT(*) FROM <table>"));
+        return Err(DpError::Refused(Refusal::EmptyStatement));
     }
     if let Some(q) = strip_keyword(text, "EXPLAIN").and_then(|r| strip_keyword(r, "DP")) {
         return Ok(Statement::Explain(q));
@@ -166,50 +167,45 @@ impl DpSession {
                 let lower = rest.to_ascii_lowercase();
                 lower.find(" to ").map(|i| (&rest[..i], &rest[i + 4..]))
             })
-            .ok_or_else(|| DpError::refused("cannot read the SET statement", "write `SET dp.rho = 0.02`"))?;
+            .ok_or(DpError::Refused(Refusal::SetUnreadable))?;
         let name = name.trim().to_ascii_lowercase();
         let value = value.trim().trim_matches(|c| c == '\'' || c == '"').trim().to_string();
         let Some(opt) = name.strip_prefix("dp.") else {
-            return Err(DpError::refused(
-                format!("`SET {name}` is not available to the analyst"),
-                "only dp.rho, dp.mechanism and dp.confidence can be set; the budget, policy and engine settings come from the configuration file",
-            ));
+            return Err(DpError::Refused(Refusal::SetNotAvailable { name }));
         };
         let normalized = match opt {
             "rho" => {
-                let r: f64 = value.parse().map_err(|_| {
-                    DpError::refused(format!("dp.rho = {value} is not a number"), "write e.g. SET dp.rho = 0.02")
-                })?;
-                let r = Rho::positive(r).map_err(|e| DpError::refused(e.to_string(), "give a ρ > 0"))?;
+                let bad = |reason: String| {
+                    DpError::Refused(Refusal::BadOptionValue { option: "rho", value: value.clone(), reason })
+                };
+                let r: f64 = value.parse().map_err(|_| bad("not a number".into()))?;
+                let r = Rho::positive(r).map_err(|e| bad(e.to_string()))?;
                 let total = self.ledger.status()?.0;
                 if r.get() > total.get() {
-                    return Err(DpError::refused(
-                        format!("dp.rho = {r} exceeds the session's total budget {total}"),
-                        "choose a per-query ρ no larger than the total (\\budget shows what remains)",
-                    ));
+                    return Err(DpError::Refused(Refusal::RhoOverTotal { rho: r.get(), total: total.get() }));
                 }
                 short_number(r.get())
             }
             "mechanism" => value
                 .parse::<Mechanism>()
-                .map_err(|e| DpError::refused(e.to_string(), "SET dp.mechanism = 'gaussian' or 'laplace'"))?
+                .map_err(|e| {
+                    DpError::Refused(Refusal::BadOptionValue {
+                        option: "mechanism",
+                        value: value.clone(),
+                        reason: e.to_string(),
+                    })
+                })?
                 .to_string(),
             "confidence" => {
-                let c: f64 = value.parse().map_err(|_| {
-                    DpError::refused(
-                        format!("dp.confidence = {value} is not a number"),
-                        "write e.g. SET dp.confidence = 0.9",
-                    )
-                })?;
-                crate::noise::accuracy::check_confidence(c)
-                    .map_err(|e| DpError::refused(e.to_string(), "give a level strictly between 0 and 1"))?;
+                let bad = |reason: String| {
+                    DpError::Refused(Refusal::BadOptionValue { option: "confidence", value: value.clone(), reason })
+                };
+                let c: f64 = value.parse().map_err(|_| bad("not a number".into()))?;
+                crate::noise::accuracy::check_confidence(c).map_err(|e| bad(e.to_string()))?;
                 short_number(c)
             }
             other => {
-                return Err(DpError::refused(
-                    format!("there is no option dp.{other}"),
-                    "the options are dp.rho, dp.mechanism and dp.confidence",
-                ));
+                return Err(DpError::Refused(Refusal::NoSuchOption { name: other.to_string() }));
             }
         };
         let state = self.ctx.state_ref();
