@@ -38,15 +38,20 @@ pub const UNIT: &str = "__dp_unit";
 
 /// Inserts `unit AS __dp_unit` right above the scan and carries it through every projection of the input chain.
 pub fn carry_unit(input: LogicalPlan, unit: &str) -> Result<LogicalPlan> {
+    let scans_unit = input
+        .exists(|n| {
+            Ok(matches!(n, LogicalPlan::TableScan(_))
+                && n.schema().qualified_field_with_unqualified_name(unit).is_ok())
+        })
+        .map_err(engine)?;
+    if !scans_unit {
+        return Err(DpError::Config(format!("the privacy-unit column `{unit}` is missing from the table")));
+    }
     input
         .transform_up(|node| match node {
             LogicalPlan::TableScan(_) => {
                 let schema = node.schema().clone();
-                let (q, f) = schema.qualified_field_with_unqualified_name(unit).map_err(|_| {
-                    datafusion::error::DataFusionError::Plan(format!(
-                        "the privacy-unit column `{unit}` is missing from the table"
-                    ))
-                })?;
+                let (q, f) = schema.qualified_field_with_unqualified_name(unit)?;
                 let mut exprs: Vec<Expr> = schema.columns().into_iter().map(Expr::Column).collect();
                 exprs.push(Expr::Column(Column::new(q.cloned(), f.name())).alias(UNIT));
                 let p = Projection::try_new(exprs, Arc::new(node))?;
@@ -61,10 +66,7 @@ pub fn carry_unit(input: LogicalPlan, unit: &str) -> Result<LogicalPlan> {
             other => Ok(Transformed::yes(other.recompute_schema()?)),
         })
         .map(|t| t.data)
-        .map_err(|e| match e {
-            datafusion::error::DataFusionError::Plan(m) => DpError::Config(m),
-            other => engine(other),
-        })
+        .map_err(engine)
 }
 
 /// A domain value as a literal of the key column's type.
