@@ -8,13 +8,18 @@ use datafusion::common::ScalarValue;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-/// How accurate one output column is.
+/// How accurate one output column is: every released number says how far off it may be, or why it cannot.
+///
+/// The intervals concern the noise: the released value and the exact answer **of the bounded query** (values
+/// clamped, each unit's contribution clipped) differ by at most the half-width with probability at least the
+/// confidence.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum Accuracy {
-    /// Exact and public: GROUP BY keys, taken from the declared domain, never from the data.
+    /// Exact and public: GROUP BY keys, taken from the declared domain, never from the data, and anything
+    /// computed from keys and constants alone.
     Public,
-    /// Directly one noisy measurement.
+    /// One noisy measurement, possibly scaled and shifted (`COUNT(*) * 2 + 1`): its interval scaled, exactly.
     Noisy {
         /// Mechanism used.
         mechanism: Mechanism,
@@ -28,9 +33,64 @@ pub enum Accuracy {
         /// Confidence level of the interval.
         confidence: f64,
     },
-    /// Computed from noisy measurements after noise (AVG = SUM/COUNT, arithmetic): post-processing, which costs
-    /// no budget; no closed-form interval is reported.
-    Derived,
+    /// A linear combination of several noisy measurements (`SUM(a) + SUM(b)`): the sum of their intervals, each at
+    /// level 1 − (1 − `confidence`)/`measurements` (a union bound: conservative, never too narrow).
+    Combined {
+        /// Half-width of the interval.
+        ci_half_width: f64,
+        /// Confidence level of the interval.
+        confidence: f64,
+        /// How many noisy measurements the column combines.
+        measurements: usize,
+    },
+    /// A ratio of noisy measurements (AVG, possibly scaled and shifted): one interval per row, from the intervals
+    /// of the noisy SUM and COUNT at level √`confidence` each (their noise is independent).
+    PerRow {
+        /// Confidence level of each row's interval.
+        confidence: f64,
+        /// Per row of the result, in order: the interval `[low, high]`.
+        intervals: Vec<[f64; 2]>,
+    },
+    /// No interval can be stated; the reason says why (a non-linear function of noisy values, say).
+    NoInterval {
+        /// Why.
+        reason: String,
+    },
+}
+
+/// Rows of per-row intervals the table output prints before it abbreviates (the JSON output has them all).
+const ROWS_SHOWN: usize = 8;
+
+impl ColumnAccuracy {
+    /// One line saying how far off the column's values may be, or `None` for a public column.
+    pub fn describe(&self) -> Option<String> {
+        let pct = |c: f64| format!("{}%", fmt_num(c * 100.0));
+        Some(match &self.accuracy {
+            Accuracy::Public => return None,
+            Accuracy::Noisy { mechanism, ci_half_width, confidence, std, .. } => format!(
+                "± {} at {} ({}, std {:.4})",
+                fmt_num(*ci_half_width),
+                pct(*confidence),
+                mechanism.report_name(),
+                std
+            ),
+            Accuracy::Combined { ci_half_width, confidence, measurements } => format!(
+                "± {} at {} (sum of {measurements} noisy measurements' intervals, union bound)",
+                fmt_num(*ci_half_width),
+                pct(*confidence)
+            ),
+            Accuracy::PerRow { confidence, intervals } => {
+                let shown: Vec<String> = intervals
+                    .iter()
+                    .take(ROWS_SHOWN)
+                    .map(|[lo, hi]| format!("[{}, {}]", fmt_num(*lo), fmt_num(*hi)))
+                    .collect();
+                let more = if intervals.len() > ROWS_SHOWN { ", …" } else { "" };
+                format!("per row at {} (ratio of noisy SUM and COUNT): {}{more}", pct(*confidence), shown.join(", "))
+            }
+            Accuracy::NoInterval { reason } => format!("no interval: {reason}"),
+        })
+    }
 }
 
 /// Accuracy of one named output column.
@@ -205,15 +265,8 @@ impl Release {
             Err(e) => format!("(cannot format result: {e})"),
         };
         for c in &self.accuracy {
-            if let Accuracy::Noisy { mechanism, ci_half_width, confidence, std, .. } = &c.accuracy {
-                out.push_str(&format!(
-                    "\n  {}: ± {} at {}% ({}, std {:.4})",
-                    c.column,
-                    fmt_num(*ci_half_width),
-                    confidence * 100.0,
-                    mechanism.report_name(),
-                    std
-                ));
+            if let Some(line) = c.describe() {
+                out.push_str(&format!("\n  {}: {line}", c.column));
             }
         }
         out.push_str("\n  ");
@@ -289,10 +342,19 @@ fn release_json(r: &Release) -> Value {
         .iter()
         .filter_map(|c| match &c.accuracy {
             Accuracy::Noisy { mechanism, sigma_or_scale, std, ci_half_width, confidence } => Some(json!({
-                "column": c.column, "mechanism": mechanism.report_name(), "sigma_or_scale": sigma_or_scale,
-                "std": std, "ci_half_width": ci_half_width, "confidence": confidence,
+                "column": c.column, "kind": "noisy", "mechanism": mechanism.report_name(),
+                "sigma_or_scale": sigma_or_scale, "std": std, "ci_half_width": ci_half_width, "confidence": confidence,
             })),
-            Accuracy::Derived => Some(json!({"column": c.column, "mechanism": "post_processed"})),
+            Accuracy::Combined { ci_half_width, confidence, measurements } => Some(json!({
+                "column": c.column, "kind": "combined", "ci_half_width": ci_half_width, "confidence": confidence,
+                "measurements": measurements,
+            })),
+            Accuracy::PerRow { confidence, intervals } => Some(json!({
+                "column": c.column, "kind": "per_row", "confidence": confidence, "intervals": intervals,
+            })),
+            Accuracy::NoInterval { reason } => {
+                Some(json!({"column": c.column, "kind": "no_interval", "reason": reason}))
+            }
             Accuracy::Public => None,
         })
         .collect();

@@ -57,7 +57,10 @@ pub fn ledger_config(dir: &TempDir, total: f64) -> PathBuf {
 }
 
 /// A PUMS configuration with a large budget, over `file` (in examples/data), `pid` units, `k` rows per unit.
+/// `pums_pid.csv` writes its incomes as decimals (`17000.0`), so its `income` is declared float64 (as
+/// `dpfusion pin` would write it); the other files hold integers.
 pub fn pums_config(file: &str, rho: f64, k: u64, g: u64) -> String {
+    let income = if file == "pums_pid.csv" { "float64" } else { "int64" };
     format!(
         r#"
 [session]
@@ -76,7 +79,7 @@ max_groups_per_unit = {g}
 [tables.pums.columns]
 pid = {{ type = "int64" }}
 age = {{ type = "int64", bounds = [0, 100] }}
-income = {{ type = "int64", bounds = [0, 500000] }}
+income = {{ type = "{income}", bounds = [0, 500000] }}
 sex = {{ type = "int64", domain = [0, 1] }}
 race = {{ type = "int64", domain = [1, 2, 3, 4, 5, 6] }}
 married = {{ type = "int64", domain = [0, 1] }}

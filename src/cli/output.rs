@@ -66,6 +66,7 @@ fn explain_json(e: &Explanation) -> Value {
         })
         .collect();
     json!({"status": "explain", "sql": e.sql, "plan": e.private_plan, "cells": e.cells, "measurements": measures,
+           "outputs": e.outputs.iter().map(|(c, a)| json!({"column": c, "accuracy": a})).collect::<Vec<_>>(),
            "charge": {"rho": e.rho, "epsilon": e.epsilon.epsilon, "delta": e.epsilon.delta}, "spent": 0.0})
 }
 

@@ -40,8 +40,7 @@ pub const UNIT: &str = "__dp_unit";
 pub fn carry_unit(input: LogicalPlan, unit: &str) -> Result<LogicalPlan> {
     let scans_unit = input
         .exists(|n| {
-            Ok(matches!(n, LogicalPlan::TableScan(_))
-                && n.schema().qualified_field_with_unqualified_name(unit).is_ok())
+            Ok(matches!(n, LogicalPlan::TableScan(_)) && n.schema().qualified_field_with_unqualified_name(unit).is_ok())
         })
         .map_err(engine)?;
     if !scans_unit {

@@ -13,21 +13,21 @@ use crate::accounting::Charge;
 use crate::accounting::calibrate::Calibration;
 use crate::accounting::ledger::{Claim, Prior};
 use crate::error::{DpError, Result, engine};
-use crate::noise::accuracy;
 use crate::noise::gaussian::DiscreteGaussian;
 use crate::noise::laplace::DiscreteLaplace;
 use crate::noise::{Mechanism, NoiseParams};
-use crate::plan::{DpPlan, OutputKind};
+use crate::plan::DpPlan;
 use crate::refusal::Refusal;
-use crate::release::{Accuracy, ColumnAccuracy, Parts, Release};
+use crate::release::{Parts, Release};
 use crate::session::DpSession;
-use crate::session::post::{PostFailure, domain_product, noisy_batch, unit_of};
+use crate::session::accuracy::{column_accuracy, is_interval_column, noise_accuracy};
+use crate::session::post::{PostFailure, domain_product, noisy_batch};
 use crate::session::prepare::Prepared;
-use datafusion::arrow::array::{Array, Decimal128Array, Int64Array, RecordBatch};
-use datafusion::arrow::datatypes::Schema;
+use datafusion::arrow::array::{Array, AsArray, Decimal128Array, Int64Array, RecordBatch};
+use datafusion::arrow::datatypes::{Float64Type, SchemaRef};
 use datafusion::common::ScalarValue;
-use datafusion::logical_expr::{Expr, LogicalPlan};
 use std::collections::HashMap;
+use std::sync::Arc;
 
 /// The noisy measurements of one query as stored under its request id: a fingerprint of the plan they belong to,
 /// then `values[cell][measurement]` in grid units, cells in the order of [`domain_product`].
@@ -144,14 +144,22 @@ impl DpSession {
                 }
             }
         };
-        let noisy = noisy_batch(dp, domain_product(dp), &values)?;
+        // Each measurement's half-width at level √c: an average's interval holds when both of its hold (p.
+        // accuracy::avg_interval).
+        let half = charge
+            .measurements()
+            .iter()
+            .map(|c| noise_accuracy(c, confidence.sqrt()).map(|(_, h)| h))
+            .collect::<Result<Vec<_>>>()?;
+        let noisy = noisy_batch(dp, domain_product(dp), &values, &half)?;
         let (schema, batches) = self.run_post(dp, noisy).await.map_err(|f| match f {
             PostFailure::Planning(e) => e,
             PostFailure::Running(e) => DpError::PostProcessing(e.strip_backtrace()),
         })?;
+        let (schema, batches, hidden) = split_hidden(&schema, batches)?;
         let parts = Parts {
             sql: sql.to_string(),
-            accuracy: column_accuracy(dp, charge.measurements(), &schema, confidence)?,
+            accuracy: column_accuracy(dp, charge.measurements(), &schema, &batches, &hidden, confidence)?,
             schema,
             batches,
             budget: self.status()?,
@@ -272,21 +280,35 @@ impl DpSession {
     }
 }
 
-fn policy_changed(id: &str) -> DpError {
-    DpError::Refused(Refusal::PolicyChanged { id: id.to_string() })
+/// The analyst's columns of a post-processed result, and the hidden per-row interval columns (by name) apart.
+#[allow(clippy::type_complexity)]
+fn split_hidden(
+    schema: &SchemaRef,
+    batches: Vec<RecordBatch>,
+) -> Result<(SchemaRef, Vec<RecordBatch>, Vec<(String, Vec<f64>)>)> {
+    let (shown, hidden): (Vec<usize>, Vec<usize>) =
+        (0..schema.fields().len()).partition(|&i| !is_interval_column(schema.field(i).name()));
+    if hidden.is_empty() {
+        return Ok((schema.clone(), batches, vec![]));
+    }
+    let mut values: Vec<(String, Vec<f64>)> =
+        hidden.iter().map(|&i| (schema.field(i).name().clone(), vec![])).collect();
+    let mut out = Vec::with_capacity(batches.len());
+    for b in &batches {
+        for ((_, v), &i) in values.iter_mut().zip(&hidden) {
+            let a = b
+                .column(i)
+                .as_primitive_opt::<Float64Type>()
+                .ok_or_else(|| DpError::Internal("a hidden interval column is not Float64".into()))?;
+            v.extend(a.values().iter().copied());
+        }
+        out.push(b.project(&shown).map_err(|e| DpError::Internal(e.to_string()))?);
+    }
+    Ok((Arc::new(schema.project(&shown).map_err(|e| DpError::Internal(e.to_string()))?), out, values))
 }
 
-/// Standard deviation and CI half-width (grid units) of a calibrated mechanism.
-pub(crate) fn noise_accuracy(c: &Calibration, confidence: f64) -> Result<(f64, f64)> {
-    Ok(match c.params() {
-        NoiseParams::Gaussian { sigma_sq } => (
-            accuracy::discrete_gaussian_std(sigma_sq),
-            accuracy::discrete_gaussian_ci_half_width(sigma_sq, confidence)?,
-        ),
-        NoiseParams::Laplace { scale } => {
-            (accuracy::discrete_laplace_std(scale), accuracy::discrete_laplace_ci_half_width(scale, confidence)?)
-        }
-    })
+fn policy_changed(id: &str) -> DpError {
+    DpError::Refused(Refusal::PolicyChanged { id: id.to_string() })
 }
 
 /// Reads the exact aggregates: key → one integer per measurement (grid units).
@@ -318,61 +340,6 @@ fn exact_integer(a: &dyn Array, row: usize) -> Result<i128> {
         return Ok(x.value(row));
     }
     Err(DpError::Internal(format!("unexpected aggregate type {}", a.data_type())))
-}
-
-/// Accuracy of each output column: public keys, noisy measurements passed through, or derived values.
-fn column_accuracy(dp: &DpPlan, cals: &[Calibration], schema: &Schema, confidence: f64) -> Result<Vec<ColumnAccuracy>> {
-    schema
-        .fields()
-        .iter()
-        .enumerate()
-        .map(|(i, f)| {
-            let accuracy = match trace_output(&dp.original, i) {
-                Some(j) if j < dp.keys.len() => Accuracy::Public,
-                Some(j) => match dp.outputs.get(j - dp.keys.len()) {
-                    Some(OutputKind::Measure(m)) => match (cals.get(*m), dp.measures.get(*m)) {
-                        (Some(c), Some(measure)) => {
-                            let unit = unit_of(&measure.kind);
-                            let (std, ci) = noise_accuracy(c, confidence)?;
-                            Accuracy::Noisy {
-                                mechanism: c.mechanism(),
-                                sigma_or_scale: c.params().sigma_or_scale() * unit,
-                                std: std * unit,
-                                ci_half_width: ci * unit,
-                                confidence,
-                            }
-                        }
-                        _ => Accuracy::Derived,
-                    },
-                    _ => Accuracy::Derived,
-                },
-                None => Accuracy::Derived,
-            };
-            Ok(ColumnAccuracy { column: f.name().clone(), accuracy })
-        })
-        .collect()
-}
-
-/// Follows output column `i` of `plan` down to the aggregate; returns its index in the aggregate's output when it
-/// is passed through unchanged (possibly renamed), `None` when computed.
-fn trace_output(plan: &LogicalPlan, i: usize) -> Option<usize> {
-    match plan {
-        LogicalPlan::Aggregate(_) => Some(i),
-        LogicalPlan::Projection(p) => {
-            let e = crate::plan::validate::strip_aliases(p.expr.get(i)?);
-            let j = match e {
-                Expr::Column(c) => p.input.schema().index_of_column(c).ok()?,
-                // An aggregate expression above the Aggregate refers to the aggregate's output of that name.
-                other => p.input.schema().index_of_column_by_name(None, &other.schema_name().to_string())?,
-            };
-            trace_output(&p.input, j)
-        }
-        LogicalPlan::Filter(_) | LogicalPlan::Sort(_) | LogicalPlan::Limit(_) | LogicalPlan::SubqueryAlias(_) => {
-            trace_output(plan.inputs().first()?, i)
-        }
-        LogicalPlan::Window(w) if i < w.input.schema().fields().len() => trace_output(&w.input, i),
-        _ => None,
-    }
 }
 
 #[cfg(test)]

@@ -17,6 +17,7 @@
 //!
 //! Neighbouring relation: add/remove all rows of one privacy unit.
 
+mod accuracy;
 mod execute;
 mod post;
 mod prepare;
@@ -99,6 +100,8 @@ pub struct Explanation {
     pub epsilon: EpsilonBound,
     /// Confidence level of the intervals.
     pub confidence: f64,
+    /// Each output column and how far off its values will be (or why no interval can be given).
+    pub outputs: Vec<(String, String)>,
 }
 
 impl std::fmt::Display for Explanation {
@@ -138,6 +141,10 @@ impl std::fmt::Display for Explanation {
                 crate::release::fmt_num(m.ci_half_width),
                 self.confidence * 100.0
             )?;
+        }
+        writeln!(f, "Output columns:")?;
+        for (column, accuracy) in &self.outputs {
+            writeln!(f, "  {column}: {accuracy}")?;
         }
         write!(
             f,
@@ -370,7 +377,7 @@ impl DpSession {
             let mut measures = Vec::new();
             for (m, c) in dp.measures.iter().zip(&quote.measurements) {
                 let unit = post::unit_of(&m.kind);
-                let (std, ci) = execute::noise_accuracy(c, quote.confidence)?;
+                let (std, ci) = accuracy::noise_accuracy(c, quote.confidence)?;
                 measures.push(ExplainedMeasure {
                     label: m.label(),
                     l1: m.sensitivity.l1,
@@ -382,6 +389,17 @@ impl DpSession {
                     unit,
                 });
             }
+            let outputs = dp
+                .original
+                .schema()
+                .fields()
+                .iter()
+                .enumerate()
+                .map(|(i, f)| {
+                    let text = accuracy::explain_output(dp, &quote.measurements, i, quote.confidence)?;
+                    Ok((f.name().clone(), text))
+                })
+                .collect::<Result<Vec<_>>>()?;
             Ok(Explanation {
                 sql: sql.to_string(),
                 private_plan: prepared.private.display_indent().to_string(),
@@ -390,6 +408,7 @@ impl DpSession {
                 rho: quote.rho.get(),
                 epsilon: quote.epsilon,
                 confidence: quote.confidence,
+                outputs,
             })
         })
         .await

@@ -18,13 +18,14 @@ use crate::error::{DpError, Result, engine};
 use crate::plan::{DpPlan, MeasureKind, OutputKind, size};
 use crate::refusal::Refusal;
 use crate::session::DpSession;
-use datafusion::arrow::array::{ArrayRef, RecordBatch};
+use crate::session::accuracy::{avg_interval, interval_columns, is_interval_column};
+use datafusion::arrow::array::{ArrayRef, Float64Array, RecordBatch};
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::common::ScalarValue;
 use datafusion::common::tree_node::{Transformed, TreeNode};
 use datafusion::datasource::{MemTable, provider_as_source};
 use datafusion::execution::runtime_env::RuntimeEnvBuilder;
-use datafusion::logical_expr::{Expr, LogicalPlan, LogicalPlanBuilder, col};
+use datafusion::logical_expr::{Expr, LogicalPlan, LogicalPlanBuilder, Projection, col};
 use datafusion::prelude::SessionContext;
 use std::sync::Arc;
 
@@ -66,11 +67,25 @@ pub(crate) fn domain_product(dp: &DpPlan) -> Vec<Vec<ScalarValue>> {
 
 /// The table the analyst's aggregate would have produced, from the noisy measurements: `values[c][m]` is
 /// measurement m of cell `keys[c]`, in grid units. Keys first, then one column per aggregate output in its
-/// original type (AVG = noisy SUM / noisy COUNT, clamped to the bounds).
-pub(crate) fn noisy_batch(dp: &DpPlan, keys: Vec<Vec<ScalarValue>>, values: &[Vec<i128>]) -> Result<RecordBatch> {
+/// original type (AVG = noisy SUM / noisy COUNT, clamped to the bounds), then, for each AVG output j, its per-row
+/// interval as two hidden columns ([`interval_columns`]), from the measurements' half-widths `half[m]` (grid
+/// units, at level √c each; see [`avg_interval`]).
+pub(crate) fn noisy_batch(
+    dp: &DpPlan,
+    keys: Vec<Vec<ScalarValue>>,
+    values: &[Vec<i128>],
+    half: &[f64],
+) -> Result<RecordBatch> {
     let fields = dp.aggregate_fields();
     let mut key_cols: Vec<Vec<ScalarValue>> = vec![Vec::with_capacity(keys.len()); dp.keys.len()];
     let mut out_cols: Vec<Vec<ScalarValue>> = vec![Vec::with_capacity(keys.len()); dp.outputs.len()];
+    let mut interval_cols: Vec<(usize, Vec<f64>, Vec<f64>)> = dp
+        .outputs
+        .iter()
+        .enumerate()
+        .filter(|(_, o)| matches!(o, OutputKind::Avg { .. }))
+        .map(|(j, _)| (j, Vec::new(), Vec::new()))
+        .collect();
     for (key, cell) in keys.into_iter().zip(values) {
         let noisy: Vec<NoisyValue> =
             dp.measures.iter().zip(cell).map(|(m, v)| NoisyValue { grid: *v, unit: unit_of(&m.kind) }).collect();
@@ -89,8 +104,19 @@ pub(crate) fn noisy_batch(dp: &DpPlan, keys: Vec<Vec<ScalarValue>>, values: &[Ve
                         MeasureKind::Sum { lo, hi, .. } => (*lo, *hi),
                         _ => (f64::NEG_INFINITY, f64::INFINITY),
                     };
-                    let n = (noisy[*count].grid as f64).max(1.0);
-                    let avg = (noisy[*sum].as_f64() / n).clamp(lo, hi);
+                    let half_of = |m: usize| half.get(m).copied().unwrap_or(0.0);
+                    let (avg, low, high) = avg_interval(
+                        noisy[*sum].as_f64(),
+                        noisy[*count].grid as f64,
+                        half_of(*sum) * noisy[*sum].unit,
+                        half_of(*count),
+                        lo,
+                        hi,
+                    );
+                    if let Some((_, dn, up)) = interval_cols.iter_mut().find(|(k, ..)| *k == j) {
+                        dn.push(avg - low);
+                        up.push(high - avg);
+                    }
                     ScalarValue::Float64(Some(avg)).cast_to(dt).map_err(engine)?
                 }
             };
@@ -108,6 +134,12 @@ pub(crate) fn noisy_batch(dp: &DpPlan, keys: Vec<Vec<ScalarValue>>, values: &[Ve
         let dt = fields[j].data_type().clone();
         arrays.push(scalars_to_array(vals, &dt)?);
         schema_fields.push(Field::new(format!("c{}", dp.keys.len() + j), dt, true));
+    }
+    for (j, dn, up) in interval_cols {
+        for (name, v) in interval_columns(j).into_iter().zip([dn, up]) {
+            arrays.push(Arc::new(Float64Array::from(v)));
+            schema_fields.push(Field::new(name, DataType::Float64, false));
+        }
     }
     RecordBatch::try_new(Arc::new(Schema::new(schema_fields)), arrays).map_err(|e| DpError::Internal(e.to_string()))
 }
@@ -150,17 +182,26 @@ impl NoisyValue {
     }
 }
 
-/// The analyst's plan with its aggregate replaced by the noisy table (post-processing only).
+/// The analyst's plan with its aggregate replaced by the noisy table (post-processing only). The hidden interval
+/// columns of the noisy table are carried through every projection to the output, unless a DISTINCT (which they
+/// would change) stands above the aggregate.
 pub(crate) fn post_plan(dp: &DpPlan, noisy: RecordBatch) -> Result<LogicalPlan> {
     let schema = noisy.schema();
+    let hidden: Vec<String> =
+        schema.fields().iter().map(|f| f.name().clone()).filter(|n| is_interval_column(n)).collect();
+    let carry =
+        !hidden.is_empty() && !dp.original.exists(|n| Ok(matches!(n, LogicalPlan::Distinct(_)))).map_err(engine)?;
     let mem = MemTable::try_new(schema.clone(), vec![vec![noisy]]).map_err(engine)?;
     let scan = LogicalPlanBuilder::scan("__dp_noisy", provider_as_source(Arc::new(mem)), None).map_err(engine)?;
-    let exprs: Vec<Expr> = dp
+    let mut exprs: Vec<Expr> = dp
         .agg_schema
         .iter()
         .enumerate()
         .map(|(i, (q, f))| col(format!("__dp_noisy.c{i}")).alias_qualified(q.cloned(), f.name()))
         .collect();
+    if carry {
+        exprs.extend(hidden.iter().map(|h| col(format!("__dp_noisy.{h}")).alias(h)));
+    }
     let replacement = scan.project(exprs).and_then(|b| b.build()).map_err(engine)?;
     let mut replaced = false;
     let out = dp
@@ -173,7 +214,18 @@ pub(crate) fn post_plan(dp: &DpPlan, noisy: RecordBatch) -> Result<LogicalPlan> 
                 replaced = true;
                 return Ok(Transformed::yes(replacement.clone()));
             }
-            Ok(Transformed::yes(node.recompute_schema()?))
+            match node {
+                LogicalPlan::Projection(p) if carry && replaced => {
+                    // Keep the hidden interval columns: the analyst's projection would drop them.
+                    let mut exprs = p.expr.clone();
+                    for h in &hidden {
+                        let (q, _) = p.input.schema().qualified_field_with_unqualified_name(h)?;
+                        exprs.push(Expr::Column(datafusion::common::Column::new(q.cloned(), h)));
+                    }
+                    Ok(Transformed::yes(LogicalPlan::Projection(Projection::try_new(exprs, p.input.clone())?)))
+                }
+                other => Ok(Transformed::yes(other.recompute_schema()?)),
+            }
         })
         .map_err(engine)?
         .data;
@@ -214,7 +266,7 @@ impl DpSession {
     /// policy only.
     pub(crate) async fn check_post_processing(&self, dp: &DpPlan) -> Result<()> {
         let key: Vec<ScalarValue> = dp.keys.iter().filter_map(|k| k.domain.first().cloned()).collect();
-        let stand_in = |v: i128| noisy_batch(dp, vec![key.clone()], &[vec![v; dp.measures.len()]]);
+        let stand_in = |v: i128| noisy_batch(dp, vec![key.clone()], &[vec![v; dp.measures.len()]], &[]);
         if cannot_fail(&dp.original) {
             return bounded_post_plan(dp, stand_in(1)?).map(|_| ());
         }

@@ -1,0 +1,385 @@
+//! How far off each released number may be.
+//!
+//! Every output column is traced, through the analyst's projections, filters, sorts and aliases, to the
+//! aggregate's outputs it is computed from ([`form_of`]):
+//!
+//! * only keys and constants → **public**, exact;
+//! * a linear function `a·X + b` of one noisy output `X` that is one measurement → that measurement's interval
+//!   scaled by |a|: exact, since the noise of `a·X + b` is `a` times the noise of `X`;
+//! * a linear function of several measurements → the sum of their scaled half-widths, each at level
+//!   1 − (1 − c)/m: by the union bound, all m hold at once with probability ≥ c, and then so does the sum;
+//! * a linear function of one AVG → an interval per row ([`avg_interval`], scaled);
+//! * anything else (a non-linear function of a noisy value, an average mixed with other noisy values) → no
+//!   interval, and the reason.
+//!
+//! The intervals speak of the noise: with probability at least the confidence, the released value and the exact
+//! answer of the *bounded* query (values clamped, contributions clipped) are that close. Post-processing is free
+//! (BS16 Lemma 1.8), and so are these intervals: they are computed from the noisy values and public parameters.
+
+use crate::accounting::calibrate::Calibration;
+use crate::error::{DpError, Result};
+use crate::noise::NoiseParams;
+use crate::noise::accuracy;
+use crate::plan::{DpPlan, OutputKind};
+use crate::release::{Accuracy, ColumnAccuracy};
+use crate::session::post::unit_of;
+use datafusion::arrow::array::{Array, AsArray, RecordBatch};
+use datafusion::arrow::datatypes::{DataType, Float64Type, Schema};
+use datafusion::common::tree_node::TreeNode;
+use datafusion::logical_expr::{Expr, ExprSchemable, LogicalPlan, Operator};
+
+/// Standard deviation and CI half-width (grid units) of a calibrated mechanism.
+pub(crate) fn noise_accuracy(c: &Calibration, confidence: f64) -> Result<(f64, f64)> {
+    Ok(match c.params() {
+        NoiseParams::Gaussian { sigma_sq } => (
+            accuracy::discrete_gaussian_std(sigma_sq),
+            accuracy::discrete_gaussian_ci_half_width(sigma_sq, confidence)?,
+        ),
+        NoiseParams::Laplace { scale } => {
+            (accuracy::discrete_laplace_std(scale), accuracy::discrete_laplace_ci_half_width(scale, confidence)?)
+        }
+    })
+}
+
+/// The interval of an average from its noisy sum `s` and noisy count `n` (value units and counts), given
+/// half-widths `hs` and `hn` that each contain their noise with probability ≥ √c, and the column's bounds.
+/// Returns the released average `v` and the interval `[low, high]`, which contains `v`.
+///
+/// # Why it holds with probability ≥ c
+/// The noise of the SUM and the COUNT is independent, so both `|S − s| ≤ hs` and `|N − n| ≤ hn` hold with
+/// probability ≥ √c·√c = c, where S and N are the exact bounded sum and count. Then, if `n − hn > 0`, the exact
+/// average S/N lies in the box's image under (S, N) ↦ S/N, which is monotone in S for fixed N > 0 and in N for
+/// fixed S: its extremes are at the four corners. The exact average of clamped values also lies in `[lo, hi]`
+/// (and if `n − hn ≤ 0`, that is all that is known). The released `v = clamp(s / max(n, 1), lo, hi)` is in the
+/// same set, as (s, n) is in the box.
+pub(crate) fn avg_interval(s: f64, n: f64, hs: f64, hn: f64, lo: f64, hi: f64) -> (f64, f64, f64) {
+    let v = (s / n.max(1.0)).clamp(lo, hi);
+    if n - hn <= 0.0 {
+        return (v, lo.min(v), hi.max(v));
+    }
+    let corners = [(s - hs) / (n - hn), (s - hs) / (n + hn), (s + hs) / (n - hn), (s + hs) / (n + hn)];
+    let low = corners.iter().copied().fold(f64::INFINITY, f64::min).max(lo);
+    let high = corners.iter().copied().fold(f64::NEG_INFINITY, f64::max).min(hi);
+    (v, low.min(v), high.max(v))
+}
+
+/// Names of the hidden columns that carry an AVG's per-row interval (`v − low`, `high − v`) through
+/// post-processing, for the aggregate's output `j`.
+pub(crate) fn interval_columns(j: usize) -> [String; 2] {
+    [format!("__dp_dn{j}"), format!("__dp_up{j}")]
+}
+
+/// Whether a column of the post-processed result is one of the hidden interval columns.
+pub(crate) fn is_interval_column(name: &str) -> bool {
+    name.starts_with("__dp_dn") || name.starts_with("__dp_up")
+}
+
+/// What an output column is computed from.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) enum Form {
+    /// Keys and constants only.
+    Exact,
+    /// `Σ aᵢ·Xᵢ + (keys and constants)`: (aggregate output index, aᵢ).
+    Linear(Vec<(usize, f64)>),
+    /// Something else, and why no interval follows.
+    Other(String),
+}
+
+impl Form {
+    fn scale(self, a: f64) -> Form {
+        match self {
+            Form::Linear(t) => Form::Linear(t.into_iter().map(|(j, x)| (j, x * a)).collect()),
+            other => other,
+        }
+    }
+
+    fn add(self, other: Form, sign: f64) -> Form {
+        match (self, other) {
+            (Form::Other(r), _) | (_, Form::Other(r)) => Form::Other(r),
+            (Form::Exact, Form::Exact) => Form::Exact,
+            (Form::Linear(a), Form::Exact) => Form::Linear(a),
+            (Form::Exact, Form::Linear(b)) => Form::Linear(b.into_iter().map(|(j, x)| (j, x * sign)).collect()),
+            (Form::Linear(mut a), Form::Linear(b)) => {
+                a.extend(b.into_iter().map(|(j, x)| (j, x * sign)));
+                Form::Linear(a)
+            }
+        }
+    }
+}
+
+/// The form of output column `i` of `plan` (the analyst's plan, whose one Aggregate is dpfusion's).
+pub(crate) fn form_of(plan: &LogicalPlan, i: usize) -> Form {
+    match plan {
+        LogicalPlan::Aggregate(a) => {
+            let keys = a.schema.fields().len() - a.aggr_expr.len();
+            if i < keys { Form::Exact } else { Form::Linear(vec![(i - keys, 1.0)]) }
+        }
+        LogicalPlan::Projection(p) => match p.expr.get(i) {
+            Some(e) => expr_form(e, &p.input),
+            None => Form::Other("an unknown column".into()),
+        },
+        LogicalPlan::Filter(_)
+        | LogicalPlan::Sort(_)
+        | LogicalPlan::Limit(_)
+        | LogicalPlan::SubqueryAlias(_)
+        | LogicalPlan::Distinct(_) => match plan.inputs().first() {
+            Some(input) => form_of(input, i),
+            None => Form::Other("an unknown column".into()),
+        },
+        LogicalPlan::Window(w) if i < w.input.schema().fields().len() => form_of(&w.input, i),
+        LogicalPlan::Window(_) => Form::Other("a window function of noisy values".into()),
+        other => Form::Other(format!("computed by {}", other.display())),
+    }
+}
+
+/// A constant's value as f64, if `e` is a numeric constant.
+fn constant(e: &Expr) -> Option<f64> {
+    if e.any_column_refs() || !matches!(e, Expr::Literal(..) | Expr::Cast(_) | Expr::Negative(_) | Expr::Alias(_)) {
+        return None;
+    }
+    let v = crate::plan::safety::evaluate_constant(e).ok()?;
+    match v.cast_to(&DataType::Float64).ok()? {
+        datafusion::common::ScalarValue::Float64(Some(x)) if x.is_finite() => Some(x),
+        _ => None,
+    }
+}
+
+fn expr_form(e: &Expr, input: &LogicalPlan) -> Form {
+    let schema = input.schema();
+    let column = |e: &Expr| -> Option<usize> {
+        match e {
+            Expr::Column(c) => schema.index_of_column(c).ok(),
+            // Above the aggregate, an aggregate expression names the aggregate's output of that name.
+            other => schema.index_of_column_by_name(None, &other.schema_name().to_string()),
+        }
+    };
+    if let Some(i) = column(e) {
+        return form_of(input, i);
+    }
+    let float = |x: &Expr| x.get_type(schema).is_ok_and(|t| t.is_floating());
+    match e {
+        Expr::Alias(a) => expr_form(&a.expr, input),
+        Expr::Literal(..) => Form::Exact,
+        Expr::Negative(x) => expr_form(x, input).scale(-1.0),
+        Expr::Cast(datafusion::logical_expr::Cast { expr, field }) => {
+            let target = field.data_type();
+            let rounds = !target.is_floating() && !expr.get_type(schema).is_ok_and(|t| t.is_integer());
+            match expr_form(expr, input) {
+                Form::Linear(_) if rounds || !target.is_numeric() => {
+                    Form::Other(format!("a cast to {target} rounds or converts a noisy value"))
+                }
+                f => f,
+            }
+        }
+        Expr::BinaryExpr(b) => {
+            let (l, r) = (expr_form(&b.left, input), expr_form(&b.right, input));
+            match b.op {
+                Operator::Plus => l.add(r, 1.0),
+                Operator::Minus => l.add(r, -1.0),
+                Operator::Multiply => match (constant(&b.left), constant(&b.right)) {
+                    (Some(a), _) => r.scale(a),
+                    (_, Some(a)) => l.scale(a),
+                    _ if l == Form::Exact && r == Form::Exact => Form::Exact,
+                    _ => Form::Other("a noisy value multiplied by something other than a constant".into()),
+                },
+                Operator::Divide => match constant(&b.right) {
+                    Some(a) if a != 0.0 && float(e) => l.scale(1.0 / a),
+                    _ if l == Form::Exact && r == Form::Exact => Form::Exact,
+                    _ => Form::Other("a noisy value divided by something other than a constant (or rounded)".into()),
+                },
+                _ if l == Form::Exact && r == Form::Exact => Form::Exact,
+                op => Form::Other(format!("`{op}` of a noisy value is not linear")),
+            }
+        }
+        other => {
+            // A function of keys and constants only is exact; of a noisy value, it has no interval here.
+            let mut exact = true;
+            let _ = other.apply(|x| {
+                if let Some(i) = column(x)
+                    && form_of(input, i) != Form::Exact
+                {
+                    exact = false;
+                }
+                Ok(datafusion::common::tree_node::TreeNodeRecursion::Continue)
+            });
+            if exact {
+                Form::Exact
+            } else {
+                Form::Other(match other {
+                    Expr::ScalarFunction(f) => {
+                        format!("{}() of a noisy value is not a linear function of it", f.name())
+                    }
+                    Expr::Case(_) => "a CASE on noisy values is not a linear function of them".into(),
+                    Expr::WindowFunction(_) => "a window function of noisy values".into(),
+                    _ => "not a linear function of the noisy aggregates".into(),
+                })
+            }
+        }
+    }
+}
+
+/// The accuracy of an output column as far as it is known before any value is: ready, or an average's interval
+/// that each row of the result completes.
+pub(crate) enum Planned {
+    /// Known.
+    Ready(Accuracy),
+    /// `a·AVG_j + (keys and constants)`: a per-row interval from AVG_j's.
+    Average {
+        /// The aggregate output (an AVG).
+        output: usize,
+        /// Its scale a.
+        scale: f64,
+    },
+}
+
+/// The accuracy of output column `i` of the analyst's plan, as far as the plan and the calibrations tell.
+pub(crate) fn plan_accuracy(dp: &DpPlan, cals: &[Calibration], i: usize, confidence: f64) -> Result<Planned> {
+    let terms = match form_of(&dp.original, i) {
+        Form::Exact => return Ok(Planned::Ready(Accuracy::Public)),
+        Form::Other(reason) => return Ok(Planned::Ready(Accuracy::NoInterval { reason })),
+        Form::Linear(terms) => terms,
+    };
+    // Gather the scale of each measurement (two outputs can be one measurement), and the averages.
+    let mut measures: Vec<(usize, f64)> = Vec::new();
+    let mut avgs: Vec<(usize, f64)> = Vec::new();
+    for (j, a) in terms {
+        match dp.outputs.get(j) {
+            Some(OutputKind::Measure(m)) => match measures.iter_mut().find(|(x, _)| x == m) {
+                Some((_, s)) => *s += a,
+                None => measures.push((*m, a)),
+            },
+            Some(OutputKind::Avg { .. }) => avgs.push((j, a)),
+            None => return Err(DpError::Internal("an output traced to no aggregate".into())),
+        }
+    }
+    measures.retain(|(_, a)| *a != 0.0);
+    Ok(Planned::Ready(match (measures.as_slice(), avgs.as_slice()) {
+        ([], []) => Accuracy::Public,
+        ([(m, a)], []) => {
+            let (c, unit) = measure(dp, cals, *m)?;
+            let (std, ci) = noise_accuracy(c, confidence)?;
+            let k = a.abs() * unit;
+            Accuracy::Noisy {
+                mechanism: c.mechanism(),
+                sigma_or_scale: c.params().sigma_or_scale() * k,
+                std: std * k,
+                ci_half_width: ci * k,
+                confidence,
+            }
+        }
+        (ms, []) => {
+            let level = 1.0 - (1.0 - confidence) / ms.len() as f64;
+            let mut half = 0.0;
+            for (m, a) in ms {
+                let (c, unit) = measure(dp, cals, *m)?;
+                half += noise_accuracy(c, level)?.1 * unit * a.abs();
+            }
+            Accuracy::Combined { ci_half_width: half, confidence, measurements: ms.len() }
+        }
+        ([], [(j, a)]) => return Ok(Planned::Average { output: *j, scale: *a }),
+        _ => Accuracy::NoInterval { reason: "it combines an average with other noisy values".into() },
+    }))
+}
+
+/// The accuracy of every output column of a release: `schema` and `batches` are the analyst's result, `hidden`
+/// the per-row interval columns (by name) that post-processing carried; `cals` the charge's calibrations.
+pub(crate) fn column_accuracy(
+    dp: &DpPlan,
+    cals: &[Calibration],
+    schema: &Schema,
+    batches: &[RecordBatch],
+    hidden: &[(String, Vec<f64>)],
+    confidence: f64,
+) -> Result<Vec<ColumnAccuracy>> {
+    let find = |name: &str| hidden.iter().find(|(n, _)| n == name).map(|(_, v)| v);
+    schema
+        .fields()
+        .iter()
+        .enumerate()
+        .map(|(i, f)| {
+            let accuracy = match plan_accuracy(dp, cals, i, confidence)? {
+                Planned::Ready(a) => a,
+                Planned::Average { output, scale: a } => {
+                    let [dn, up] = interval_columns(output);
+                    match (find(&dn), find(&up), per_row_values(batches, i)) {
+                        (Some(dn), Some(up), Some(values)) => {
+                            let (dn, up) = if a >= 0.0 { (dn, up) } else { (up, dn) };
+                            let intervals = values
+                                .into_iter()
+                                .zip(dn.iter().zip(up))
+                                .map(|(v, (d, u))| [v - d * a.abs(), v + u * a.abs()])
+                                .collect();
+                            Accuracy::PerRow { confidence, intervals }
+                        }
+                        _ => Accuracy::NoInterval {
+                            reason: "DISTINCT merges rows, so the average's per-row interval is lost".into(),
+                        },
+                    }
+                }
+            };
+            Ok(ColumnAccuracy { column: f.name().clone(), accuracy })
+        })
+        .collect()
+}
+
+/// How far off output column `i` will be, in words, before anything is read (EXPLAIN DP).
+pub(crate) fn explain_output(dp: &DpPlan, cals: &[Calibration], i: usize, confidence: f64) -> Result<String> {
+    Ok(match plan_accuracy(dp, cals, i, confidence)? {
+        Planned::Ready(Accuracy::Public) => "public (keys and constants: exact)".into(),
+        Planned::Ready(a) => ColumnAccuracy { column: String::new(), accuracy: a }.describe().unwrap_or_default(),
+        Planned::Average { output, scale } => {
+            let Some(OutputKind::Avg { sum, count }) = dp.outputs.get(output) else {
+                return Err(DpError::Internal("an average without its measurements".into()));
+            };
+            let half = |m: usize| -> Result<f64> {
+                let (c, unit) = measure(dp, cals, m)?;
+                Ok(noise_accuracy(c, confidence.sqrt())?.1 * unit)
+            };
+            let pct = |c: f64| crate::release::fmt_num(c * 100.0);
+            format!(
+                "an interval per row at {}%: the ratio of the noisy SUM ± {} and COUNT ± {} (each at {}%){}",
+                pct(confidence),
+                crate::release::fmt_num(half(*sum)?),
+                crate::release::fmt_num(half(*count)?),
+                pct(confidence.sqrt()),
+                if scale == 1.0 { String::new() } else { format!(", scaled by {}", crate::release::fmt_num(scale)) }
+            )
+        }
+    })
+}
+
+/// The calibration and grid unit of measurement `m`.
+fn measure<'a>(dp: &DpPlan, cals: &'a [Calibration], m: usize) -> Result<(&'a Calibration, f64)> {
+    match (cals.get(m), dp.measures.get(m)) {
+        (Some(c), Some(x)) => Ok((c, unit_of(&x.kind))),
+        _ => Err(DpError::Internal("a measurement without a calibration".into())),
+    }
+}
+
+/// Column `i` of `batches` as f64 per row (NULL as NaN), if it is numeric.
+fn per_row_values(batches: &[RecordBatch], i: usize) -> Option<Vec<f64>> {
+    let mut out = Vec::new();
+    for b in batches {
+        let a = datafusion::arrow::compute::cast(b.column(i), &DataType::Float64).ok()?;
+        let a = a.as_primitive::<Float64Type>();
+        out.extend((0..a.len()).map(|r| if a.is_null(r) { f64::NAN } else { a.value(r) }));
+    }
+    Some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_average_interval_contains_the_released_value_and_respects_the_bounds() {
+        let (v, lo, hi) = avg_interval(1000.0, 20.0, 100.0, 4.0, 0.0, 100.0);
+        assert_eq!(v, 50.0);
+        assert!((lo - 900.0 / 24.0).abs() < 1e-12 && (hi - 1100.0 / 16.0).abs() < 1e-12, "{lo} {hi}");
+        // A count whose interval reaches zero says nothing beyond the bounds.
+        assert_eq!(avg_interval(10.0, 3.0, 5.0, 4.0, 0.0, 100.0), (10.0 / 3.0, 0.0, 100.0));
+        // Negative sums and clamping: v stays inside.
+        let (v, lo, hi) = avg_interval(-500.0, 10.0, 20.0, 1.0, -10.0, 10.0);
+        assert!(lo <= v && v <= hi && lo >= -10.0 && hi <= 10.0, "{v} {lo} {hi}");
+    }
+}
