@@ -368,7 +368,7 @@ impl DpSession {
     ) -> Result<MarginalRelease> {
         let policy = &self.policies[table];
         let confidence = spec.confidence.unwrap_or(self.defaults.confidence);
-        crate::noise::accuracy::check_confidence(confidence)?;
+        accuracy::check_confidence(confidence)?;
         let d = columns.len();
         let cells: usize = domains.iter().map(Vec::len).sum();
         let k = policy.max_rows_per_unit;

@@ -192,3 +192,22 @@ fn the_pipeline_example_writes_parquet_and_json_per_query() {
     assert!(json["accuracy"][0]["ci_half_width"].as_f64().unwrap() > 0.0);
     assert!(std::fs::metadata(out.join("05_group_by_sex_0.parquet")).unwrap().len() > 0);
 }
+
+#[test]
+fn a_closed_pipe_ends_the_process_cleanly() {
+    // More output than a pipe buffer holds, read only in part: like `dpfusion query ... | head`.
+    let q = "SELECT educ, race, sex, married, COUNT(*) FROM pums GROUP BY educ, race, sex, married;".repeat(15);
+    let mut child = Command::new(BIN)
+        .args(["query", &q])
+        .current_dir(ROOT)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut first = [0u8; 100];
+    std::io::Read::read_exact(child.stdout.as_mut().unwrap(), &mut first).unwrap();
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(!text(&out.stderr).contains("panicked"), "{}", text(&out.stderr));
+}

@@ -10,15 +10,15 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 /// The dpfusion binary built for these tests.
-pub const BIN: &str = env!("CARGO_BIN_EXE_dpfusion");
+pub(crate) const BIN: &str = env!("CARGO_BIN_EXE_dpfusion");
 /// The repository root.
-pub const ROOT: &str = env!("CARGO_MANIFEST_DIR");
+pub(crate) const ROOT: &str = env!("CARGO_MANIFEST_DIR");
 
 /// A fresh directory under the system temp dir, removed when dropped.
-pub struct TempDir(PathBuf);
+pub(crate) struct TempDir(PathBuf);
 
 impl TempDir {
-    pub fn new(tag: &str) -> TempDir {
+    pub(crate) fn new(tag: &str) -> TempDir {
         use std::hash::{BuildHasher, RandomState};
         let salt = RandomState::new().hash_one(std::time::SystemTime::now());
         let d = std::env::temp_dir().join(format!("dpfusion-{tag}-{}-{salt}", std::process::id()));
@@ -26,7 +26,7 @@ impl TempDir {
         TempDir(d)
     }
 
-    pub fn join(&self, p: impl AsRef<Path>) -> PathBuf {
+    pub(crate) fn join(&self, p: impl AsRef<Path>) -> PathBuf {
         self.0.join(p)
     }
 }
@@ -44,7 +44,7 @@ impl Drop for TempDir {
 }
 
 /// A PUMS configuration file (pums_dup.csv, k = 2) with a durable ledger `ledger.db`, both in `dir`.
-pub fn ledger_config(dir: &TempDir, total: f64) -> PathBuf {
+pub(crate) fn ledger_config(dir: &TempDir, total: f64) -> PathBuf {
     let text = pums_config("pums_dup.csv", total, 2, 1)
         .replace("path = \"examples/data/", &format!("path = \"{ROOT}/examples/data/"))
         + &format!(
@@ -59,7 +59,7 @@ pub fn ledger_config(dir: &TempDir, total: f64) -> PathBuf {
 /// A PUMS configuration with a large budget, over `file` (in examples/data), `pid` units, `k` rows per unit.
 /// `pums_pid.csv` writes its incomes as decimals (`17000.0`), so its `income` is declared float64 (as
 /// `dpfusion pin` would write it); the other files hold integers.
-pub fn pums_config(file: &str, rho: f64, k: u64, g: u64) -> String {
+pub(crate) fn pums_config(file: &str, rho: f64, k: u64, g: u64) -> String {
     let income = if file == "pums_pid.csv" { "float64" } else { "int64" };
     format!(
         r#"
@@ -89,13 +89,13 @@ educ = {{ type = "int64", domain = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 1
 }
 
 /// Opens a session from configuration text whose relative paths resolve against the repository root.
-pub async fn session_from(text: &str) -> DpSession {
+pub(crate) async fn session_from(text: &str) -> DpSession {
     let cfg = SessionConfig::from_toml_str(text, Path::new(env!("CARGO_MANIFEST_DIR"))).expect("config");
     DpSession::from_config(&cfg).await.expect("session")
 }
 
 /// Runs a query that must be answered.
-pub async fn release(s: &DpSession, sql: &str) -> Release {
+pub(crate) async fn release(s: &DpSession, sql: &str) -> Release {
     match s.sql(sql).await {
         Ok(Response::Release(r)) => *r,
         Ok(other) => panic!("{sql}: expected a release, got {other:?}"),
@@ -104,7 +104,7 @@ pub async fn release(s: &DpSession, sql: &str) -> Release {
 }
 
 /// Column `c` of a release as f64 values (NULL → NaN).
-pub fn column_f64(r: &Release, c: usize) -> Vec<f64> {
+pub(crate) fn column_f64(r: &Release, c: usize) -> Vec<f64> {
     use datafusion::arrow::array::{Array, AsArray};
     use datafusion::arrow::datatypes::{DataType, Float64Type};
     let mut out = Vec::new();
@@ -120,7 +120,7 @@ pub fn column_f64(r: &Release, c: usize) -> Vec<f64> {
 
 /// `n` people aged 18–90 (nobody is over 92), incomes in whole thousands below 200 000, named p0, p1, ..., two rows
 /// each; with `extra`, one more person, pid 9999: aged 95, income 1234.5, named "zed" (two rows).
-pub fn people(n: i64, extra: bool) -> RecordBatch {
+pub(crate) fn people(n: i64, extra: bool) -> RecordBatch {
     let mut rows: Vec<(i64, i64, f64, i64, String)> = (0..n)
         .flat_map(|p| {
             let r = (p, 18 + (p * 7) % 73, ((p * 37) % 200 * 1000) as f64, p % 2, format!("p{p}"));
@@ -152,7 +152,7 @@ pub fn people(n: i64, extra: bool) -> RecordBatch {
 
 /// A session over [`people`] as table `people`: `pid` units, 2 rows and 1 group per unit, age in [0, 100], income
 /// in [0, 200 000], sex in {0, 1}; a total budget and a per-query ρ.
-pub fn people_session(n: i64, extra: bool, total: f64, query_rho: f64) -> DpSession {
+pub(crate) fn people_session(n: i64, extra: bool, total: f64, query_rho: f64) -> DpSession {
     let mut s =
         DpSession::empty(Rho::new(total).unwrap(), Rho::new(query_rho).unwrap(), Mechanism::Gaussian, 1e-6, 0.95)
             .unwrap();
@@ -165,7 +165,7 @@ pub fn people_session(n: i64, extra: bool, total: f64, query_rho: f64) -> DpSess
 }
 
 /// Digits replaced by `#`: a post-processing error may quote a noisy number, which may differ from run to run.
-pub fn mask_numbers(s: &str) -> String {
+pub(crate) fn mask_numbers(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     let mut in_number = false;
     for c in s.chars() {
@@ -184,7 +184,7 @@ pub fn mask_numbers(s: &str) -> String {
 /// What an analyst sees of one statement, noisy numbers left out: `answered [name:type, ...]`, `explain <text>`,
 /// `refused: <message>`, `post-processing failed: <message, numbers masked>`, or `FAILED: <error>` for any other
 /// error (which the guarantee says must never happen).
-pub async fn seen(s: &DpSession, sql: &str) -> String {
+pub(crate) async fn seen(s: &DpSession, sql: &str) -> String {
     match s.sql(sql).await {
         Ok(Response::Release(r)) => {
             let cols: Vec<String> =

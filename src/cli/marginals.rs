@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 /// Output format of a marginal release.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum MarginalFormat {
+pub(crate) enum MarginalFormat {
     /// One row per cell: column, key, noisy_count, count, frequency.
     Csv,
     /// The whole release with its accuracy and cost.
@@ -18,49 +18,49 @@ pub enum MarginalFormat {
 
 /// Arguments of `dpfusion marginals`.
 #[derive(Debug, clap::Args)]
-pub struct MarginalArgs {
+pub(crate) struct MarginalArgs {
     /// Configuration file (TOML).
     #[arg(long, short)]
-    pub config: Option<PathBuf>,
+    pub(crate) config: Option<PathBuf>,
     /// The private table.
     #[arg(long)]
-    pub table: String,
+    pub(crate) table: String,
     /// Columns to release (comma-separated); each needs a public domain.
     #[arg(long, value_delimiter = ',', conflicts_with_all = ["all", "long"])]
-    pub columns: Vec<String>,
+    pub(crate) columns: Vec<String>,
     /// Every column of the table that has a public domain.
     #[arg(long)]
-    pub all: bool,
+    pub(crate) all: bool,
     /// Long table: ATTRIBUTE,VALUE columns (one histogram of VALUE per attribute of ATTRIBUTE's domain).
     #[arg(long, value_delimiter = ',', num_args = 1..=2, value_name = "ATTRIBUTE,VALUE")]
-    pub long: Vec<String>,
+    pub(crate) long: Vec<String>,
     /// ρ to spend on the whole release.
     #[arg(long, conflicts_with = "target_std")]
-    pub rho: Option<f64>,
+    pub(crate) rho: Option<f64>,
     /// Target noise standard deviation per cell, in counts (ρ follows).
     #[arg(long)]
-    pub target_std: Option<f64>,
+    pub(crate) target_std: Option<f64>,
     /// Output format.
     #[arg(long, value_enum, default_value = "csv")]
-    pub format: MarginalFormat,
+    pub(crate) format: MarginalFormat,
     /// Write the release here instead of standard output (a new file, unless --force).
     #[arg(long)]
-    pub out: Option<PathBuf>,
+    pub(crate) out: Option<PathBuf>,
     /// Overwrite --out and --plot files that exist (never a file of the configuration: tables, ledger, log).
     #[arg(long)]
-    pub force: bool,
+    pub(crate) force: bool,
     /// Draw one bar chart per column with its confidence interval (.svg or .png).
     #[arg(long)]
-    pub plot: Option<PathBuf>,
+    pub(crate) plot: Option<PathBuf>,
     /// Only plan: σ, accuracy and cost for this budget, without touching data or spending anything.
     #[arg(long)]
-    pub plan: bool,
+    pub(crate) plan: bool,
     /// Number of rows (an estimate is fine) to express σ on the frequency scale in --plan.
     #[arg(long)]
-    pub n: Option<f64>,
+    pub(crate) n: Option<f64>,
     /// Keep the raw noisy counts (skip the consistency projection).
     #[arg(long)]
-    pub no_consistency: bool,
+    pub(crate) no_consistency: bool,
 }
 
 fn columns_of(s: &DpSession, a: &MarginalArgs) -> Result<Vec<String>, DpError> {
@@ -88,21 +88,21 @@ fn budget(a: &MarginalArgs) -> Result<MarginalBudget, DpError> {
 }
 
 fn print_plan(p: &MarginalPlan) {
-    println!("one-way marginals plan (nothing touched, nothing spent)");
-    println!("  histograms d = {} · cells = {} · rows per unit k = {}", p.d, p.cells, p.rows_per_unit);
-    println!("  joint L2 sensitivity k·√d = {}", dpfusion::release::fmt_num(p.l2_sensitivity));
-    println!(
+    outln!("one-way marginals plan (nothing touched, nothing spent)");
+    outln!("  histograms d = {} · cells = {} · rows per unit k = {}", p.d, p.cells, p.rows_per_unit);
+    outln!("  joint L2 sensitivity k·√d = {}", dpfusion::release::fmt_num(p.l2_sensitivity));
+    outln!(
         "  ρ = {} → σ = {} counts per cell (std {})",
         dpfusion::release::fmt_num(p.rho),
         dpfusion::release::fmt_num(p.sigma),
         dpfusion::release::fmt_num(p.std)
     );
     if let Some(f) = p.sigma_frequency {
-        println!("  σ on the frequency scale = {}", dpfusion::release::fmt_num(f));
+        outln!("  σ on the frequency scale = {}", dpfusion::release::fmt_num(f));
     }
-    println!("  each cell: ± {} at {}% · all cells at once: ± {}", p.ci_half_width, p.confidence * 100.0, p.max_error);
-    println!("  ε = {:.4} at δ = {:e} ({})", p.epsilon.epsilon, p.epsilon.delta, p.epsilon.kind.describe());
-    println!(
+    outln!("  each cell: ± {} at {}% · all cells at once: ± {}", p.ci_half_width, p.confidence * 100.0, p.max_error);
+    outln!("  ε = {:.4} at δ = {:e} ({})", p.epsilon.epsilon, p.epsilon.delta, p.epsilon.kind.describe());
+    outln!(
         "  separate queries at ρ/d each would have σ = {} (√d = {:.1} times more)",
         dpfusion::release::fmt_num(p.sigma * (p.d as f64).sqrt()),
         (p.d as f64).sqrt()
@@ -110,7 +110,7 @@ fn print_plan(p: &MarginalPlan) {
 }
 
 /// Runs the command; returns whether it succeeded.
-pub async fn run(a: MarginalArgs) -> Result<bool, DpError> {
+pub(crate) async fn run(a: MarginalArgs) -> Result<bool, DpError> {
     let (s, path, cfg) = super::open_with_config(a.config.clone()).await?;
     if !a.long.is_empty() && a.long.len() != 2 {
         return Err(DpError::Config("--long takes two columns: --long ATTRIBUTE,VALUE".into()));
@@ -205,7 +205,7 @@ fn write_release(r: &MarginalRelease, format: MarginalFormat, out: Option<&Path>
             create(p, force)?.write_all(&bytes).map_err(|source| DpError::Io { path: p.display().to_string(), source })
         }
         None => {
-            println!("{}", String::from_utf8_lossy(&bytes).trim_end());
+            outln!("{}", String::from_utf8_lossy(&bytes).trim_end());
             Ok(())
         }
     }

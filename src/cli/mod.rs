@@ -2,11 +2,35 @@
 //!
 //! A thin front-end over [`dpfusion::DpSession`]: every privacy decision is the library's.
 
-pub mod marginals;
-pub mod output;
-pub mod pin;
-pub mod plot;
-pub mod repl;
+/// Writes a line to standard output (as `println!`); a closed pipe (`dpfusion query ... | head`) ends the process
+/// cleanly with exit status 0, as ripgrep does, instead of a panic.
+macro_rules! outln {
+    () => {
+        $crate::cli::write_out(format_args!("\n"))
+    };
+    ($($arg:tt)*) => {
+        $crate::cli::write_out(format_args!("{}\n", format_args!($($arg)*)))
+    };
+}
+
+/// See [`outln!`].
+pub(crate) fn write_out(args: std::fmt::Arguments) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    if let Err(e) = out.write_fmt(args).and_then(|()| out.flush()) {
+        if e.kind() == std::io::ErrorKind::BrokenPipe {
+            std::process::exit(0);
+        }
+        eprintln!("error: cannot write to standard output: {e}");
+        std::process::exit(2);
+    }
+}
+
+pub(crate) mod marginals;
+pub(crate) mod output;
+pub(crate) mod pin;
+pub(crate) mod plot;
+pub(crate) mod repl;
 
 use clap::{Parser, Subcommand};
 use dpfusion::DpError;
@@ -18,7 +42,7 @@ use std::path::{Path, PathBuf};
 /// budget. Neighbouring datasets differ by adding or removing all rows of one privacy unit.
 #[derive(Debug, Parser)]
 #[command(name = "dpfusion", version, about, long_about = None)]
-pub struct Cli {
+pub(crate) struct Cli {
     #[command(subcommand)]
     command: Option<Command>,
 }
@@ -85,17 +109,17 @@ enum Command {
 
 /// The bundled demo configuration: `config/pums.toml` in the current directory if present, else in the source
 /// tree this binary was built from.
-pub fn default_config() -> PathBuf {
+pub(crate) fn default_config() -> PathBuf {
     let local = Path::new("config/pums.toml");
     if local.exists() { local.to_path_buf() } else { Path::new(env!("CARGO_MANIFEST_DIR")).join("config/pums.toml") }
 }
 
 /// Largest SQL file `query -f` reads (bytes).
-pub const MAX_SQL_FILE: u64 = 16 << 20;
+pub(crate) const MAX_SQL_FILE: u64 = 16 << 20;
 
 /// Every file a configuration names: the configuration itself, the tables' files, the ledger (with its SQLite
 /// side files) and the owner's log, canonicalized. No command writes to them, and `query -f` does not read them.
-pub fn protected_paths(config: &Path, cfg: &dpfusion::SessionConfig) -> Vec<PathBuf> {
+pub(crate) fn protected_paths(config: &Path, cfg: &dpfusion::SessionConfig) -> Vec<PathBuf> {
     let mut out = vec![config.to_path_buf()];
     for (name, t) in &cfg.tables {
         out.extend(dpfusion::source::files(name, &t.path).unwrap_or_default());
@@ -119,7 +143,7 @@ fn canonical(p: &Path) -> PathBuf {
 
 /// Refuses to write `p` when it is a file of the configuration (never, even with `--force`: the ledger or a
 /// table would be destroyed), or when it exists and `force` is not given.
-pub fn check_output(p: &Path, force: bool, protected: &[PathBuf]) -> Result<(), DpError> {
+pub(crate) fn check_output(p: &Path, force: bool, protected: &[PathBuf]) -> Result<(), DpError> {
     if protected.contains(&canonical(p)) {
         return Err(DpError::Config(format!(
             "{} is a file of the configuration (a table, the ledger, the owner's log or the configuration itself); \
@@ -170,7 +194,7 @@ pub(crate) async fn open_with_config(
 }
 
 /// Runs statements, printing each answer; returns whether all succeeded. Errors go to stderr too.
-pub async fn run_statements(
+pub(crate) async fn run_statements(
     session: &DpSession,
     statements: &[String],
     format: Format,
@@ -187,9 +211,9 @@ pub async fn run_statements(
                 continue;
             }
         }
-        println!("{}", output::render(sql, &outcome, format));
+        outln!("{}", output::render(sql, &outcome, format));
         if format == Format::Table {
-            println!();
+            outln!();
         }
     }
     ok
@@ -197,13 +221,13 @@ pub async fn run_statements(
 
 pub(crate) fn print_budget(session: &DpSession, history: bool) -> Result<(), DpError> {
     let b = session.budget()?;
-    println!(
+    outln!(
         "budget: total ρ = {} · spent {} · remaining {}",
         b.status.rho_total,
         dpfusion::release::fmt_num(b.status.rho_spent),
         dpfusion::release::fmt_num(b.status.rho_remaining)
     );
-    println!(
+    outln!(
         "privacy loss so far: ε = {:.4} at δ = {:e} ({})",
         b.epsilon.epsilon,
         b.epsilon.delta,
@@ -211,11 +235,11 @@ pub(crate) fn print_budget(session: &DpSession, history: bool) -> Result<(), DpE
     );
     let ledger = session.ledger();
     if ledger.is_durable() {
-        println!("ledger: {}", ledger.describe());
+        outln!("ledger: {}", ledger.describe());
     } else {
-        println!("WARNING: ledger {}; add a [ledger] path to the configuration to keep the budget", ledger.describe());
+        outln!("WARNING: ledger {}; add a [ledger] path to the configuration to keep the budget", ledger.describe());
     }
-    println!("charges: {}", b.charges.len());
+    outln!("charges: {}", b.charges.len());
     if !history {
         return Ok(());
     }
@@ -231,7 +255,7 @@ pub(crate) fn print_budget(session: &DpSession, history: bool) -> Result<(), DpE
                 )
             })
             .collect();
-        println!("  #{} ρ={} [{}] {}", c.id(), dpfusion::release::fmt_num(c.rho().get()), mechs.join(", "), c.label());
+        outln!("  #{} ρ={} [{}] {}", c.id(), dpfusion::release::fmt_num(c.rho().get()), mechs.join(", "), c.label());
     }
     Ok(())
 }
@@ -262,7 +286,7 @@ async fn run(cli: Cli) -> Result<bool, DpError> {
         Command::Explain { config, sql } => {
             let (s, _) = open(config).await?;
             let e = s.explain(sql.trim().trim_end_matches(';')).await?;
-            println!("{e}");
+            outln!("{e}");
             Ok(true)
         }
         Command::Budget { config, history, set_total, reason } => {
@@ -270,7 +294,7 @@ async fn run(cli: Cli) -> Result<bool, DpError> {
             if let Some(t) = set_total {
                 let t = dpfusion::accounting::Rho::new(t)?;
                 s.ledger().set_total(t, reason.as_deref().unwrap_or(""))?;
-                println!("total set to ρ = {t} (recorded in the ledger)");
+                outln!("total set to ρ = {t} (recorded in the ledger)");
             }
             print_budget(&s, history)?;
             Ok(true)
@@ -279,7 +303,7 @@ async fn run(cli: Cli) -> Result<bool, DpError> {
 }
 
 /// Entry point of the binary: parses arguments, runs, returns the exit status (0: every statement answered).
-pub fn main() -> i32 {
+pub(crate) fn main() -> i32 {
     let cli = Cli::parse();
     let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,

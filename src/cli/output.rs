@@ -7,7 +7,7 @@ use serde_json::{Value, json};
 
 /// An output format.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum Format {
+pub(crate) enum Format {
     /// Aligned columns, the accuracy of each noisy column and a cost footer.
     Table,
     /// The rows only, header first.
@@ -32,10 +32,10 @@ impl std::str::FromStr for Format {
 }
 
 /// Characters of a statement echoed back with its error (a file given to `query -f` by mistake is not repeated).
-pub const ECHO_CHARS: usize = 200;
+pub(crate) const ECHO_CHARS: usize = 200;
 
 /// At most [`ECHO_CHARS`] characters of `sql`, with `…` when cut.
-pub fn echo(sql: &str) -> String {
+pub(crate) fn echo(sql: &str) -> String {
     match sql.char_indices().nth(ECHO_CHARS) {
         Some((i, _)) => format!("{}…", &sql[..i]),
         None => sql.to_string(),
@@ -43,7 +43,7 @@ pub fn echo(sql: &str) -> String {
 }
 
 /// The JSON object of a refused or failed statement.
-pub fn error_json(sql: &str, e: &DpError) -> Value {
+pub(crate) fn error_json(sql: &str, e: &DpError) -> Value {
     let (status, error, hint) = match e {
         DpError::Refused(r) => ("refused", r.to_string(), r.hint()),
         DpError::OverBudget { .. } => {
@@ -71,7 +71,7 @@ fn explain_json(e: &Explanation) -> Value {
 }
 
 /// Renders the outcome of one statement in `format`.
-pub fn render(sql: &str, outcome: &Result<Response, DpError>, format: Format) -> String {
+pub(crate) fn render(sql: &str, outcome: &Result<Response, DpError>, format: Format) -> String {
     match format {
         Format::Table => match outcome {
             Ok(Response::Release(r)) => r.to_pretty_string(),

@@ -17,16 +17,16 @@ use toml_edit::{DocumentMut, InlineTable, Item, Value};
 
 /// Arguments of `dpfusion pin`.
 #[derive(Debug, clap::Args)]
-pub struct PinArgs {
+pub(crate) struct PinArgs {
     /// Configuration file (TOML) to complete with the column types.
     #[arg(long, short)]
-    pub config: PathBuf,
+    pub(crate) config: PathBuf,
     /// Only this table (default: every table).
     #[arg(long)]
-    pub table: Option<String>,
+    pub(crate) table: Option<String>,
     /// Print what would be written without changing the file.
     #[arg(long)]
-    pub dry_run: bool,
+    pub(crate) dry_run: bool,
 }
 
 /// The schema of a table's files, read in full by DataFusion's inference (this is the one place dpfusion does).
@@ -57,7 +57,7 @@ async fn infer(name: &str, path: &Path, format: &str, has_header: bool, delimite
 }
 
 /// Runs the command; returns whether every table was pinned.
-pub async fn run(a: PinArgs) -> Result<bool, DpError> {
+pub(crate) async fn run(a: PinArgs) -> Result<bool, DpError> {
     let io = |source: std::io::Error| DpError::Io { path: a.config.display().to_string(), source };
     let text = std::fs::read_to_string(&a.config).map_err(io)?;
     let raw: Config = toml::from_str(&text).map_err(|e| DpError::Config(e.to_string()))?;
@@ -74,10 +74,10 @@ pub async fn run(a: PinArgs) -> Result<bool, DpError> {
         let Some(columns) = columns.as_table_like_mut() else {
             return Err(DpError::Config(format!("[tables.{name}.columns] is not a table")));
         };
-        println!("[tables.{name}] {} ({} columns)", path.display(), schema.fields().len());
+        outln!("[tables.{name}] {} ({} columns)", path.display(), schema.fields().len());
         for f in schema.fields() {
             let Some(found) = ColumnType::name_of(f.data_type()) else {
-                println!(
+                outln!(
                     "  {}: {} is not a type dpfusion reads; convert the column, or leave it out",
                     f.name(),
                     f.data_type()
@@ -88,10 +88,10 @@ pub async fn run(a: PinArgs) -> Result<bool, DpError> {
             match columns.get_mut(f.name()) {
                 Some(item) => match item.get("type").and_then(Item::as_str) {
                     Some(declared) if declared.parse::<ColumnType>().is_ok_and(|d| d.to_string() == found) => {
-                        println!("  {}: {found} (already declared)", f.name());
+                        outln!("  {}: {found} (already declared)", f.name());
                     }
                     Some(declared) => {
-                        println!("  {}: keeps its declared type {declared} (the file reads as {found})", f.name());
+                        outln!("  {}: keeps its declared type {declared} (the file reads as {found})", f.name());
                     }
                     None => {
                         match item.as_inline_table_mut() {
@@ -105,27 +105,27 @@ pub async fn run(a: PinArgs) -> Result<bool, DpError> {
                             }
                             None => item["type"] = toml_edit::value(found),
                         }
-                        println!("  {}: {found}", f.name());
+                        outln!("  {}: {found}", f.name());
                     }
                 },
                 None => {
                     let mut t = InlineTable::new();
                     t.insert("type", Value::from(found));
                     columns.insert(f.name(), Item::Value(Value::InlineTable(t)));
-                    println!("  {}: {found} (new column: analysts can count and filter on it)", f.name());
+                    outln!("  {}: {found} (new column: analysts can count and filter on it)", f.name());
                 }
             }
         }
     }
     if a.dry_run {
-        println!("(dry run: {} unchanged)", a.config.display());
+        outln!("(dry run: {} unchanged)", a.config.display());
         return Ok(ok);
     }
     // Write beside the file, then rename: the configuration is never left half written.
     let tmp = a.config.with_extension("toml.pin-tmp");
     std::fs::write(&tmp, doc.to_string()).map_err(|source| DpError::Io { path: tmp.display().to_string(), source })?;
     std::fs::rename(&tmp, &a.config).map_err(io)?;
-    println!(
+    outln!(
         "wrote the types into {}. They were read from the data: check them; from now on they are the policy, and a \
          value that does not parse as its column's type is read as NULL.",
         a.config.display()

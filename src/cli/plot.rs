@@ -22,7 +22,7 @@ const W: f64 = 260.0;
 const H: f64 = 170.0;
 const PER_ROW: usize = 4;
 /// At most this many columns are drawn.
-pub const MAX_CHARTS: usize = 120;
+pub(crate) const MAX_CHARTS: usize = 120;
 
 fn size(r: &MarginalRelease) -> (f64, f64) {
     let rows = r.columns.len().min(MAX_CHARTS).div_ceil(PER_ROW).max(1);
@@ -246,7 +246,7 @@ fn png(r: &Raster) -> Vec<u8> {
 }
 
 /// Checks that `path` names a chart format (`.svg` or `.png`), before anything is spent.
-pub fn check_path(path: &Path) -> Result<(), DpError> {
+pub(crate) fn check_path(path: &Path) -> Result<(), DpError> {
     match path.extension().and_then(|e| e.to_str()).map(str::to_ascii_lowercase).as_deref() {
         Some("svg" | "png") => Ok(()),
         _ => Err(DpError::Config(format!("--plot {}: use a .svg or .png file name", path.display()))),
@@ -254,7 +254,7 @@ pub fn check_path(path: &Path) -> Result<(), DpError> {
 }
 
 /// Writes the charts to `path`: `.svg` or `.png` (a new file, unless `force`).
-pub fn write_plot(r: &MarginalRelease, path: &Path, force: bool) -> Result<(), DpError> {
+pub(crate) fn write_plot(r: &MarginalRelease, path: &Path, force: bool) -> Result<(), DpError> {
     check_path(path)?;
     let (w, h) = size(r);
     let bytes = match path.extension().and_then(|e| e.to_str()).map(str::to_ascii_lowercase).as_deref() {

@@ -130,14 +130,14 @@ impl Shell {
         match &outcome {
             Err(e) => self.error(&e.to_string()),
             Ok(r) => {
-                println!("{}", output::render(sql, &outcome, self.format));
+                outln!("{}", output::render(sql, &outcome, self.format));
                 if let (Response::Release(r), Format::Csv | Format::Json | Format::Jsonl) = (r, self.format) {
-                    println!("{}", r.cost_line());
+                    outln!("{}", r.cost_line());
                 }
             }
         }
         if self.timing {
-            println!("time: {:.3} s", t.elapsed().as_secs_f64());
+            outln!("time: {:.3} s", t.elapsed().as_secs_f64());
         }
     }
 
@@ -148,13 +148,14 @@ impl Shell {
             .get(table)
             .ok_or_else(|| DpError::Refused(dpfusion::Refusal::NoTable { table: table.to_string() }))?;
         let schema = self.session.table_schema(table).await?;
-        println!("table {table}");
+        outln!("table {table}");
         match &policy.privacy_unit {
-            Some(u) => println!(
+            Some(u) => outln!(
                 "  privacy unit: {u} · at most {} row(s) per unit (per group) · at most {} group(s) per unit",
-                policy.max_rows_per_unit, policy.max_groups_per_unit
+                policy.max_rows_per_unit,
+                policy.max_groups_per_unit
             ),
-            None => println!("  privacy unit: each row"),
+            None => outln!("  privacy unit: each row"),
         }
         for f in schema.fields() {
             let p = match policy.columns.get(f.name()) {
@@ -166,7 +167,7 @@ impl Shell {
                 None if policy.privacy_unit.as_deref() == Some(f.name()) => "privacy unit (never released)".into(),
                 None => "COUNT and WHERE only".into(),
             };
-            println!("  {:<12} {:<10} {p}", f.name(), f.data_type().to_string());
+            outln!("  {:<12} {:<10} {p}", f.name(), f.data_type().to_string());
         }
         Ok(())
     }
@@ -176,11 +177,11 @@ impl Shell {
         let (cmd, arg) = line.split_once(char::is_whitespace).map_or((line, ""), |(c, a)| (c, a.trim()));
         match cmd {
             "\\q" | "\\quit" => return false,
-            "\\?" | "\\h" | "\\help" => println!("{HELP}"),
+            "\\?" | "\\h" | "\\help" => outln!("{HELP}"),
             "\\tables" => {
                 for (name, p) in self.session.tables() {
                     let unit = p.privacy_unit.as_deref().unwrap_or("row");
-                    println!("{name} (privacy unit: {unit})");
+                    outln!("{name} (privacy unit: {unit})");
                 }
             }
             "\\describe" | "\\d" => {
@@ -196,20 +197,20 @@ impl Shell {
             "\\explain" => {
                 let sql = arg.trim_end_matches(';');
                 match self.session.explain(sql).await {
-                    Ok(e) => println!("{e}"),
+                    Ok(e) => outln!("{e}"),
                     Err(e) => self.error(&e.to_string()),
                 }
             }
             "\\format" => match arg.parse::<Format>() {
                 Ok(f) => {
                     self.format = f;
-                    println!("format: {arg}");
+                    outln!("format: {arg}");
                 }
                 Err(e) => self.error(&e),
             },
             "\\timing" => {
                 self.timing = !self.timing;
-                println!("timing {}", if self.timing { "on" } else { "off" });
+                outln!("timing {}", if self.timing { "on" } else { "off" });
             }
             other => self.error(&format!("unknown meta-command {other}; \\? lists them")),
         }
@@ -219,9 +220,9 @@ impl Shell {
 
 /// Runs the shell until `\q` or end of input. The exit status is 0 unless the shell could not start: refused
 /// statements are reported and the session goes on.
-pub async fn run(session: DpSession, config: &Path) -> Result<bool, DpError> {
+pub(crate) async fn run(session: DpSession, config: &Path) -> Result<bool, DpError> {
     let b = session.budget()?;
-    println!(
+    outln!(
         "dpfusion — differentially private SQL. Config: {}\nbudget ρ = {} (zCDP), spent {}, δ = {:e} for (ε, δ)\n\
          tables: {} · \\? for help, \\q to leave",
         config.display(),
@@ -232,9 +233,9 @@ pub async fn run(session: DpSession, config: &Path) -> Result<bool, DpError> {
     );
     let ledger = session.ledger();
     if ledger.is_durable() {
-        println!("ledger: {}", ledger.describe());
+        outln!("ledger: {}", ledger.describe());
     } else {
-        println!("WARNING: ledger {}. Add a [ledger] path to the configuration to keep the budget.", ledger.describe());
+        outln!("WARNING: ledger {}. Add a [ledger] path to the configuration to keep the budget.", ledger.describe());
     }
     let mut words: Vec<String> = KEYWORDS.iter().chain(META).map(|s| s.to_string()).collect();
     for name in session.tables().keys() {
@@ -281,7 +282,7 @@ pub async fn run(session: DpSession, config: &Path) -> Result<bool, DpError> {
             }
             Err(ReadlineError::Interrupted) => {
                 if !buffer.is_empty() {
-                    println!("(statement cancelled)");
+                    outln!("(statement cancelled)");
                 }
                 buffer.clear();
             }

@@ -99,8 +99,6 @@ pub struct GroupKey {
 /// A query compiled for differential privacy; nothing has been executed or spent yet.
 #[derive(Clone, Debug)]
 pub struct DpPlan {
-    /// The private table.
-    pub table: TableReference,
     /// The bounded aggregate: GROUP BY keys first, then one column per measurement (`__dp_m{i}`).
     pub private: LogicalPlan,
     /// GROUP BY keys (empty without GROUP BY).
@@ -109,8 +107,6 @@ pub struct DpPlan {
     pub measures: Vec<Measure>,
     /// The analyst's aggregate outputs, in order, and how each derives from the measurements.
     pub outputs: Vec<OutputKind>,
-    /// The contribution limits in force.
-    pub contribution: Contribution,
     /// The analyst's plan (post-processing runs its nodes above the aggregate over the noisy table).
     pub original: LogicalPlan,
     /// Schema of the analyst's aggregate output (keys, then aggregates).
@@ -344,14 +340,5 @@ pub fn compile(plan: &LogicalPlan, policy_of: &dyn Fn(&TableReference) -> Option
             measure_exprs.into_iter().enumerate().map(|(i, e)| e.alias(format!("__dp_m{i}"))).collect();
         LogicalPlanBuilder::from(private).aggregate(group_exprs, exprs).and_then(|b| b.build()).map_err(engine)?
     };
-    Ok(DpPlan {
-        table,
-        private,
-        keys,
-        measures,
-        outputs,
-        contribution,
-        original: plan.clone(),
-        agg_schema: agg.schema.clone(),
-    })
+    Ok(DpPlan { private, keys, measures, outputs, original: plan.clone(), agg_schema: agg.schema.clone() })
 }

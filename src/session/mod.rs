@@ -316,13 +316,6 @@ impl DpSession {
         Ok(p.schema())
     }
 
-    /// Replaces the ledger (e.g. a [`SqliteLedger`] opened by the caller). The session's configured total must
-    /// match the ledger's.
-    pub fn with_ledger(mut self, ledger: Box<dyn Ledger>) -> Self {
-        self.ledger = ledger;
-        self
-    }
-
     /// The ledger that records this session's charges.
     pub fn ledger(&self) -> &dyn Ledger {
         self.ledger.as_ref()
