@@ -150,18 +150,29 @@ pub(crate) fn people(n: i64, extra: bool) -> RecordBatch {
     .unwrap()
 }
 
-/// A session over [`people`] as table `people`: `pid` units, 2 rows and 1 group per unit, age in [0, 100], income
-/// in [0, 200 000], sex in {0, 1}; a total budget and a per-query ρ.
-pub(crate) fn people_session(n: i64, extra: bool, total: f64, query_rho: f64) -> DpSession {
+/// A session with a total budget and a per-query ρ (Gaussian, δ = 1e-6, 95% intervals) and one private table.
+pub(crate) fn session_with(
+    total: f64,
+    query_rho: f64,
+    table: &str,
+    batch: RecordBatch,
+    policy: TablePolicy,
+) -> DpSession {
     let mut s =
         DpSession::empty(Rho::new(total).unwrap(), Rho::new(query_rho).unwrap(), Mechanism::Gaussian, 1e-6, 0.95)
             .unwrap();
+    s.register_batches(table, vec![batch], policy).unwrap();
+    s
+}
+
+/// A session over [`people`] as table `people`: `pid` units, 2 rows and 1 group per unit, age in [0, 100], income
+/// in [0, 200 000], sex in {0, 1}; a total budget and a per-query ρ.
+pub(crate) fn people_session(n: i64, extra: bool, total: f64, query_rho: f64) -> DpSession {
     let mut cols = BTreeMap::new();
     cols.insert("age".into(), ColumnPolicy::Bounds { lo: 0.0, hi: 100.0 });
     cols.insert("income".into(), ColumnPolicy::Bounds { lo: 0.0, hi: 200_000.0 });
     cols.insert("sex".into(), ColumnPolicy::Domain(vec![DomainValue::Int(0), DomainValue::Int(1)]));
-    s.register_batches("people", vec![people(n, extra)], TablePolicy::with_unit("pid", 2, 1, cols).unwrap()).unwrap();
-    s
+    session_with(total, query_rho, "people", people(n, extra), TablePolicy::with_unit("pid", 2, 1, cols).unwrap())
 }
 
 /// Digits replaced by `#`: a post-processing error may quote a noisy number, which may differ from run to run.

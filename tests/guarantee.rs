@@ -650,20 +650,12 @@ async fn marginal_string_keys_that_begin_or_end_with_a_quote_are_counted() {
         vec![Arc::new(StringArray::from(vec!["O'"; 400]))],
     )
     .unwrap();
-    let mut s = DpSession::empty(
-        Rho::new(10.0).unwrap(),
-        Rho::new(1.0).unwrap(),
-        dpfusion::noise::Mechanism::Gaussian,
-        1e-6,
-        0.95,
-    )
-    .unwrap();
     let mut cols = BTreeMap::new();
     cols.insert(
         "k".to_string(),
         ColumnPolicy::Domain(vec![DomainValue::Str("O'".into()), DomainValue::Str("x".into())]),
     );
-    s.register_batches("t", vec![batch], TablePolicy::row_level(cols).unwrap()).unwrap();
+    let s = crate::common::session_with(10.0, 1.0, "t", batch, TablePolicy::row_level(cols).unwrap());
     let r = s.marginals("t", &["k".to_string()], &dpfusion::marginals::MarginalSpec::rho(5.0)).await.unwrap();
     // σ = 1/√10 ≈ 0.32: the count of "O'" is 400 up to a few units.
     assert!((r.columns[0].noisy[0] - 400).abs() < 10, "{:?}", r.columns[0].noisy);
@@ -676,17 +668,9 @@ async fn a_marginal_value_that_does_not_convert_to_its_domain_is_out_of_the_doma
         vec![Arc::new(StringArray::from(vec![Some("0"), Some("1"), Some("x"), None, Some("1")]))],
     )
     .unwrap();
-    let mut s = DpSession::empty(
-        Rho::new(10.0).unwrap(),
-        Rho::new(1.0).unwrap(),
-        dpfusion::noise::Mechanism::Gaussian,
-        1e-6,
-        0.95,
-    )
-    .unwrap();
     let mut cols = BTreeMap::new();
     cols.insert("k".to_string(), ColumnPolicy::Domain(vec![DomainValue::Int(0), DomainValue::Int(1)]));
-    s.register_batches("t", vec![batch], TablePolicy::row_level(cols).unwrap()).unwrap();
+    let s = crate::common::session_with(10.0, 1.0, "t", batch, TablePolicy::row_level(cols).unwrap());
     let r = s.marginals("t", &["k".to_string()], &dpfusion::marginals::MarginalSpec::rho(5.0)).await;
     assert!(r.is_ok(), "{:?}", r.err());
 }

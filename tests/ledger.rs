@@ -107,23 +107,32 @@ fn sigkill_at_random_points_never_loses_a_charge_of_a_printed_release() {
     let dir = TempDir::new("crash");
     let cfg = config(&dir, 100.0);
     let sql = "SELECT sex, COUNT(*) FROM pums GROUP BY sex;".repeat(40);
-    // Deterministic pseudo-random kill delays (an LCG), spread over the whole run.
+    // Kill after a varying number of printed releases (an LCG picks it), so that every run prints something and
+    // the kill lands anywhere in the work of the next statements: no dependence on the machine's speed.
     let mut x: u64 = 0x2545_f491_4f6c_dd1d;
     let mut printed_ids = Vec::new();
     for _ in 0..12 {
         x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-        let delay = Duration::from_millis(30 + (x >> 33) % 600);
+        let after = 1 + (x >> 33) as usize % 30;
         let mut child = Command::new(BIN)
             .args(["query", "--format", "jsonl", "--config", cfg.to_str().unwrap(), &sql])
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()
             .unwrap();
-        std::thread::sleep(delay);
+        let mut reader = std::io::BufReader::new(child.stdout.take().unwrap());
+        let mut seen = String::new();
+        for _ in 0..after {
+            let mut line = String::new();
+            if std::io::BufRead::read_line(&mut reader, &mut line).unwrap_or(0) == 0 {
+                break;
+            }
+            seen.push_str(&line);
+        }
         let _ = child.kill(); // SIGKILL
         let _ = child.wait();
-        let mut out = String::new();
-        child.stdout.take().unwrap().read_to_string(&mut out).unwrap();
+        let mut out = seen;
+        reader.read_to_string(&mut out).unwrap();
         for line in out.lines() {
             // Only complete lines: a line cut by the kill is not a release anyone received.
             if let Ok(v) = serde_json::from_str::<serde_json::Value>(line)
@@ -224,7 +233,6 @@ fn a_locked_ledger_is_an_error_after_the_timeout_and_spends_nothing() {
 
 #[test]
 fn a_read_only_ledger_is_refused_with_a_clear_error() {
-    // Root ignores file modes, so run the binary as `nobody` (setpriv) on a ledger it cannot write.
     let dir = TempDir::new("ro");
     let cfg = config(&dir, 1.0);
     SqliteLedger::open(&dir.join("ledger.db"), "test", rho(1.0), Duration::from_secs(1)).unwrap();
@@ -245,13 +253,17 @@ fn a_read_only_ledger_is_refused_with_a_clear_error() {
     {
         std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).unwrap();
     }
-    let o = Command::new("setpriv")
-        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
-        .arg(&bin)
-        .args(["budget", "--config"])
-        .arg(&cfg)
-        .output()
-        .expect("setpriv (util-linux) runs the binary as nobody");
+    // Root ignores file modes: as root, run the binary as `nobody` (setpriv, util-linux); otherwise as ourselves.
+    use std::os::unix::fs::MetadataExt;
+    let root = std::fs::metadata(&bin).unwrap().uid() == 0;
+    let mut cmd = if root {
+        let mut c = Command::new("setpriv");
+        c.args(["--reuid=65534", "--regid=65534", "--clear-groups"]).arg(&bin);
+        c
+    } else {
+        Command::new(&bin)
+    };
+    let o = cmd.args(["budget", "--config"]).arg(&cfg).output().expect("run the binary");
     std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(2), "{err}");

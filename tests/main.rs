@@ -1,15 +1,28 @@
 //! The single integration-test binary (every extra test binary would link DataFusion again).
 
+/// The zCDP filter: debits, refusals that change nothing, the exact edges of a budget.
 mod accounting;
+/// The `dpfusion` binary end to end: commands, formats, exit codes, the REPL, closed pipes.
 mod cli;
+/// Helpers shared by the other modules: configurations, sessions, temporary directories, outcomes.
 mod common;
+/// The configuration file: the example loads, mistakes are reported with their fix.
 mod config;
+/// Differential fuzzing of the guarantee: generated queries on neighbouring tables.
 mod differential;
+/// One test per finding of the 2026-11-23 audit: error oracles, retried noise, schema leaks, crashes.
 mod guarantee;
+/// The durable ledger: persistence, contention, SIGKILL, request ids, damaged files.
 mod ledger;
+/// One-way marginal releases: joint sensitivity, consistency, long tables, the CLI.
 mod marginals;
+/// The exact samplers' distributions against their probability mass functions.
 mod noise_dist;
+/// Neighbouring-dataset audits of the whole query path: shifts match the claimed sensitivities.
 mod privacy_audit;
+/// Answered queries: full domains, honest intervals (coverage), post-processing, accuracy of every column.
 mod sql_accept;
+/// Refused queries: their codes, their fixes, nothing spent; SET only narrows.
 mod sql_refuse;
+/// The numeric test vectors of the research notes (calibration, conversions, compositions).
 mod vectors;

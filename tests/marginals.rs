@@ -3,9 +3,7 @@
 
 use datafusion::arrow::array::{Int64Array, RecordBatch, StringArray};
 use datafusion::arrow::datatypes::{DataType, Field, Schema};
-use dpfusion::accounting::Rho;
 use dpfusion::marginals::{self, MarginalBudget, MarginalSpec};
-use dpfusion::noise::Mechanism;
 use dpfusion::{ColumnPolicy, DomainValue, DpSession, TablePolicy};
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -70,10 +68,7 @@ fn binary_policy(k: u64) -> TablePolicy {
 }
 
 fn session(batch: RecordBatch, k: u64) -> DpSession {
-    let mut s =
-        DpSession::empty(Rho::new(1e9).unwrap(), Rho::new(0.1).unwrap(), Mechanism::Gaussian, 1e-6, 0.95).unwrap();
-    s.register_batches("wide", vec![batch], binary_policy(k)).unwrap();
-    s
+    crate::common::session_with(1e9, 0.1, "wide", batch, binary_policy(k))
 }
 
 fn columns() -> Vec<String> {
@@ -188,9 +183,7 @@ async fn long_tables_give_the_same_histograms() {
         ColumnPolicy::Domain((0..5).map(|j| DomainValue::Str(format!("q{j}"))).collect()),
     );
     cols.insert("value".to_string(), ColumnPolicy::Domain((0..3).map(DomainValue::Int).collect()));
-    let mut s =
-        DpSession::empty(Rho::new(10.0).unwrap(), Rho::new(0.1).unwrap(), Mechanism::Gaussian, 1e-6, 0.95).unwrap();
-    s.register_batches("long", vec![batch], TablePolicy::with_unit("pid", 1, 1, cols).unwrap()).unwrap();
+    let s = crate::common::session_with(10.0, 0.1, "long", batch, TablePolicy::with_unit("pid", 1, 1, cols).unwrap());
     let spec = MarginalSpec { consistency: false, ..MarginalSpec::rho(5.0) };
     let r = s.marginals_long("long", "attribute", "value", &spec).await.unwrap();
     assert_eq!(r.columns.len(), 5);
@@ -276,9 +269,7 @@ async fn long_non_ascii_column_lists_are_labelled_without_panicking() {
         .iter()
         .map(|n| (n.clone(), ColumnPolicy::Domain(vec![DomainValue::Int(0), DomainValue::Int(1)])))
         .collect();
-    let mut s =
-        DpSession::empty(Rho::new(1.0).unwrap(), Rho::new(0.1).unwrap(), Mechanism::Gaussian, 1e-6, 0.95).unwrap();
-    s.register_batches("t", vec![batch], TablePolicy::row_level(cols).unwrap()).unwrap();
+    let s = crate::common::session_with(1.0, 0.1, "t", batch, TablePolicy::row_level(cols).unwrap());
     let r = s.marginals("t", &names, &MarginalSpec::rho(0.5)).await.unwrap();
     assert!(r.charge.label().ends_with("…)") && r.charge.label().len() < 220, "{}", r.charge.label());
 }

@@ -57,10 +57,7 @@ fn session(with_x: bool, rho: f64) -> DpSession {
     cols.insert("income".into(), ColumnPolicy::Bounds { lo: 0.0, hi: 500_000.0 });
     cols.insert("sex".into(), ColumnPolicy::Domain(vec![DomainValue::Int(0), DomainValue::Int(1)]));
     let policy = TablePolicy::with_unit("pid", 2, 1, cols).unwrap();
-    let mut s =
-        DpSession::empty(Rho::new(1e9).unwrap(), Rho::new(rho).unwrap(), Mechanism::Gaussian, 1e-6, 0.95).unwrap();
-    s.register_batches("people", vec![dataset(with_x)], policy).unwrap();
-    s
+    crate::common::session_with(1e9, rho, "people", dataset(with_x), policy)
 }
 
 /// Runs `sql` N times; returns per-cell samples and the claimed std of each noisy column (cells × runs).
@@ -191,9 +188,7 @@ async fn units_over_the_row_limit_contribute_k_rows_worth() {
     let mut cols = BTreeMap::new();
     cols.insert("income".into(), ColumnPolicy::Bounds { lo: 0.0, hi: 1000.0 });
     let policy = TablePolicy::with_unit("pid", 2, 1, cols).unwrap();
-    let mut s =
-        DpSession::empty(Rho::new(1e9).unwrap(), Rho::new(1e5).unwrap(), Mechanism::Gaussian, 1e-6, 0.95).unwrap();
-    s.register_batches("t", vec![batch], policy).unwrap();
+    let s = crate::common::session_with(1e9, 1e5, "t", batch, policy);
     let r = crate::common::release(&s, "SELECT SUM(income), COUNT(*) FROM t").await;
     let (sum, count) = (crate::common::column_f64(&r, 0)[0], crate::common::column_f64(&r, 1)[0]);
     let sd = |c: usize| match r.accuracy()[c].accuracy {
@@ -242,9 +237,7 @@ async fn out_of_domain_and_null_keys_are_never_released() {
     cols.insert("k".into(), ColumnPolicy::Domain(vec![DomainValue::Int(1), DomainValue::Int(2), DomainValue::Int(3)]));
     cols.insert("s".into(), ColumnPolicy::Domain(vec![DomainValue::Str("a".into()), DomainValue::Str("b".into())]));
     for policy in [TablePolicy::row_level(cols.clone()).unwrap(), TablePolicy::with_unit("pid", 1, 6, cols).unwrap()] {
-        let mut s =
-            DpSession::empty(Rho::new(1e9).unwrap(), Rho::new(1e5).unwrap(), Mechanism::Gaussian, 1e-6, 0.95).unwrap();
-        s.register_batches("t", vec![batch.clone()], policy).unwrap();
+        let s = crate::common::session_with(1e9, 1e5, "t", batch.clone(), policy);
         let r = crate::common::release(&s, "SELECT k, s, COUNT(*) FROM t GROUP BY k, s ORDER BY k, s").await;
         let keys: Vec<(f64, f64)> =
             crate::common::column_f64(&r, 0).into_iter().zip(crate::common::column_f64(&r, 2)).collect();
@@ -297,9 +290,7 @@ async fn a_unit_over_the_group_limit_keeps_whole_cells_chosen_uniformly() {
         let mut cols = BTreeMap::new();
         cols.insert("k".into(), ColumnPolicy::Domain(domain));
         cols.insert("x".into(), ColumnPolicy::Bounds { lo: 0.0, hi: 100.0 });
-        let mut s =
-            DpSession::empty(Rho::new(1e15).unwrap(), Rho::new(1e9).unwrap(), Mechanism::Gaussian, 1e-6, 0.95).unwrap();
-        s.register_batches("t", vec![batch], TablePolicy::with_unit("pid", 5, g, cols).unwrap()).unwrap();
+        let s = crate::common::session_with(1e15, 1e9, "t", batch, TablePolicy::with_unit("pid", 5, g, cols).unwrap());
         const RUNS: usize = 120;
         let mut seen = [0usize; 3];
         for _ in 0..RUNS {
@@ -397,9 +388,7 @@ async fn units_under_the_row_limit_keep_their_exact_sum_when_bounds_exclude_zero
     .unwrap();
     let mut cols = BTreeMap::new();
     cols.insert("x".into(), ColumnPolicy::Bounds { lo: 10.0, hi: 20.0 });
-    let mut s =
-        DpSession::empty(Rho::new(1e15).unwrap(), Rho::new(1e9).unwrap(), Mechanism::Gaussian, 1e-6, 0.95).unwrap();
-    s.register_batches("t", vec![batch], TablePolicy::with_unit("pid", 2, 1, cols).unwrap()).unwrap();
+    let s = crate::common::session_with(1e15, 1e9, "t", batch, TablePolicy::with_unit("pid", 2, 1, cols).unwrap());
     let r = crate::common::release(&s, "SELECT SUM(x) FROM t").await;
     // Unit 1: 15. Unit 2: 3 rows over k = 2, so 2 · (42 / 3) = 28.
     let got = crate::common::column_f64(&r, 0)[0];
@@ -415,9 +404,7 @@ async fn a_uint64_above_i64_max_is_clamped_not_an_error() {
     let batch = RecordBatch::try_new(schema, vec![Arc::new(UInt64Array::from(vec![u64::MAX, 3, 4]))]).unwrap();
     let mut cols = BTreeMap::new();
     cols.insert("x".into(), ColumnPolicy::Bounds { lo: 0.0, hi: 10.0 });
-    let mut s =
-        DpSession::empty(Rho::new(1e15).unwrap(), Rho::new(1e9).unwrap(), Mechanism::Gaussian, 1e-6, 0.95).unwrap();
-    s.register_batches("t", vec![batch], TablePolicy::row_level(cols).unwrap()).unwrap();
+    let s = crate::common::session_with(1e15, 1e9, "t", batch, TablePolicy::row_level(cols).unwrap());
     let got = crate::common::column_f64(&crate::common::release(&s, "SELECT SUM(x) FROM t").await, 0)[0];
     assert!((got - 17.0).abs() < 0.01, "SUM {got}, expected 10 + 3 + 4");
     // A UInt64 SUM is released as UInt64: rounded to the nearest integer (17, not a truncated 16.99…), and a
@@ -430,9 +417,7 @@ async fn a_uint64_above_i64_max_is_clamped_not_an_error() {
     .unwrap();
     let mut cols = BTreeMap::new();
     cols.insert("x".into(), ColumnPolicy::Bounds { lo: 0.0, hi: 10.0 });
-    let mut s =
-        DpSession::empty(Rho::new(1e3).unwrap(), Rho::new(1.0).unwrap(), Mechanism::Gaussian, 1e-6, 0.95).unwrap();
-    s.register_batches("t", vec![empty], TablePolicy::row_level(cols).unwrap()).unwrap();
+    let s = crate::common::session_with(1e3, 1.0, "t", empty, TablePolicy::row_level(cols).unwrap());
     let mut zeros = 0;
     for _ in 0..40 {
         let v = crate::common::column_f64(&crate::common::release(&s, "SELECT SUM(x) FROM t").await, 0)[0];

@@ -122,12 +122,6 @@ async fn explain_dp_spends_nothing_and_shows_the_cost() {
 #[tokio::test]
 async fn set_only_narrows_and_is_validated() {
     let s = session_from(&pums_config("pums_dup.csv", 1.0, 2, 1)).await;
-    // Environment variables are not mapped onto the dp options.
-    // SAFETY: tests in this binary do not read this variable concurrently.
-    unsafe { std::env::set_var("DATAFUSION_DP_RHO", "0.9") };
-    unsafe { std::env::set_var("DP_RHO", "0.9") };
-    let r = crate::common::release(&s, "SELECT COUNT(*) FROM pums").await;
-    assert!((r.charge().rho().get() - 0.05).abs() < 1e-9);
     s.sql("SET dp.rho = 0.02").await.unwrap();
     s.sql("SET dp.mechanism TO 'laplace'").await.unwrap();
     s.sql("SET dp.confidence = 0.9").await.unwrap();
@@ -137,6 +131,26 @@ async fn set_only_narrows_and_is_validated() {
     let dpfusion::Accuracy::Noisy { confidence, .. } = r.accuracy()[0].accuracy else { panic!() };
     assert_eq!(confidence, 0.9);
     assert_eq!(s.budget().unwrap().status.rho_total, 1.0);
+}
+
+#[test]
+fn environment_variables_change_no_option() {
+    // A process started with every spelling DataFusion could map onto the dp options (or its own): the query is
+    // still charged the configuration's default ρ, with the configuration's mechanism.
+    let o = std::process::Command::new(crate::common::BIN)
+        .args(["query", "--format", "json", "SELECT COUNT(*) FROM pums"])
+        .current_dir(crate::common::ROOT)
+        .env("DP_RHO", "0.9")
+        .env("DATAFUSION_DP_RHO", "0.9")
+        .env("DATAFUSION_DP_MECHANISM", "laplace")
+        .env("DP_MECHANISM", "laplace")
+        .env("DATAFUSION_EXECUTION_BATCH_SIZE", "1")
+        .output()
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let rho = v["charge"]["rho"].as_f64().unwrap();
+    assert!((rho - 0.05).abs() < 1e-9, "charged the configuration's 0.05, not the environment's 0.9: {v}");
+    assert_eq!(v["accuracy"][0]["mechanism"], "discrete_gaussian", "{v}");
 }
 
 #[tokio::test]
