@@ -25,24 +25,16 @@ use crate::accounting::{Charge, Rho};
 use crate::error::{DpError, Result, engine};
 use crate::noise::NoiseParams;
 use crate::noise::accuracy;
-use crate::noise::gaussian::DiscreteGaussian;
-use crate::plan::bound;
 use crate::policy::DomainValue;
 use crate::refusal::Refusal;
 use crate::release::BudgetStatus;
-use crate::session::DpSession;
 use datafusion::arrow::array::{ArrayRef, AsArray, BooleanArray, Float64Array, Int64Array, RecordBatch, StringArray};
 use datafusion::arrow::compute::filter_record_batch;
 use datafusion::arrow::datatypes::{DataType, Field, Int64Type, Schema};
 use datafusion::arrow::row::{RowConverter, SortField};
-use datafusion::common::Column;
-use datafusion::logical_expr::{Expr, LogicalPlanBuilder, col, lit};
-use futures::StreamExt;
 use serde::Serialize;
 use std::collections::HashMap;
-use std::io::IsTerminal;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
 /// How much to spend: a ρ, or a target noise standard deviation (in counts) from which ρ follows.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -62,14 +54,12 @@ pub struct MarginalSpec {
     pub consistency: bool,
     /// Confidence level of the reported intervals (None: the session's).
     pub confidence: Option<f64>,
-    /// Show progress on stderr (when it is a terminal and the pass takes more than a second).
-    pub progress: bool,
 }
 
 impl MarginalSpec {
     /// Spend `rho`, with consistency on.
     pub fn rho(rho: f64) -> Self {
-        MarginalSpec { budget: MarginalBudget::Rho(rho), consistency: true, confidence: None, progress: false }
+        MarginalSpec { budget: MarginalBudget::Rho(rho), consistency: true, confidence: None }
     }
 }
 
@@ -115,23 +105,53 @@ pub struct MarginalPlan {
     pub epsilon: EpsilonBound,
 }
 
-/// A one-way marginal release.
+/// A one-way marginal release, made only by the code that ran it, from the charge that paid for it.
 #[derive(Clone, Debug, Serialize)]
 pub struct MarginalRelease {
-    /// Table.
-    pub table: String,
-    /// One histogram per column.
-    pub columns: Vec<MarginalColumn>,
+    table: String,
+    columns: Vec<MarginalColumn>,
+    total: f64,
+    plan: MarginalPlan,
+    consistent: bool,
+    charge: Charge,
+    budget: BudgetStatus,
+}
+
+impl MarginalRelease {
+    /// The table.
+    pub fn table(&self) -> &str {
+        &self.table
+    }
+
+    /// One histogram per column (or attribute).
+    pub fn columns(&self) -> &[MarginalColumn] {
+        &self.columns
+    }
+
     /// Noisy total count (post-processing of the histograms: their common total).
-    pub total: f64,
+    pub fn total(&self) -> f64 {
+        self.total
+    }
+
     /// Noise and accuracy.
-    pub plan: MarginalPlan,
-    /// Whether `counts` are the consistency projection.
-    pub consistent: bool,
-    /// The debit.
-    pub charge: Charge,
+    pub fn plan(&self) -> &MarginalPlan {
+        &self.plan
+    }
+
+    /// Whether the `counts` are the consistency projection.
+    pub fn consistent(&self) -> bool {
+        self.consistent
+    }
+
+    /// The debit that paid for this release.
+    pub fn charge(&self) -> &Charge {
+        &self.charge
+    }
+
     /// Budget after the release.
-    pub budget: BudgetStatus,
+    pub fn budget(&self) -> &BudgetStatus {
+        &self.budget
+    }
 }
 
 impl MarginalRelease {
@@ -202,9 +222,38 @@ pub fn plan(
         max_error: accuracy::discrete_gaussian_ci_half_width(sigma_sq, per_cell)?,
         confidence,
         sigma_frequency: n.filter(|n| *n > 0.0).map(|n| sigma / n),
-        epsilon: crate::accounting::convert::epsilon_for_rho(cal.rho().get(), delta, true)?,
+        epsilon: crate::accounting::convert::epsilon_for_measurements(std::slice::from_ref(&cal), delta)?,
     };
     Ok((plan, cal))
+}
+
+/// The type a column's values are converted to before they are looked up in `domain`.
+fn lookup_type(domain: &[DomainValue]) -> DataType {
+    match domain.first() {
+        Some(DomainValue::Int(_)) => DataType::Int64,
+        Some(DomainValue::Bool(_)) => DataType::Boolean,
+        _ => DataType::Utf8,
+    }
+}
+
+/// Refuses (before the debit) a counted column of `schema` whose type cannot be converted to its domain's: the
+/// pass would fail on it whatever the data.
+pub(crate) fn check_counted_types(h: &Histograms, schema: &Schema) -> Result<()> {
+    let counted: Vec<&[DomainValue]> = match &h.attributes {
+        None => h.domains.iter().map(Vec::as_slice).collect(),
+        Some(attrs) => vec![attrs.as_slice(), h.domains.first().map_or(&[][..], Vec::as_slice)],
+    };
+    for (field, domain) in schema.fields().iter().zip(counted) {
+        let to = lookup_type(domain);
+        if !datafusion::arrow::compute::can_cast_types(field.data_type(), &to) {
+            return Err(DpError::Refused(Refusal::MarginalColumnType {
+                column: field.name().clone(),
+                data_type: field.data_type().to_string(),
+                domain_type: to.to_string(),
+            }));
+        }
+    }
+    Ok(())
 }
 
 /// Maps a column's values to domain indices.
@@ -298,239 +347,135 @@ pub fn project_simplex(y: &[f64], s: f64) -> Vec<f64> {
     y.iter().map(|v| (v - theta).max(0.0)).collect()
 }
 
-fn domain_label(v: &DomainValue) -> String {
+/// A domain value as a histogram label: a string as it is (never quoted), anything else as displayed.
+pub(crate) fn domain_label(v: &DomainValue) -> String {
     match v {
         DomainValue::Str(s) => s.clone(),
         other => other.to_string(),
     }
 }
 
-impl DpSession {
-    /// Releases the one-way marginals (histograms) of `columns` of `table` at once: one σ, one debit, exact
-    /// discrete Gaussian noise on every cell, computed in a single pass over the data. See the module docs for
-    /// the privacy claim.
-    pub async fn marginals(&self, table: &str, columns: &[String], spec: &MarginalSpec) -> Result<MarginalRelease> {
-        let policy = self
-            .policies
-            .get(table)
-            .cloned()
-            .ok_or_else(|| DpError::Refused(Refusal::NoTable { table: table.to_string() }))?;
-        let mut domains = Vec::new();
-        for c in columns {
-            let d = policy.domain(c).ok_or_else(|| {
-                DpError::Refused(Refusal::MarginalNoDomain { table: table.to_string(), column: c.clone() })
-            })?;
-            domains.push(d.to_vec());
+/// Which histograms to release.
+#[derive(Clone, Debug, PartialEq)]
+pub enum MarginalLayout {
+    /// One histogram per column (each column needs a public `domain`).
+    Wide(Vec<String>),
+    /// A long table (`unit, attribute, value`): one histogram of `value` per attribute in the domain of
+    /// `attribute`. Units are bounded to `max_rows_per_unit` rows per attribute.
+    Long {
+        /// The attribute column.
+        attribute: String,
+        /// The value column.
+        value: String,
+    },
+}
+
+/// What a marginal release counts, all of it public (names and domains from the policy): no data.
+#[derive(Clone, Debug)]
+pub(crate) struct Histograms {
+    /// The table.
+    pub(crate) table: String,
+    /// One name per histogram: the columns, or the attribute labels of a long table.
+    pub(crate) names: Vec<String>,
+    /// One public domain per histogram.
+    pub(crate) domains: Vec<Vec<DomainValue>>,
+    /// Long tables: the attribute column's domain, which routes each row to its histogram.
+    pub(crate) attributes: Option<Vec<DomainValue>>,
+    /// Apply the consistency projection.
+    pub(crate) consistency: bool,
+}
+
+impl Histograms {
+    /// The ledger label: `MARGINALS table(columns)`, cut at 200 bytes (at a character boundary).
+    pub(crate) fn label(&self) -> String {
+        let mut l = format!("MARGINALS {}({})", self.table, self.names.join(", "));
+        if l.len() > 200 {
+            let cut = (0..=200).rev().find(|i| l.is_char_boundary(*i)).unwrap_or(0);
+            l.truncate(cut);
+            l.push_str("…)");
         }
-        self.marginals_inner(table, columns, None, domains, spec).await
+        l
     }
 
-    /// One-way marginals of a long table (`unit, attribute, value`): one histogram of `value_column` per
-    /// attribute in the domain of `attribute_column`. Units are bounded to `max_rows_per_unit` rows per attribute.
-    pub async fn marginals_long(
-        &self,
-        table: &str,
-        attribute_column: &str,
-        value_column: &str,
-        spec: &MarginalSpec,
-    ) -> Result<MarginalRelease> {
-        let policy = self
-            .policies
-            .get(table)
-            .cloned()
-            .ok_or_else(|| DpError::Refused(Refusal::NoTable { table: table.to_string() }))?;
-        let need = |c: &str| {
-            policy.domain(c).map(|d| d.to_vec()).ok_or_else(|| {
-                DpError::Refused(Refusal::MarginalNoDomain { table: table.to_string(), column: c.to_string() })
-            })
-        };
-        let attrs = need(attribute_column)?;
-        let values = need(value_column)?;
-        let names: Vec<String> = attrs.iter().map(domain_label).collect();
-        let domains = vec![values; attrs.len()];
-        self.marginals_inner(
-            table,
-            &names,
-            Some((attribute_column.to_string(), value_column.to_string(), attrs)),
-            domains,
-            spec,
-        )
-        .await
+    /// Total number of cells.
+    pub(crate) fn cells(&self) -> usize {
+        self.domains.iter().map(Vec::len).sum()
     }
+}
 
-    async fn marginals_inner(
-        &self,
-        table: &str,
-        columns: &[String],
-        long: Option<(String, String, Vec<DomainValue>)>,
-        domains: Vec<Vec<DomainValue>>,
-        spec: &MarginalSpec,
-    ) -> Result<MarginalRelease> {
-        let policy = &self.policies[table];
-        let confidence = spec.confidence.unwrap_or(self.defaults.confidence);
-        accuracy::check_confidence(confidence)?;
-        let d = columns.len();
-        let cells: usize = domains.iter().map(Vec::len).sum();
-        let k = policy.max_rows_per_unit;
-        let (plan, cal) = plan(d, cells, k, spec.budget, None, confidence, self.defaults.delta)?;
-        // Build the bounded single-pass scan before spending anything: any planning error is free.
-        let scan = self.ctx.table(table).await.map_err(engine)?;
-        let mut lp = scan.into_unoptimized_plan();
-        let key_cols: Vec<Column> = match &long {
-            Some((attr, _, _)) => vec![Column::from_name(attr)],
-            None => vec![],
-        };
-        let mut project: Vec<Expr> = match &long {
-            Some((attr, val, _)) => vec![Expr::Column(Column::from_name(attr)), Expr::Column(Column::from_name(val))],
-            None => columns.iter().map(|c| Expr::Column(Column::from_name(c))).collect(),
-        };
-        // With a privacy unit, the unit (and the attribute, for long tables) closes each row, and the bounding
-        // to k rows happens while counting (`RowSampler`); the per-unit row counts it needs come from `units`.
-        let mut units = None;
-        if let Some(pu) = &policy.privacy_unit {
-            lp = bound::carry_unit(lp, pu)?;
-            let mut unit_key = vec![Expr::Column(Column::from_name(bound::UNIT))];
-            unit_key.extend(key_cols.iter().cloned().map(Expr::Column));
-            project.extend(unit_key.iter().enumerate().map(|(i, e)| e.clone().alias(format!("__dp_key{i}"))));
-            let n = datafusion::functions_aggregate::expr_fn::count(lit(1i64));
-            let over = LogicalPlanBuilder::from(lp.clone())
-                .aggregate(unit_key, vec![n.alias("__dp_n")])
-                .and_then(|b| b.filter(col("__dp_n").gt(lit(k as i64))))
-                .and_then(|b| b.build())
-                .map_err(engine)?;
-            units = Some(over);
-        }
-        let lp = LogicalPlanBuilder::from(lp).project(project).and_then(|b| b.build()).map_err(engine)?;
-        let label = {
-            let mut l = format!("MARGINALS {table}({})", columns.join(", "));
-            if l.len() > 200 {
-                // Column names can be any UTF-8: cut at a character boundary, never inside one.
-                let cut = (0..=200).rev().find(|i| l.is_char_boundary(*i)).unwrap_or(0);
-                l.truncate(cut);
-                l.push_str("…)");
-            }
-            l
-        };
-        // Debit once, before touching the data.
-        let charge = self.ledger.charge(&label, vec![cal.clone()])?;
-        let sampler = match units {
-            Some(over) => Some(self.row_sampler(over, k).await?),
-            None => None,
-        };
-        let exact = self.count_cells(lp, sampler, &domains, long.as_ref().map(|l| &l.2), spec.progress).await?;
-        let NoiseParams::Gaussian { sigma_sq } = cal.params() else { unreachable!("plan() calibrates a Gaussian") };
-        let g = DiscreteGaussian::new(sigma_sq)?;
-        let mut rng = self.lock_rng()?;
-        let noisy: Vec<Vec<i64>> = exact
-            .iter()
-            .map(|col| col.iter().map(|c| i64::try_from(c + g.sample(&mut rng)).unwrap_or(i64::MAX)).collect())
-            .collect();
-        drop(rng);
-        // Post-processing: common total and (optionally) the consistency projection.
+impl MarginalRelease {
+    /// The release of the `noisy` histograms (already noised, under `charge`): the common total and, if asked,
+    /// the consistency projection are computed here, as post-processing.
+    pub(crate) fn new(
+        h: &Histograms,
+        noisy: Vec<Vec<i64>>,
+        plan: MarginalPlan,
+        charge: Charge,
+        budget: BudgetStatus,
+    ) -> Self {
         let sums: Vec<f64> = noisy.iter().map(|c| c.iter().map(|x| *x as f64).sum()).collect();
-        let weights: Vec<f64> = domains.iter().map(|d| 1.0 / d.len() as f64).collect();
+        let weights: Vec<f64> = h.domains.iter().map(|d| 1.0 / d.len() as f64).collect();
         let total = (sums.iter().zip(&weights).map(|(s, w)| s * w).sum::<f64>() / weights.iter().sum::<f64>()).max(0.0);
-        let columns_out = columns
+        let columns = h
+            .names
             .iter()
-            .zip(&domains)
+            .zip(&h.domains)
             .zip(noisy)
             .map(|((name, dom), noisy)| {
                 let raw: Vec<f64> = noisy.iter().map(|x| *x as f64).collect();
-                let counts = if spec.consistency { project_simplex(&raw, total) } else { raw };
+                let counts = if h.consistency { project_simplex(&raw, total) } else { raw };
                 MarginalColumn { column: name.clone(), keys: dom.iter().map(domain_label).collect(), noisy, counts }
             })
             .collect();
-        Ok(MarginalRelease {
-            table: table.to_string(),
-            columns: columns_out,
-            total,
-            plan,
-            consistent: spec.consistency,
-            charge,
-            budget: self.status()?,
-        })
+        MarginalRelease { table: h.table.clone(), columns, total, plan, consistent: h.consistency, charge, budget }
     }
+}
 
-    /// The row sampler for the units (per attribute, for long tables) with more than `k` rows, listed by `over`
-    /// (their keys and row counts n): for each, a uniformly random set of k of the indices 0..n (Floyd's algorithm,
-    /// drawn from the session's CSPRNG).
-    async fn row_sampler(&self, over: datafusion::logical_expr::LogicalPlan, k: u64) -> Result<RowSampler> {
-        // The key columns' types (all but the trailing count).
-        let types: Vec<DataType> = over.schema().fields().iter().map(|f| f.data_type().clone()).collect();
-        let keys = types.len() - 1;
-        let conv = RowConverter::new(types[..keys].iter().cloned().map(SortField::new).collect()).map_err(arrow_err)?;
-        let batches = self
-            .ctx
-            .execute_logical_plan(over)
-            .await
-            .map_err(engine)?
-            .collect()
-            .await
-            .map_err(|e| self.private_failure(e))?;
-        let mut keep = HashMap::new();
-        let mut rng = self.lock_rng()?;
-        for b in &batches {
-            let rows = conv.convert_columns(&b.columns()[..keys]).map_err(arrow_err)?;
-            let counts = b.column(keys).as_primitive::<Int64Type>();
-            for (i, row) in rows.iter().enumerate() {
-                let n = u64::try_from(counts.value(i)).unwrap_or(0);
-                keep.insert(Box::from(row.as_ref()), (floyd_subset(n, k, &mut *rng), 0u64));
-            }
+/// Counts the rows of a stream of batches into the histograms' cells: columns `0..d` for a wide table, or
+/// (attribute, value) for a long one. NULL and out-of-domain values are not counted.
+pub(crate) struct Counter {
+    lookups: Vec<Lookup>,
+    attributes: Option<Lookup>,
+    counts: Vec<Vec<i128>>,
+}
+
+impl Counter {
+    /// Zero counts for `h`.
+    pub(crate) fn new(h: &Histograms) -> Self {
+        Counter {
+            lookups: h.domains.iter().map(|d| Lookup::new(d)).collect(),
+            attributes: h.attributes.as_deref().map(Lookup::new),
+            counts: h.domains.iter().map(|d| vec![0; d.len()]).collect(),
         }
-        Ok(RowSampler { conv, keep, keys })
     }
 
-    /// The single pass: streams the rows once and counts every column's cells; with a privacy unit, `sampler`
-    /// keeps at most k rows of each unit (the unit's key columns close each row).
-    async fn count_cells(
-        &self,
-        lp: datafusion::logical_expr::LogicalPlan,
-        mut sampler: Option<RowSampler>,
-        domains: &[Vec<DomainValue>],
-        long_attrs: Option<&Vec<DomainValue>>,
-        progress: bool,
-    ) -> Result<Vec<Vec<i128>>> {
-        let df = self.ctx.execute_logical_plan(lp).await.map_err(engine)?;
-        let mut stream = df.execute_stream().await.map_err(|e| self.private_failure(e))?;
-        let lookups: Vec<Lookup> = domains.iter().map(|d| Lookup::new(d)).collect();
-        let mut counts: Vec<Vec<i128>> = domains.iter().map(|d| vec![0; d.len()]).collect();
-        let attr_lookup = long_attrs.map(|a| Lookup::new(a));
-        let show = progress && std::io::stderr().is_terminal();
-        let (start, mut last, mut rows) = (Instant::now(), Instant::now(), 0usize);
-        while let Some(batch) = stream.next().await {
-            let mut batch = batch.map_err(|e| self.private_failure(e))?;
-            if let Some(sampler) = &mut sampler {
-                batch = sampler.sample(&batch)?;
-            }
-            rows += batch.num_rows();
-            match &attr_lookup {
-                None => {
-                    for (i, l) in lookups.iter().enumerate() {
-                        for j in l.indices(batch.column(i))?.into_iter().flatten() {
-                            counts[i][j] += 1;
-                        }
-                    }
-                }
-                Some(al) => {
-                    // Long format: route each row to its attribute's histogram.
-                    let attrs = al.indices(batch.column(0))?;
-                    let values = lookups.first().map(|l| l.indices(batch.column(1))).transpose()?.unwrap_or_default();
-                    for (a, v) in attrs.into_iter().zip(values) {
-                        if let (Some(a), Some(v)) = (a, v) {
-                            counts[a][v] += 1;
-                        }
+    /// Counts the rows of `batch`.
+    pub(crate) fn add(&mut self, batch: &RecordBatch) -> Result<()> {
+        match &self.attributes {
+            None => {
+                for (i, l) in self.lookups.iter().enumerate() {
+                    for j in l.indices(batch.column(i))?.into_iter().flatten() {
+                        self.counts[i][j] += 1;
                     }
                 }
             }
-            if show && start.elapsed() > Duration::from_secs(1) && last.elapsed() > Duration::from_millis(200) {
-                eprint!("\rmarginals: {rows} rows counted");
-                last = Instant::now();
+            Some(al) => {
+                // Long format: route each row to its attribute's histogram.
+                let attrs = al.indices(batch.column(0))?;
+                let values = self.lookups.first().map(|l| l.indices(batch.column(1))).transpose()?.unwrap_or_default();
+                for (a, v) in attrs.into_iter().zip(values) {
+                    if let (Some(a), Some(v)) = (a, v) {
+                        self.counts[a][v] += 1;
+                    }
+                }
             }
         }
-        if show && start.elapsed() > Duration::from_secs(1) {
-            eprintln!("\rmarginals: {rows} rows counted");
-        }
-        Ok(counts)
+        Ok(())
+    }
+
+    /// The exact counts, one vector per histogram.
+    pub(crate) fn counts(self) -> Vec<Vec<i128>> {
+        self.counts
     }
 }
 
@@ -540,7 +485,7 @@ impl DpSession {
 /// the order, so each unit keeps k of its rows chosen uniformly at random. The bound holds even if the rows seen
 /// differ from the rows counted (a table changed between the passes): a rank is used once, and ranks at or past n
 /// are never kept.
-struct RowSampler {
+pub(crate) struct RowSampler {
     conv: RowConverter,
     /// Over-limit keys: the kept ranks (sorted) and the next rank.
     keep: HashMap<Box<[u8]>, (Vec<u64>, u64)>,
@@ -549,8 +494,34 @@ struct RowSampler {
 }
 
 impl RowSampler {
+    /// The sampler for the units (per attribute, for long tables) with more than `k` rows, listed by `over`
+    /// (rows of `schema`: the unit's key columns, then its row count n): for each, a uniformly random set of k of
+    /// the indices 0..n (Floyd's algorithm, drawn from `rng`).
+    pub(crate) fn new(schema: &Schema, over: &[RecordBatch], k: u64, rng: &mut impl rand::Rng) -> Result<Self> {
+        let keys = schema
+            .fields()
+            .len()
+            .checked_sub(1)
+            .ok_or_else(|| DpError::Internal("the list of units over the limit has no count column".into()))?;
+        let sort_fields = schema.fields()[..keys].iter().map(|f| SortField::new(f.data_type().clone())).collect();
+        let conv = RowConverter::new(sort_fields).map_err(arrow_err)?;
+        let mut keep = HashMap::new();
+        for b in over {
+            let rows = conv.convert_columns(&b.columns()[..keys]).map_err(arrow_err)?;
+            let counts = b
+                .column(keys)
+                .as_primitive_opt::<Int64Type>()
+                .ok_or_else(|| DpError::Internal("a unit's row count is not Int64".into()))?;
+            for (i, row) in rows.iter().enumerate() {
+                let n = u64::try_from(counts.value(i)).unwrap_or(0);
+                keep.insert(Box::from(row.as_ref()), (floyd_subset(n, k, rng), 0u64));
+            }
+        }
+        Ok(RowSampler { conv, keep, keys })
+    }
+
     /// The rows of `batch` to keep, key columns dropped.
-    fn sample(&mut self, batch: &RecordBatch) -> Result<RecordBatch> {
+    pub(crate) fn sample(&mut self, batch: &RecordBatch) -> Result<RecordBatch> {
         let data = batch.num_columns() - self.keys;
         let kept = batch.project(&(0..data).collect::<Vec<_>>()).map_err(arrow_err)?;
         if self.keep.is_empty() {
@@ -592,6 +563,23 @@ fn floyd_subset(n: u64, k: u64, rng: &mut impl rand::Rng) -> Vec<u64> {
 mod tests {
     use super::*;
     use rand::SeedableRng;
+
+    #[test]
+    fn a_column_that_cannot_be_compared_with_its_domain_is_refused() {
+        let h = Histograms {
+            table: "t".into(),
+            names: vec!["a".into(), "b".into()],
+            domains: vec![vec![DomainValue::Int(0)], vec![DomainValue::Str("x".into())]],
+            attributes: None,
+            consistency: true,
+        };
+        let list = DataType::new_list(DataType::Int64, true);
+        let ok = Schema::new(vec![Field::new("a", DataType::Utf8, true), Field::new("b", DataType::Int64, true)]);
+        assert!(check_counted_types(&h, &ok).is_ok(), "strings to integers and integers to strings convert");
+        let bad = Schema::new(vec![Field::new("a", list, true), Field::new("b", DataType::Int64, true)]);
+        let e = check_counted_types(&h, &bad).unwrap_err();
+        assert_eq!(e.code(), "marginal_column_type", "{e}");
+    }
 
     #[test]
     fn floyd_subsets_are_uniform_k_subsets() {

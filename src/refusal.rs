@@ -404,14 +404,21 @@ pub enum Refusal {
         /// The id.
         id: String,
     },
-    /// A request id charged under another policy.
+    /// A request id charged at another price, or for another plan, than the query has now.
     #[error(
-        "request id `{id}` was charged for this query under another policy (its cells or sensitivities differ now); \
-         its noisy values cannot be reused, and new noise would be a second draw"
+        "request id `{id}` was charged ρ = {} for this query, which now costs ρ = {} or runs another plan: the \
+         policy or the session's settings (dp.rho, dp.mechanism) changed since the charge; its noisy values cannot \
+         be reused, and new noise would be a second draw",
+        crate::release::fmt_num(*.charged),
+        crate::release::fmt_num(*.quoted)
     )]
     PolicyChanged {
         /// The id.
         id: String,
+        /// ρ of the stored charge.
+        charged: f64,
+        /// ρ of the query with the current policy and settings.
+        quoted: f64,
     },
 
     // ----- Tables and marginals
@@ -428,6 +435,16 @@ pub enum Refusal {
         table: String,
         /// The column.
         column: String,
+    },
+    /// A marginal column whose type cannot be compared with its domain's values.
+    #[error("column `{column}` is {data_type}, which cannot be compared with the {domain_type} values of its domain")]
+    MarginalColumnType {
+        /// The column.
+        column: String,
+        /// Its type.
+        data_type: String,
+        /// The type of its domain's values.
+        domain_type: String,
     },
     /// `--all` on a table without any domain.
     #[error("table {table} has no column with a public domain")]
@@ -544,6 +561,9 @@ impl Refusal {
             MarginalNoDomain { table, column } => format!(
                 "add `domain = [...]` for column {column} in [tables.{table}.columns] (for 0/1 columns: domain = [0, 1])"
             ),
+            MarginalColumnType { column, .. } => {
+                format!("declare the domain of `{column}` with values of the column's type")
+            }
             NoDomainColumns { .. } => "declare `domain = [...]` for the columns to release".into(),
         }
     }
@@ -616,6 +636,7 @@ impl Refusal {
             PolicyChanged { .. } => "policy_changed",
             NoTable { .. } => "no_table",
             MarginalNoDomain { .. } => "marginal_no_domain",
+            MarginalColumnType { .. } => "marginal_column_type",
             NoDomainColumns { .. } => "no_domain_columns",
         }
     }

@@ -150,7 +150,24 @@ async fn c2_a_charge_whose_run_stopped_before_its_draw_is_answered_once_under_th
     let other = vec![calibrate::gaussian(7.0, Rho::new(0.05).unwrap()).unwrap()];
     let Claim::New(_) = l.claim(sql, "job-8", other).unwrap() else { panic!("new id") };
     let e = s.sql_with_request_id(sql, Some("job-8")).await.unwrap_err();
-    assert!(e.to_string().contains("another policy"), "{e}");
+    assert_eq!(e.code(), "policy_changed", "{e}");
+}
+
+#[tokio::test]
+async fn c2_a_retry_is_compared_with_the_price_of_its_charge() {
+    let dir = TempDir::new("c2c");
+    let s = DpSession::open(ledger_config(&dir, 1.0)).await.unwrap();
+    let first = s.sql_with_request_id(NOISY_ERROR, Some("job-9")).await.unwrap_err();
+    // The query now costs another ρ: its stored draw was calibrated for the old price, so it is refused.
+    s.sql("SET dp.rho = 0.02").await.unwrap();
+    let e = s.sql_with_request_id(NOISY_ERROR, Some("job-9")).await.unwrap_err();
+    assert_eq!(e.code(), "policy_changed", "{e}");
+    assert!(e.to_string().contains("ρ = 0.02"), "{e}");
+    assert_eq!(s.budget().unwrap().charges.len(), 1, "refused before any new charge");
+    // At the price it was charged, the retry post-processes the same draw again.
+    s.sql("SET dp.rho = 0.05").await.unwrap();
+    let again = s.sql_with_request_id(NOISY_ERROR, Some("job-9")).await.unwrap_err();
+    assert_eq!(again.to_string(), first.to_string());
 }
 
 #[test]
@@ -658,7 +675,7 @@ async fn marginal_string_keys_that_begin_or_end_with_a_quote_are_counted() {
     let s = crate::common::session_with(10.0, 1.0, "t", batch, TablePolicy::row_level(cols).unwrap());
     let r = s.marginals("t", &["k".to_string()], &dpfusion::marginals::MarginalSpec::rho(5.0)).await.unwrap();
     // σ = 1/√10 ≈ 0.32: the count of "O'" is 400 up to a few units.
-    assert!((r.columns[0].noisy[0] - 400).abs() < 10, "{:?}", r.columns[0].noisy);
+    assert!((r.columns()[0].noisy[0] - 400).abs() < 10, "{:?}", r.columns()[0].noisy);
 }
 
 #[tokio::test]

@@ -3,7 +3,7 @@
 
 use datafusion::arrow::array::{Int64Array, RecordBatch, StringArray};
 use datafusion::arrow::datatypes::{DataType, Field, Schema};
-use dpfusion::marginals::{self, MarginalBudget, MarginalSpec};
+use dpfusion::marginals::{self, MarginalBudget, MarginalLayout, MarginalSpec};
 use dpfusion::{ColumnPolicy, DomainValue, DpSession, TablePolicy};
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -92,8 +92,8 @@ async fn neighbouring_audit_of_the_joint_sensitivity() {
         let mut runs: Vec<Vec<f64>> = Vec::new();
         for _ in 0..RUNS {
             let r = s.marginals("wide", &columns(), &spec).await.unwrap();
-            sigma = r.plan.sigma;
-            runs.push(r.columns.iter().flat_map(|c| c.noisy.iter().map(|x| *x as f64)).collect());
+            sigma = r.plan().sigma;
+            runs.push(r.columns().iter().flat_map(|c| c.noisy.iter().map(|x| *x as f64)).collect());
         }
         let cells = runs[0].len();
         let mean: Vec<f64> = (0..cells).map(|c| runs.iter().map(|r| r[c]).sum::<f64>() / RUNS as f64).collect();
@@ -124,20 +124,20 @@ async fn neighbouring_audit_of_the_joint_sensitivity() {
 async fn consistent_release_is_non_negative_with_equal_totals_and_one_charge() {
     let s = session(wide(300, true), 2);
     let r = s.marginals("wide", &columns(), &MarginalSpec::rho(0.05)).await.unwrap();
-    assert_eq!(r.columns.len(), D);
-    for c in &r.columns {
+    assert_eq!(r.columns().len(), D);
+    for c in r.columns() {
         assert_eq!(c.keys, vec!["0", "1"]);
         assert!(c.counts.iter().all(|x| *x >= 0.0));
         let sum: f64 = c.counts.iter().sum();
         assert!(
-            (sum - r.total).abs() < 1e-6 * r.total.max(1.0),
+            (sum - r.total()).abs() < 1e-6 * r.total().max(1.0),
             "column {} sums to {sum}, total {}",
             c.column,
-            r.total
+            r.total()
         );
     }
     // The total estimates the bounded row count (302) within the noise of an average of 20 column sums.
-    assert!((r.total - 302.0).abs() < 6.0 * r.plan.sigma * 2f64.sqrt(), "total {}", r.total);
+    assert!((r.total() - 302.0).abs() < 6.0 * r.plan().sigma * 2f64.sqrt(), "total {}", r.total());
     let b = s.budget().unwrap();
     assert_eq!(b.charges.len(), 1, "one debit for the whole batch");
     assert!((b.status.rho_spent - 0.05).abs() < 1e-9);
@@ -186,13 +186,13 @@ async fn long_tables_give_the_same_histograms() {
     let s = crate::common::session_with(10.0, 0.1, "long", batch, TablePolicy::with_unit("pid", 1, 1, cols).unwrap());
     let spec = MarginalSpec { consistency: false, ..MarginalSpec::rho(5.0) };
     let r = s.marginals_long("long", "attribute", "value", &spec).await.unwrap();
-    assert_eq!(r.columns.len(), 5);
-    close(r.plan.l2_sensitivity, 5f64.sqrt(), "Δ₂ = k·√d with d = 5 attributes");
-    for (j, c) in r.columns.iter().enumerate() {
+    assert_eq!(r.columns().len(), 5);
+    close(r.plan().l2_sensitivity, 5f64.sqrt(), "Δ₂ = k·√d with d = 5 attributes");
+    for (j, c) in r.columns().iter().enumerate() {
         assert_eq!(c.column, format!("q{j}"));
         for (v, noisy) in c.noisy.iter().enumerate() {
             let exact = (0..120i64).filter(|i| (i * (j as i64 + 1)) % 3 == v as i64).count() as f64;
-            assert!((*noisy as f64 - exact).abs() <= r.plan.max_error, "q{j}={v}: {noisy} vs {exact}");
+            assert!((*noisy as f64 - exact).abs() <= r.plan().max_error, "q{j}={v}: {noisy} vs {exact}");
         }
     }
 }
@@ -271,5 +271,28 @@ async fn long_non_ascii_column_lists_are_labelled_without_panicking() {
         .collect();
     let s = crate::common::session_with(1.0, 0.1, "t", batch, TablePolicy::row_level(cols).unwrap());
     let r = s.marginals("t", &names, &MarginalSpec::rho(0.5)).await.unwrap();
-    assert!(r.charge.label().ends_with("…)") && r.charge.label().len() < 220, "{}", r.charge.label());
+    assert!(r.charge().label().ends_with("…)") && r.charge().label().len() < 220, "{}", r.charge().label());
+}
+
+#[tokio::test]
+async fn the_explained_plan_is_the_released_one_and_explaining_spends_nothing() {
+    let layout = MarginalLayout::Wide(columns());
+    let spec = MarginalSpec { confidence: Some(0.9), ..MarginalSpec::rho(0.3) };
+    let (d, d1) = (session(wide(300, false), 2), session(wide(300, true), 2));
+    let p = d.explain_marginals("wide", &layout, &spec).await.unwrap();
+    let p1 = d1.explain_marginals("wide", &layout, &spec).await.unwrap();
+    let json = |v: &marginals::MarginalPlan| serde_json::to_value(v).unwrap();
+    assert_eq!(json(&p), json(&p1), "the plan does not depend on the data");
+    assert_eq!(d.budget().unwrap().charges.len(), 0, "explaining spends nothing");
+    assert_eq!(p.confidence, 0.9);
+    let r = d.release_marginals("wide", &layout, &spec).await.unwrap();
+    assert_eq!(json(r.plan()), json(&p));
+    assert_eq!(r.charge().rho().get(), p.rho);
+    assert_eq!(r.charge().measurements().len(), 1, "one measurement of the whole vector of cells");
+    // A release that cannot be made is refused by the explanation too, with the same code, before any debit.
+    let bad = MarginalLayout::Wide(vec!["a0".into(), "pid".into()]);
+    let e = d.explain_marginals("wide", &bad, &spec).await.unwrap_err();
+    let e1 = d.release_marginals("wide", &bad, &spec).await.unwrap_err();
+    assert_eq!((e.code(), e1.code()), ("marginal_no_domain", "marginal_no_domain"));
+    assert_eq!(d.budget().unwrap().charges.len(), 1);
 }

@@ -1,8 +1,9 @@
 //! `dpfusion marginals`: all one-way marginals of a table in one release, or the plan of one (`--plan`).
 
-use dpfusion::marginals::{MarginalBudget, MarginalPlan, MarginalRelease, MarginalSpec};
+use dpfusion::marginals::{MarginalBudget, MarginalLayout, MarginalPlan, MarginalRelease, MarginalSpec};
 use dpfusion::session::DpSession;
 use dpfusion::{DpError, Refusal};
+use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 
 /// Output format of a marginal release.
@@ -63,20 +64,27 @@ pub(crate) struct MarginalArgs {
     pub(crate) no_consistency: bool,
 }
 
-fn columns_of(s: &DpSession, a: &MarginalArgs) -> Result<Vec<String>, DpError> {
+/// The histograms the arguments ask for.
+fn layout_of(s: &DpSession, a: &MarginalArgs) -> Result<MarginalLayout, DpError> {
     let policy =
         s.tables().get(&a.table).ok_or_else(|| DpError::Refused(Refusal::NoTable { table: a.table.clone() }))?;
+    if let [attribute, value] = a.long.as_slice() {
+        return Ok(MarginalLayout::Long { attribute: attribute.clone(), value: value.clone() });
+    }
+    if !a.long.is_empty() {
+        return Err(DpError::Config("--long takes two columns: --long ATTRIBUTE,VALUE".into()));
+    }
     if a.all {
         let cols: Vec<String> = policy.columns.keys().filter(|c| policy.domain(c).is_some()).cloned().collect();
         if cols.is_empty() {
             return Err(DpError::Refused(Refusal::NoDomainColumns { table: a.table.clone() }));
         }
-        return Ok(cols);
+        return Ok(MarginalLayout::Wide(cols));
     }
-    if a.columns.is_empty() && a.long.is_empty() {
+    if a.columns.is_empty() {
         return Err(DpError::Config("give --columns a,b,c, --all, or --long ATTRIBUTE,VALUE".into()));
     }
-    Ok(a.columns.clone())
+    Ok(MarginalLayout::Wide(a.columns.clone()))
 }
 
 fn budget(a: &MarginalArgs) -> Result<MarginalBudget, DpError> {
@@ -112,9 +120,7 @@ fn print_plan(p: &MarginalPlan) {
 /// Runs the command; returns whether it succeeded.
 pub(crate) async fn run(a: MarginalArgs) -> Result<bool, DpError> {
     let (s, path, cfg) = super::open_with_config(a.config.clone()).await?;
-    if !a.long.is_empty() && a.long.len() != 2 {
-        return Err(DpError::Config("--long takes two columns: --long ATTRIBUTE,VALUE".into()));
-    }
+    let layout = layout_of(&s, &a)?;
     // Every output is checked before anything is spent: a release that cannot be written is not released.
     let protected = super::protected_paths(&path, &cfg);
     for p in a.out.iter().chain(&a.plot) {
@@ -126,36 +132,29 @@ pub(crate) async fn run(a: MarginalArgs) -> Result<bool, DpError> {
     if a.format == MarginalFormat::Parquet && a.out.is_none() {
         return Err(DpError::Config("--format parquet needs --out FILE.parquet".into()));
     }
-    let cols = columns_of(&s, &a)?;
-    let spec = MarginalSpec { budget: budget(&a)?, consistency: !a.no_consistency, confidence: None, progress: true };
+    let spec = MarginalSpec { budget: budget(&a)?, consistency: !a.no_consistency, confidence: None };
     if a.plan {
-        let policy = &s.tables()[&a.table];
-        let (d, cells) = if a.long.len() == 2 {
-            let attrs = policy.domain(&a.long[0]).map_or(0, |d| d.len());
-            (attrs, attrs * policy.domain(&a.long[1]).map_or(0, |d| d.len()))
-        } else {
-            (cols.len(), cols.iter().map(|c| policy.domain(c).map_or(0, |d| d.len())).sum())
-        };
-        let (p, _) = dpfusion::marginals::plan(d, cells, policy.max_rows_per_unit, spec.budget, a.n, 0.95, s.delta())?;
+        let mut p = s.explain_marginals(&a.table, &layout, &spec).await?;
+        p.sigma_frequency = a.n.filter(|n| *n > 0.0).map(|n| p.sigma / n);
         print_plan(&p);
         return Ok(true);
     }
-    let r = if a.long.len() == 2 {
-        s.marginals_long(&a.table, &a.long[0], &a.long[1], &spec).await?
-    } else {
-        s.marginals(&a.table, &cols, &spec).await?
-    };
+    if std::io::stderr().is_terminal() {
+        // Nothing about the data (not even a count of rows read) may be shown before the noisy release.
+        eprintln!("reading {} once (the noisy histograms follow when the pass is done)…", a.table);
+    }
+    let r = s.release_marginals(&a.table, &layout, &spec).await?;
     if let Some(p) = &a.plot {
         super::plot::write_plot(&r, p, a.force)?;
     }
     write_release(&r, a.format, a.out.as_deref(), a.force)?;
     eprintln!(
         "released {} histograms ({} cells) · σ = {} · ρ spent {} · remaining {}",
-        r.columns.len(),
-        r.plan.cells,
-        dpfusion::release::fmt_num(r.plan.sigma),
-        dpfusion::release::fmt_num(r.charge.rho().get()),
-        dpfusion::release::fmt_num(r.budget.rho_remaining)
+        r.columns().len(),
+        r.plan().cells,
+        dpfusion::release::fmt_num(r.plan().sigma),
+        dpfusion::release::fmt_num(r.charge().rho().get()),
+        dpfusion::release::fmt_num(r.budget().rho_remaining)
     );
     Ok(true)
 }

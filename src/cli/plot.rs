@@ -25,25 +25,25 @@ const PER_ROW: usize = 4;
 pub(crate) const MAX_CHARTS: usize = 120;
 
 fn size(r: &MarginalRelease) -> (f64, f64) {
-    let rows = r.columns.len().min(MAX_CHARTS).div_ceil(PER_ROW).max(1);
+    let rows = r.columns().len().min(MAX_CHARTS).div_ceil(PER_ROW).max(1);
     (W * PER_ROW as f64, H * rows as f64 + 20.0)
 }
 
 fn draw(r: &MarginalRelease, c: &mut dyn Canvas) {
-    let ci = r.plan.ci_half_width;
+    let ci = r.plan().ci_half_width;
     let (_, height) = size(r);
     c.text(
         6.0,
         height - 8.0,
         &format!(
             "noisy counts, bars +- {ci} ({}% per cell), sigma {:.3}, rho {:.4}",
-            r.plan.confidence * 100.0,
-            r.plan.sigma,
-            r.charge.rho().get()
+            r.plan().confidence * 100.0,
+            r.plan().sigma,
+            r.charge().rho().get()
         ),
         false,
     );
-    for (i, col) in r.columns.iter().take(MAX_CHARTS).enumerate() {
+    for (i, col) in r.columns().iter().take(MAX_CHARTS).enumerate() {
         let (x0, y0) = ((i % PER_ROW) as f64 * W, (i / PER_ROW) as f64 * H);
         let top = col.counts.iter().map(|v| v + ci).fold(1.0f64, f64::max);
         let (pw, ph, left, base) = (W - 30.0, H - 50.0, x0 + 20.0, y0 + H - 25.0);

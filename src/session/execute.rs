@@ -13,19 +13,22 @@ use crate::accounting::Charge;
 use crate::accounting::calibrate::Calibration;
 use crate::accounting::ledger::{Claim, Prior};
 use crate::error::{DpError, Result, engine};
+use crate::marginals::{Counter, MarginalRelease, RowSampler};
+use crate::noise::NoiseParams;
 use crate::noise::gaussian::DiscreteGaussian;
 use crate::noise::laplace::DiscreteLaplace;
-use crate::noise::{Mechanism, NoiseParams};
 use crate::plan::DpPlan;
 use crate::refusal::Refusal;
 use crate::release::{Parts, Release};
 use crate::session::DpSession;
 use crate::session::accuracy::{column_accuracy, is_interval_column, noise_accuracy};
+use crate::session::marginals::PreparedMarginals;
 use crate::session::post::{PostFailure, domain_product, noisy_batch};
-use crate::session::prepare::Prepared;
+use crate::session::prepare::{Prepared, Quote};
 use datafusion::arrow::array::{Array, AsArray, Decimal128Array, Int64Array, RecordBatch};
 use datafusion::arrow::datatypes::{Float64Type, SchemaRef};
 use datafusion::common::ScalarValue;
+use futures::StreamExt;
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -101,9 +104,9 @@ impl DpSession {
         let quote = self.quote(&prepared.dp)?;
         let (charge, stored) = match request_id {
             None => (self.ledger.charge(sql, quote.measurements)?, None),
-            Some(id) => match self.ledger.claim(sql, id, quote.measurements)? {
+            Some(id) => match self.ledger.claim(sql, id, quote.measurements.clone())? {
                 Claim::New(c) => (c, None),
-                Claim::Existing(prior) => match resume(id, sql, &prepared.dp, prior)? {
+                Claim::Existing(prior) => match resume(id, sql, &prepared.dp, &quote, prior)? {
                     Next::Run(c, stored) => (c, stored),
                     Next::Done(r) => return Ok(*r),
                 },
@@ -137,7 +140,12 @@ impl DpSession {
                         let draw = Draw { fingerprint: dp.fingerprint(), values: drawn };
                         let stored = Draw::from_bytes(&self.ledger.store_draw(id, &draw.to_bytes())?)?;
                         if stored.fingerprint != draw.fingerprint {
-                            return Err(policy_changed(id));
+                            // Only a run under another policy can have stored another plan's draw under this id.
+                            return Err(DpError::Refused(Refusal::PolicyChanged {
+                                id: id.to_string(),
+                                charged: charge.rho().get(),
+                                quoted: charge.rho().get(),
+                            }));
                         }
                         stored.values
                     }
@@ -188,41 +196,76 @@ fn stored_release(id: &str, sql: &str, charge: Charge, bytes: &[u8]) -> Result<R
 }
 
 /// A request id that was claimed before: return its release, post-process its stored draw, or (charged, no draw
-/// yet) run under its charge, provided the query and the policy are the ones it was charged for.
-fn resume(id: &str, sql: &str, dp: &DpPlan, prior: Prior) -> Result<Next> {
+/// yet) run under its charge, provided the query, its plan and its price (`quote`) are the ones it was charged for.
+fn resume(id: &str, sql: &str, dp: &DpPlan, quote: &Quote, prior: Prior) -> Result<Next> {
+    let changed = |c: &Charge| {
+        DpError::Refused(Refusal::PolicyChanged { id: id.to_string(), charged: c.rho().get(), quoted: quote.rho.get() })
+    };
     match prior {
         Prior::None => Err(DpError::Ledger(format!("request id `{id}` was claimed but has no charge"))),
         Prior::Released(c, bytes) => stored_release(id, sql, c, &bytes).map(|r| Next::Done(Box::new(r))),
         Prior::Drawn(c, _) | Prior::Charged(c) if c.label() != sql => Err(another_query(id, &c)),
+        // The noise is (or was) calibrated from the stored charge: it must be what this query costs now.
+        Prior::Drawn(c, _) | Prior::Charged(c) if c.measurements() != quote.measurements.as_slice() => Err(changed(&c)),
         Prior::Drawn(_, bytes) if bytes.is_empty() => {
             Err(DpError::Refused(Refusal::RequestIdLost { id: id.to_string() }))
         }
         Prior::Drawn(c, bytes) => {
             let draw = Draw::from_bytes(&bytes)?;
             if draw.fingerprint != dp.fingerprint() {
-                return Err(policy_changed(id));
+                return Err(changed(&c));
             }
             Ok(Next::Run(c, Some(draw.values)))
         }
-        Prior::Charged(c) => {
-            // The noise will be calibrated from the stored charge: it must be for the same sensitivities.
-            let same = c.measurements().len() == dp.measures.len()
-                && c.measurements().iter().zip(&dp.measures).all(|(cal, m)| {
-                    let s = match cal.mechanism() {
-                        Mechanism::Gaussian => m.sensitivity.l2,
-                        Mechanism::Laplace => m.sensitivity.l1,
-                    };
-                    cal.sensitivity() == s
-                });
-            if !same {
-                return Err(policy_changed(id));
-            }
-            Ok(Next::Run(c, None))
-        }
+        Prior::Charged(c) => Ok(Next::Run(c, None)),
     }
 }
 
 impl DpSession {
+    /// Answers a prepared marginal release: debits its quote **before** anything is read, then runs its plans
+    /// once (the per-unit row counts, then a single pass counting every cell while each unit is bounded to k
+    /// random rows) and adds discrete Gaussian noise, calibrated from the charge, to every cell. The
+    /// [`MarginalRelease`] is made from the charge, taken by value. See [`crate::marginals`] for the privacy claim.
+    pub(crate) async fn answer_marginals(&self, prepared: PreparedMarginals) -> Result<MarginalRelease> {
+        let PreparedMarginals { histograms, plan, quote, k, over_limit, rows } = prepared;
+        let charge = self.ledger.charge(&histograms.label(), quote.measurements)?;
+        let task = self.ctx.task_ctx();
+        let mut sampler = match over_limit {
+            None => None,
+            Some(over) => {
+                let batches = datafusion::physical_plan::collect(over.clone(), task.clone())
+                    .await
+                    .map_err(|e| self.private_failure(e))?;
+                Some(RowSampler::new(&over.schema(), &batches, k, &mut *self.lock_rng()?)?)
+            }
+        };
+        let mut counter = Counter::new(&histograms);
+        let mut stream = datafusion::physical_plan::execute_stream(rows, task).map_err(|e| self.private_failure(e))?;
+        while let Some(batch) = stream.next().await {
+            let mut batch = batch.map_err(|e| self.private_failure(e))?;
+            if let Some(sampler) = &mut sampler {
+                batch = sampler.sample(&batch)?;
+            }
+            counter.add(&batch)?;
+        }
+        let [cal] = charge.measurements() else {
+            return Err(DpError::Internal("a marginal release is one measurement".into()));
+        };
+        let NoiseParams::Gaussian { sigma_sq } = cal.params() else {
+            return Err(DpError::Internal("a marginal release uses the Gaussian mechanism".into()));
+        };
+        let g = DiscreteGaussian::new(sigma_sq)?;
+        let noisy = {
+            let mut rng = self.lock_rng()?;
+            counter
+                .counts()
+                .iter()
+                .map(|h| h.iter().map(|c| i64::try_from(c + g.sample(&mut rng)).unwrap_or(i64::MAX)).collect())
+                .collect()
+        };
+        Ok(MarginalRelease::new(&histograms, noisy, plan, charge, self.status()?))
+    }
+
     /// Runs the private plan and adds noise to every cell of the domain; returns the noisy values, cells in the
     /// order of [`domain_product`]. Errors while reading the data are reported without their text (which could
     /// quote a private value): the engine's error stays in the `source` for the data owner.
@@ -305,10 +348,6 @@ fn split_hidden(
         out.push(b.project(&shown).map_err(|e| DpError::Internal(e.to_string()))?);
     }
     Ok((Arc::new(schema.project(&shown).map_err(|e| DpError::Internal(e.to_string()))?), out, values))
-}
-
-fn policy_changed(id: &str) -> DpError {
-    DpError::Refused(Refusal::PolicyChanged { id: id.to_string() })
 }
 
 /// Reads the exact aggregates: key → one integer per measurement (grid units).

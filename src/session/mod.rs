@@ -15,10 +15,14 @@
 //!    BY, LIMIT) run over the noisy table on a memory-limited context: post-processing, which costs nothing
 //!    (BS16 Lemma 1.8).
 //!
+//! The marginal release takes the same path: prepared and priced before anything is spent (`marginals.rs`),
+//! then debited, run once and noised by `execute.rs`, the only code that runs a plan over private tables.
+//!
 //! Neighbouring relation: add/remove all rows of one privacy unit.
 
 mod accuracy;
 mod execute;
+mod marginals;
 mod post;
 mod prepare;
 mod statement;
@@ -405,5 +409,36 @@ impl DpSession {
             })
         })
         .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// `execute.rs` is the only code that runs a plan over the private tables (after the debit); `post.rs` runs
+    /// plans on its own context, which holds no table. A call that executes a plan anywhere else fails this test.
+    #[test]
+    fn only_execute_rs_runs_plans_over_private_tables() {
+        let calls = ["execute_stream", "physical_plan::collect", "execute_logical_plan", ".collect().await", "ctx.sql"];
+        let mut dirs = vec![std::path::PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/src"))];
+        let mut offenders = Vec::new();
+        while let Some(dir) = dirs.pop() {
+            for entry in std::fs::read_dir(&dir).unwrap() {
+                let path = entry.unwrap().path();
+                if path.is_dir() {
+                    dirs.push(path);
+                    continue;
+                }
+                let name = path.to_string_lossy().replace('\\', "/");
+                if name.ends_with("session/execute.rs") || name.ends_with("session/post.rs") || name.contains("/cli/") {
+                    continue;
+                }
+                let text = std::fs::read_to_string(&path).unwrap();
+                let text = text.split("#[cfg(test)]").next().unwrap_or_default(); // tests may run anything
+                offenders.extend(calls.iter().filter(|c| text.contains(*c)).map(|c| format!("{name}: {c}")));
+            }
+        }
+        assert!(offenders.is_empty(), "plans run outside execute.rs: {offenders:?}");
+        let post = include_str!("post.rs");
+        assert!(!post.contains("self.ctx"), "post-processing must not use the private context");
     }
 }

@@ -155,15 +155,23 @@ impl DpSession {
         size::check_constant_sizes(&analyzed)?;
         safety::check_constants(&analyzed)?;
         let dp = plan::compile(&analyzed, &|t| self.private_table(t))?;
-        let private = state.optimize(&dp.private).map_err(|e| internal("optimized", e))?;
+        let (private, physical) = self.plan_private(&dp.private).await?;
+        self.check_post_processing(&dp).await?;
+        Ok(Prepared { dp, private, physical })
+    }
+
+    /// Optimizes a bounded private plan, checks the plan that will run (every constant evaluates, every expression
+    /// is total) and plans it physically: what this returns is exactly what runs after the debit.
+    pub(crate) async fn plan_private(&self, bounded: &LogicalPlan) -> Result<(LogicalPlan, Arc<dyn ExecutionPlan>)> {
+        let state = self.ctx.state();
+        let private = state.optimize(bounded).map_err(|e| internal("optimized", e))?;
         // The optimizer folds what it can and keeps what fails for run time: check the plan that runs, again.
         size::check_constant_sizes(&private)?;
         safety::check_constants(&private)?;
         safety::check_total(&private)?;
         let physical =
             state.query_planner().create_physical_plan(&private, &state).await.map_err(|e| internal("planned", e))?;
-        self.check_post_processing(&dp).await?;
-        Ok(Prepared { dp, private, physical })
+        Ok((private, physical))
     }
 
     /// Calibrates each measurement of `dp` with ρ/m.
@@ -206,9 +214,15 @@ impl DpSession {
     /// Prices `dp` with the session's current settings (`SET dp.rho`, `dp.mechanism`, `dp.confidence`).
     pub(crate) fn quote(&self, dp: &DpPlan) -> Result<Quote> {
         let (rho, mech, confidence) = self.query_settings()?;
-        let measurements = Self::calibrate(dp, rho, mech)?;
+        Quote::new(Self::calibrate(dp, rho, mech)?, self.defaults.delta, confidence)
+    }
+}
+
+impl Quote {
+    /// The price of `measurements`, with (ε, δ) at `delta`.
+    pub(crate) fn new(measurements: Vec<Calibration>, delta: f64, confidence: f64) -> Result<Quote> {
         let rho = crate::accounting::filter::total_rho(&measurements)?;
-        let epsilon = crate::accounting::convert::epsilon_for_measurements(&measurements, self.defaults.delta)?;
+        let epsilon = crate::accounting::convert::epsilon_for_measurements(&measurements, delta)?;
         Ok(Quote { measurements, rho, epsilon, confidence })
     }
 }

@@ -1,0 +1,154 @@
+//! Preparing a one-way marginal release (the mechanism and its privacy claim: [`crate::marginals`]): the
+//! histograms, their price and the physical plans that will run, all settled before anything is spent. Answering
+//! it (`execute.rs`) debits exactly this quote and runs exactly these plans, as for a SQL query.
+//!
+//! Neighbouring relation: add/remove all rows of one privacy unit.
+
+use crate::error::{DpError, Result, engine};
+use crate::marginals::{self, Histograms, MarginalLayout, MarginalPlan, MarginalRelease, MarginalSpec};
+use crate::noise::accuracy;
+use crate::plan::bound;
+use crate::policy::DomainValue;
+use crate::refusal::Refusal;
+use crate::session::DpSession;
+use crate::session::prepare::Quote;
+use datafusion::common::Column;
+use datafusion::logical_expr::{Expr, LogicalPlanBuilder, col, lit};
+use datafusion::physical_plan::ExecutionPlan;
+use std::sync::Arc;
+
+/// A marginal release planned and priced end to end; nothing has been spent or read.
+pub(crate) struct PreparedMarginals {
+    /// What is counted (public).
+    pub(crate) histograms: Histograms,
+    /// Its noise and accuracy.
+    pub(crate) plan: MarginalPlan,
+    /// Its price: one Gaussian measurement of the whole vector of cells.
+    pub(crate) quote: Quote,
+    /// Rows kept per unit (per attribute, for long tables).
+    pub(crate) k: u64,
+    /// With a privacy unit: the units (per attribute) with more than `k` rows, each with its row count.
+    pub(crate) over_limit: Option<Arc<dyn ExecutionPlan>>,
+    /// Every row: the counted columns, then (with a privacy unit) the unit's key columns.
+    pub(crate) rows: Arc<dyn ExecutionPlan>,
+}
+
+impl DpSession {
+    /// Releases the one-way marginals (histograms) of `columns` of `table` at once: one σ, one debit, exact
+    /// discrete Gaussian noise on every cell, computed in a single pass over the data. See [`crate::marginals`]
+    /// for the privacy claim.
+    pub async fn marginals(&self, table: &str, columns: &[String], spec: &MarginalSpec) -> Result<MarginalRelease> {
+        self.release_marginals(table, &MarginalLayout::Wide(columns.to_vec()), spec).await
+    }
+
+    /// One-way marginals of a long table (`unit, attribute, value`): one histogram of `value_column` per
+    /// attribute in the domain of `attribute_column`. Units are bounded to `max_rows_per_unit` rows per attribute.
+    pub async fn marginals_long(
+        &self,
+        table: &str,
+        attribute_column: &str,
+        value_column: &str,
+        spec: &MarginalSpec,
+    ) -> Result<MarginalRelease> {
+        let layout = MarginalLayout::Long { attribute: attribute_column.to_string(), value: value_column.to_string() };
+        self.release_marginals(table, &layout, spec).await
+    }
+
+    /// The marginal release of `layout`: prepared and priced (everything [`DpSession::explain_marginals`] does),
+    /// then debited, run once and noised.
+    pub async fn release_marginals(
+        &self,
+        table: &str,
+        layout: &MarginalLayout,
+        spec: &MarginalSpec,
+    ) -> Result<MarginalRelease> {
+        let prepared = self.prepare_marginals(table, layout, spec).await?;
+        self.answer_marginals(prepared).await
+    }
+
+    /// What [`DpSession::release_marginals`] would do and cost: the noise, the accuracy of every cell and the
+    /// (ε, δ), after every check the release makes before its debit, so it refuses exactly what the release would
+    /// refuse. Spends nothing, reads no data.
+    pub async fn explain_marginals(
+        &self,
+        table: &str,
+        layout: &MarginalLayout,
+        spec: &MarginalSpec,
+    ) -> Result<MarginalPlan> {
+        Ok(self.prepare_marginals(table, layout, spec).await?.plan)
+    }
+
+    async fn prepare_marginals(
+        &self,
+        table: &str,
+        layout: &MarginalLayout,
+        spec: &MarginalSpec,
+    ) -> Result<PreparedMarginals> {
+        let policy =
+            self.policies.get(table).ok_or_else(|| DpError::Refused(Refusal::NoTable { table: table.to_string() }))?;
+        let domain = |c: &str| {
+            policy.domain(c).map(<[DomainValue]>::to_vec).ok_or_else(|| {
+                DpError::Refused(Refusal::MarginalNoDomain { table: table.to_string(), column: c.to_string() })
+            })
+        };
+        // The columns each row of the pass carries (counted first), and what is counted.
+        let (counted, histograms) = match layout {
+            MarginalLayout::Wide(columns) => {
+                let domains = columns.iter().map(|c| domain(c)).collect::<Result<Vec<_>>>()?;
+                let h = Histograms {
+                    table: table.to_string(),
+                    names: columns.clone(),
+                    domains,
+                    attributes: None,
+                    consistency: spec.consistency,
+                };
+                (columns.clone(), h)
+            }
+            MarginalLayout::Long { attribute, value } => {
+                let attrs = domain(attribute)?;
+                let values = domain(value)?;
+                let h = Histograms {
+                    table: table.to_string(),
+                    names: attrs.iter().map(marginals::domain_label).collect(),
+                    domains: vec![values; attrs.len()],
+                    attributes: Some(attrs),
+                    consistency: spec.consistency,
+                };
+                (vec![attribute.clone(), value.clone()], h)
+            }
+        };
+        let confidence = spec.confidence.unwrap_or(self.defaults.confidence);
+        accuracy::check_confidence(confidence)?;
+        let k = policy.max_rows_per_unit;
+        let (d, cells) = (histograms.names.len(), histograms.cells());
+        let (plan, cal) = marginals::plan(d, cells, k, spec.budget, None, confidence, self.defaults.delta)?;
+        let quote = Quote::new(vec![cal], self.defaults.delta, confidence)?;
+
+        let scan = self.ctx.table(table).await.map_err(engine)?.into_unoptimized_plan();
+        let mut project: Vec<Expr> = counted.iter().map(|c| Expr::Column(Column::from_name(c))).collect();
+        // With a privacy unit, the unit (and the attribute, for long tables) closes each row, and the bounding
+        // to k rows happens while counting (`RowSampler`); the per-unit row counts it needs come from `over_limit`.
+        let (input, over_limit) = match &policy.privacy_unit {
+            None => (scan, None),
+            Some(pu) => {
+                let input = bound::carry_unit(scan, pu)?;
+                let mut unit_key = vec![col(Column::from_name(bound::UNIT))];
+                if let MarginalLayout::Long { attribute, .. } = layout {
+                    unit_key.push(col(Column::from_name(attribute)));
+                }
+                project.extend(unit_key.iter().enumerate().map(|(i, e)| e.clone().alias(format!("__dp_key{i}"))));
+                let n = datafusion::functions_aggregate::expr_fn::count(lit(1i64));
+                let over = LogicalPlanBuilder::from(input.clone())
+                    .aggregate(unit_key, vec![n.alias("__dp_n")])
+                    .and_then(|b| b.filter(col("__dp_n").gt(lit(k as i64))))
+                    .and_then(|b| b.build())
+                    .map_err(engine)?;
+                (input, Some(self.plan_private(&over).await?.1))
+            }
+        };
+        let rows = LogicalPlanBuilder::from(input).project(project).and_then(|b| b.build()).map_err(engine)?;
+        let (_, rows) = self.plan_private(&rows).await?;
+        marginals::check_counted_types(&histograms, &rows.schema())?;
+        Ok(PreparedMarginals { histograms, plan, quote, k, over_limit, rows })
+    }
+}
