@@ -20,8 +20,11 @@
 use crate::error::{DpError, Result, engine};
 use crate::plan::clip::Clip as ClipFn;
 use crate::plan::exact_sum::BoundedSum;
+use crate::plan::measures::Measured;
 use crate::plan::pick::{self, Pick};
-use crate::policy::DomainValue;
+use crate::plan::sensitivity::Contribution;
+use crate::plan::{GroupKey, MeasureKind};
+use crate::policy::{DomainValue, TablePolicy};
 use crate::refusal::Refusal;
 use datafusion::arrow::datatypes::DataType;
 use datafusion::common::tree_node::{Transformed, TreeNode};
@@ -139,6 +142,41 @@ pub enum Clip {
         /// Highest grid value of one row.
         hi: f64,
     },
+}
+
+/// Phase 4 of [`crate::plan::compile`]: the bounded aggregate over the `scoped` input, GROUP BY keys first, then
+/// one column `__dp_m{i}` per measurement. With a privacy unit, each unit's contribution is bounded by
+/// [`per_unit`] (each measurement clipped as its kind needs; at most `contribution.groups` cells per unit when
+/// that is fewer than the `cells` of the keys); on a row-level table every row is its own unit and one aggregation suffices.
+pub fn bounded_aggregate(
+    scoped: LogicalPlan,
+    policy: &TablePolicy,
+    keys: &[GroupKey],
+    cells: u64,
+    contribution: Contribution,
+    measured: &Measured,
+) -> Result<LogicalPlan> {
+    let key_cols: Vec<Column> = keys.iter().map(|k| k.column.clone()).collect();
+    if policy.privacy_unit.is_none() {
+        let group_exprs: Vec<Expr> = key_cols.into_iter().map(Expr::Column).collect();
+        let exprs: Vec<Expr> =
+            measured.exprs.iter().enumerate().map(|(i, e)| e.clone().alias(format!("__dp_m{i}"))).collect();
+        return LogicalPlanBuilder::from(scoped).aggregate(group_exprs, exprs).and_then(|b| b.build()).map_err(engine);
+    }
+    let clips: Vec<Clip> = measured
+        .measures
+        .iter()
+        .map(|m| match &m.kind {
+            MeasureKind::CountRows => Clip::Rows,
+            MeasureKind::CountValues => Clip::Values,
+            MeasureKind::Sum { scale_bits, lo, hi } => {
+                let s = 2f64.powi(*scale_bits);
+                Clip::Sum { lo: (lo * s).floor(), hi: (hi * s).ceil() }
+            }
+        })
+        .collect();
+    let groups = (contribution.groups < cells && !keys.is_empty()).then_some(contribution.groups);
+    per_unit(scoped, &key_cols, contribution.rows, groups, &clips, measured.exprs.clone())
 }
 
 /// Per-unit bounding by hash aggregation: `row_aggs[i]` (COUNT(col) or SUM(bounded value), unaliased) is first

@@ -1,0 +1,237 @@
+//! The compiler's phases, each alone, and snapshots of the rewritten plans they build (as DataFusion's optimizer
+//! tests pin theirs): a change in the shape of a bounded plan shows up here as a readable diff.
+
+use super::*;
+use crate::policy::{ColumnPolicy, DomainValue};
+use datafusion::arrow::datatypes::{DataType, Field, Schema};
+use datafusion::datasource::MemTable;
+use datafusion::prelude::SessionContext;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+/// `t(pid, age, sex, income, score)`: age and sex have domains, income and score bounds; score is a float key.
+fn policy(unit: bool, groups: u64) -> TablePolicy {
+    let ints = |v: &[i64]| ColumnPolicy::Domain(v.iter().map(|i| DomainValue::Int(*i)).collect());
+    let cols = BTreeMap::from([
+        ("age".to_string(), ints(&[0, 1, 2, 3])),
+        ("sex".to_string(), ColumnPolicy::Domain(vec![DomainValue::Str("F".into()), DomainValue::Str("M".into())])),
+        ("income".to_string(), ColumnPolicy::Bounds { lo: 0.0, hi: 1000.0 }),
+        ("score".to_string(), ints(&[0, 1])),
+    ]);
+    if unit { TablePolicy::with_unit("pid", 2, groups, cols).unwrap() } else { TablePolicy::row_level(cols).unwrap() }
+}
+
+/// The analyzed plan of `sql` over an empty `t` (as `session::prepare` plans it before compiling).
+async fn analyzed(sql: &str) -> LogicalPlan {
+    let schema = Schema::new(vec![
+        Field::new("pid", DataType::Int64, false),
+        Field::new("age", DataType::Int64, true),
+        Field::new("sex", DataType::Utf8, true),
+        Field::new("income", DataType::Int64, true),
+        Field::new("score", DataType::Float64, true),
+    ]);
+    let ctx = SessionContext::new();
+    ctx.register_table("t", Arc::new(MemTable::try_new(Arc::new(schema), vec![vec![]]).unwrap())).unwrap();
+    let state = ctx.state();
+    let plan = state.create_logical_plan(sql).await.unwrap();
+    state.analyzer().execute_and_check(plan, state.config_options(), |_, _| {}).unwrap()
+}
+
+async fn compiled(sql: &str, policy: &TablePolicy) -> Result<DpPlan> {
+    compile(&analyzed(sql).await, &|t| (t.table() == "t").then(|| policy.clone()))
+}
+
+/// Asserts that `plan` displays as `expected` (indented lines; common indentation and blank ends ignored).
+#[track_caller]
+fn assert_plan(plan: &LogicalPlan, expected: &str) {
+    let lines: Vec<&str> = expected.lines().filter(|l| !l.trim().is_empty()).collect();
+    let indent = lines.iter().map(|l| l.len() - l.trim_start().len()).min().unwrap_or(0);
+    let expected: Vec<&str> = lines.iter().map(|l| &l[indent..]).collect();
+    let actual = plan.display_indent().to_string();
+    assert_eq!(actual.lines().collect::<Vec<_>>(), expected, "\nthe plan is now:\n{actual}\n");
+}
+
+/// The refusal code of compiling `sql`.
+async fn refused(sql: &str, policy: &TablePolicy) -> &'static str {
+    match compiled(sql, policy).await {
+        Err(e) => e.code(),
+        Ok(_) => panic!("{sql} compiled"),
+    }
+}
+
+/// The single Aggregate of `sql`'s plan, with its table.
+fn located(plan: &LogicalPlan) -> (&datafusion::logical_expr::Aggregate, TableReference) {
+    let l = validate::locate(plan, &|t| t.table() == "t").unwrap();
+    (l.aggregate, l.table)
+}
+
+#[tokio::test]
+async fn keys_are_bare_columns_with_a_public_domain_and_never_the_unit() {
+    let plan = analyzed("SELECT sex, age, COUNT(*) FROM t GROUP BY sex, age").await;
+    let (agg, table) = located(&plan);
+    let keys = keys::group_keys(agg, &policy(true, 1), &table).unwrap();
+    let shown: Vec<(String, String)> = keys
+        .iter()
+        .map(|k| (k.base.clone(), k.domain.iter().map(|v| v.to_string()).collect::<Vec<_>>().join(",")))
+        .collect();
+    assert_eq!(shown, [("sex".to_string(), "F,M".to_string()), ("age".into(), "0,1,2,3".into())]);
+    assert_eq!(keys::cells(&keys).unwrap(), 8);
+    let p = policy(true, 1);
+    assert_eq!(refused("SELECT age + 1, COUNT(*) FROM t GROUP BY age + 1", &p).await, "computed_key");
+    assert_eq!(refused("SELECT pid, COUNT(*) FROM t GROUP BY pid", &p).await, "unit_as_key");
+    assert_eq!(refused("SELECT income, COUNT(*) FROM t GROUP BY income", &p).await, "no_domain");
+    assert_eq!(refused("SELECT age, COUNT(*) FROM t GROUP BY ROLLUP(age)", &p).await, "grouping_sets");
+    let wide = |base: &str| GroupKey {
+        column: Column::from_name(base),
+        base: base.into(),
+        domain: (0..1001).map(|i| ScalarValue::Int64(Some(i))).collect(),
+    };
+    assert_eq!(keys::cells(&[wide("a")]).unwrap(), 1001);
+    assert_eq!(keys::cells(&[wide("a"), wide("b")]).unwrap_err().code(), "too_many_cells");
+}
+
+#[tokio::test]
+async fn the_scope_carries_the_unit_and_drops_rows_outside_the_domains() {
+    let scope = |sql: &'static str, p: TablePolicy| async move {
+        let plan = analyzed(sql).await;
+        let (agg, table) = located(&plan);
+        let keys = keys::group_keys(agg, &p, &table).unwrap();
+        keys::scope(agg.input.as_ref(), &p, &keys).unwrap()
+    };
+    // Row level, integer key: nothing to add (out-of-domain groups are discarded unseen after the aggregate).
+    let s = scope("SELECT age, COUNT(*) FROM t WHERE sex = 'F' GROUP BY age", policy(false, 1)).await;
+    assert_plan(
+        &s,
+        r#"
+        Filter: t.sex = Utf8("F")
+          TableScan: t
+        "#,
+    );
+    // A float key compares -0.0 = 0.0: filtered to its domain.
+    let s = scope("SELECT score, COUNT(*) FROM t GROUP BY score", policy(false, 1)).await;
+    assert_plan(
+        &s,
+        "
+        Filter: t.score IN ([Float64(0), Float64(1)])
+          TableScan: t
+        ",
+    );
+    // Person level: the unit carried up, then the domain filter (a contiguous integer domain is a range).
+    let s = scope("SELECT age, COUNT(*) FROM t GROUP BY age", policy(true, 1)).await;
+    assert_plan(
+        &s,
+        "
+        Filter: t.age BETWEEN Int64(0) AND Int64(3)
+          Projection: t.pid, t.age, t.sex, t.income, t.score, t.pid AS __dp_unit
+            TableScan: t
+        ",
+    );
+}
+
+#[tokio::test]
+async fn measurements_are_shared_and_carry_their_sensitivities() {
+    let p = policy(true, 1);
+    let plan = analyzed("SELECT SUM(income), AVG(income), COUNT(income), COUNT(*) FROM t").await;
+    let (agg, table) = located(&plan);
+    let scoped = keys::scope(agg.input.as_ref(), &p, &[]).unwrap();
+    let contribution = Contribution::of(&p, None);
+    let m = measures::measurements(agg, scoped.schema(), &p, &table, contribution).unwrap();
+    let labels: Vec<String> = m.measures.iter().map(Measure::label).collect();
+    assert_eq!(labels, ["SUM(income)", "COUNT(income)", "COUNT(*)"], "AVG shares the SUM and the COUNT");
+    assert_eq!(
+        m.outputs,
+        [OutputKind::Measure(0), OutputKind::Avg { sum: 0, count: 1 }, OutputKind::Measure(1), OutputKind::Measure(2)]
+    );
+    // k = 2 rows per person, one group: a COUNT moves by 2, a SUM of values in [0, 1000] by 2000.
+    let l1: Vec<f64> = m.measures.iter().map(|m| m.sensitivity.l1).collect();
+    assert_eq!(l1, [2000.0, 2.0, 2.0]);
+    for (sql, code) in [
+        ("SELECT COUNT(DISTINCT age) FROM t", "distinct_aggregate"),
+        ("SELECT COUNT(*) FILTER (WHERE age > 1) FROM t", "filtered_aggregate"),
+        ("SELECT SUM(income + 1) FROM t", "computed_argument"),
+        ("SELECT SUM(age) FROM t", "no_bounds"),
+        ("SELECT SUM(pid) FROM t", "unit_aggregated"),
+        ("SELECT MAX(income) FROM t", "unsupported_aggregate"),
+        ("SELECT MAX(DISTINCT income) FROM t", "distinct_aggregate"),
+    ] {
+        assert_eq!(refused(sql, &p).await, code, "{sql}");
+    }
+}
+
+#[tokio::test]
+async fn bounded_plans_keep_their_shape() {
+    let snapshot = |sql: &'static str, p: TablePolicy, expected: &'static str| async move {
+        let dp = compiled(sql, &p).await.unwrap();
+        assert_plan(&dp.private, expected);
+    };
+    // Row level: one aggregation, each measurement once.
+    snapshot(
+        "SELECT age, SUM(income), AVG(income), COUNT(income) FROM t WHERE sex = 'F' GROUP BY age",
+        policy(false, 1),
+        r#"
+        Aggregate: groupBy=[[t.age]], aggr=[[dp_bounded_sum(CAST(t.income AS Int64)) AS __dp_m0, count(t.income) AS __dp_m1]]
+          Filter: t.sex = Utf8("F")
+            TableScan: t
+        "#,
+    )
+    .await;
+    // Person level without GROUP BY: each person's rows counted, clipped to k = 2, summed.
+    snapshot(
+        "SELECT COUNT(*) FROM t",
+        policy(true, 1),
+        "
+        Aggregate: groupBy=[[]], aggr=[[sum(__dp_x0) AS __dp_m0]]
+          Projection: __dp_unit, CASE WHEN __dp_n > Int64(2) THEN Int64(2) ELSE __dp_n END AS __dp_x0
+            Aggregate: groupBy=[[__dp_unit]], aggr=[[count(Int64(1)) AS __dp_n]]
+              Projection: t.pid, t.age, t.sex, t.income, t.score, t.pid AS __dp_unit
+                TableScan: t
+        ",
+    )
+    .await;
+    // One group per person, primitive key: one cell per person by the smallest random priority (dp_pick).
+    snapshot(
+        "SELECT age, AVG(income) FROM t GROUP BY age",
+        policy(true, 1),
+        "
+        Aggregate: groupBy=[[t.age]], aggr=[[sum(__dp_x0) AS __dp_m0, sum(__dp_x1) AS __dp_m1]]
+          Aggregate: groupBy=[[__dp_unit]], aggr=[[dp_pick(t.age, __dp_r) AS age, dp_pick(__dp_x0, __dp_r) AS __dp_x0, dp_pick(__dp_x1, __dp_r) AS __dp_x1]]
+            Projection: t.age, __dp_unit, __dp_x0, __dp_x1, random() AS __dp_r
+              Projection: t.age, __dp_unit, dp_clip(__dp_v0, __dp_n) AS __dp_x0, dp_clip(__dp_v1, __dp_n) AS __dp_x1
+                Aggregate: groupBy=[[__dp_unit, t.age]], aggr=[[count(Int64(1)) AS __dp_n, dp_bounded_sum(CAST(t.income AS Int64)) AS __dp_v0, count(t.income) AS __dp_v1]]
+                  Filter: t.age BETWEEN Int64(0) AND Int64(3)
+                    Projection: t.pid, t.age, t.sex, t.income, t.score, t.pid AS __dp_unit
+                      TableScan: t
+        ",
+    )
+    .await;
+    // Two groups per person (fewer than the four cells): the person's cells ranked by a random priority.
+    snapshot(
+        "SELECT age, COUNT(*) FROM t GROUP BY age",
+        policy(true, 2),
+        "
+        Aggregate: groupBy=[[t.age]], aggr=[[sum(__dp_x0) AS __dp_m0]]
+          Filter: __dp_pick <= UInt64(2)
+            WindowAggr: windowExpr=[[row_number() PARTITION BY [__dp_unit] ORDER BY [random() ASC NULLS LAST] ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW AS __dp_pick]]
+              Projection: t.age, __dp_unit, CASE WHEN __dp_n > Int64(2) THEN Int64(2) ELSE __dp_n END AS __dp_x0
+                Aggregate: groupBy=[[__dp_unit, t.age]], aggr=[[count(Int64(1)) AS __dp_n]]
+                  Filter: t.age BETWEEN Int64(0) AND Int64(3)
+                    Projection: t.pid, t.age, t.sex, t.income, t.score, t.pid AS __dp_unit
+                      TableScan: t
+        ",
+    )
+    .await;
+    // As many groups allowed as there are cells: no selection at all.
+    snapshot(
+        "SELECT sex, COUNT(*) FROM t GROUP BY sex",
+        policy(true, 2),
+        r#"
+        Aggregate: groupBy=[[t.sex]], aggr=[[sum(__dp_x0) AS __dp_m0]]
+          Projection: t.sex, __dp_unit, CASE WHEN __dp_n > Int64(2) THEN Int64(2) ELSE __dp_n END AS __dp_x0
+            Aggregate: groupBy=[[__dp_unit, t.sex]], aggr=[[count(Int64(1)) AS __dp_n]]
+              Filter: t.sex IN ([Utf8("F"), Utf8("M")])
+                Projection: t.pid, t.age, t.sex, t.income, t.score, t.pid AS __dp_unit
+                  TableScan: t
+        "#,
+    )
+    .await;
+}
