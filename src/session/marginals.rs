@@ -11,7 +11,7 @@ use crate::plan::bound;
 use crate::policy::DomainValue;
 use crate::refusal::Refusal;
 use crate::session::DpSession;
-use crate::session::prepare::Quote;
+use crate::session::quote::Quote;
 use datafusion::common::Column;
 use datafusion::logical_expr::{Expr, LogicalPlanBuilder, col, lit};
 use datafusion::physical_plan::ExecutionPlan;

@@ -5,8 +5,9 @@
 //!    every constant is bounded and evaluated; [`crate::plan::compile`] validates the plan against the policies,
 //!    bounds every unit's contribution and derives each measurement's sensitivity; the optimized private plan is
 //!    checked total and physically planned; post-processing is tried on public stand-ins. Any failure is a refusal.
-//! 2. Each measurement is calibrated ([`crate::accounting::calibrate`]) with an equal share ρ_q/m of the query's ρ
-//!    (m = number of distinct measurements; AVG needs a SUM and a COUNT).
+//! 2. **Price** (`quote.rs`): each measurement is calibrated ([`crate::accounting::calibrate`]) with an equal
+//!    share ρ_q/m of the query's ρ (m = number of distinct measurements; AVG needs a SUM and a COUNT). This quote
+//!    is what `EXPLAIN DP` shows (`explain.rs`), what the debit pays, and what a retry is compared with.
 //! 3. **Execute** (`execute.rs`): the accountant debits the charge (claiming the request id, if any) **before**
 //!    anything is executed; an over-budget query is refused and costs nothing. The private plan runs; every GROUP
 //!    BY cell of the public domain is filled (0 when the data has no rows) and exact discrete noise is added to
@@ -22,30 +23,29 @@
 
 mod accuracy;
 mod execute;
+mod explain;
 mod marginals;
 mod post;
 mod prepare;
+mod quote;
+mod register;
 mod statement;
 
+pub use explain::{ExplainedMeasure, Explanation};
 pub use post::POST_MEMORY;
 pub use prepare::PLANNING_STACK;
 use statement::Statement;
 pub use statement::{DpOptions, split_statements};
 
-use crate::accounting::calibrate::Calibration;
 use crate::accounting::{Charge, EpsilonBound, Ledger, MemoryLedger, Rho, SqliteLedger};
-use crate::config::{SessionConfig, TableSource};
+use crate::config::SessionConfig;
 use crate::error::{DpError, Result};
+use crate::noise::Mechanism;
 use crate::noise::NoiseRng;
-use crate::noise::{Mechanism, NoiseParams};
 use crate::owner_log::OwnerLog;
 use crate::policy::TablePolicy;
 use crate::refusal::Refusal;
 use crate::release::{BudgetStatus, Release};
-use datafusion::arrow::array::RecordBatch;
-use datafusion::arrow::datatypes::Schema;
-use datafusion::catalog::TableProvider;
-use datafusion::datasource::MemTable;
 use datafusion::prelude::SessionContext;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -64,101 +64,6 @@ pub enum Response {
         /// The new value.
         value: String,
     },
-}
-
-/// One measurement as EXPLAIN DP shows it.
-#[derive(Clone, Debug)]
-pub struct ExplainedMeasure {
-    /// e.g. `SUM(income)`.
-    pub label: String,
-    /// L1 sensitivity (grid units).
-    pub l1: f64,
-    /// L2 sensitivity (grid units).
-    pub l2: f64,
-    /// Where the sensitivity comes from.
-    pub derivation: String,
-    /// The calibrated mechanism and cost.
-    pub calibration: Calibration,
-    /// Noise standard deviation in the column's units.
-    pub std: f64,
-    /// CI half-width in the column's units.
-    pub ci_half_width: f64,
-    /// Grid unit (2^-s) of the measurement: 1 for counts and integer sums.
-    pub unit: f64,
-}
-
-/// The output of `EXPLAIN DP`: what the query would do and cost, computed without touching data.
-#[derive(Clone, Debug)]
-pub struct Explanation {
-    /// The query.
-    pub sql: String,
-    /// The private plan (bounded aggregate), indented.
-    pub private_plan: String,
-    /// Number of GROUP BY cells released.
-    pub cells: u64,
-    /// Each measurement.
-    pub measures: Vec<ExplainedMeasure>,
-    /// Total ρ the query would cost.
-    pub rho: f64,
-    /// (ε, δ) of this query alone.
-    pub epsilon: EpsilonBound,
-    /// Confidence level of the intervals.
-    pub confidence: f64,
-    /// Each output column and how far off its values will be (or why no interval can be given).
-    pub outputs: Vec<(String, String)>,
-}
-
-impl std::fmt::Display for Explanation {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        writeln!(f, "EXPLAIN DP {}", self.sql)?;
-        writeln!(f, "Private plan (bounded, exact aggregates; never released without noise):")?;
-        for line in self.private_plan.lines() {
-            writeln!(f, "  {line}")?;
-        }
-        writeln!(f, "Cells released: {}", self.cells)?;
-        writeln!(f, "Measurements (ρ split equally; neighbours differ by one privacy unit):")?;
-        for m in &self.measures {
-            let c = &m.calibration;
-            let (what, param) = match c.params() {
-                NoiseParams::Gaussian { sigma_sq } => ("σ", sigma_sq.to_f64().sqrt() * m.unit),
-                NoiseParams::Laplace { scale } => ("scale", scale.to_f64() * m.unit),
-            };
-            writeln!(f, "  {}", m.label)?;
-            writeln!(
-                f,
-                "    sensitivity: L1 = {}, L2 = {} ({})",
-                crate::release::fmt_num(m.l1 * m.unit),
-                crate::release::fmt_num(m.l2 * m.unit),
-                m.derivation
-            )?;
-            writeln!(
-                f,
-                "    mechanism: {} with {what} = {}, ρ = {}",
-                c.mechanism().report_name(),
-                crate::release::fmt_num(param),
-                crate::release::fmt_num(c.rho().get())
-            )?;
-            writeln!(
-                f,
-                "    accuracy: std {}, ± {} at {}% confidence",
-                crate::release::fmt_num(m.std),
-                crate::release::fmt_num(m.ci_half_width),
-                self.confidence * 100.0
-            )?;
-        }
-        writeln!(f, "Output columns:")?;
-        for (column, accuracy) in &self.outputs {
-            writeln!(f, "  {column}: {accuracy}")?;
-        }
-        write!(
-            f,
-            "Cost: ρ = {} (ε = {:.4} at δ = {:e}, {}); nothing was spent by EXPLAIN DP",
-            crate::release::fmt_num(self.rho),
-            self.epsilon.epsilon,
-            self.epsilon.delta,
-            self.epsilon.kind.describe()
-        )
-    }
 }
 
 /// The session budget and history.
@@ -259,67 +164,9 @@ impl DpSession {
             owner_log: None,
         })
     }
-
-    fn register_source(&mut self, name: &str, src: &TableSource) -> Result<()> {
-        let provider = crate::source::provider(name, src, self.owner_log.clone())?;
-        check_policy_columns(name, provider.schema().as_ref(), &src.policy)?;
-        self.ctx.register_table(name, provider).map_err(|e| DpError::Config(format!("table {name}: {e}")))?;
-        self.policies.insert(name.to_string(), src.policy.clone());
-        Ok(())
-    }
-}
-
-fn check_policy_columns(name: &str, schema: &Schema, policy: &TablePolicy) -> Result<()> {
-    let has = |c: &str| schema.fields().iter().any(|f| f.name() == c);
-    if let Some(pu) = &policy.privacy_unit
-        && !has(pu)
-    {
-        return Err(DpError::Config(format!("[tables.{name}] privacy_unit `{pu}` is not a column of the table")));
-    }
-    for c in policy.columns.keys() {
-        if !has(c) {
-            return Err(DpError::Config(format!("[tables.{name}.columns] `{c}` is not a column of the table")));
-        }
-    }
-    Ok(())
 }
 
 impl DpSession {
-    /// Registers in-memory Arrow data as a private table with `policy`.
-    pub fn register_batches(&mut self, name: &str, batches: Vec<RecordBatch>, policy: TablePolicy) -> Result<()> {
-        let schema = batches
-            .first()
-            .map(|b| b.schema())
-            .ok_or_else(|| DpError::Config(format!("table {name}: give at least one RecordBatch (it may be empty)")))?;
-        let mem =
-            MemTable::try_new(schema, vec![batches]).map_err(|e| DpError::Config(format!("table {name}: {e}")))?;
-        self.register_table(name, Arc::new(mem), policy)
-    }
-
-    /// Registers any DataFusion table provider as a private table with `policy`.
-    pub fn register_table(&mut self, name: &str, provider: Arc<dyn TableProvider>, policy: TablePolicy) -> Result<()> {
-        policy.validate(name)?;
-        check_policy_columns(name, provider.schema().as_ref(), &policy)?;
-        self.ctx.register_table(name, provider).map_err(|e| DpError::Config(format!("table {name}: {e}")))?;
-        self.policies.insert(name.to_string(), policy);
-        Ok(())
-    }
-
-    /// The private tables and their policies.
-    pub fn tables(&self) -> &BTreeMap<String, TablePolicy> {
-        &self.policies
-    }
-
-    /// The Arrow schema of a private table (column names and types; no data).
-    pub async fn table_schema(&self, name: &str) -> Result<Arc<Schema>> {
-        let p = self
-            .ctx
-            .table_provider(name)
-            .await
-            .map_err(|_| DpError::Refused(Refusal::NoTable { table: name.to_string() }))?;
-        Ok(p.schema())
-    }
-
     /// The ledger that records this session's charges.
     pub fn ledger(&self) -> &dyn Ledger {
         self.ledger.as_ref()
@@ -361,54 +208,6 @@ impl DpSession {
             Statement::Set(rest) => self.set(rest),
             Statement::Query(q) => Ok(Response::Release(Box::new(self.query(q, request_id).await?))),
         }
-    }
-
-    /// `EXPLAIN DP <query>`: the private plan that would run, sensitivities, mechanism, cost and accuracy. Every
-    /// check a query goes through before its debit runs here too, so EXPLAIN DP refuses exactly what the query
-    /// would refuse. Spends nothing, reads no data.
-    pub async fn explain(&self, sql: &str) -> Result<Explanation> {
-        prepare::grow_stack(async {
-            let prepared = self.prepare(sql).await?;
-            let dp = &prepared.dp;
-            let quote = self.quote(dp)?;
-            let mut measures = Vec::new();
-            for (m, c) in dp.measures.iter().zip(&quote.measurements) {
-                let unit = post::unit_of(&m.kind);
-                let (std, ci) = accuracy::noise_accuracy(c, quote.confidence)?;
-                measures.push(ExplainedMeasure {
-                    label: m.label(),
-                    l1: m.sensitivity.l1,
-                    l2: m.sensitivity.l2,
-                    derivation: m.sensitivity.derivation.clone(),
-                    calibration: c.clone(),
-                    std: std * unit,
-                    ci_half_width: ci * unit,
-                    unit,
-                });
-            }
-            let outputs = dp
-                .original
-                .schema()
-                .fields()
-                .iter()
-                .enumerate()
-                .map(|(i, f)| {
-                    let text = accuracy::explain_output(dp, &quote.measurements, i, quote.confidence)?;
-                    Ok((f.name().clone(), text))
-                })
-                .collect::<Result<Vec<_>>>()?;
-            Ok(Explanation {
-                sql: sql.to_string(),
-                private_plan: prepared.private.display_indent().to_string(),
-                cells: dp.cells(),
-                measures,
-                rho: quote.rho.get(),
-                epsilon: quote.epsilon,
-                confidence: quote.confidence,
-                outputs,
-            })
-        })
-        .await
     }
 }
 

@@ -16,10 +16,7 @@
 //! least [`PLANNING_STACK`] bytes whatever thread polls it ([`grow_stack`]), and statements are limited to
 //! [`crate::plan::safety::MAX_OPERATORS`] operators, which keeps even execution within a default thread stack.
 
-use crate::accounting::Rho;
-use crate::accounting::calibrate::{self, Calibration};
 use crate::error::{DpError, Result};
-use crate::noise::Mechanism;
 use crate::plan::{self, DpPlan, RESERVED_PREFIX, safety, size};
 use crate::policy::TablePolicy;
 use crate::refusal::Refusal;
@@ -173,56 +170,10 @@ impl DpSession {
             state.query_planner().create_physical_plan(&private, &state).await.map_err(|e| internal("planned", e))?;
         Ok((private, physical))
     }
-
-    /// Calibrates each measurement of `dp` with ρ/m.
-    pub(crate) fn calibrate(dp: &DpPlan, rho: Rho, mech: Mechanism) -> Result<Vec<Calibration>> {
-        let m = dp.measures.len() as f64;
-        let share = Rho::positive(rho.get() / m).map_err(|e| {
-            DpError::Refused(Refusal::RhoSplit { rho: rho.get(), measures: dp.measures.len(), reason: e.to_string() })
-        })?;
-        dp.measures
-            .iter()
-            .map(|ms| {
-                calibrate::calibrate(mech, ms.sensitivity.l1, ms.sensitivity.l2, share)
-                    .map_err(|e| DpError::Refused(Refusal::Calibration { measure: ms.label(), reason: e.to_string() }))
-            })
-            .collect()
-    }
 }
 
 /// The private plan, built by dpfusion from a validated query, failed to optimize or plan: a refusal (nothing is
 /// spent), with the engine's message, which names the plan and never a value.
 fn internal(stage: &'static str, e: datafusion::error::DataFusionError) -> DpError {
     DpError::Refused(Refusal::PrivatePlan { stage, message: e.strip_backtrace() })
-}
-
-/// A priced query: the measurements it would pay for (each calibrated), its total ρ and its (ε, δ), and the
-/// confidence of its intervals. Computed once, before anything is spent: EXPLAIN DP shows it, and the debit pays
-/// exactly its measurements.
-pub(crate) struct Quote {
-    /// One calibration per measurement of the plan.
-    pub(crate) measurements: Vec<Calibration>,
-    /// Their total cost, rounded up.
-    pub(crate) rho: Rho,
-    /// (ε, δ) of this query alone, by the same bounds a release reports.
-    pub(crate) epsilon: crate::accounting::EpsilonBound,
-    /// Confidence level of the intervals.
-    pub(crate) confidence: f64,
-}
-
-impl DpSession {
-    /// Prices `dp` with the session's current settings (`SET dp.rho`, `dp.mechanism`, `dp.confidence`).
-    pub(crate) fn quote(&self, dp: &DpPlan) -> Result<Quote> {
-        let (rho, mech, confidence) = self.query_settings()?;
-        Quote::new(Self::calibrate(dp, rho, mech)?, self.defaults.delta, confidence)
-    }
-}
-
-impl Quote {
-    /// The price of `measurements`, with (ε, δ) at `delta`.
-    pub(crate) fn new(measurements: Vec<Calibration>, delta: f64, confidence: f64) -> Result<Quote> {
-        let rho = crate::accounting::filter::total_rho(&measurements)?;
-        let epsilon = crate::accounting::convert::epsilon_for_measurements(&measurements, delta)?;
-        Ok(Quote { measurements, rho, epsilon, confidence })
-    }
 }

@@ -1,0 +1,155 @@
+//! `EXPLAIN DP`: what a query would do and cost (private plan, sensitivities, mechanisms, accuracy of every output
+//! column), from the same preparation and the same [`Quote`] as the query itself. Nothing is read or spent.
+
+use crate::accounting::EpsilonBound;
+use crate::accounting::calibrate::Calibration;
+use crate::error::Result;
+use crate::noise::NoiseParams;
+use crate::release::fmt_num;
+use crate::session::DpSession;
+use crate::session::{accuracy, post, prepare};
+
+/// One measurement as EXPLAIN DP shows it.
+#[derive(Clone, Debug)]
+pub struct ExplainedMeasure {
+    /// e.g. `SUM(income)`.
+    pub label: String,
+    /// L1 sensitivity (grid units).
+    pub l1: f64,
+    /// L2 sensitivity (grid units).
+    pub l2: f64,
+    /// Where the sensitivity comes from.
+    pub derivation: String,
+    /// The calibrated mechanism and cost.
+    pub calibration: Calibration,
+    /// Noise standard deviation in the column's units.
+    pub std: f64,
+    /// CI half-width in the column's units.
+    pub ci_half_width: f64,
+    /// Grid unit (2^-s) of the measurement: 1 for counts and integer sums.
+    pub unit: f64,
+}
+
+/// The output of `EXPLAIN DP`: what the query would do and cost, computed without touching data.
+#[derive(Clone, Debug)]
+pub struct Explanation {
+    /// The query.
+    pub sql: String,
+    /// The private plan (bounded aggregate), indented.
+    pub private_plan: String,
+    /// Number of GROUP BY cells released.
+    pub cells: u64,
+    /// Each measurement.
+    pub measures: Vec<ExplainedMeasure>,
+    /// Total ρ the query would cost.
+    pub rho: f64,
+    /// (ε, δ) of this query alone.
+    pub epsilon: EpsilonBound,
+    /// Confidence level of the intervals.
+    pub confidence: f64,
+    /// Each output column and how far off its values will be (or why no interval can be given).
+    pub outputs: Vec<(String, String)>,
+}
+
+impl std::fmt::Display for Explanation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        writeln!(f, "EXPLAIN DP {}", self.sql)?;
+        writeln!(f, "Private plan (bounded, exact aggregates; never released without noise):")?;
+        for line in self.private_plan.lines() {
+            writeln!(f, "  {line}")?;
+        }
+        writeln!(f, "Cells released: {}", self.cells)?;
+        writeln!(f, "Measurements (ρ split equally; neighbours differ by one privacy unit):")?;
+        for m in &self.measures {
+            let c = &m.calibration;
+            let (what, param) = match c.params() {
+                NoiseParams::Gaussian { sigma_sq } => ("σ", sigma_sq.to_f64().sqrt() * m.unit),
+                NoiseParams::Laplace { scale } => ("scale", scale.to_f64() * m.unit),
+            };
+            writeln!(f, "  {}", m.label)?;
+            writeln!(
+                f,
+                "    sensitivity: L1 = {}, L2 = {} ({})",
+                fmt_num(m.l1 * m.unit),
+                fmt_num(m.l2 * m.unit),
+                m.derivation
+            )?;
+            writeln!(
+                f,
+                "    mechanism: {} with {what} = {}, ρ = {}",
+                c.mechanism().report_name(),
+                fmt_num(param),
+                fmt_num(c.rho().get())
+            )?;
+            writeln!(
+                f,
+                "    accuracy: std {}, ± {} at {}% confidence",
+                fmt_num(m.std),
+                fmt_num(m.ci_half_width),
+                self.confidence * 100.0
+            )?;
+        }
+        writeln!(f, "Output columns:")?;
+        for (column, accuracy) in &self.outputs {
+            writeln!(f, "  {column}: {accuracy}")?;
+        }
+        write!(
+            f,
+            "Cost: ρ = {} (ε = {:.4} at δ = {:e}, {}); nothing was spent by EXPLAIN DP",
+            fmt_num(self.rho),
+            self.epsilon.epsilon,
+            self.epsilon.delta,
+            self.epsilon.kind.describe()
+        )
+    }
+}
+
+impl DpSession {
+    /// `EXPLAIN DP <query>`: the private plan that would run, sensitivities, mechanism, cost and accuracy. Every
+    /// check a query goes through before its debit runs here too, so EXPLAIN DP refuses exactly what the query
+    /// would refuse. Spends nothing, reads no data.
+    pub async fn explain(&self, sql: &str) -> Result<Explanation> {
+        prepare::grow_stack(async {
+            let prepared = self.prepare(sql).await?;
+            let dp = &prepared.dp;
+            let quote = self.quote(dp)?;
+            let mut measures = Vec::new();
+            for (m, c) in dp.measures.iter().zip(&quote.measurements) {
+                let unit = post::unit_of(&m.kind);
+                let (std, ci) = accuracy::noise_accuracy(c, quote.confidence)?;
+                measures.push(ExplainedMeasure {
+                    label: m.label(),
+                    l1: m.sensitivity.l1,
+                    l2: m.sensitivity.l2,
+                    derivation: m.sensitivity.derivation.clone(),
+                    calibration: c.clone(),
+                    std: std * unit,
+                    ci_half_width: ci * unit,
+                    unit,
+                });
+            }
+            let outputs = dp
+                .original
+                .schema()
+                .fields()
+                .iter()
+                .enumerate()
+                .map(|(i, f)| {
+                    let text = accuracy::explain_output(dp, &quote.measurements, i, quote.confidence)?;
+                    Ok((f.name().clone(), text))
+                })
+                .collect::<Result<Vec<_>>>()?;
+            Ok(Explanation {
+                sql: sql.to_string(),
+                private_plan: prepared.private.display_indent().to_string(),
+                cells: dp.cells(),
+                measures,
+                rho: quote.rho.get(),
+                epsilon: quote.epsilon,
+                confidence: quote.confidence,
+                outputs,
+            })
+        })
+        .await
+    }
+}

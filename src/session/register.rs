@@ -1,0 +1,73 @@
+//! Registering private tables: each with its policy, checked against the table's columns.
+
+use crate::config::TableSource;
+use crate::error::{DpError, Result};
+use crate::policy::TablePolicy;
+use crate::refusal::Refusal;
+use crate::session::DpSession;
+use datafusion::arrow::array::RecordBatch;
+use datafusion::arrow::datatypes::Schema;
+use datafusion::catalog::TableProvider;
+use datafusion::datasource::MemTable;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+impl DpSession {
+    pub(crate) fn register_source(&mut self, name: &str, src: &TableSource) -> Result<()> {
+        let provider = crate::source::provider(name, src, self.owner_log.clone())?;
+        check_policy_columns(name, provider.schema().as_ref(), &src.policy)?;
+        self.ctx.register_table(name, provider).map_err(|e| DpError::Config(format!("table {name}: {e}")))?;
+        self.policies.insert(name.to_string(), src.policy.clone());
+        Ok(())
+    }
+
+    /// Registers in-memory Arrow data as a private table with `policy`.
+    pub fn register_batches(&mut self, name: &str, batches: Vec<RecordBatch>, policy: TablePolicy) -> Result<()> {
+        let schema = batches
+            .first()
+            .map(|b| b.schema())
+            .ok_or_else(|| DpError::Config(format!("table {name}: give at least one RecordBatch (it may be empty)")))?;
+        let mem =
+            MemTable::try_new(schema, vec![batches]).map_err(|e| DpError::Config(format!("table {name}: {e}")))?;
+        self.register_table(name, Arc::new(mem), policy)
+    }
+
+    /// Registers any DataFusion table provider as a private table with `policy`.
+    pub fn register_table(&mut self, name: &str, provider: Arc<dyn TableProvider>, policy: TablePolicy) -> Result<()> {
+        policy.validate(name)?;
+        check_policy_columns(name, provider.schema().as_ref(), &policy)?;
+        self.ctx.register_table(name, provider).map_err(|e| DpError::Config(format!("table {name}: {e}")))?;
+        self.policies.insert(name.to_string(), policy);
+        Ok(())
+    }
+
+    /// The private tables and their policies.
+    pub fn tables(&self) -> &BTreeMap<String, TablePolicy> {
+        &self.policies
+    }
+
+    /// The Arrow schema of a private table (column names and types; no data).
+    pub async fn table_schema(&self, name: &str) -> Result<Arc<Schema>> {
+        let p = self
+            .ctx
+            .table_provider(name)
+            .await
+            .map_err(|_| DpError::Refused(Refusal::NoTable { table: name.to_string() }))?;
+        Ok(p.schema())
+    }
+}
+
+fn check_policy_columns(name: &str, schema: &Schema, policy: &TablePolicy) -> Result<()> {
+    let has = |c: &str| schema.fields().iter().any(|f| f.name() == c);
+    if let Some(pu) = &policy.privacy_unit
+        && !has(pu)
+    {
+        return Err(DpError::Config(format!("[tables.{name}] privacy_unit `{pu}` is not a column of the table")));
+    }
+    for c in policy.columns.keys() {
+        if !has(c) {
+            return Err(DpError::Config(format!("[tables.{name}.columns] `{c}` is not a column of the table")));
+        }
+    }
+    Ok(())
+}
