@@ -5,7 +5,7 @@ use serde_json::Value;
 use std::io::Write;
 use std::process::{Command, Output, Stdio};
 
-use crate::common::{BIN, ROOT};
+use crate::support::{BIN, ROOT};
 
 fn dpfusion(args: &[&str]) -> Output {
     Command::new(BIN).args(args).current_dir(ROOT).env("HOME", std::env::temp_dir()).output().expect("run dpfusion")

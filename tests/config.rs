@@ -39,7 +39,7 @@ async fn the_issue_example_loads_as_written_and_answers() {
     assert_eq!((p.max_rows_per_unit, p.max_groups_per_unit), (2, 1));
     assert_eq!(p.domain("educ").unwrap().len(), 16);
     let s = dpfusion::DpSession::from_config(&cfg).await.unwrap();
-    let r = crate::common::release(&s, "SELECT COUNT(*) FROM pums").await;
+    let r = crate::support::release(&s, "SELECT COUNT(*) FROM pums").await;
     assert_eq!(r.num_rows(), 1);
 }
 

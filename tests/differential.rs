@@ -22,12 +22,12 @@ use rand_chacha::ChaCha8Rng;
 use std::collections::{BTreeMap, BTreeSet};
 
 fn session(extra: bool) -> DpSession {
-    crate::common::people_session(300, extra, 1e12, 1e4)
+    crate::support::people_session(300, extra, 1e12, 1e4)
 }
 
-/// What the analyst sees ([`crate::common::seen`]); panics on an error that must never happen.
+/// What the analyst sees ([`crate::support::seen`]); panics on an error that must never happen.
 async fn outcome(s: &DpSession, sql: &str) -> String {
-    let o = crate::common::seen(s, sql).await;
+    let o = crate::support::seen(s, sql).await;
     assert!(!o.starts_with("FAILED"), "{sql}\nan error that must never happen: {o}");
     o
 }

@@ -6,7 +6,7 @@
 //! query's conditions, with the same noise seed: the outcome (refused or answered), the message and the result
 //! schema must be identical.
 
-use crate::common::{BIN, TempDir, ledger_config, people_session, pums_config, seen, session_from};
+use crate::support::{BIN, TempDir, ledger_config, people_session, pums_config, seen, session_from};
 use datafusion::arrow::array::{Float64Array, RecordBatch, StringArray};
 use datafusion::arrow::datatypes::{DataType, Field, Schema};
 use dpfusion::accounting::Rho;
@@ -373,7 +373,7 @@ async fn the_pums_demo_answers_the_readme_queries_after_all_checks() {
 
 /// A copy of pums_dup.csv with `extra` lines appended, and a configuration for it (owner log in `dir`).
 fn pums_with(dir: &TempDir, tag: &str, extra: &[u8]) -> std::path::PathBuf {
-    let mut data = std::fs::read(format!("{}/examples/data/pums_dup.csv", crate::common::ROOT)).unwrap();
+    let mut data = std::fs::read(format!("{}/examples/data/pums_dup.csv", crate::support::ROOT)).unwrap();
     data.extend_from_slice(extra);
     let csv = dir.join(format!("{tag}.csv"));
     std::fs::write(&csv, data).unwrap();
@@ -526,7 +526,7 @@ async fn m5_a_fifo_as_table_path_is_refused_not_a_hang() {
 }
 
 fn dpfusion(args: &[&str]) -> std::process::Output {
-    Command::new(BIN).args(args).current_dir(crate::common::ROOT).output().unwrap()
+    Command::new(BIN).args(args).current_dir(crate::support::ROOT).output().unwrap()
 }
 
 #[test]
@@ -536,7 +536,7 @@ fn h3_marginals_out_never_overwrites_a_file_of_the_configuration_and_needs_force
     let cfg = cfg.to_str().unwrap();
     // Create the ledger, and a file that exists.
     assert!(dpfusion(&["budget", "-c", cfg]).status.success());
-    let table = format!("{}/examples/data/pums_dup.csv", crate::common::ROOT);
+    let table = format!("{}/examples/data/pums_dup.csv", crate::support::ROOT);
     let table_bytes = std::fs::read(&table).unwrap();
     let existing = dir.join("old.csv");
     std::fs::write(&existing, "keep me").unwrap();
@@ -587,7 +587,7 @@ fn m5_query_f_refuses_fifos_and_devices_instead_of_hanging() {
     for f in [fifo.to_str().unwrap(), "/dev/zero"] {
         let mut child = Command::new(BIN)
             .args(["query", "-f", f])
-            .current_dir(crate::common::ROOT)
+            .current_dir(crate::support::ROOT)
             .stderr(std::process::Stdio::piped())
             .spawn()
             .unwrap();
@@ -629,9 +629,9 @@ async fn l6_comments_before_explain_dp_and_semicolons_inside_comments() {
 #[test]
 fn pin_writes_the_declared_types_and_keeps_the_comments() {
     let dir = TempDir::new("pin");
-    let text = std::fs::read_to_string(format!("{}/config/pums.toml", crate::common::ROOT))
+    let text = std::fs::read_to_string(format!("{}/config/pums.toml", crate::support::ROOT))
         .unwrap()
-        .replace("../examples/", &format!("{}/examples/", crate::common::ROOT))
+        .replace("../examples/", &format!("{}/examples/", crate::support::ROOT))
         .replace("type = \"int64\", ", "")
         .replace("pid = { type = \"int64\" }\n", "");
     let cfg = dir.join("p.toml");
@@ -672,7 +672,7 @@ async fn marginal_string_keys_that_begin_or_end_with_a_quote_are_counted() {
         "k".to_string(),
         ColumnPolicy::Domain(vec![DomainValue::Str("O'".into()), DomainValue::Str("x".into())]),
     );
-    let s = crate::common::session_with(10.0, 1.0, "t", batch, TablePolicy::row_level(cols).unwrap());
+    let s = crate::support::session_with(10.0, 1.0, "t", batch, TablePolicy::row_level(cols).unwrap());
     let r = s.marginals("t", &["k".to_string()], &dpfusion::marginals::MarginalSpec::rho(5.0)).await.unwrap();
     // σ = 1/√10 ≈ 0.32: the count of "O'" is 400 up to a few units.
     assert!((r.columns()[0].noisy[0] - 400).abs() < 10, "{:?}", r.columns()[0].noisy);
@@ -687,7 +687,7 @@ async fn a_marginal_value_that_does_not_convert_to_its_domain_is_out_of_the_doma
     .unwrap();
     let mut cols = BTreeMap::new();
     cols.insert("k".to_string(), ColumnPolicy::Domain(vec![DomainValue::Int(0), DomainValue::Int(1)]));
-    let s = crate::common::session_with(10.0, 1.0, "t", batch, TablePolicy::row_level(cols).unwrap());
+    let s = crate::support::session_with(10.0, 1.0, "t", batch, TablePolicy::row_level(cols).unwrap());
     let r = s.marginals("t", &["k".to_string()], &dpfusion::marginals::MarginalSpec::rho(5.0)).await;
     assert!(r.is_ok(), "{:?}", r.err());
 }
@@ -696,14 +696,14 @@ async fn a_marginal_value_that_does_not_convert_to_its_domain_is_out_of_the_doma
 fn h7_a_huge_busy_timeout_is_a_configuration_error_not_a_panic() {
     let text = pums_config("pums_dup.csv", 1.0, 2, 1)
         + "\n[ledger]\npath = \"l.db\"\nbusy_timeout_ms = 18446744073709551615\n";
-    let e = dpfusion::SessionConfig::from_toml_str(&text, std::path::Path::new(crate::common::ROOT)).unwrap_err();
+    let e = dpfusion::SessionConfig::from_toml_str(&text, std::path::Path::new(crate::support::ROOT)).unwrap_err();
     assert!(matches!(e, DpError::Config(_)) && e.to_string().contains("more than an hour"), "{e}");
 }
 
 #[test]
 fn l1_bounds_with_three_numbers_are_refused_not_cut_to_two() {
     let text = pums_config("pums_dup.csv", 1.0, 2, 1).replace("bounds = [0, 100]", "bounds = [0, 1, 2]");
-    let e = dpfusion::SessionConfig::from_toml_str(&text, std::path::Path::new(crate::common::ROOT)).unwrap_err();
+    let e = dpfusion::SessionConfig::from_toml_str(&text, std::path::Path::new(crate::support::ROOT)).unwrap_err();
     assert!(e.to_string().contains("must be two numbers"), "{e}");
 }
 

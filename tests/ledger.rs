@@ -10,7 +10,7 @@ use std::io::Read;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use crate::common::{BIN, ROOT, TempDir, ledger_config as config};
+use crate::support::{BIN, ROOT, TempDir, ledger_config as config};
 
 fn rho(x: f64) -> Rho {
     Rho::new(x).unwrap()

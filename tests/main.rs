@@ -4,8 +4,6 @@
 mod accounting;
 /// The `dpfusion` binary end to end: commands, formats, exit codes, the REPL, closed pipes.
 mod cli;
-/// Helpers shared by the other modules: configurations, sessions, temporary directories, outcomes.
-mod common;
 /// The configuration file: the example loads, mistakes are reported with their fix.
 mod config;
 /// Differential fuzzing of the guarantee: generated queries on neighbouring tables.
@@ -24,5 +22,7 @@ mod privacy_audit;
 mod sql_accept;
 /// Refused queries: their codes, their fixes, nothing spent; SET only narrows.
 mod sql_refuse;
+/// Helpers shared by the other modules: configurations, sessions, temporary directories, outcomes.
+mod support;
 /// The numeric test vectors of the research notes (calibration, conversions, compositions).
 mod vectors;

@@ -68,7 +68,7 @@ fn binary_policy(k: u64) -> TablePolicy {
 }
 
 fn session(batch: RecordBatch, k: u64) -> DpSession {
-    crate::common::session_with(1e9, 0.1, "wide", batch, binary_policy(k))
+    crate::support::session_with(1e9, 0.1, "wide", batch, binary_policy(k))
 }
 
 fn columns() -> Vec<String> {
@@ -183,7 +183,7 @@ async fn long_tables_give_the_same_histograms() {
         ColumnPolicy::Domain((0..5).map(|j| DomainValue::Str(format!("q{j}"))).collect()),
     );
     cols.insert("value".to_string(), ColumnPolicy::Domain((0..3).map(DomainValue::Int).collect()));
-    let s = crate::common::session_with(10.0, 0.1, "long", batch, TablePolicy::with_unit("pid", 1, 1, cols).unwrap());
+    let s = crate::support::session_with(10.0, 0.1, "long", batch, TablePolicy::with_unit("pid", 1, 1, cols).unwrap());
     let spec = MarginalSpec { consistency: false, ..MarginalSpec::rho(5.0) };
     let r = s.marginals_long("long", "attribute", "value", &spec).await.unwrap();
     assert_eq!(r.columns().len(), 5);
@@ -269,7 +269,7 @@ async fn long_non_ascii_column_lists_are_labelled_without_panicking() {
         .iter()
         .map(|n| (n.clone(), ColumnPolicy::Domain(vec![DomainValue::Int(0), DomainValue::Int(1)])))
         .collect();
-    let s = crate::common::session_with(1.0, 0.1, "t", batch, TablePolicy::row_level(cols).unwrap());
+    let s = crate::support::session_with(1.0, 0.1, "t", batch, TablePolicy::row_level(cols).unwrap());
     let r = s.marginals("t", &names, &MarginalSpec::rho(0.5)).await.unwrap();
     assert!(r.charge().label().ends_with("…)") && r.charge().label().len() < 220, "{}", r.charge().label());
 }

@@ -57,7 +57,7 @@ fn session(with_x: bool, rho: f64) -> DpSession {
     cols.insert("income".into(), ColumnPolicy::Bounds { lo: 0.0, hi: 500_000.0 });
     cols.insert("sex".into(), ColumnPolicy::Domain(vec![DomainValue::Int(0), DomainValue::Int(1)]));
     let policy = TablePolicy::with_unit("pid", 2, 1, cols).unwrap();
-    crate::common::session_with(1e9, rho, "people", dataset(with_x), policy)
+    crate::support::session_with(1e9, rho, "people", dataset(with_x), policy)
 }
 
 /// Runs `sql` N times; returns per-cell samples and the claimed std of each noisy column (cells × runs).
@@ -65,12 +65,12 @@ async fn runs(s: &DpSession, sql: &str) -> (Vec<Vec<f64>>, f64) {
     let mut cells: Vec<Vec<f64>> = Vec::new();
     let mut claimed = f64::NAN;
     for _ in 0..N {
-        let r = crate::common::release(s, sql).await;
+        let r = crate::support::release(s, sql).await;
         let c = r.accuracy().len() - 1;
         if let Accuracy::Noisy { std, .. } = r.accuracy()[c].accuracy {
             claimed = std;
         }
-        let v = crate::common::column_f64(&r, c);
+        let v = crate::support::column_f64(&r, c);
         if cells.is_empty() {
             cells = vec![Vec::with_capacity(N); v.len()];
         }
@@ -188,17 +188,17 @@ async fn units_over_the_row_limit_contribute_k_rows_worth() {
     let mut cols = BTreeMap::new();
     cols.insert("income".into(), ColumnPolicy::Bounds { lo: 0.0, hi: 1000.0 });
     let policy = TablePolicy::with_unit("pid", 2, 1, cols).unwrap();
-    let s = crate::common::session_with(1e9, 1e5, "t", batch, policy);
-    let r = crate::common::release(&s, "SELECT SUM(income), COUNT(*) FROM t").await;
-    let (sum, count) = (crate::common::column_f64(&r, 0)[0], crate::common::column_f64(&r, 1)[0]);
+    let s = crate::support::session_with(1e9, 1e5, "t", batch, policy);
+    let r = crate::support::release(&s, "SELECT SUM(income), COUNT(*) FROM t").await;
+    let (sum, count) = (crate::support::column_f64(&r, 0)[0], crate::support::column_f64(&r, 1)[0]);
     let sd = |c: usize| match r.accuracy()[c].accuracy {
         Accuracy::Noisy { std, .. } => std,
         _ => panic!("noisy"),
     };
     assert!((sum - 200.0).abs() <= 6.11 * sd(0) + 0.5, "SUM {sum} (std {})", sd(0));
     assert!((count - 2.0).abs() <= 6.11 * sd(1) + 0.5, "COUNT {count} (std {})", sd(1));
-    let r = crate::common::release(&s, "SELECT AVG(income) FROM t").await;
-    let avg = crate::common::column_f64(&r, 0)[0];
+    let r = crate::support::release(&s, "SELECT AVG(income) FROM t").await;
+    let avg = crate::support::column_f64(&r, 0)[0];
     // AVG = (200 ± 9) / 2: a band of 30 is more than 6.11 of its standard deviations (≈ 4.5).
     assert!((avg - 100.0).abs() < 30.0, "AVG {avg}");
 }
@@ -237,10 +237,10 @@ async fn out_of_domain_and_null_keys_are_never_released() {
     cols.insert("k".into(), ColumnPolicy::Domain(vec![DomainValue::Int(1), DomainValue::Int(2), DomainValue::Int(3)]));
     cols.insert("s".into(), ColumnPolicy::Domain(vec![DomainValue::Str("a".into()), DomainValue::Str("b".into())]));
     for policy in [TablePolicy::row_level(cols.clone()).unwrap(), TablePolicy::with_unit("pid", 1, 6, cols).unwrap()] {
-        let s = crate::common::session_with(1e9, 1e5, "t", batch.clone(), policy);
-        let r = crate::common::release(&s, "SELECT k, s, COUNT(*) FROM t GROUP BY k, s ORDER BY k, s").await;
+        let s = crate::support::session_with(1e9, 1e5, "t", batch.clone(), policy);
+        let r = crate::support::release(&s, "SELECT k, s, COUNT(*) FROM t GROUP BY k, s ORDER BY k, s").await;
         let keys: Vec<(f64, f64)> =
-            crate::common::column_f64(&r, 0).into_iter().zip(crate::common::column_f64(&r, 2)).collect();
+            crate::support::column_f64(&r, 0).into_iter().zip(crate::support::column_f64(&r, 2)).collect();
         let strings: Vec<String> = r
             .batches()
             .iter()
@@ -290,12 +290,12 @@ async fn a_unit_over_the_group_limit_keeps_whole_cells_chosen_uniformly() {
         let mut cols = BTreeMap::new();
         cols.insert("k".into(), ColumnPolicy::Domain(domain));
         cols.insert("x".into(), ColumnPolicy::Bounds { lo: 0.0, hi: 100.0 });
-        let s = crate::common::session_with(1e15, 1e9, "t", batch, TablePolicy::with_unit("pid", 5, g, cols).unwrap());
+        let s = crate::support::session_with(1e15, 1e9, "t", batch, TablePolicy::with_unit("pid", 5, g, cols).unwrap());
         const RUNS: usize = 120;
         let mut seen = [0usize; 3];
         for _ in 0..RUNS {
-            let r = crate::common::release(&s, "SELECT k, COUNT(*), SUM(x) FROM t GROUP BY k ORDER BY k").await;
-            let (c, x) = (crate::common::column_f64(&r, 1), crate::common::column_f64(&r, 2));
+            let r = crate::support::release(&s, "SELECT k, COUNT(*), SUM(x) FROM t GROUP BY k ORDER BY k").await;
+            let (c, x) = (crate::support::column_f64(&r, 1), crate::support::column_f64(&r, 2));
             let mut kept = 0;
             for i in 0..3 {
                 let (c, x) = (c[i].round(), x[i].round());
@@ -362,8 +362,8 @@ async fn one_whole_cell_per_unit_across_batches() {
     let table = datafusion::datasource::MemTable::try_new(schema, parts).unwrap();
     s.register_table("t", Arc::new(table), TablePolicy::with_unit("pid", 5, 1, cols).unwrap()).unwrap();
     for _ in 0..5 {
-        let r = crate::common::release(&s, "SELECT k, COUNT(*), SUM(x), COUNT(x) FROM t GROUP BY k ORDER BY k").await;
-        let cols: Vec<Vec<f64>> = (1..4).map(|c| crate::common::column_f64(&r, c)).collect();
+        let r = crate::support::release(&s, "SELECT k, COUNT(*), SUM(x), COUNT(x) FROM t GROUP BY k ORDER BY k").await;
+        let cols: Vec<Vec<f64>> = (1..4).map(|c| crate::support::column_f64(&r, c)).collect();
         let round: Vec<Vec<f64>> = cols.iter().map(|c| c.iter().map(|v| v.round()).collect()).collect();
         for (i, ((n, sum), nx)) in round[0].iter().zip(&round[1]).zip(&round[2]).enumerate() {
             assert_eq!((*sum, *nx), (10.0 * n / 2.0, n / 2.0), "cell {i}: whole cells only ({n}, {sum}, {nx})");
@@ -388,10 +388,10 @@ async fn units_under_the_row_limit_keep_their_exact_sum_when_bounds_exclude_zero
     .unwrap();
     let mut cols = BTreeMap::new();
     cols.insert("x".into(), ColumnPolicy::Bounds { lo: 10.0, hi: 20.0 });
-    let s = crate::common::session_with(1e15, 1e9, "t", batch, TablePolicy::with_unit("pid", 2, 1, cols).unwrap());
-    let r = crate::common::release(&s, "SELECT SUM(x) FROM t").await;
+    let s = crate::support::session_with(1e15, 1e9, "t", batch, TablePolicy::with_unit("pid", 2, 1, cols).unwrap());
+    let r = crate::support::release(&s, "SELECT SUM(x) FROM t").await;
     // Unit 1: 15. Unit 2: 3 rows over k = 2, so 2 · (42 / 3) = 28.
-    let got = crate::common::column_f64(&r, 0)[0];
+    let got = crate::support::column_f64(&r, 0)[0];
     assert!((got - 43.0).abs() < 0.01, "SUM {got}, expected 43");
 }
 
@@ -404,8 +404,8 @@ async fn a_uint64_above_i64_max_is_clamped_not_an_error() {
     let batch = RecordBatch::try_new(schema, vec![Arc::new(UInt64Array::from(vec![u64::MAX, 3, 4]))]).unwrap();
     let mut cols = BTreeMap::new();
     cols.insert("x".into(), ColumnPolicy::Bounds { lo: 0.0, hi: 10.0 });
-    let s = crate::common::session_with(1e15, 1e9, "t", batch, TablePolicy::row_level(cols).unwrap());
-    let got = crate::common::column_f64(&crate::common::release(&s, "SELECT SUM(x) FROM t").await, 0)[0];
+    let s = crate::support::session_with(1e15, 1e9, "t", batch, TablePolicy::row_level(cols).unwrap());
+    let got = crate::support::column_f64(&crate::support::release(&s, "SELECT SUM(x) FROM t").await, 0)[0];
     assert!((got - 17.0).abs() < 0.01, "SUM {got}, expected 10 + 3 + 4");
     // A UInt64 SUM is released as UInt64: rounded to the nearest integer (17, not a truncated 16.99…), and a
     // noisy value below zero is 0, not an error after the debit. Here σ ≈ 7 around 0: 40 releases are all
@@ -417,10 +417,10 @@ async fn a_uint64_above_i64_max_is_clamped_not_an_error() {
     .unwrap();
     let mut cols = BTreeMap::new();
     cols.insert("x".into(), ColumnPolicy::Bounds { lo: 0.0, hi: 10.0 });
-    let s = crate::common::session_with(1e3, 1.0, "t", empty, TablePolicy::row_level(cols).unwrap());
+    let s = crate::support::session_with(1e3, 1.0, "t", empty, TablePolicy::row_level(cols).unwrap());
     let mut zeros = 0;
     for _ in 0..40 {
-        let v = crate::common::column_f64(&crate::common::release(&s, "SELECT SUM(x) FROM t").await, 0)[0];
+        let v = crate::support::column_f64(&crate::support::release(&s, "SELECT SUM(x) FROM t").await, 0)[0];
         assert!(v >= 0.0 && v == v.round(), "{v}");
         zeros += (v == 0.0) as usize;
     }

@@ -5,7 +5,7 @@
 //! contribution bounds drop nothing and the clamping bounds cut nothing (income ≤ 420 500 < 500 000): the exact
 //! DP answer before noise equals the plain SQL answer.
 
-use crate::common::{column_f64, pums_config, release, session_from};
+use crate::support::{column_f64, pums_config, release, session_from};
 use datafusion::prelude::{CsvReadOptions, SessionContext};
 use dpfusion::Accuracy;
 use std::collections::HashMap;

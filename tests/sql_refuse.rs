@@ -1,6 +1,6 @@
 //! Refusals: each query must be refused with a message naming the cause (and a fix), and spend nothing.
 
-use crate::common::{pums_config, session_from};
+use crate::support::{pums_config, session_from};
 use dpfusion::DpError;
 
 /// (query, the code of its refusal).
@@ -125,7 +125,7 @@ async fn set_only_narrows_and_is_validated() {
     s.sql("SET dp.rho = 0.02").await.unwrap();
     s.sql("SET dp.mechanism TO 'laplace'").await.unwrap();
     s.sql("SET dp.confidence = 0.9").await.unwrap();
-    let r = crate::common::release(&s, "SELECT COUNT(*) FROM pums").await;
+    let r = crate::support::release(&s, "SELECT COUNT(*) FROM pums").await;
     assert!((r.charge().rho().get() - 0.02).abs() < 1e-9);
     assert_eq!(r.charge().measurements()[0].mechanism(), dpfusion::noise::Mechanism::Laplace);
     let dpfusion::Accuracy::Noisy { confidence, .. } = r.accuracy()[0].accuracy else { panic!() };
@@ -137,9 +137,9 @@ async fn set_only_narrows_and_is_validated() {
 fn environment_variables_change_no_option() {
     // A process started with every spelling DataFusion could map onto the dp options (or its own): the query is
     // still charged the configuration's default ρ, with the configuration's mechanism.
-    let o = std::process::Command::new(crate::common::BIN)
+    let o = std::process::Command::new(crate::support::BIN)
         .args(["query", "--format", "json", "SELECT COUNT(*) FROM pums"])
-        .current_dir(crate::common::ROOT)
+        .current_dir(crate::support::ROOT)
         .env("DP_RHO", "0.9")
         .env("DATAFUSION_DP_RHO", "0.9")
         .env("DATAFUSION_DP_MECHANISM", "laplace")
