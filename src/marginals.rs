@@ -204,6 +204,10 @@ pub fn plan(
         MarginalBudget::Rho(r) => calibrate::gaussian(l2, Rho::positive(r)?)?,
         MarginalBudget::TargetStd(s) => calibrate::gaussian_for_sigma(l2, s)?,
     };
+    // With one row per unit, a unit moves one cell of each of the d histograms by 1: exact PLD accounting. With
+    // k > 1 rows, its k rows may spread over several cells of a column, a shape the PLD does not model; the zCDP
+    // conversions (valid for any shape with this L2) report ε instead.
+    let cal = if k == 1 { cal.with_shape(calibrate::Shape { linf: 1, cells: d as u64 })? } else { cal };
     let NoiseParams::Gaussian { sigma_sq } = cal.params() else {
         return Err(DpError::Internal("marginals use the Gaussian mechanism".into()));
     };

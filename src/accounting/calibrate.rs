@@ -28,6 +28,30 @@ pub struct Calibration {
     rho: Rho,
     /// For the Laplace mechanism, the pure-DP ε = Δ₁/b it satisfies (rounded up); `None` for the Gaussian.
     pure_epsilon: Option<f64>,
+    /// How one unit can move the measured vector, when known: what its exact privacy-loss distribution needs.
+    /// Absent in charges recorded before dpfusion kept it (their ε then comes from the zCDP conversions).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    shape: Option<Shape>,
+}
+
+/// How one privacy unit can move a measured vector (add/remove of the unit): each of at most `cells` coordinates
+/// by an integer of absolute value at most `linf`. Then Δ₁ = linf·cells and Δ₂ = linf·√cells, and the g-fold
+/// composition of the one-coordinate mechanism at shift `linf` is the worst case ([`crate::accounting::pld`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Shape {
+    /// Largest change of one coordinate (an integer, in the measurement's units).
+    pub linf: u64,
+    /// Most coordinates changed.
+    pub cells: u64,
+}
+
+impl Shape {
+    /// The shape of a sensitivity `linf` (an integer-valued f64) over `cells` coordinates; `None` when `linf` is not
+    /// a positive integer below 2⁵³ (the PLD is then not used).
+    pub fn new(linf: f64, cells: u64) -> Option<Shape> {
+        ((1.0..=9.007_199_254_740_992e15).contains(&linf) && linf.fract() == 0.0 && cells >= 1)
+            .then_some(Shape { linf: linf as u64, cells })
+    }
 }
 
 impl Calibration {
@@ -54,6 +78,43 @@ impl Calibration {
     /// For the Laplace mechanism, the pure-DP ε = Δ₁/b it satisfies (rounded up); `None` for the Gaussian.
     pub fn pure_epsilon(&self) -> Option<f64> {
         self.pure_epsilon
+    }
+
+    /// How one unit can move the measured vector, when it was recorded.
+    pub fn shape(&self) -> Option<Shape> {
+        self.shape
+    }
+
+    /// Records how one unit can move the measured vector. The shape must give exactly the sensitivity this
+    /// measurement was calibrated to (L2 = linf·√cells for the Gaussian, L1 = linf·cells for the Laplace): a
+    /// shape that does not is a bug, refused.
+    pub fn with_shape(mut self, shape: Shape) -> Result<Self> {
+        let implied = match self.mechanism() {
+            Mechanism::Gaussian => shape.linf as f64 * (shape.cells as f64).sqrt(),
+            Mechanism::Laplace => shape.linf as f64 * shape.cells as f64,
+        };
+        if shape.linf == 0 || shape.cells == 0 || (implied - self.sensitivity).abs() > 1e-9 * self.sensitivity {
+            return Err(DpError::Internal(format!(
+                "shape {shape:?} does not match the sensitivity {} of a {} measurement",
+                self.sensitivity,
+                self.mechanism()
+            )));
+        }
+        self.shape = Some(shape);
+        Ok(self)
+    }
+
+    /// The exact privacy-loss distribution of this measurement (pessimistic on a grid), when its shape is known
+    /// and its noise is small enough in output units to sum ([`crate::accounting::pld::MAX_POINTS`]).
+    pub fn pld(&self) -> Option<crate::accounting::pld::Pld> {
+        use crate::accounting::pld::Pld;
+        let shape = self.shape?;
+        // The parameter rounded down: a smaller σ² or b only makes the loss larger.
+        let one = match self.params {
+            NoiseParams::Gaussian { sigma_sq } => Pld::discrete_gaussian(sigma_sq.to_f64().next_down(), shape.linf),
+            NoiseParams::Laplace { scale } => Pld::discrete_laplace(scale.to_f64().next_down(), shape.linf),
+        };
+        one.ok().map(|p| p.self_compose(shape.cells))
     }
 }
 
@@ -120,6 +181,7 @@ pub fn gaussian(l2: f64, rho: Rho) -> Result<Calibration> {
         sensitivity: l2,
         rho: min_rho(rho, gaussian_cost(l2, sigma_sq)?),
         pure_epsilon: None,
+        shape: None,
     })
 }
 
@@ -139,6 +201,7 @@ pub fn gaussian_for_sigma(l2: f64, sigma: f64) -> Result<Calibration> {
         sensitivity: l2,
         rho: gaussian_cost(l2, sigma_sq)?,
         pure_epsilon: None,
+        shape: None,
     })
 }
 
@@ -175,14 +238,20 @@ pub fn laplace(l1: f64, rho: Rho) -> Result<Calibration> {
         sensitivity: l1,
         rho: min_rho(rho, cost),
         pure_epsilon: Some(pure_eps),
+        shape: None,
     })
 }
 
-/// Calibrates `mechanism` to the matching sensitivity (L2 for Gaussian, L1 for Laplace) and budget.
-pub fn calibrate(mechanism: Mechanism, l1: f64, l2: f64, rho: Rho) -> Result<Calibration> {
-    match mechanism {
-        Mechanism::Gaussian => gaussian(l2, rho),
-        Mechanism::Laplace => laplace(l1, rho),
+/// Calibrates `mechanism` to the matching sensitivity (L2 for Gaussian, L1 for Laplace) and budget, recording
+/// the measurement's `shape` when it is known.
+pub fn calibrate(mechanism: Mechanism, l1: f64, l2: f64, shape: Option<Shape>, rho: Rho) -> Result<Calibration> {
+    let c = match mechanism {
+        Mechanism::Gaussian => gaussian(l2, rho)?,
+        Mechanism::Laplace => laplace(l1, rho)?,
+    };
+    match shape {
+        Some(s) => c.with_shape(s),
+        None => Ok(c),
     }
 }
 

@@ -2,11 +2,13 @@
 //!
 //! The accountant stores ρ (closed under composition and post-processing) and converts only the **total**
 //! (seeds.md §4 pitfall 6). Several valid conversions exist; [`epsilon_for_charges`] evaluates every one that
-//! applies and reports the smallest ε together with the name of the bound it came from. Every numeric step is
+//! applies, including the exact privacy-loss distribution of the discrete noise ([`crate::accounting::pld`]), and
+//! reports the smallest ε together with the name of the bound it came from. Every numeric step is
 //! rounded so the reported ε is never below the true value of the bound (seeds.md §2, invariant 3).
 
 use crate::accounting::Charge;
 use crate::accounting::calibrate::Calibration;
+use crate::accounting::pld::Pld;
 use crate::accounting::rho::up_sum;
 use crate::error::{DpError, Result};
 use serde::{Deserialize, Serialize};
@@ -30,8 +32,13 @@ pub enum BoundKind {
     Bs16Tight,
     /// inf over α of the CKS20 conversion (Canonne, Kamath & Steinke 2020, Prop. 12; post-seed \[P\]).
     Cks20,
-    /// Exact Gaussian-DP curve (DRS19 Cor. 3.3 + GDP→DP); valid only when every charge was Gaussian.
+    /// The continuous Gaussian's exact curve (DRS19). Reported by dpfusion before it accounted the discrete noise
+    /// exactly; kept only so that releases stored then can be read. It is not valid for discrete noise and is
+    /// never produced now.
     GaussianExact,
+    /// The privacy-loss distribution of the discrete noise actually added, composed on a grid (pessimistically:
+    /// never below the exact ε); see [`crate::accounting::pld`].
+    Pld,
     /// Pure-DP basic composition Σεᵢ, δ = 0; valid only when every charge was pure-DP (Laplace).
     PureComposition,
 }
@@ -45,7 +52,10 @@ impl BoundKind {
             BoundKind::Bs16SqrtPi => "rho + 2 sqrt(rho ln(sqrt(pi rho)/delta)) (BS16 Lemma 3.6)",
             BoundKind::Bs16Tight => "BS16 Lemma 3.6 tight term, solved for epsilon",
             BoundKind::Cks20 => "CKS20 conversion, optimised over alpha",
-            BoundKind::GaussianExact => "exact Gaussian-DP curve (all charges Gaussian; DRS19)",
+            BoundKind::GaussianExact => {
+                "continuous-Gaussian curve (DRS19; from an older dpfusion, not valid for discrete noise)"
+            }
+            BoundKind::Pld => "privacy-loss distribution of the discrete noise added (exact, rounded up)",
             BoundKind::PureComposition => "pure-DP composition (all charges Laplace)",
         }
     }
@@ -199,7 +209,8 @@ pub fn eps_cks20(rho: f64, delta: f64) -> Result<f64> {
     Ok(v.max(0.0) * UP)
 }
 
-/// Exact δ(ε) of μ-GDP: δ = Φ(−ε/μ + μ/2) − e^ε Φ(−ε/μ − μ/2) (DRS19 GDP→DP corollary; Balle & Wang 2018).
+/// Exact δ(ε) of μ-GDP (the continuous Gaussian with Δ/σ = μ; not used for dpfusion's discrete noise, whose
+/// exact curve is [`crate::accounting::pld`]'s): δ = Φ(−ε/μ + μ/2) − e^ε Φ(−ε/μ − μ/2) (DRS19 GDP→DP corollary; Balle & Wang 2018).
 /// The second term is computed as exp(ε + ln Φ(·)) to avoid overflow.
 pub fn gdp_delta(mu: f64, epsilon: f64) -> Result<f64> {
     if !mu.is_finite() || mu < 0.0 {
@@ -233,36 +244,77 @@ pub fn gdp_eps(mu: f64, delta: f64) -> Result<f64> {
 
 /// The smallest valid ε at `delta` for a session that made `charges`, and which bound gave it.
 ///
-/// Candidates: BS16 Prop 1.3, BS16 Lemma 3.6 (both forms), CKS20 (all valid for any ρ-zCDP session with
-/// ρ = Σρᵢ); the exact Gaussian-DP curve with μ = √(2ρ) **only** when every measurement was Gaussian
-/// (ρ-zCDP does not imply √(2ρ)-GDP in general, seeds.md §4 pitfall 9); pure composition Σεᵢ (valid at δ = 0)
-/// **only** when every measurement was pure-DP (pitfall 10).
+/// Candidates: BS16 Prop 1.3, BS16 Lemma 3.6 (both forms) and CKS20 (valid for any ρ-zCDP session, ρ = Σρᵢ); the
+/// privacy-loss distribution of the discrete noise actually added ([`crate::accounting::pld`]) when every
+/// measurement recorded its shape; pure composition Σεᵢ (valid at δ = 0) **only** when every measurement was
+/// pure-DP (seeds.md §4 pitfall 10). The continuous Gaussian's exact curve (DRS19) is **not** a candidate: it is
+/// slightly better than the discrete Gaussian's, so it would under-state ε (e.g. 7.2861 instead of 7.3049 for
+/// one COUNT with Δ = 5 at ρ = 1, δ = 1e-6).
 pub fn epsilon_for_charges(charges: &[Charge], delta: f64) -> Result<EpsilonBound> {
+    epsilon_with_cache(charges, delta, &PldCache::default())
+}
+
+/// The composed PLD of a ledger's first `n` charges (`None` when one of them has none), so that each new charge
+/// costs one convolution instead of the whole history's: charges are only ever appended.
+#[derive(Debug, Default)]
+pub struct PldCache(std::sync::Mutex<Option<(usize, Option<Pld>)>>);
+
+/// [`epsilon_for_charges`], reusing and extending `cache` when `charges` extends what it composed.
+pub fn epsilon_with_cache(charges: &[Charge], delta: f64, cache: &PldCache) -> Result<EpsilonBound> {
+    let measurements: Vec<&Calibration> = charges.iter().flat_map(|c| c.measurements()).collect();
     let rho = charges.iter().try_fold(crate::accounting::Rho::ZERO, |acc, c| acc.add_up(c.rho()))?.get();
-    let all_gaussian = charges.iter().all(Charge::all_gaussian);
-    let pure = charges.iter().try_fold(0.0, |acc, c| c.pure_epsilon().map(|e| up_sum(acc, e)));
-    best_epsilon(rho, delta, all_gaussian, pure)
+    let mut guard = cache.0.lock().map_err(|_| DpError::Internal("the PLD cache is unavailable".into()))?;
+    let (done, start) = match guard.take() {
+        Some((n, pld)) if n <= charges.len() => (n, pld),
+        _ => (0, Some(Pld::identity())),
+    };
+    let pld = start.and_then(|p| compose(charges[done..].iter().flat_map(|c| c.measurements()), p));
+    *guard = Some((charges.len(), pld.clone()));
+    drop(guard);
+    best_epsilon(rho, delta, pure_composition(&measurements), pld.as_ref())
 }
 
 /// [`epsilon_for_charges`] for one query's measurements before it is charged (EXPLAIN DP): the same candidates,
 /// so EXPLAIN DP and the release report the same ε.
 pub fn epsilon_for_measurements(measurements: &[Calibration], delta: f64) -> Result<EpsilonBound> {
     let rho = crate::accounting::filter::total_rho(measurements)?.get();
-    let all_gaussian = measurements.iter().all(|m| m.pure_epsilon().is_none());
-    let pure = measurements.iter().try_fold(0.0, |acc, m| m.pure_epsilon().map(|e| up_sum(acc, e)));
-    best_epsilon(rho, delta, all_gaussian, pure)
+    let refs: Vec<&Calibration> = measurements.iter().collect();
+    let pld = compose(refs.iter().copied(), Pld::identity());
+    best_epsilon(rho, delta, pure_composition(&refs), pld.as_ref())
 }
 
-/// The tightest ε for a single ρ (no knowledge of the mechanisms but whether all are Gaussian): min of the BS16
-/// and CKS20 bounds; with `all_gaussian`, also the exact GDP curve.
-pub fn epsilon_for_rho(rho: f64, delta: f64, all_gaussian: bool) -> Result<EpsilonBound> {
+/// The tightest ε for a ρ-zCDP session knowing nothing of its mechanisms: min of the BS16 and CKS20 bounds.
+pub fn epsilon_for_rho(rho: f64, delta: f64) -> Result<EpsilonBound> {
     check_rho(rho)?;
-    best_epsilon(rho, delta, all_gaussian, None)
+    best_epsilon(rho, delta, None, None)
+}
+
+/// Σεᵢ (rounded up) when every measurement is pure-DP.
+fn pure_composition(measurements: &[&Calibration]) -> Option<f64> {
+    measurements.iter().try_fold(0.0, |acc, m| m.pure_epsilon().map(|e| up_sum(acc, e)))
+}
+
+/// `start` composed with the PLD of every measurement, or `None` if one has no recorded shape. Identical
+/// measurements (the common case: the same query shape at the same ρ) are composed once, by repeated squaring.
+pub fn compose<'a>(measurements: impl Iterator<Item = &'a Calibration>, start: Pld) -> Option<Pld> {
+    let mut groups: Vec<(&Calibration, u64)> = Vec::new();
+    for m in measurements {
+        m.shape()?;
+        match groups.iter_mut().find(|(g, _)| *g == m) {
+            Some((_, n)) => *n += 1,
+            None => groups.push((m, 1)),
+        }
+    }
+    let mut pld = start;
+    for (m, n) in groups {
+        pld = pld.compose(&m.pld()?.self_compose(n));
+    }
+    Some(pld)
 }
 
 /// The one list of candidate bounds (see [`epsilon_for_charges`]): `pure` is Σεᵢ when every measurement was
-/// pure-DP.
-fn best_epsilon(rho: f64, delta: f64, all_gaussian: bool, pure: Option<f64>) -> Result<EpsilonBound> {
+/// pure-DP, `pld` the composed privacy-loss distribution when every measurement had one.
+fn best_epsilon(rho: f64, delta: f64, pure: Option<f64>, pld: Option<&Pld>) -> Result<EpsilonBound> {
     check_delta(delta)?;
     if rho == 0.0 {
         return Ok(EpsilonBound { epsilon: 0.0, delta, kind: BoundKind::NothingSpent });
@@ -273,10 +325,8 @@ fn best_epsilon(rho: f64, delta: f64, all_gaussian: bool, pure: Option<f64>) -> 
         (eps_bs16_tight(rho, delta)?, BoundKind::Bs16Tight),
         (eps_cks20(rho, delta)?, BoundKind::Cks20),
     ];
-    // The GDP curve is one more candidate; for a huge ρ its ε is beyond the search range (an error), and the
-    // other bounds, which hold for every ρ, are reported instead.
-    if all_gaussian && let Ok(g) = gdp_eps((2.0 * rho).sqrt() * UP, delta) {
-        cands.push((g, BoundKind::GaussianExact));
+    if let Some(e) = pld.and_then(|p| p.epsilon(delta)) {
+        cands.push((e, BoundKind::Pld));
     }
     if let Some(pure) = pure {
         cands.push((pure, BoundKind::PureComposition));

@@ -49,11 +49,6 @@ impl Charge {
         self.rho
     }
 
-    /// True when every measurement is Gaussian (the exact GDP conversion then applies).
-    pub fn all_gaussian(&self) -> bool {
-        self.measurements.iter().all(|m| m.pure_epsilon().is_none())
-    }
-
     /// The pure ε of this charge when every measurement is pure-DP (Laplace): the sum of their ε, rounded up.
     pub fn pure_epsilon(&self) -> Option<f64> {
         self.measurements

@@ -17,7 +17,7 @@
 //! Pure bookkeeping: no DataFusion or Arrow here; releases are stored as opaque bytes.
 
 use crate::accounting::calibrate::Calibration;
-use crate::accounting::convert::{EpsilonBound, epsilon_for_charges};
+use crate::accounting::convert::{EpsilonBound, PldCache, epsilon_with_cache};
 use crate::accounting::filter::total_rho;
 use crate::accounting::{Charge, Rho, ZcdpFilter};
 use crate::error::{DpError, Result};
@@ -79,9 +79,12 @@ pub trait Ledger: Send + Sync {
     /// Administrative: sets a new total (recorded with `reason`). The new total may not be below what is spent.
     fn set_total(&self, total: Rho, reason: &str) -> Result<()>;
 
+    /// The composed privacy-loss distribution of the charges seen so far (see [`PldCache`]).
+    fn pld_cache(&self) -> &PldCache;
+
     /// (ε, δ) of everything spent.
     fn epsilon(&self, delta: f64) -> Result<EpsilonBound> {
-        epsilon_for_charges(&self.charges()?, delta)
+        epsilon_with_cache(&self.charges()?, delta, self.pld_cache())
     }
 }
 
@@ -107,12 +110,17 @@ impl RequestEntry {
 pub struct MemoryLedger {
     filter: Mutex<ZcdpFilter>,
     requests: Mutex<HashMap<String, RequestEntry>>,
+    pld: PldCache,
 }
 
 impl MemoryLedger {
     /// A fresh in-memory ledger with budget `total`.
     pub fn new(total: Rho) -> Self {
-        MemoryLedger { filter: Mutex::new(ZcdpFilter::new(total)), requests: Mutex::new(HashMap::new()) }
+        MemoryLedger {
+            filter: Mutex::new(ZcdpFilter::new(total)),
+            requests: Mutex::new(HashMap::new()),
+            pld: PldCache::default(),
+        }
     }
 }
 
@@ -121,6 +129,9 @@ fn poisoned<T>(_: T) -> DpError {
 }
 
 impl Ledger for MemoryLedger {
+    fn pld_cache(&self) -> &PldCache {
+        &self.pld
+    }
     fn describe(&self) -> String {
         "in memory (this process only: the budget starts afresh in each new process)".into()
     }
@@ -182,6 +193,7 @@ pub struct SqliteLedger {
     conn: Mutex<Connection>,
     path: PathBuf,
     budget: String,
+    pld: PldCache,
 }
 
 fn now() -> i64 {
@@ -238,7 +250,12 @@ impl SqliteLedger {
         }
         conn.pragma_update(None, "journal_mode", "WAL").map_err(|e| write_error(&display, e))?;
         conn.pragma_update(None, "synchronous", "FULL").map_err(|e| write_error(&display, e))?;
-        let mut me = SqliteLedger { conn: Mutex::new(conn), path: path.to_path_buf(), budget: budget.to_string() };
+        let mut me = SqliteLedger {
+            conn: Mutex::new(conn),
+            path: path.to_path_buf(),
+            budget: budget.to_string(),
+            pld: PldCache::default(),
+        };
         me.init(total)?;
         Ok(me)
     }
@@ -437,6 +454,9 @@ fn sql_error(path: &str, e: rusqlite::Error) -> DpError {
 }
 
 impl Ledger for SqliteLedger {
+    fn pld_cache(&self) -> &PldCache {
+        &self.pld
+    }
     fn describe(&self) -> String {
         format!("durable: {} (budget `{}`)", self.display(), self.budget)
     }

@@ -8,6 +8,7 @@ pub mod calibrate;
 pub mod convert;
 pub mod filter;
 pub mod ledger;
+pub mod pld;
 pub mod rho;
 
 pub use convert::{EpsilonBound, epsilon_for_charges};

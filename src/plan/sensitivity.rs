@@ -7,6 +7,7 @@
 //! ≤ k each). A SUM of values clamped to `[lo, hi]` and put on the grid 2^-s multiplies by
 //! `M = ⌈max(|lo|, |hi|)·2^s⌉` (grid units). Row-level tables have `k = g = 1` (seeds.md §1.6, add/remove column).
 
+use crate::accounting::calibrate::Shape;
 use crate::policy::TablePolicy;
 
 /// The sensitivity of one measurement (a vector over the GROUP BY cells, or a scalar).
@@ -16,6 +17,8 @@ pub struct Sensitivity {
     pub l1: f64,
     /// L2 sensitivity (for the Gaussian mechanism).
     pub l2: f64,
+    /// Each of ≤ g cells moves by an integer ≤ k (COUNT) or k·M (SUM): what exact privacy-loss accounting needs.
+    pub shape: Option<Shape>,
     /// Where it came from, for EXPLAIN DP.
     pub derivation: String,
 }
@@ -52,7 +55,12 @@ impl Contribution {
 pub fn count(c: Contribution, unit: &str) -> Sensitivity {
     let k = c.rows as f64;
     let g = c.groups as f64;
-    Sensitivity { l1: k * g, l2: k * g.sqrt(), derivation: format!("COUNT: {}", c.describe(unit)) }
+    Sensitivity {
+        l1: k * g,
+        l2: k * g.sqrt(),
+        shape: Shape::new(k, c.groups),
+        derivation: format!("COUNT: {}", c.describe(unit)),
+    }
 }
 
 /// SUM of values each at most `m` in absolute value (grid units): Δ₁ = k·g·m, Δ₂ = k·√g·m.
@@ -62,6 +70,7 @@ pub fn sum(c: Contribution, unit: &str, m: f64, bound_text: &str) -> Sensitivity
     Sensitivity {
         l1: k * g * m,
         l2: k * g.sqrt() * m,
+        shape: Shape::new(k * m, c.groups),
         derivation: format!("SUM: {}, each clamped to {bound_text}", c.describe(unit)),
     }
 }

@@ -49,7 +49,7 @@ fn calibrate_each(dp: &DpPlan, rho: Rho, mech: Mechanism) -> Result<Vec<Calibrat
     dp.measures
         .iter()
         .map(|ms| {
-            calibrate::calibrate(mech, ms.sensitivity.l1, ms.sensitivity.l2, share)
+            calibrate::calibrate(mech, ms.sensitivity.l1, ms.sensitivity.l2, ms.sensitivity.shape, share)
                 .map_err(|e| DpError::Refused(Refusal::Calibration { measure: ms.label(), reason: e.to_string() }))
         })
         .collect()
