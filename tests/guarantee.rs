@@ -170,6 +170,27 @@ async fn c2_a_retry_is_compared_with_the_price_of_its_charge() {
     assert_eq!(again.to_string(), first.to_string());
 }
 
+#[tokio::test]
+async fn c2_a_retry_of_a_charge_recorded_without_shapes_is_the_same_price() {
+    // Charges made before dpfusion recorded each measurement's shape (for its privacy-loss distribution) are the
+    // same noise at the same price: a retry post-processes their draw instead of being refused as a new price.
+    let dir = TempDir::new("c2shape");
+    let s = DpSession::open(ledger_config(&dir, 1.0)).await.unwrap();
+    let first = s.sql_with_request_id(NOISY_ERROR, Some("job-7")).await.unwrap_err();
+    let conn = rusqlite::Connection::open(dir.join("ledger.db")).unwrap();
+    let stored: String = conn.query_row("SELECT measurements FROM charges", [], |r| r.get(0)).unwrap();
+    let mut cals: Vec<serde_json::Value> = serde_json::from_str(&stored).unwrap();
+    for c in &mut cals {
+        assert!(c.as_object_mut().unwrap().remove("shape").is_some(), "a shape is recorded now");
+    }
+    conn.execute("UPDATE charges SET measurements = ?1", [serde_json::to_string(&cals).unwrap()]).unwrap();
+    drop(conn);
+    let s = DpSession::open(ledger_config(&dir, 1.0)).await.unwrap();
+    let again = s.sql_with_request_id(NOISY_ERROR, Some("job-7")).await.unwrap_err();
+    assert_eq!(again.to_string(), first.to_string());
+    assert_eq!(s.budget().unwrap().charges.len(), 1);
+}
+
 #[test]
 fn c2_a_ledger_of_format_1_never_recomputes_a_charged_unreleased_request() {
     let dir = TempDir::new("v1");

@@ -80,6 +80,16 @@ impl Calibration {
         self.pure_epsilon
     }
 
+    /// Whether `other` is the same noise at the same price (mechanism, parameter, sensitivity, cost), whether or
+    /// not either recorded its shape: a charge recorded before shapes were kept is the same measurement as the
+    /// one quoted now.
+    pub fn same_noise(&self, other: &Calibration) -> bool {
+        self.params == other.params
+            && self.sensitivity == other.sensitivity
+            && self.rho == other.rho
+            && self.pure_epsilon == other.pure_epsilon
+    }
+
     /// How one unit can move the measured vector, when it was recorded.
     pub fn shape(&self) -> Option<Shape> {
         self.shape

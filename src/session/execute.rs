@@ -196,6 +196,11 @@ fn stored_release(id: &str, sql: &str, charge: Charge, bytes: &[u8]) -> Result<R
     Ok(r)
 }
 
+/// Whether a charge's measurements are the quoted ones (see [`Calibration::same_noise`]).
+fn same_noise(charged: &[Calibration], quoted: &[Calibration]) -> bool {
+    charged.len() == quoted.len() && charged.iter().zip(quoted).all(|(c, q)| c.same_noise(q))
+}
+
 /// A request id that was claimed before: return its release, post-process its stored draw, or (charged, no draw
 /// yet) run under its charge, provided the query, its plan and its price (`quote`) are the ones it was charged for.
 fn resume(id: &str, sql: &str, dp: &DpPlan, quote: &Quote, prior: Prior) -> Result<Next> {
@@ -207,7 +212,9 @@ fn resume(id: &str, sql: &str, dp: &DpPlan, quote: &Quote, prior: Prior) -> Resu
         Prior::Released(c, bytes) => stored_release(id, sql, c, &bytes).map(|r| Next::Done(Box::new(r))),
         Prior::Drawn(c, _) | Prior::Charged(c) if c.label() != sql => Err(another_query(id, &c)),
         // The noise is (or was) calibrated from the stored charge: it must be what this query costs now.
-        Prior::Drawn(c, _) | Prior::Charged(c) if c.measurements() != quote.measurements.as_slice() => Err(changed(&c)),
+        Prior::Drawn(c, _) | Prior::Charged(c) if !same_noise(c.measurements(), &quote.measurements) => {
+            Err(changed(&c))
+        }
         Prior::Drawn(_, bytes) if bytes.is_empty() => {
             Err(DpError::Refused(Refusal::RequestIdLost { id: id.to_string() }))
         }
