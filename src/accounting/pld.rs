@@ -133,10 +133,9 @@ impl Pld {
             }
             let l = l + l.abs() * 1e-14 + 1e-300;
             let lo = (l / h).floor();
-            let frac = (-(l - lo * h)).exp_m1() / (-h).exp_m1(); // share of the upper point, in [0, 1]
-            let up = (p * frac * (1.0 + 1e-12)).min(p);
-            cells.push((lo as i64, p - up));
-            cells.push((lo as i64 + 1, up));
+            let (below, above) = split(p, l - lo * h, h);
+            cells.push((lo as i64, below));
+            cells.push((lo as i64 + 1, above));
         }
         let min = cells.iter().map(|c| c.0).min().unwrap_or(0);
         let max = cells.iter().map(|c| c.0).max().unwrap_or(0);
@@ -161,11 +160,10 @@ impl Pld {
                 if k.rem_euclid(2) == 0 {
                     probs[j] += p;
                 } else {
-                    // Loss (2j+1)·h between 2j·h and (2j+2)·h: the upper share of e^{−h} − 1 over e^{−2h} − 1.
-                    let frac = (-h).exp_m1() / (-2.0 * h).exp_m1();
-                    let up = (p * frac * (1.0 + 1e-12)).min(p);
-                    probs[j] += p - up;
-                    probs[j + 1] += up;
+                    // Loss (2j+1)·h lies h above 2j·h, on a grid of step 2h.
+                    let (below, above) = split(p, h, 2.0 * h);
+                    probs[j] += below;
+                    probs[j + 1] += above;
                 }
             }
             self.offset = base;
@@ -272,6 +270,14 @@ impl Pld {
         }
         Some(hi)
     }
+}
+
+/// Connect the dots: a mass `p` at a loss `offset` above a grid point (0 ≤ offset ≤ `step`) split between that
+/// point and the next with the same Q-mass `p·e^{−loss}` (see the module doc); the upper share is rounded up.
+fn split(p: f64, offset: f64, step: f64) -> (f64, f64) {
+    let frac = (-offset).exp_m1() / (-step).exp_m1(); // share of the upper point, in [0, 1]
+    let above = (p * frac * (1.0 + 1e-12)).min(p);
+    (p - above, above)
 }
 
 fn convolve(a: &[f64], b: &[f64]) -> Vec<f64> {

@@ -104,7 +104,7 @@ impl DpSession {
         let prepared = self.prepare(sql).await?;
         let quote = self.quote(&prepared.dp)?;
         let (charge, stored) = match request_id {
-            None => (self.ledger.charge(sql, quote.measurements)?, None),
+            None => (self.ledger.charge(sql, quote.measurements.clone())?, None),
             Some(id) => match self.ledger.claim(sql, id, quote.measurements.clone())? {
                 Claim::New(c) => (c, None),
                 Claim::Existing(prior) => match resume(id, sql, &prepared.dp, &quote, prior)? {
@@ -113,13 +113,14 @@ impl DpSession {
                 },
             },
         };
-        self.release(sql, &prepared, charge, stored, request_id, quote.confidence).await
+        self.release(sql, &prepared, charge, stored, request_id, &quote).await
     }
 
     /// The one place a private plan runs and a [`Release`] is made, from the `charge` that paid for it (taken by
     /// value: one charge, one release). Without `stored` noisy values, runs the private plan and draws the noise;
     /// with a request id, the draw is stored (first writer wins) before anything derived from it is computed, and
-    /// the release is stored before it is returned.
+    /// the release is stored before it is returned. The `quote` gives the confidence and the query's ε (its
+    /// measurements are the charge's: [`resume`] refuses a retry whose price changed).
     async fn release(
         &self,
         sql: &str,
@@ -127,8 +128,9 @@ impl DpSession {
         charge: Charge,
         stored: Option<Vec<Vec<i128>>>,
         request_id: Option<&str>,
-        confidence: f64,
+        quote: &Quote,
     ) -> Result<Release> {
+        let confidence = quote.confidence;
         let dp = &prepared.dp;
         let values = match stored {
             Some(v) => v,
@@ -173,10 +175,7 @@ impl DpSession {
             batches,
             budget: self.status()?,
             session_epsilon: self.ledger.epsilon(self.defaults.delta)?,
-            query_epsilon: crate::accounting::convert::epsilon_for_charges(
-                std::slice::from_ref(&charge),
-                self.defaults.delta,
-            )?,
+            query_epsilon: quote.epsilon,
         };
         let release = Release::new(parts, charge);
         if let Some(id) = request_id {
