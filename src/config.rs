@@ -3,6 +3,7 @@
 //! mistake reported with what to change.
 
 use crate::accounting::Rho;
+use crate::accounting::calibrate::Accounting;
 use crate::error::{DpError, Result};
 use crate::noise::Mechanism;
 use crate::policy::{ColumnPolicy, ColumnType, DomainValue, TablePolicy};
@@ -59,14 +60,18 @@ pub struct LedgerSettings {
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SessionSettings {
-    /// Total zCDP budget ρ of the session.
-    pub rho: f64,
-    /// ρ charged per query unless `SET dp.rho` says otherwise.
-    pub default_query_rho: f64,
+    /// Total zCDP budget ρ of the session (give this, or `epsilon` with `delta`).
+    pub rho: Option<f64>,
+    /// Total budget as (ε, δ)-DP, with `delta`: enforced as μ-GDP (see [`crate::accounting::gdp`]).
+    pub epsilon: Option<f64>,
+    /// ρ charged per query unless `SET dp.rho` says otherwise (or give `default_query_fraction`).
+    pub default_query_rho: Option<f64>,
+    /// The share of the total each query costs by default, in (0, 1] (e.g. 0.01 for 100 equal queries).
+    pub default_query_fraction: Option<f64>,
     /// Default mechanism: `"gaussian"` or `"laplace"`.
     #[serde(default = "default_mechanism")]
     pub mechanism: String,
-    /// δ at which (ε, δ) is reported.
+    /// δ at which (ε, δ) is reported, and the δ of an (ε, δ) budget.
     #[serde(default = "default_delta")]
     pub delta: f64,
     /// Confidence level of reported intervals, in (0, 1).
@@ -166,7 +171,9 @@ pub struct TableSource {
 /// The validated session configuration.
 #[derive(Clone, Debug)]
 pub struct SessionConfig {
-    /// Total budget.
+    /// How the budget is enforced: zCDP (`rho`) or GDP (`epsilon`, `delta`).
+    pub accounting: Accounting,
+    /// Total budget, in the ledger's units: ρ, or μ²/2 for an (ε, δ) budget.
     pub total_rho: Rho,
     /// Default ρ per query.
     pub default_query_rho: Rho,
@@ -208,18 +215,62 @@ impl SessionConfig {
     pub fn from_toml_str(text: &str, base_dir: &Path) -> Result<Self> {
         let raw: Config = toml::from_str(text).map_err(|e| DpError::Config(e.to_string()))?;
         let s = &raw.session;
-        let total_rho = Rho::new(s.rho).map_err(|e| cfg_err(e, "rho"))?;
-        let default_query_rho = Rho::positive(s.default_query_rho).map_err(|e| cfg_err(e, "default_query_rho"))?;
-        if default_query_rho.get() > total_rho.get() {
-            return Err(DpError::Config(format!(
-                "[session] default_query_rho = {} exceeds the total rho = {}; lower it",
-                s.default_query_rho, s.rho
-            )));
-        }
-        let mechanism: Mechanism = s.mechanism.parse().map_err(|e| cfg_err(e, "mechanism"))?;
         if !(s.delta > 0.0 && s.delta < 1.0) {
             return Err(DpError::Config(format!("[session] delta = {} must be in (0, 1); 1e-6 is usual", s.delta)));
         }
+        let (accounting, total_rho) = match (s.rho, s.epsilon) {
+            (Some(r), None) => (Accounting::Zcdp, Rho::new(r).map_err(|e| cfg_err(e, "rho"))?),
+            (None, Some(e)) => (
+                Accounting::Gdp,
+                crate::accounting::gdp::total_for_epsilon_delta(e, s.delta).map_err(|e| cfg_err(e, "epsilon"))?,
+            ),
+            (Some(_), Some(_)) => {
+                return Err(DpError::Config(
+                    "[session] gives both rho and epsilon; keep one: rho = 1.0 (a zCDP budget) or epsilon = 1.0 with \
+                     delta = 1e-6 (an (epsilon, delta) budget)"
+                        .into(),
+                ));
+            }
+            (None, None) => {
+                return Err(DpError::Config(
+                    "[session] needs a total budget: rho = 1.0 (zCDP) or epsilon = 1.0 with delta = 1e-6".into(),
+                ));
+            }
+        };
+        let default_query_rho = match (s.default_query_rho, s.default_query_fraction) {
+            (Some(q), None) => {
+                let q = Rho::positive(q).map_err(|e| cfg_err(e, "default_query_rho"))?;
+                if q.get() > total_rho.get() {
+                    return Err(DpError::Config(format!(
+                        "[session] default_query_rho = {} exceeds the total ({}); lower it",
+                        q.get(),
+                        total_rho.get()
+                    )));
+                }
+                q
+            }
+            (None, Some(f)) if f > 0.0 && f <= 1.0 => {
+                Rho::positive(total_rho.get() * f).map_err(|e| cfg_err(e, "default_query_fraction"))?
+            }
+            (None, Some(f)) => {
+                return Err(DpError::Config(format!(
+                    "[session] default_query_fraction = {f} must be in (0, 1]; 0.01 makes each query cost 1% of the total"
+                )));
+            }
+            (Some(_), Some(_)) => {
+                return Err(DpError::Config(
+                    "[session] gives both default_query_rho and default_query_fraction; keep one".into(),
+                ));
+            }
+            (None, None) => {
+                return Err(DpError::Config(
+                    "[session] needs a per-query cost: default_query_rho = 0.05, or default_query_fraction = 0.01 \
+                     (each query costs 1% of the total)"
+                        .into(),
+                ));
+            }
+        };
+        let mechanism: Mechanism = s.mechanism.parse().map_err(|e| cfg_err(e, "mechanism"))?;
         crate::noise::accuracy::check_confidence(s.confidence).map_err(|e| cfg_err(e, "confidence"))?;
         let confidence = s.confidence;
         let mut tables = BTreeMap::new();
@@ -247,6 +298,7 @@ impl SessionConfig {
         };
         let owner_log = s.owner_log.as_deref().map(|p| resolve(base_dir, p));
         Ok(SessionConfig {
+            accounting,
             total_rho,
             default_query_rho,
             mechanism,

@@ -19,7 +19,7 @@
 //! histogram onto {x ≥ 0, Σx = T̂} (sort-based simplex projection). Every released column is non-negative and sums
 //! to the same total. The raw noisy counts are kept next to the projected ones.
 
-use crate::accounting::calibrate::{self, Calibration};
+use crate::accounting::calibrate::{self, Accounting, Calibration};
 use crate::accounting::convert::EpsilonBound;
 use crate::accounting::{Charge, Rho};
 use crate::error::{DpError, Result, engine};
@@ -196,13 +196,30 @@ pub fn plan(
     confidence: f64,
     delta: f64,
 ) -> Result<(MarginalPlan, Calibration)> {
+    plan_accounted(Accounting::Zcdp, d, cells, k, budget, n, confidence, delta)
+}
+
+/// [`plan`], priced as the session's budget is enforced (zCDP, or GDP for an (ε, δ) budget).
+#[allow(clippy::too_many_arguments)] // `plan`'s arguments and the session's accounting
+pub(crate) fn plan_accounted(
+    accounting: Accounting,
+    d: usize,
+    cells: usize,
+    k: u64,
+    budget: MarginalBudget,
+    n: Option<f64>,
+    confidence: f64,
+    delta: f64,
+) -> Result<(MarginalPlan, Calibration)> {
     if d == 0 || cells == 0 {
         return Err(DpError::invalid("columns", "give at least one column with a non-empty domain"));
     }
     let l2 = k as f64 * (d as f64).sqrt();
-    let cal = match budget {
-        MarginalBudget::Rho(r) => calibrate::gaussian(l2, Rho::positive(r)?)?,
-        MarginalBudget::TargetStd(s) => calibrate::gaussian_for_sigma(l2, s)?,
+    let cal = match (budget, accounting) {
+        (MarginalBudget::Rho(r), Accounting::Zcdp) => calibrate::gaussian(l2, Rho::positive(r)?)?,
+        (MarginalBudget::Rho(r), Accounting::Gdp) => calibrate::gaussian_gdp(l2, Rho::positive(r)?)?,
+        (MarginalBudget::TargetStd(s), Accounting::Zcdp) => calibrate::gaussian_for_sigma(l2, s)?,
+        (MarginalBudget::TargetStd(s), Accounting::Gdp) => calibrate::gaussian_for_sigma_gdp(l2, s)?,
     };
     // With one row per unit, a unit moves one cell of each of the d histograms by 1: exact PLD accounting. With
     // k > 1 rows, its k rows may spread over several cells of a column, a shape the PLD does not model; the zCDP

@@ -360,3 +360,80 @@ fn t13_a_session_reports_the_pld_of_its_discrete_noise() {
     assert!(calibrate::gaussian_for_sigma(2.0, 5.0).unwrap().with_shape(one_cell(1)).is_err());
     assert!(calibrate::gaussian_for_sigma(2.0, 5.0).unwrap().with_shape(Shape { linf: 1, cells: 4 }).is_ok());
 }
+
+/// The (ε, δ) budget of issue 14's utility case: 100 COUNTs (sensitivity 1) sharing (ε = 1, δ = 1e-6) in total.
+/// The non-adaptive optimum (dp-accounting's PLD of 100 discrete Gaussians) is σ = 42.25; the GDP filter, valid
+/// under fully adaptive choices, prices each discrete Gaussian with its certified μ (≈ (1 + 1/(24σ²))/σ), so the
+/// std per query must stay ≤ 42.3. All 100 fit, the 101st is refused, and the session reports ε ≤ 1 at δ = 1e-6.
+#[tokio::test]
+async fn t14_an_epsilon_delta_budget_gives_100_counts_the_tightest_noise() {
+    use dpfusion::release::Accuracy;
+    // Row level: every row of pums.csv is its own unit, so a COUNT has sensitivity 1.
+    let text = crate::support::pums_config("pums.csv", 1.0, 1, 1)
+        .replace("rho = 1\n", "epsilon = 1.0\n")
+        .replace("default_query_rho = 0.05", "default_query_fraction = 0.01")
+        .replace("privacy_unit = \"pid\"\nmax_rows_per_unit = 1\nmax_groups_per_unit = 1\n", "")
+        .replace("pid = { type = \"int64\" }\n", "");
+    let s = crate::support::session_from(&text).await;
+    assert_eq!(s.accounting(), calibrate::Accounting::Gdp);
+    for i in 0..100 {
+        let r = crate::support::release(&s, "SELECT COUNT(*) FROM pums").await;
+        let Accuracy::Noisy { std, .. } = r.accuracy()[0].accuracy else { panic!("{:?}", r.accuracy()) };
+        assert!(std <= 42.3 && std > 42.2, "query {i}: std {std}");
+    }
+    match s.sql("SELECT COUNT(*) FROM pums").await {
+        Err(dpfusion::DpError::OverBudget { .. }) => {}
+        other => panic!("the 101st query must be refused: {other:?}"),
+    }
+    let b = s.budget().unwrap();
+    assert!(b.epsilon.epsilon <= 1.0, "{:?}", b.epsilon);
+    assert_eq!(b.charges.len(), 100);
+    assert!(b.charges.iter().all(|c| c.measurements().iter().all(|m| m.gdp_mu().is_some())));
+}
+
+/// An (ε, δ) budget cannot continue a ledger budget spent under ρ (its charges are not GDP certificates), and the
+/// configuration takes exactly one total and one per-query cost.
+#[tokio::test]
+async fn t14_an_epsilon_delta_budget_refuses_a_zcdp_history_and_ambiguous_configs() {
+    let dir = crate::support::TempDir::new("gdp-history");
+    // A zCDP budget whose total equals the (1, 1e-6) GDP total, so that only the history differs.
+    let total = dpfusion::accounting::gdp::total_for_epsilon_delta(1.0, 1e-6).unwrap().get();
+    let cfg = crate::support::ledger_config(&dir, total);
+    let zcdp =
+        std::fs::read_to_string(&cfg).unwrap().replace("default_query_rho = 0.05", "default_query_fraction = 0.01");
+    std::fs::write(&cfg, &zcdp).unwrap();
+    let s = dpfusion::DpSession::open(&cfg).await.unwrap();
+    crate::support::release(&s, "SELECT COUNT(*) FROM pums").await;
+    drop(s);
+    std::fs::write(&cfg, zcdp.replace(&format!("rho = {total}\n"), "epsilon = 1.0\n")).unwrap();
+    let err = dpfusion::DpSession::open(&cfg).await.err().expect("refused");
+    assert!(err.to_string().contains("priced as zCDP"), "{err}");
+    let base = crate::support::pums_config("pums.csv", 1.0, 1, 1);
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    for (text, needle) in [
+        (base.replace("rho = 1\n", "rho = 1\nepsilon = 1\n"), "both rho and epsilon"),
+        (base.replace("rho = 1\n", ""), "needs a total budget"),
+        (base.replace("default_query_rho = 0.05", "default_query_fraction = 1.5"), "(0, 1]"),
+        (base.replace("default_query_rho = 0.05", ""), "per-query cost"),
+    ] {
+        let err = dpfusion::SessionConfig::from_toml_str(&text, root).expect_err(needle);
+        assert!(err.to_string().contains(needle), "{err}");
+    }
+}
+
+/// In an (ε, δ) session each mechanism is priced by its GDP certificate: a Laplace measurement by ε-DP ⇒ μ-GDP,
+/// whose cost μ²/2 is above the zCDP ε²/2 for the same noise (so the filter's units stay valid zCDP costs too).
+#[test]
+fn t14_gdp_prices_are_valid_zcdp_costs() {
+    let r = Rho::new(0.01).unwrap();
+    for (g, z) in [
+        (calibrate::gaussian_gdp(1.0, r).unwrap(), calibrate::gaussian(1.0, r).unwrap()),
+        (calibrate::laplace_gdp(1.0, r).unwrap(), calibrate::laplace(1.0, r).unwrap()),
+    ] {
+        assert!(g.rho().get() <= r.get(), "{g:?}");
+        let mu = g.gdp_mu().unwrap();
+        assert!(g.rho().get() >= mu * mu / 2.0);
+        // Same budget, certified in GDP: the noise is at least the zCDP calibration's.
+        assert!(g.params().sigma_or_scale() >= z.params().sigma_or_scale(), "{g:?} vs {z:?}");
+    }
+}

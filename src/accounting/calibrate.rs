@@ -32,6 +32,22 @@ pub struct Calibration {
     /// Absent in charges recorded before dpfusion kept it (their ε then comes from the zCDP conversions).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     shape: Option<Shape>,
+    /// The certified μ of μ-GDP when the measurement was calibrated for an (ε, δ) budget ([`Accounting::Gdp`]):
+    /// its cost is then μ²/2, rounded up.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    gdp_mu: Option<f64>,
+}
+
+/// How a session's budget is enforced, which decides how each measurement is priced.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Accounting {
+    /// A zCDP budget ρ: each measurement costs its zCDP ρ (BS16 composition, valid under adaptivity).
+    #[default]
+    Zcdp,
+    /// An (ε, δ) budget enforced as μ-GDP (Smith & Thakurta 2022 filter): each measurement costs μᵢ²/2 for a
+    /// certified GDP parameter μᵢ of its noise ([`crate::accounting::gdp`]); the total is μ²/2 for the μ that
+    /// meets (ε, δ) exactly.
+    Gdp,
 }
 
 /// How one privacy unit can move a measured vector (add/remove of the unit): each of at most `cells` coordinates
@@ -88,6 +104,12 @@ impl Calibration {
             && self.sensitivity == other.sensitivity
             && self.rho == other.rho
             && self.pure_epsilon == other.pure_epsilon
+            && self.gdp_mu == other.gdp_mu
+    }
+
+    /// The certified μ-GDP of this measurement, when it was priced for an (ε, δ) budget.
+    pub fn gdp_mu(&self) -> Option<f64> {
+        self.gdp_mu
     }
 
     /// How one unit can move the measured vector, when it was recorded.
@@ -192,6 +214,7 @@ pub fn gaussian(l2: f64, rho: Rho) -> Result<Calibration> {
         rho: min_rho(rho, gaussian_cost(l2, sigma_sq)?),
         pure_epsilon: None,
         shape: None,
+        gdp_mu: None,
     })
 }
 
@@ -212,7 +235,32 @@ pub fn gaussian_for_sigma(l2: f64, sigma: f64) -> Result<Calibration> {
         rho: gaussian_cost(l2, sigma_sq)?,
         pure_epsilon: None,
         shape: None,
+        gdp_mu: None,
     })
+}
+
+/// [`gaussian_for_sigma`] priced in GDP for an (ε, δ) budget (see [`gaussian_gdp`]): cost (Δ₂·μ₁(σ))²/2.
+pub fn gaussian_for_sigma_gdp(l2: f64, sigma: f64) -> Result<Calibration> {
+    let mut c = gaussian_for_sigma(l2, sigma)?;
+    let NoiseParams::Gaussian { sigma_sq } = c.params else {
+        return Err(DpError::Internal("gaussian_for_sigma made a non-Gaussian calibration".into()));
+    };
+    let s2 = sigma_sq.to_f64().next_down();
+    let mu1 = crate::accounting::gdp::discrete_gaussian_mu(s2).ok_or_else(|| {
+        DpError::invalid(
+            "sigma",
+            format!(
+                "an (epsilon, delta) budget needs sigma between {} and {} (the range of dpfusion's Gaussian-DP \
+                 certificate), got {sigma}",
+                crate::accounting::gdp::MIN_SIGMA,
+                crate::accounting::gdp::MAX_SIGMA
+            ),
+        )
+    })?;
+    let mu = l2 * mu1 * MARGIN;
+    c.rho = Rho::new(mu * mu / 2.0 * MARGIN)?;
+    c.gdp_mu = Some(mu);
+    Ok(c)
 }
 
 /// ρ = Δ₂²/(2σ²) for the exact rational σ², rounded up.
@@ -249,15 +297,102 @@ pub fn laplace(l1: f64, rho: Rho) -> Result<Calibration> {
         rho: min_rho(rho, cost),
         pure_epsilon: Some(pure_eps),
         shape: None,
+        gdp_mu: None,
     })
 }
 
-/// Calibrates `mechanism` to the matching sensitivity (L2 for Gaussian, L1 for Laplace) and budget, recording
-/// the measurement's `shape` when it is known.
-pub fn calibrate(mechanism: Mechanism, l1: f64, l2: f64, shape: Option<Shape>, rho: Rho) -> Result<Calibration> {
-    let c = match mechanism {
-        Mechanism::Gaussian => gaussian(l2, rho)?,
-        Mechanism::Laplace => laplace(l1, rho)?,
+/// Discrete Gaussian priced in GDP for an (ε, δ) budget: σ is raised until the measurement's certified GDP
+/// parameter Δ₂·μ₁(σ) is at most √(2ρ); the cost is that μ²/2, rounded up.
+///
+/// # Privacy
+/// μ₁(σ) certifies that N_ℤ(0, σ²) and N_ℤ(1, σ²) are μ₁-GDP ([`crate::accounting::gdp::discrete_gaussian_mu`]); an
+/// integer shift vector v is then ‖v‖₂·μ₁-GDP (DRS19 Thm 2.14 and Cor. 3.3), so L2 sensitivity Δ₂ gives Δ₂·μ₁.
+/// μ-GDP implies (μ²/2)-zCDP, so the cost is also a valid zCDP cost.
+pub fn gaussian_gdp(l2: f64, rho: Rho) -> Result<Calibration> {
+    use crate::accounting::gdp::{MAX_SIGMA, MIN_SIGMA, discrete_gaussian_mu};
+    check_sensitivity(l2, "L2")?;
+    if rho.get() <= 0.0 {
+        return Err(DpError::invalid("rho", "must be > 0 for a Gaussian measurement"));
+    }
+    let target = (2.0 * rho.get()).sqrt();
+    let mut sigma = l2 / target;
+    for _ in 0..16 {
+        let sigma_sq = ratio_up(sigma * sigma * INFLATE, "sigma^2")?;
+        let s2 = sigma_sq.to_f64().next_down();
+        let Some(mu1) = discrete_gaussian_mu(s2) else {
+            return Err(DpError::invalid(
+                "noise parameter",
+                format!(
+                    "an (epsilon, delta) budget needs a certified Gaussian-DP bound for the discrete Gaussian, which \
+                     dpfusion computes for sigma between {MIN_SIGMA} and {MAX_SIGMA}; this measurement needs sigma = \
+                     {:.4}: use SET dp.mechanism = 'laplace' for it, narrow the bounds, change the per-query rho, or \
+                     give the session a rho budget instead",
+                    s2.sqrt()
+                ),
+            ));
+        };
+        let mu = l2 * mu1 * MARGIN;
+        if mu <= target {
+            return Ok(Calibration {
+                params: NoiseParams::Gaussian { sigma_sq },
+                sensitivity: l2,
+                rho: min_rho(rho, Rho::new(mu * mu / 2.0 * MARGIN)?),
+                pure_epsilon: None,
+                shape: None,
+                gdp_mu: Some(mu),
+            });
+        }
+        sigma *= mu / target * (1.0 + 1e-12);
+    }
+    Err(DpError::Internal(format!("no sigma certified within rho = {rho} for L2 sensitivity {l2}")))
+}
+
+/// Discrete Laplace priced in GDP for an (ε, δ) budget: pure ε-DP with ε chosen so that its GDP certificate
+/// 2·Φ⁻¹(e^ε/(1+e^ε)) is at most √(2ρ) ([`crate::accounting::gdp::mu_of_pure_epsilon`]); cost μ²/2 rounded up.
+///
+/// # Privacy
+/// As [`laplace`]: ε = Δ₁/b pure DP (CKS20 Alg. 2), then ε-DP ⇒ μ-GDP (see [`crate::accounting::gdp`]).
+pub fn laplace_gdp(l1: f64, rho: Rho) -> Result<Calibration> {
+    use crate::accounting::gdp::{mu_of_pure_epsilon, pure_epsilon_for_mu};
+    check_sensitivity(l1, "L1")?;
+    if rho.get() <= 0.0 {
+        return Err(DpError::invalid("rho", "must be > 0 for a Laplace measurement"));
+    }
+    let target = (2.0 * rho.get()).sqrt();
+    let eps = pure_epsilon_for_mu(target);
+    if eps <= 0.0 {
+        return Err(DpError::invalid("rho", format!("{rho} is too small for a Laplace measurement")));
+    }
+    let scale = ratio_up(l1 / eps * INFLATE, "Laplace scale")?;
+    let pure_eps = l1 / scale.to_f64().next_down() * MARGIN;
+    let mu = mu_of_pure_epsilon(pure_eps)
+        .filter(|m| *m <= target)
+        .ok_or_else(|| DpError::Internal(format!("Laplace scale for rho = {rho} not certified")))?;
+    Ok(Calibration {
+        params: NoiseParams::Laplace { scale },
+        sensitivity: l1,
+        rho: min_rho(rho, Rho::new(mu * mu / 2.0 * MARGIN)?),
+        pure_epsilon: Some(pure_eps),
+        shape: None,
+        gdp_mu: Some(mu),
+    })
+}
+
+/// Calibrates `mechanism` to the matching sensitivity (L2 for Gaussian, L1 for Laplace) and budget, priced as the
+/// session's `accounting` says, recording the measurement's `shape` when it is known.
+pub fn calibrate(
+    mechanism: Mechanism,
+    accounting: Accounting,
+    l1: f64,
+    l2: f64,
+    shape: Option<Shape>,
+    rho: Rho,
+) -> Result<Calibration> {
+    let c = match (mechanism, accounting) {
+        (Mechanism::Gaussian, Accounting::Zcdp) => gaussian(l2, rho)?,
+        (Mechanism::Laplace, Accounting::Zcdp) => laplace(l1, rho)?,
+        (Mechanism::Gaussian, Accounting::Gdp) => gaussian_gdp(l2, rho)?,
+        (Mechanism::Laplace, Accounting::Gdp) => laplace_gdp(l1, rho)?,
     };
     match shape {
         Some(s) => c.with_shape(s),

@@ -41,6 +41,9 @@ pub enum BoundKind {
     Pld,
     /// Pure-DP basic composition Σεᵢ, δ = 0; valid only when every charge was pure-DP (Laplace).
     PureComposition,
+    /// μ-GDP with μ = √(Σμᵢ²) over certified GDP parameters (an (ε, δ) budget), read on the exact GDP curve
+    /// (DRS19 Cor. 2.13); valid under fully adaptive composition (Smith & Thakurta 2022).
+    Gdp,
 }
 
 impl BoundKind {
@@ -57,6 +60,7 @@ impl BoundKind {
             }
             BoundKind::Pld => "privacy-loss distribution of the discrete noise added (exact, rounded up)",
             BoundKind::PureComposition => "pure-DP composition (all charges Laplace)",
+            BoundKind::Gdp => "Gaussian DP of the certified noise, composed adaptively (DRS19, Smith-Thakurta 2022)",
         }
     }
 }
@@ -247,9 +251,10 @@ pub fn gdp_eps(mu: f64, delta: f64) -> Result<f64> {
 /// Candidates: BS16 Prop 1.3, BS16 Lemma 3.6 (both forms) and CKS20 (valid for any ρ-zCDP session, ρ = Σρᵢ); the
 /// privacy-loss distribution of the discrete noise actually added ([`crate::accounting::pld`]) when every
 /// measurement recorded its shape; pure composition Σεᵢ (valid at δ = 0) **only** when every measurement was
-/// pure-DP (seeds.md §4 pitfall 10). The continuous Gaussian's exact curve (DRS19) is **not** a candidate: it is
-/// slightly better than the discrete Gaussian's, so it would under-state ε (e.g. 7.2861 instead of 7.3049 for
-/// one COUNT with Δ = 5 at ρ = 1, δ = 1e-6).
+/// pure-DP (seeds.md §4 pitfall 10); the GDP curve at μ = √(Σμᵢ²) when every measurement was priced in GDP with a
+/// *certified* μᵢ of its discrete noise ([`crate::accounting::gdp`]). The continuous Gaussian's curve at Δ/σ is
+/// **not** a candidate: it is slightly better than the discrete Gaussian's, so it would under-state ε (e.g. 7.2861
+/// instead of 7.3049 for one COUNT with Δ = 5 at ρ = 1, δ = 1e-6).
 pub fn epsilon_for_charges(charges: &[Charge], delta: f64) -> Result<EpsilonBound> {
     epsilon_with_cache(charges, delta, &PldCache::default())
 }
@@ -271,7 +276,7 @@ pub fn epsilon_with_cache(charges: &[Charge], delta: f64, cache: &PldCache) -> R
     let pld = start.and_then(|p| compose(charges[done..].iter().flat_map(|c| c.measurements()), p));
     *guard = Some((charges.len(), pld.clone()));
     drop(guard);
-    best_epsilon(rho, delta, pure_composition(&measurements), pld.as_ref())
+    best_epsilon(rho, delta, pure_composition(&measurements), pld.as_ref(), gdp_composition(&measurements))
 }
 
 /// [`epsilon_for_charges`] for one query's measurements before it is charged (EXPLAIN DP): the same candidates,
@@ -280,13 +285,19 @@ pub fn epsilon_for_measurements(measurements: &[Calibration], delta: f64) -> Res
     let rho = crate::accounting::filter::total_rho(measurements)?.get();
     let refs: Vec<&Calibration> = measurements.iter().collect();
     let pld = compose(refs.iter().copied(), Pld::identity());
-    best_epsilon(rho, delta, pure_composition(&refs), pld.as_ref())
+    best_epsilon(rho, delta, pure_composition(&refs), pld.as_ref(), gdp_composition(&refs))
 }
 
 /// The tightest ε for a ρ-zCDP session knowing nothing of its mechanisms: min of the BS16 and CKS20 bounds.
 pub fn epsilon_for_rho(rho: f64, delta: f64) -> Result<EpsilonBound> {
     check_rho(rho)?;
-    best_epsilon(rho, delta, None, None)
+    best_epsilon(rho, delta, None, None, None)
+}
+
+/// √(Σμᵢ²) (rounded up) when every measurement carries a certified GDP parameter.
+fn gdp_composition(measurements: &[&Calibration]) -> Option<f64> {
+    let sum = measurements.iter().try_fold(0.0, |acc, m| m.gdp_mu().map(|mu| up_sum(acc, mu * mu * UP)))?;
+    Some(sum.sqrt() * UP)
 }
 
 /// Σεᵢ (rounded up) when every measurement is pure-DP.
@@ -313,8 +324,9 @@ pub fn compose<'a>(measurements: impl Iterator<Item = &'a Calibration>, start: P
 }
 
 /// The one list of candidate bounds (see [`epsilon_for_charges`]): `pure` is Σεᵢ when every measurement was
-/// pure-DP, `pld` the composed privacy-loss distribution when every measurement had one.
-fn best_epsilon(rho: f64, delta: f64, pure: Option<f64>, pld: Option<&Pld>) -> Result<EpsilonBound> {
+/// pure-DP, `pld` the composed privacy-loss distribution when every measurement had one, `gdp` the composed μ
+/// when every measurement was priced in GDP.
+fn best_epsilon(rho: f64, delta: f64, pure: Option<f64>, pld: Option<&Pld>, gdp: Option<f64>) -> Result<EpsilonBound> {
     check_delta(delta)?;
     if rho == 0.0 {
         return Ok(EpsilonBound { epsilon: 0.0, delta, kind: BoundKind::NothingSpent });
@@ -330,6 +342,9 @@ fn best_epsilon(rho: f64, delta: f64, pure: Option<f64>, pld: Option<&Pld>) -> R
     }
     if let Some(pure) = pure {
         cands.push((pure, BoundKind::PureComposition));
+    }
+    if let Some(mu) = gdp.filter(|m| *m > 0.0) {
+        cands.push((gdp_eps(mu, delta)?, BoundKind::Gdp));
     }
     let (epsilon, kind) =
         cands.into_iter().fold((f64::INFINITY, BoundKind::Bs16Simple), |best, c| if c.0 < best.0 { c } else { best });

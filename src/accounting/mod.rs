@@ -7,6 +7,7 @@
 pub mod calibrate;
 pub mod convert;
 pub mod filter;
+pub mod gdp;
 pub mod ledger;
 pub mod pld;
 pub mod rho;

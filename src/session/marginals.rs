@@ -121,7 +121,16 @@ impl DpSession {
         accuracy::check_confidence(confidence)?;
         let k = policy.max_rows_per_unit;
         let (d, cells) = (histograms.names.len(), histograms.cells());
-        let (plan, cal) = marginals::plan(d, cells, k, spec.budget, None, confidence, self.defaults.delta)?;
+        let (plan, cal) = marginals::plan_accounted(
+            self.defaults.accounting,
+            d,
+            cells,
+            k,
+            spec.budget,
+            None,
+            confidence,
+            self.defaults.delta,
+        )?;
         let quote = Quote::new(vec![cal], self.defaults.delta, confidence)?;
 
         let scan = self.ctx.table(table).await.map_err(engine)?.into_unoptimized_plan();

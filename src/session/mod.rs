@@ -37,6 +37,7 @@ pub use prepare::PLANNING_STACK;
 use statement::Statement;
 pub use statement::{DpOptions, split_statements};
 
+use crate::accounting::calibrate::Accounting;
 use crate::accounting::{Charge, EpsilonBound, Ledger, MemoryLedger, Rho, SqliteLedger};
 use crate::config::SessionConfig;
 use crate::error::{DpError, Result};
@@ -80,6 +81,7 @@ pub struct BudgetReport {
 /// Session defaults from the configuration.
 #[derive(Clone, Debug)]
 pub(crate) struct Defaults {
+    pub(crate) accounting: Accounting,
     pub(crate) query_rho: Rho,
     pub(crate) mechanism: Mechanism,
     pub(crate) delta: f64,
@@ -125,8 +127,12 @@ impl DpSession {
     /// Opens a session from a validated configuration, registering every table it declares.
     pub async fn from_config(cfg: &SessionConfig) -> Result<Self> {
         let mut s = Self::empty(cfg.total_rho, cfg.default_query_rho, cfg.mechanism, cfg.delta, cfg.confidence)?;
+        s.defaults.accounting = cfg.accounting;
         if let Some(l) = &cfg.ledger {
             s.ledger = Box::new(SqliteLedger::open(&l.path, &l.budget, cfg.total_rho, l.busy_timeout)?);
+            if cfg.accounting == Accounting::Gdp {
+                check_gdp_history(s.ledger.as_ref())?;
+            }
         }
         if let Some(p) = &cfg.owner_log {
             s.owner_log = Some(Arc::new(OwnerLog::open(p)?));
@@ -135,6 +141,30 @@ impl DpSession {
             s.register_source(name, src)?;
         }
         Ok(s)
+    }
+
+    /// A session with an (ε, δ) budget and no tables yet: enforced as μ-GDP by the Smith–Thakurta filter (every
+    /// measurement priced μᵢ²/2 for a certified μᵢ, see [`crate::accounting::gdp`]); each query costs
+    /// `query_fraction` of the total unless `SET dp.rho` says otherwise (in the same units: ρ = μ²/2).
+    pub fn empty_epsilon_delta(
+        epsilon: f64,
+        delta: f64,
+        query_fraction: f64,
+        mechanism: Mechanism,
+        confidence: f64,
+    ) -> Result<Self> {
+        let total = crate::accounting::gdp::total_for_epsilon_delta(epsilon, delta)?;
+        if !(query_fraction > 0.0 && query_fraction <= 1.0) {
+            return Err(DpError::invalid("query_fraction", format!("must be in (0, 1], got {query_fraction}")));
+        }
+        let mut s = Self::empty(total, Rho::positive(total.get() * query_fraction)?, mechanism, delta, confidence)?;
+        s.defaults.accounting = Accounting::Gdp;
+        Ok(s)
+    }
+
+    /// How this session's budget is enforced.
+    pub fn accounting(&self) -> Accounting {
+        self.defaults.accounting
     }
 
     /// A session with no tables yet (register them with [`DpSession::register_batches`] or
@@ -158,12 +188,35 @@ impl DpSession {
             ctx,
             post: post::post_context()?,
             policies: BTreeMap::new(),
-            defaults: Defaults { query_rho: default_query_rho, mechanism, delta, confidence },
+            defaults: Defaults {
+                accounting: Accounting::Zcdp,
+                query_rho: default_query_rho,
+                mechanism,
+                delta,
+                confidence,
+            },
             ledger: Box::new(MemoryLedger::new(total)),
             rng: Mutex::new(NoiseRng::from_os()?),
             owner_log: None,
         })
     }
+}
+
+/// An (ε, δ) budget is enforced as a GDP filter, valid only if *every* charge in its ledger was priced in GDP: a
+/// budget that was spent under a ρ budget before (charges priced in zCDP) cannot continue as one.
+fn check_gdp_history(ledger: &dyn Ledger) -> Result<()> {
+    let charges = ledger.charges()?;
+    if let Some(c) = charges.iter().find(|c| c.measurements().iter().any(|m| m.gdp_mu().is_none())) {
+        return Err(DpError::Config(format!(
+            "[session] epsilon: the ledger budget in {} already holds charges priced as zCDP (charge {}, \
+             \"{}\"), and an (epsilon, delta) budget is enforced as Gaussian DP, which needs every charge priced in it; \
+             keep [session] rho for this budget, or start a new one ([ledger] budget = \"...\")",
+            ledger.describe(),
+            c.id(),
+            c.label()
+        )));
+    }
+    Ok(())
 }
 
 impl DpSession {

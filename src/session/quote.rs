@@ -2,7 +2,7 @@
 //! that EXPLAIN DP shows, the debit pays, and a retry is compared with.
 
 use crate::accounting::Rho;
-use crate::accounting::calibrate::{self, Calibration};
+use crate::accounting::calibrate::{self, Accounting, Calibration};
 use crate::error::{DpError, Result};
 use crate::noise::Mechanism;
 use crate::plan::DpPlan;
@@ -27,7 +27,7 @@ impl DpSession {
     /// Prices `dp` with the session's current settings (`SET dp.rho`, `dp.mechanism`, `dp.confidence`).
     pub(crate) fn quote(&self, dp: &DpPlan) -> Result<Quote> {
         let (rho, mech, confidence) = self.query_settings()?;
-        Quote::new(calibrate_each(dp, rho, mech)?, self.defaults.delta, confidence)
+        Quote::new(calibrate_each(dp, rho, mech, self.defaults.accounting)?, self.defaults.delta, confidence)
     }
 }
 
@@ -41,7 +41,7 @@ impl Quote {
 }
 
 /// Calibrates each measurement of `dp` with an equal share ρ/m of the query's ρ.
-fn calibrate_each(dp: &DpPlan, rho: Rho, mech: Mechanism) -> Result<Vec<Calibration>> {
+fn calibrate_each(dp: &DpPlan, rho: Rho, mech: Mechanism, accounting: Accounting) -> Result<Vec<Calibration>> {
     let m = dp.measures.len() as f64;
     let share = Rho::positive(rho.get() / m).map_err(|e| {
         DpError::Refused(Refusal::RhoSplit { rho: rho.get(), measures: dp.measures.len(), reason: e.to_string() })
@@ -49,7 +49,7 @@ fn calibrate_each(dp: &DpPlan, rho: Rho, mech: Mechanism) -> Result<Vec<Calibrat
     dp.measures
         .iter()
         .map(|ms| {
-            calibrate::calibrate(mech, ms.sensitivity.l1, ms.sensitivity.l2, ms.sensitivity.shape, share)
+            calibrate::calibrate(mech, accounting, ms.sensitivity.l1, ms.sensitivity.l2, ms.sensitivity.shape, share)
                 .map_err(|e| DpError::Refused(Refusal::Calibration { measure: ms.label(), reason: e.to_string() }))
         })
         .collect()
