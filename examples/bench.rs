@@ -9,6 +9,7 @@
 //! cargo run --release --example bench -- wide   --rows 100000 --cols 1000 --out bench-data
 //! cargo run --release --example bench -- marginals --data bench-data/wide_100000x1000.parquet [--reps 5]
 //! cargo run --release --example bench -- ledger --out bench-data [--n 2000]
+//! cargo run --release --example bench -- accounting
 //! ```
 //! The generator is deterministic (seeded): `people` has person_id (1–5 rows per person), age 0–99, sex 0/1,
 //! state 0–49, education 1–16 (constant per person) and a log-normal income with a heavy tail; `wide` has person_id
@@ -337,6 +338,55 @@ fn ledger_child(path: &str, n: usize) -> Res<()> {
     Ok(())
 }
 
+/// Accounting time per query as the REPL sees it: after each new charge, the ledger's ε at δ = 1e-6 (the PLD cache
+/// extends by one convolution). Sessions of n charges: identical COUNTs (Δ = 1, σ = 42.25), and a mixed session
+/// (COUNT, SUM with Δ∞ = 1000, a GROUP BY over 5 cells, a Laplace COUNT, in turn). Also the first-time cost of a GDP
+/// certificate (cached per σ² afterwards) for σ = 4, 42, 420, 4096.
+fn bench_accounting() -> Res<()> {
+    use dpfusion::accounting::calibrate::{Shape, gaussian_for_sigma, laplace};
+    use dpfusion::accounting::{Ledger, MemoryLedger, Rho};
+    let count = gaussian_for_sigma(1.0, 42.25)?.with_shape(Shape { linf: 1, cells: 1 })?;
+    let sum = gaussian_for_sigma(1000.0, 30_000.0)?.with_shape(Shape { linf: 1000, cells: 1 })?;
+    let group = gaussian_for_sigma(5f64.sqrt(), 60.0)?.with_shape(Shape { linf: 1, cells: 5 })?;
+    let lap = laplace(1.0, Rho::new(1e-4)?)?.with_shape(Shape { linf: 1, cells: 1 })?;
+    let mixed = [count.clone(), sum, group, lap];
+    println!("| session | charges | total time | per query (mean) | last query | ε(1e-6) | bound |");
+    println!("|---|---:|---:|---:|---:|---:|---|");
+    for (name, kinds) in [("identical COUNTs", std::slice::from_ref(&count)), ("mixed", &mixed[..])] {
+        for n in [10usize, 100, 1000, 10_000] {
+            let ledger = MemoryLedger::new(Rho::new(1e12)?);
+            let t0 = Instant::now();
+            let mut last = std::time::Duration::ZERO;
+            let mut eps = None;
+            for i in 0..n {
+                let t = Instant::now();
+                ledger.charge("q", vec![kinds[i % kinds.len()].clone()])?;
+                eps = Some(ledger.epsilon(1e-6)?);
+                last = t.elapsed();
+            }
+            let total = t0.elapsed();
+            let e = eps.ok_or("no charge")?;
+            println!(
+                "| {name} | {n} | {:.1} ms | {:.3} ms | {:.3} ms | {:.4} | {:?} |",
+                total.as_secs_f64() * 1e3,
+                total.as_secs_f64() * 1e3 / n as f64,
+                last.as_secs_f64() * 1e3,
+                e.epsilon,
+                e.kind
+            );
+        }
+    }
+    println!();
+    println!("| σ | GDP certificate, first time | μ·σ − 1 |");
+    println!("|---:|---:|---:|");
+    for sigma in [4.0f64, 42.0, 420.0, 4096.0] {
+        let t = Instant::now();
+        let mu = dpfusion::accounting::gdp::discrete_gaussian_mu(sigma * sigma).ok_or("not certified")?;
+        println!("| {sigma} | {:.1} ms | {:.2e} |", t.elapsed().as_secs_f64() * 1e3, mu * sigma - 1.0);
+    }
+    Ok(())
+}
+
 #[tokio::main]
 async fn main() -> Res<()> {
     let args: Vec<String> = std::env::args().collect();
@@ -358,8 +408,9 @@ async fn main() -> Res<()> {
         }
         Some("marginals") => bench_marginals(Path::new(&arg(&args, "--data").ok_or("--data FILE")?), reps).await?,
         Some("ledger") => bench_ledger(&out, arg(&args, "--n").and_then(|n| n.parse().ok()).unwrap_or(2000))?,
+        Some("accounting") => bench_accounting()?,
         Some("ledger-child") => ledger_child(args.get(2).ok_or("path")?, args.get(3).ok_or("n")?.parse()?)?,
-        _ => return Err("usage: bench gen|wide|sql|marginals|ledger (see the file's docs)".into()),
+        _ => return Err("usage: bench gen|wide|sql|marginals|ledger|accounting (see the file's docs)".into()),
     }
     Ok(())
 }

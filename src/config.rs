@@ -3,9 +3,8 @@
 //! mistake reported with what to change.
 
 use crate::accounting::Rho;
-use crate::accounting::calibrate::Accounting;
+use crate::accounting::calibrate::{Accounting, MechanismChoice};
 use crate::error::{DpError, Result};
-use crate::noise::Mechanism;
 use crate::policy::{ColumnPolicy, ColumnType, DomainValue, TablePolicy};
 use serde::Deserialize;
 use std::collections::BTreeMap;
@@ -68,7 +67,7 @@ pub struct SessionSettings {
     pub default_query_rho: Option<f64>,
     /// The share of the total each query costs by default, in (0, 1] (e.g. 0.01 for 100 equal queries).
     pub default_query_fraction: Option<f64>,
-    /// Default mechanism: `"gaussian"` or `"laplace"`.
+    /// Default mechanism: `"gaussian"`, `"laplace"` or `"auto"` (per measurement, the smaller noise at its price).
     #[serde(default = "default_mechanism")]
     pub mechanism: String,
     /// δ at which (ε, δ) is reported, and the δ of an (ε, δ) budget.
@@ -177,8 +176,8 @@ pub struct SessionConfig {
     pub total_rho: Rho,
     /// Default ρ per query.
     pub default_query_rho: Rho,
-    /// Default mechanism.
-    pub mechanism: Mechanism,
+    /// Default mechanism (or `auto`: the smaller noise per measurement).
+    pub mechanism: MechanismChoice,
     /// δ for (ε, δ) reports.
     pub delta: f64,
     /// Confidence level of reported intervals.
@@ -270,7 +269,7 @@ impl SessionConfig {
                 ));
             }
         };
-        let mechanism: Mechanism = s.mechanism.parse().map_err(|e| cfg_err(e, "mechanism"))?;
+        let mechanism: MechanismChoice = s.mechanism.parse().map_err(|e| cfg_err(e, "mechanism"))?;
         crate::noise::accuracy::check_confidence(s.confidence).map_err(|e| cfg_err(e, "confidence"))?;
         let confidence = s.confidence;
         let mut tables = BTreeMap::new();

@@ -489,7 +489,7 @@ impl Refusal {
             SetUnreadable => "write `SET dp.rho = 0.02`".into(),
             NoSuchOption { .. } => "the options are dp.rho, dp.mechanism and dp.confidence".into(),
             BadOptionValue { option: "rho", .. } => "give a ρ > 0, e.g. SET dp.rho = 0.02".into(),
-            BadOptionValue { option: "mechanism", .. } => "SET dp.mechanism = 'gaussian' or 'laplace'".into(),
+            BadOptionValue { option: "mechanism", .. } => "SET dp.mechanism = 'gaussian', 'laplace' or 'auto'".into(),
             BadOptionValue { .. } => "give a level strictly between 0 and 1, e.g. SET dp.confidence = 0.9".into(),
             RhoOverTotal { .. } => "choose a per-query ρ no larger than the total (\\budget shows what remains)".into(),
             Subquery => "rewrite the query as one aggregate over one table, with conditions in WHERE".into(),

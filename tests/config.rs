@@ -65,7 +65,7 @@ fn mistakes_are_reported_with_the_fix() {
     let cases: Vec<(String, &str)> = vec![
         (base.replace("rho = 1.0 ", "rho = -1.0 "), "negative"),
         (base.replace("default_query_rho = 0.05", "default_query_rho = 2.0"), "exceeds the total"),
-        (base.replace("mechanism = \"gaussian\"", "mechanism = \"exponential\""), "'gaussian' or 'laplace'"),
+        (base.replace("mechanism = \"gaussian\"", "mechanism = \"exponential\""), "'gaussian', 'laplace' or 'auto'"),
         (base.replace("delta = 1e-6", "delta = 1.5"), "delta"),
         (base.replace("format = \"csv\"", "format = \"xlsx\""), "\"csv\", \"parquet\" or \"json\""),
         (base.replace("max_rows_per_unit = 2", "max_rows_per_unit = 0"), "max_rows_per_unit"),

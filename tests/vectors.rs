@@ -437,3 +437,36 @@ fn t14_gdp_prices_are_valid_zcdp_costs() {
         assert!(g.params().sigma_or_scale() >= z.params().sigma_or_scale(), "{g:?} vs {z:?}");
     }
 }
+
+/// `SET dp.mechanism = 'auto'` picks, per measurement, the mechanism with the smaller noise at the same price. Under
+/// both of dpfusion's filters the Gaussian wins whenever it can be calibrated (its std is Δ₂/√(2ρ) against the
+/// Laplace's ≥ Δ₁/√ρ in zCDP, and Δ₂/μ against ≈1.77·Δ₁/μ in GDP, with Δ₁ ≥ Δ₂); in an (ε, δ) session a SUM whose σ
+/// is beyond the GDP certificate's range gets the Laplace instead of a refusal.
+#[tokio::test]
+async fn t14_auto_mechanism_takes_the_smaller_noise_that_can_be_priced() {
+    use dpfusion::noise::Mechanism;
+    use dpfusion::release::Accuracy;
+    let mech = |r: &dpfusion::Release, i: usize| match r.accuracy()[i].accuracy {
+        Accuracy::Noisy { mechanism, .. } => mechanism,
+        _ => panic!("{:?}", r.accuracy()),
+    };
+    let zcdp = crate::support::session_from(&crate::support::pums_config("pums_dup.csv", 1.0, 2, 1)).await;
+    zcdp.sql("SET dp.mechanism = 'auto'").await.unwrap();
+    let r = crate::support::release(&zcdp, "SELECT COUNT(*), SUM(income) FROM pums").await;
+    assert_eq!((mech(&r, 0), mech(&r, 1)), (Mechanism::Gaussian, Mechanism::Gaussian));
+    let text = crate::support::pums_config("pums_dup.csv", 1.0, 2, 1)
+        .replace("rho = 1\n", "epsilon = 1.0\n")
+        .replace("default_query_rho = 0.05", "default_query_fraction = 0.1")
+        .replace("mechanism = \"gaussian\"", "mechanism = \"auto\"");
+    let gdp = crate::support::session_from(&text).await;
+    let r = crate::support::release(&gdp, "SELECT COUNT(*), SUM(income) FROM pums").await;
+    assert_eq!((mech(&r, 0), mech(&r, 1)), (Mechanism::Gaussian, Mechanism::Laplace));
+    // A fixed Gaussian for that SUM is refused before anything is spent, with the way out.
+    gdp.sql("SET dp.mechanism = 'gaussian'").await.unwrap();
+    let spent = gdp.budget().unwrap().status.rho_spent;
+    let err = gdp.sql("SELECT SUM(income) FROM pums").await.expect_err("refused");
+    assert!(err.to_string().contains("dp.mechanism = 'laplace'"), "{err}");
+    assert_eq!(gdp.budget().unwrap().status.rho_spent, spent);
+    let err = gdp.sql("SET dp.mechanism = 'exponential'").await.expect_err("refused");
+    assert!(err.to_string().contains("auto"), "{err}");
+}

@@ -378,6 +378,68 @@ pub fn laplace_gdp(l1: f64, rho: Rho) -> Result<Calibration> {
     })
 }
 
+/// Which mechanism a query's measurements use: a fixed one, or `auto`: per measurement, whichever has the smaller
+/// noise standard deviation at the same price under the session's accounting (a choice made from the sensitivity
+/// and the budget alone, never from data).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MechanismChoice {
+    /// Always this mechanism.
+    Fixed(Mechanism),
+    /// The one with the smaller noise for each measurement.
+    Auto,
+}
+
+impl std::str::FromStr for MechanismChoice {
+    type Err = DpError;
+    fn from_str(s: &str) -> Result<Self> {
+        if s.trim().eq_ignore_ascii_case("auto") {
+            return Ok(MechanismChoice::Auto);
+        }
+        s.parse().map(MechanismChoice::Fixed).map_err(|_| {
+            DpError::invalid("mechanism", format!("`{}` is not known; use 'gaussian', 'laplace' or 'auto'", s.trim()))
+        })
+    }
+}
+
+impl std::fmt::Display for MechanismChoice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            MechanismChoice::Fixed(m) => write!(f, "{m}"),
+            MechanismChoice::Auto => write!(f, "auto"),
+        }
+    }
+}
+
+/// Calibrates a measurement as `choice` says: for [`MechanismChoice::Auto`], both mechanisms at the same `rho`
+/// and the one whose noise has the smaller standard deviation (the other when one cannot be calibrated).
+pub fn calibrate_choice(
+    choice: MechanismChoice,
+    accounting: Accounting,
+    l1: f64,
+    l2: f64,
+    shape: Option<Shape>,
+    rho: Rho,
+) -> Result<Calibration> {
+    let mechanism = match choice {
+        MechanismChoice::Fixed(m) => m,
+        MechanismChoice::Auto => {
+            let std = |c: &Calibration| match c.params {
+                NoiseParams::Gaussian { sigma_sq } => crate::noise::accuracy::discrete_gaussian_std(sigma_sq),
+                NoiseParams::Laplace { scale } => crate::noise::accuracy::discrete_laplace_std(scale),
+            };
+            let g = calibrate(Mechanism::Gaussian, accounting, l1, l2, shape, rho);
+            let l = calibrate(Mechanism::Laplace, accounting, l1, l2, shape, rho);
+            return match (g, l) {
+                (Ok(g), Ok(l)) => Ok(if std(&l) < std(&g) { l } else { g }),
+                (Ok(g), Err(_)) => Ok(g),
+                (Err(_), Ok(l)) => Ok(l),
+                (Err(e), Err(_)) => Err(e),
+            };
+        }
+    };
+    calibrate(mechanism, accounting, l1, l2, shape, rho)
+}
+
 /// Calibrates `mechanism` to the matching sensitivity (L2 for Gaussian, L1 for Laplace) and budget, priced as the
 /// session's `accounting` says, recording the measurement's `shape` when it is known.
 pub fn calibrate(

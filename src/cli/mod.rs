@@ -221,18 +221,33 @@ pub(crate) async fn run_statements(
 
 pub(crate) fn print_budget(session: &DpSession, history: bool) -> Result<(), DpError> {
     let b = session.budget()?;
-    outln!(
-        "budget: total ρ = {} · spent {} · remaining {}",
-        b.status.rho_total,
-        dpfusion::release::fmt_num(b.status.rho_spent),
-        dpfusion::release::fmt_num(b.status.rho_remaining)
-    );
+    if session.accounting() == dpfusion::accounting::calibrate::Accounting::Gdp {
+        let mu = (2.0 * b.status.rho_total).sqrt();
+        let target = dpfusion::accounting::convert::gdp_eps(mu, session.delta())?;
+        outln!(
+            "budget: (ε = {target:.4}, δ = {:e}) enforced as μ-GDP, μ = {mu:.6}; in ledger units (μ²/2): total {} · \
+             spent {} · remaining {}",
+            session.delta(),
+            b.status.rho_total,
+            dpfusion::release::fmt_num(b.status.rho_spent),
+            dpfusion::release::fmt_num(b.status.rho_remaining)
+        );
+    } else {
+        outln!(
+            "budget: total ρ = {} · spent {} · remaining {}",
+            b.status.rho_total,
+            dpfusion::release::fmt_num(b.status.rho_spent),
+            dpfusion::release::fmt_num(b.status.rho_remaining)
+        );
+    }
     outln!(
         "privacy loss so far: ε = {:.4} at δ = {:e} ({})",
         b.epsilon.epsilon,
         b.epsilon.delta,
         b.epsilon.kind.describe()
     );
+    let curve: Vec<String> = b.epsilon_curve.iter().map(|e| format!("{:e} → {:.4}", e.delta, e.epsilon)).collect();
+    outln!("ε at other δ: {}", curve.join(" · "));
     let ledger = session.ledger();
     if ledger.is_durable() {
         outln!("ledger: {}", ledger.describe());

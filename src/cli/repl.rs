@@ -53,7 +53,7 @@ const HELP: &str = "\
 Statements end with `;` and may span lines. Ctrl-C cancels the statement being typed, Ctrl-D leaves.
   SELECT ... ;                      a query: noisy answer, its accuracy and its cost
   EXPLAIN DP SELECT ... ;           plan, sensitivity, noise and cost, without spending anything
-  SET dp.rho = 0.02;                ρ per query (also dp.mechanism = 'laplace', dp.confidence = 0.9)
+  SET dp.rho = 0.02;                ρ per query (also dp.mechanism = 'laplace' or 'auto', dp.confidence = 0.9)
 Meta-commands:
   \\?                 this help
   \\tables            the private tables

@@ -37,7 +37,7 @@ pub use prepare::PLANNING_STACK;
 use statement::Statement;
 pub use statement::{DpOptions, split_statements};
 
-use crate::accounting::calibrate::Accounting;
+use crate::accounting::calibrate::{Accounting, MechanismChoice};
 use crate::accounting::{Charge, EpsilonBound, Ledger, MemoryLedger, Rho, SqliteLedger};
 use crate::config::SessionConfig;
 use crate::error::{DpError, Result};
@@ -72,18 +72,23 @@ pub enum Response {
 pub struct BudgetReport {
     /// Totals.
     pub status: BudgetStatus,
-    /// (ε, δ) of everything spent.
+    /// (ε, δ) of everything spent, at the session's δ.
     pub epsilon: EpsilonBound,
+    /// The same at other δ: the session's and 1e-5 to 1e-10 (each the smallest valid bound at that δ).
+    pub epsilon_curve: Vec<EpsilonBound>,
     /// Every charge, oldest first.
     pub charges: Vec<Charge>,
 }
+
+/// The δ at which `dpfusion budget` reports ε besides the session's.
+pub const REPORT_DELTAS: [f64; 6] = [1e-5, 1e-6, 1e-7, 1e-8, 1e-9, 1e-10];
 
 /// Session defaults from the configuration.
 #[derive(Clone, Debug)]
 pub(crate) struct Defaults {
     pub(crate) accounting: Accounting,
     pub(crate) query_rho: Rho,
-    pub(crate) mechanism: Mechanism,
+    pub(crate) mechanism: MechanismChoice,
     pub(crate) delta: f64,
     pub(crate) confidence: f64,
 }
@@ -126,8 +131,9 @@ impl DpSession {
 
     /// Opens a session from a validated configuration, registering every table it declares.
     pub async fn from_config(cfg: &SessionConfig) -> Result<Self> {
-        let mut s = Self::empty(cfg.total_rho, cfg.default_query_rho, cfg.mechanism, cfg.delta, cfg.confidence)?;
+        let mut s = Self::empty(cfg.total_rho, cfg.default_query_rho, Mechanism::Gaussian, cfg.delta, cfg.confidence)?;
         s.defaults.accounting = cfg.accounting;
+        s.defaults.mechanism = cfg.mechanism;
         if let Some(l) = &cfg.ledger {
             s.ledger = Box::new(SqliteLedger::open(&l.path, &l.budget, cfg.total_rho, l.busy_timeout)?);
             if cfg.accounting == Accounting::Gdp {
@@ -191,7 +197,7 @@ impl DpSession {
             defaults: Defaults {
                 accounting: Accounting::Zcdp,
                 query_rho: default_query_rho,
-                mechanism,
+                mechanism: MechanismChoice::Fixed(mechanism),
                 delta,
                 confidence,
             },
@@ -233,8 +239,17 @@ impl DpSession {
     /// Budget totals and the history of charges.
     pub fn budget(&self) -> Result<BudgetReport> {
         let charges = self.ledger.charges()?;
-        let epsilon = crate::accounting::convert::epsilon_for_charges(&charges, self.defaults.delta)?;
-        Ok(BudgetReport { status: self.status()?, epsilon, charges })
+        let epsilon =
+            crate::accounting::convert::epsilon_with_cache(&charges, self.defaults.delta, self.ledger.pld_cache())?;
+        let mut deltas: Vec<f64> = REPORT_DELTAS.to_vec();
+        deltas.push(self.defaults.delta);
+        deltas.sort_by(|a, b| b.total_cmp(a));
+        deltas.dedup();
+        let epsilon_curve = deltas
+            .into_iter()
+            .map(|d| crate::accounting::convert::epsilon_with_cache(&charges, d, self.ledger.pld_cache()))
+            .collect::<Result<_>>()?;
+        Ok(BudgetReport { status: self.status()?, epsilon, epsilon_curve, charges })
     }
 
     /// The δ used for (ε, δ) reports.

@@ -2,9 +2,8 @@
 //! that EXPLAIN DP shows, the debit pays, and a retry is compared with.
 
 use crate::accounting::Rho;
-use crate::accounting::calibrate::{self, Accounting, Calibration};
+use crate::accounting::calibrate::{self, Accounting, Calibration, MechanismChoice};
 use crate::error::{DpError, Result};
-use crate::noise::Mechanism;
 use crate::plan::DpPlan;
 use crate::refusal::Refusal;
 use crate::session::DpSession;
@@ -41,7 +40,7 @@ impl Quote {
 }
 
 /// Calibrates each measurement of `dp` with an equal share ρ/m of the query's ρ.
-fn calibrate_each(dp: &DpPlan, rho: Rho, mech: Mechanism, accounting: Accounting) -> Result<Vec<Calibration>> {
+fn calibrate_each(dp: &DpPlan, rho: Rho, mech: MechanismChoice, accounting: Accounting) -> Result<Vec<Calibration>> {
     let m = dp.measures.len() as f64;
     let share = Rho::positive(rho.get() / m).map_err(|e| {
         DpError::Refused(Refusal::RhoSplit { rho: rho.get(), measures: dp.measures.len(), reason: e.to_string() })
@@ -49,8 +48,15 @@ fn calibrate_each(dp: &DpPlan, rho: Rho, mech: Mechanism, accounting: Accounting
     dp.measures
         .iter()
         .map(|ms| {
-            calibrate::calibrate(mech, accounting, ms.sensitivity.l1, ms.sensitivity.l2, ms.sensitivity.shape, share)
-                .map_err(|e| DpError::Refused(Refusal::Calibration { measure: ms.label(), reason: e.to_string() }))
+            calibrate::calibrate_choice(
+                mech,
+                accounting,
+                ms.sensitivity.l1,
+                ms.sensitivity.l2,
+                ms.sensitivity.shape,
+                share,
+            )
+            .map_err(|e| DpError::Refused(Refusal::Calibration { measure: ms.label(), reason: e.to_string() }))
         })
         .collect()
 }

@@ -2,8 +2,8 @@
 //! per-query options the analyst may set; and the splitting of SQL text into statements.
 
 use crate::accounting::Rho;
+use crate::accounting::calibrate::MechanismChoice;
 use crate::error::{DpError, Result, engine};
-use crate::noise::Mechanism;
 use crate::refusal::Refusal;
 use crate::session::{DpSession, Response};
 use datafusion::common::config::ConfigExtension;
@@ -17,7 +17,7 @@ extensions_options! {
     pub struct DpOptions {
         /// ρ charged per query (`None`: the configuration's default_query_rho).
         pub rho: Option<f64>, default = None
-        /// `gaussian` or `laplace` (`None`: the configuration's mechanism).
+        /// `gaussian`, `laplace` or `auto` (`None`: the configuration's mechanism).
         pub mechanism: Option<String>, default = None
         /// Confidence level of reported intervals (`None`: the configuration's).
         pub confidence: Option<f64>, default = None
@@ -146,7 +146,7 @@ impl DpSession {
     }
 
     /// ρ, mechanism and confidence for the next query (the `SET dp.…` values, else the configuration's).
-    pub fn query_settings(&self) -> Result<(Rho, Mechanism, f64)> {
+    pub fn query_settings(&self) -> Result<(Rho, MechanismChoice, f64)> {
         let o = self.options();
         let rho = match o.rho {
             Some(r) => Rho::positive(r)?,
@@ -187,7 +187,7 @@ impl DpSession {
                 short_number(r.get())
             }
             "mechanism" => value
-                .parse::<Mechanism>()
+                .parse::<MechanismChoice>()
                 .map_err(|e| {
                     DpError::Refused(Refusal::BadOptionValue {
                         option: "mechanism",
