@@ -258,9 +258,14 @@ pub fn gaussian_for_sigma_gdp(l2: f64, sigma: f64) -> Result<Calibration> {
         )
     })?;
     let mu = l2 * mu1 * MARGIN;
-    c.rho = Rho::new(mu * mu / 2.0 * MARGIN)?;
+    c.rho = gdp_cost(mu)?;
     c.gdp_mu = Some(mu);
     Ok(c)
+}
+
+/// The cost μ²/2 of a μ-GDP measurement, rounded up.
+fn gdp_cost(mu: f64) -> Result<Rho> {
+    Rho::new(mu * mu / 2.0 * MARGIN)
 }
 
 /// ρ = Δ₂²/(2σ²) for the exact rational σ², rounded up.
@@ -287,9 +292,7 @@ pub fn laplace(l1: f64, rho: Rho) -> Result<Calibration> {
     if rho.get() <= 0.0 {
         return Err(DpError::invalid("rho", "must be > 0 for a Laplace measurement"));
     }
-    let eps = (2.0 * rho.get()).sqrt();
-    let scale = ratio_up(l1 / eps * INFLATE, "Laplace scale")?;
-    let pure_eps = l1 / scale.to_f64().next_down() * MARGIN;
+    let (scale, pure_eps) = laplace_scale(l1, (2.0 * rho.get()).sqrt())?;
     let cost = Rho::new(pure_eps * pure_eps / 2.0 * MARGIN)?;
     Ok(Calibration {
         params: NoiseParams::Laplace { scale },
@@ -336,7 +339,7 @@ pub fn gaussian_gdp(l2: f64, rho: Rho) -> Result<Calibration> {
             return Ok(Calibration {
                 params: NoiseParams::Gaussian { sigma_sq },
                 sensitivity: l2,
-                rho: min_rho(rho, Rho::new(mu * mu / 2.0 * MARGIN)?),
+                rho: min_rho(rho, gdp_cost(mu)?),
                 pure_epsilon: None,
                 shape: None,
                 gdp_mu: Some(mu),
@@ -363,15 +366,14 @@ pub fn laplace_gdp(l1: f64, rho: Rho) -> Result<Calibration> {
     if eps <= 0.0 {
         return Err(DpError::invalid("rho", format!("{rho} is too small for a Laplace measurement")));
     }
-    let scale = ratio_up(l1 / eps * INFLATE, "Laplace scale")?;
-    let pure_eps = l1 / scale.to_f64().next_down() * MARGIN;
+    let (scale, pure_eps) = laplace_scale(l1, eps)?;
     let mu = mu_of_pure_epsilon(pure_eps)
         .filter(|m| *m <= target)
         .ok_or_else(|| DpError::Internal(format!("Laplace scale for rho = {rho} not certified")))?;
     Ok(Calibration {
         params: NoiseParams::Laplace { scale },
         sensitivity: l1,
-        rho: min_rho(rho, Rho::new(mu * mu / 2.0 * MARGIN)?),
+        rho: min_rho(rho, gdp_cost(mu)?),
         pure_epsilon: Some(pure_eps),
         shape: None,
         gdp_mu: Some(mu),
@@ -423,10 +425,7 @@ pub fn calibrate_choice(
     let mechanism = match choice {
         MechanismChoice::Fixed(m) => m,
         MechanismChoice::Auto => {
-            let std = |c: &Calibration| match c.params {
-                NoiseParams::Gaussian { sigma_sq } => crate::noise::accuracy::discrete_gaussian_std(sigma_sq),
-                NoiseParams::Laplace { scale } => crate::noise::accuracy::discrete_laplace_std(scale),
-            };
+            let std = |c: &Calibration| c.params.std();
             let g = calibrate(Mechanism::Gaussian, accounting, l1, l2, shape, rho);
             let l = calibrate(Mechanism::Laplace, accounting, l1, l2, shape, rho);
             return match (g, l) {
@@ -438,6 +437,12 @@ pub fn calibrate_choice(
         }
     };
     calibrate(mechanism, accounting, l1, l2, shape, rho)
+}
+
+/// The Laplace scale b = Δ₁/ε rounded up, and the pure ε = Δ₁/b it then satisfies (rounded up).
+fn laplace_scale(l1: f64, epsilon: f64) -> Result<(Ratio, f64)> {
+    let scale = ratio_up(l1 / epsilon * INFLATE, "Laplace scale")?;
+    Ok((scale, l1 / scale.to_f64().next_down() * MARGIN))
 }
 
 /// Calibrates `mechanism` to the matching sensitivity (L2 for Gaussian, L1 for Laplace) and budget, priced as the

@@ -83,7 +83,7 @@ fn check_rho(rho: f64) -> Result<()> {
     Ok(())
 }
 
-fn check_delta(delta: f64) -> Result<()> {
+pub(crate) fn check_delta(delta: f64) -> Result<()> {
     if !(delta > 0.0 && delta < 1.0) {
         return Err(DpError::invalid("delta", format!("must be in (0, 1), got {delta}; 1e-6 is a common choice")));
     }
@@ -139,7 +139,7 @@ pub fn delta_bs16_tight(rho: f64, epsilon: f64) -> Result<f64> {
 
 /// Bisection for a decreasing `f` with `f(lo) > target ≥ f(hi)`: returns a point `x` with `f(x) ≤ target`
 /// within a relative width of 1e-15 of the root (the upper end of the bracket, i.e. the conservative side).
-fn bisect_decreasing(f: impl Fn(f64) -> f64, target: f64, mut lo: f64, mut hi: f64) -> f64 {
+pub(crate) fn bisect_decreasing(f: impl Fn(f64) -> f64, target: f64, mut lo: f64, mut hi: f64) -> f64 {
     for _ in 0..200 {
         let mid = 0.5 * (lo + hi);
         if mid <= lo || mid >= hi {

@@ -30,7 +30,7 @@
 //!
 //! Neighbouring relation: add/remove all rows of one privacy unit (the sensitivities passed in are for it).
 
-use crate::accounting::convert::{gdp_delta, phi};
+use crate::accounting::convert::{bisect_decreasing, check_delta, gdp_delta, phi};
 use crate::error::{DpError, Result};
 use statrs::function::erf::erfc;
 use std::collections::HashMap;
@@ -45,6 +45,8 @@ pub const MIN_SIGMA: f64 = 0.25;
 const MAX_VERTICES: usize = 1 << 18;
 /// f64 unit roundoff.
 const U: f64 = f64::EPSILON / 2.0;
+/// ln √(2π).
+const LN_SQRT_2PI: f64 = 0.918_938_533_204_672_8;
 
 /// ln Φ̄(z) = ln P[N(0,1) ≥ z], and a bound on its absolute error.
 ///
@@ -59,7 +61,7 @@ pub fn ln_phibar(z: f64) -> (f64, f64) {
     let q = 1.0 / (z * z);
     let lo = 1.0 - q * (1.0 - q * (3.0 - q * 15.0)); // ends with −15/z⁶: below
     let hi = lo + 105.0 * q * q * q * q; // adds +105/z⁸: above
-    let ln_phi_over_z = -0.5 * z * z - 0.5 * (2.0 * std::f64::consts::PI).ln() - z.ln();
+    let ln_phi_over_z = -0.5 * z * z - LN_SQRT_2PI - z.ln();
     let mid = ln_phi_over_z + 0.5 * (lo.ln() + hi.ln());
     (mid, 0.5 * (hi.ln() - lo.ln()) + 4.0 * U * (0.5 * z * z + 2.0))
 }
@@ -76,7 +78,7 @@ fn quantile(ln_p: f64, err: f64) -> Option<(f64, f64)> {
     for _ in 0..100 {
         let (v, _) = ln_phibar(z);
         // d/dz ln Φ̄(z) = −φ(z)/Φ̄(z) (the inverse Mills ratio).
-        let m = (-0.5 * z * z - 0.5 * (2.0 * std::f64::consts::PI).ln() - v).exp();
+        let m = (-0.5 * z * z - LN_SQRT_2PI - v).exp();
         let step = (v - ln_p) / m;
         z += step;
         if step.abs() <= 1e-15 * (1.0 + z.abs()) {
@@ -132,27 +134,23 @@ pub fn mu_for_epsilon_delta(epsilon: f64, delta: f64) -> Result<f64> {
     if !(epsilon.is_finite() && epsilon > 0.0) {
         return Err(DpError::invalid("epsilon", format!("must be finite and > 0, got {epsilon}")));
     }
-    if !(delta > 0.0 && delta < 1.0) {
-        return Err(DpError::invalid("delta", format!("must be in (0, 1), got {delta}; 1e-6 is a common choice")));
+    check_delta(delta)?;
+    // δ(μ, ε) increases with μ, so it decreases with s = 1/μ: the smallest s with δ(1/s, ε) ≤ δ (the bisection
+    // returns the conservative end) gives the largest μ.
+    let f = |s: f64| gdp_delta(1.0 / s, epsilon).unwrap_or(1.0);
+    let mut lo = 1.0;
+    while f(lo) <= delta {
+        lo /= 2.0;
+        if lo < 1e-6 {
+            break; // μ capped at 10⁶, as large as any budget means anything
+        }
     }
-    // gdp_delta is increasing in μ: bisect for the largest μ with δ(μ, ε) ≤ δ.
-    let f = |mu: f64| gdp_delta(mu, epsilon).unwrap_or(1.0);
-    let (mut lo, mut hi) = (0.0, 1.0);
-    while f(hi) <= delta {
+    let mut hi = 1.0;
+    while f(hi) > delta {
         hi *= 2.0;
-        if hi > 1e6 {
-            break;
-        }
-    }
-    for _ in 0..200 {
-        let mid = 0.5 * (lo + hi);
-        if mid <= lo || mid >= hi {
-            break;
-        }
-        if f(mid) <= delta { lo = mid } else { hi = mid }
     }
     // gdp_delta is accurate to ~1e-15 relative; step down so that rounding never takes the total above target.
-    Ok(lo * (1.0 - 1e-9))
+    Ok(1.0 / bisect_decreasing(f, delta, lo, hi) * (1.0 - 1e-9))
 }
 
 /// The total of an (ε, δ) budget in the ledger's units: μ²/2 for μ = [`mu_for_epsilon_delta`] (rounded down).
@@ -274,9 +272,7 @@ fn far_tail_start(mu0: f64, mu: f64, a_max: f64) -> Option<f64> {
         // A(E) = −(E − μ₀²/2)²/(2μ₀²): ln of the Chernoff bound on the discrete Gaussian's δ(E).
         let big_a = -(e - mu0 * mu0 / 2.0).powi(2) / (2.0 * mu0 * mu0);
         // B(E) ≤ ln δ_μ(E): δ ≥ (1 − e^{−μc})·Φ̄(a + c), Φ̄(y) ≥ φ(y)·y/(1 + y²) (Gordon).
-        let big_b = (-(-mu * c).exp_m1()).ln() + (y / (1.0 + y * y)).ln()
-            - 0.5 * y * y
-            - 0.5 * (2.0 * std::f64::consts::PI).ln();
+        let big_b = (-(-mu * c).exp_m1()).ln() + (y / (1.0 + y * y)).ln() - 0.5 * y * y - LN_SQRT_2PI;
         let slope = -e * k + 0.5 + (c + 1.0 / y) / mu;
         if e > mu0 * mu0 / 2.0
             && big_a + 1e-9 * (1.0 + big_a.abs()) <= big_b - 1e-9 * (1.0 + big_b.abs())

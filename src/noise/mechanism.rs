@@ -72,6 +72,14 @@ impl NoiseParams {
         }
     }
 
+    /// The exact standard deviation of the discrete noise ([`crate::noise::accuracy`]).
+    pub fn std(&self) -> f64 {
+        match *self {
+            NoiseParams::Gaussian { sigma_sq } => crate::noise::accuracy::discrete_gaussian_std(sigma_sq),
+            NoiseParams::Laplace { scale } => crate::noise::accuracy::discrete_laplace_std(scale),
+        }
+    }
+
     /// σ for the Gaussian, the scale b for the Laplace (for display).
     pub fn sigma_or_scale(&self) -> f64 {
         match self {

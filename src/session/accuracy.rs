@@ -30,15 +30,11 @@ use datafusion::logical_expr::{Expr, ExprSchemable, LogicalPlan, Operator};
 
 /// Standard deviation and CI half-width (grid units) of a calibrated mechanism.
 pub(crate) fn noise_accuracy(c: &Calibration, confidence: f64) -> Result<(f64, f64)> {
-    Ok(match c.params() {
-        NoiseParams::Gaussian { sigma_sq } => (
-            accuracy::discrete_gaussian_std(sigma_sq),
-            accuracy::discrete_gaussian_ci_half_width(sigma_sq, confidence)?,
-        ),
-        NoiseParams::Laplace { scale } => {
-            (accuracy::discrete_laplace_std(scale), accuracy::discrete_laplace_ci_half_width(scale, confidence)?)
-        }
-    })
+    let half = match c.params() {
+        NoiseParams::Gaussian { sigma_sq } => accuracy::discrete_gaussian_ci_half_width(sigma_sq, confidence)?,
+        NoiseParams::Laplace { scale } => accuracy::discrete_laplace_ci_half_width(scale, confidence)?,
+    };
+    Ok((c.params().std(), half))
 }
 
 /// The interval of an average from its noisy sum `s` and noisy count `n` (value units and counts), given
