@@ -21,6 +21,108 @@ pub struct Config {
     pub tables: BTreeMap<String, TableConfig>,
     /// The durable budget ledger; without it the budget lives in memory only.
     pub ledger: Option<LedgerConfig>,
+    /// `dpfusion serve`: where and how analysts connect.
+    pub server: Option<ServerConfig>,
+}
+
+/// `[server]`: the PostgreSQL-wire server (`dpfusion serve`).
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServerConfig {
+    /// Address and port to listen on.
+    #[serde(default = "default_listen")]
+    pub listen: String,
+    /// PEM certificate chain for TLS (with `tls_key`).
+    pub tls_cert: Option<String>,
+    /// PEM private key for TLS.
+    pub tls_key: Option<String>,
+    /// Listen on a non-loopback address without TLS (passwords are still never sent in clear, but queries and
+    /// answers are).
+    #[serde(default)]
+    pub allow_plaintext: bool,
+    /// Most connections at once; more are refused with SQLSTATE 53300.
+    #[serde(default = "default_max_connections")]
+    pub max_connections: usize,
+    /// Longest a statement may run, in seconds (a query stopped after its debit stays charged).
+    #[serde(default = "default_statement_timeout")]
+    pub statement_timeout_secs: u64,
+    /// Memory each connection's queries may use, in MiB (DataFusion's memory pool).
+    #[serde(default = "default_memory_mb")]
+    pub memory_limit_mb: usize,
+    /// Longest accepted SQL text, in bytes.
+    #[serde(default = "default_max_query_bytes")]
+    pub max_query_bytes: usize,
+}
+
+fn default_listen() -> String {
+    "127.0.0.1:5433".into()
+}
+fn default_max_connections() -> usize {
+    64
+}
+fn default_statement_timeout() -> u64 {
+    300
+}
+fn default_memory_mb() -> usize {
+    1024
+}
+fn default_max_query_bytes() -> usize {
+    1 << 20
+}
+
+/// A validated `[server]` section.
+#[derive(Clone, Debug)]
+pub struct ServerSettings {
+    /// Address to listen on.
+    pub listen: std::net::SocketAddr,
+    /// TLS certificate and key files, resolved.
+    pub tls: Option<(PathBuf, PathBuf)>,
+    /// Plaintext allowed on a non-loopback address.
+    pub allow_plaintext: bool,
+    /// Most connections at once.
+    pub max_connections: usize,
+    /// Statement timeout.
+    pub statement_timeout: std::time::Duration,
+    /// Memory per connection, in bytes.
+    pub memory_limit: usize,
+    /// Longest SQL text, in bytes.
+    pub max_query_bytes: usize,
+}
+
+fn server_settings(c: ServerConfig, base_dir: &Path) -> Result<ServerSettings> {
+    let listen: std::net::SocketAddr = c.listen.parse().map_err(|_| {
+        DpError::Config(format!(
+            "[server] listen = \"{}\" is not an address and port, e.g. \"127.0.0.1:5433\"",
+            c.listen
+        ))
+    })?;
+    let tls = match (c.tls_cert, c.tls_key) {
+        (Some(cert), Some(key)) => Some((resolve(base_dir, &cert), resolve(base_dir, &key))),
+        (None, None) => None,
+        _ => return Err(DpError::Config("[server] needs both tls_cert and tls_key, or neither".into())),
+    };
+    if tls.is_none() && !listen.ip().is_loopback() && !c.allow_plaintext {
+        return Err(DpError::Config(format!(
+            "[server] listen = \"{listen}\" is reachable from other machines, but no TLS is configured: analysts' \
+             queries and answers would cross the network in clear. Set tls_cert and tls_key, listen on 127.0.0.1, or \
+             say allow_plaintext = true"
+        )));
+    }
+    if c.max_connections == 0 || c.statement_timeout_secs == 0 || c.memory_limit_mb == 0 || c.max_query_bytes == 0 {
+        return Err(DpError::Config(
+            "[server] max_connections, statement_timeout_secs, memory_limit_mb and max_query_bytes must be positive"
+                .into(),
+        ));
+    }
+    Ok(ServerSettings {
+        listen,
+        tls,
+        allow_plaintext: c.allow_plaintext,
+        max_connections: c.max_connections,
+        statement_timeout: std::time::Duration::from_secs(c.statement_timeout_secs),
+        memory_limit: c.memory_limit_mb.saturating_mul(1 << 20),
+        max_query_bytes: c.max_query_bytes,
+    })
 }
 
 /// `[ledger]`: where the durable budget ledger is.
@@ -188,6 +290,8 @@ pub struct SessionConfig {
     pub ledger: Option<LedgerSettings>,
     /// The data owner's log (values that did not parse, details of failed reads), if configured.
     pub owner_log: Option<PathBuf>,
+    /// `[server]`, if configured.
+    pub server: Option<ServerSettings>,
 }
 
 fn cfg_err(e: DpError, key: &str) -> DpError {
@@ -296,7 +400,9 @@ impl SessionConfig {
             }
         };
         let owner_log = s.owner_log.as_deref().map(|p| resolve(base_dir, p));
+        let server = raw.server.map(|c| server_settings(c, base_dir)).transpose()?;
         Ok(SessionConfig {
+            server,
             accounting,
             total_rho,
             default_query_rho,

@@ -35,6 +35,21 @@ pub enum DpError {
         remaining: f64,
     },
 
+    /// A charge would exceed a table's global cap across all analysts (set by the data owner). Nothing was spent.
+    #[error(
+        "the table `{table}` has reached the data owner's global privacy cap (what all analysts together may spend \
+         on it): this query does not fit. Nothing was spent. Ask for less (`SET dp.rho = ...`), or ask the data \
+         owner to raise the cap"
+    )]
+    TableCap {
+        /// The capped table.
+        table: String,
+    },
+
+    /// The caller may not do this (a disabled analyst, a wrong password, administration over the wire).
+    #[error("access denied: {0}")]
+    Access(String),
+
     /// The query cannot be answered under the privacy policy. Nothing was spent.
     #[error("query refused: {0}. {hint}", hint = .0.hint())]
     Refused(Refusal),
@@ -99,6 +114,8 @@ impl DpError {
         match self {
             DpError::Refused(r) => r.code(),
             DpError::OverBudget { .. } => "over_budget",
+            DpError::TableCap { .. } => "table_cap",
+            DpError::Access(_) => "access_denied",
             DpError::InvalidParameter { .. } => "invalid_parameter",
             DpError::Config(_) => "config_error",
             DpError::Ledger(_) => "ledger_error",
@@ -114,7 +131,7 @@ impl DpError {
     /// Whether nothing was spent and the statement was not answered for a reason the analyst can change: a
     /// refusal or a query over the budget.
     pub fn is_refusal(&self) -> bool {
-        matches!(self, DpError::Refused(_) | DpError::OverBudget { .. })
+        matches!(self, DpError::Refused(_) | DpError::OverBudget { .. } | DpError::TableCap { .. })
     }
 }
 

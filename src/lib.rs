@@ -66,6 +66,7 @@ pub mod plan;
 pub mod policy;
 pub mod refusal;
 pub mod release;
+pub mod server;
 pub mod session;
 pub mod source;
 

@@ -134,7 +134,7 @@ async fn c2_a_charge_whose_run_stopped_before_its_draw_is_answered_once_under_th
     drop(s);
     // A run that was charged and then killed before it drew its noise.
     let l = SqliteLedger::open(&dir.join("ledger.db"), "test", Rho::new(1.0).unwrap(), Duration::from_secs(5)).unwrap();
-    let Claim::New(c) = l.claim(sql, "job-7", cals.clone()).unwrap() else { panic!("new id") };
+    let Claim::New(c) = l.claim(sql, "job-7", &[], cals.clone()).unwrap() else { panic!("new id") };
     drop(l);
     let s = DpSession::open(&cfg).await.unwrap();
     let a: Release = match s.sql_with_request_id(sql, Some("job-7")).await.unwrap() {
@@ -148,7 +148,7 @@ async fn c2_a_charge_whose_run_stopped_before_its_draw_is_answered_once_under_th
     // A charge made for other sensitivities (the policy changed since) is never answered with new noise.
     let l = SqliteLedger::open(&dir.join("ledger.db"), "test", Rho::new(1.0).unwrap(), Duration::from_secs(5)).unwrap();
     let other = vec![calibrate::gaussian(7.0, Rho::new(0.05).unwrap()).unwrap()];
-    let Claim::New(_) = l.claim(sql, "job-8", other).unwrap() else { panic!("new id") };
+    let Claim::New(_) = l.claim(sql, "job-8", &[], other).unwrap() else { panic!("new id") };
     let e = s.sql_with_request_id(sql, Some("job-8")).await.unwrap_err();
     assert_eq!(e.code(), "policy_changed", "{e}");
 }
@@ -198,7 +198,7 @@ fn c2_a_ledger_of_format_1_never_recomputes_a_charged_unreleased_request() {
     let cal = calibrate::gaussian(2.0, Rho::new(0.05).unwrap()).unwrap();
     {
         let l = SqliteLedger::open(&path, "test", Rho::new(1.0).unwrap(), Duration::from_secs(5)).unwrap();
-        let Claim::New(_) = l.claim("SELECT COUNT(*) FROM pums", "old", vec![cal]).unwrap() else { panic!() };
+        let Claim::New(_) = l.claim("SELECT COUNT(*) FROM pums", "old", &[], vec![cal]).unwrap() else { panic!() };
     }
     // Make it what dpfusion's format 1 was: no draws table.
     let conn = rusqlite::Connection::open(&path).unwrap();

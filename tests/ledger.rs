@@ -51,7 +51,7 @@ fn sixteen_threads_at_the_edge_of_the_budget_never_overspend() {
                     let l = SqliteLedger::open(&path, "b", rho(1.0), Duration::from_secs(30)).unwrap();
                     let mut ok = 0;
                     for _ in 0..10 {
-                        match l.charge("q", vec![m.clone()]) {
+                        match l.charge("q", &[], vec![m.clone()]) {
                             Ok(_) => ok += 1,
                             Err(DpError::OverBudget { .. }) => {}
                             Err(e) => panic!("unexpected: {e}"),
@@ -224,11 +224,11 @@ fn a_locked_ledger_is_an_error_after_the_timeout_and_spends_nothing() {
     let holder = rusqlite::Connection::open(&path).unwrap();
     holder.execute_batch("BEGIN EXCLUSIVE").unwrap();
     let m = calibrate::gaussian(1.0, rho(0.1)).unwrap();
-    let e = l.charge("q", vec![m.clone()]).unwrap_err();
+    let e = l.charge("q", &[], vec![m.clone()]).unwrap_err();
     assert!(e.to_string().contains("locked") && e.to_string().contains("nothing was spent"), "{e}");
     holder.execute_batch("ROLLBACK").unwrap();
     assert_eq!(l.status().unwrap().1, Rho::ZERO);
-    l.charge("q", vec![m]).unwrap();
+    l.charge("q", &[], vec![m]).unwrap();
 }
 
 #[test]

@@ -24,7 +24,7 @@ use crate::error::{DpError, Result};
 use rusqlite::{Connection, ErrorCode, OptionalExtension, TransactionBehavior, params};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// What the ledger knows about a request id.
@@ -64,11 +64,13 @@ pub trait Ledger: Send + Sync {
     /// Every charge, oldest first.
     fn charges(&self) -> Result<Vec<Charge>>;
     /// Atomically checks that `measurements` fit in what remains and debits them; refuses (changing nothing)
-    /// otherwise. Returns only once the charge is recorded.
-    fn charge(&self, label: &str, measurements: Vec<Calibration>) -> Result<Charge>;
+    /// otherwise. `tables` are the private tables the query reads: a durable ledger also checks and debits each
+    /// one's global cap across all budgets ([`LedgerDb::set_table_cap`]) in the same transaction. Returns only
+    /// once the charge is recorded.
+    fn charge(&self, label: &str, tables: &[String], measurements: Vec<Calibration>) -> Result<Charge>;
     /// Like [`Ledger::charge`] for a query with a request id, in one atomic step: if the id is already claimed,
     /// returns what is known about it and spends nothing; otherwise debits and records the id with the charge.
-    fn claim(&self, label: &str, request_id: &str, measurements: Vec<Calibration>) -> Result<Claim>;
+    fn claim(&self, label: &str, request_id: &str, tables: &[String], measurements: Vec<Calibration>) -> Result<Claim>;
     /// What is known about `request_id`.
     fn prior(&self, request_id: &str) -> Result<Prior>;
     /// Stores the noisy measurements drawn under `request_id`, unless some run stored them first; returns the
@@ -145,10 +147,17 @@ impl Ledger for MemoryLedger {
     fn charges(&self) -> Result<Vec<Charge>> {
         Ok(self.filter.lock().map_err(poisoned)?.charges().to_vec())
     }
-    fn charge(&self, label: &str, measurements: Vec<Calibration>) -> Result<Charge> {
+    /// The in-memory ledger has no table caps (they live in a ledger file): `tables` is not used.
+    fn charge(&self, label: &str, _tables: &[String], measurements: Vec<Calibration>) -> Result<Charge> {
         self.filter.lock().map_err(poisoned)?.charge(label, measurements)
     }
-    fn claim(&self, label: &str, request_id: &str, measurements: Vec<Calibration>) -> Result<Claim> {
+    fn claim(
+        &self,
+        label: &str,
+        request_id: &str,
+        _tables: &[String],
+        measurements: Vec<Calibration>,
+    ) -> Result<Claim> {
         let mut requests = self.requests.lock().map_err(poisoned)?;
         if let Some(e) = requests.get(request_id) {
             return Ok(Claim::Existing(e.prior()));
@@ -183,20 +192,28 @@ impl Ledger for MemoryLedger {
     }
 }
 
-/// The on-disk format version this build reads and writes. Version 2 added the stored draws; a version-1 file is
-/// upgraded when it is opened (see [`SqliteLedger::open`]).
-pub const FORMAT_VERSION: i64 = 2;
+/// The on-disk format version this build reads and writes. Version 2 added the stored draws; version 3 the
+/// analysts, the tables' global caps and the tables each charge read. Older files are upgraded when opened
+/// (see [`LedgerDb::open`]).
+pub const FORMAT_VERSION: i64 = 3;
 const APPLICATION: &str = "dpfusion-ledger";
 
-/// A durable ledger in a SQLite file, shared safely by several processes.
-pub struct SqliteLedger {
-    conn: Mutex<Connection>,
+/// A ledger file: its budgets, its analysts and the tables' global caps. One connection, shared by every budget
+/// opened from it ([`LedgerDb::budget`]); several processes may open the same file.
+#[derive(Clone)]
+pub struct LedgerDb {
+    conn: Arc<Mutex<Connection>>,
     path: PathBuf,
+}
+
+/// One budget of a ledger file: a durable [`Ledger`], shared safely by several processes.
+pub struct SqliteLedger {
+    db: LedgerDb,
     budget: String,
     pld: PldCache,
 }
 
-fn now() -> i64 {
+pub(crate) fn now() -> i64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0)
 }
 
@@ -206,6 +223,21 @@ impl SqliteLedger {
     /// A file that is not a dpfusion ledger, comes from a newer format, or cannot be written is refused with a
     /// clear error and left unchanged.
     pub fn open(path: &Path, budget: &str, total: Rho, busy_timeout: Duration) -> Result<Self> {
+        let mut me = SqliteLedger {
+            db: LedgerDb::open(path, busy_timeout)?,
+            budget: budget.to_string(),
+            pld: PldCache::default(),
+        };
+        me.init(total)?;
+        Ok(me)
+    }
+}
+
+impl LedgerDb {
+    /// Opens (creating if needed) the ledger file at `path`, upgrading an older format. A file that is not a
+    /// dpfusion ledger, comes from a newer format, or cannot be written is refused with a clear error and left
+    /// unchanged.
+    pub fn open(path: &Path, busy_timeout: Duration) -> Result<Self> {
         let display = path.display().to_string();
         let conn = Connection::open(path).map_err(|e| open_error(&display, e))?;
         conn.busy_timeout(busy_timeout).map_err(|e| sql_error(&display, e))?;
@@ -250,22 +282,14 @@ impl SqliteLedger {
         }
         conn.pragma_update(None, "journal_mode", "WAL").map_err(|e| write_error(&display, e))?;
         conn.pragma_update(None, "synchronous", "FULL").map_err(|e| write_error(&display, e))?;
-        let mut me = SqliteLedger {
-            conn: Mutex::new(conn),
-            path: path.to_path_buf(),
-            budget: budget.to_string(),
-            pld: PldCache::default(),
-        };
-        me.init(total)?;
-        Ok(me)
+        let mut conn = conn;
+        Self::create_schema(&mut conn, &display)?;
+        Ok(LedgerDb { conn: Arc::new(Mutex::new(conn)), path: path.to_path_buf() })
     }
 
-    fn init(&mut self, total: Rho) -> Result<()> {
-        let display = self.path.display().to_string();
-        let budget = self.budget.clone();
-        let conn = self.conn.get_mut().map_err(poisoned)?;
-        let tx =
-            conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(|e| write_error(&display, e))?;
+    /// Creates the tables a new file lacks and upgrades an older format, in one transaction.
+    fn create_schema(conn: &mut Connection, display: &str) -> Result<()> {
+        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(|e| write_error(display, e))?;
         tx.execute_batch(
             "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
              CREATE TABLE IF NOT EXISTS budgets (name TEXT PRIMARY KEY, total REAL NOT NULL, spent REAL NOT NULL,
@@ -278,15 +302,20 @@ impl SqliteLedger {
              CREATE TABLE IF NOT EXISTS draws (budget TEXT NOT NULL, request_id TEXT NOT NULL,
                  at INTEGER NOT NULL, body BLOB NOT NULL, PRIMARY KEY (budget, request_id));
              CREATE TABLE IF NOT EXISTS admin (id INTEGER PRIMARY KEY AUTOINCREMENT, budget TEXT NOT NULL,
-                 at INTEGER NOT NULL, action TEXT NOT NULL, old_total REAL, new_total REAL, reason TEXT);",
+                 at INTEGER NOT NULL, action TEXT NOT NULL, old_total REAL, new_total REAL, reason TEXT);
+             CREATE TABLE IF NOT EXISTS analysts (name TEXT PRIMARY KEY, budget TEXT NOT NULL UNIQUE,
+                 verifier TEXT NOT NULL, tables TEXT, disabled INTEGER NOT NULL DEFAULT 0, created INTEGER NOT NULL);
+             CREATE TABLE IF NOT EXISTS table_caps (name TEXT PRIMARY KEY, cap REAL NOT NULL, spent REAL NOT NULL);
+             CREATE TABLE IF NOT EXISTS charge_tables (charge INTEGER NOT NULL, name TEXT NOT NULL,
+                 PRIMARY KEY (charge, name));",
         )
-        .map_err(|e| write_error(&display, e))?;
+        .map_err(|e| write_error(display, e))?;
         tx.execute("INSERT OR IGNORE INTO meta VALUES ('application', ?1)", params![APPLICATION])
-            .map_err(|e| write_error(&display, e))?;
+            .map_err(|e| write_error(display, e))?;
         let old_format: Option<String> = tx
             .query_row("SELECT value FROM meta WHERE key = 'format'", [], |r| r.get(0))
             .optional()
-            .map_err(|e| sql_error(&display, e))?;
+            .map_err(|e| sql_error(display, e))?;
         if old_format.as_deref() == Some("1") {
             // Version 1 kept no draws: a request id charged but never released may have drawn noise that left the
             // process (in an error message, say). Mark every such id as drawn-and-lost, so it is never recomputed.
@@ -297,10 +326,43 @@ impl SqliteLedger {
                    (SELECT 1 FROM releases r WHERE r.budget = c.budget AND r.request_id = c.request_id)",
                 params![now()],
             )
-            .map_err(|e| write_error(&display, e))?;
+            .map_err(|e| write_error(display, e))?;
         }
         tx.execute("INSERT OR REPLACE INTO meta VALUES ('format', ?1)", params![FORMAT_VERSION.to_string()])
-            .map_err(|e| write_error(&display, e))?;
+            .map_err(|e| write_error(display, e))?;
+        tx.commit().map_err(|e| write_error(display, e))
+    }
+
+    pub(crate) fn display(&self) -> String {
+        self.path.display().to_string()
+    }
+
+    pub(crate) fn conn(&self) -> Result<std::sync::MutexGuard<'_, Connection>> {
+        self.conn.lock().map_err(poisoned)
+    }
+
+    /// The budget `name` of this file, which must exist (made by [`SqliteLedger::open`] or
+    /// [`LedgerDb::add_analyst`]); it shares this file's connection.
+    pub fn budget(&self, name: &str) -> Result<SqliteLedger> {
+        let exists: Option<i64> = self
+            .conn()?
+            .query_row("SELECT 1 FROM budgets WHERE name = ?1", params![name], |r| r.get(0))
+            .optional()
+            .map_err(|e| sql_error(&self.display(), e))?;
+        if exists.is_none() {
+            return Err(DpError::Ledger(format!("{} has no budget `{name}`", self.display())));
+        }
+        Ok(SqliteLedger { db: self.clone(), budget: name.to_string(), pld: PldCache::default() })
+    }
+}
+
+impl SqliteLedger {
+    fn init(&mut self, total: Rho) -> Result<()> {
+        let display = self.display();
+        let budget = self.budget.clone();
+        let mut conn = self.db.conn()?;
+        let tx =
+            conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(|e| write_error(&display, e))?;
         let existing: Option<f64> = tx
             .query_row("SELECT total FROM budgets WHERE name = ?1", params![budget], |r| r.get(0))
             .optional()
@@ -329,11 +391,11 @@ impl SqliteLedger {
     }
 
     fn display(&self) -> String {
-        self.path.display().to_string()
+        self.db.display()
     }
 
     fn conn(&self) -> Result<std::sync::MutexGuard<'_, Connection>> {
-        self.conn.lock().map_err(poisoned)
+        self.db.conn()
     }
 
     /// The budget's (total, spent), read on `conn` (inside a transaction when the caller holds one).
@@ -359,7 +421,17 @@ impl SqliteLedger {
 impl SqliteLedger {
     /// Check and debit in one `BEGIN IMMEDIATE` transaction (the write lock is held from the read of `spent` to the
     /// commit); with a request id, an existing claim is returned instead and nothing is spent.
-    fn debit(&self, label: &str, request_id: Option<&str>, measurements: Vec<Calibration>) -> Result<Claim> {
+    ///
+    /// In the same transaction: a disabled analyst's budget is refused, and the charge's ρ is checked against and
+    /// added to the global cap of every table in `tables` that has one (what all budgets together may spend on
+    /// it), and the tables are recorded with the charge.
+    fn debit(
+        &self,
+        label: &str,
+        request_id: Option<&str>,
+        tables: &[String],
+        measurements: Vec<Calibration>,
+    ) -> Result<Claim> {
         if measurements.is_empty() {
             return Err(DpError::invalid("charge", "a charge must pay for at least one measurement"));
         }
@@ -374,15 +446,49 @@ impl SqliteLedger {
                 return Ok(Claim::Existing(prior));
             }
         }
+        let disabled: Option<(String, i64)> = tx
+            .query_row("SELECT name, disabled FROM analysts WHERE budget = ?1", params![self.budget], |r| {
+                Ok((r.get(0)?, r.get(1)?))
+            })
+            .optional()
+            .map_err(|e| sql_error(&display, e))?;
+        if let Some((name, 1)) = disabled {
+            return Err(DpError::Access(format!(
+                "analyst `{name}` has been disabled by the data owner; nothing was spent"
+            )));
+        }
         let (total, spent) = self.read_budget(&tx)?;
         let filter = ZcdpFilter::with_spent(Rho::new(total)?, Rho::new(spent)?);
         let new_spent = filter.check(rho)?;
+        let mut capped = Vec::new();
+        for t in tables {
+            let cap: Option<(f64, f64)> = tx
+                .query_row("SELECT cap, spent FROM table_caps WHERE name = ?1", params![t], |r| {
+                    Ok((r.get(0)?, r.get(1)?))
+                })
+                .optional()
+                .map_err(|e| sql_error(&display, e))?;
+            if let Some((cap, spent)) = cap {
+                let after = ZcdpFilter::with_spent(Rho::new(cap)?, Rho::new(spent)?)
+                    .check(rho)
+                    .map_err(|_| DpError::TableCap { table: t.clone() })?;
+                capped.push((t, after));
+            }
+        }
         tx.execute(
             "INSERT INTO charges (budget, at, label, request_id, rho, measurements) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
             params![self.budget, now(), label, request_id, rho.get(), text],
         )
         .map_err(|e| sql_error(&display, e))?;
         let id = tx.last_insert_rowid();
+        for t in tables {
+            tx.execute("INSERT OR IGNORE INTO charge_tables (charge, name) VALUES (?1, ?2)", params![id, t])
+                .map_err(|e| sql_error(&display, e))?;
+        }
+        for (t, after) in capped {
+            tx.execute("UPDATE table_caps SET spent = ?1 WHERE name = ?2", params![after.get(), t])
+                .map_err(|e| sql_error(&display, e))?;
+        }
         tx.execute("UPDATE budgets SET spent = ?1 WHERE name = ?2", params![new_spent.get(), self.budget])
             .map_err(|e| sql_error(&display, e))?;
         tx.commit().map_err(|e| sql_error(&display, e))?;
@@ -442,7 +548,7 @@ fn write_error(path: &str, e: rusqlite::Error) -> DpError {
     }
 }
 
-fn sql_error(path: &str, e: rusqlite::Error) -> DpError {
+pub(crate) fn sql_error(path: &str, e: rusqlite::Error) -> DpError {
     match e.sqlite_error_code() {
         Some(ErrorCode::DatabaseBusy) | Some(ErrorCode::DatabaseLocked) => DpError::Ledger(format!(
             "ledger {path} is locked by another process for longer than the busy timeout; nothing was spent, retry later"
@@ -479,14 +585,14 @@ impl Ledger for SqliteLedger {
             .map_err(|e| sql_error(&self.display(), e))?;
         rows.into_iter().map(|r| self.decode(r)).collect()
     }
-    fn charge(&self, label: &str, measurements: Vec<Calibration>) -> Result<Charge> {
-        self.debit(label, None, measurements).and_then(|c| match c {
+    fn charge(&self, label: &str, tables: &[String], measurements: Vec<Calibration>) -> Result<Charge> {
+        self.debit(label, None, tables, measurements).and_then(|c| match c {
             Claim::New(c) => Ok(c),
             Claim::Existing(_) => Err(DpError::Ledger("a charge without a request id cannot exist already".into())),
         })
     }
-    fn claim(&self, label: &str, request_id: &str, measurements: Vec<Calibration>) -> Result<Claim> {
-        self.debit(label, Some(request_id), measurements)
+    fn claim(&self, label: &str, request_id: &str, tables: &[String], measurements: Vec<Calibration>) -> Result<Claim> {
+        self.debit(label, Some(request_id), tables, measurements)
     }
     fn prior(&self, request_id: &str) -> Result<Prior> {
         self.read_prior(&*self.conn()?, request_id)
@@ -520,6 +626,13 @@ impl Ledger for SqliteLedger {
         Ok(())
     }
     fn set_total(&self, total: Rho, reason: &str) -> Result<()> {
+        self.set_total_with(total, reason, "set_total")
+    }
+}
+
+impl SqliteLedger {
+    /// Sets the budget's total (not below what is spent), recorded as `action` with `reason`.
+    pub(crate) fn set_total_with(&self, total: Rho, reason: &str, action: &str) -> Result<()> {
         let display = self.display();
         let mut conn = self.conn()?;
         let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(|e| sql_error(&display, e))?;
@@ -530,8 +643,8 @@ impl Ledger for SqliteLedger {
         tx.execute("UPDATE budgets SET total = ?1 WHERE name = ?2", params![total.get(), self.budget])
             .map_err(|e| sql_error(&display, e))?;
         tx.execute(
-            "INSERT INTO admin (budget, at, action, old_total, new_total, reason) VALUES (?1, ?2, 'set_total', ?3, ?4, ?5)",
-            params![self.budget, now(), old, total.get(), reason],
+            "INSERT INTO admin (budget, at, action, old_total, new_total, reason) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+            params![self.budget, now(), action, old, total.get(), reason],
         )
         .map_err(|e| sql_error(&display, e))?;
         tx.commit().map_err(|e| sql_error(&display, e))

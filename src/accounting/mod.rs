@@ -4,6 +4,7 @@
 //! Nothing here imports DataFusion or Arrow; [`ledger`] stores charges in SQLite. Depends on [`crate::noise`] for
 //! the mechanisms' parameters, never the other way round.
 
+pub mod admin;
 pub mod calibrate;
 pub mod convert;
 pub mod filter;
@@ -14,5 +15,5 @@ pub mod rho;
 
 pub use convert::{EpsilonBound, epsilon_for_charges};
 pub use filter::{Charge, ZcdpFilter};
-pub use ledger::{Ledger, MemoryLedger, SqliteLedger};
+pub use ledger::{Ledger, LedgerDb, MemoryLedger, SqliteLedger};
 pub use rho::Rho;

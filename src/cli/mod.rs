@@ -26,6 +26,7 @@ pub(crate) fn write_out(args: std::fmt::Arguments) {
     }
 }
 
+pub(crate) mod admin;
 pub(crate) mod marginals;
 pub(crate) mod output;
 pub(crate) mod pin;
@@ -90,6 +91,16 @@ enum Command {
     /// Data owner: write the column types of each table's files into the configuration (once; types are part of
     /// the policy and never inferred when queries run).
     Pin(pin::PinArgs),
+    /// Data owner: serve analysts over the PostgreSQL wire protocol (see README "Serving analysts").
+    Serve {
+        /// Configuration file (TOML) with [server] and [ledger].
+        #[arg(long, short)]
+        config: Option<PathBuf>,
+    },
+    /// Data owner: the analysts of a server (add, list, set-budget, passwd, grant, disable, enable, log).
+    Analyst(admin::AnalystArgs),
+    /// Data owner: a table's global cap across all analysts (without arguments: list the caps).
+    Cap(admin::CapArgs),
     /// Show the budget: total, spent, remaining, (ε, δ); with --history, every charge.
     Budget {
         /// Configuration file (TOML).
@@ -297,6 +308,9 @@ async fn run(cli: Cli) -> Result<bool, DpError> {
             Ok(run_statements(&s, &statements, format, request_id.as_deref()).await)
         }
         Command::Marginals(a) => marginals::run(a).await,
+        Command::Serve { config } => admin::serve(config).await,
+        Command::Analyst(a) => admin::analyst(a),
+        Command::Cap(a) => admin::cap(a),
         Command::Pin(a) => pin::run(a).await,
         Command::Explain { config, sql } => {
             let (s, _) = open(config).await?;

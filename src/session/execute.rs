@@ -88,6 +88,20 @@ enum Next {
     Done(Box<Release>),
 }
 
+/// The private tables `plan` reads (each once, sorted): what a charge is debited to besides its budget.
+pub(crate) fn tables_read(plan: &datafusion::logical_expr::LogicalPlan) -> Vec<String> {
+    use datafusion::common::tree_node::TreeNodeRecursion;
+    let mut tables = std::collections::BTreeSet::new();
+    // The closure never fails, so neither does the walk.
+    let _ = plan.apply_with_subqueries(|node| {
+        if let datafusion::logical_expr::LogicalPlan::TableScan(scan) = node {
+            tables.insert(scan.table_name.table().to_string());
+        }
+        Ok(TreeNodeRecursion::Continue)
+    });
+    tables.into_iter().collect()
+}
+
 fn another_query(id: &str, charge: &Charge) -> DpError {
     DpError::Refused(Refusal::RequestIdReused { id: id.to_string(), charge: charge.id() })
 }
@@ -103,9 +117,10 @@ impl DpSession {
         }
         let prepared = self.prepare(sql).await?;
         let quote = self.quote(&prepared.dp)?;
+        let tables = tables_read(&prepared.private);
         let (charge, stored) = match request_id {
-            None => (self.ledger.charge(sql, quote.measurements.clone())?, None),
-            Some(id) => match self.ledger.claim(sql, id, quote.measurements.clone())? {
+            None => (self.ledger.charge(sql, &tables, quote.measurements.clone())?, None),
+            Some(id) => match self.ledger.claim(sql, id, &tables, quote.measurements.clone())? {
                 Claim::New(c) => (c, None),
                 Claim::Existing(prior) => match resume(id, sql, &prepared.dp, &quote, prior)? {
                     Next::Run(c, stored) => (c, stored),
@@ -235,7 +250,8 @@ impl DpSession {
     /// [`MarginalRelease`] is made from the charge, taken by value. See [`crate::marginals`] for the privacy claim.
     pub(crate) async fn answer_marginals(&self, prepared: PreparedMarginals) -> Result<MarginalRelease> {
         let PreparedMarginals { histograms, plan, quote, k, over_limit, rows } = prepared;
-        let charge = self.ledger.charge(&histograms.label(), quote.measurements)?;
+        let charge =
+            self.ledger.charge(&histograms.label(), std::slice::from_ref(&histograms.table), quote.measurements)?;
         let task = self.ctx.task_ctx();
         let mut sampler = match over_limit {
             None => None,

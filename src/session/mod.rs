@@ -186,10 +186,7 @@ impl DpSession {
             return Err(DpError::invalid("delta", format!("must be in (0, 1), got {delta}")));
         }
         crate::noise::accuracy::check_confidence(confidence)?;
-        let config = datafusion::prelude::SessionConfig::new()
-            .with_information_schema(false)
-            .with_option_extension(DpOptions::default());
-        let ctx = SessionContext::new_with_config(config);
+        let ctx = SessionContext::new_with_config(context_config());
         Ok(DpSession {
             ctx,
             post: post::post_context()?,
@@ -205,6 +202,77 @@ impl DpSession {
             rng: Mutex::new(NoiseRng::from_os()?),
             owner_log: None,
         })
+    }
+}
+
+/// The configuration of a session's private context: no information schema, the `dp.…` options.
+fn context_config() -> datafusion::prelude::SessionConfig {
+    datafusion::prelude::SessionConfig::new().with_information_schema(false).with_option_extension(DpOptions::default())
+}
+
+impl DpSession {
+    /// A session for one analyst of a server: the tables `granted` (`None`: all; the others do not exist for it,
+    /// not even by name), the same policies, defaults and owner log, its own `ledger` budget, its own `SET dp.…`
+    /// options and noise generator, and a memory pool of `memory_limit` bytes for its queries.
+    pub async fn for_analyst(
+        &self,
+        ledger: Box<dyn Ledger>,
+        granted: Option<&[String]>,
+        memory_limit: usize,
+    ) -> Result<DpSession> {
+        let runtime = datafusion::execution::runtime_env::RuntimeEnvBuilder::new()
+            .with_memory_limit(memory_limit, 1.0)
+            .build_arc()
+            .map_err(crate::error::engine)?;
+        let ctx = SessionContext::new_with_config_rt(context_config(), runtime);
+        let mut policies = BTreeMap::new();
+        for (name, policy) in &self.policies {
+            if granted.is_some_and(|g| !g.iter().any(|t| t == name)) {
+                continue;
+            }
+            let provider = self.ctx.table_provider(name).await.map_err(crate::error::engine)?;
+            ctx.register_table(name, provider).map_err(crate::error::engine)?;
+            policies.insert(name.clone(), policy.clone());
+        }
+        Ok(DpSession {
+            ctx,
+            post: post::post_context()?,
+            policies,
+            defaults: self.defaults.clone(),
+            ledger,
+            rng: Mutex::new(NoiseRng::from_os()?),
+            owner_log: self.owner_log.clone(),
+        })
+    }
+
+    /// The types DataFusion infers for the `$n` placeholders of `sql` (planned over the schemas only, nothing is
+    /// read), in order of n; `None` where it cannot tell.
+    pub async fn parameter_types(&self, sql: &str) -> Result<Vec<Option<datafusion::arrow::datatypes::DataType>>> {
+        crate::plan::safety::check_statement_size(sql)?;
+        let plan =
+            prepare::grow_stack(self.ctx.state().create_logical_plan(sql)).await.map_err(crate::error::engine)?;
+        let types = plan.get_parameter_types().map_err(crate::error::engine)?;
+        let n = types.keys().filter_map(|k| k.strip_prefix('$')?.parse::<usize>().ok()).max().unwrap_or(0);
+        Ok((1..=n).map(|i| types.get(&format!("${i}")).cloned().flatten()).collect())
+    }
+
+    /// The columns `sql` would answer with, without reading or spending anything (a query is prepared, priced
+    /// and checked as if it were to run; `EXPLAIN DP` answers one text column; `SET` none). Refused exactly when
+    /// the query would be refused before its debit.
+    pub async fn describe(&self, sql: &str) -> Result<datafusion::arrow::datatypes::SchemaRef> {
+        use datafusion::arrow::datatypes::{DataType, Field, Schema};
+        match statement::classify(sql)? {
+            Statement::Query(q) => {
+                let prepared = self.prepare(q).await?;
+                self.quote(&prepared.dp)?;
+                Ok(Arc::new(prepared.dp.original.schema().as_arrow().clone()))
+            }
+            Statement::Explain(q) => {
+                self.explain(q).await?;
+                Ok(Arc::new(Schema::new(vec![Field::new("QUERY PLAN", DataType::Utf8, false)])))
+            }
+            Statement::Set(_) => Ok(Arc::new(Schema::empty())),
+        }
     }
 }
 

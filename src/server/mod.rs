@@ -1,0 +1,194 @@
+//! `dpfusion serve`: analysts connect over the PostgreSQL wire protocol (v3, with the `pgwire` crate) from their
+//! own tools (`psql`, psycopg, JDBC) and never touch a file.
+//!
+//! * **One private path.** Every analyst statement goes through [`crate::session::DpSession`], the same
+//!   validate → bound → price → debit → execute → noise path as the REPL. Each connection gets its own session
+//!   ([`DpSession::for_analyst`]): the analyst's ledger budget, only the tables granted to them, their own
+//!   `SET dp.…` options and noise generator. Client chatter (`SET application_name`, `BEGIN`, `SHOW ...`,
+//!   `SELECT version()`, psql's `\d` catalog queries) is answered from configuration, schema and policy only.
+//! * **Authentication** by SCRAM-SHA-256 against verifiers in the ledger file ([`scram`]); failed logins are
+//!   logged and slowed down per user and per address ([`auth`]). TLS with rustls when configured; a non-loopback
+//!   address without TLS is refused unless `allow_plaintext = true`.
+//! * **Budgets.** Each analyst has a ρ budget in the ledger (`analyst:NAME`), each table may have a global cap
+//!   across all analysts; one debit checks and charges both in one transaction
+//!   ([`crate::accounting::ledger`]). Administration is the data owner's alone, on the ledger file
+//!   ([`crate::accounting::admin`]); nothing over the wire can change a total, a grant or a password.
+//! * **Limits.** Maximum connections, a statement timeout, a memory pool per connection, PostgreSQL cancel
+//!   requests, graceful shutdown. A query stopped (cancelled, timed out, disconnected) after its debit stays
+//!   charged: the debit is made before any data is read, and a charge is never refunded.
+//!
+//! Neighbouring relation: add/remove all rows of one privacy unit; each analyst's budget and each table's cap
+//! bound what one unit can lose to that analyst, and to all of them together.
+
+pub mod auth;
+pub mod scram;
+mod wire;
+
+use crate::accounting::LedgerDb;
+use crate::config::{ServerSettings, SessionConfig};
+use crate::error::{DpError, Result};
+use crate::session::DpSession;
+use pgwire::api::cancel::DefaultCancelHandler;
+use pgwire::api::{ConnectionManager, PgWireServerHandlers};
+use pgwire::tokio::TlsAcceptor;
+use pgwire::tokio::tokio_rustls::rustls;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
+
+/// The server version reported to clients (psql chooses its catalog queries by it).
+pub const SERVER_VERSION: &str = "16.6";
+
+/// What every connection shares.
+pub(crate) struct Shared {
+    /// Every table, policy and default of the configuration; connections derive their sessions from it.
+    pub(crate) base: DpSession,
+    /// The ledger file: analysts, budgets, caps.
+    pub(crate) db: LedgerDb,
+    pub(crate) settings: ServerSettings,
+    pub(crate) throttle: auth::Throttle,
+    /// Salt and keys of decoy verifiers for unknown users (random per server run).
+    pub(crate) decoy_secret: [u8; 32],
+    pub(crate) cancels: Arc<ConnectionManager>,
+}
+
+/// A bound server, ready to [`Server::run`].
+pub struct Server {
+    shared: Arc<Shared>,
+    listener: TcpListener,
+    tls: Option<TlsAcceptor>,
+}
+
+impl Server {
+    /// Opens the configuration's tables and ledger and binds `[server] listen` (port 0: any free port, see
+    /// [`Server::local_addr`]).
+    pub async fn bind(cfg: &SessionConfig) -> Result<Server> {
+        let settings = cfg.server.clone().ok_or_else(|| {
+            DpError::Config("dpfusion serve needs a [server] section (at least: listen = \"127.0.0.1:5433\")".into())
+        })?;
+        let ledger = cfg.ledger.as_ref().ok_or_else(|| {
+            DpError::Config(
+                "dpfusion serve needs [ledger] path = \"...\": the analysts, their budgets and every charge live there"
+                    .into(),
+            )
+        })?;
+        if cfg.accounting != crate::accounting::calibrate::Accounting::Zcdp {
+            return Err(DpError::Config(
+                "dpfusion serve keeps each analyst's budget in rho (zCDP); use [session] rho in a server configuration \
+                 (analysts get their budgets with `dpfusion analyst add NAME --rho R`)"
+                    .into(),
+            ));
+        }
+        let base = DpSession::from_config(cfg).await?;
+        let db = LedgerDb::open(&ledger.path, ledger.busy_timeout)?;
+        let tls = settings.tls.as_ref().map(|(cert, key)| tls_acceptor(cert, key)).transpose()?;
+        let listener = TcpListener::bind(settings.listen).await.map_err(|e| {
+            DpError::Config(format!("[server] listen = \"{}\": cannot listen there: {e}", settings.listen))
+        })?;
+        let mut decoy_secret = [0u8; 32];
+        rand::fill(&mut decoy_secret);
+        let shared = Arc::new(Shared {
+            base,
+            db,
+            settings,
+            throttle: auth::Throttle::default(),
+            decoy_secret,
+            cancels: Arc::new(ConnectionManager::new()),
+        });
+        Ok(Server { shared, listener, tls })
+    }
+
+    /// The address the server listens on.
+    pub fn local_addr(&self) -> Result<SocketAddr> {
+        self.listener.local_addr().map_err(|e| DpError::Internal(format!("listening socket: {e}")))
+    }
+
+    /// Serves until `shutdown` completes; then accepts no new connection and gives the open ones up to the
+    /// statement timeout to finish (their queries are dropped after that; every debit is already durable).
+    pub async fn run(self, shutdown: impl Future<Output = ()>) -> Result<()> {
+        let Server { shared, listener, tls } = self;
+        let slots = Arc::new(Semaphore::new(shared.settings.max_connections));
+        let mut tasks = tokio::task::JoinSet::new();
+        tokio::pin!(shutdown);
+        loop {
+            tokio::select! {
+                _ = &mut shutdown => break,
+                accepted = listener.accept() => {
+                    let (socket, peer) = match accepted {
+                        Ok(a) => a,
+                        Err(e) => {
+                            log(&format!("accept failed: {e}"));
+                            tokio::time::sleep(Duration::from_millis(50)).await;
+                            continue;
+                        }
+                    };
+                    let _ = socket.set_nodelay(true);
+                    let permit = slots.clone().try_acquire_owned().ok();
+                    let handlers = Arc::new(wire::Connection::new(shared.clone(), peer, permit.is_none()));
+                    let tls = tls.clone();
+                    tasks.spawn(async move {
+                        let _permit = permit;
+                        if let Err(e) = pgwire::tokio::process_socket(socket, tls, ConnHandlers(handlers)).await {
+                            log(&format!("connection from {peer} ended with an error: {e}"));
+                        }
+                    });
+                }
+                Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
+            }
+        }
+        drop(listener);
+        let grace = shared.settings.statement_timeout;
+        if tokio::time::timeout(grace, async { while tasks.join_next().await.is_some() {} }).await.is_err() {
+            log(&format!("{} connection(s) still open after {grace:?}: closing them", tasks.len()));
+            tasks.shutdown().await;
+        }
+        Ok(())
+    }
+}
+
+/// The handlers of one connection.
+struct ConnHandlers(Arc<wire::Connection>);
+
+impl PgWireServerHandlers for ConnHandlers {
+    fn simple_query_handler(&self) -> Arc<impl pgwire::api::query::SimpleQueryHandler> {
+        self.0.clone()
+    }
+    fn extended_query_handler(&self) -> Arc<impl pgwire::api::query::ExtendedQueryHandler> {
+        self.0.clone()
+    }
+    fn startup_handler(&self) -> Arc<impl pgwire::api::auth::StartupHandler> {
+        self.0.clone()
+    }
+    fn cancel_handler(&self) -> Arc<impl pgwire::api::cancel::CancelHandler> {
+        Arc::new(DefaultCancelHandler::new(self.0.shared.cancels.clone()))
+    }
+}
+
+fn tls_acceptor(cert: &std::path::Path, key: &std::path::Path) -> Result<TlsAcceptor> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let bad = |what: &str, path: &std::path::Path, e: String| {
+        DpError::Config(format!("[server] {what} = \"{}\": {e}; give a PEM file", path.display()))
+    };
+    let certs = CertificateDer::pem_file_iter(cert)
+        .and_then(|it| it.collect::<std::result::Result<Vec<_>, _>>())
+        .map_err(|e| bad("tls_cert", cert, e.to_string()))?;
+    if certs.is_empty() {
+        return Err(bad("tls_cert", cert, "no certificate in it".into()));
+    }
+    let key = PrivateKeyDer::from_pem_file(key).map_err(|e| bad("tls_key", key, e.to_string()))?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .and_then(|b| b.with_no_client_auth().with_single_cert(certs, key))
+        .map_err(|e| DpError::Config(format!("[server] tls_cert / tls_key: {e}")))?;
+    Ok(TlsAcceptor::from(Arc::new(config)))
+}
+
+/// The server's log (standard error, read by the data owner): logins, refusals of logins, errors.
+pub(crate) fn log(line: &str) {
+    let at = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+    eprintln!("[dpfusion serve {at}] {line}");
+}
