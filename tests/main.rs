@@ -18,6 +18,8 @@ mod marginals;
 mod noise_dist;
 /// Neighbouring-dataset audits of the whole query path: shifts match the claimed sensitivities.
 mod privacy_audit;
+/// `dpfusion serve` over tokio-postgres: protocols, logins, isolation of analysts, budgets under contention.
+mod server;
 /// Answered queries: full domains, honest intervals (coverage), post-processing, accuracy of every column.
 mod sql_accept;
 /// Refused queries: their codes, their fixes, nothing spent; SET only narrows.

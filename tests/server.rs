@@ -1,0 +1,368 @@
+//! `dpfusion serve` over a real PostgreSQL client library (tokio-postgres) on 127.0.0.1, an ephemeral port.
+
+use crate::support::{TempDir, pums_config};
+use dpfusion::accounting::{LedgerDb, Rho};
+use dpfusion::server::{Server, scram};
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio_postgres::{AsyncMessage, Client, NoTls, SimpleQueryMessage};
+
+struct TestServer {
+    addr: SocketAddr,
+    db: LedgerDb,
+    _dir: TempDir,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+impl Drop for TestServer {
+    fn drop(&mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+    }
+}
+
+const PASSWORD: &str = "correct horse battery";
+
+/// A server over the PUMS demo with two tables (`pums`, and `other` on the same file) and analysts `alice`
+/// (ρ 0.3, all tables), `bob` (ρ 0.3, `pums` only), `carol` (disabled).
+async fn start() -> TestServer {
+    let dir = TempDir::new("serve");
+    let root = std::env::var("CARGO_MANIFEST_DIR").unwrap_or_else(|_| env!("CARGO_MANIFEST_DIR").to_owned());
+    let base = pums_config("pums_dup.csv", 1.0, 2, 1);
+    let other = base.split("[tables.pums]").nth(1).unwrap().replace("[tables.pums.columns]", "[tables.other.columns]");
+    let text = format!(
+        "{base}\n[tables.other]{other}\n[ledger]\npath = \"{}\"\n\n[server]\nlisten = \"127.0.0.1:0\"\nmax_connections = 48\n",
+        dir.join("ledger.sqlite").display()
+    );
+    let cfg = dpfusion::SessionConfig::from_toml_str(&text, Path::new(&root)).unwrap();
+    let db = LedgerDb::open(&dir.join("ledger.sqlite"), Duration::from_secs(30)).unwrap();
+    let v = || scram::verifier(PASSWORD);
+    db.add_analyst("alice", &v(), Rho::new(0.3).unwrap(), None, "test").unwrap();
+    db.add_analyst("bob", &v(), Rho::new(0.3).unwrap(), Some(&["pums".to_string()]), "test").unwrap();
+    db.add_analyst("carol", &v(), Rho::new(0.3).unwrap(), None, "test").unwrap();
+    db.set_disabled("carol", true, "left the project").unwrap();
+    let server = Server::bind(&cfg).await.unwrap();
+    let addr = server.local_addr().unwrap();
+    let (stop, rx) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(server.run(async {
+        let _ = rx.await;
+    }));
+    TestServer { addr, db, _dir: dir, stop: Some(stop) }
+}
+
+/// A connection as `user`; its notices go to the returned receiver.
+async fn connect_as(
+    addr: SocketAddr,
+    user: &str,
+    password: &str,
+) -> Result<(Client, tokio::sync::mpsc::UnboundedReceiver<String>), tokio_postgres::Error> {
+    let (client, mut conn) = tokio_postgres::Config::new()
+        .host("127.0.0.1")
+        .port(addr.port())
+        .user(user)
+        .password(password)
+        .dbname("dpfusion")
+        .connect(NoTls)
+        .await?;
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        let mut messages = futures::stream::poll_fn(move |cx| conn.poll_message(cx));
+        use futures::StreamExt;
+        while let Some(Ok(m)) = messages.next().await {
+            if let AsyncMessage::Notice(n) = m {
+                let _ = tx.send(n.message().to_string());
+            }
+        }
+    });
+    Ok((client, rx))
+}
+
+async fn connect(addr: SocketAddr, user: &str) -> Client {
+    connect_as(addr, user, PASSWORD).await.unwrap().0
+}
+
+fn code(e: &tokio_postgres::Error) -> String {
+    e.as_db_error().map(|d| d.code().code().to_string()).unwrap_or_else(|| format!("not a server error: {e}"))
+}
+
+fn spent(db: &LedgerDb, name: &str) -> (f64, usize) {
+    let a = db.analyst(name).unwrap().unwrap();
+    let charges = db.budget(&a.budget).unwrap();
+    use dpfusion::accounting::Ledger;
+    (a.rho_spent, charges.charges().unwrap().len())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn simple_and_extended_queries_are_answered_with_notices_and_charged_once_each() {
+    let s = start().await;
+    let (c, mut notices) = connect_as(s.addr, "alice", PASSWORD).await.unwrap();
+    let rows = c.simple_query("SELECT COUNT(*) FROM pums").await.unwrap();
+    let Some(r) = rows.iter().find_map(|m| match m {
+        SimpleQueryMessage::Row(r) => Some(r),
+        _ => None,
+    }) else {
+        panic!("{rows:?}")
+    };
+    assert_eq!(r.columns()[0].name(), "count(*)");
+    let n: i64 = r.get(0).unwrap().parse().unwrap();
+    assert!((1000..2200).contains(&n), "{n}");
+    // Extended protocol with a bound parameter (tokio-postgres sends it in binary, typed by the server).
+    let rows = c.query("SELECT COUNT(*) FROM pums WHERE age > $1", &[&30i64]).await.unwrap();
+    assert_eq!(rows.len(), 1);
+    let _: i64 = rows[0].get(0);
+    let grouped = c.query("SELECT sex, COUNT(*) AS n FROM pums GROUP BY sex ORDER BY sex", &[]).await.unwrap();
+    assert_eq!(grouped.iter().map(|r| r.get::<_, i64>(0)).collect::<Vec<_>>(), vec![0, 1], "the whole public domain");
+    assert_eq!(spent(&s.db, "alice").1, 3, "three queries, three charges");
+    let mut seen = Vec::new();
+    while let Ok(n) = notices.try_recv() {
+        seen.push(n);
+    }
+    assert!(seen.iter().any(|n| n.starts_with("count(*): ± ")), "{seen:?}");
+    assert!(seen.iter().filter(|n| n.starts_with("charge #")).count() == 3, "{seen:?}");
+    // The metadata a program reads.
+    let b = c.query("SHOW dp.budget", &[]).await.unwrap();
+    assert_eq!(b[0].get::<_, String>("analyst"), "alice");
+    assert_eq!(b[0].get::<_, i64>("charges"), 3);
+    assert!((b[0].get::<_, f64>("rho_remaining") - 0.15).abs() < 1e-9);
+    let last = c.query("SELECT * FROM dp_last_release()", &[]).await.unwrap();
+    assert_eq!(last.len(), 2, "one row per column of the last release");
+    assert!(last[1].get::<_, Option<f64>>("std").unwrap() > 0.0);
+    // Client chatter, answered without spending.
+    c.batch_execute("SET application_name = 'test'; SET extra_float_digits = 3; BEGIN; COMMIT").await.unwrap();
+    let v = c.query("SHOW application_name", &[]).await.unwrap();
+    assert_eq!(v[0].get::<_, String>(0), "test");
+    assert_eq!(spent(&s.db, "alice").1, 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn refusals_carry_a_sqlstate_and_a_hint_and_describe_spends_nothing() {
+    let s = start().await;
+    let c = connect(s.addr, "alice").await;
+    let e = c.simple_query("SELECT * FROM pums").await.unwrap_err();
+    assert_eq!(code(&e), "42501");
+    assert!(e.as_db_error().unwrap().hint().is_some_and(|h| h.contains("aggregate")), "{e:?}");
+    assert_eq!(code(&c.simple_query("SELEC COUNT(*) FROM pums").await.unwrap_err()), "42601");
+    assert_eq!(code(&c.simple_query("SET dp.rho = 5").await.unwrap_err()), "22023", "over the analyst's total");
+    assert_eq!(code(&c.simple_query("SET work_mem = '1GB'").await.unwrap_err()), "42501");
+    // Parse + Describe of a query: its columns, nothing run, nothing spent.
+    let st = c.prepare("SELECT sex, AVG(income) FROM pums GROUP BY sex").await.unwrap();
+    assert_eq!(st.columns().len(), 2);
+    assert_eq!(st.columns()[1].type_(), &tokio_postgres::types::Type::FLOAT8);
+    assert!(c.prepare("SELECT income FROM pums").await.is_err(), "refused at Parse/Describe, before any debit");
+    assert_eq!(spent(&s.db, "alice"), (0.0, 0));
+    // Over budget: refused with 53400 and nothing spent.
+    c.simple_query("SET dp.rho = 0.2").await.unwrap();
+    c.simple_query("SELECT COUNT(*) FROM pums").await.unwrap();
+    let e = c.simple_query("SELECT COUNT(*) FROM pums").await.unwrap_err();
+    assert_eq!(code(&e), "53400");
+    assert!(e.as_db_error().unwrap().hint().is_some_and(|h| h.contains("SET dp.rho")), "{e:?}");
+    assert_eq!(spent(&s.db, "alice").1, 1);
+    // A 10 MB statement is refused, and the connection goes on.
+    let big = format!("SELECT COUNT(*) FROM pums WHERE {}", "age > 1 AND ".repeat(900_000) + "TRUE");
+    assert_eq!(code(&c.simple_query(&big).await.unwrap_err()), "54000");
+    c.simple_query("SHOW dp.budget").await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn wrong_unknown_disabled_and_missing_passwords_are_refused() {
+    let s = start().await;
+    let wrong = connect_as(s.addr, "alice", "not the password").await.err().unwrap();
+    let unknown = connect_as(s.addr, "mallory", PASSWORD).await.err().unwrap();
+    assert_eq!(code(&wrong), "28P01");
+    assert_eq!(code(&unknown), "28P01", "an unknown user fails exactly like a wrong password");
+    assert_eq!(
+        wrong.as_db_error().unwrap().message().replace("alice", "X"),
+        unknown.as_db_error().unwrap().message().replace("mallory", "X")
+    );
+    let disabled = connect_as(s.addr, "carol", PASSWORD).await.err().unwrap();
+    assert_eq!(code(&disabled), "28000");
+    let none = tokio_postgres::Config::new()
+        .host("127.0.0.1")
+        .port(s.addr.port())
+        .user("alice")
+        .dbname("dpfusion")
+        .connect(NoTls)
+        .await;
+    assert!(none.is_err(), "no password, no login");
+    // The right password still works afterwards (alice's failures slow down, but do not lock out, her logins).
+    connect(s.addr, "alice").await.simple_query("SHOW dp.budget").await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_analyst_sees_and_spends_only_their_own_budget_and_granted_tables() {
+    let s = start().await;
+    let alice = connect(s.addr, "alice").await;
+    let bob = connect(s.addr, "bob").await;
+    alice.simple_query("SELECT COUNT(*) FROM other").await.unwrap();
+    let e = bob.simple_query("SELECT COUNT(*) FROM other").await.unwrap_err();
+    let e2 = bob.simple_query("SELECT COUNT(*) FROM no_such_table").await.unwrap_err();
+    assert_eq!(code(&e), code(&e2), "an ungranted table looks exactly like a missing one");
+    assert_eq!(
+        e.as_db_error().unwrap().message().replace("other", "T"),
+        e2.as_db_error().unwrap().message().replace("no_such_table", "T")
+    );
+    // Request ids are per analyst: the same id is two separate charges, and neither sees the other's release.
+    for c in [&alice, &bob] {
+        c.simple_query("SET dp.request_id = 'job-1'").await.unwrap();
+        c.simple_query("SELECT COUNT(*) FROM pums").await.unwrap();
+    }
+    assert_eq!(spent(&s.db, "alice").1, 2);
+    assert_eq!(spent(&s.db, "bob").1, 1);
+    let b = bob.query("SHOW dp.budget", &[]).await.unwrap();
+    assert_eq!(b[0].get::<_, String>("analyst"), "bob");
+    assert_eq!(b[0].get::<_, i64>("charges"), 1, "bob's history only");
+    // Nothing over the wire changes a total, a grant or a password.
+    for sql in ["SET dp.rho = 1000", "SET session_authorization = 'alice'", "SET role = 'alice'"] {
+        assert!(bob.simple_query(sql).await.is_err(), "{sql}");
+    }
+    assert_eq!(s.db.analyst("bob").unwrap().unwrap().rho_total, 0.3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn thirty_two_clients_at_the_edge_never_overspend_an_analyst_or_a_table_cap() {
+    let s = start().await;
+    for name in ["dave", "erin"] {
+        s.db.add_analyst(name, &scram::verifier(PASSWORD), Rho::new(0.3).unwrap(), None, "test").unwrap();
+    }
+    // Each analyst could answer 6 queries of ρ 0.05; the table's cap allows 10 for all of them together.
+    s.db.set_table_cap("pums", Rho::new(0.5).unwrap(), "test").unwrap();
+    let analysts = ["alice", "bob", "dave", "erin"];
+    let answered = Arc::new(std::sync::Mutex::new(std::collections::BTreeMap::<String, usize>::new()));
+    let mut tasks = Vec::new();
+    for i in 0..32 {
+        let (addr, who, answered) = (s.addr, analysts[i % 4], answered.clone());
+        tasks.push(tokio::spawn(async move {
+            let c = connect(addr, who).await;
+            loop {
+                match c.simple_query("SELECT COUNT(*) FROM pums").await {
+                    Ok(_) => *answered.lock().unwrap().entry(who.to_string()).or_default() += 1,
+                    Err(e) => {
+                        assert_eq!(code(&e), "53400", "{e:?}");
+                        break;
+                    }
+                }
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let answered = answered.lock().unwrap().clone();
+    let mut total = 0;
+    for who in analysts {
+        let (rho, charges) = spent(&s.db, who);
+        assert!(rho <= 0.3, "{who} overspent: {rho}");
+        assert_eq!(charges, answered.get(who).copied().unwrap_or(0), "every answer {who} received is charged");
+        total += charges;
+    }
+    let cap = &s.db.table_caps().unwrap()[0];
+    assert!(cap.spent <= cap.cap, "{cap:?}");
+    assert_eq!(total, 10, "the cap binds: {answered:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn hostile_bytes_and_vanishing_clients_do_not_stop_the_server() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let s = start().await;
+    let junk: Vec<Vec<u8>> = vec![
+        b"GET / HTTP/1.1\r\nHost: x\r\n\r\n".to_vec(),
+        vec![0, 0, 0, 8, 4, 210, 22, 47],   // SSLRequest, then nothing
+        vec![0, 0, 0, 3],                   // a length shorter than itself
+        vec![0x7f, 0xff, 0xff, 0xff, 0, 3], // a 2 GB message announced
+        vec![0, 0, 0, 16, 4, 210, 22, 46, 0, 0, 0, 1, 0, 0, 0, 2], // cancel request for a session that does not exist
+        (0..4096).map(|i| (i * 7 % 251) as u8).collect(),
+    ];
+    for bytes in junk {
+        if let Ok(mut sock) = tokio::net::TcpStream::connect(s.addr).await {
+            let _ = sock.write_all(&bytes).await;
+            let mut buf = [0u8; 64];
+            let _ = tokio::time::timeout(Duration::from_millis(300), sock.read(&mut buf)).await;
+        }
+    }
+    // A client that goes away in the middle of a query.
+    let c = connect(s.addr, "alice").await;
+    let q = tokio::spawn(async move { c.simple_query("SELECT educ, COUNT(*) FROM pums GROUP BY educ").await });
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    q.abort();
+    // Everyone else is still served.
+    let c = connect(s.addr, "bob").await;
+    c.simple_query("SELECT COUNT(*) FROM pums").await.unwrap();
+    assert_eq!(spent(&s.db, "bob").1, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_kill_9_during_a_query_storm_leaves_every_answered_charge_on_disk() {
+    let dir = TempDir::new("serve-kill");
+    let root = std::env::var("CARGO_MANIFEST_DIR").unwrap_or_else(|_| env!("CARGO_MANIFEST_DIR").to_owned());
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let base = pums_config("pums_dup.csv", 1.0, 2, 1).replace("examples/data/", &format!("{root}/examples/data/"));
+    let ledger = dir.join("ledger.sqlite");
+    let text =
+        format!("{base}\n[ledger]\npath = \"{}\"\n\n[server]\nlisten = \"127.0.0.1:{port}\"\n", ledger.display());
+    std::fs::write(dir.join("server.toml"), text).unwrap();
+    let db = LedgerDb::open(&ledger, Duration::from_secs(30)).unwrap();
+    db.add_analyst("alice", &scram::verifier(PASSWORD), Rho::new(1000.0).unwrap(), None, "test").unwrap();
+    drop(db);
+    let spawn = || {
+        std::process::Command::new(crate::support::BIN)
+            .args(["serve", "-c"])
+            .arg(dir.join("server.toml"))
+            .stderr(std::fs::File::create(dir.join("serve.log")).unwrap())
+            .spawn()
+            .unwrap()
+    };
+    let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let wait_up = || async move {
+        for _ in 0..300 {
+            if let Ok(c) = connect_as(addr, "alice", PASSWORD).await {
+                return c;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!("the server did not come up");
+    };
+    let mut child = spawn();
+    wait_up().await;
+    let received = Arc::new(std::sync::Mutex::new(Vec::<u64>::new()));
+    let mut tasks = Vec::new();
+    for _ in 0..8 {
+        let received = received.clone();
+        tasks.push(tokio::spawn(async move {
+            let Ok((c, mut notices)) = connect_as(addr, "alice", PASSWORD).await else { return };
+            while c.simple_query("SELECT sex, COUNT(*) FROM pums GROUP BY sex").await.is_ok() {}
+            // Every charge the client was told about (also those whose rows the kill cut off).
+            while let Ok(n) = notices.try_recv() {
+                if let Some(id) = n.strip_prefix("charge #").and_then(|r| r.split(':').next()) {
+                    received.lock().unwrap().push(id.parse().unwrap());
+                }
+            }
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    child.kill().unwrap(); // SIGKILL
+    child.wait().unwrap();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let received = received.lock().unwrap().clone();
+    assert!(!received.is_empty(), "the storm answered nothing before the kill");
+    let db = LedgerDb::open(&ledger, Duration::from_secs(30)).unwrap();
+    use dpfusion::accounting::Ledger;
+    let on_disk: std::collections::BTreeSet<u64> =
+        db.budget("analyst:alice").unwrap().charges().unwrap().iter().map(|c| c.id()).collect();
+    for id in &received {
+        assert!(on_disk.contains(id), "charge #{id} was answered but is not on disk");
+    }
+    let a = db.analyst("alice").unwrap().unwrap();
+    assert!(a.rho_spent >= 0.05 * received.len() as f64 * 0.999, "{a:?}");
+    drop(db);
+    // The server starts again on the same ledger and answers.
+    let mut child = spawn();
+    let (c, _) = wait_up().await;
+    c.simple_query("SELECT COUNT(*) FROM pums").await.unwrap();
+    child.kill().unwrap();
+    child.wait().unwrap();
+}
