@@ -154,15 +154,25 @@ impl LedgerDb {
 
     /// Every analyst, by name.
     pub fn analysts(&self) -> Result<Vec<Analyst>> {
+        self.read_analysts(None)
+    }
+
+    /// Analyst `name`, if there is one.
+    pub fn analyst(&self, name: &str) -> Result<Option<Analyst>> {
+        Ok(self.read_analysts(Some(name))?.pop())
+    }
+
+    /// The analysts named `name`, or all.
+    fn read_analysts(&self, name: Option<&str>) -> Result<Vec<Analyst>> {
         let display = self.display();
         let conn = self.conn()?;
         let mut st = conn
             .prepare(
                 "SELECT a.name, a.budget, b.total, b.spent, a.tables, a.disabled, a.created
-                 FROM analysts a JOIN budgets b ON b.name = a.budget ORDER BY a.name",
+                 FROM analysts a JOIN budgets b ON b.name = a.budget WHERE ?1 IS NULL OR a.name = ?1 ORDER BY a.name",
             )
             .map_err(|e| sql_error(&display, e))?;
-        st.query_map([], |r| {
+        st.query_map(params![name], |r| {
             Ok(Analyst {
                 name: r.get(0)?,
                 budget: r.get(1)?,
@@ -177,11 +187,6 @@ impl LedgerDb {
         })
         .and_then(|rows| rows.collect())
         .map_err(|e| sql_error(&display, e))
-    }
-
-    /// Analyst `name`, if there is one.
-    pub fn analyst(&self, name: &str) -> Result<Option<Analyst>> {
-        Ok(self.analysts()?.into_iter().find(|a| a.name == name))
     }
 
     /// The stored password verifier of `name` (`None`: no such analyst).

@@ -109,6 +109,8 @@ pub struct DpPlan {
     pub outputs: Vec<OutputKind>,
     /// The analyst's plan (post-processing runs its nodes above the aggregate over the noisy table).
     pub original: LogicalPlan,
+    /// The private table the plan reads (the only one: joins and unions are refused).
+    pub table: TableReference,
     /// Schema of the analyst's aggregate output (keys, then aggregates).
     pub agg_schema: DFSchemaRef,
 }
@@ -171,5 +173,5 @@ pub fn compile(plan: &LogicalPlan, policy_of: &dyn Fn(&TableReference) -> Option
     let measured = measures::measurements(agg, scoped.schema(), &policy, &table, contribution)?;
     let private = bound::bounded_aggregate(scoped, &policy, &keys, cells, contribution, &measured)?;
     let measures::Measured { measures, outputs, .. } = measured;
-    Ok(DpPlan { private, keys, measures, outputs, original: plan.clone(), agg_schema: agg.schema.clone() })
+    Ok(DpPlan { private, keys, measures, outputs, original: plan.clone(), table, agg_schema: agg.schema.clone() })
 }

@@ -165,17 +165,9 @@ fn first_word(sql: &str) -> (String, &str) {
     (s[..end].to_ascii_uppercase(), s[end..].trim())
 }
 
-fn strip_comments(mut s: &str) -> &str {
-    loop {
-        s = s.trim_start();
-        if let Some(rest) = s.strip_prefix("--") {
-            s = rest.split_once('\n').map_or("", |(_, r)| r);
-        } else if let Some(rest) = s.strip_prefix("/*") {
-            s = rest.split_once("*/").map_or("", |(_, r)| r);
-        } else {
-            return s.trim_end().trim_end_matches(';').trim_end();
-        }
-    }
+/// `sql` without leading comments and trailing `;`.
+fn strip_comments(sql: &str) -> &str {
+    crate::session::strip_leading_comments(sql).trim_end().trim_end_matches(';').trim_end()
 }
 
 /// Rows of one text column per line.
@@ -267,15 +259,8 @@ impl Analyst {
         if first_word(body).0 == "TRANSACTION" || first_word(body).0 == "CHARACTERISTICS" {
             return Ok(Answer::Tag(Tag::new("SET")));
         }
-        let (name, value) = body
-            .split_once('=')
-            .or_else(|| {
-                let lower = body.to_ascii_lowercase();
-                lower.find(" to ").map(|i| (&body[..i], &body[i + 4..]))
-            })
+        let (name, value) = crate::session::set_parts(body)
             .ok_or_else(|| wire_error("42601", "cannot read this SET", Some("write SET name = value".into())))?;
-        let name = name.trim().to_ascii_lowercase();
-        let value = value.trim().trim_matches(|c| c == '\'' || c == '"').trim().to_string();
         if name == "dp.request_id" {
             if value.is_empty() {
                 return Err(dp_error(&DpError::Refused(crate::refusal::Refusal::EmptyRequestId)));

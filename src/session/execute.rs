@@ -88,20 +88,6 @@ enum Next {
     Done(Box<Release>),
 }
 
-/// The private tables `plan` reads (each once, sorted): what a charge is debited to besides its budget.
-pub(crate) fn tables_read(plan: &datafusion::logical_expr::LogicalPlan) -> Vec<String> {
-    use datafusion::common::tree_node::TreeNodeRecursion;
-    let mut tables = std::collections::BTreeSet::new();
-    // The closure never fails, so neither does the walk.
-    let _ = plan.apply_with_subqueries(|node| {
-        if let datafusion::logical_expr::LogicalPlan::TableScan(scan) = node {
-            tables.insert(scan.table_name.table().to_string());
-        }
-        Ok(TreeNodeRecursion::Continue)
-    });
-    tables.into_iter().collect()
-}
-
 fn another_query(id: &str, charge: &Charge) -> DpError {
     DpError::Refused(Refusal::RequestIdReused { id: id.to_string(), charge: charge.id() })
 }
@@ -117,7 +103,7 @@ impl DpSession {
         }
         let prepared = self.prepare(sql).await?;
         let quote = self.quote(&prepared.dp)?;
-        let tables = tables_read(&prepared.private);
+        let tables = [prepared.dp.table.table().to_string()];
         let (charge, stored) = match request_id {
             None => (self.ledger.charge(sql, &tables, quote.measurements.clone())?, None),
             Some(id) => match self.ledger.claim(sql, id, &tables, quote.measurements.clone())? {

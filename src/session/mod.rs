@@ -36,6 +36,7 @@ pub use post::POST_MEMORY;
 pub use prepare::PLANNING_STACK;
 use statement::Statement;
 pub use statement::{DpOptions, split_statements};
+pub(crate) use statement::{set_parts, strip_leading_comments};
 
 use crate::accounting::calibrate::{Accounting, MechanismChoice};
 use crate::accounting::{Charge, EpsilonBound, Ledger, MemoryLedger, Rho, SqliteLedger};

@@ -117,7 +117,7 @@ fn short_number(x: f64) -> String {
 
 /// `s` without leading whitespace and comments (`-- ...` lines and `/* ... */` blocks), so that
 /// `/* why */ EXPLAIN DP ...` is recognised.
-fn strip_leading_comments(mut s: &str) -> &str {
+pub(crate) fn strip_leading_comments(mut s: &str) -> &str {
     loop {
         s = s.trim_start();
         if let Some(rest) = s.strip_prefix("--") {
@@ -131,6 +131,16 @@ fn strip_leading_comments(mut s: &str) -> &str {
             return s;
         }
     }
+}
+
+/// The option name (lower case) and value (unquoted) of `SET <rest>`: `name = value` or `name TO value`.
+pub(crate) fn set_parts(rest: &str) -> Option<(String, String)> {
+    let (name, value) = rest.split_once('=').or_else(|| {
+        let lower = rest.to_ascii_lowercase();
+        lower.find(" to ").map(|i| (&rest[..i], &rest[i + 4..]))
+    })?;
+    let value = value.trim().trim_matches(|c| c == '\'' || c == '"').trim();
+    Some((name.trim().to_ascii_lowercase(), value.to_string()))
 }
 
 /// Strips a case-insensitive keyword prefix followed by whitespace.
@@ -161,15 +171,7 @@ impl DpSession {
 
     /// `SET dp.<option> = <value>`: validated, and only ever narrowing what the configuration allows.
     pub(crate) fn set(&self, rest: &str) -> Result<Response> {
-        let (name, value) = rest
-            .split_once('=')
-            .or_else(|| {
-                let lower = rest.to_ascii_lowercase();
-                lower.find(" to ").map(|i| (&rest[..i], &rest[i + 4..]))
-            })
-            .ok_or(DpError::Refused(Refusal::SetUnreadable))?;
-        let name = name.trim().to_ascii_lowercase();
-        let value = value.trim().trim_matches(|c| c == '\'' || c == '"').trim().to_string();
+        let (name, value) = set_parts(rest).ok_or(DpError::Refused(Refusal::SetUnreadable))?;
         let Some(opt) = name.strip_prefix("dp.") else {
             return Err(DpError::Refused(Refusal::SetNotAvailable { name }));
         };
