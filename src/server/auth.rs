@@ -18,7 +18,6 @@ use pgwire::api::auth::{
 };
 use pgwire::api::{
     ClientInfo, ConnectionGuard, ConnectionHandle, METADATA_USER, PgWireConnectionState, PidSecretKeyGenerator,
-    RandomPidSecretKeyGenerator,
 };
 use pgwire::error::{ErrorInfo, PgWireError, PgWireResult};
 use pgwire::messages::startup::Authentication;
@@ -214,7 +213,7 @@ impl StartupHandler for Connection {
                                 server_final.into_bytes().into(),
                             )))
                             .await?;
-                        let (pid, key) = RandomPidSecretKeyGenerator::default().generate(client);
+                        let (pid, key) = self.shared.pids.generate(client);
                         client.set_pid_and_secret_key(pid, key.clone());
                         let (handle, guard) = self.shared.cancels.register(pid, key);
                         client.session_extensions().insert::<Arc<ConnectionHandle>>(handle);

@@ -52,6 +52,8 @@ pub(crate) struct Shared {
     /// Salt and keys of decoy verifiers for unknown users (random per server run).
     pub(crate) decoy_secret: [u8; 32],
     pub(crate) cancels: Arc<ConnectionManager>,
+    /// Process ids and secret keys for cancel requests: one generator, so every connection gets its own pid.
+    pub(crate) pids: pgwire::api::RandomPidSecretKeyGenerator,
 }
 
 /// A bound server, ready to [`Server::run`].
@@ -96,6 +98,7 @@ impl Server {
             throttle: auth::Throttle::default(),
             decoy_secret,
             cancels: Arc::new(ConnectionManager::new()),
+            pids: Default::default(),
         });
         Ok(Server { shared, listener, tls })
     }
