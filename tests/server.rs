@@ -130,6 +130,8 @@ async fn simple_and_extended_queries_are_answered_with_notices_and_charged_once_
     let last = c.query("SELECT * FROM dp_last_release()", &[]).await.unwrap();
     assert_eq!(last.len(), 2, "one row per column of the last release");
     assert!(last[1].get::<_, Option<f64>>("std").unwrap() > 0.0);
+    let noisy = c.query("SELECT column_name, std FROM dp_last_release() WHERE std IS NOT NULL", &[]).await.unwrap();
+    assert_eq!(noisy.iter().map(|r| r.get::<_, String>(0)).collect::<Vec<_>>(), ["n"], "a program selects columns");
     // Client chatter, answered without spending.
     c.batch_execute("SET application_name = 'test'; SET extra_float_digits = 3; BEGIN; COMMIT").await.unwrap();
     let v = c.query("SHOW application_name", &[]).await.unwrap();
@@ -219,6 +221,107 @@ async fn an_analyst_sees_and_spends_only_their_own_budget_and_granted_tables() {
         assert!(bob.simple_query(sql).await.is_err(), "{sql}");
     }
     assert_eq!(s.db.analyst("bob").unwrap().unwrap().rho_total, 0.3);
+}
+
+/// psql's `\dt` (captured from psql 15 against PostgreSQL 15).
+const PSQL_DT: &str = r#"SELECT n.nspname as "Schema",
+  c.relname as "Name",
+  CASE c.relkind WHEN 'r' THEN 'table' WHEN 'v' THEN 'view' WHEN 'm' THEN 'materialized view' WHEN 'i' THEN 'index' WHEN 'S' THEN 'sequence' WHEN 't' THEN 'TOAST table' WHEN 'f' THEN 'foreign table' WHEN 'p' THEN 'partitioned table' WHEN 'I' THEN 'partitioned index' END as "Type",
+  pg_catalog.pg_get_userbyid(c.relowner) as "Owner"
+FROM pg_catalog.pg_class c
+     LEFT JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+     LEFT JOIN pg_catalog.pg_am am ON am.oid = c.relam
+WHERE c.relkind IN ('r','p','')
+      AND n.nspname <> 'pg_catalog'
+      AND n.nspname !~ '^pg_toast'
+      AND n.nspname <> 'information_schema'
+  AND pg_catalog.pg_table_is_visible(c.oid)
+ORDER BY 1,2"#;
+
+/// The first query of psql's `\d TABLE`: the table's oid.
+fn psql_d_oid(table: &str) -> String {
+    format!(
+        "SELECT c.oid,\n  n.nspname,\n  c.relname\nFROM pg_catalog.pg_class c\n     LEFT JOIN pg_catalog.pg_namespace n \
+         ON n.oid = c.relnamespace\nWHERE c.relname OPERATOR(pg_catalog.~) '^({table})$' COLLATE pg_catalog.default\n  \
+         AND pg_catalog.pg_table_is_visible(c.oid)\nORDER BY 2, 3"
+    )
+}
+
+/// The column query of psql's `\d TABLE` (correlated subqueries for defaults and collations included).
+fn psql_d_columns(oid: &str) -> String {
+    format!(
+        "SELECT a.attname,\n  pg_catalog.format_type(a.atttypid, a.atttypmod),\n  (SELECT pg_catalog.pg_get_expr(d.adbin, \
+         d.adrelid, true)\n   FROM pg_catalog.pg_attrdef d\n   WHERE d.adrelid = a.attrelid AND d.adnum = a.attnum AND \
+         a.atthasdef),\n  a.attnotnull,\n  (SELECT c.collname FROM pg_catalog.pg_collation c, pg_catalog.pg_type t\n   \
+         WHERE c.oid = a.attcollation AND t.oid = a.atttypid AND a.attcollation <> t.typcollation) AS attcollation,\n  \
+         a.attidentity,\n  a.attgenerated\nFROM pg_catalog.pg_attribute a\nWHERE a.attrelid = '{oid}' AND a.attnum > 0 \
+         AND NOT a.attisdropped\nORDER BY a.attnum"
+    )
+}
+
+/// The rows of a simple-protocol answer, as text (NULL as "NULL").
+async fn text_rows(c: &Client, sql: &str) -> Vec<Vec<String>> {
+    let messages = c.simple_query(sql).await.unwrap_or_else(|e| panic!("{sql}: {e:?}"));
+    messages
+        .iter()
+        .filter_map(|m| match m {
+            SimpleQueryMessage::Row(r) => {
+                Some((0..r.len()).map(|i| r.get(i).unwrap_or("NULL").to_string()).collect::<Vec<_>>())
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn catalog_queries_describe_granted_tables_only_and_spend_nothing() {
+    let s = start().await;
+    let alice = connect(s.addr, "alice").await;
+    let bob = connect(s.addr, "bob").await;
+    // \dt: alice sees both tables, bob only the one granted to him.
+    let dt = text_rows(&alice, PSQL_DT).await;
+    assert_eq!(dt, vec![vec!["public", "other", "table", "alice"], vec!["public", "pums", "table", "alice"]]);
+    assert_eq!(text_rows(&bob, PSQL_DT).await, vec![vec!["public", "pums", "table", "bob"]]);
+    // \d pums: oid, then the columns with their declared types.
+    let found = text_rows(&bob, &psql_d_oid("pums")).await;
+    assert_eq!(found.len(), 1);
+    let columns = text_rows(&bob, &psql_d_columns(&found[0][0])).await;
+    let names: Vec<(&str, &str)> = columns.iter().map(|r| (r[0].as_str(), r[1].as_str())).collect();
+    let file_order = ["age", "sex", "educ", "race", "income", "married", "pid"];
+    assert_eq!(names, file_order.map(|c| (c, "bigint")));
+    // \d other, for bob: does not exist, exactly as a missing table.
+    assert!(text_rows(&bob, &psql_d_oid("other")).await.is_empty());
+    assert!(text_rows(&bob, &psql_d_oid("no_such_table")).await.is_empty());
+    let tables: Vec<String> = bob
+        .query("SELECT table_name FROM information_schema.tables WHERE table_schema = 'public'", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(tables, ["pums"]);
+    // Extended protocol with a parameter, typed results (a driver's metadata lookup).
+    let cols = alice
+        .query(
+            "SELECT column_name, data_type, ordinal_position FROM information_schema.columns \
+             WHERE table_name = $1 ORDER BY ordinal_position",
+            &[&"pums"],
+        )
+        .await
+        .unwrap();
+    assert_eq!(cols.len(), 7);
+    assert_eq!(cols[1].get::<_, String>(0), "sex");
+    assert_eq!(cols[1].get::<_, String>(1), "bigint");
+    assert_eq!(cols[1].get::<_, i32>(2), 2);
+    let v = alice.query("SELECT version()", &[]).await.unwrap();
+    assert!(v[0].get::<_, String>(0).starts_with("PostgreSQL 16.6 (dpfusion"));
+    let schema = alice.query_one("SELECT current_schema(), current_user", &[]).await.unwrap();
+    assert_eq!((schema.get::<_, String>(0), schema.get::<_, String>(1)), ("public".into(), "alice".into()));
+    // A query mixing a catalog and a private table is not a catalog query: the private path refuses it.
+    let e = alice.simple_query("SELECT COUNT(*) FROM pums JOIN pg_catalog.pg_class c ON true").await.unwrap_err();
+    assert!(code(&e).starts_with("42"), "{e:?}");
+    assert_eq!(spent(&s.db, "alice"), (0.0, 0), "catalog answers spend nothing");
+    assert_eq!(spent(&s.db, "bob"), (0.0, 0));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

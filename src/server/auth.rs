@@ -5,6 +5,7 @@
 //! proof exactly like a wrong password, so the exchange does not tell which names exist. A disabled analyst is
 //! told so only after proving their password.
 
+use super::catalog::Catalog;
 use super::scram::{self, ScramError, Verifier};
 use super::wire::{Analyst, Connection};
 use super::{SERVER_VERSION, log};
@@ -17,7 +18,8 @@ use pgwire::api::auth::{
     save_startup_parameters_to_metadata,
 };
 use pgwire::api::{
-    ClientInfo, ConnectionGuard, ConnectionHandle, METADATA_USER, PgWireConnectionState, PidSecretKeyGenerator,
+    ClientInfo, ConnectionGuard, ConnectionHandle, METADATA_DATABASE, METADATA_USER, PgWireConnectionState,
+    PidSecretKeyGenerator,
 };
 use pgwire::error::{ErrorInfo, PgWireError, PgWireResult};
 use pgwire::messages::startup::Authentication;
@@ -109,7 +111,7 @@ impl Connection {
     }
 
     /// The analyst's session, once their proof checked out (or why they may not log in).
-    async fn open_analyst(&self, user: &str) -> crate::error::Result<Analyst> {
+    async fn open_analyst(&self, user: &str, database: &str) -> crate::error::Result<Analyst> {
         let shared = &self.shared;
         let record = shared
             .db
@@ -123,7 +125,9 @@ impl Connection {
         let ledger = shared.db.budget(&analyst_budget(user))?;
         let session =
             shared.base.for_analyst(Box::new(ledger), record.tables.as_deref(), shared.settings.memory_limit).await?;
-        Ok(Analyst::new(user.to_string(), session))
+        let catalog = Catalog::new(&session.table_schemas().await?, user, database)
+            .map_err(|e| crate::error::DpError::Access(format!("cannot build the catalog: {e}")))?;
+        Ok(Analyst::new(user.to_string(), session, catalog))
     }
 }
 
@@ -202,7 +206,8 @@ impl StartupHandler for Connection {
                         let response = msg.into_sasl_response()?;
                         let server_final =
                             state.client_final(&response.data).map_err(|e| self.failed(&user, &keys, e))?;
-                        let analyst = self.open_analyst(&user).await.map_err(|e| {
+                        let database = client.metadata().get(METADATA_DATABASE).cloned().unwrap_or_default();
+                        let analyst = self.open_analyst(&user, &database).await.map_err(|e| {
                             log(&format!("login of `{user}` from {} refused: {e}", self.peer));
                             fatal("28000", e.to_string())
                         })?;

@@ -21,6 +21,7 @@
 //! bound what one unit can lose to that analyst, and to all of them together.
 
 pub mod auth;
+mod catalog;
 pub mod scram;
 mod wire;
 

@@ -10,13 +10,15 @@
 //! the statement as a query would be before its debit, without reading or spending anything.
 
 use super::Shared;
+use super::catalog::Catalog;
 use crate::error::DpError;
 use crate::release::{Accuracy, Release};
 use crate::session::{DpSession, Response as DpResponse};
 use async_trait::async_trait;
-use datafusion::arrow::array::{Array, AsArray, RecordBatch};
+use datafusion::arrow::array::{Array, ArrayRef, AsArray, RecordBatch};
 use datafusion::arrow::compute::cast;
-use datafusion::arrow::datatypes::{DataType, Float64Type, Int64Type, SchemaRef};
+use datafusion::arrow::datatypes::{DataType, Float64Type, Int16Type, Int32Type, Int64Type, SchemaRef};
+use datafusion::common::DataFusionError;
 use futures::{Sink, SinkExt, stream};
 use pgwire::api::portal::{Format, Portal};
 use pgwire::api::query::{ExtendedQueryHandler, SimpleQueryHandler};
@@ -38,17 +40,32 @@ use std::sync::Arc;
 pub(crate) struct Analyst {
     name: String,
     session: DpSession,
+    /// pg_catalog and information_schema, built from the granted tables' schemas at login, and
+    /// `dp_last_release()`, the accuracy and charge of this connection's last release.
+    catalog: Catalog,
     /// `SET dp.request_id`: the next query's idempotency key.
     request_id: Option<String>,
     /// Client settings (`application_name`, `DateStyle`, ...): stored and shown back, never used.
     settings: BTreeMap<String, String>,
-    /// The last release on this connection, for `dp_last_release()`.
-    last: Option<Box<Release>>,
 }
 
 impl Analyst {
-    pub(crate) fn new(name: String, session: DpSession) -> Self {
-        Analyst { name, session, request_id: None, settings: BTreeMap::new(), last: None }
+    pub(crate) fn new(name: String, session: DpSession, catalog: Catalog) -> Self {
+        Analyst { name, session, catalog, request_id: None, settings: BTreeMap::new() }
+    }
+
+    /// A catalog query's answer (from schemas only; nothing is read or spent).
+    async fn catalog_answer(&self, sql: &str) -> PgWireResult<Answer> {
+        let (schema, batches) = self.catalog.query(sql).await.map_err(|e| {
+            let message = e.strip_backtrace();
+            let code = if message.contains("does not exist") || message.contains("not found") { "42P01" } else { "0A000" };
+            wire_error(
+                code,
+                format!("catalog query: {message}"),
+                Some("dpfusion answers catalog queries from an emulated pg_catalog with only the tables granted to you; \\dt lists them".into()),
+            )
+        })?;
+        Ok(Answer::Rows(schema, batches))
     }
 }
 
@@ -223,8 +240,8 @@ impl Analyst {
             "SHOW" => return self.show(rest),
             _ => {}
         }
-        if is_last_release(sql) {
-            return self.last_release();
+        if Catalog::handles(sql) {
+            return self.catalog_answer(sql).await;
         }
         let request_id = self.request_id.take();
         let response = tokio::time::timeout(
@@ -244,9 +261,12 @@ impl Analyst {
             DpResponse::Release(r) => {
                 notices.extend(r.accuracy().iter().filter_map(|c| c.describe().map(|d| format!("{}: {d}", c.column))));
                 notices.push(format!("charge #{}: {}", r.charge().id(), r.cost_line()));
-                let answer = Answer::Rows(r.schema().clone(), r.batches().to_vec());
-                self.last = Some(r);
-                Ok(answer)
+                // The answer goes out whatever happens here: it is paid for.
+                let stored = release_rows(&r).map_err(DataFusionError::from);
+                if let Err(e) = stored.and_then(|rows| self.catalog.set_last_release(rows)) {
+                    notices.push(format!("dp_last_release() still shows the previous release: {e}"));
+                }
+                Ok(Answer::Rows(r.schema().clone(), r.batches().to_vec()))
             }
             DpResponse::Explain(x) => text_rows("QUERY PLAN", x.to_string().lines().map(str::to_string)),
             DpResponse::Set { .. } => Ok(Answer::Tag(Tag::new("SET"))),
@@ -346,73 +366,49 @@ impl Analyst {
             },
         }
     }
-
-    /// `dp_last_release()`: one row per column of the last release on this connection, with its accuracy and
-    /// the charge.
-    fn last_release(&self) -> PgWireResult<Answer> {
-        use datafusion::arrow::array::{Float64Array, Int64Array, StringArray};
-        use datafusion::arrow::datatypes::{Field, Schema};
-        let schema = Arc::new(Schema::new(vec![
-            Field::new("column_name", DataType::Utf8, false),
-            Field::new("accuracy", DataType::Utf8, true),
-            Field::new("std", DataType::Float64, true),
-            Field::new("ci_half_width", DataType::Float64, true),
-            Field::new("confidence", DataType::Float64, true),
-            Field::new("charge_id", DataType::Int64, false),
-            Field::new("rho", DataType::Float64, false),
-            Field::new("epsilon", DataType::Float64, false),
-            Field::new("delta", DataType::Float64, false),
-            Field::new("rho_remaining", DataType::Float64, false),
-        ]));
-        let Some(r) = &self.last else {
-            return Ok(Answer::Rows(schema.clone(), vec![RecordBatch::new_empty(schema)]));
-        };
-        let n = r.accuracy().len();
-        let (mut std, mut ci, mut conf) = (vec![], vec![], vec![]);
-        for c in r.accuracy() {
-            let (s, h, k) = match &c.accuracy {
-                Accuracy::Noisy { std, ci_half_width, confidence, .. } => {
-                    (Some(*std), Some(*ci_half_width), Some(*confidence))
-                }
-                Accuracy::Combined { ci_half_width, confidence, .. } => (None, Some(*ci_half_width), Some(*confidence)),
-                Accuracy::PerRow { confidence, .. } => (None, None, Some(*confidence)),
-                Accuracy::Public | Accuracy::NoInterval { .. } => (None, None, None),
-            };
-            std.push(s);
-            ci.push(h);
-            conf.push(k);
-        }
-        let batch = RecordBatch::try_new(
-            schema.clone(),
-            vec![
-                Arc::new(StringArray::from(r.accuracy().iter().map(|c| c.column.clone()).collect::<Vec<_>>())),
-                Arc::new(StringArray::from(r.accuracy().iter().map(|c| c.describe()).collect::<Vec<_>>())),
-                Arc::new(Float64Array::from(std)),
-                Arc::new(Float64Array::from(ci)),
-                Arc::new(Float64Array::from(conf)),
-                Arc::new(Int64Array::from(vec![r.charge().id() as i64; n])),
-                Arc::new(Float64Array::from(vec![r.charge().rho().get(); n])),
-                Arc::new(Float64Array::from(vec![r.query_epsilon().epsilon; n])),
-                Arc::new(Float64Array::from(vec![r.query_epsilon().delta; n])),
-                Arc::new(Float64Array::from(vec![r.budget().rho_remaining; n])),
-            ],
-        )
-        .map_err(|e| wire_error("XX000", e.to_string(), None))?;
-        Ok(Answer::Rows(schema, vec![batch]))
-    }
 }
 
-/// `SELECT * FROM dp_last_release()` (any spacing and case, with an optional `pg_catalog.`-free `public.`).
-fn is_last_release(sql: &str) -> bool {
-    let flat: String = strip_comments(sql).split_whitespace().collect::<Vec<_>>().join(" ").to_ascii_lowercase();
-    matches!(flat.as_str(), "select * from dp_last_release()" | "select * from public.dp_last_release()")
+/// The rows of `dp_last_release()` for release `r`: one per column, with its accuracy and the charge.
+fn release_rows(r: &Release) -> Result<RecordBatch, datafusion::arrow::error::ArrowError> {
+    use datafusion::arrow::array::{Float64Array, Int64Array, StringArray};
+    let n = r.accuracy().len();
+    let (mut std, mut ci, mut conf) = (vec![], vec![], vec![]);
+    for c in r.accuracy() {
+        let (s, h, k) = match &c.accuracy {
+            Accuracy::Noisy { std, ci_half_width, confidence, .. } => {
+                (Some(*std), Some(*ci_half_width), Some(*confidence))
+            }
+            Accuracy::Combined { ci_half_width, confidence, .. } => (None, Some(*ci_half_width), Some(*confidence)),
+            Accuracy::PerRow { confidence, .. } => (None, None, Some(*confidence)),
+            Accuracy::Public | Accuracy::NoInterval { .. } => (None, None, None),
+        };
+        std.push(s);
+        ci.push(h);
+        conf.push(k);
+    }
+    RecordBatch::try_new(
+        super::catalog::last_release_schema(),
+        vec![
+            Arc::new(StringArray::from(r.accuracy().iter().map(|c| c.column.clone()).collect::<Vec<_>>())),
+            Arc::new(StringArray::from(r.accuracy().iter().map(|c| c.describe()).collect::<Vec<_>>())),
+            Arc::new(Float64Array::from(std)),
+            Arc::new(Float64Array::from(ci)),
+            Arc::new(Float64Array::from(conf)),
+            Arc::new(Int64Array::from(vec![r.charge().id() as i64; n])),
+            Arc::new(Float64Array::from(vec![r.charge().rho().get(); n])),
+            Arc::new(Float64Array::from(vec![r.query_epsilon().epsilon; n])),
+            Arc::new(Float64Array::from(vec![r.query_epsilon().delta; n])),
+            Arc::new(Float64Array::from(vec![r.budget().rho_remaining; n])),
+        ],
+    )
 }
 
 /// The wire type of an Arrow column, and the Arrow type it is sent as.
 fn wire_type(dt: &DataType) -> (Type, DataType) {
     match dt {
-        DataType::Int8 | DataType::Int16 | DataType::Int32 | DataType::Int64 => (Type::INT8, DataType::Int64),
-        DataType::UInt8 | DataType::UInt16 | DataType::UInt32 => (Type::INT8, DataType::Int64),
+        DataType::Int8 | DataType::Int16 | DataType::UInt8 => (Type::INT2, DataType::Int16),
+        DataType::Int32 | DataType::UInt16 => (Type::INT4, DataType::Int32),
+        DataType::Int64 | DataType::UInt32 => (Type::INT8, DataType::Int64),
         DataType::Float16 | DataType::Float32 | DataType::Float64 | DataType::UInt64 => {
             (Type::FLOAT8, DataType::Float64)
         }
@@ -442,7 +438,10 @@ fn encode(schema: &SchemaRef, batches: &[RecordBatch], format: &Format) -> PgWir
         let columns = batch
             .columns()
             .iter()
-            .map(|c| cast(c, &wire_type(c.data_type()).1))
+            .map(|c| match c.data_type() {
+                DataType::List(_) | DataType::LargeList(_) => pg_array_text(c),
+                dt => cast(c, &wire_type(dt).1),
+            })
             .collect::<Result<Vec<_>, _>>()
             .map_err(fail)?;
         let mut enc = DataRowEncoder::new(info.clone());
@@ -450,6 +449,8 @@ fn encode(schema: &SchemaRef, batches: &[RecordBatch], format: &Format) -> PgWir
             for c in &columns {
                 let valid = c.is_valid(row);
                 match c.data_type() {
+                    DataType::Int16 => enc.encode_field(&valid.then(|| c.as_primitive::<Int16Type>().value(row)))?,
+                    DataType::Int32 => enc.encode_field(&valid.then(|| c.as_primitive::<Int32Type>().value(row)))?,
                     DataType::Int64 => enc.encode_field(&valid.then(|| c.as_primitive::<Int64Type>().value(row)))?,
                     DataType::Float64 => {
                         enc.encode_field(&valid.then(|| c.as_primitive::<Float64Type>().value(row)))?
@@ -462,6 +463,39 @@ fn encode(schema: &SchemaRef, batches: &[RecordBatch], format: &Format) -> PgWir
         }
     }
     Ok(QueryResponse::new(info, stream::iter(rows)))
+}
+
+/// A list column as PostgreSQL's array text (`{a,"b c",NULL}`), one string per row.
+fn pg_array_text(c: &dyn Array) -> Result<ArrayRef, datafusion::arrow::error::ArrowError> {
+    use datafusion::arrow::array::StringArray;
+    let element = |values: &ArrayRef| -> Result<String, datafusion::arrow::error::ArrowError> {
+        let text = cast(values, &DataType::Utf8)?;
+        let text = text.as_string::<i32>();
+        let items = (0..text.len()).map(|i| {
+            if text.is_null(i) {
+                return "NULL".to_string();
+            }
+            let v = text.value(i);
+            let plain = !v.is_empty()
+                && !v.eq_ignore_ascii_case("null")
+                && !v.chars().any(|ch| matches!(ch, '{' | '}' | ',' | '"' | '\\') || ch.is_whitespace());
+            if plain { v.to_string() } else { format!("\"{}\"", v.replace('\\', "\\\\").replace('"', "\\\"")) }
+        });
+        Ok(format!("{{{}}}", items.collect::<Vec<_>>().join(",")))
+    };
+    let rows = (0..c.len())
+        .map(|row| {
+            if c.is_null(row) {
+                return Ok(None);
+            }
+            let values = match c.data_type() {
+                DataType::LargeList(_) => c.as_list::<i64>().value(row),
+                _ => c.as_list::<i32>().value(row),
+            };
+            element(&values).map(Some)
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(Arc::new(StringArray::from(rows)))
 }
 
 fn to_response(answer: Answer, format: &Format) -> PgWireResult<Response> {
@@ -744,8 +778,8 @@ impl Connection {
             }
             _ => {}
         }
-        if is_last_release(sql) {
-            return match analyst.last_release()? {
+        if Catalog::handles(sql) {
+            return match analyst.catalog_answer(sql).await? {
                 Answer::Rows(schema, _) => Ok(fields(&schema, format)),
                 _ => Ok(Vec::new()),
             };
@@ -773,7 +807,5 @@ mod tests {
     fn statements_are_routed_by_their_first_word() {
         assert_eq!(first_word("  /* x */ -- y\n begin;").0, "BEGIN");
         assert_eq!(first_word("SET extra_float_digits = 3").1, "extra_float_digits = 3");
-        assert!(is_last_release("select *  from DP_LAST_RELEASE() ;"));
-        assert!(!is_last_release("select * from pums"));
     }
 }
