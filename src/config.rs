@@ -36,8 +36,9 @@ pub struct ServerConfig {
     pub tls_cert: Option<String>,
     /// PEM private key for TLS.
     pub tls_key: Option<String>,
-    /// Listen on a non-loopback address without TLS (passwords are still never sent in clear, but queries and
-    /// answers are).
+    /// Listen on a non-loopback address without TLS, or, with TLS configured, also accept clients that do not use
+    /// it (passwords are still never sent in clear, but queries and answers are). Off: with TLS configured, a
+    /// connection that did not start TLS is refused at startup.
     #[serde(default)]
     pub allow_plaintext: bool,
     /// Most connections at once; more are refused with SQLSTATE 53300.
@@ -77,7 +78,7 @@ pub struct ServerSettings {
     pub listen: std::net::SocketAddr,
     /// TLS certificate and key files, resolved.
     pub tls: Option<(PathBuf, PathBuf)>,
-    /// Plaintext allowed on a non-loopback address.
+    /// Plaintext allowed: on a non-loopback address, and next to TLS.
     pub allow_plaintext: bool,
     /// Most connections at once.
     pub max_connections: usize,

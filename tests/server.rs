@@ -29,12 +29,16 @@ const PASSWORD: &str = "correct horse battery";
 /// A server over the PUMS demo with two tables (`pums`, and `other` on the same file) and analysts `alice`
 /// (ρ 0.3, all tables), `bob` (ρ 0.3, `pums` only), `carol` (disabled).
 async fn start() -> TestServer {
-    let dir = TempDir::new("serve");
+    start_with(TempDir::new("serve"), "", "").await
+}
+
+/// [`start`] in `dir`, with `tables` added to the configuration and `server` lines to its `[server]` section.
+async fn start_with(dir: TempDir, tables: &str, server: &str) -> TestServer {
     let root = std::env::var("CARGO_MANIFEST_DIR").unwrap_or_else(|_| env!("CARGO_MANIFEST_DIR").to_owned());
     let base = pums_config("pums_dup.csv", 1.0, 2, 1);
     let other = base.split("[tables.pums]").nth(1).unwrap().replace("[tables.pums.columns]", "[tables.other.columns]");
     let text = format!(
-        "{base}\n[tables.other]{other}\n[ledger]\npath = \"{}\"\n\n[server]\nlisten = \"127.0.0.1:0\"\nmax_connections = 48\n",
+        "{base}\n[tables.other]{other}\n{tables}\n[ledger]\npath = \"{}\"\n\n[server]\nlisten = \"127.0.0.1:0\"\nmax_connections = 48\n{server}\n",
         dir.join("ledger.sqlite").display()
     );
     let cfg = dpfusion::SessionConfig::from_toml_str(&text, Path::new(&root)).unwrap();
@@ -221,6 +225,115 @@ async fn an_analyst_sees_and_spends_only_their_own_budget_and_granted_tables() {
         assert!(bob.simple_query(sql).await.is_err(), "{sql}");
     }
     assert_eq!(s.db.analyst("bob").unwrap().unwrap().rho_total, 0.3);
+}
+
+/// A throwaway CA, and a certificate for `localhost` it signed with its key, as PEM files in `dir`: the CA's
+/// certificate (DER) for a client to trust, and the server's `[server]` lines.
+fn certificates(dir: &TempDir) -> (rcgen::Certificate, String) {
+    let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    params.distinguished_name.push(rcgen::DnType::CommonName, "dpfusion test CA");
+    params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    let ca_key = rcgen::KeyPair::generate().unwrap();
+    let ca_cert = params.self_signed(&ca_key).unwrap();
+    let issuer = rcgen::Issuer::new(params, ca_key);
+    let key = rcgen::KeyPair::generate().unwrap();
+    let cert = rcgen::CertificateParams::new(vec!["localhost".to_string()]).unwrap().signed_by(&key, &issuer).unwrap();
+    std::fs::write(dir.join("server.crt"), cert.pem()).unwrap();
+    std::fs::write(dir.join("server.key"), key.serialize_pem()).unwrap();
+    let lines = format!(
+        "tls_cert = \"{}\"\ntls_key = \"{}\"\n",
+        dir.join("server.crt").display(),
+        dir.join("server.key").display()
+    );
+    (ca_cert, lines)
+}
+
+/// A TLS connector for tokio-postgres that trusts only `ca`.
+fn tls_trusting(ca: &rcgen::Certificate) -> tokio_postgres_rustls::MakeRustlsConnect {
+    use pgwire::tokio::tokio_rustls::rustls;
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(ca.der().clone()).unwrap();
+    let config = rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    tokio_postgres_rustls::MakeRustlsConnect::new(config)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn tls_clients_are_served_and_plaintext_ones_refused_when_tls_is_configured() {
+    let dir = TempDir::new("serve-tls");
+    let (ca, lines) = certificates(&dir);
+    let s = start_with(dir, "", &lines).await;
+    let mut config = tokio_postgres::Config::new();
+    config
+        .host("localhost")
+        .hostaddr(std::net::IpAddr::from([127, 0, 0, 1]))
+        .port(s.addr.port())
+        .user("alice")
+        .password(PASSWORD)
+        .dbname("dpfusion");
+    // sslmode=require with the certificate checked against the CA: the whole session is TLS.
+    let (client, conn) =
+        config.clone().ssl_mode(tokio_postgres::config::SslMode::Require).connect(tls_trusting(&ca)).await.unwrap();
+    tokio::spawn(conn);
+    let n: i64 = client.query_one("SELECT COUNT(*) FROM pums", &[]).await.unwrap().get(0);
+    assert!((1000..2200).contains(&n), "{n}");
+    // A client that does not trust that CA gets no session.
+    let (stranger, _) = certificates(&TempDir::new("serve-tls-other"));
+    let e = config.clone().ssl_mode(tokio_postgres::config::SslMode::Require).connect(tls_trusting(&stranger)).await;
+    assert!(e.is_err(), "a certificate from another CA must not be accepted");
+    // Plaintext (sslmode=disable) is refused before any password is exchanged.
+    let Err(e) = config.clone().ssl_mode(tokio_postgres::config::SslMode::Disable).connect(NoTls).await else {
+        panic!("a plaintext client was served although TLS is configured")
+    };
+    assert_eq!(code(&e), "28000", "{e:?}");
+    assert!(e.as_db_error().unwrap().message().contains("only TLS"));
+    assert_eq!(spent(&s.db, "alice").1, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_cancel_request_stops_a_running_query_which_stays_charged() {
+    let dir = TempDir::new("serve-cancel");
+    // Two million rows: a debug build reads them for far longer than a cancel request takes to arrive.
+    let path = dir.join("big.csv");
+    {
+        use std::io::Write;
+        let mut w = std::io::BufWriter::new(std::fs::File::create(&path).unwrap());
+        writeln!(w, "age,sex,educ,race,income,married,pid").unwrap();
+        for i in 0..2_000_000u64 {
+            writeln!(w, "{},{},{},{},{},{},{}", i % 90, i % 2, i % 16 + 1, i % 6 + 1, i % 100_000, i % 2, i / 2)
+                .unwrap();
+        }
+    }
+    let body = pums_config("pums_dup.csv", 1.0, 2, 1).split("[tables.pums]").nth(1).unwrap().to_string();
+    let big = format!(
+        "[tables.big]{}",
+        body.replace("examples/data/pums_dup.csv", &path.display().to_string())
+            .replace("[tables.pums.columns]", "[tables.big.columns]")
+    );
+    let s = start_with(dir, &big, "").await;
+    let c = connect(s.addr, "alice").await;
+    let token = c.cancel_token();
+    let running = tokio::spawn(async move {
+        let r = c.simple_query("SELECT COUNT(*) FROM big").await;
+        (c, r)
+    });
+    // The charge is on disk before any row is read: from then on the query is running.
+    let t = std::time::Instant::now();
+    while spent(&s.db, "alice").1 == 0 {
+        assert!(t.elapsed() < Duration::from_secs(60), "the query never got to its debit");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    token.cancel_query(NoTls).await.unwrap();
+    let (c, r) = running.await.unwrap();
+    let Err(e) = r else { panic!("the query finished before the cancel request arrived: make the table larger") };
+    assert_eq!(code(&e), "57014", "{e:?}");
+    assert_eq!(spent(&s.db, "alice").1, 1, "a query cancelled after its debit stays charged");
+    // The connection goes on.
+    c.simple_query("SELECT COUNT(*) FROM pums").await.unwrap();
+    assert_eq!(spent(&s.db, "alice").1, 2);
 }
 
 /// psql's `\dt` (captured from psql 15 against PostgreSQL 15).

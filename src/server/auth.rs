@@ -150,6 +150,15 @@ impl StartupHandler for Connection {
                         ),
                     ));
                 }
+                let settings = &self.shared.settings;
+                if settings.tls.is_some() && !settings.allow_plaintext && !client.is_secure() {
+                    log(&format!("plaintext connection from {} refused: this server requires TLS", self.peer));
+                    return Err(fatal(
+                        "28000",
+                        "this server accepts only TLS connections; connect with sslmode=require (or verify-full)"
+                            .into(),
+                    ));
+                }
                 protocol_negotiation(client, startup).await?;
                 save_startup_parameters_to_metadata(client, startup);
                 if client.metadata().get(METADATA_USER).is_none_or(|u| u.is_empty()) {
