@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Drives a real `dpfusion serve` with real clients: Debian's psql and psycopg 3 (+ pandas) in a Python venv.
+# Drives a real `dpfusion serve` with real clients: Debian's psql, pgjdbc (when java and the driver are there) and
+# psycopg 3 (+ pandas, SQLAlchemy) in a Python venv.
 # Not part of CI (it needs postgresql-client and PyPI). The README's "Serving analysts" examples come from its
 # output. Usage: scripts/serve-demo.sh [path/to/dpfusion]   (default: the debug build)
 set -euo pipefail
@@ -41,6 +42,12 @@ done
 # One session: dp_last_release() is the last release of the same connection.
 echo '$ psql -c "SELECT COUNT(*) FROM pums WHERE age >= 65" -c "SELECT * FROM dp_last_release()" -c "SHOW dp.budget"'
 psql "$CONN" -c "SELECT COUNT(*) FROM pums WHERE age >= 65" -c "SELECT * FROM dp_last_release()" -c "SHOW dp.budget" 2>&1
+
+JDBC_JAR="${JDBC_JAR:-/usr/share/java/postgresql.jar}"   # Debian: apt-get install libpostgresql-jdbc-java
+if command -v java >/dev/null && [ -f "$JDBC_JAR" ]; then
+  echo '$ java -cp postgresql.jar scripts/JdbcDemo.java'
+  java -cp "$JDBC_JAR" scripts/JdbcDemo.java "$PORT" 2>&1 || true
+fi
 
 python3 -m venv "$WORK/venv"
 "$WORK/venv/bin/pip" install -q "psycopg[binary]" pandas sqlalchemy

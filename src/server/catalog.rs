@@ -21,8 +21,7 @@ use std::ops::ControlFlow;
 use std::sync::Arc;
 
 use datafusion::arrow::array::{
-    Array, ArrayRef, AsArray, BooleanBuilder, Float32Builder, Int16Builder, Int32Builder, Int64Builder, ListBuilder,
-    StringBuilder,
+    Array, ArrayRef, AsArray, BooleanBuilder, Int32Builder, StringBuilder, new_empty_array,
 };
 use datafusion::arrow::compute::cast;
 use datafusion::arrow::datatypes::{DataType, Field, FieldRef, Int64Type, Schema, SchemaRef};
@@ -400,98 +399,26 @@ fn build_batch(cols: &[(&str, Ct)], rows: &[Vec<V>]) -> Result<RecordBatch> {
     let schema = Arc::new(Schema::new(cols.iter().map(|(n, t)| Field::new(*n, t.arrow(), true)).collect::<Vec<_>>()));
     let mut arrays: Vec<ArrayRef> = Vec::with_capacity(cols.len());
     for (ci, (cname, ct)) in cols.iter().enumerate() {
-        let cell = |r: &Vec<V>| r.get(ci).cloned().unwrap_or(V::N);
+        let dt = ct.arrow();
         let bad = |v: &V| DataFusionError::Internal(format!("catalog column {cname}: bad value {v:?}"));
-        let array: ArrayRef = match ct {
-            Ct::I2 => {
-                let mut b = Int16Builder::new();
-                for r in rows {
-                    match cell(r) {
-                        V::N => b.append_null(),
-                        V::I(x) => b.append_value(i16::try_from(x).map_err(|_| bad(&V::I(x)))?),
-                        v => return Err(bad(&v)),
-                    }
-                }
-                Arc::new(b.finish())
-            }
-            Ct::I4 => {
-                let mut b = Int32Builder::new();
-                for r in rows {
-                    match cell(r) {
-                        V::N => b.append_null(),
-                        V::I(x) => b.append_value(i32::try_from(x).map_err(|_| bad(&V::I(x)))?),
-                        v => return Err(bad(&v)),
-                    }
-                }
-                Arc::new(b.finish())
-            }
-            Ct::I8 => {
-                let mut b = Int64Builder::new();
-                for r in rows {
-                    match cell(r) {
-                        V::N => b.append_null(),
-                        V::I(x) => b.append_value(x),
-                        v => return Err(bad(&v)),
-                    }
-                }
-                Arc::new(b.finish())
-            }
-            Ct::F4 => {
-                let mut b = Float32Builder::new();
-                for r in rows {
-                    match cell(r) {
-                        V::N => b.append_null(),
-                        V::F(x) => b.append_value(x as f32),
-                        V::I(x) => b.append_value(x as f32),
-                        v => return Err(bad(&v)),
-                    }
-                }
-                Arc::new(b.finish())
-            }
-            Ct::T => {
-                let mut b = StringBuilder::new();
-                for r in rows {
-                    match cell(r) {
-                        V::N => b.append_null(),
-                        V::S(x) => b.append_value(x),
-                        v => return Err(bad(&v)),
-                    }
-                }
-                Arc::new(b.finish())
-            }
-            Ct::B => {
-                let mut b = BooleanBuilder::new();
-                for r in rows {
-                    match cell(r) {
-                        V::N => b.append_null(),
-                        V::B(x) => b.append_value(x),
-                        v => return Err(bad(&v)),
-                    }
-                }
-                Arc::new(b.finish())
-            }
-            Ct::LT => {
-                let mut b = ListBuilder::new(StringBuilder::new());
-                for r in rows {
-                    match cell(r) {
-                        V::N => b.append_null(),
-                        v => return Err(bad(&v)),
-                    }
-                }
-                Arc::new(b.finish())
-            }
-            Ct::LI => {
-                let mut b = ListBuilder::new(Int32Builder::new());
-                for r in rows {
-                    match cell(r) {
-                        V::N => b.append_null(),
-                        v => return Err(bad(&v)),
-                    }
-                }
-                Arc::new(b.finish())
-            }
-        };
-        arrays.push(array);
+        let values = rows
+            .iter()
+            .map(|r| {
+                let v = r.get(ci).unwrap_or(&V::N);
+                Ok(match (ct, v) {
+                    (_, V::N) => ScalarValue::try_from(&dt)?,
+                    (Ct::I2, V::I(x)) => ScalarValue::Int16(Some(i16::try_from(*x).map_err(|_| bad(v))?)),
+                    (Ct::I4, V::I(x)) => ScalarValue::Int32(Some(i32::try_from(*x).map_err(|_| bad(v))?)),
+                    (Ct::I8, V::I(x)) => ScalarValue::Int64(Some(*x)),
+                    (Ct::F4, V::F(x)) => ScalarValue::Float32(Some(*x as f32)),
+                    (Ct::F4, V::I(x)) => ScalarValue::Float32(Some(*x as f32)),
+                    (Ct::T, V::S(x)) => ScalarValue::Utf8(Some(x.clone())),
+                    (Ct::B, V::B(x)) => ScalarValue::Boolean(Some(*x)),
+                    _ => return Err(bad(v)),
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        arrays.push(if values.is_empty() { new_empty_array(&dt) } else { ScalarValue::iter_to_array(values)? });
     }
     Ok(RecordBatch::try_new(schema, arrays)?)
 }

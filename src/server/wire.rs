@@ -804,6 +804,25 @@ mod tests {
     }
 
     #[test]
+    fn lists_go_out_as_postgresql_array_text() {
+        use datafusion::arrow::array::{ListBuilder, StringBuilder};
+        let mut b = ListBuilder::new(StringBuilder::new());
+        b.values().append_value("a");
+        b.values().append_value("b c");
+        b.values().append_null();
+        b.values().append_value("say \"x\"");
+        b.values().append_value("");
+        b.append(true);
+        b.append_null();
+        b.append(true);
+        let text = pg_array_text(&b.finish()).unwrap();
+        let text = text.as_string::<i32>();
+        assert_eq!(text.value(0), r#"{a,"b c",NULL,"say \"x\"",""}"#);
+        assert!(text.is_null(1));
+        assert_eq!(text.value(2), "{}");
+    }
+
+    #[test]
     fn statements_are_routed_by_their_first_word() {
         assert_eq!(first_word("  /* x */ -- y\n begin;").0, "BEGIN");
         assert_eq!(first_word("SET extra_float_digits = 3").1, "extra_float_digits = 3");
