@@ -509,6 +509,91 @@ async fn hostile_bytes_and_vanishing_clients_do_not_stop_the_server() {
     assert_eq!(spent(&s.db, "bob").1, 1);
 }
 
+/// One backend message: (type byte, payload).
+async fn read_message(sock: &mut tokio::net::TcpStream) -> std::io::Result<(u8, Vec<u8>)> {
+    use tokio::io::AsyncReadExt;
+    let tag = sock.read_u8().await?;
+    let len = sock.read_i32().await?;
+    let mut payload = vec![0u8; usize::try_from(len - 4).unwrap_or(0)];
+    sock.read_exact(&mut payload).await?;
+    Ok((tag, payload))
+}
+
+/// A frontend message: type byte, length, payload.
+fn frontend(tag: u8, payload: &[u8]) -> Vec<u8> {
+    let mut m = vec![tag];
+    m.extend_from_slice(&(payload.len() as i32 + 4).to_be_bytes());
+    m.extend_from_slice(payload);
+    m
+}
+
+/// A raw socket logged in as `user` (startup and SCRAM-SHA-256 by hand, with postgres-protocol's client side),
+/// ready for a query: for sending what no client library would.
+async fn raw_login(addr: SocketAddr, user: &str) -> tokio::net::TcpStream {
+    use postgres_protocol::authentication::sasl::{ChannelBinding, ScramSha256};
+    use tokio::io::AsyncWriteExt;
+    let mut sock = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let mut body = 196608i32.to_be_bytes().to_vec();
+    body.extend_from_slice(format!("user\0{user}\0database\0dpfusion\0\0").as_bytes());
+    let mut startup = ((body.len() + 4) as i32).to_be_bytes().to_vec();
+    startup.extend_from_slice(&body);
+    sock.write_all(&startup).await.unwrap();
+    let mut scram = ScramSha256::new(PASSWORD.as_bytes(), ChannelBinding::unsupported());
+    loop {
+        let (tag, payload) = read_message(&mut sock).await.unwrap();
+        let code = payload.get(..4).map(|c| i32::from_be_bytes([c[0], c[1], c[2], c[3]]));
+        match (tag, code) {
+            (b'R', Some(10)) => {
+                let mut p = b"SCRAM-SHA-256\0".to_vec();
+                p.extend_from_slice(&(scram.message().len() as i32).to_be_bytes());
+                p.extend_from_slice(scram.message());
+                sock.write_all(&frontend(b'p', &p)).await.unwrap();
+            }
+            (b'R', Some(11)) => {
+                scram.update(&payload[4..]).unwrap();
+                sock.write_all(&frontend(b'p', scram.message())).await.unwrap();
+            }
+            (b'R', Some(12)) => scram.finish(&payload[4..]).unwrap(),
+            (b'Z', _) => return sock,
+            (b'E', _) => panic!("login refused: {}", String::from_utf8_lossy(&payload)),
+            _ => {}
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn statements_that_are_not_utf8_are_refused_and_spend_nothing() {
+    use tokio::io::AsyncWriteExt;
+    let s = start().await;
+    // A simple Query and an extended Parse whose SQL is not UTF-8 (0xff never occurs in UTF-8).
+    let bad_sql = b"SELECT COUNT(*) FROM pums WHERE sex = '\xff\xfe'\0".to_vec();
+    let mut parse = b"\0".to_vec();
+    parse.extend_from_slice(&bad_sql);
+    parse.extend_from_slice(&0i16.to_be_bytes());
+    for message in [frontend(b'Q', &bad_sql), [frontend(b'P', &parse), frontend(b'S', &[])].concat()] {
+        let mut sock = raw_login(s.addr, "alice").await;
+        sock.write_all(&message).await.unwrap();
+        // pgwire decodes it lossily (U+FFFD); the server refuses it as PostgreSQL does, never answers another query.
+        loop {
+            match tokio::time::timeout(Duration::from_secs(10), read_message(&mut sock)).await {
+                Ok(Ok((b'E', payload))) => {
+                    assert!(payload.windows(6).any(|w| w == b"C22021"), "{}", String::from_utf8_lossy(&payload));
+                    break;
+                }
+                Ok(Ok((b'1' | b'D' | b'Z', _))) => panic!("a statement that is not UTF-8 was accepted"),
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => panic!("connection lost: {e}"),
+                Err(_) => panic!("no answer to a statement that is not UTF-8"),
+            }
+        }
+    }
+    assert_eq!(spent(&s.db, "alice").1, 0);
+    // The server goes on serving, the same analyst included.
+    let c = connect(s.addr, "alice").await;
+    c.simple_query("SELECT COUNT(*) FROM pums").await.unwrap();
+    assert_eq!(spent(&s.db, "alice").1, 1);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_kill_9_during_a_query_storm_leaves_every_answered_charge_on_disk() {
     let dir = TempDir::new("serve-kill");

@@ -175,6 +175,20 @@ enum Answer {
     End(Tag),
 }
 
+/// pgwire decodes statement text lossily: bytes that are not UTF-8 arrive as U+FFFD. A statement holding one is
+/// refused, as PostgreSQL refuses invalid bytes, rather than answered as a different statement.
+fn check_utf8(sql: &str) -> PgWireResult<()> {
+    if sql.contains(char::REPLACEMENT_CHARACTER) {
+        return Err(wire_error(
+            "22021",
+            "invalid byte sequence for encoding \"UTF8\" in the statement (or a U+FFFD character, which this server \
+             does not accept)",
+            Some("send the statement as UTF-8 (client_encoding = UTF8)".into()),
+        ));
+    }
+    Ok(())
+}
+
 /// The first word of `sql` (after comments), upper case, and the rest.
 fn first_word(sql: &str) -> (String, &str) {
     let s = strip_comments(sql);
@@ -212,6 +226,7 @@ impl Analyst {
                 Some("send a shorter statement".into()),
             ));
         }
+        check_utf8(sql)?;
         let (word, rest) = first_word(sql);
         match word.as_str() {
             "BEGIN" | "START" => return Ok(Answer::Begin(Tag::new("BEGIN"))),
@@ -587,6 +602,7 @@ impl QueryParser for Parser {
     where
         C: ClientInfo + Unpin + Send + Sync,
     {
+        check_utf8(sql)?;
         let count = placeholders(sql)?.iter().map(|(n, _)| *n).max().unwrap_or(0);
         let inferred = if count > 0 && types.iter().filter(|t| t.is_some()).count() < count {
             let guard = self.analyst.lock().await;
