@@ -2,7 +2,8 @@
 //! process, alternating, reporting medians and the ratio. Results go in BENCHMARKS.md.
 //!
 //! ```text
-//! cargo run --release --example bench -- gen    --rows 1000000 --out bench-data [--csv] # people_1000000.parquet (+ .csv)
+//! cargo run --release --example bench -- gen    --rows 1000000 --out bench-data [--csv] [--strings]
+//!                       # people_1000000.parquet (+ .csv); --strings: sex F/M and state S00…S49 as text (_str)
 //! cargo run --release --example bench -- sql    --data bench-data/people_1000000.parquet [--reps 5]
 //!                       [--only W2] [--unit row|person] [--side dp|plain: one side only, for a profiler;
 //!                       plain at person level is the query with its per-person aggregation]
@@ -16,7 +17,7 @@
 //! (1–5 rows per person) and d 0/1 columns c0… (P(1) from 0.1 to 0.9 by column). `marginals` runs row level and
 //! person level (≤ 5 rows per person).
 
-use datafusion::arrow::array::{ArrayRef, Float64Array, Int8Array, Int64Array, RecordBatch};
+use datafusion::arrow::array::{ArrayRef, Float64Array, Int8Array, Int64Array, RecordBatch, StringArray};
 use datafusion::arrow::datatypes::{DataType, Field, Schema};
 use datafusion::parquet::arrow::ArrowWriter;
 use datafusion::prelude::{ParquetReadOptions, SessionContext};
@@ -34,9 +35,19 @@ fn arg(args: &[String], name: &str) -> Option<String> {
     args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).cloned()
 }
 
-fn gen_people(rows: usize, out: &Path, csv: bool) -> Res<PathBuf> {
+/// Text keys (`--strings`): sex "F"/"M" and state "S00"…"S49" as strings, as real tables have them.
+fn sex_text(s: i64) -> String {
+    if s == 0 { "F".into() } else { "M".into() }
+}
+
+fn state_text(t: i64) -> String {
+    format!("S{t:02}")
+}
+
+fn gen_people(rows: usize, out: &Path, csv: bool, strings: bool) -> Res<PathBuf> {
     std::fs::create_dir_all(out)?;
-    let path = out.join(format!("people_{rows}.parquet"));
+    let path = out.join(format!("people_{rows}{}.parquet", if strings { "_str" } else { "" }));
+    let key_type = if strings { DataType::Utf8 } else { DataType::Int64 };
     let mut csv_writer = if csv {
         Some(
             datafusion::arrow::csv::WriterBuilder::new()
@@ -49,8 +60,8 @@ fn gen_people(rows: usize, out: &Path, csv: bool) -> Res<PathBuf> {
     let schema = Arc::new(Schema::new(vec![
         Field::new("person_id", DataType::Int64, false),
         Field::new("age", DataType::Int64, false),
-        Field::new("sex", DataType::Int64, false),
-        Field::new("state", DataType::Int64, false),
+        Field::new("sex", key_type.clone(), false),
+        Field::new("state", key_type, false),
         Field::new("education", DataType::Int64, false),
         Field::new("income", DataType::Float64, false),
     ]));
@@ -74,11 +85,19 @@ fn gen_people(rows: usize, out: &Path, csv: bool) -> Res<PathBuf> {
                 inc.push(income.sample(&mut rng));
             }
         }
+        let (sex, st): (ArrayRef, ArrayRef) = if strings {
+            (
+                Arc::new(StringArray::from(sex.into_iter().map(sex_text).collect::<Vec<_>>())),
+                Arc::new(StringArray::from(st.into_iter().map(state_text).collect::<Vec<_>>())),
+            )
+        } else {
+            (Arc::new(Int64Array::from(sex)), Arc::new(Int64Array::from(st)))
+        };
         let cols: Vec<ArrayRef> = vec![
             Arc::new(Int64Array::from(pid)),
             Arc::new(Int64Array::from(age)),
-            Arc::new(Int64Array::from(sex)),
-            Arc::new(Int64Array::from(st)),
+            sex,
+            st,
             Arc::new(Int64Array::from(ed)),
             Arc::new(Float64Array::from(inc)),
         ];
@@ -126,19 +145,27 @@ fn gen_wide(rows: usize, cols: usize, out: &Path) -> Res<PathBuf> {
     Ok(path)
 }
 
-fn people_config(data: &Path, person_level: bool) -> String {
+fn people_config(data: &Path, person_level: bool, strings: bool) -> String {
     let unit = if person_level {
         "privacy_unit = \"person_id\"\nmax_rows_per_unit = 5\nmax_groups_per_unit = 1\n"
     } else {
         ""
     };
+    let key = if strings { "string" } else { "int64" };
     format!(
         "[session]\nrho = 1e9\ndefault_query_rho = 0.01\n\n[tables.people]\npath = \"{}\"\nformat = \"parquet\"\n{unit}\n\
          [tables.people.columns]\nperson_id = {{ type = \"int64\" }}\nage = {{ type = \"int64\", bounds = [0, 99] }}\n\
-         income = {{ type = \"float64\", bounds = [0, 200000] }}\nsex = {{ type = \"int64\", domain = [0, 1] }}\n\
-         state = {{ type = \"int64\", domain = [{}] }}\neducation = {{ type = \"int64\", domain = [{}] }}\n",
+         income = {{ type = \"float64\", bounds = [0, 200000] }}\nsex = {{ type = \"{key}\", domain = [{}] }}\n\
+         state = {{ type = \"{key}\", domain = [{}] }}\neducation = {{ type = \"int64\", domain = [{}] }}\n",
         data.display(),
-        (0..50).map(|i| i.to_string()).collect::<Vec<_>>().join(", "),
+        (0..2)
+            .map(|i| if strings { format!("\"{}\"", sex_text(i)) } else { i.to_string() })
+            .collect::<Vec<_>>()
+            .join(", "),
+        (0..50)
+            .map(|i| if strings { format!("\"{}\"", state_text(i)) } else { i.to_string() })
+            .collect::<Vec<_>>()
+            .join(", "),
         (1..17).map(|i| i.to_string()).collect::<Vec<_>>().join(", ")
     )
 }
@@ -204,12 +231,15 @@ async fn bench_sql(data: &Path, reps: usize, sel: &Select) -> Res<()> {
          plain with per-person aggregation (median s) | ratio to it |"
     );
     println!("|---|---|---:|---:|---:|---:|---:|");
+    // Text keys or integer codes, as the file has them.
+    let schema = ctx.table("people").await?.schema().as_arrow().clone();
+    let strings = schema.field_with_name("state").is_ok_and(|f| f.data_type() != &DataType::Int64);
     for person in [false, true] {
         let unit_name = if person { "person" } else { "row" };
         if sel.unit.as_deref().is_some_and(|u| u != unit_name) {
             continue;
         }
-        let cfg = SessionConfig::from_toml_str(&people_config(data, person), Path::new("."))?;
+        let cfg = SessionConfig::from_toml_str(&people_config(data, person, strings), Path::new("."))?;
         let s = DpSession::from_config(&cfg).await?;
         for (name, sql, per_person) in WORKLOADS {
             if sel.only.as_deref().is_some_and(|o| o != *name) {
@@ -395,7 +425,11 @@ async fn main() -> Res<()> {
     match args.get(1).map(String::as_str) {
         Some("gen") => {
             let rows = arg(&args, "--rows").ok_or("--rows N")?.parse()?;
-            println!("{}", gen_people(rows, &out, args.iter().any(|a| a == "--csv"))?.display());
+            println!(
+                "{}",
+                gen_people(rows, &out, args.iter().any(|a| a == "--csv"), args.iter().any(|a| a == "--strings"))?
+                    .display()
+            );
         }
         Some("wide") => {
             let rows = arg(&args, "--rows").ok_or("--rows N")?.parse()?;

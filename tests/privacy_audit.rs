@@ -320,9 +320,17 @@ async fn a_unit_over_the_group_limit_keeps_whole_cells_chosen_uniformly() {
 /// One cell per unit across batches and partitions (the per-unit aggregations merge partial states): 300
 /// units, each with two cells of two rows (x = 10 and x = NULL) whose rows lie far apart in 7 batches over three
 /// partitions. Whichever cell a unit keeps, it adds exactly 2 to COUNT(*), 10 to SUM(x) and 1 to COUNT(x), all to one cell. ρ = 10^9 per
-/// query: the noise (σ < 10^-3) cannot move a rounded figure.
+/// query: the noise (σ < 10^-3) cannot move a rounded figure. With integer keys and with string keys (the bounding
+/// works on cell indices either way).
 #[tokio::test]
 async fn one_whole_cell_per_unit_across_batches() {
+    for strings in [false, true] {
+        one_whole_cell_per_unit(strings).await;
+    }
+}
+
+async fn one_whole_cell_per_unit(strings: bool) {
+    use datafusion::arrow::array::{ArrayRef, StringArray};
     const UNITS: i64 = 300;
     let (mut pid, mut k, mut x) = (vec![], vec![], vec![]);
     for cell in 0..2 {
@@ -336,24 +344,30 @@ async fn one_whole_cell_per_unit_across_batches() {
     }
     let schema = Arc::new(Schema::new(vec![
         Field::new("pid", DataType::Int64, false),
-        Field::new("k", DataType::Int64, false),
+        Field::new("k", if strings { DataType::Utf8 } else { DataType::Int64 }, false),
         Field::new("x", DataType::Float64, true),
     ]));
-    let (pid, k, x) = (Int64Array::from(pid), Int64Array::from(k), Float64Array::from(x));
+    let k: ArrayRef = if strings {
+        Arc::new(StringArray::from(k.iter().map(|c| format!("cell {c}")).collect::<Vec<_>>()))
+    } else {
+        Arc::new(Int64Array::from(k))
+    };
+    let (pid, x) = (Int64Array::from(pid), Float64Array::from(x));
     let batches: Vec<RecordBatch> = (0..pid.len())
         .step_by(180)
         .map(|o| {
             let n = 180.min(pid.len() - o);
             RecordBatch::try_new(
                 schema.clone(),
-                vec![Arc::new(pid.slice(o, n)), Arc::new(k.slice(o, n)), Arc::new(x.slice(o, n))],
+                vec![Arc::new(pid.slice(o, n)), k.slice(o, n), Arc::new(x.slice(o, n))],
             )
             .unwrap()
         })
         .collect();
     assert_eq!(batches.len(), 7);
     let mut cols = BTreeMap::new();
-    cols.insert("k".into(), ColumnPolicy::Domain((0..3).map(DomainValue::Int).collect()));
+    let domain = (0..3).map(|c| if strings { DomainValue::Str(format!("cell {c}")) } else { DomainValue::Int(c) });
+    cols.insert("k".into(), ColumnPolicy::Domain(domain.collect()));
     cols.insert("x".into(), ColumnPolicy::Bounds { lo: 0.0, hi: 100.0 });
     let mut s =
         DpSession::empty(Rho::new(1e15).unwrap(), Rho::new(1e9).unwrap(), Mechanism::Gaussian, 1e-6, 0.95).unwrap();

@@ -10,18 +10,19 @@
 //!    data) plays any part. Either way a unit moves a cell by at most k rows, or k·M for a sum. (The marginal
 //!    release keeps k random rows per unit instead, while it streams: `marginals::RowSampler`.)
 //! 4. In a GROUP BY with more cells than `max_groups_per_unit`, each unit keeps a uniformly random set of at most
-//!    `g` of its cells: each (unit, cell) draws a uniform priority and the `g` smallest are kept — for g = 1 (and
-//!    keys of primitive types) by one more aggregation per unit ([`Pick`], no sort), otherwise by `row_number()
-//!    OVER (PARTITION BY unit ORDER BY priority) ≤ g`.
+//!    `g` of its cells: each (unit, cell) draws a uniform priority and the `g` smallest are kept — for g = 1 by one
+//!    more aggregation per unit ([`Pick`], no sort), otherwise by `row_number() OVER (PARTITION BY unit ORDER BY
+//!    priority) ≤ g`. Cells are single integers here, whatever the keys' types ([`cells`]).
 //! 5. Values are clamped to the column's bounds, put on the grid 2^-s and summed exactly by one aggregate,
 //!    [`BoundedSum`] (NULL is ignored as by SUM; NaN takes the upper bound). With |value| ≤ 2^21 grid units per row
 //!    the exact sum stays far below 10^38: no overflow, hence no data-dependent runtime error, is possible.
 
 use crate::error::{DpError, Result, engine};
+use crate::plan::cells;
 use crate::plan::clip::Clip as ClipFn;
 use crate::plan::exact_sum::BoundedSum;
 use crate::plan::measures::Measured;
-use crate::plan::pick::{self, Pick};
+use crate::plan::pick::Pick;
 use crate::plan::sensitivity::Contribution;
 use crate::plan::{GroupKey, MeasureKind};
 use crate::policy::{DomainValue, TablePolicy};
@@ -176,15 +177,17 @@ pub fn bounded_aggregate(
         })
         .collect();
     let groups = (contribution.groups < cells && !keys.is_empty()).then_some(contribution.groups);
-    per_unit(scoped, &key_cols, contribution.rows, groups, &clips, measured.exprs.clone())
+    per_unit(scoped, keys, contribution.rows, groups, &clips, measured.exprs.clone())
 }
 
 /// Per-unit bounding by hash aggregation: `row_aggs[i]` (COUNT(col) or SUM(bounded value), unaliased) is first
-/// computed per (unit, keys) together with the row count n; each contribution is clipped as [`Clip`] says to at
-/// most k rows' worth; with `groups`, each unit keeps a uniformly random set of at most that many of its cells
-/// (one cell: the cell of smallest uniform priority, found by one aggregation per unit with [`Pick`]; more, or
-/// keys of non-primitive types: `row_number() OVER (PARTITION BY unit ORDER BY random())` over the unit's cells,
-/// not its rows); the result is summed per keys into `__dp_m{i}`.
+/// computed per (unit, cell) together with the row count n — the cell being the integer `__dp_cell` that
+/// [`crate::plan::keys::scope`] put on every row ([`crate::plan::cells`]), whatever the keys' types; each
+/// contribution is clipped as [`Clip`] says to at most k rows' worth; with `groups`, each unit keeps a uniformly
+/// random set of at most that many of its cells (one cell: the cell of smallest uniform priority, found by one
+/// aggregation per unit with [`Pick`]; more: `row_number() OVER (PARTITION BY unit ORDER BY random())` over the
+/// unit's cells, not its rows); the result is summed per cell into `__dp_m{i}`, and the keys are decoded from the
+/// cell.
 ///
 /// # Privacy
 /// Adding or removing a unit changes, in at most `groups` cells, each COUNT by at most k and each SUM by at most
@@ -194,13 +197,14 @@ pub fn bounded_aggregate(
 /// [`crate::plan::clip`], sums that stay far inside DECIMAL(38,0), and the random priorities.
 pub fn per_unit(
     input: LogicalPlan,
-    keys: &[Column],
+    group_keys: &[GroupKey],
     k: u64,
     groups: Option<u64>,
     clips: &[Clip],
     row_aggs: Vec<Expr>,
 ) -> Result<LogicalPlan> {
     use datafusion::functions_aggregate::expr_fn::{count, sum};
+    let keys: &[Column] = if group_keys.is_empty() { &[] } else { &[Column::from_name(cells::CELL)] };
     let unit = || col(Column::from_name(UNIT));
     let mut group_by = vec![unit()];
     group_by.extend(keys.iter().cloned().map(Expr::Column));
@@ -231,10 +235,7 @@ pub fn per_unit(
     }
     let mut b =
         LogicalPlanBuilder::from(input).aggregate(group_by, inner).and_then(|b| b.project(proj)).map_err(engine)?;
-    let pickable = keys
-        .iter()
-        .all(|c| b.schema().qualified_field_from_column(c).is_ok_and(|(_, f)| pick::supports(f.data_type())));
-    if groups == Some(1) && pickable {
+    if groups == Some(1) {
         // One uniformly random cell per unit without a sort: each of the unit's cells draws a uniform priority,
         // and one aggregation per unit keeps the cell of smallest priority (`dp_pick` for the keys and every
         // clipped measurement, which all follow the same draw). Whatever happens on a tie, each unit still yields
@@ -261,9 +262,21 @@ pub fn per_unit(
     }
     let outer: Vec<Expr> =
         (0..clips.len()).map(|i| sum(col(format!("__dp_x{i}"))).alias(format!("__dp_m{i}"))).collect();
-    b.aggregate(keys.iter().cloned().map(Expr::Column).collect::<Vec<_>>(), outer)
-        .and_then(|b| b.build())
-        .map_err(engine)
+    b = b.aggregate(keys.iter().cloned().map(Expr::Column).collect::<Vec<_>>(), outer).map_err(engine)?;
+    if !group_keys.is_empty() {
+        // The keys from the cell, under their own names: one row per cell that has rows.
+        let mut decoded = group_keys
+            .iter()
+            .enumerate()
+            .map(|(i, k)| {
+                Ok(cells::CellKey::call(group_keys, i, col(Column::from_name(cells::CELL)))?
+                    .alias_qualified(k.column.relation.clone(), k.column.name()))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        decoded.extend((0..clips.len()).map(|i| col(format!("__dp_m{i}"))));
+        b = b.project(decoded).map_err(engine)?;
+    }
+    b.build().map_err(engine)
 }
 
 /// How a SUM argument is bounded: the exact clamped, grid-scaled sum, the per-row bound M in grid units and the

@@ -6,12 +6,12 @@
 //! never use up a unit's contribution limits.
 
 use crate::error::{DpError, Result, engine};
-use crate::plan::{GroupKey, MAX_CELLS, bound, cell_count, validate};
+use crate::plan::{GroupKey, MAX_CELLS, bound, cell_count, cells, validate};
 use crate::policy::TablePolicy;
 use crate::refusal::Refusal;
 use datafusion::arrow::datatypes::DataType;
 use datafusion::common::{Column, ScalarValue, TableReference};
-use datafusion::logical_expr::{Aggregate, Expr, LogicalPlan};
+use datafusion::logical_expr::{Aggregate, Expr, LogicalPlan, LogicalPlanBuilder};
 
 /// The GROUP BY keys of `agg`, each with its public domain as literals of the column's type; refused if a key is
 /// computed, is not a column of `table`, is the privacy unit, or has no domain.
@@ -55,7 +55,9 @@ pub fn cells(keys: &[GroupKey]) -> Result<u64> {
 }
 
 /// The aggregate's input as the bounding sees it: the privacy unit carried up as `__dp_unit`
-/// ([`bound::carry_unit`]), then only the rows whose keys are in their domains ([`bound::domain_filter`]).
+/// ([`bound::carry_unit`]), then only the rows whose keys are in their domains. With a privacy unit and keys, each
+/// row's cell becomes one integer `__dp_cell` ([`cells`]; NULL, and so dropped, outside the domains), which the
+/// bounding works on; otherwise the domain filter ([`bound::domain_filter`]) drops those rows.
 ///
 /// Row-level tables skip the domain filter when every key's type compares exactly (integers, strings, booleans):
 /// a row is its own unit, so an out-of-domain row uses up no unit's limits, and the release reads only the
@@ -73,7 +75,16 @@ pub fn scope(input: &LogicalPlan, policy: &TablePolicy, keys: &[GroupKey]) -> Re
                 || matches!(dt, DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View | DataType::Boolean)
         })
     };
-    if policy.privacy_unit.is_some() || !keys.iter().all(|k| exact_equality(&k.column)) {
+    if policy.privacy_unit.is_some() && !keys.is_empty() {
+        // Each row's cell as one integer (NULL outside the domains, dropped here): the bounding works on it.
+        let mut exprs: Vec<Expr> = scoped.schema().columns().into_iter().map(Expr::Column).collect();
+        exprs.push(cells::CellIndex::call(keys)?.alias(cells::CELL));
+        scoped = LogicalPlanBuilder::from(scoped)
+            .project(exprs)
+            .and_then(|b| b.filter(Expr::Column(Column::from_name(cells::CELL)).is_not_null()))
+            .and_then(|b| b.build())
+            .map_err(engine)?;
+    } else if policy.privacy_unit.is_some() || !keys.iter().all(|k| exact_equality(&k.column)) {
         let filter: Vec<(Column, Vec<ScalarValue>)> =
             keys.iter().map(|k| (k.column.clone(), k.domain.clone())).collect();
         scoped = bound::domain_filter(scoped, &filter)?;

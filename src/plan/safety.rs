@@ -16,6 +16,7 @@
 //! is refused, and the message, never depend on the data.
 
 use crate::error::{DpError, Result, engine};
+use crate::plan::cells::{CellIndex, CellKey};
 use crate::plan::clip::Clip;
 use crate::plan::exact_sum::BoundedSum;
 use crate::plan::pick::Pick;
@@ -344,7 +345,7 @@ pub fn total(e: &Expr, schema: &DFSchema) -> std::result::Result<(), String> {
         }
         Expr::ScalarFunction(f) => {
             let inner = f.func.inner();
-            if inner.is::<Clip>() || inner.is::<RandomFunc>() {
+            if inner.is::<Clip>() || inner.is::<RandomFunc>() || inner.is::<CellIndex>() || inner.is::<CellKey>() {
                 f.args.iter().try_for_each(|a| total(a, schema))
             } else {
                 Err(format!("the function `{}`", f.name()))

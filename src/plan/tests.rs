@@ -116,14 +116,15 @@ async fn the_scope_carries_the_unit_and_drops_rows_outside_the_domains() {
           TableScan: t
         ",
     );
-    // Person level: the unit carried up, then the domain filter (a contiguous integer domain is a range).
+    // Person level: the unit carried up, then each row's cell as one integer, NULL (dropped) outside the domains.
     let s = scope("SELECT age, COUNT(*) FROM t GROUP BY age", policy(true, 1)).await;
     assert_plan(
         &s,
         "
-        Filter: t.age BETWEEN Int64(0) AND Int64(3)
-          Projection: t.pid, t.age, t.sex, t.income, t.score, t.pid AS __dp_unit
-            TableScan: t
+        Filter: __dp_cell IS NOT NULL
+          Projection: t.pid, t.age, t.sex, t.income, t.score, __dp_unit, dp_cell(t.age) AS __dp_cell
+            Projection: t.pid, t.age, t.sex, t.income, t.score, t.pid AS __dp_unit
+              TableScan: t
         ",
     );
 }
@@ -188,19 +189,22 @@ async fn bounded_plans_keep_their_shape() {
         ",
     )
     .await;
-    // One group per person, primitive key: one cell per person by the smallest random priority (dp_pick).
+    // One group per person: one cell per person by the smallest random priority (dp_pick) over the cell index;
+    // the key is decoded from the cell at the end.
     snapshot(
         "SELECT age, AVG(income) FROM t GROUP BY age",
         policy(true, 1),
         "
-        Aggregate: groupBy=[[t.age]], aggr=[[sum(__dp_x0) AS __dp_m0, sum(__dp_x1) AS __dp_m1]]
-          Aggregate: groupBy=[[__dp_unit]], aggr=[[dp_pick(t.age, __dp_r) AS age, dp_pick(__dp_x0, __dp_r) AS __dp_x0, dp_pick(__dp_x1, __dp_r) AS __dp_x1]]
-            Projection: t.age, __dp_unit, __dp_x0, __dp_x1, random() AS __dp_r
-              Projection: t.age, __dp_unit, dp_clip(__dp_v0, __dp_n) AS __dp_x0, dp_clip(__dp_v1, __dp_n) AS __dp_x1
-                Aggregate: groupBy=[[__dp_unit, t.age]], aggr=[[count(Int64(1)) AS __dp_n, dp_bounded_sum(CAST(t.income AS Int64)) AS __dp_v0, count(t.income) AS __dp_v1]]
-                  Filter: t.age BETWEEN Int64(0) AND Int64(3)
-                    Projection: t.pid, t.age, t.sex, t.income, t.score, t.pid AS __dp_unit
-                      TableScan: t
+        Projection: dp_cell_key(__dp_cell) AS age, __dp_m0, __dp_m1
+          Aggregate: groupBy=[[__dp_cell]], aggr=[[sum(__dp_x0) AS __dp_m0, sum(__dp_x1) AS __dp_m1]]
+            Aggregate: groupBy=[[__dp_unit]], aggr=[[dp_pick(__dp_cell, __dp_r) AS __dp_cell, dp_pick(__dp_x0, __dp_r) AS __dp_x0, dp_pick(__dp_x1, __dp_r) AS __dp_x1]]
+              Projection: __dp_cell, __dp_unit, __dp_x0, __dp_x1, random() AS __dp_r
+                Projection: __dp_cell, __dp_unit, dp_clip(__dp_v0, __dp_n) AS __dp_x0, dp_clip(__dp_v1, __dp_n) AS __dp_x1
+                  Aggregate: groupBy=[[__dp_unit, __dp_cell]], aggr=[[count(Int64(1)) AS __dp_n, dp_bounded_sum(CAST(t.income AS Int64)) AS __dp_v0, count(t.income) AS __dp_v1]]
+                    Filter: __dp_cell IS NOT NULL
+                      Projection: t.pid, t.age, t.sex, t.income, t.score, __dp_unit, dp_cell(t.age) AS __dp_cell
+                        Projection: t.pid, t.age, t.sex, t.income, t.score, t.pid AS __dp_unit
+                          TableScan: t
         ",
     )
     .await;
@@ -209,14 +213,16 @@ async fn bounded_plans_keep_their_shape() {
         "SELECT age, COUNT(*) FROM t GROUP BY age",
         policy(true, 2),
         "
-        Aggregate: groupBy=[[t.age]], aggr=[[sum(__dp_x0) AS __dp_m0]]
-          Filter: __dp_pick <= UInt64(2)
-            WindowAggr: windowExpr=[[row_number() PARTITION BY [__dp_unit] ORDER BY [random() ASC NULLS LAST] ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW AS __dp_pick]]
-              Projection: t.age, __dp_unit, CASE WHEN __dp_n > Int64(2) THEN Int64(2) ELSE __dp_n END AS __dp_x0
-                Aggregate: groupBy=[[__dp_unit, t.age]], aggr=[[count(Int64(1)) AS __dp_n]]
-                  Filter: t.age BETWEEN Int64(0) AND Int64(3)
-                    Projection: t.pid, t.age, t.sex, t.income, t.score, t.pid AS __dp_unit
-                      TableScan: t
+        Projection: dp_cell_key(__dp_cell) AS age, __dp_m0
+          Aggregate: groupBy=[[__dp_cell]], aggr=[[sum(__dp_x0) AS __dp_m0]]
+            Filter: __dp_pick <= UInt64(2)
+              WindowAggr: windowExpr=[[row_number() PARTITION BY [__dp_unit] ORDER BY [random() ASC NULLS LAST] ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW AS __dp_pick]]
+                Projection: __dp_cell, __dp_unit, CASE WHEN __dp_n > Int64(2) THEN Int64(2) ELSE __dp_n END AS __dp_x0
+                  Aggregate: groupBy=[[__dp_unit, __dp_cell]], aggr=[[count(Int64(1)) AS __dp_n]]
+                    Filter: __dp_cell IS NOT NULL
+                      Projection: t.pid, t.age, t.sex, t.income, t.score, __dp_unit, dp_cell(t.age) AS __dp_cell
+                        Projection: t.pid, t.age, t.sex, t.income, t.score, t.pid AS __dp_unit
+                          TableScan: t
         ",
     )
     .await;
@@ -224,14 +230,16 @@ async fn bounded_plans_keep_their_shape() {
     snapshot(
         "SELECT sex, COUNT(*) FROM t GROUP BY sex",
         policy(true, 2),
-        r#"
-        Aggregate: groupBy=[[t.sex]], aggr=[[sum(__dp_x0) AS __dp_m0]]
-          Projection: t.sex, __dp_unit, CASE WHEN __dp_n > Int64(2) THEN Int64(2) ELSE __dp_n END AS __dp_x0
-            Aggregate: groupBy=[[__dp_unit, t.sex]], aggr=[[count(Int64(1)) AS __dp_n]]
-              Filter: t.sex IN ([Utf8("F"), Utf8("M")])
-                Projection: t.pid, t.age, t.sex, t.income, t.score, t.pid AS __dp_unit
-                  TableScan: t
-        "#,
+        "
+        Projection: dp_cell_key(__dp_cell) AS sex, __dp_m0
+          Aggregate: groupBy=[[__dp_cell]], aggr=[[sum(__dp_x0) AS __dp_m0]]
+            Projection: __dp_cell, __dp_unit, CASE WHEN __dp_n > Int64(2) THEN Int64(2) ELSE __dp_n END AS __dp_x0
+              Aggregate: groupBy=[[__dp_unit, __dp_cell]], aggr=[[count(Int64(1)) AS __dp_n]]
+                Filter: __dp_cell IS NOT NULL
+                  Projection: t.pid, t.age, t.sex, t.income, t.score, __dp_unit, dp_cell(t.sex) AS __dp_cell
+                    Projection: t.pid, t.age, t.sex, t.income, t.score, t.pid AS __dp_unit
+                      TableScan: t
+        ",
     )
     .await;
 }

@@ -1,0 +1,364 @@
+//! GROUP BY cells as dense integers: `dp_cell(k1, …, kn)` and `dp_cell_key(cell)`.
+//!
+//! The keys' domains are public, so the cells of a GROUP BY are the public product of the domains, and each cell
+//! has an index: `Σ index(kᵢ in domainᵢ) · strideᵢ` (the first key varies slowest). Before the per-unit bounding
+//! ([`super::bound::per_unit`]) every row's keys are replaced by its cell index, whatever their types (strings,
+//! several keys): the per-unit aggregation and the choice of each unit's cells then hash and compare one small
+//! integer instead of strings, and the one-cell pick ([`super::pick`]) applies to every GROUP BY. After the noise
+//! the keys are decoded from the index (`dp_cell_key`), on at most one row per cell.
+//!
+//! # Why it is safe
+//! * **Nothing changes in what is released.** The index is a bijection between the domain's cells and
+//!   `0..cells`; a row with a NULL key or a key outside its domain gets a NULL index and is dropped before any
+//!   bounding, exactly as the domain filter dropped it ([`super::keys::scope`]). Equality of indices is equality
+//!   of keys, so every unit's rows fall in the same cells as before.
+//! * **Total.** Both functions are lookups that cannot fail on any value: an unknown or NULL key gives NULL, an
+//!   index outside `0..cells` decodes to NULL. The plan-safety check ([`super::safety`]) accepts them for that.
+//! * `dp_cell` is declared volatile only so that DataFusion's optimizer never copies it into a pushed-down filter
+//!   (it would compute every row's index twice); its value depends on its arguments alone.
+
+use crate::error::{DpError, Result};
+use crate::plan::GroupKey;
+use datafusion::arrow::array::{Array, ArrayRef, AsArray, Int64Array};
+use datafusion::arrow::compute::cast;
+use datafusion::arrow::datatypes::DataType;
+use datafusion::common::{HashMap, ScalarValue, exec_err};
+use datafusion::logical_expr::{
+    ColumnarValue, Expr, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl, Signature, Volatility,
+};
+use std::hash::{Hash, Hasher};
+use std::sync::Arc;
+
+/// Name of the cell-index column the bounding works on.
+pub const CELL: &str = "__dp_cell";
+
+/// One key's domain and how to look a value up in it.
+#[derive(Debug)]
+struct KeyIndex {
+    /// The domain, as literals of the key column's type; a value's index is its position.
+    domain: Vec<ScalarValue>,
+    /// The index of each domain value, by kind of column (the fast paths compare without allocating).
+    lookup: Lookup,
+    /// Cells between two consecutive values of this key.
+    stride: i64,
+}
+
+#[derive(Debug)]
+enum Lookup {
+    Strings(HashMap<String, i64>),
+    Ints(HashMap<i64, i64>),
+    /// By the bits of the value as f64, with -0.0 read as 0.0 (as `=` compares floats).
+    Floats(HashMap<u64, i64>),
+    Other(HashMap<ScalarValue, i64>),
+}
+
+impl KeyIndex {
+    fn new(domain: &[ScalarValue], stride: i64) -> Self {
+        let positions = || domain.iter().enumerate().map(|(i, v)| (v, i as i64));
+        let strings: Option<HashMap<String, i64>> =
+            positions().map(|(v, i)| v.try_as_str().flatten().map(|s| (s.to_string(), i))).collect();
+        let ints: Option<HashMap<i64, i64>> = positions()
+            .map(|(v, i)| match v.cast_to(&DataType::Int64) {
+                Ok(ScalarValue::Int64(Some(x))) if v.data_type().is_integer() => Some((x, i)),
+                _ => None,
+            })
+            .collect();
+        let floats: Option<HashMap<u64, i64>> = positions()
+            .map(|(v, i)| match v.cast_to(&DataType::Float64) {
+                Ok(ScalarValue::Float64(Some(x))) if v.data_type().is_floating() => Some((float_bits(x), i)),
+                _ => None,
+            })
+            .collect();
+        let lookup = match (strings, ints, floats) {
+            (Some(s), _, _) => Lookup::Strings(s),
+            (None, Some(n), _) => Lookup::Ints(n),
+            (None, None, Some(f)) => Lookup::Floats(f),
+            _ => Lookup::Other(positions().map(|(v, i)| (v.clone(), i)).collect()),
+        };
+        KeyIndex { domain: domain.to_vec(), lookup, stride }
+    }
+
+    /// Each row's index in the domain (None: NULL or outside it).
+    fn positions(&self, values: &ArrayRef) -> datafusion::common::Result<Vec<Option<i64>>> {
+        let rows = values.len();
+        Ok(match &self.lookup {
+            Lookup::Strings(m) => match values.data_type() {
+                DataType::Utf8View => {
+                    values.as_string_view().iter().map(|s| s.and_then(|s| m.get(s).copied())).collect()
+                }
+                DataType::LargeUtf8 => {
+                    values.as_string::<i64>().iter().map(|s| s.and_then(|s| m.get(s).copied())).collect()
+                }
+                _ => {
+                    let text = cast(values, &DataType::Utf8)?;
+                    text.as_string::<i32>().iter().map(|s| s.and_then(|s| m.get(s).copied())).collect()
+                }
+            },
+            Lookup::Ints(m) if values.data_type().is_integer() && values.data_type() != &DataType::UInt64 => {
+                let ints = cast(values, &DataType::Int64)?;
+                ints.as_primitive::<datafusion::arrow::datatypes::Int64Type>()
+                    .iter()
+                    .map(|x| x.and_then(|x| m.get(&x).copied()))
+                    .collect()
+            }
+            Lookup::Floats(m) if values.data_type().is_floating() => {
+                let floats = cast(values, &DataType::Float64)?;
+                floats
+                    .as_primitive::<datafusion::arrow::datatypes::Float64Type>()
+                    .iter()
+                    .map(|x| x.and_then(|x| m.get(&float_bits(x)).copied()))
+                    .collect()
+            }
+            // Dates and other types, and integers of a type the domain was not made for: one value at a time.
+            Lookup::Ints(_) | Lookup::Floats(_) | Lookup::Other(_) => {
+                let mut out = Vec::with_capacity(rows);
+                for row in 0..rows {
+                    let v = ScalarValue::try_from_array(values, row)?;
+                    out.push(match &self.lookup {
+                        Lookup::Other(m) => m.get(&v).copied(),
+                        _ => self.domain.iter().position(|d| *d == v).map(|i| i as i64),
+                    });
+                }
+                out
+            }
+        })
+    }
+}
+
+/// The key of a float in a lookup: its bits, with -0.0 as 0.0 (NaN is in no domain: domains hold integers).
+fn float_bits(x: f64) -> u64 {
+    if x == 0.0 { 0 } else { x.to_bits() }
+}
+
+/// `dp_cell(k1, …, kn)`: the cell index of a row's keys, NULL when a key is NULL or outside its domain.
+#[derive(Debug)]
+pub struct CellIndex {
+    keys: Vec<KeyIndex>,
+    signature: Signature,
+}
+
+impl PartialEq for CellIndex {
+    fn eq(&self, other: &Self) -> bool {
+        self.keys.len() == other.keys.len()
+            && self.keys.iter().zip(&other.keys).all(|(a, b)| a.domain == b.domain && a.stride == b.stride)
+    }
+}
+
+impl Eq for CellIndex {}
+
+impl Hash for CellIndex {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        for k in &self.keys {
+            k.domain.hash(state);
+            k.stride.hash(state);
+        }
+    }
+}
+
+/// The stride of each key: the product of the sizes of the domains after it.
+fn strides(keys: &[GroupKey]) -> Result<Vec<i64>> {
+    let mut strides = vec![1i64; keys.len()];
+    for i in (0..keys.len().saturating_sub(1)).rev() {
+        let len = i64::try_from(keys[i + 1].domain.len()).unwrap_or(i64::MAX);
+        strides[i] = strides[i + 1]
+            .checked_mul(len)
+            .ok_or_else(|| DpError::Internal("the GROUP BY cells do not fit an integer index".into()))?;
+    }
+    Ok(strides)
+}
+
+impl CellIndex {
+    /// `dp_cell(keys…) ` over the key columns.
+    pub fn call(keys: &[GroupKey]) -> Result<Expr> {
+        let index = strides(keys)?.into_iter().zip(keys).map(|(s, k)| KeyIndex::new(&k.domain, s)).collect();
+        let udf = ScalarUDF::new_from_impl(CellIndex {
+            keys: index,
+            signature: Signature::any(keys.len(), Volatility::Volatile),
+        });
+        Ok(udf.call(keys.iter().map(|k| Expr::Column(k.column.clone())).collect()))
+    }
+}
+
+impl ScalarUDFImpl for CellIndex {
+    fn name(&self) -> &str {
+        "dp_cell"
+    }
+
+    fn signature(&self) -> &Signature {
+        &self.signature
+    }
+
+    fn return_type(&self, _args: &[DataType]) -> datafusion::common::Result<DataType> {
+        Ok(DataType::Int64)
+    }
+
+    fn invoke_with_args(&self, args: ScalarFunctionArgs) -> datafusion::common::Result<ColumnarValue> {
+        let rows = args.number_rows;
+        if args.args.len() != self.keys.len() {
+            return exec_err!("dp_cell takes {} arguments", self.keys.len());
+        }
+        let mut cells: Vec<Option<i64>> = vec![Some(0); rows];
+        for (key, arg) in self.keys.iter().zip(&args.args) {
+            let positions = key.positions(&arg.to_array(rows)?)?;
+            for (cell, p) in cells.iter_mut().zip(positions) {
+                // index · stride < cells ≤ MAX_CELLS: no overflow.
+                *cell = cell.zip(p).map(|(c, p)| c + p * key.stride);
+            }
+        }
+        Ok(ColumnarValue::Array(Arc::new(Int64Array::from(cells))))
+    }
+}
+
+/// `dp_cell_key(cell)`: one key's value in a cell (NULL for an index outside `0..cells`).
+#[derive(Debug, PartialEq, Eq, Hash)]
+pub struct CellKey {
+    domain: Vec<ScalarValue>,
+    stride: i64,
+    /// Number of cells: valid indices are `0..cells`.
+    cells: i64,
+    data_type: DataType,
+    signature: Signature,
+}
+
+impl CellKey {
+    /// The value of key `i` of `keys` in the cell `cell` (an index made by [`CellIndex`] over the same keys).
+    pub fn call(keys: &[GroupKey], i: usize, cell: Expr) -> Result<Expr> {
+        let strides = strides(keys)?;
+        let stride = *strides.get(i).ok_or_else(|| DpError::Internal(format!("no GROUP BY key {i}")))?;
+        let cells = strides[0].saturating_mul(keys[0].domain.len() as i64);
+        let domain = keys[i].domain.clone();
+        let data_type = domain.first().map(ScalarValue::data_type).unwrap_or(DataType::Null);
+        let udf = ScalarUDF::new_from_impl(CellKey {
+            domain,
+            stride,
+            cells,
+            data_type,
+            signature: Signature::exact(vec![DataType::Int64], Volatility::Immutable),
+        });
+        Ok(udf.call(vec![cell]))
+    }
+}
+
+impl ScalarUDFImpl for CellKey {
+    fn name(&self) -> &str {
+        "dp_cell_key"
+    }
+
+    fn signature(&self) -> &Signature {
+        &self.signature
+    }
+
+    fn return_type(&self, _args: &[DataType]) -> datafusion::common::Result<DataType> {
+        Ok(self.data_type.clone())
+    }
+
+    fn invoke_with_args(&self, args: ScalarFunctionArgs) -> datafusion::common::Result<ColumnarValue> {
+        let rows = args.number_rows;
+        let [cell] = args.args.as_slice() else { return exec_err!("dp_cell_key takes one argument") };
+        let cells = cell.to_array(rows)?;
+        let null = ScalarValue::try_from(&self.data_type)?;
+        let len = self.domain.len() as i64;
+        let values = cells.as_primitive::<datafusion::arrow::datatypes::Int64Type>().iter().map(|c| {
+            c.filter(|c| (0..self.cells).contains(c) && len > 0)
+                .and_then(|c| self.domain.get(((c / self.stride) % len) as usize))
+                .cloned()
+                .unwrap_or_else(|| null.clone())
+        });
+        let array = if rows == 0 {
+            datafusion::arrow::array::new_empty_array(&self.data_type)
+        } else {
+            ScalarValue::iter_to_array(values)?
+        };
+        Ok(ColumnarValue::Array(array))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use datafusion::arrow::array::{BooleanArray, Int32Array, StringArray, StringViewArray};
+    use datafusion::common::Column;
+
+    /// Runs the function call `e` over argument columns `args`, as DataFusion would.
+    fn invoke(e: Expr, args: Vec<ArrayRef>) -> ArrayRef {
+        use datafusion::arrow::datatypes::Field;
+        let Expr::ScalarFunction(f) = e else { panic!("not a function call") };
+        let types: Vec<DataType> = args.iter().map(|a| a.data_type().clone()).collect();
+        let out = f
+            .func
+            .invoke_with_args(ScalarFunctionArgs {
+                arg_fields: types.iter().map(|t| Arc::new(Field::new("a", t.clone(), true))).collect(),
+                number_rows: args[0].len(),
+                args: args.into_iter().map(ColumnarValue::Array).collect(),
+                return_field: Arc::new(Field::new("r", f.func.return_type(&types).unwrap(), true)),
+                config_options: Arc::default(),
+            })
+            .unwrap();
+        let ColumnarValue::Array(a) = out else { panic!("not an array") };
+        a
+    }
+
+    /// The cell indices of rows of key values, as the bounding computes them.
+    fn index_of(keys: &[GroupKey], columns: Vec<ArrayRef>) -> Vec<Option<i64>> {
+        let a = invoke(CellIndex::call(keys).unwrap(), columns);
+        a.as_primitive::<datafusion::arrow::datatypes::Int64Type>().iter().collect()
+    }
+
+    fn key(name: &str, domain: Vec<ScalarValue>) -> GroupKey {
+        GroupKey { column: Column::from_name(name), base: name.into(), domain }
+    }
+
+    fn strs(v: &[&str]) -> Vec<ScalarValue> {
+        v.iter().map(|s| ScalarValue::Utf8(Some(s.to_string()))).collect()
+    }
+
+    fn decode(keys: &[GroupKey], i: usize, cells: Vec<Option<i64>>) -> Vec<ScalarValue> {
+        let cell = Expr::Column(Column::from_name(CELL));
+        let a = invoke(CellKey::call(keys, i, cell).unwrap(), vec![Arc::new(Int64Array::from(cells))]);
+        (0..a.len()).map(|r| ScalarValue::try_from_array(&a, r).unwrap()).collect()
+    }
+
+    #[test]
+    fn every_cell_has_one_index_and_decodes_back() {
+        let keys = vec![
+            key("state", strs(&["CA", "NY", "TX"])),
+            key("sex", vec![ScalarValue::Int32(Some(0)), ScalarValue::Int32(Some(1))]),
+            key("ok", vec![ScalarValue::Boolean(Some(true)), ScalarValue::Boolean(Some(false))]),
+        ];
+        let mut seen = std::collections::BTreeSet::new();
+        for s in ["CA", "NY", "TX"] {
+            for x in 0..2 {
+                for b in [true, false] {
+                    let got = index_of(
+                        &keys,
+                        vec![
+                            Arc::new(StringArray::from(vec![s])),
+                            Arc::new(Int32Array::from(vec![x])),
+                            Arc::new(BooleanArray::from(vec![b])),
+                        ],
+                    );
+                    let cell = got[0].unwrap();
+                    assert!(seen.insert(cell), "two cells share index {cell}");
+                    assert_eq!(decode(&keys, 0, vec![Some(cell)]), vec![ScalarValue::Utf8(Some(s.to_string()))]);
+                    assert_eq!(decode(&keys, 1, vec![Some(cell)]), vec![ScalarValue::Int32(Some(x))]);
+                    assert_eq!(decode(&keys, 2, vec![Some(cell)]), vec![ScalarValue::Boolean(Some(b))]);
+                }
+            }
+        }
+        assert_eq!(seen.into_iter().collect::<Vec<_>>(), (0..12).collect::<Vec<_>>(), "dense: 0..cells");
+    }
+
+    #[test]
+    fn null_and_out_of_domain_keys_have_no_cell() {
+        let keys = vec![key("state", strs(&["CA", "NY"]))];
+        let got =
+            index_of(&keys, vec![Arc::new(StringViewArray::from(vec![Some("NY"), None, Some("ny"), Some("CA")]))]);
+        assert_eq!(got, vec![Some(1), None, None, Some(0)]);
+        let ints = vec![key("educ", (1..=16).map(|i| ScalarValue::Int64(Some(i))).collect())];
+        let got = index_of(&ints, vec![Arc::new(Int64Array::from(vec![Some(1), Some(0), None, Some(16), Some(17)]))]);
+        assert_eq!(got, vec![Some(0), None, None, Some(15), None]);
+        // An index no cell has decodes to NULL instead of failing.
+        let decoded = decode(&keys, 0, vec![Some(-1), None, Some(2), Some(1)]);
+        assert_eq!(decoded, [None, None, None, Some("NY".to_string())].map(ScalarValue::Utf8));
+    }
+}
