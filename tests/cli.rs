@@ -211,3 +211,107 @@ fn a_closed_pipe_ends_the_process_cleanly() {
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     assert!(!text(&out.stderr).contains("panicked"), "{}", text(&out.stderr));
 }
+
+/// A small Parquet table (person_id, age, sex, income, flag) in `path`, 40 rows of 20 people.
+fn write_people_parquet(path: &std::path::Path) {
+    use datafusion::arrow::array::{ArrayRef, BooleanArray, Float64Array, Int64Array, StringArray};
+    use datafusion::arrow::record_batch::RecordBatch;
+    use datafusion::parquet::arrow::ArrowWriter;
+    let n = 40i64;
+    let columns: Vec<(&str, ArrayRef)> = vec![
+        ("person_id", std::sync::Arc::new(Int64Array::from_iter_values((0..n).map(|i| i / 2)))),
+        ("age", std::sync::Arc::new(Int64Array::from_iter_values((0..n).map(|i| 20 + i % 50)))),
+        ("sex", std::sync::Arc::new(StringArray::from_iter_values((0..n).map(|i| if i % 3 == 0 { "F" } else { "M" })))),
+        ("income", std::sync::Arc::new(Float64Array::from_iter_values((0..n).map(|i| 1000.0 * i as f64)))),
+        ("flag", std::sync::Arc::new(BooleanArray::from_iter((0..n).map(|i| Some(i % 2 == 0))))),
+    ];
+    let batch = RecordBatch::try_from_iter(columns).unwrap();
+    let mut w = ArrowWriter::try_new(std::fs::File::create(path).unwrap(), batch.schema(), None).unwrap();
+    w.write(&batch).unwrap();
+    w.close().unwrap();
+}
+
+/// The policy `init` wrote, with its placeholders filled in as a data owner would (from public knowledge).
+fn fill_placeholders(policy: &str) -> String {
+    policy
+        .replace("# privacy_unit = \"...\"", "privacy_unit = \"person_id\"")
+        .replace("# max_rows_per_unit = 1", "max_rows_per_unit = 2")
+        .replace("# max_groups_per_unit = 1", "max_groups_per_unit = 1")
+        .replace("age = { type = \"int64\" }", "age = { type = \"int64\", bounds = [0, 120] }")
+        .replace("sex = { type = \"string\" }", "sex = { type = \"string\", domain = [\"F\", \"M\"] }")
+}
+
+#[test]
+fn init_writes_a_skeleton_from_the_parquet_footer_alone_that_loads_once_filled_in() {
+    let dir = crate::support::TempDir::new("init");
+    let (good, bad) = (dir.join("people.parquet"), dir.join("corrupt.parquet"));
+    write_people_parquet(&good);
+    // The same file with every column chunk (the data pages) overwritten; the footer and page indexes intact.
+    // `init` must not need a single data page.
+    let mut bytes = std::fs::read(&good).unwrap();
+    {
+        use datafusion::parquet::file::reader::{FileReader, SerializedFileReader};
+        let reader = SerializedFileReader::new(std::fs::File::open(&good).unwrap()).unwrap();
+        for rg in reader.metadata().row_groups() {
+            for c in rg.columns() {
+                let (start, len) = c.byte_range();
+                bytes[start as usize..(start + len) as usize].fill(0xAB);
+            }
+        }
+    }
+    std::fs::write(&bad, bytes).unwrap();
+    let mut policies = Vec::new();
+    for (file, out) in [(&good, dir.join("good.toml")), (&bad, dir.join("bad.toml"))] {
+        let o =
+            dpfusion(&["init", "--table", "people", "--path", file.to_str().unwrap(), "--out", out.to_str().unwrap()]);
+        assert!(o.status.success(), "{}", text(&o.stderr));
+        policies.push((out.clone(), std::fs::read_to_string(&out).unwrap()));
+    }
+    let (good_cfg, written) = &policies[0];
+    assert_eq!(written.replace("people.parquet", "X"), policies[1].1.replace("corrupt.parquet", "X"));
+    for line in ["age = { type = \"int64\" }", "sex = { type = \"string\" }", "flag = { type = \"boolean\" }"] {
+        assert!(written.contains(line), "{line} in\n{written}");
+    }
+    // Never a bound or a domain taken from the values: every one is a commented placeholder.
+    for line in written.lines().filter(|l| !l.trim_start().starts_with('#')) {
+        let code = line.split('#').next().unwrap();
+        assert!(!code.contains("bounds") && !code.contains("domain"), "written from data? {line}");
+    }
+    // As written it loads (row level, nothing aggregatable but counts); filled in, it answers queries.
+    assert!(dpfusion(&["check", "-c", good_cfg.to_str().unwrap()]).status.success());
+    std::fs::write(good_cfg, fill_placeholders(written)).unwrap();
+    let o = dpfusion(&["query", "-c", good_cfg.to_str().unwrap(), "SELECT sex, AVG(age) FROM people GROUP BY sex"]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    // The corrupt file's pages really are unreadable: a query that reads them fails.
+    let bad_cfg = &policies[1].0;
+    std::fs::write(bad_cfg, fill_placeholders(&policies[1].1)).unwrap();
+    assert!(!dpfusion(&["query", "-c", bad_cfg.to_str().unwrap(), "SELECT SUM(age) FROM people"]).status.success());
+    // init never overwrites a policy, and refuses names analysts could not type.
+    let o =
+        dpfusion(&["init", "--table", "people", "--path", good.to_str().unwrap(), "--out", good_cfg.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(text(&o.stderr).contains("never overwrites"), "{}", text(&o.stderr));
+    let o = dpfusion(&["init", "--table", "my table", "--path", good.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(2));
+}
+
+#[test]
+fn check_prints_what_each_table_allows_and_refuses_as_queries_do() {
+    let o = dpfusion(&["check", "-c", "config/pums.toml"]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let out = text(&o.stdout);
+    assert!(out.contains("SUM and AVG: age [0, 100], income [0, 500000]"), "{out}");
+    assert!(out.contains("GROUP BY: educ (16 values), married (2 values), race (6 values), sex (2 values)"), "{out}");
+    // The refusal of a GROUP BY on a column without a domain, word for word as the query gets it.
+    let q = dpfusion(&["query", "-c", "config/pums.toml", "SELECT age, COUNT(*) FROM pums GROUP BY age"]);
+    let refusal = text(&q.stderr).lines().find_map(|l| l.strip_prefix("error: ").map(str::to_string)).unwrap();
+    assert!(out.lines().any(|l| l.trim() == refusal), "`{refusal}` not in\n{out}");
+    // A broken policy is an error that says what to fix, before any data is touched.
+    let dir = crate::support::TempDir::new("check");
+    let cfg = dir.join("bad.toml");
+    let text_cfg = std::fs::read_to_string(format!("{ROOT}/config/pums.toml")).unwrap().replace("[0, 100]", "[100, 0]");
+    std::fs::write(&cfg, text_cfg).unwrap();
+    let o = dpfusion(&["check", "-c", cfg.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(text(&o.stderr).contains("age"), "{}", text(&o.stderr));
+}

@@ -27,6 +27,7 @@ pub(crate) fn write_out(args: std::fmt::Arguments) {
 }
 
 pub(crate) mod admin;
+pub(crate) mod init;
 pub(crate) mod marginals;
 pub(crate) mod output;
 pub(crate) mod pin;
@@ -91,6 +92,15 @@ enum Command {
     /// Data owner: write the column types of each table's files into the configuration (once; types are part of
     /// the policy and never inferred when queries run).
     Pin(pin::PinArgs),
+    /// Data owner, first step: write a policy skeleton for a table from its file's schema (no data page read for
+    /// Parquet); bounds, domains and the privacy unit are left for you to fill in from public knowledge.
+    Init(init::InitArgs),
+    /// Data owner: validate a configuration and print what each table allows and refuses, without reading data.
+    Check {
+        /// Configuration file (TOML).
+        #[arg(long, short)]
+        config: PathBuf,
+    },
     /// Data owner: serve analysts over the PostgreSQL wire protocol (see README "Serving analysts").
     Serve {
         /// Configuration file (TOML) with [server] and [ledger].
@@ -312,6 +322,8 @@ async fn run(cli: Cli) -> Result<bool, DpError> {
         Command::Analyst(a) => admin::analyst(a),
         Command::Cap(a) => admin::cap(a),
         Command::Pin(a) => pin::run(a).await,
+        Command::Init(a) => init::init(a).await,
+        Command::Check { config } => init::check(&config),
         Command::Explain { config, sql } => {
             let (s, _) = open(config).await?;
             let e = s.explain(sql.trim().trim_end_matches(';')).await?;

@@ -30,7 +30,13 @@ pub(crate) struct PinArgs {
 }
 
 /// The schema of a table's files, read in full by DataFusion's inference (this is the one place dpfusion does).
-async fn infer(name: &str, path: &Path, format: &str, has_header: bool, delimiter: char) -> Result<SchemaRef, DpError> {
+pub(crate) async fn infer(
+    name: &str,
+    path: &Path,
+    format: &str,
+    has_header: bool,
+    delimiter: char,
+) -> Result<SchemaRef, DpError> {
     dpfusion::source::files(name, path)?;
     let ctx = SessionContext::new();
     let p = path.to_string_lossy();
