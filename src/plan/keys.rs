@@ -84,7 +84,7 @@ pub fn scope(input: &LogicalPlan, policy: &TablePolicy, keys: &[GroupKey]) -> Re
             .and_then(|b| b.filter(Expr::Column(Column::from_name(cells::CELL)).is_not_null()))
             .and_then(|b| b.build())
             .map_err(engine)?;
-    } else if policy.privacy_unit.is_some() || !keys.iter().all(|k| exact_equality(&k.column)) {
+    } else if !keys.iter().all(|k| exact_equality(&k.column)) {
         let filter: Vec<(Column, Vec<ScalarValue>)> =
             keys.iter().map(|k| (k.column.clone(), k.domain.clone())).collect();
         scoped = bound::domain_filter(scoped, &filter)?;
