@@ -140,6 +140,12 @@ async fn simple_and_extended_queries_are_answered_with_notices_and_charged_once_
     c.batch_execute("SET application_name = 'test'; SET extra_float_digits = 3; BEGIN; COMMIT").await.unwrap();
     let v = c.query("SHOW application_name", &[]).await.unwrap();
     assert_eq!(v[0].get::<_, String>(0), "test");
+    // SHOW and the catalog read one settings table: they agree.
+    for name in ["search_path", "DateStyle", "server_version", "TimeZone"] {
+        let shown: String = c.query_one(&format!("SHOW {name}"), &[]).await.unwrap().get(0);
+        let catalog: String = c.query_one(&format!("SELECT current_setting('{name}')"), &[]).await.unwrap().get(0);
+        assert_eq!(shown, catalog, "{name}");
+    }
     assert_eq!(spent(&s.db, "alice").1, 3);
 }
 

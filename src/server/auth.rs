@@ -125,8 +125,7 @@ impl Connection {
         let ledger = shared.db.budget(&analyst_budget(user))?;
         let session =
             shared.base.for_analyst(Box::new(ledger), record.tables.as_deref(), shared.settings.memory_limit).await?;
-        let catalog = Catalog::new(&session.table_schemas().await?, user, database)
-            .map_err(|e| crate::error::DpError::Access(format!("cannot build the catalog: {e}")))?;
+        let catalog = Catalog::new(&session.table_schemas().await?, user, database).map_err(crate::error::engine)?;
         Ok(Analyst::new(user.to_string(), session, catalog))
     }
 }

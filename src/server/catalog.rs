@@ -46,7 +46,9 @@ use datafusion::sql::sqlparser::dialect::PostgreSqlDialect;
 use datafusion::sql::sqlparser::parser::Parser;
 
 /// `version()`: must start with `PostgreSQL <major>.<minor>` (SQLAlchemy parses it) and match server_version.
-const VERSION: &str = concat!("PostgreSQL 16.6 (dpfusion ", env!("CARGO_PKG_VERSION"), ", differentially private)");
+fn version() -> String {
+    format!("PostgreSQL {} (dpfusion {}, differentially private)", super::SERVER_VERSION, env!("CARGO_PKG_VERSION"))
+}
 
 const NS_PG_CATALOG: i32 = 11;
 const NS_PUBLIC: i32 = 2200;
@@ -927,7 +929,6 @@ fn catalog_relations(info: &Info, user_tables: &[RelInfo]) -> Vec<Rel> {
             vec![i(1664), s("pg_global"), i(ROLE_OWNER), V::N, V::N],
         ],
     });
-    let settings = settings();
     rels.push(Rel {
         name: "pg_settings",
         namespace: NS_PG_CATALOG,
@@ -945,20 +946,21 @@ fn catalog_relations(info: &Info, user_tables: &[RelInfo]) -> Vec<Rel> {
             ("boot_val", T),
             ("reset_val", T),
         ],
-        rows: settings
+        rows: super::SETTINGS
             .iter()
-            .map(|(n, v)| {
+            .map(|setting| {
+                let v = setting.value;
                 vec![
-                    s(*n),
-                    s(*v),
+                    s(setting.name),
+                    s(v),
                     V::N,
                     s("Preset Options"),
                     s(""),
                     s("internal"),
                     s("string"),
                     s("default"),
-                    s(*v),
-                    s(*v),
+                    s(v),
+                    s(v),
                 ]
             })
             .collect(),
@@ -1398,30 +1400,6 @@ fn catalog_relations(info: &Info, user_tables: &[RelInfo]) -> Vec<Rel> {
     rels
 }
 
-fn settings() -> Vec<(&'static str, &'static str)> {
-    vec![
-        ("server_version", "16.6"),
-        ("server_version_num", "160006"),
-        ("server_encoding", "UTF8"),
-        ("client_encoding", "UTF8"),
-        ("standard_conforming_strings", "on"),
-        ("integer_datetimes", "on"),
-        ("DateStyle", "ISO, MDY"),
-        ("IntervalStyle", "postgres"),
-        ("TimeZone", "UTC"),
-        ("search_path", "\"$user\", public"),
-        ("transaction_isolation", "read committed"),
-        ("default_transaction_isolation", "read committed"),
-        ("transaction_read_only", "on"),
-        ("default_transaction_read_only", "on"),
-        ("max_identifier_length", "63"),
-        ("max_index_keys", "32"),
-        ("lc_collate", "C.UTF-8"),
-        ("lc_ctype", "C.UTF-8"),
-        ("is_superuser", "off"),
-    ]
-}
-
 // ---------------------------------------------------------------------------------------------------------------
 // Functions
 // ---------------------------------------------------------------------------------------------------------------
@@ -1488,7 +1466,7 @@ impl ScalarUDFImpl for PgFunc {
         let info = &self.info;
         let utf8 = |v: Option<String>| Ok(ColumnarValue::Scalar(ScalarValue::Utf8(v)));
         match self.kind {
-            Kind::Version => return utf8(Some(VERSION.to_string())),
+            Kind::Version => return utf8(Some(version())),
             Kind::CurrentSchema => return utf8(Some("public".to_string())),
             Kind::CurrentDatabase => return utf8(Some(info.database.clone())),
             Kind::CurrentUser => return utf8(Some(info.user.clone())),
@@ -1593,7 +1571,6 @@ impl ScalarUDFImpl for PgFunc {
             Kind::CurrentSetting | Kind::QuoteIdent => {
                 let strs = str_column(first)?;
                 let strs = strs.as_string::<i32>();
-                let settings = settings();
                 let mut b = StringBuilder::new();
                 for r in 0..n {
                     if strs.is_null(r) {
@@ -1604,7 +1581,7 @@ impl ScalarUDFImpl for PgFunc {
                     if self.kind == Kind::QuoteIdent {
                         b.append_value(quote_ident(t));
                     } else {
-                        let v = settings.iter().find(|(k, _)| k.eq_ignore_ascii_case(t)).map(|(_, v)| *v);
+                        let v = super::find_setting(t).map(|s| s.value);
                         b.append_option(v);
                     }
                 }

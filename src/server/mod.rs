@@ -42,6 +42,60 @@ use tokio::sync::Semaphore;
 /// The server version reported to clients (psql chooses its catalog queries by it).
 pub const SERVER_VERSION: &str = "16.6";
 
+/// A PostgreSQL setting as this server reports it: to `SHOW`, to `current_setting()` and in `pg_settings`.
+pub(crate) struct Setting {
+    /// PostgreSQL's name (matched without regard to case).
+    pub(crate) name: &'static str,
+    /// The value reported until a client sets another.
+    pub(crate) value: &'static str,
+    /// A client setting: `SET` stores it for the connection and `SHOW` shows it back; it changes nothing in how
+    /// queries are answered.
+    pub(crate) settable: bool,
+}
+
+const fn setting(name: &'static str, value: &'static str, settable: bool) -> Setting {
+    Setting { name, value, settable }
+}
+
+/// Every setting the server knows (one table, so `SHOW` and the catalog always agree).
+pub(crate) const SETTINGS: &[Setting] = &[
+    setting("application_name", "", true),
+    setting("bytea_output", "hex", true),
+    setting("client_encoding", "UTF8", true),
+    setting("client_min_messages", "notice", true),
+    setting("DateStyle", "ISO, MDY", true),
+    setting("default_transaction_isolation", "read committed", true),
+    setting("default_transaction_read_only", "on", true),
+    setting("extra_float_digits", "1", true),
+    setting("idle_in_transaction_session_timeout", "0", true),
+    setting("IntervalStyle", "postgres", true),
+    setting("lc_messages", "C", true),
+    setting("lc_monetary", "C", true),
+    setting("lc_numeric", "C", true),
+    setting("lc_time", "C", true),
+    setting("lock_timeout", "0", true),
+    setting("search_path", "\"$user\", public", true),
+    setting("server_encoding", "UTF8", true),
+    setting("server_version", SERVER_VERSION, true),
+    setting("server_version_num", "160006", true),
+    setting("standard_conforming_strings", "on", true),
+    setting("statement_timeout", "0", true),
+    setting("TimeZone", "UTC", true),
+    setting("transaction_isolation", "read committed", true),
+    setting("transaction_read_only", "on", true),
+    setting("integer_datetimes", "on", true),
+    setting("max_identifier_length", "63", true),
+    setting("max_index_keys", "32", false),
+    setting("lc_collate", "C.UTF-8", false),
+    setting("lc_ctype", "C.UTF-8", false),
+    setting("is_superuser", "off", false),
+];
+
+/// The setting called `name` (any case).
+pub(crate) fn find_setting(name: &str) -> Option<&'static Setting> {
+    SETTINGS.iter().find(|s| s.name.eq_ignore_ascii_case(name))
+}
+
 /// What every connection shares.
 pub(crate) struct Shared {
     /// Every table, policy and default of the configuration; connections derive their sessions from it.

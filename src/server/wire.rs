@@ -91,36 +91,6 @@ impl Connection {
     }
 }
 
-/// Settings a client may set and read back; they change nothing in how queries are answered.
-const CLIENT_SETTINGS: &[(&str, &str)] = &[
-    ("application_name", ""),
-    ("bytea_output", "hex"),
-    ("client_encoding", "UTF8"),
-    ("client_min_messages", "notice"),
-    ("datestyle", "ISO, MDY"),
-    ("default_transaction_isolation", "read committed"),
-    ("default_transaction_read_only", "on"),
-    ("extra_float_digits", "1"),
-    ("idle_in_transaction_session_timeout", "0"),
-    ("intervalstyle", "postgres"),
-    ("lc_messages", "C"),
-    ("lc_monetary", "C"),
-    ("lc_numeric", "C"),
-    ("lc_time", "C"),
-    ("lock_timeout", "0"),
-    ("search_path", "public"),
-    ("server_encoding", "UTF8"),
-    ("server_version", super::SERVER_VERSION),
-    ("server_version_num", "160006"),
-    ("standard_conforming_strings", "on"),
-    ("statement_timeout", "0"),
-    ("timezone", "UTC"),
-    ("transaction_isolation", "read committed"),
-    ("transaction_read_only", "on"),
-    ("integer_datetimes", "on"),
-    ("max_identifier_length", "63"),
-];
-
 /// An error for the wire: SQLSTATE, message and hint.
 fn wire_error(code: &str, message: impl Into<String>, hint: Option<String>) -> PgWireError {
     let mut e = ErrorInfo::new("ERROR".to_owned(), code.to_owned(), message.into());
@@ -309,7 +279,7 @@ impl Analyst {
                 _ => Err(wire_error("XX000", "SET answered with something else", None)),
             };
         }
-        if CLIENT_SETTINGS.iter().any(|(n, _)| *n == name) {
+        if super::find_setting(&name).is_some_and(|s| s.settable) {
             self.settings.insert(name, value);
             return Ok(Answer::Tag(Tag::new("SET")));
         }
@@ -369,10 +339,8 @@ impl Analyst {
                 text_rows(&name, [v])
             }
             "dp.request_id" => text_rows(&name, [self.request_id.clone().unwrap_or_default()]),
-            _ => match CLIENT_SETTINGS.iter().find(|(n, _)| *n == name) {
-                Some((n, default)) => {
-                    text_rows(n, [self.settings.get(*n).cloned().unwrap_or_else(|| default.to_string())])
-                }
+            _ => match super::find_setting(&name) {
+                Some(s) => text_rows(&name, [self.settings.get(&name).cloned().unwrap_or_else(|| s.value.to_string())]),
                 None => Err(wire_error(
                     "42704",
                     format!("unrecognized configuration parameter \"{name}\""),
