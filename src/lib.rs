@@ -57,6 +57,7 @@
 //! ```
 
 pub mod accounting;
+pub mod chart;
 pub mod config;
 pub mod error;
 pub mod marginals;
@@ -64,6 +65,7 @@ pub mod noise;
 pub mod owner_log;
 pub mod plan;
 pub mod policy;
+pub mod progress;
 pub mod refusal;
 pub mod release;
 pub mod server;

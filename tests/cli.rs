@@ -315,3 +315,52 @@ fn check_prints_what_each_table_allows_and_refuses_as_queries_do() {
     assert_eq!(o.status.code(), Some(2));
     assert!(text(&o.stderr).contains("age"), "{}", text(&o.stderr));
 }
+
+/// SVG elements `<tag …>` filled or stroked with the chart's bar colour (#4C78A8) or error-bar colour (#D62728).
+pub(crate) fn svg_count(svg: &str, tag: &str, color: &str) -> usize {
+    svg.split(&format!("<{tag} "))
+        .skip(1)
+        .filter(|e| {
+            let e = e.split('>').next().unwrap_or("").to_ascii_uppercase();
+            e.contains(&format!("FILL=\"{color}\"")) || e.contains(&format!("STROKE=\"{color}\""))
+        })
+        .count()
+}
+
+#[test]
+fn query_plot_draws_one_bar_and_error_bar_per_key_and_refuses_for_free() {
+    let dir = crate::support::TempDir::new("plot");
+    let cfg = crate::support::ledger_config(&dir, 1.0);
+    let cfg = cfg.to_str().unwrap();
+    let out = |name: &str| dir.join(name).to_str().unwrap().to_string();
+    let charges = || text(&dpfusion(&["budget", "--config", cfg]).stdout);
+    let before = charges();
+    // Refused before anything is spent: no key to label the bars, two keys, not a chart format, an existing file.
+    let grouped = "SELECT educ, COUNT(*) AS people, AVG(income) AS mean_income FROM pums GROUP BY educ";
+    for (sql, file, needle) in [
+        ("SELECT COUNT(*) FROM pums", "a.svg", "exactly one GROUP BY key"),
+        ("SELECT sex, race, COUNT(*) FROM pums GROUP BY sex, race", "b.svg", "has 2 (sex, race)"),
+        (grouped, "c.pdf", ".svg or .png"),
+        (grouped, "dp.toml", "file of the configuration"),
+    ] {
+        let o = dpfusion(&["query", "-c", cfg, "--plot", &out(file), sql]);
+        assert_eq!(o.status.code(), Some(2), "{sql}");
+        assert!(text(&o.stderr).contains(needle), "{needle}: {}", text(&o.stderr));
+        assert!(!dir.join(file).exists() || file == "dp.toml");
+    }
+    assert_eq!(charges(), before, "a refused --plot must spend nothing");
+    let o = dpfusion(&["query", "-c", cfg, "--plot", &out("q.svg"), grouped]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    assert!(text(&o.stdout).contains("| educ |"), "the answer is printed as well");
+    let svg = std::fs::read_to_string(dir.join("q.svg")).unwrap();
+    // 16 education levels in each of the two panels (people, mean_income), each with a whisker and two caps.
+    assert_eq!(svg_count(&svg, "rect", "#4C78A8"), 32, "a bar per key and column, even a zero one");
+    assert_eq!(svg_count(&svg, "polyline", "#D62728"), 2 * 16 * 3);
+    assert!(svg.contains("mean_income") && svg.contains("ρ = 0.05"));
+    let o = dpfusion(&["query", "-c", cfg, "--plot", &out("q.svg"), grouped]);
+    assert!(text(&o.stderr).contains("exists; pass --force"), "{}", text(&o.stderr));
+    let o = dpfusion(&["query", "-c", cfg, "--plot", &out("q.png"), "SELECT sex, COUNT(*) FROM pums GROUP BY sex"]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let png = png::Decoder::new(std::io::Cursor::new(std::fs::read(dir.join("q.png")).unwrap())).read_info().unwrap();
+    assert!(png.info().width >= 360 && png.info().height >= 290);
+}

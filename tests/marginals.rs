@@ -231,7 +231,11 @@ fn cli_plan_spends_nothing_and_release_writes_csv_json_parquet_and_svg() {
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     assert_eq!(csv.lines().next(), Some("column,key,noisy_count,count,frequency"));
     assert_eq!(csv.lines().count(), 1 + 2 + 6);
-    assert!(std::fs::read_to_string(dir.join("m.svg")).unwrap().contains("<svg"));
+    let svg = std::fs::read_to_string(dir.join("m.svg")).unwrap();
+    // 2 + 6 cells: one bar each (none is empty: every cell is non-negative after the projection, and a zero bar
+    // is still drawn) and one error bar each (a whisker and two caps).
+    assert_eq!(crate::cli::svg_count(&svg, "rect", "#4C78A8"), 8);
+    assert_eq!(crate::cli::svg_count(&svg, "polyline", "#D62728"), 8 * 3);
     let o = run(&["--columns", "sex", "--rho", "0.1", "--plot", dir.join("m.png").to_str().unwrap()]);
     assert!(o.status.success());
     assert_eq!(&std::fs::read(dir.join("m.png")).unwrap()[..8], b"\x89PNG\r\n\x1a\n");

@@ -1,9 +1,9 @@
 //! `dpfusion marginals`: all one-way marginals of a table in one release, or the plan of one (`--plan`).
 
+use dpfusion::chart::{Chart, ChartFormat};
 use dpfusion::marginals::{MarginalBudget, MarginalLayout, MarginalPlan, MarginalRelease, MarginalSpec};
 use dpfusion::session::DpSession;
 use dpfusion::{DpError, Refusal};
-use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 
 /// Output format of a marginal release.
@@ -127,7 +127,7 @@ pub(crate) async fn run(a: MarginalArgs) -> Result<bool, DpError> {
         super::check_output(p, a.force, &protected)?;
     }
     if let Some(p) = &a.plot {
-        super::plot::check_path(p)?;
+        ChartFormat::of_path(p)?;
     }
     if a.format == MarginalFormat::Parquet && a.out.is_none() {
         return Err(DpError::Config("--format parquet needs --out FILE.parquet".into()));
@@ -139,13 +139,11 @@ pub(crate) async fn run(a: MarginalArgs) -> Result<bool, DpError> {
         print_plan(&p);
         return Ok(true);
     }
-    if std::io::stderr().is_terminal() {
-        // Nothing about the data (not even a count of rows read) may be shown before the noisy release.
-        eprintln!("reading {} once (the noisy histograms follow when the pass is done)…", a.table);
-    }
-    let r = s.release_marginals(&a.table, &layout, &spec).await?;
+    // Nothing about the data (not even a count of rows read) is shown before the noisy release: a fraction only.
+    let what = format!("reading {}", a.table);
+    let r = super::progress::with_progress(&s, &what, s.release_marginals(&a.table, &layout, &spec)).await?;
     if let Some(p) = &a.plot {
-        super::plot::write_plot(&r, p, a.force)?;
+        super::write_chart(&Chart::of_marginals(&r), p, a.force)?;
     }
     write_release(&r, a.format, a.out.as_deref(), a.force)?;
     eprintln!(

@@ -31,11 +31,12 @@ pub(crate) mod init;
 pub(crate) mod marginals;
 pub(crate) mod output;
 pub(crate) mod pin;
-pub(crate) mod plot;
+pub(crate) mod progress;
 pub(crate) mod repl;
 
 use clap::{Parser, Subcommand};
 use dpfusion::DpError;
+use dpfusion::chart::{Chart, ChartFormat};
 use dpfusion::session::DpSession;
 use output::Format;
 use std::path::{Path, PathBuf};
@@ -75,6 +76,13 @@ enum Command {
         /// Run the statements of this SQL file, in order (separated by `;`).
         #[arg(long = "file", short = 'f', conflicts_with = "sql")]
         file: Option<PathBuf>,
+        /// Also draw the answer as a bar chart with its confidence intervals (.svg or .png): one query with one
+        /// GROUP BY key among its output columns. Checked before anything is spent.
+        #[arg(long)]
+        plot: Option<PathBuf>,
+        /// Overwrite the --plot file if it exists (never a file of the configuration).
+        #[arg(long, requires = "plot")]
+        force: bool,
         /// The statement to run.
         sql: Option<String>,
     },
@@ -182,6 +190,15 @@ pub(crate) fn check_output(p: &Path, force: bool, protected: &[PathBuf]) -> Resu
     }
 }
 
+/// Draws `chart` into `path`, `.svg` or `.png` (a new file, unless `force`).
+pub(crate) fn write_chart(chart: &Chart, path: &Path, force: bool) -> Result<(), DpError> {
+    use std::io::Write;
+    let bytes = chart.render(ChartFormat::of_path(path)?)?;
+    marginals::create(path, force)?
+        .write_all(&bytes)
+        .map_err(|source| DpError::Io { path: path.display().to_string(), source })
+}
+
 /// Reads an SQL file for `query -f`: a regular file of at most [`MAX_SQL_FILE`] bytes, not a file of the
 /// configuration.
 fn read_sql_file(f: &Path, protected: &[PathBuf]) -> Result<String, DpError> {
@@ -224,7 +241,8 @@ pub(crate) async fn run_statements(
     let mut ok = true;
     for (i, sql) in statements.iter().enumerate() {
         let rid = request_id.map(|r| if statements.len() == 1 { r.to_string() } else { format!("{r}#{}", i + 1) });
-        let outcome = session.sql_with_request_id(sql, rid.as_deref()).await;
+        let outcome =
+            progress::with_progress(session, "running", session.sql_with_request_id(sql, rid.as_deref())).await;
         if let Err(e) = &outcome {
             ok = false;
             eprintln!("error: {e}");
@@ -302,7 +320,7 @@ async fn run(cli: Cli) -> Result<bool, DpError> {
             let (s, path) = open(config).await?;
             repl::run(s, &path).await
         }
-        Command::Query { config, format, rho, request_id, file, sql } => {
+        Command::Query { config, format, rho, request_id, file, plot, force, sql } => {
             let (s, path, cfg) = open_with_config(config).await?;
             let statements = match (file, sql) {
                 (Some(f), None) => dpfusion::split_statements(&read_sql_file(&f, &protected_paths(&path, &cfg))?),
@@ -315,7 +333,26 @@ async fn run(cli: Cli) -> Result<bool, DpError> {
             if let Some(r) = rho {
                 s.sql(&format!("SET dp.rho = {r}")).await.map_err(|e| DpError::Config(format!("--rho {r}: {e}")))?;
             }
-            Ok(run_statements(&s, &statements, format, request_id.as_deref()).await)
+            match plot {
+                None => Ok(run_statements(&s, &statements, format, request_id.as_deref()).await),
+                Some(p) => {
+                    let [sql] = &statements[..] else {
+                        return Err(DpError::Config("--plot draws the answer to one query: give one statement".into()));
+                    };
+                    check_output(&p, force, &protected_paths(&path, &cfg))?;
+                    ChartFormat::of_path(&p)?;
+                    dpfusion::chart::check_query(&s, sql).await?;
+                    let run = s.sql_with_request_id(sql, request_id.as_deref());
+                    let outcome = Ok(progress::with_progress(&s, "running", run).await?);
+                    outln!("{}", output::render(sql, &outcome, format));
+                    let Ok(dpfusion::Response::Release(release)) = &outcome else {
+                        return Err(DpError::Config("--plot draws the answer to a query (SELECT …)".into()));
+                    };
+                    write_chart(&Chart::of_release(release)?, &p, force)?;
+                    eprintln!("chart written to {}", p.display());
+                    Ok(true)
+                }
+            }
         }
         Command::Marginals(a) => marginals::run(a).await,
         Command::Serve { config } => admin::serve(config).await,

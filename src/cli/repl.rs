@@ -121,7 +121,7 @@ impl Shell {
         // Ctrl-C while a statement runs cancels it and returns to the prompt. A query already debited stays
         // spent: the charge is made before execution, and a cancelled result is simply never shown.
         let outcome = tokio::select! {
-            o = self.session.sql(sql) => o,
+            o = super::progress::with_progress(&self.session, "running", self.session.sql(sql)) => o,
             _ = tokio::signal::ctrl_c() => {
                 self.error("statement cancelled (Ctrl-C); if it was a query, its charge stays spent");
                 return;

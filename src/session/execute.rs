@@ -239,6 +239,8 @@ impl DpSession {
         let charge =
             self.ledger.charge(&histograms.label(), std::slice::from_ref(&histograms.table), quote.measurements)?;
         let task = self.ctx.task_ctx();
+        let text = self.text_bytes(&histograms.table, 1 + over_limit.is_some() as u64).await;
+        let _running = self.progress.start(&over_limit.iter().chain([&rows]).collect::<Vec<_>>(), text);
         let mut sampler = match over_limit {
             None => None,
             Some(over) => {
@@ -280,6 +282,8 @@ impl DpSession {
     /// quote a private value): the engine's error stays in the `source` for the data owner.
     async fn run_private(&self, prepared: &Prepared, cals: &[Calibration]) -> Result<Vec<Vec<i128>>> {
         let task = self.ctx.task_ctx();
+        let text = self.text_bytes(prepared.dp.table.table(), 1).await;
+        let _running = self.progress.start(&[&prepared.physical], text);
         let exact = datafusion::physical_plan::collect(prepared.physical.clone(), task)
             .await
             .map_err(|e| self.private_failure(e))?;

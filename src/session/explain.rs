@@ -49,6 +49,11 @@ pub struct Explanation {
     pub confidence: f64,
     /// Each output column and how far off its values will be (or why no interval can be given).
     pub outputs: Vec<(String, String)>,
+    /// The output schema, and for each of its columns whether it is public (a GROUP BY key or a constant: exact,
+    /// from the declared domain) rather than noisy.
+    pub schema: datafusion::arrow::datatypes::SchemaRef,
+    /// See [`Explanation::schema`].
+    pub public: Vec<bool>,
 }
 
 impl std::fmt::Display for Explanation {
@@ -139,6 +144,12 @@ impl DpSession {
                     Ok((f.name().clone(), text))
                 })
                 .collect::<Result<Vec<_>>>()?;
+            let public = (0..outputs.len())
+                .map(|i| {
+                    let a = accuracy::plan_accuracy(dp, &quote.measurements, i, quote.confidence)?;
+                    Ok(matches!(a, accuracy::Planned::Ready(crate::release::Accuracy::Public)))
+                })
+                .collect::<Result<Vec<_>>>()?;
             Ok(Explanation {
                 sql: sql.to_string(),
                 private_plan: prepared.private.display_indent().to_string(),
@@ -148,6 +159,8 @@ impl DpSession {
                 epsilon: quote.epsilon,
                 confidence: quote.confidence,
                 outputs,
+                schema: std::sync::Arc::new(dp.original.schema().as_arrow().clone()),
+                public,
             })
         })
         .await

@@ -105,6 +105,8 @@ pub struct DpSession {
     pub(crate) rng: Mutex<NoiseRng>,
     /// The data owner's log, if configured.
     pub(crate) owner_log: Option<Arc<OwnerLog>>,
+    /// How far the running private plan has read (measured once [`DpSession::progress`] was called).
+    pub(crate) progress: crate::progress::Progress,
 }
 
 impl DpSession {
@@ -113,6 +115,21 @@ impl DpSession {
         self.rng.lock().map_err(|_| {
             DpError::Internal("the random generator is unavailable after a crash in another thread".into())
         })
+    }
+
+    /// A handle on how far the private plan this session runs has read its table (a fraction, for a progress
+    /// bar; see [`crate::progress`]). Measuring starts with the first call.
+    pub fn progress(&self) -> crate::progress::Progress {
+        self.progress.enable();
+        self.progress.clone()
+    }
+
+    /// The byte counter of `table` if it is a CSV or JSON table, for [`crate::progress::Progress::start`]; `passes`
+    /// is how many times the plan reads it.
+    pub(crate) async fn text_bytes(&self, table: &str, passes: u64) -> Option<crate::progress::TextBytes> {
+        let provider = self.ctx.table_provider(table).await.ok()?;
+        let (counter, size) = provider.downcast_ref::<crate::source::text::TextTable>()?.bytes();
+        Some(crate::progress::TextBytes { counter, total: size * passes })
     }
 
     /// **Tests only: makes every later noise draw of this session predictable.** Replaces the session's CSPRNG
@@ -202,6 +219,7 @@ impl DpSession {
             ledger: Box::new(MemoryLedger::new(total)),
             rng: Mutex::new(NoiseRng::from_os()?),
             owner_log: None,
+            progress: Default::default(),
         })
     }
 }
@@ -243,6 +261,7 @@ impl DpSession {
             ledger,
             rng: Mutex::new(NoiseRng::from_os()?),
             owner_log: self.owner_log.clone(),
+            progress: Default::default(),
         })
     }
 

@@ -25,6 +25,7 @@ use datafusion::physical_plan::streaming::{PartitionStream, StreamingTableExec};
 use std::io::BufRead;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Rows per batch.
 const BATCH: usize = 8192;
@@ -51,9 +52,18 @@ pub struct TextTable {
     files: Vec<PathBuf>,
     format: TextFormat,
     log: Option<Arc<OwnerLog>>,
+    /// Bytes its scans have read, ever (for progress bars).
+    read: Arc<AtomicU64>,
 }
 
 impl TextTable {
+    /// The counter of bytes this table's scans have read so far, and the size of its files now: a scan that
+    /// starts when the counter stands at `c` is done at about `c + size`.
+    pub(crate) fn bytes(&self) -> (Arc<AtomicU64>, u64) {
+        let size = self.files.iter().filter_map(|f| std::fs::metadata(f).ok()).map(|m| m.len()).sum();
+        (self.read.clone(), size)
+    }
+
     /// A table `name` over `files` with `schema` (the declared columns and types).
     pub fn new(
         name: &str,
@@ -62,7 +72,7 @@ impl TextTable {
         format: TextFormat,
         log: Option<Arc<OwnerLog>>,
     ) -> Self {
-        TextTable { name: name.to_string(), schema, files, format, log }
+        TextTable { name: name.to_string(), schema, files, format, log, read: Arc::default() }
     }
 }
 
@@ -98,6 +108,7 @@ impl TableProvider for TextTable {
                     format: self.format.clone(),
                     schema: schema.clone(),
                     log: self.log.clone(),
+                    read: self.read.clone(),
                 }) as Arc<dyn PartitionStream>
             })
             .collect();
@@ -112,6 +123,18 @@ struct FilePartition {
     format: TextFormat,
     schema: SchemaRef,
     log: Option<Arc<OwnerLog>>,
+    read: Arc<AtomicU64>,
+}
+
+/// A reader that adds the bytes it reads to a counter.
+struct Counted<R>(R, Arc<AtomicU64>);
+
+impl<R: std::io::Read> std::io::Read for Counted<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.0.read(buf)?;
+        self.1.fetch_add(n as u64, Ordering::Relaxed);
+        Ok(n)
+    }
 }
 
 impl PartitionStream for FilePartition {
@@ -124,12 +147,13 @@ impl PartitionStream for FilePartition {
         let tx = builder.tx();
         let (table, file, format, schema, log) =
             (self.table.clone(), self.file.clone(), self.format.clone(), self.schema.clone(), self.log.clone());
+        let read = self.read.clone();
         builder.spawn_blocking(move || {
             let mut out = Batcher::new(schema);
             let send = |b: Result<RecordBatch>| tx.blocking_send(b).is_ok();
             let io = |e: std::io::Error| DataFusionError::IoError(e);
             let f = std::fs::File::open(&file).map_err(io)?;
-            let reader = std::io::BufReader::with_capacity(1 << 20, f);
+            let reader = std::io::BufReader::with_capacity(1 << 20, Counted(f, read));
             match format {
                 TextFormat::Csv { has_header, delimiter } => {
                     let mut r = csv::ReaderBuilder::new()

@@ -1,0 +1,169 @@
+//! How far a private plan has read its table, as a fraction, for a progress bar (`DpSession::progress`).
+//!
+//! # Privacy
+//! Only a fraction of the input is exposed, never a count of rows or of bytes, and only while a plan runs, after
+//! its debit. Its denominator is public to whoever runs the engine on the files (the rows in a Parquet footer, the
+//! size of a CSV or JSON file) and is never shown; how fast the fraction grows says no more than the running time
+//! of the query, which is observable anyway. The CLI and the REPL draw it on a terminal only; the server never does.
+//!
+//! # Measuring
+//! Parquet (and in-memory tables) by rows: each scan's `output_rows` metric, live while it runs, against the exact
+//! row count of its metadata. CSV and JSON by bytes: the table's reader ([`crate::source::text`]) counts the bytes
+//! it reads, against the size of its files. A marginal release reads its table twice, and says so.
+
+use datafusion::common::stats::Precision;
+use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
+use datafusion::physical_plan::ExecutionPlan;
+use datafusion::physical_plan::statistics::{StatisticsArgs, StatisticsContext};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// A handle on the progress of whatever private plan its session is running. Cheap to clone.
+#[derive(Clone, Debug, Default)]
+pub struct Progress {
+    /// Set once someone asked (`DpSession::progress`): until then nothing is measured.
+    enabled: Arc<AtomicBool>,
+    run: Arc<Mutex<Option<Run>>>,
+}
+
+/// A text table's byte counter and how many bytes a run will read.
+pub(crate) struct TextBytes {
+    pub(crate) counter: Arc<AtomicU64>,
+    pub(crate) total: u64,
+}
+
+/// What the running plan reads.
+#[derive(Debug)]
+struct Run {
+    /// Scans whose rows are counted, and their total.
+    by_rows: Vec<Arc<dyn ExecutionPlan>>,
+    rows: u64,
+    /// The text table's byte counter, where it stood when the plan started, and the bytes the plan will read.
+    counter: Option<Arc<AtomicU64>>,
+    bytes_at_start: u64,
+    bytes: u64,
+}
+
+/// Clears the run when the plan is done (or abandoned).
+pub(crate) struct Running<'a>(Option<&'a Progress>);
+
+impl Drop for Running<'_> {
+    fn drop(&mut self) {
+        if let Some(run) = self.0.and_then(|p| p.run.lock().ok()) {
+            let mut run = run;
+            *run = None;
+        }
+    }
+}
+
+impl Progress {
+    /// The fraction of its input the running plan has read, in `[0, 1]`; `None` when no plan is running or its
+    /// input's size is unknown.
+    pub fn fraction(&self) -> Option<f64> {
+        let run = self.run.lock().ok()?;
+        let run = run.as_ref()?;
+        let mut parts = vec![];
+        if run.rows > 0 {
+            let done: usize = run.by_rows.iter().filter_map(|p| p.metrics()?.output_rows()).sum();
+            parts.push(done as f64 / run.rows as f64);
+        }
+        if let Some(c) = &run.counter
+            && run.bytes > 0
+        {
+            let done = c.load(Ordering::Relaxed).saturating_sub(run.bytes_at_start);
+            parts.push(done as f64 / run.bytes as f64);
+        }
+        (!parts.is_empty()).then(|| (parts.iter().sum::<f64>() / parts.len() as f64).clamp(0.0, 1.0))
+    }
+
+    /// Starts measuring a run of `plans` (until the guard is dropped), if progress was asked for: their scans
+    /// with an exact row count by rows, and `text` (the plans' CSV or JSON table, if they read one) by bytes.
+    pub(crate) fn start(&self, plans: &[&Arc<dyn ExecutionPlan>], text: Option<TextBytes>) -> Running<'_> {
+        if !self.enabled.load(Ordering::Relaxed) {
+            return Running(None);
+        }
+        let (counter, bytes) = text.map_or((None, 0), |t| (Some(t.counter), t.total));
+        let bytes_at_start = counter.as_ref().map_or(0, |c| c.load(Ordering::Relaxed));
+        let mut run = Run { by_rows: vec![], rows: 0, counter, bytes_at_start, bytes };
+        for plan in plans {
+            // Only leaves are looked at; the closure never fails.
+            let _ = plan.apply(|p| {
+                if p.children().is_empty() {
+                    measure(p, &mut run);
+                }
+                Ok(TreeNodeRecursion::Continue)
+            });
+        }
+        if let Ok(mut slot) = self.run.lock() {
+            *slot = Some(run);
+        }
+        Running(Some(self))
+    }
+
+    /// Turns measuring on.
+    pub(crate) fn enable(&self) {
+        self.enabled.store(true, Ordering::Relaxed)
+    }
+}
+
+/// Adds a leaf of a plan to the run when its row count is exact (Parquet metadata, in-memory tables).
+fn measure(leaf: &Arc<dyn ExecutionPlan>, run: &mut Run) {
+    let stats = StatisticsContext::new().compute(leaf.as_ref(), &StatisticsArgs::new());
+    if let Ok(stats) = stats
+        && let Precision::Exact(rows) = stats.num_rows
+    {
+        run.rows += rows as u64;
+        run.by_rows.push(leaf.clone());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::DpSession;
+    use crate::accounting::Rho;
+    use crate::noise::Mechanism;
+    use crate::source::text::{TextFormat, TextTable};
+    use datafusion::arrow::array::{Int64Array, RecordBatch};
+    use datafusion::arrow::datatypes::{DataType, Field, Schema};
+    use datafusion::prelude::ParquetReadOptions;
+    use std::sync::Arc;
+
+    /// The fraction before the plan over `table` runs, after it ran, and once it is over.
+    async fn measured(s: &DpSession, table: &str) -> (Option<f64>, Option<f64>, Option<f64>) {
+        let p = s.progress();
+        let plan = s.ctx.sql(&format!("SELECT * FROM {table}")).await.unwrap().create_physical_plan().await.unwrap();
+        let running = p.start(&[&plan], s.text_bytes(table, 1).await);
+        let before = p.fraction();
+        datafusion::physical_plan::collect(plan, s.ctx.task_ctx()).await.unwrap();
+        let after = p.fraction();
+        drop(running);
+        (before, after, p.fraction())
+    }
+
+    #[tokio::test]
+    async fn csv_by_bytes_and_parquet_by_rows_from_nothing_to_all() {
+        let rho = |r| Rho::new(r).unwrap();
+        let s = DpSession::empty(rho(1.0), rho(0.1), Mechanism::Gaussian, 1e-6, 0.95).unwrap();
+        assert_eq!(s.progress.fraction(), None);
+        let csv = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/data/pums_dup.csv");
+        let schema = Arc::new(Schema::new(vec![Field::new("age", DataType::Int64, true)]));
+        let format = TextFormat::Csv { has_header: true, delimiter: b',' };
+        let table = TextTable::new("c", schema, vec![csv.into()], format, None);
+        s.ctx.register_table("c", Arc::new(table)).unwrap();
+        assert_eq!(measured(&s, "c").await, (Some(0.0), Some(1.0), None));
+        // Counted from where the counter stands when the run starts: a second run goes from 0 to 1 again.
+        assert_eq!(measured(&s, "c").await, (Some(0.0), Some(1.0), None));
+        let dir = std::env::temp_dir().join(format!("dpfusion-progress-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("t.parquet");
+        let b = RecordBatch::try_from_iter([("x", Arc::new(Int64Array::from_iter_values(0..5000)) as _)]).unwrap();
+        let f = std::fs::File::create(&file).unwrap();
+        let mut w = datafusion::parquet::arrow::ArrowWriter::try_new(f, b.schema(), None).unwrap();
+        w.write(&b).unwrap();
+        w.close().unwrap();
+        s.ctx.register_parquet("p", file.to_str().unwrap(), ParquetReadOptions::default()).await.unwrap();
+        let measured = measured(&s, "p").await;
+        let _ = std::fs::remove_dir_all(&dir);
+        assert_eq!(measured, (Some(0.0), Some(1.0), None));
+    }
+}
