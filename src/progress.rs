@@ -9,7 +9,9 @@
 //! # Measuring
 //! Parquet (and in-memory tables) by rows: each scan's `output_rows` metric, live while it runs, against the exact
 //! row count of its metadata. CSV and JSON by bytes: the table's reader ([`crate::source::text`]) counts the bytes
-//! it reads, against the size of its files. A marginal release reads its table twice, and says so.
+//! it reads, against the size of its files (a marginal release that bounds rows per unit reads them twice). The
+//! counter belongs to the table, so scans of the same table by other sessions of one process (the server's
+//! analysts) would add to it; the progress bar is only drawn by the CLI and the REPL, one query at a time.
 
 use datafusion::common::stats::Precision;
 use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
@@ -49,8 +51,7 @@ pub(crate) struct Running<'a>(Option<&'a Progress>);
 
 impl Drop for Running<'_> {
     fn drop(&mut self) {
-        if let Some(run) = self.0.and_then(|p| p.run.lock().ok()) {
-            let mut run = run;
+        if let Some(mut run) = self.0.and_then(|p| p.run.lock().ok()) {
             *run = None;
         }
     }
@@ -79,7 +80,7 @@ impl Progress {
     /// Starts measuring a run of `plans` (until the guard is dropped), if progress was asked for: their scans
     /// with an exact row count by rows, and `text` (the plans' CSV or JSON table, if they read one) by bytes.
     pub(crate) fn start(&self, plans: &[&Arc<dyn ExecutionPlan>], text: Option<TextBytes>) -> Running<'_> {
-        if !self.enabled.load(Ordering::Relaxed) {
+        if !self.enabled() {
             return Running(None);
         }
         let (counter, bytes) = text.map_or((None, 0), |t| (Some(t.counter), t.total));
@@ -103,6 +104,11 @@ impl Progress {
     /// Turns measuring on.
     pub(crate) fn enable(&self) {
         self.enabled.store(true, Ordering::Relaxed)
+    }
+
+    /// Whether measuring is on.
+    pub(crate) fn enabled(&self) -> bool {
+        self.enabled.load(Ordering::Relaxed)
     }
 }
 
@@ -150,6 +156,12 @@ mod tests {
         let format = TextFormat::Csv { has_header: true, delimiter: b',' };
         let table = TextTable::new("c", schema, vec![csv.into()], format, None);
         s.ctx.register_table("c", Arc::new(table)).unwrap();
+        // Nothing is measured until someone asks.
+        let plan = s.ctx.sql("SELECT * FROM c").await.unwrap().create_physical_plan().await.unwrap();
+        assert!(s.text_bytes("c", 1).await.is_none());
+        let running = s.progress.start(&[&plan], None);
+        assert_eq!(s.progress.fraction(), None);
+        drop(running);
         assert_eq!(measured(&s, "c").await, (Some(0.0), Some(1.0), None));
         // Counted from where the counter stands when the run starts: a second run goes from 0 to 1 again.
         assert_eq!(measured(&s, "c").await, (Some(0.0), Some(1.0), None));

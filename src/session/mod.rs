@@ -124,9 +124,12 @@ impl DpSession {
         self.progress.clone()
     }
 
-    /// The byte counter of `table` if it is a CSV or JSON table, for [`crate::progress::Progress::start`]; `passes`
-    /// is how many times the plan reads it.
+    /// The byte counter of `table` if it is a CSV or JSON table and progress is measured, for
+    /// [`crate::progress::Progress::start`]; `passes` is how many times the plan reads it.
     pub(crate) async fn text_bytes(&self, table: &str, passes: u64) -> Option<crate::progress::TextBytes> {
+        if !self.progress.enabled() {
+            return None;
+        }
         let provider = self.ctx.table_provider(table).await.ok()?;
         let (counter, size) = provider.downcast_ref::<crate::source::text::TextTable>()?.bytes();
         Some(crate::progress::TextBytes { counter, total: size * passes })
