@@ -200,7 +200,8 @@ impl Chart {
             .iter()
             .zip(numbers)
             .map(|(&c, vals)| {
-                let acc = &r.accuracy()[c].accuracy;
+                let acc =
+                    &r.accuracy().get(c).ok_or_else(|| DpError::Internal("a column without accuracy".into()))?.accuracy;
                 let name = schema.field(c).name();
                 match acc {
                     Accuracy::Noisy { confidence: l, sigma_or_scale, mechanism, .. } => {
@@ -226,9 +227,9 @@ impl Chart {
                         interval: interval(acc, row, value),
                     })
                     .collect();
-                Panel { title: name.clone(), bars }
+                Ok(Panel { title: name.clone(), bars })
             })
-            .collect();
+            .collect::<Result<Vec<_>>>()?;
         let mut caption = vec![match confidence {
             Some(c) => format!("error bars: {}% intervals of the noise", fmt_num(c * 100.0)),
             None => "no interval can be stated for these columns".to_string(),

@@ -23,22 +23,23 @@ pub(crate) async fn with_progress<T>(s: &DpSession, what: &str, work: impl Futur
         ProgressBar::with_draw_target(Some(STEPS), ProgressDrawTarget::hidden()).with_finish(ProgressFinish::AndClear);
     let style = ProgressStyle::with_template("{prefix} [{bar:36}] {percent:>3}% · {elapsed} · about {eta} left")
         .map(|s| s.progress_chars("=> "));
-    let waiting = ProgressStyle::with_template("{prefix} {spinner} {elapsed}");
+    let (Ok(style), Ok(waiting)) = (style, ProgressStyle::with_template("{prefix} {spinner} {elapsed}")) else {
+        return work.await; // the templates are constants: never, but no bar rather than a panic
+    };
     bar.set_prefix(what.to_string());
     let show = async {
         tokio::time::sleep(Duration::from_secs(1)).await;
         bar.set_draw_target(ProgressDrawTarget::stderr());
         loop {
-            match (progress.fraction(), &style, &waiting) {
-                (Some(f), Ok(style), _) => {
+            match progress.fraction() {
+                Some(f) => {
                     bar.set_style(style.clone());
                     bar.set_position((f * STEPS as f64) as u64);
                 }
-                (_, _, Ok(waiting)) => {
+                None => {
                     bar.set_style(waiting.clone());
                     bar.tick();
                 }
-                _ => {}
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
