@@ -265,7 +265,7 @@ async fn out_of_domain_and_null_keys_are_never_released() {
 async fn a_unit_over_the_group_limit_keeps_whole_cells_chosen_uniformly() {
     use datafusion::arrow::array::{ArrayRef, StringArray};
     let cells = [(1.0, 10.0), (2.0, 40.0), (1.0, 30.0)];
-    // Integer keys take the `dp_pick` path for g = 1; string keys and g = 2 the window ranking.
+    // g = 1 takes the `dp_pick` path, g = 2 the `dp_pick_n` lists; keys are cell indices whatever their type.
     for (g, string_keys) in [(1u64, false), (1, true), (2, false)] {
         let (key, domain): (ArrayRef, Vec<DomainValue>) = if string_keys {
             let d = ["a", "b", "c"];
@@ -317,19 +317,20 @@ async fn a_unit_over_the_group_limit_keeps_whole_cells_chosen_uniformly() {
     }
 }
 
-/// One cell per unit across batches and partitions (the per-unit aggregations merge partial states): 300
-/// units, each with two cells of two rows (x = 10 and x = NULL) whose rows lie far apart in 7 batches over three
-/// partitions. Whichever cell a unit keeps, it adds exactly 2 to COUNT(*), 10 to SUM(x) and 1 to COUNT(x), all to one cell. ρ = 10^9 per
-/// query: the noise (σ < 10^-3) cannot move a rounded figure. With integer keys and with string keys (the bounding
-/// works on cell indices either way).
+/// g whole cells per unit across batches and partitions (the per-unit aggregations merge partial states): 300
+/// units, each with two of the three cells, two rows each (x = 10 and x = NULL), whose rows lie far apart in 7
+/// batches over three partitions. With g = 1, whichever cell a unit keeps, it adds exactly 2 to COUNT(*), 10 to
+/// SUM(x) and 1 to COUNT(x), all to one cell; with g = 2 (still fewer than the cells, so chosen by `dp_pick_n`) it
+/// keeps both. ρ = 10^9 per query: the noise (σ < 10^-3) cannot move a rounded figure. With integer keys and with
+/// string keys (the bounding works on cell indices either way).
 #[tokio::test]
-async fn one_whole_cell_per_unit_across_batches() {
-    for strings in [false, true] {
-        one_whole_cell_per_unit(strings).await;
+async fn whole_cells_per_unit_across_batches() {
+    for (strings, g) in [(false, 1), (true, 1), (false, 2), (true, 2)] {
+        whole_cells_per_unit(strings, g).await;
     }
 }
 
-async fn one_whole_cell_per_unit(strings: bool) {
+async fn whole_cells_per_unit(strings: bool, g: u64) {
     use datafusion::arrow::array::{ArrayRef, StringArray};
     const UNITS: i64 = 300;
     let (mut pid, mut k, mut x) = (vec![], vec![], vec![]);
@@ -374,7 +375,7 @@ async fn one_whole_cell_per_unit(strings: bool) {
     // Three partitions, so that partial aggregates by unit are merged.
     let parts = vec![batches[..2].to_vec(), batches[2..5].to_vec(), batches[5..].to_vec()];
     let table = datafusion::datasource::MemTable::try_new(schema, parts).unwrap();
-    s.register_table("t", Arc::new(table), TablePolicy::with_unit("pid", 5, 1, cols).unwrap()).unwrap();
+    s.register_table("t", Arc::new(table), TablePolicy::with_unit("pid", 5, g, cols).unwrap()).unwrap();
     for _ in 0..5 {
         let r = crate::support::release(&s, "SELECT k, COUNT(*), SUM(x), COUNT(x) FROM t GROUP BY k ORDER BY k").await;
         let cols: Vec<Vec<f64>> = (1..4).map(|c| crate::support::column_f64(&r, c)).collect();
@@ -383,7 +384,8 @@ async fn one_whole_cell_per_unit(strings: bool) {
             assert_eq!((*sum, *nx), (10.0 * n / 2.0, n / 2.0), "cell {i}: whole cells only ({n}, {sum}, {nx})");
         }
         let totals: Vec<f64> = round.iter().map(|c| c.iter().sum()).collect();
-        assert_eq!(totals, vec![2.0 * UNITS as f64, 10.0 * UNITS as f64, UNITS as f64], "one cell per unit");
+        let units = (g * UNITS as u64) as f64;
+        assert_eq!(totals, vec![2.0 * units, 10.0 * units, units], "{g} cells per unit");
     }
 }
 

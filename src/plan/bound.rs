@@ -10,9 +10,9 @@
 //!    data) plays any part. Either way a unit moves a cell by at most k rows, or k·M for a sum. (The marginal
 //!    release keeps k random rows per unit instead, while it streams: `marginals::RowSampler`.)
 //! 4. In a GROUP BY with more cells than `max_groups_per_unit`, each unit keeps a uniformly random set of at most
-//!    `g` of its cells: each (unit, cell) draws a uniform priority and the `g` smallest are kept — for g = 1 by one
-//!    more aggregation per unit ([`Pick`], no sort), otherwise by `row_number() OVER (PARTITION BY unit ORDER BY
-//!    priority) ≤ g`. Cells are single integers here, whatever the keys' types ([`cells`]).
+//!    `g` of its cells: each (unit, cell) draws a uniform priority and the `g` smallest are kept, by one more
+//!    aggregation per unit and no sort ([`Pick`] for g = 1; for more, [`PickN`] lists unnested back into rows).
+//!    Cells are single integers here, whatever the keys' types ([`cells`]).
 //! 5. Values are clamped to the column's bounds, put on the grid 2^-s and summed exactly by one aggregate,
 //!    [`BoundedSum`] (NULL is ignored as by SUM; NaN takes the upper bound). With |value| ≤ 2^21 grid units per row
 //!    the exact sum stays far below 10^38: no overflow, hence no data-dependent runtime error, is possible.
@@ -22,18 +22,17 @@ use crate::plan::cells;
 use crate::plan::clip::Clip as ClipFn;
 use crate::plan::exact_sum::BoundedSum;
 use crate::plan::measures::Measured;
-use crate::plan::pick::Pick;
+use crate::plan::pick::{Pick, PickN};
 use crate::plan::sensitivity::Contribution;
 use crate::plan::{GroupKey, MeasureKind};
 use crate::policy::{DomainValue, TablePolicy};
 use crate::refusal::Refusal;
 use datafusion::arrow::datatypes::DataType;
 use datafusion::common::tree_node::{Transformed, TreeNode};
-use datafusion::common::{Column, DFSchema, ScalarValue};
+use datafusion::common::{Column, DFSchema, ScalarValue, UnnestOptions};
 use datafusion::functions::math::expr_fn::random;
-use datafusion::functions_window::expr_fn::row_number;
 use datafusion::logical_expr::{
-    Expr, ExprFunctionExt, ExprSchemable, LogicalPlan, LogicalPlanBuilder, Projection, cast, col, lit, when,
+    Expr, ExprSchemable, LogicalPlan, LogicalPlanBuilder, Projection, cast, col, lit, when,
 };
 use std::sync::Arc;
 
@@ -184,10 +183,9 @@ pub fn bounded_aggregate(
 /// computed per (unit, cell) together with the row count n — the cell being the integer `__dp_cell` that
 /// [`crate::plan::keys::scope`] put on every row ([`crate::plan::cells`]), whatever the keys' types; each
 /// contribution is clipped as [`Clip`] says to at most k rows' worth; with `groups`, each unit keeps a uniformly
-/// random set of at most that many of its cells (one cell: the cell of smallest uniform priority, found by one
-/// aggregation per unit with [`Pick`]; more: `row_number() OVER (PARTITION BY unit ORDER BY random())` over the
-/// unit's cells, not its rows); the result is summed per cell into `__dp_m{i}`, and the keys are decoded from the
-/// cell.
+/// random set of at most that many of its cells (the cells of smallest uniform priority, found by one aggregation
+/// per unit: [`Pick`] for one cell, [`PickN`] and an `UNNEST` for more); the result is summed per cell into
+/// `__dp_m{i}`, and the keys are decoded from the cell.
 ///
 /// # Privacy
 /// Adding or removing a unit changes, in at most `groups` cells, each COUNT by at most k and each SUM by at most
@@ -235,30 +233,26 @@ pub fn per_unit(
     }
     let mut b =
         LogicalPlanBuilder::from(input).aggregate(group_by, inner).and_then(|b| b.project(proj)).map_err(engine)?;
-    if groups == Some(1) {
-        // One uniformly random cell per unit without a sort: each of the unit's cells draws a uniform priority,
-        // and one aggregation per unit keeps the cell of smallest priority (`dp_pick` for the keys and every
-        // clipped measurement, which all follow the same draw). Whatever happens on a tie, each unit still yields
-        // one row of clipped values: the bound holds unconditionally.
+    if let Some(g) = groups {
+        // A uniformly random set of at most g cells per unit without a sort: each of the unit's cells draws a
+        // uniform priority, and one aggregation per unit keeps the cells of the g smallest (`dp_pick` for g = 1;
+        // `dp_pick_n` lists, unnested, for more), with the keys and every clipped measurement following the same
+        // draw. Whatever happens on a tie, each unit still yields at most g rows of clipped values in distinct
+        // cells: the bound holds unconditionally.
+        let r = || col("__dp_r");
+        let pick = |e: Expr| if g == 1 { Pick::call(e, r()) } else { PickN::call(g, e, r()) };
         let mut with_r: Vec<Expr> = b.schema().columns().into_iter().map(Expr::Column).collect();
         with_r.push(random().alias("__dp_r"));
-        let mut picks: Vec<Expr> = keys
+        let mut picked: Vec<Column> = keys.to_vec();
+        picked.extend((0..clips.len()).map(|i| Column::from_name(format!("__dp_x{i}"))));
+        let picks: Vec<Expr> = picked
             .iter()
-            .map(|c| Pick::call(Expr::Column(c.clone()), col("__dp_r")).alias_qualified(c.relation.clone(), c.name()))
+            .map(|c| pick(Expr::Column(c.clone())).alias_qualified(c.relation.clone(), c.name()))
             .collect();
-        picks.extend((0..clips.len()).map(|i| {
-            let x = format!("__dp_x{i}");
-            Pick::call(col(&x), col("__dp_r")).alias(x)
-        }));
         b = b.project(with_r).and_then(|b| b.aggregate(vec![unit()], picks)).map_err(engine)?;
-    } else if let Some(g) = groups {
-        let pick = row_number()
-            .partition_by(vec![unit()])
-            .order_by(vec![random().sort(true, false)])
-            .build()
-            .map_err(engine)?
-            .alias("__dp_pick");
-        b = b.window(vec![pick]).and_then(|b| b.filter(col("__dp_pick").lt_eq(lit(g)))).map_err(engine)?;
+        if g > 1 {
+            b = b.unnest_columns_with_options(picked, UnnestOptions::default()).map_err(engine)?;
+        }
     }
     let outer: Vec<Expr> =
         (0..clips.len()).map(|i| sum(col(format!("__dp_x{i}"))).alias(format!("__dp_m{i}"))).collect();

@@ -19,7 +19,7 @@ use crate::error::{DpError, Result, engine};
 use crate::plan::cells::{CellIndex, CellKey};
 use crate::plan::clip::Clip;
 use crate::plan::exact_sum::BoundedSum;
-use crate::plan::pick::Pick;
+use crate::plan::pick::{Pick, PickN};
 use crate::refusal::Refusal;
 use datafusion::arrow::array::{ArrayRef, RecordBatch, RecordBatchOptions, StringArray};
 use datafusion::arrow::datatypes::{DataType, Schema};
@@ -29,8 +29,7 @@ use datafusion::execution::context::ExecutionProps;
 use datafusion::functions::math::random::RandomFunc;
 use datafusion::functions_aggregate::count::Count;
 use datafusion::functions_aggregate::sum::Sum;
-use datafusion::functions_window::row_number::RowNumber;
-use datafusion::logical_expr::{ColumnarValue, Expr, ExprSchemable, LogicalPlan, Operator, WindowFunctionDefinition};
+use datafusion::logical_expr::{ColumnarValue, Expr, ExprSchemable, LogicalPlan, Operator};
 use std::sync::Arc;
 
 /// Longest LIKE pattern accepted (bytes). Real patterns are short; a huge one only costs regex compile time.
@@ -354,20 +353,16 @@ pub fn total(e: &Expr, schema: &DFSchema) -> std::result::Result<(), String> {
         Expr::AggregateFunction(a) => {
             let inner = a.func.inner();
             let p = &a.params;
-            let known = inner.is::<Count>() || inner.is::<Sum>() || inner.is::<BoundedSum>() || inner.is::<Pick>();
+            let known = inner.is::<Count>()
+                || inner.is::<Sum>()
+                || inner.is::<BoundedSum>()
+                || inner.is::<Pick>()
+                || inner.is::<PickN>();
             if !known || p.distinct || p.filter.is_some() || !p.order_by.is_empty() {
                 return Err(format!("the aggregate `{e}`"));
             }
             p.args.iter().try_for_each(|a| total(a, schema))
         }
-        Expr::WindowFunction(w) => match &w.fun {
-            WindowFunctionDefinition::WindowUDF(f) if f.inner().is::<RowNumber>() => {
-                let p = &w.params;
-                p.args.iter().chain(&p.partition_by).try_for_each(|a| total(a, schema))?;
-                p.order_by.iter().try_for_each(|s| total(&s.expr, schema))
-            }
-            _ => Err(format!("the window function `{e}`")),
-        },
         other => Err(format!("`{other}`")),
     }
 }
@@ -400,7 +395,7 @@ pub fn check_total(plan: &LogicalPlan) -> Result<()> {
                 | LogicalPlan::Filter(_)
                 | LogicalPlan::Projection(_)
                 | LogicalPlan::Aggregate(_)
-                | LogicalPlan::Window(_)
+                | LogicalPlan::Unnest(_)
                 | LogicalPlan::SubqueryAlias(_)
                 | LogicalPlan::EmptyRelation(_)
         );

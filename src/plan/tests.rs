@@ -208,21 +208,23 @@ async fn bounded_plans_keep_their_shape() {
         ",
     )
     .await;
-    // Two groups per person (fewer than the four cells): the person's cells ranked by a random priority.
+    // Two groups per person (fewer than the four cells): the two cells of smallest random priority, as lists
+    // per person, unnested; no sort.
     snapshot(
         "SELECT age, COUNT(*) FROM t GROUP BY age",
         policy(true, 2),
         "
         Projection: dp_cell_key(__dp_cell) AS age, __dp_m0
           Aggregate: groupBy=[[__dp_cell]], aggr=[[sum(__dp_x0) AS __dp_m0]]
-            Filter: __dp_pick <= UInt64(2)
-              WindowAggr: windowExpr=[[row_number() PARTITION BY [__dp_unit] ORDER BY [random() ASC NULLS LAST] ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW AS __dp_pick]]
-                Projection: __dp_cell, __dp_unit, CASE WHEN __dp_n > Int64(2) THEN Int64(2) ELSE __dp_n END AS __dp_x0
-                  Aggregate: groupBy=[[__dp_unit, __dp_cell]], aggr=[[count(Int64(1)) AS __dp_n]]
-                    Filter: __dp_cell IS NOT NULL
-                      Projection: t.pid, t.age, t.sex, t.income, t.score, __dp_unit, dp_cell(t.age) AS __dp_cell
-                        Projection: t.pid, t.age, t.sex, t.income, t.score, t.pid AS __dp_unit
-                          TableScan: t
+            Unnest: lists[__dp_cell|depth=1, __dp_x0|depth=1] structs[]
+              Aggregate: groupBy=[[__dp_unit]], aggr=[[dp_pick_n(__dp_cell, __dp_r) AS __dp_cell, dp_pick_n(__dp_x0, __dp_r) AS __dp_x0]]
+                Projection: __dp_cell, __dp_unit, __dp_x0, random() AS __dp_r
+                  Projection: __dp_cell, __dp_unit, CASE WHEN __dp_n > Int64(2) THEN Int64(2) ELSE __dp_n END AS __dp_x0
+                    Aggregate: groupBy=[[__dp_unit, __dp_cell]], aggr=[[count(Int64(1)) AS __dp_n]]
+                      Filter: __dp_cell IS NOT NULL
+                        Projection: t.pid, t.age, t.sex, t.income, t.score, __dp_unit, dp_cell(t.age) AS __dp_cell
+                          Projection: t.pid, t.age, t.sex, t.income, t.score, t.pid AS __dp_unit
+                            TableScan: t
         ",
     )
     .await;
