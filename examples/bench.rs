@@ -2,8 +2,10 @@
 //! process, alternating, reporting medians and the ratio. Results go in BENCHMARKS.md.
 //!
 //! ```text
-//! cargo run --release --example bench -- gen    --rows 1000000 --out bench-data [--csv] [--strings]
-//!                       # people_1000000.parquet (+ .csv); --strings: sex F/M and state S00…S49 as text (_str)
+//! cargo run --release --example bench -- gen    --rows 1000000 --out bench-data [--csv] [--strings] [--shuffle]
+//!                       # people_1000000.parquet (+ .csv); --strings: sex F/M and state S00…S49 as text (_str);
+//!                       # --shuffle: rows in random order (_shuffled), else each person's rows together, in
+//!                       # person_id order (clustered by unit)
 //! cargo run --release --example bench -- sql    --data bench-data/people_1000000.parquet [--reps 5]
 //!                       [--only W2] [--unit row|person] [--side dp|plain: one side only, for a profiler;
 //!                       plain at person level is the query with its per-person aggregation]
@@ -44,9 +46,12 @@ fn state_text(t: i64) -> String {
     format!("S{t:02}")
 }
 
-fn gen_people(rows: usize, out: &Path, csv: bool, strings: bool) -> Res<PathBuf> {
+/// `people_{rows}[_str][_shuffled].parquet`. The rows of a person are written together and persons in increasing
+/// `person_id` (clustered by unit, as census files are) unless `shuffle`: then in a seeded random order.
+fn gen_people(rows: usize, out: &Path, csv: bool, strings: bool, shuffle: bool) -> Res<PathBuf> {
     std::fs::create_dir_all(out)?;
-    let path = out.join(format!("people_{rows}{}.parquet", if strings { "_str" } else { "" }));
+    let name = format!("people_{rows}{}{}", if strings { "_str" } else { "" }, if shuffle { "_shuffled" } else { "" });
+    let path = out.join(format!("{name}.parquet"));
     let key_type = if strings { DataType::Utf8 } else { DataType::Int64 };
     let mut csv_writer = if csv {
         Some(
@@ -65,48 +70,45 @@ fn gen_people(rows: usize, out: &Path, csv: bool, strings: bool) -> Res<PathBuf>
         Field::new("education", DataType::Int64, false),
         Field::new("income", DataType::Float64, false),
     ]));
-    let mut w = ArrowWriter::try_new(std::fs::File::create(&path)?, schema.clone(), None)?;
     let mut rng = rand::rngs::StdRng::seed_from_u64(42);
     let income = LogNormal::new(10.5, 1.0)?;
-    let (mut done, mut person) = (0usize, 0i64);
-    while done < rows {
-        let n = (rows - done).min(1 << 17);
-        let (mut pid, mut age, mut sex, mut st, mut ed, mut inc) = (vec![], vec![], vec![], vec![], vec![], vec![]);
-        while pid.len() < n {
-            person += 1;
-            let (a, s, t, e) =
-                (rng.random_range(0..100), rng.random_range(0..2), rng.random_range(0..50), rng.random_range(1..17));
-            for _ in 0..rng.random_range(1..=5).min(n - pid.len()) {
-                pid.push(person);
-                age.push(a);
-                sex.push(s);
-                st.push(t);
-                ed.push(e);
-                inc.push(income.sample(&mut rng));
-            }
+    let (mut pid, mut age, mut sex, mut st, mut ed, mut inc) = (vec![], vec![], vec![], vec![], vec![], vec![]);
+    let mut person = 0i64;
+    while pid.len() < rows {
+        person += 1;
+        let (a, s, t, e) =
+            (rng.random_range(0..100), rng.random_range(0..2), rng.random_range(0..50), rng.random_range(1..17));
+        for _ in 0..rng.random_range(1..=5).min(rows - pid.len()) {
+            pid.push(person);
+            age.push(a);
+            sex.push(s);
+            st.push(t);
+            ed.push(e);
+            inc.push(income.sample(&mut rng));
         }
+    }
+    let mut order: Vec<usize> = (0..rows).collect();
+    if shuffle {
+        use rand::seq::SliceRandom;
+        order.shuffle(&mut rng);
+    }
+    let mut w = ArrowWriter::try_new(std::fs::File::create(&path)?, schema.clone(), None)?;
+    for chunk in order.chunks(1 << 17) {
+        let ints = |v: &[i64]| Arc::new(Int64Array::from_iter_values(chunk.iter().map(|&i| v[i]))) as ArrayRef;
         let (sex, st): (ArrayRef, ArrayRef) = if strings {
             (
-                Arc::new(StringArray::from(sex.into_iter().map(sex_text).collect::<Vec<_>>())),
-                Arc::new(StringArray::from(st.into_iter().map(state_text).collect::<Vec<_>>())),
+                Arc::new(StringArray::from_iter_values(chunk.iter().map(|&i| sex_text(sex[i])))),
+                Arc::new(StringArray::from_iter_values(chunk.iter().map(|&i| state_text(st[i])))),
             )
         } else {
-            (Arc::new(Int64Array::from(sex)), Arc::new(Int64Array::from(st)))
+            (ints(&sex), ints(&st))
         };
-        let cols: Vec<ArrayRef> = vec![
-            Arc::new(Int64Array::from(pid)),
-            Arc::new(Int64Array::from(age)),
-            sex,
-            st,
-            Arc::new(Int64Array::from(ed)),
-            Arc::new(Float64Array::from(inc)),
-        ];
-        let batch = RecordBatch::try_new(schema.clone(), cols)?;
+        let income = Arc::new(Float64Array::from_iter_values(chunk.iter().map(|&i| inc[i])));
+        let batch = RecordBatch::try_new(schema.clone(), vec![ints(&pid), ints(&age), sex, st, ints(&ed), income])?;
         w.write(&batch)?;
         if let Some(c) = csv_writer.as_mut() {
             c.write(&batch)?;
         }
-        done += n;
     }
     w.close()?;
     Ok(path)
@@ -425,11 +427,8 @@ async fn main() -> Res<()> {
     match args.get(1).map(String::as_str) {
         Some("gen") => {
             let rows = arg(&args, "--rows").ok_or("--rows N")?.parse()?;
-            println!(
-                "{}",
-                gen_people(rows, &out, args.iter().any(|a| a == "--csv"), args.iter().any(|a| a == "--strings"))?
-                    .display()
-            );
+            let flag = |f: &str| args.iter().any(|a| a == f);
+            println!("{}", gen_people(rows, &out, flag("--csv"), flag("--strings"), flag("--shuffle"))?.display());
         }
         Some("wide") => {
             let rows = arg(&args, "--rows").ok_or("--rows N")?.parse()?;

@@ -13,8 +13,8 @@
 //! counter belongs to the table, so scans of the same table by other sessions of one process (the server's
 //! analysts) would add to it; the progress bar is only drawn by the CLI and the REPL, one query at a time.
 
+use crate::plan::runs::UnitRunsExec;
 use datafusion::common::stats::Precision;
-use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::statistics::{StatisticsArgs, StatisticsContext};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -87,13 +87,7 @@ impl Progress {
         let bytes_at_start = counter.as_ref().map_or(0, |c| c.load(Ordering::Relaxed));
         let mut run = Run { by_rows: vec![], rows: 0, counter, bytes_at_start, bytes };
         for plan in plans {
-            // Only leaves are looked at; the closure never fails.
-            let _ = plan.apply(|p| {
-                if p.children().is_empty() {
-                    measure(p, &mut run);
-                }
-                Ok(TreeNodeRecursion::Continue)
-            });
+            leaves(plan, true, &mut run);
         }
         if let Ok(mut slot) = self.run.lock() {
             *slot = Some(run);
@@ -112,13 +106,30 @@ impl Progress {
     }
 }
 
-/// Adds a leaf of a plan to the run when its row count is exact (Parquet metadata, in-memory tables).
-fn measure(leaf: &Arc<dyn ExecutionPlan>, run: &mut Run) {
+/// Adds the leaves of `plan` to the run. The bounding's streaming pass ([`UnitRunsExec`]) reads its input once
+/// and, only if that input is not clustered by unit, its fallback over the same table: the fallback's scans add to
+/// what was read, not to what is to read (a pass abandoned early then ends the bar a little early).
+fn leaves(plan: &Arc<dyn ExecutionPlan>, to_read: bool, run: &mut Run) {
+    let children = plan.children();
+    if children.is_empty() {
+        measure(plan, to_read, run);
+    }
+    let pass = plan.is::<UnitRunsExec>();
+    for (i, child) in children.into_iter().enumerate() {
+        leaves(child, to_read && !(pass && i > 0), run);
+    }
+}
+
+/// Adds a leaf of a plan to the run when its row count is exact (Parquet metadata, in-memory tables); its rows
+/// count towards the total when `to_read`.
+fn measure(leaf: &Arc<dyn ExecutionPlan>, to_read: bool, run: &mut Run) {
     let stats = StatisticsContext::new().compute(leaf.as_ref(), &StatisticsArgs::new());
     if let Ok(stats) = stats
         && let Precision::Exact(rows) = stats.num_rows
     {
-        run.rows += rows as u64;
+        if to_read {
+            run.rows += rows as u64;
+        }
         run.by_rows.push(leaf.clone());
     }
 }

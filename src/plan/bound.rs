@@ -18,13 +18,13 @@
 //!    the exact sum stays far below 10^38: no overflow, hence no data-dependent runtime error, is possible.
 
 use crate::error::{DpError, Result, engine};
-use crate::plan::cells;
 use crate::plan::clip::Clip as ClipFn;
 use crate::plan::exact_sum::BoundedSum;
 use crate::plan::measures::Measured;
 use crate::plan::pick::{Pick, PickN};
 use crate::plan::sensitivity::Contribution;
 use crate::plan::{GroupKey, MeasureKind};
+use crate::plan::{cells, runs};
 use crate::policy::{DomainValue, TablePolicy};
 use crate::refusal::Refusal;
 use datafusion::arrow::datatypes::DataType;
@@ -32,7 +32,7 @@ use datafusion::common::tree_node::{Transformed, TreeNode};
 use datafusion::common::{Column, DFSchema, ScalarValue, UnnestOptions};
 use datafusion::functions::math::expr_fn::random;
 use datafusion::logical_expr::{
-    Expr, ExprSchemable, LogicalPlan, LogicalPlanBuilder, Projection, cast, col, lit, when,
+    Expr, ExprSchemable, Extension, LogicalPlan, LogicalPlanBuilder, Projection, cast, col, lit, when,
 };
 use std::sync::Arc;
 
@@ -144,6 +144,16 @@ pub enum Clip {
     },
 }
 
+impl Clip {
+    /// For sums, the range `[k·lo, k·hi]` (grid units) a unit over the row limit is kept in; None for counts.
+    pub fn range(&self, k: u64) -> Option<(i128, i128)> {
+        match self {
+            Clip::Sum { lo, hi } => Some(((lo * k as f64).floor() as i128, (hi * k as f64).ceil() as i128)),
+            _ => None,
+        }
+    }
+}
+
 /// Phase 4 of [`crate::plan::compile`]: the bounded aggregate over the `scoped` input, GROUP BY keys first, then
 /// one column `__dp_m{i}` per measurement. With a privacy unit, each unit's contribution is bounded by
 /// [`per_unit`] (each measurement clipped as its kind needs; at most `contribution.groups` cells per unit when
@@ -207,7 +217,7 @@ pub fn per_unit(
     let mut group_by = vec![unit()];
     group_by.extend(keys.iter().cloned().map(Expr::Column));
     let mut inner = vec![count(lit(1i64)).alias("__dp_n")];
-    for (i, (clip, e)) in clips.iter().zip(row_aggs).enumerate() {
+    for (i, (clip, e)) in clips.iter().zip(row_aggs.iter().cloned()).enumerate() {
         if !matches!(clip, Clip::Rows) {
             inner.push(e.alias(format!("__dp_v{i}")));
         }
@@ -221,16 +231,18 @@ pub fn per_unit(
         let x = match clip {
             Clip::Rows => when(n().gt(kl()), kl()).otherwise(n()).map_err(engine)?,
             Clip::Values => ClipFn::count(k, v(), n()),
-            Clip::Sum { lo, hi } => {
+            Clip::Sum { .. } => {
                 // Over the limit: k times the unit's mean, kept in [k·lo, k·hi]. At or under it, the exact sum of
                 // n ≤ k grid values, already within k·max(|lo|, |hi|) of zero. (Clamping that sum to [k·lo, k·hi]
                 // too would move a unit with fewer than k rows and lo > 0 up to k·lo.)
-                let (klo, khi) = ((lo * k as f64).floor() as i128, (hi * k as f64).ceil() as i128);
+                let (klo, khi) = clip.range(k).unwrap_or((0, 0));
                 ClipFn::sum(k, klo, khi, v(), n())
             }
         };
         proj.push(x.alias(format!("__dp_x{i}")));
     }
+    let cells = (!group_keys.is_empty()).then(|| crate::plan::cell_count(group_keys));
+    let runs = unit_runs_rows(&input, cells, clips, &row_aggs, k, groups)?;
     let mut b =
         LogicalPlanBuilder::from(input).aggregate(group_by, inner).and_then(|b| b.project(proj)).map_err(engine)?;
     if let Some(g) = groups {
@@ -257,6 +269,12 @@ pub fn per_unit(
     let outer: Vec<Expr> =
         (0..clips.len()).map(|i| sum(col(format!("__dp_x{i}"))).alias(format!("__dp_m{i}"))).collect();
     b = b.aggregate(keys.iter().cloned().map(Expr::Column).collect::<Vec<_>>(), outer).map_err(engine)?;
+    if let Some((rows, spec)) = runs {
+        // The same bounding as one verified streaming pass when the input is clustered by unit ([`runs`]).
+        let fallback = b.build().map_err(engine)?;
+        let node = runs::UnitRuns::new(rows, fallback, spec);
+        b = LogicalPlanBuilder::from(LogicalPlan::Extension(Extension { node: Arc::new(node) }));
+    }
     if !group_keys.is_empty() {
         // The keys from the cell, under their own names: one row per cell that has rows.
         let mut decoded = group_keys
@@ -271,6 +289,43 @@ pub fn per_unit(
         b = b.project(decoded).map_err(engine)?;
     }
     b.build().map_err(engine)
+}
+
+/// The rows input of the streaming pass ([`runs`]) over `input` — `__dp_unit`, `__dp_cell` when keyed, and each
+/// measurement's per-row argument — with its spec; None when the pass cannot read this input (a unit type it does
+/// not compare, or a row aggregate it does not know), which leaves the hash plan alone.
+fn unit_runs_rows(
+    input: &LogicalPlan,
+    cells: Option<u64>,
+    clips: &[Clip],
+    row_aggs: &[Expr],
+    k: u64,
+    groups: Option<u64>,
+) -> Result<Option<(LogicalPlan, runs::Spec)>> {
+    let unit = Column::from_name(UNIT);
+    let unit_type = input.schema().field_with_unqualified_name(UNIT).map_err(engine)?.data_type();
+    if !runs::supports_unit(unit_type) {
+        return Ok(None);
+    }
+    let mut exprs = vec![Expr::Column(unit)];
+    if cells.is_some() {
+        exprs.push(col(Column::from_name(cells::CELL)));
+    }
+    let mut measures = vec![];
+    for (i, (clip, agg)) in clips.iter().zip(row_aggs).enumerate() {
+        let value = match clip {
+            Clip::Rows => runs::RowValue::Rows,
+            _ => {
+                let Some((value, arg)) = runs::row_value(agg) else { return Ok(None) };
+                exprs.push(arg.alias(runs::row_column(i)));
+                value
+            }
+        };
+        measures.push(runs::RunMeasure::new(clip, value, k));
+    }
+    let rows = LogicalPlanBuilder::from(input.clone()).project(exprs).and_then(|b| b.build()).map_err(engine)?;
+    let spec = runs::Spec { k, groups, cells: cells.unwrap_or(1), keyed: cells.is_some(), measures };
+    Ok(Some((rows, spec)))
 }
 
 /// How a SUM argument is bounded: the exact clamped, grid-scaled sum, the per-row bound M in grid units and the

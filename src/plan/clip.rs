@@ -43,13 +43,18 @@ impl Clip {
     }
 
     fn make(k: u64, range: Option<(i128, i128)>, v: Expr, n: Expr) -> Expr {
+        ScalarUDF::new_from_impl(Self::rule(k, range)).call(vec![v, n])
+    }
+
+    /// The rule alone: `k` rows' worth, and for sums the range `[k·lo, k·hi]` (the streaming pass of
+    /// [`super::runs`] applies it without an expression).
+    pub(crate) fn rule(k: u64, range: Option<(i128, i128)>) -> Self {
         let k = i64::try_from(k).unwrap_or(i64::MAX);
-        let udf = ScalarUDF::new_from_impl(Clip { k, range, signature: Signature::any(2, Volatility::Immutable) });
-        udf.call(vec![v, n])
+        Clip { k, range, signature: Signature::any(2, Volatility::Immutable) }
     }
 
     /// The clipped contribution of a unit with `n` rows and aggregate `v`.
-    fn clip(&self, v: i128, n: i64) -> i128 {
+    pub(crate) fn clip(&self, v: i128, n: i64) -> i128 {
         if n <= self.k || n <= 0 {
             return v;
         }

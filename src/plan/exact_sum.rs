@@ -29,8 +29,8 @@ use std::sync::Arc;
 const OUT: DataType = DataType::Decimal128(38, 0);
 
 /// How one value becomes a grid integer.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-enum Grid {
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd)]
+pub(crate) enum Grid {
     /// Integer input (as Int64), clamped to `[lo, hi]`; the grid is 1.
     Int { lo: i64, hi: i64 },
     /// Float input (as Float64), clamped to `[lo, hi]` and multiplied by `scale` (a power of two), then rounded.
@@ -168,6 +168,17 @@ impl BoundedSum {
     pub fn call(self, arg: Expr) -> Expr {
         AggregateUDF::new_from_impl(self).call(vec![arg])
     }
+
+    /// How this sum turns one value into grid units (for the streaming pass of [`super::runs`]).
+    pub(crate) fn grid(&self) -> Grid {
+        self.grid
+    }
+}
+
+/// Calls `f(row, grid value)` for every non-NULL row of `values` (Int64 or Float64, as the sum's argument), with
+/// exactly the conversion `dp_bounded_sum` applies.
+pub(crate) fn each_grid_value(grid: Grid, values: &ArrayRef, f: impl FnMut(usize, i64)) -> Result<()> {
+    Conv::of(grid).each(values, None, f)
 }
 
 impl AggregateUDFImpl for BoundedSum {

@@ -16,6 +16,7 @@ pub mod exact_sum;
 pub mod keys;
 pub mod measures;
 pub mod pick;
+pub(crate) mod runs;
 pub mod safety;
 pub mod sensitivity;
 pub mod size;

@@ -20,6 +20,7 @@ use crate::plan::cells::{CellIndex, CellKey};
 use crate::plan::clip::Clip;
 use crate::plan::exact_sum::BoundedSum;
 use crate::plan::pick::{Pick, PickN};
+use crate::plan::runs::UnitRuns;
 use crate::refusal::Refusal;
 use datafusion::arrow::array::{ArrayRef, RecordBatch, RecordBatchOptions, StringArray};
 use datafusion::arrow::datatypes::{DataType, Schema};
@@ -398,7 +399,7 @@ pub fn check_total(plan: &LogicalPlan) -> Result<()> {
                 | LogicalPlan::Unnest(_)
                 | LogicalPlan::SubqueryAlias(_)
                 | LogicalPlan::EmptyRelation(_)
-        );
+        ) || matches!(node, LogicalPlan::Extension(e) if e.node.as_any().is::<UnitRuns>());
         if !ok_node {
             failure = Some(DpError::Refused(Refusal::UnsafeNode { node: node.display().to_string() }));
             return Ok(TreeNodeRecursion::Stop);

@@ -176,16 +176,21 @@ async fn bounded_plans_keep_their_shape() {
         "#,
     )
     .await;
-    // Person level without GROUP BY: each person's rows counted, clipped to k = 2, summed.
+    // Person level without GROUP BY: each person's rows counted, clipped to k = 2, summed — by one pass over the
+    // rows when they turn out to be clustered by person (first input), else by hash aggregation (second input).
     snapshot(
         "SELECT COUNT(*) FROM t",
         policy(true, 1),
         "
-        Aggregate: groupBy=[[]], aggr=[[sum(__dp_x0) AS __dp_m0]]
-          Projection: __dp_unit, CASE WHEN __dp_n > Int64(2) THEN Int64(2) ELSE __dp_n END AS __dp_x0
-            Aggregate: groupBy=[[__dp_unit]], aggr=[[count(Int64(1)) AS __dp_n]]
-              Projection: t.pid, t.age, t.sex, t.income, t.score, t.pid AS __dp_unit
-                TableScan: t
+        DpUnitRuns: k=2, groups=None, cells=1 (one pass over the first input if it is verified clustered by unit, else the second)
+          Projection: __dp_unit
+            Projection: t.pid, t.age, t.sex, t.income, t.score, t.pid AS __dp_unit
+              TableScan: t
+          Aggregate: groupBy=[[]], aggr=[[sum(__dp_x0) AS __dp_m0]]
+            Projection: __dp_unit, CASE WHEN __dp_n > Int64(2) THEN Int64(2) ELSE __dp_n END AS __dp_x0
+              Aggregate: groupBy=[[__dp_unit]], aggr=[[count(Int64(1)) AS __dp_n]]
+                Projection: t.pid, t.age, t.sex, t.income, t.score, t.pid AS __dp_unit
+                  TableScan: t
         ",
     )
     .await;
@@ -196,15 +201,21 @@ async fn bounded_plans_keep_their_shape() {
         policy(true, 1),
         "
         Projection: dp_cell_key(__dp_cell) AS age, __dp_m0, __dp_m1
-          Aggregate: groupBy=[[__dp_cell]], aggr=[[sum(__dp_x0) AS __dp_m0, sum(__dp_x1) AS __dp_m1]]
-            Aggregate: groupBy=[[__dp_unit]], aggr=[[dp_pick(__dp_cell, __dp_r) AS __dp_cell, dp_pick(__dp_x0, __dp_r) AS __dp_x0, dp_pick(__dp_x1, __dp_r) AS __dp_x1]]
-              Projection: __dp_cell, __dp_unit, __dp_x0, __dp_x1, random() AS __dp_r
-                Projection: __dp_cell, __dp_unit, dp_clip(__dp_v0, __dp_n) AS __dp_x0, dp_clip(__dp_v1, __dp_n) AS __dp_x1
-                  Aggregate: groupBy=[[__dp_unit, __dp_cell]], aggr=[[count(Int64(1)) AS __dp_n, dp_bounded_sum(CAST(t.income AS Int64)) AS __dp_v0, count(t.income) AS __dp_v1]]
-                    Filter: __dp_cell IS NOT NULL
-                      Projection: t.pid, t.age, t.sex, t.income, t.score, __dp_unit, dp_cell(t.age) AS __dp_cell
-                        Projection: t.pid, t.age, t.sex, t.income, t.score, t.pid AS __dp_unit
-                          TableScan: t
+          DpUnitRuns: k=2, groups=Some(1), cells=4 (one pass over the first input if it is verified clustered by unit, else the second)
+            Projection: __dp_unit, __dp_cell, CAST(t.income AS Int64) AS __dp_row0, t.income AS __dp_row1
+              Filter: __dp_cell IS NOT NULL
+                Projection: t.pid, t.age, t.sex, t.income, t.score, __dp_unit, dp_cell(t.age) AS __dp_cell
+                  Projection: t.pid, t.age, t.sex, t.income, t.score, t.pid AS __dp_unit
+                    TableScan: t
+            Aggregate: groupBy=[[__dp_cell]], aggr=[[sum(__dp_x0) AS __dp_m0, sum(__dp_x1) AS __dp_m1]]
+              Aggregate: groupBy=[[__dp_unit]], aggr=[[dp_pick(__dp_cell, __dp_r) AS __dp_cell, dp_pick(__dp_x0, __dp_r) AS __dp_x0, dp_pick(__dp_x1, __dp_r) AS __dp_x1]]
+                Projection: __dp_cell, __dp_unit, __dp_x0, __dp_x1, random() AS __dp_r
+                  Projection: __dp_cell, __dp_unit, dp_clip(__dp_v0, __dp_n) AS __dp_x0, dp_clip(__dp_v1, __dp_n) AS __dp_x1
+                    Aggregate: groupBy=[[__dp_unit, __dp_cell]], aggr=[[count(Int64(1)) AS __dp_n, dp_bounded_sum(CAST(t.income AS Int64)) AS __dp_v0, count(t.income) AS __dp_v1]]
+                      Filter: __dp_cell IS NOT NULL
+                        Projection: t.pid, t.age, t.sex, t.income, t.score, __dp_unit, dp_cell(t.age) AS __dp_cell
+                          Projection: t.pid, t.age, t.sex, t.income, t.score, t.pid AS __dp_unit
+                            TableScan: t
         ",
     )
     .await;
@@ -215,16 +226,22 @@ async fn bounded_plans_keep_their_shape() {
         policy(true, 2),
         "
         Projection: dp_cell_key(__dp_cell) AS age, __dp_m0
-          Aggregate: groupBy=[[__dp_cell]], aggr=[[sum(__dp_x0) AS __dp_m0]]
-            Unnest: lists[__dp_cell|depth=1, __dp_x0|depth=1] structs[]
-              Aggregate: groupBy=[[__dp_unit]], aggr=[[dp_pick_n(__dp_cell, __dp_r) AS __dp_cell, dp_pick_n(__dp_x0, __dp_r) AS __dp_x0]]
-                Projection: __dp_cell, __dp_unit, __dp_x0, random() AS __dp_r
-                  Projection: __dp_cell, __dp_unit, CASE WHEN __dp_n > Int64(2) THEN Int64(2) ELSE __dp_n END AS __dp_x0
-                    Aggregate: groupBy=[[__dp_unit, __dp_cell]], aggr=[[count(Int64(1)) AS __dp_n]]
-                      Filter: __dp_cell IS NOT NULL
-                        Projection: t.pid, t.age, t.sex, t.income, t.score, __dp_unit, dp_cell(t.age) AS __dp_cell
-                          Projection: t.pid, t.age, t.sex, t.income, t.score, t.pid AS __dp_unit
-                            TableScan: t
+          DpUnitRuns: k=2, groups=Some(2), cells=4 (one pass over the first input if it is verified clustered by unit, else the second)
+            Projection: __dp_unit, __dp_cell
+              Filter: __dp_cell IS NOT NULL
+                Projection: t.pid, t.age, t.sex, t.income, t.score, __dp_unit, dp_cell(t.age) AS __dp_cell
+                  Projection: t.pid, t.age, t.sex, t.income, t.score, t.pid AS __dp_unit
+                    TableScan: t
+            Aggregate: groupBy=[[__dp_cell]], aggr=[[sum(__dp_x0) AS __dp_m0]]
+              Unnest: lists[__dp_cell|depth=1, __dp_x0|depth=1] structs[]
+                Aggregate: groupBy=[[__dp_unit]], aggr=[[dp_pick_n(__dp_cell, __dp_r) AS __dp_cell, dp_pick_n(__dp_x0, __dp_r) AS __dp_x0]]
+                  Projection: __dp_cell, __dp_unit, __dp_x0, random() AS __dp_r
+                    Projection: __dp_cell, __dp_unit, CASE WHEN __dp_n > Int64(2) THEN Int64(2) ELSE __dp_n END AS __dp_x0
+                      Aggregate: groupBy=[[__dp_unit, __dp_cell]], aggr=[[count(Int64(1)) AS __dp_n]]
+                        Filter: __dp_cell IS NOT NULL
+                          Projection: t.pid, t.age, t.sex, t.income, t.score, __dp_unit, dp_cell(t.age) AS __dp_cell
+                            Projection: t.pid, t.age, t.sex, t.income, t.score, t.pid AS __dp_unit
+                              TableScan: t
         ",
     )
     .await;
@@ -234,13 +251,19 @@ async fn bounded_plans_keep_their_shape() {
         policy(true, 2),
         "
         Projection: dp_cell_key(__dp_cell) AS sex, __dp_m0
-          Aggregate: groupBy=[[__dp_cell]], aggr=[[sum(__dp_x0) AS __dp_m0]]
-            Projection: __dp_cell, __dp_unit, CASE WHEN __dp_n > Int64(2) THEN Int64(2) ELSE __dp_n END AS __dp_x0
-              Aggregate: groupBy=[[__dp_unit, __dp_cell]], aggr=[[count(Int64(1)) AS __dp_n]]
-                Filter: __dp_cell IS NOT NULL
-                  Projection: t.pid, t.age, t.sex, t.income, t.score, __dp_unit, dp_cell(t.sex) AS __dp_cell
-                    Projection: t.pid, t.age, t.sex, t.income, t.score, t.pid AS __dp_unit
-                      TableScan: t
+          DpUnitRuns: k=2, groups=None, cells=2 (one pass over the first input if it is verified clustered by unit, else the second)
+            Projection: __dp_unit, __dp_cell
+              Filter: __dp_cell IS NOT NULL
+                Projection: t.pid, t.age, t.sex, t.income, t.score, __dp_unit, dp_cell(t.sex) AS __dp_cell
+                  Projection: t.pid, t.age, t.sex, t.income, t.score, t.pid AS __dp_unit
+                    TableScan: t
+            Aggregate: groupBy=[[__dp_cell]], aggr=[[sum(__dp_x0) AS __dp_m0]]
+              Projection: __dp_cell, __dp_unit, CASE WHEN __dp_n > Int64(2) THEN Int64(2) ELSE __dp_n END AS __dp_x0
+                Aggregate: groupBy=[[__dp_unit, __dp_cell]], aggr=[[count(Int64(1)) AS __dp_n]]
+                  Filter: __dp_cell IS NOT NULL
+                    Projection: t.pid, t.age, t.sex, t.income, t.score, __dp_unit, dp_cell(t.sex) AS __dp_cell
+                      Projection: t.pid, t.age, t.sex, t.income, t.score, t.pid AS __dp_unit
+                        TableScan: t
         ",
     )
     .await;

@@ -207,7 +207,7 @@ impl DpSession {
             return Err(DpError::invalid("delta", format!("must be in (0, 1), got {delta}")));
         }
         crate::noise::accuracy::check_confidence(confidence)?;
-        let ctx = SessionContext::new_with_config(context_config());
+        let ctx = private_context(None)?;
         Ok(DpSession {
             ctx,
             post: post::post_context()?,
@@ -227,9 +227,40 @@ impl DpSession {
     }
 }
 
-/// The configuration of a session's private context: no information schema, the `dp.…` options.
-fn context_config() -> datafusion::prelude::SessionConfig {
-    datafusion::prelude::SessionConfig::new().with_information_schema(false).with_option_extension(DpOptions::default())
+/// A session's private context: no information schema, the `dp.…` options, and a physical planner that knows
+/// the bounding's own plan node ([`crate::plan::runs`]); `runtime` None for the default one.
+pub(crate) fn private_context(
+    runtime: Option<Arc<datafusion::execution::runtime_env::RuntimeEnv>>,
+) -> Result<SessionContext> {
+    use datafusion::execution::session_state::SessionStateBuilder;
+    let config = datafusion::prelude::SessionConfig::new()
+        .with_information_schema(false)
+        .with_option_extension(DpOptions::default());
+    let planner = PrivatePlanner;
+    let mut state =
+        SessionStateBuilder::new().with_config(config).with_default_features().with_query_planner(Arc::new(planner));
+    if let Some(rt) = runtime {
+        state = state.with_runtime_env(rt);
+    }
+    Ok(SessionContext::new_with_state(state.build()))
+}
+
+/// The query planner of private contexts: DataFusion's, with the bounding's extension planner.
+#[derive(Debug)]
+struct PrivatePlanner;
+
+#[async_trait::async_trait]
+impl datafusion::execution::context::QueryPlanner for PrivatePlanner {
+    async fn create_physical_plan(
+        &self,
+        plan: &datafusion::logical_expr::LogicalPlan,
+        session: &dyn datafusion::catalog::Session,
+    ) -> datafusion::error::Result<Arc<dyn datafusion::physical_plan::ExecutionPlan>> {
+        use datafusion::physical_planner::{DefaultPhysicalPlanner, PhysicalPlanner};
+        let planner =
+            DefaultPhysicalPlanner::with_extension_planners(vec![Arc::new(crate::plan::runs::UnitRunsPlanner)]);
+        planner.create_physical_plan(plan, session).await
+    }
 }
 
 impl DpSession {
@@ -246,7 +277,7 @@ impl DpSession {
             .with_memory_limit(memory_limit, 1.0)
             .build_arc()
             .map_err(crate::error::engine)?;
-        let ctx = SessionContext::new_with_config_rt(context_config(), runtime);
+        let ctx = private_context(Some(runtime))?;
         let mut policies = BTreeMap::new();
         for (name, policy) in &self.policies {
             if granted.is_some_and(|g| !g.iter().any(|t| t == name)) {
@@ -400,7 +431,10 @@ mod tests {
                     continue;
                 }
                 let name = path.to_string_lossy().replace('\\', "/");
+                // plan/runs.rs is an operator of the private plan: it executes its own inputs, only ever as part
+                // of a plan that execute.rs runs.
                 if name.ends_with("session/execute.rs")
+                    || name.ends_with("plan/runs.rs")
                     || name.ends_with("session/post.rs")
                     || name.ends_with("server/catalog.rs")
                     || name.contains("/cli/")

@@ -1,0 +1,932 @@
+//! The per-unit bounding as one streaming pass over input clustered by privacy unit, verified while it streams.
+//!
+//! Files are often written with each unit's rows together and the units in increasing order (census files by
+//! household and person; exports sorted by id). Then the bounding of [`super::bound::per_unit`] needs no hash
+//! table over millions of units: one pass that keeps only the current unit's cells (a handful) sees each unit
+//! whole, clips it, picks its cells and adds it to dense per-cell totals — O(1) state per unit, O(cells) in all.
+//!
+//! The node [`UnitRuns`] has two inputs: the rows (unit, cell, each measurement's per-row value) and the ordinary
+//! hash-aggregation plan of the same bounding (`fallback`). It tries the pass; if the input turns out not to be
+//! clustered, it runs the fallback instead.
+//!
+//! # Why it is safe
+//! * **Never trusted, always verified.** Within each input partition the unit must never decrease (a NULL unit
+//!   counts as a break): a unit, once left, cannot come back, so each unit's rows form one run. At the end the
+//!   partitions' unit ranges, sorted, may meet only at their ends; a unit split across two partitions is merged
+//!   before it is clipped. The first row that breaks either rule abandons the pass — nothing has been emitted — and
+//!   the fallback plan runs over the same input. No declared sort order is ever relied upon.
+//! * **Same function of the data.** Either way each unit's rows per cell give `n` and the exact per-measurement
+//!   aggregates (COUNT(column), or the `dp_bounded_sum` grid sum with the same per-row conversion), clipped by the
+//!   same rule ([`super::clip`]), at most `g` of the unit's cells kept uniformly at random when `g` is below the
+//!   cells, and the clipped values summed per cell (a cell no kept unit reached has no row; without keys there is
+//!   exactly one row, NULL sums when no unit). So the released numbers have the same distribution whichever ran, and
+//!   each unit moves at most `g` cells by at most `k` rows' worth: the bound the sensitivities assume
+//!   ([`super::sensitivity`]). Whether the pass or the fallback ran shows only in the running time, which reflects
+//!   the file's layout as the running time of any query already does; the neighbouring relation (add or remove one
+//!   unit with all its rows) is unchanged.
+//! * **Total.** Nothing here can fail because of a value: counts and clipped sums are `i128` (per unit at most
+//!   `k·2^21` grid units, summed over at most 2^63 units), the cell index comes from `dp_cell` (always in
+//!   `0..cells`), and a value of an unexpected shape is an engine error decided by the plan's types alone, checked
+//!   when the node is planned (before anything is spent).
+
+use crate::plan::bound::{Clip as ClipKind, UNIT};
+use crate::plan::cells::CELL;
+use crate::plan::clip::Clip;
+use crate::plan::exact_sum::{self, BoundedSum, Grid};
+use datafusion::arrow::array::{Array, ArrayRef, AsArray, Decimal128Array, Int64Array, RecordBatch};
+use datafusion::arrow::compute::cast;
+use datafusion::arrow::datatypes::{DataType, Int64Type, SchemaRef};
+use datafusion::common::runtime::SpawnedTask;
+use datafusion::common::tree_node::TreeNodeRecursion;
+use datafusion::common::{DFSchemaRef, Result, exec_datafusion_err, internal_err, plan_err};
+use datafusion::execution::{SendableRecordBatchStream, TaskContext};
+use datafusion::functions_aggregate::count::Count;
+use datafusion::logical_expr::{Expr, LogicalPlan, UserDefinedLogicalNodeCore};
+use datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr};
+use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
+use datafusion::physical_plan::metrics::{ExecutionPlanMetricsSet, MetricBuilder, MetricsSet};
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use datafusion::physical_plan::{
+    DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties, Partitioning, PlanProperties, execute_stream,
+};
+use futures::{StreamExt, TryStreamExt};
+use rand::Rng;
+use std::fmt;
+use std::sync::Arc;
+
+/// What one measurement reads from each row.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd)]
+pub(crate) enum RowValue {
+    /// COUNT(*): nothing (the row count `n`).
+    Rows,
+    /// COUNT(column): whether the value is non-NULL.
+    Values,
+    /// The `dp_bounded_sum` of the value: its grid integer.
+    Sum(Grid),
+}
+
+/// One measurement of the pass: what a row gives, and the clip range of sums in grid units (`[k·lo, k·hi]`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd)]
+pub(crate) struct RunMeasure {
+    /// What a row gives.
+    pub(crate) value: RowValue,
+    /// For sums, the range a unit over the row limit is kept in.
+    pub(crate) range: Option<(i128, i128)>,
+}
+
+/// The bounding the pass applies: `k` rows per unit and cell, at most `groups` cells per unit (None: all), over
+/// `cells` cells (1 without keys).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd)]
+pub(crate) struct Spec {
+    /// `max_rows_per_unit`.
+    pub(crate) k: u64,
+    /// At most this many cells per unit, when fewer than the cells.
+    pub(crate) groups: Option<u64>,
+    /// Number of cells; with keys the rows carry `__dp_cell` in `0..cells`.
+    pub(crate) cells: u64,
+    /// Whether the rows carry a cell (a GROUP BY).
+    pub(crate) keyed: bool,
+    /// The measurements, in the order of `__dp_m{i}`.
+    pub(crate) measures: Vec<RunMeasure>,
+}
+
+/// Whether the pass can read units of this type (integers that widen exactly to Int64, and strings).
+pub(crate) fn supports_unit(dt: &DataType) -> bool {
+    use DataType::*;
+    matches!(dt, Int8 | Int16 | Int32 | Int64 | UInt8 | UInt16 | UInt32 | Utf8 | LargeUtf8 | Utf8View)
+}
+
+/// The per-row value behind a row aggregate of the bounding (`count(x)` or `dp_bounded_sum(x)`): what it reads,
+/// and `x`. None for anything else (the pass is then not used).
+pub(crate) fn row_value(aggregate: &Expr) -> Option<(RowValue, Expr)> {
+    let Expr::AggregateFunction(af) = aggregate else { return None };
+    let [arg] = af.params.args.as_slice() else { return None };
+    let inner = af.func.inner();
+    if inner.is::<Count>() {
+        Some((RowValue::Values, arg.clone()))
+    } else {
+        inner.downcast_ref::<BoundedSum>().map(|b| (RowValue::Sum(b.grid()), arg.clone()))
+    }
+}
+
+/// The column of the rows input holding measurement `i`'s per-row value.
+pub(crate) fn row_column(i: usize) -> String {
+    format!("__dp_row{i}")
+}
+
+impl RunMeasure {
+    /// The measurement of a clipped kind, with its row value.
+    pub(crate) fn new(kind: &ClipKind, value: RowValue, k: u64) -> Self {
+        RunMeasure { value, range: kind.range(k) }
+    }
+}
+
+/// The logical node: the pass over `rows`, or `fallback` (same output: the cell, then `__dp_m{i}`).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd)]
+pub(crate) struct UnitRuns {
+    rows: LogicalPlan,
+    fallback: LogicalPlan,
+    spec: Spec,
+}
+
+impl UnitRuns {
+    /// The node; `rows` has `__dp_unit`, `__dp_cell` when keyed, and [`row_column`]`(i)` for every measurement
+    /// that reads a value; `fallback` is the hash plan of the same bounding.
+    pub(crate) fn new(rows: LogicalPlan, fallback: LogicalPlan, spec: Spec) -> Self {
+        UnitRuns { rows, fallback, spec }
+    }
+}
+
+impl UserDefinedLogicalNodeCore for UnitRuns {
+    fn name(&self) -> &str {
+        "DpUnitRuns"
+    }
+
+    fn inputs(&self) -> Vec<&LogicalPlan> {
+        vec![&self.rows, &self.fallback]
+    }
+
+    fn schema(&self) -> &DFSchemaRef {
+        self.fallback.schema()
+    }
+
+    fn expressions(&self) -> Vec<Expr> {
+        vec![]
+    }
+
+    fn fmt_for_explain(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        write!(
+            f,
+            "DpUnitRuns: k={}, groups={:?}, cells={} (one pass over the first input if it is verified clustered by unit, else the second)",
+            self.spec.k, self.spec.groups, self.spec.cells
+        )
+    }
+
+    fn with_exprs_and_inputs(&self, _exprs: Vec<Expr>, inputs: Vec<LogicalPlan>) -> Result<Self> {
+        let Ok([rows, fallback]) = <[LogicalPlan; 2]>::try_from(inputs) else {
+            return internal_err!("DpUnitRuns has two inputs");
+        };
+        Ok(UnitRuns { rows, fallback, spec: self.spec.clone() })
+    }
+}
+
+/// Plans [`UnitRuns`] as [`UnitRunsExec`].
+#[derive(Debug)]
+pub(crate) struct UnitRunsPlanner;
+
+#[async_trait::async_trait]
+impl datafusion::physical_planner::ExtensionPlanner for UnitRunsPlanner {
+    async fn plan_extension(
+        &self,
+        _planner: &dyn datafusion::physical_planner::PhysicalPlanner,
+        node: &dyn datafusion::logical_expr::UserDefinedLogicalNode,
+        _logical_inputs: &[&LogicalPlan],
+        physical_inputs: &[Arc<dyn ExecutionPlan>],
+        _session: &dyn datafusion::catalog::Session,
+        _ctx: &datafusion::logical_expr::physical_planning_context::PhysicalPlanningContext,
+    ) -> Result<Option<Arc<dyn ExecutionPlan>>> {
+        let Some(node) = node.as_any().downcast_ref::<UnitRuns>() else { return Ok(None) };
+        let [rows, fallback] = physical_inputs else { return internal_err!("DpUnitRuns has two inputs") };
+        Ok(Some(Arc::new(UnitRunsExec::try_new(Arc::clone(rows), Arc::clone(fallback), node.spec.clone())?)))
+    }
+}
+
+/// The physical node: one output partition, the cells' totals.
+#[derive(Debug)]
+pub(crate) struct UnitRunsExec {
+    rows: Arc<dyn ExecutionPlan>,
+    fallback: Arc<dyn ExecutionPlan>,
+    spec: Arc<Spec>,
+    /// Columns of the rows input: unit, cell (if keyed), each measurement's value (None for COUNT(*)).
+    columns: Arc<Columns>,
+    props: Arc<PlanProperties>,
+    /// `fallbacks`: 1 when the input was not clustered and the fallback ran (for EXPLAIN ANALYZE and tests).
+    metrics: ExecutionPlanMetricsSet,
+}
+
+#[derive(Debug)]
+struct Columns {
+    unit: usize,
+    cell: Option<usize>,
+    values: Vec<Option<usize>>,
+}
+
+impl UnitRunsExec {
+    /// Checks, from the types alone, that the pass can read `rows` and produce `fallback`'s schema.
+    pub(crate) fn try_new(rows: Arc<dyn ExecutionPlan>, fallback: Arc<dyn ExecutionPlan>, spec: Spec) -> Result<Self> {
+        let (input, out) = (rows.schema(), fallback.schema());
+        let index = |name: &str| input.index_of(name).map_err(|e| exec_datafusion_err!("DpUnitRuns: {e}"));
+        let unit = index(UNIT)?;
+        if !supports_unit(input.field(unit).data_type()) {
+            return plan_err!("DpUnitRuns: unit of type {}", input.field(unit).data_type());
+        }
+        let cell = if spec.keyed { Some(index(CELL)?) } else { None };
+        let mut values = vec![];
+        for (i, m) in spec.measures.iter().enumerate() {
+            values.push(match m.value {
+                RowValue::Rows => None,
+                _ => Some(index(&row_column(i))?),
+            });
+        }
+        let keyed = usize::from(spec.keyed);
+        if out.fields().len() != keyed + spec.measures.len()
+            || (spec.keyed && out.field(0).data_type() != &DataType::Int64)
+        {
+            return plan_err!("DpUnitRuns: unexpected output schema {out:?}");
+        }
+        for (i, m) in spec.measures.iter().enumerate() {
+            let want = match m.value {
+                RowValue::Sum(_) => DataType::Decimal128(38, 0),
+                _ => DataType::Int64,
+            };
+            if out.field(keyed + i).data_type() != &want {
+                return plan_err!("DpUnitRuns: output {i} is {}, not {want}", out.field(keyed + i).data_type());
+            }
+        }
+        let props = PlanProperties::new(
+            EquivalenceProperties::new(out),
+            Partitioning::UnknownPartitioning(1),
+            EmissionType::Final,
+            Boundedness::Bounded,
+        );
+        let columns = Arc::new(Columns { unit, cell, values });
+        let metrics = ExecutionPlanMetricsSet::new();
+        Ok(UnitRunsExec { rows, fallback, spec: Arc::new(spec), columns, props: Arc::new(props), metrics })
+    }
+}
+
+impl DisplayAs for UnitRunsExec {
+    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        write!(f, "DpUnitRunsExec: k={}, groups={:?}, cells={}", self.spec.k, self.spec.groups, self.spec.cells)
+    }
+}
+
+impl ExecutionPlan for UnitRunsExec {
+    fn name(&self) -> &str {
+        "DpUnitRunsExec"
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        &self.props
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        vec![&self.rows, &self.fallback]
+    }
+
+    /// Neither input may be repartitioned for it: a round-robin split of the rows would break their runs (the
+    /// pass would then only ever fall back).
+    fn benefits_from_input_partitioning(&self) -> Vec<bool> {
+        vec![false, false]
+    }
+
+    fn apply_expressions(
+        &self,
+        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
+    ) -> Result<TreeNodeRecursion> {
+        Ok(TreeNodeRecursion::Continue)
+    }
+
+    fn with_new_children(self: Arc<Self>, children: Vec<Arc<dyn ExecutionPlan>>) -> Result<Arc<dyn ExecutionPlan>> {
+        let Ok([rows, fallback]) = <[Arc<dyn ExecutionPlan>; 2]>::try_from(children) else {
+            return internal_err!("DpUnitRunsExec has two inputs");
+        };
+        Ok(Arc::new(UnitRunsExec::try_new(rows, fallback, self.spec.as_ref().clone())?))
+    }
+
+    fn metrics(&self) -> Option<MetricsSet> {
+        Some(self.metrics.clone_inner())
+    }
+
+    fn execute(&self, partition: usize, context: Arc<TaskContext>) -> Result<SendableRecordBatchStream> {
+        if partition != 0 {
+            return internal_err!("DpUnitRunsExec has one partition, not {partition}");
+        }
+        let (rows, fallback) = (Arc::clone(&self.rows), Arc::clone(&self.fallback));
+        let (spec, columns, schema) = (Arc::clone(&self.spec), Arc::clone(&self.columns), self.schema());
+        let out_schema = Arc::clone(&schema);
+        let fallbacks = MetricBuilder::new(&self.metrics).global_counter("fallbacks");
+        let run = async move {
+            match pass(&rows, &spec, &columns, Arc::clone(&context)).await? {
+                Some(totals) => {
+                    let batch = totals.batch(&spec, &out_schema)?;
+                    let one = futures::stream::iter([Ok(batch)]);
+                    Ok(Box::pin(RecordBatchStreamAdapter::new(out_schema, one)) as SendableRecordBatchStream)
+                }
+                None => {
+                    fallbacks.add(1);
+                    execute_stream(fallback, context)
+                }
+            }
+        };
+        Ok(Box::pin(RecordBatchStreamAdapter::new(schema, futures::stream::once(run).try_flatten())))
+    }
+}
+
+/// A privacy unit's value, ordered as the pass requires the input to be.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Unit {
+    Int(i64),
+    Bytes(Vec<u8>),
+}
+
+/// The input is not clustered by unit: abandon the pass.
+struct NotClustered;
+
+/// One unit's rows so far: per cell of the unit (a handful), the row count and each measurement's exact
+/// aggregate (`v`, `seen`: entries × measurements).
+#[derive(Clone, Debug, Default)]
+struct UnitRows {
+    cells: Vec<i64>,
+    n: Vec<i64>,
+    v: Vec<i128>,
+    seen: Vec<bool>,
+}
+
+impl UnitRows {
+    fn clear(&mut self) {
+        self.cells.clear();
+        self.n.clear();
+        self.v.clear();
+        self.seen.clear();
+    }
+
+    /// The entry of `cell`, added if new.
+    fn entry(&mut self, cell: i64, m: usize) -> usize {
+        if let Some(e) = self.cells.iter().position(|&c| c == cell) {
+            return e;
+        }
+        self.cells.push(cell);
+        self.n.push(0);
+        self.v.extend(std::iter::repeat_n(0, m));
+        self.seen.extend(std::iter::repeat_n(false, m));
+        self.cells.len() - 1
+    }
+
+    /// Adds the rows of the same unit seen elsewhere (another partition).
+    fn absorb(&mut self, other: &UnitRows, m: usize) {
+        for (j, &cell) in other.cells.iter().enumerate() {
+            let e = self.entry(cell, m);
+            self.n[e] += other.n[j];
+            for i in 0..m {
+                self.v[e * m + i] += other.v[j * m + i];
+                self.seen[e * m + i] |= other.seen[j * m + i];
+            }
+        }
+    }
+}
+
+/// Per cell: each measurement's total of the kept units' clipped values, whether any unit gave one, and whether
+/// any kept unit reached the cell.
+#[derive(Debug)]
+struct Totals {
+    m: usize,
+    sums: Vec<i128>,
+    seen: Vec<bool>,
+    present: Vec<bool>,
+}
+
+impl Totals {
+    fn new(spec: &Spec) -> Self {
+        let (cells, m) = (spec.cells as usize, spec.measures.len());
+        Totals { m, sums: vec![0; cells * m], seen: vec![false; cells * m], present: vec![false; cells] }
+    }
+
+    /// Clips one whole unit, keeps at most `groups` of its cells uniformly at random, and adds it.
+    fn add_unit(&mut self, u: &UnitRows, spec: &Spec, clips: &[Clip], pick: &mut Vec<usize>) -> Result<()> {
+        let entries = u.cells.len();
+        pick.clear();
+        pick.extend(0..entries);
+        let keep = match spec.groups {
+            Some(g) if (g as usize) < entries => {
+                // A uniformly random g-subset: the first g of a partial Fisher–Yates shuffle.
+                let mut rng = rand::rng();
+                for t in 0..g as usize {
+                    let j = rng.random_range(t..entries);
+                    pick.swap(t, j);
+                }
+                g as usize
+            }
+            _ => entries,
+        };
+        let m = self.m;
+        for &e in &pick[..keep] {
+            let cell = usize::try_from(u.cells[e]).ok().filter(|&c| c < self.present.len());
+            let Some(cell) = cell else { return internal_err!("DpUnitRuns: cell {} out of range", u.cells[e]) };
+            self.present[cell] = true;
+            let n = u.n[e];
+            for (i, (meas, clip)) in spec.measures.iter().zip(clips).enumerate() {
+                let x = match meas.value {
+                    RowValue::Rows => Some(i128::from(n.min(spec.k.min(i64::MAX as u64) as i64))),
+                    RowValue::Values => Some(clip.clip(u.v[e * m + i], n)),
+                    RowValue::Sum(_) => u.seen[e * m + i].then(|| clip.clip(u.v[e * m + i], n)),
+                };
+                if let Some(x) = x {
+                    self.sums[cell * m + i] += x;
+                    self.seen[cell * m + i] = true;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn absorb(&mut self, other: &Totals) {
+        self.sums.iter_mut().zip(&other.sums).for_each(|(a, b)| *a += b);
+        self.seen.iter_mut().zip(&other.seen).for_each(|(a, b)| *a |= b);
+        self.present.iter_mut().zip(&other.present).for_each(|(a, b)| *a |= b);
+    }
+
+    /// The output: with keys one row per cell reached, without keys exactly one row.
+    fn batch(&self, spec: &Spec, schema: &SchemaRef) -> Result<RecordBatch> {
+        let rows: Vec<usize> =
+            if spec.keyed { (0..self.present.len()).filter(|&c| self.present[c]).collect() } else { vec![0] };
+        let mut cols: Vec<ArrayRef> = vec![];
+        if spec.keyed {
+            cols.push(Arc::new(Int64Array::from_iter_values(rows.iter().map(|&c| c as i64))));
+        }
+        for (i, meas) in spec.measures.iter().enumerate() {
+            let value = |c: usize| self.seen[c * self.m + i].then(|| self.sums[c * self.m + i]);
+            cols.push(match meas.value {
+                RowValue::Sum(_) => {
+                    let a: Decimal128Array = rows.iter().map(|&c| value(c)).collect();
+                    Arc::new(a.with_precision_and_scale(38, 0)?)
+                }
+                _ => {
+                    let a: Int64Array =
+                        rows.iter().map(|&c| value(c).map(|v| i64::try_from(v).unwrap_or(i64::MAX))).collect();
+                    Arc::new(a)
+                }
+            });
+        }
+        Ok(RecordBatch::try_new(Arc::clone(schema), cols)?)
+    }
+}
+
+/// What one partition of the rows gives: its first and last units unclipped (they may continue in another
+/// partition), every unit in between clipped and added.
+struct Part {
+    first: Option<(Unit, UnitRows)>,
+    last: Option<(Unit, UnitRows)>,
+    totals: Totals,
+}
+
+/// Runs the pass over every partition of `rows` in parallel; None as soon as one finds the input not clustered.
+async fn pass(
+    rows: &Arc<dyn ExecutionPlan>,
+    spec: &Arc<Spec>,
+    columns: &Arc<Columns>,
+    context: Arc<TaskContext>,
+) -> Result<Option<Totals>> {
+    let mut tasks = futures::stream::FuturesUnordered::new();
+    for p in 0..rows.output_partitioning().partition_count() {
+        let stream = rows.execute(p, Arc::clone(&context))?;
+        let (spec, columns) = (Arc::clone(spec), Arc::clone(columns));
+        tasks.push(SpawnedTask::spawn(async move { partition(stream, &spec, &columns).await }).join_unwind());
+    }
+    let mut parts = vec![];
+    while let Some(done) = tasks.next().await {
+        match done.map_err(|e| exec_datafusion_err!("DpUnitRuns: {e}"))?? {
+            Ok(part) => parts.push(part),
+            // The other partitions' tasks are aborted when `tasks` is dropped.
+            Err(NotClustered) => return Ok(None),
+        }
+    }
+    Ok(merge(parts, spec).ok())
+}
+
+/// The clipping rule of each measurement.
+fn clips(spec: &Spec) -> Vec<Clip> {
+    spec.measures.iter().map(|m| Clip::rule(spec.k, m.range)).collect()
+}
+
+/// Joins the partitions: sorted by their unit ranges, which may meet only at their ends (a unit continued across
+/// partitions is merged, then clipped once).
+fn merge(mut parts: Vec<Part>, spec: &Spec) -> std::result::Result<Totals, NotClustered> {
+    let clips = clips(spec);
+    let m = spec.measures.len();
+    let mut totals = Totals::new(spec);
+    let mut pick = vec![];
+    parts.retain(|p| p.first.is_some());
+    parts.sort_by(|a, b| {
+        let range = |p: &Part| (p.first.as_ref().map(|f| f.0.clone()), p.last.as_ref().map(|l| l.0.clone()));
+        range(a).cmp(&range(b))
+    });
+    let mut finish =
+        |u: &UnitRows, totals: &mut Totals| totals.add_unit(u, spec, &clips, &mut pick).map_err(|_| NotClustered);
+    let mut pending: Option<(Unit, UnitRows)> = None;
+    for part in parts {
+        let Some((first, rows)) = part.first else { continue };
+        pending = match pending.take() {
+            Some((u, mut acc)) if u == first => {
+                acc.absorb(&rows, m);
+                Some((u, acc))
+            }
+            Some((u, acc)) if u < first => {
+                finish(&acc, &mut totals)?;
+                Some((first, rows))
+            }
+            Some(_) => return Err(NotClustered),
+            None => Some((first, rows)),
+        };
+        if let Some(last) = part.last {
+            if let Some((_, acc)) = pending.take() {
+                finish(&acc, &mut totals)?;
+            }
+            pending = Some(last);
+        }
+        totals.absorb(&part.totals);
+    }
+    if let Some((_, acc)) = pending {
+        finish(&acc, &mut totals)?;
+    }
+    Ok(totals)
+}
+
+/// One partition of the rows, streamed: `Err(NotClustered)` at the first unit that is smaller than the one before
+/// it (or NULL).
+async fn partition(
+    mut stream: SendableRecordBatchStream,
+    spec: &Spec,
+    columns: &Columns,
+) -> Result<std::result::Result<Part, NotClustered>> {
+    let clips = clips(spec);
+    let m = spec.measures.len();
+    let mut part = Part { first: None, last: None, totals: Totals::new(spec) };
+    // The partition's first unit, the unit being read, and its rows so far.
+    let (mut first, mut current, mut rows) = (None::<Unit>, None::<Unit>, UnitRows::default());
+    let (mut starts, mut pick) = (vec![], vec![]);
+    let (mut value_of, mut valid_of) = (vec![vec![]; m], vec![vec![]; m]);
+    while let Some(batch) = stream.next().await {
+        let batch = batch?;
+        let len = batch.num_rows();
+        if len == 0 {
+            continue;
+        }
+        starts.clear();
+        if unit_starts(batch.column(columns.unit), &mut current, &mut starts)?.is_err() {
+            return Ok(Err(NotClustered));
+        }
+        if first.is_none() {
+            first.clone_from(&current_at_start(batch.column(columns.unit))?);
+        }
+        let cells = match columns.cell {
+            Some(c) => {
+                let a = batch.column(c).as_primitive_opt::<Int64Type>();
+                match a {
+                    Some(a) if a.null_count() == 0 => Some(a.values()),
+                    _ => return internal_err!("DpUnitRuns: the cell column is not a non-NULL Int64"),
+                }
+            }
+            None => None,
+        };
+        // Each measurement's per-row value (0 where NULL) and whether it counts, for this batch.
+        for (i, meas) in spec.measures.iter().enumerate() {
+            let (values, valid) = (&mut value_of[i], &mut valid_of[i]);
+            values.clear();
+            valid.clear();
+            let Some(col) = columns.values[i].map(|c| batch.column(c)) else { continue };
+            match meas.value {
+                RowValue::Rows => {}
+                RowValue::Values => {
+                    let nulls = col.logical_nulls();
+                    valid.extend((0..len).map(|r| nulls.as_ref().is_none_or(|n| n.is_valid(r))));
+                    values.extend(valid.iter().map(|&v| i64::from(v)));
+                }
+                RowValue::Sum(grid) => {
+                    values.resize(len, 0);
+                    valid.resize(len, false);
+                    exact_sum::each_grid_value(grid, col, |r, x| {
+                        values[r] = x;
+                        valid[r] = true;
+                    })?;
+                }
+            }
+        }
+        // Segments of one unit: [0, starts[0]) continues the unit of the previous batch.
+        let bounds: Vec<usize> = std::iter::once(0).chain(starts.iter().copied()).chain([len]).collect();
+        for w in bounds.windows(2) {
+            let (a, b) = (w[0], w[1]);
+            if a == b {
+                continue;
+            }
+            if starts.binary_search(&a).is_ok() && !rows.cells.is_empty() {
+                // A new unit begins at row a: the one before it is complete.
+                end_unit(&mut part, &first, &mut rows, spec, &clips, &mut pick)?;
+            }
+            match cells {
+                Some(cells) => {
+                    for r in a..b {
+                        let e = rows.entry(cells[r], m);
+                        rows.n[e] += 1;
+                        add_values(&mut rows, e, m, &value_of, &valid_of, r..r + 1);
+                    }
+                }
+                None => {
+                    let e = rows.entry(0, m);
+                    rows.n[e] += (b - a) as i64;
+                    add_values(&mut rows, e, m, &value_of, &valid_of, a..b);
+                }
+            }
+        }
+    }
+    // The unit being read when the stream ended.
+    if !rows.cells.is_empty() {
+        match (&part.first, current) {
+            (None, _) => part.first = first.map(|u| (u, rows)),
+            (Some(_), Some(u)) => part.last = Some((u, rows)),
+            (Some(_), None) => return internal_err!("DpUnitRuns: rows without a unit"),
+        }
+    }
+    Ok(Ok(part))
+}
+
+/// Adds rows `range` of each measurement's values to entry `e`.
+fn add_values(
+    rows: &mut UnitRows,
+    e: usize,
+    m: usize,
+    values: &[Vec<i64>],
+    valid: &[Vec<bool>],
+    range: std::ops::Range<usize>,
+) {
+    for i in 0..m {
+        if valid[i].is_empty() {
+            continue;
+        }
+        let (v, ok) = (&values[i][range.clone()], &valid[i][range.clone()]);
+        let sum: i128 = v.iter().map(|&x| i128::from(x)).sum();
+        if ok.iter().any(|&o| o) {
+            rows.v[e * m + i] += sum;
+            rows.seen[e * m + i] = true;
+        }
+    }
+}
+
+/// A unit of the partition is complete: the first is kept whole (it may have begun in another partition), every
+/// later one is clipped and added.
+fn end_unit(
+    part: &mut Part,
+    first: &Option<Unit>,
+    rows: &mut UnitRows,
+    spec: &Spec,
+    clips: &[Clip],
+    pick: &mut Vec<usize>,
+) -> Result<()> {
+    match (&part.first, first) {
+        (None, Some(u)) => part.first = Some((u.clone(), rows.clone())),
+        (None, None) => return internal_err!("DpUnitRuns: rows without a unit"),
+        (Some(_), _) => part.totals.add_unit(rows, spec, clips, pick)?,
+    }
+    rows.clear();
+    Ok(())
+}
+
+/// The unit of a batch's first row.
+fn current_at_start(col: &ArrayRef) -> Result<Option<Unit>> {
+    let mut unit = None;
+    let mut starts = vec![];
+    let _ = unit_starts(&col.slice(0, col.len().min(1)), &mut unit, &mut starts)?;
+    Ok(unit)
+}
+
+/// Pushes onto `starts` every row of `col` where a new unit begins (the first row too when `current` is another
+/// unit or none), checking that units never decrease; `current` becomes the batch's last unit. `Ok(Err(..))`
+/// when the batch breaks the order (or has a NULL unit).
+fn unit_starts(
+    col: &ArrayRef,
+    current: &mut Option<Unit>,
+    starts: &mut Vec<usize>,
+) -> Result<std::result::Result<(), NotClustered>> {
+    if col.logical_null_count() > 0 {
+        return Ok(Err(NotClustered));
+    }
+    fn bytes<'a>(
+        values: impl Iterator<Item = &'a [u8]>,
+        current: &mut Option<Unit>,
+        starts: &mut Vec<usize>,
+    ) -> std::result::Result<(), NotClustered> {
+        let before = match current.take() {
+            Some(Unit::Bytes(b)) => Some(b),
+            Some(Unit::Int(_)) => return Err(NotClustered),
+            None => None,
+        };
+        let mut prev: Option<&[u8]> = None;
+        for (r, u) in values.enumerate() {
+            match prev.or(before.as_deref()).map(|p| u.cmp(p)) {
+                Some(std::cmp::Ordering::Equal) => {}
+                Some(std::cmp::Ordering::Less) => return Err(NotClustered),
+                _ => starts.push(r),
+            }
+            prev = Some(u);
+        }
+        *current = prev.map(|p| Unit::Bytes(p.to_vec())).or(before.map(Unit::Bytes));
+        Ok(())
+    }
+    Ok(match col.data_type() {
+        DataType::Utf8 => {
+            bytes(col.as_string::<i32>().iter().map(|s| s.unwrap_or_default().as_bytes()), current, starts)
+        }
+        DataType::LargeUtf8 => {
+            bytes(col.as_string::<i64>().iter().map(|s| s.unwrap_or_default().as_bytes()), current, starts)
+        }
+        DataType::Utf8View => {
+            bytes(col.as_string_view().iter().map(|s| s.unwrap_or_default().as_bytes()), current, starts)
+        }
+        _ => {
+            let ints = cast(col, &DataType::Int64)?;
+            let mut prev = match current {
+                Some(Unit::Int(p)) => Some(*p),
+                Some(Unit::Bytes(_)) => return Ok(Err(NotClustered)),
+                None => None,
+            };
+            for (r, &u) in ints.as_primitive::<Int64Type>().values().iter().enumerate() {
+                match prev {
+                    Some(p) if u == p => {}
+                    Some(p) if u < p => return Ok(Err(NotClustered)),
+                    _ => starts.push(r),
+                }
+                prev = Some(u);
+            }
+            *current = prev.map(Unit::Int);
+            Ok(())
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plan::compile;
+    use crate::policy::{ColumnPolicy, DomainValue, TablePolicy};
+    use datafusion::arrow::array::{Float64Array, StringArray};
+    use datafusion::arrow::datatypes::{Field, Schema};
+    use datafusion::arrow::util::pretty::pretty_format_batches;
+    use datafusion::common::tree_node::TreeNode;
+    use datafusion::datasource::MemTable;
+    use datafusion::physical_plan::collect;
+    use std::collections::BTreeMap;
+
+    type Row = (i64, i64, Option<f64>);
+
+    /// Rows in unit order: unit u has 1 + u % 5 rows (k = 2 clips many), its rows in up to three cells (key
+    /// `(u + row) % 3`), x NULL on every seventh row.
+    fn people(units: i64) -> Vec<Row> {
+        let mut rows = vec![];
+        for u in 0..units {
+            for r in 0..1 + u % 5 {
+                let i = rows.len() as i64;
+                rows.push((u, (u + r) % 3, (i % 7 != 0).then_some((i % 50) as f64 * 1.5)));
+            }
+        }
+        rows
+    }
+
+    /// Runs the private plan of `sql` over `parts` (one MemTable partition each, batches of 7 rows) with k = 2 and
+    /// `g` cells per unit; returns its output lines, sorted, and how often the pass fell back.
+    async fn run(parts: &[Vec<Row>], strings: bool, g: u64, sql: &str) -> (Vec<String>, usize) {
+        let unit_type = if strings { DataType::Utf8View } else { DataType::Int64 };
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("pid", unit_type, false),
+            Field::new("k", DataType::Int64, false),
+            Field::new("x", DataType::Float64, true),
+        ]));
+        let batches = |rows: &Vec<Row>| -> Vec<RecordBatch> {
+            rows.chunks(7)
+                .map(|c| {
+                    let pid: ArrayRef = if strings {
+                        let s: Vec<String> = c.iter().map(|r| format!("p{:05}", r.0)).collect();
+                        cast(&(Arc::new(StringArray::from(s)) as ArrayRef), &DataType::Utf8View).unwrap()
+                    } else {
+                        Arc::new(Int64Array::from_iter_values(c.iter().map(|r| r.0)))
+                    };
+                    let k = Arc::new(Int64Array::from_iter_values(c.iter().map(|r| r.1)));
+                    let x = Arc::new(Float64Array::from_iter(c.iter().map(|r| r.2)));
+                    RecordBatch::try_new(Arc::clone(&schema), vec![pid, k, x]).unwrap()
+                })
+                .collect()
+        };
+        let table = MemTable::try_new(Arc::clone(&schema), parts.iter().map(batches).collect()).unwrap();
+        let ctx = crate::session::private_context(None).unwrap();
+        ctx.register_table("t", Arc::new(table)).unwrap();
+        let cols = BTreeMap::from([
+            ("k".to_string(), ColumnPolicy::Domain((0..3).map(DomainValue::Int).collect())),
+            ("x".to_string(), ColumnPolicy::Bounds { lo: 0.0, hi: 60.0 }),
+        ]);
+        let policy = TablePolicy::with_unit("pid", 2, g, cols).unwrap();
+        let state = ctx.state();
+        let plan = state.create_logical_plan(sql).await.unwrap();
+        let plan = state.analyzer().execute_and_check(plan, state.config_options(), |_, _| {}).unwrap();
+        let dp = compile(&plan, &|t| (t.table() == "t").then(|| policy.clone())).unwrap();
+        let physical = state.create_physical_plan(&dp.private).await.unwrap();
+        let out = collect(Arc::clone(&physical), ctx.task_ctx()).await.unwrap();
+        let mut fallbacks = None;
+        physical
+            .apply(|p| {
+                if p.is::<UnitRunsExec>() {
+                    fallbacks = p.metrics().and_then(|m| m.sum_by_name("fallbacks")).map(|v| v.as_usize());
+                }
+                Ok(TreeNodeRecursion::Continue)
+            })
+            .unwrap();
+        let text = pretty_format_batches(&out).unwrap().to_string();
+        let mut lines: Vec<String> = text.lines().map(str::to_string).collect();
+        lines.sort();
+        (lines, fallbacks.expect("the plan has a DpUnitRuns node"))
+    }
+
+    const BY_KEY: &str = "SELECT k, COUNT(*), COUNT(x), SUM(x) FROM t GROUP BY k";
+    const TOTAL: &str = "SELECT COUNT(*), COUNT(x), SUM(x) FROM t";
+
+    /// The same rows, clustered or not, in any partitioning, give exactly the same exact aggregates; the pass runs
+    /// only when the rows are verified clustered (a unit split across partitions included), else the hash plan.
+    #[tokio::test]
+    async fn the_pass_equals_the_hash_plan_and_runs_only_on_clustered_input() {
+        let rows = people(300);
+        // Clustered, in three partitions whose borders fall inside units: the middle one holds rows of a single
+        // unit (unit 4 has five rows: two in the first partition, two in the second, one in the third).
+        let at = rows.iter().position(|r| r.0 == 4).unwrap();
+        let clustered = vec![rows[..at + 2].to_vec(), rows[at + 2..at + 4].to_vec(), rows[at + 4..].to_vec()];
+        // Not clustered: every unit's rows spread over the table (rows taken with a stride).
+        let mut spread: Vec<Row> = (0..13).flat_map(|s| rows.iter().skip(s).step_by(13).copied()).collect();
+        assert_eq!(spread.len(), rows.len());
+        let spread = vec![spread.split_off(spread.len() / 2), spread];
+        // Each partition sorted, but their unit ranges overlap: units 100–149 have rows in both.
+        let (mut a, mut b) = (vec![], vec![]);
+        for (i, r) in rows.iter().enumerate() {
+            let first_of_unit = i == 0 || rows[i - 1].0 != r.0;
+            if r.0 < 100 || (r.0 < 150 && first_of_unit) { a.push(*r) } else { b.push(*r) }
+        }
+        let overlapping = vec![a, b];
+        for (sql, g) in [(BY_KEY, 3), (TOTAL, 1)] {
+            let (want, fell) = run(&clustered, false, g, sql).await;
+            assert_eq!(fell, 0, "{sql}: clustered input takes the pass");
+            for (name, parts) in [("spread", &spread), ("overlapping", &overlapping)] {
+                let (got, fell) = run(parts, false, g, sql).await;
+                assert_eq!(fell, 1, "{sql}: {name} input falls back");
+                assert_eq!(got, want, "{sql}: {name}");
+            }
+            let (got, fell) = run(&clustered, true, g, sql).await;
+            assert_eq!((got, fell), (want, 0), "{sql}: string units, clustered");
+        }
+        // The oracle for COUNT(*): each unit contributes min(n, k = 2) rows.
+        let (total, _) = run(&clustered, false, 1, "SELECT COUNT(*) FROM t").await;
+        let expected: i64 = (0..300).map(|u| (1 + u % 5).min(2)).sum();
+        assert!(total.iter().any(|l| l.contains(&format!("| {expected} "))), "{total:?} lacks {expected}");
+    }
+
+    fn part(first: i64, last: Option<i64>, rows_n: i64) -> Part {
+        let spec = Spec { k: 2, groups: None, cells: 1, keyed: false, measures: vec![] };
+        let unit = |n| UnitRows { cells: vec![0], n: vec![n], v: vec![], seen: vec![] };
+        Part {
+            first: Some((Unit::Int(first), unit(rows_n))),
+            last: last.map(|l| (Unit::Int(l), unit(rows_n))),
+            totals: Totals::new(&spec),
+        }
+    }
+
+    /// Partition ranges are joined in unit order whatever order they finish in; a unit spread over three
+    /// partitions is clipped once (k = 2 of its 6 rows); ranges that overlap beyond their ends are refused.
+    #[test]
+    fn partitions_join_in_unit_order_and_overlaps_are_not_clustered() {
+        let spec = Spec {
+            k: 2,
+            groups: None,
+            cells: 1,
+            keyed: false,
+            measures: vec![RunMeasure { value: RowValue::Rows, range: None }],
+        };
+        let with_m = |mut p: Part| {
+            for (_, u) in p.first.iter_mut().chain(p.last.iter_mut()) {
+                u.v = vec![0];
+                u.seen = vec![false];
+            }
+            p.totals = Totals::new(&spec);
+            p
+        };
+        // Unit 5 in three partitions (2 rows each), unit 1 before it, unit 9 after; given out of order.
+        let parts = vec![part(5, Some(9), 2), part(1, Some(5), 2), part(5, None, 2)].into_iter().map(with_m).collect();
+        let Ok(t) = merge(parts, &spec) else { panic!("clustered") };
+        assert_eq!(t.sums, vec![2 + 2 + 2], "units 1, 5 and 9, each clipped to k = 2");
+        let overlap = vec![part(1, Some(6), 2), part(5, Some(9), 2)].into_iter().map(with_m).collect();
+        assert!(merge(overlap, &spec).is_err());
+    }
+
+    /// Within a partition a unit may not come back, nor appear as NULL.
+    #[test]
+    fn a_unit_that_comes_back_or_is_null_breaks_the_order() {
+        let check = |a: ArrayRef, mut current: Option<Unit>| {
+            let mut starts = vec![];
+            unit_starts(&a, &mut current, &mut starts).unwrap().map(|()| (starts, current))
+        };
+        let ints = |v: Vec<Option<i64>>| Arc::new(Int64Array::from(v)) as ArrayRef;
+        let (starts, cur) = check(ints(vec![Some(3), Some(3), Some(4), Some(7)]), Some(Unit::Int(3))).ok().unwrap();
+        assert_eq!((starts, cur), (vec![2, 3], Some(Unit::Int(7))), "3 continues the previous batch's unit");
+        assert!(check(ints(vec![Some(3), Some(4), Some(3)]), None).is_err(), "3 comes back after 4");
+        assert!(check(ints(vec![Some(2)]), Some(Unit::Int(3))).is_err(), "below the previous batch's last unit");
+        assert!(check(ints(vec![Some(1), None]), None).is_err(), "a NULL unit");
+        let strs = Arc::new(StringArray::from(vec!["a", "b", "b", "ab"])) as ArrayRef;
+        assert!(check(strs, None).is_err(), "\"ab\" after \"b\"");
+        let strs = Arc::new(StringArray::from(vec!["b", "bb", "c"])) as ArrayRef;
+        assert_eq!(check(strs, Some(Unit::Bytes(b"b".to_vec()))).ok().map(|s| s.0), Some(vec![1, 2]));
+    }
+}
