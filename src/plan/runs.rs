@@ -397,20 +397,17 @@ impl Totals {
         let entries = u.cells.len();
         pick.clear();
         pick.extend(0..entries);
-        let keep = match spec.groups {
-            Some(g) if (g as usize) < entries => {
-                // A uniformly random g-subset: the first g of a partial Fisher–Yates shuffle.
-                let mut rng = rand::rng();
-                for t in 0..g as usize {
-                    let j = rng.random_range(t..entries);
-                    pick.swap(t, j);
-                }
-                g as usize
+        if let Some(g) = spec.groups.map(|g| g as usize).filter(|&g| g < entries) {
+            // A uniformly random g-subset: the first g of a partial Fisher–Yates shuffle.
+            let mut rng = rand::rng();
+            for t in 0..g {
+                let j = rng.random_range(t..entries);
+                pick.swap(t, j);
             }
-            _ => entries,
-        };
+            pick.truncate(g);
+        }
         let m = self.m;
-        for &e in &pick[..keep] {
+        for &e in pick.iter() {
             let cell = usize::try_from(u.cells[e]).ok().filter(|&c| c < self.present.len());
             let Some(cell) = cell else { return internal_err!("DpUnitRuns: cell {} out of range", u.cells[e]) };
             self.present[cell] = true;
@@ -602,31 +599,30 @@ async fn partition(
                 }
             }
         }
-        // Segments of one unit: [0, starts[0]) continues the unit of the previous batch.
-        let bounds: Vec<usize> = std::iter::once(0).chain(starts.iter().copied()).chain([len]).collect();
-        for w in bounds.windows(2) {
-            let (a, b) = (w[0], w[1]);
-            if a == b {
-                continue;
-            }
-            if starts.binary_search(&a).is_ok() && !rows.cells.is_empty() {
-                // A new unit begins at row a: the one before it is complete.
-                end_unit(&mut part, &first, &mut rows, spec, &clips, &mut pick)?;
-            }
-            match cells {
-                Some(cells) => {
-                    for r in a..b {
-                        let e = rows.entry(cells[r], m);
-                        rows.n[e] += 1;
-                        add_values(&mut rows, e, m, &value_of, &valid_of, r..r + 1);
+        // Rows [from, start) belong to the unit being read; at each start the next unit begins.
+        let mut from = 0;
+        for &start in starts.iter().chain([&len]) {
+            if start > from {
+                match cells {
+                    Some(cells) => {
+                        for r in from..start {
+                            let e = rows.entry(cells[r], m);
+                            rows.n[e] += 1;
+                            add_values(&mut rows, e, m, &value_of, &valid_of, r..r + 1);
+                        }
+                    }
+                    None => {
+                        let e = rows.entry(0, m);
+                        rows.n[e] += (start - from) as i64;
+                        add_values(&mut rows, e, m, &value_of, &valid_of, from..start);
                     }
                 }
-                None => {
-                    let e = rows.entry(0, m);
-                    rows.n[e] += (b - a) as i64;
-                    add_values(&mut rows, e, m, &value_of, &valid_of, a..b);
-                }
             }
+            if start < len && !rows.cells.is_empty() {
+                // A new unit begins at row `start`: the one before it is complete.
+                end_unit(&mut part, &first, &mut rows, spec, &clips, &mut pick)?;
+            }
+            from = start;
         }
     }
     // The unit being read when the stream ended.
@@ -734,20 +730,23 @@ fn unit_starts(
         }
         _ => {
             let ints = cast(col, &DataType::Int64)?;
-            let mut prev = match current {
-                Some(Unit::Int(p)) => Some(*p),
+            let a = ints.as_primitive::<Int64Type>().values();
+            let Some(&u0) = a.first() else { return Ok(Ok(())) };
+            match current {
+                Some(Unit::Int(p)) if u0 < *p => return Ok(Err(NotClustered)),
+                Some(Unit::Int(p)) if u0 == *p => {}
                 Some(Unit::Bytes(_)) => return Ok(Err(NotClustered)),
-                None => None,
-            };
-            for (r, &u) in ints.as_primitive::<Int64Type>().values().iter().enumerate() {
-                match prev {
-                    Some(p) if u == p => {}
-                    Some(p) if u < p => return Ok(Err(NotClustered)),
-                    _ => starts.push(r),
-                }
-                prev = Some(u);
+                _ => starts.push(0),
             }
-            *current = prev.map(Unit::Int);
+            for (r, w) in a.windows(2).enumerate() {
+                if w[1] != w[0] {
+                    if w[1] < w[0] {
+                        return Ok(Err(NotClustered));
+                    }
+                    starts.push(r + 1);
+                }
+            }
+            *current = a.last().map(|&u| Unit::Int(u));
             Ok(())
         }
     })
