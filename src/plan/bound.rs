@@ -12,7 +12,9 @@
 //! 4. In a GROUP BY with more cells than `max_groups_per_unit`, each unit keeps a uniformly random set of at most
 //!    `g` of its cells: each (unit, cell) draws a uniform priority and the `g` smallest are kept, by one more
 //!    aggregation per unit and no sort ([`Pick`] for g = 1; for more, [`PickN`] lists unnested back into rows).
-//!    Cells are single integers here, whatever the keys' types ([`cells`]).
+//!    Cells are single integers here, whatever the keys' types ([`cells`]). Steps 3–4 are wrapped in a
+//!    `plan::runs::UnitRuns` node: when the rows turn out clustered by unit (verified while streaming) one pass does
+//!    the same bounding without a hash table; otherwise the hash plan built here runs.
 //! 5. Values are clamped to the column's bounds, put on the grid 2^-s and summed exactly by one aggregate,
 //!    [`BoundedSum`] (NULL is ignored as by SUM; NaN takes the upper bound). With |value| ≤ 2^21 grid units per row
 //!    the exact sum stays far below 10^38: no overflow, hence no data-dependent runtime error, is possible.
