@@ -237,7 +237,9 @@ pub fn per_unit(
                 // Over the limit: k times the unit's mean, kept in [k·lo, k·hi]. At or under it, the exact sum of
                 // n ≤ k grid values, already within k·max(|lo|, |hi|) of zero. (Clamping that sum to [k·lo, k·hi]
                 // too would move a unit with fewer than k rows and lo > 0 up to k·lo.)
-                let (klo, khi) = clip.range(k).unwrap_or((0, 0));
+                let Some((klo, khi)) = clip.range(k) else {
+                    return Err(DpError::Internal("a sum without a range".into()));
+                };
                 ClipFn::sum(k, klo, khi, v(), n())
             }
         };

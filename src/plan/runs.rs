@@ -413,8 +413,9 @@ impl Totals {
             self.present[cell] = true;
             let n = u.n[e];
             for (i, (meas, clip)) in spec.measures.iter().zip(clips).enumerate() {
+                // COUNT(*) is the count of rows itself: min(n, k), by the same rule.
                 let x = match meas.value {
-                    RowValue::Rows => Some(i128::from(n.min(spec.k.min(i64::MAX as u64) as i64))),
+                    RowValue::Rows => Some(clip.clip(i128::from(n), n)),
                     RowValue::Values => Some(clip.clip(u.v[e * m + i], n)),
                     RowValue::Sum(_) => u.seen[e * m + i].then(|| clip.clip(u.v[e * m + i], n)),
                 };
@@ -488,7 +489,7 @@ async fn pass(
             Err(NotClustered) => return Ok(None),
         }
     }
-    Ok(merge(parts, spec).ok())
+    merge(parts, spec).map(|joined| joined.ok())
 }
 
 /// The clipping rule of each measurement.
@@ -497,8 +498,8 @@ fn clips(spec: &Spec) -> Vec<Clip> {
 }
 
 /// Joins the partitions: sorted by their unit ranges, which may meet only at their ends (a unit continued across
-/// partitions is merged, then clipped once).
-fn merge(mut parts: Vec<Part>, spec: &Spec) -> std::result::Result<Totals, NotClustered> {
+/// partitions is merged, then clipped once); `Ok(Err(..))` when they overlap more.
+fn merge(mut parts: Vec<Part>, spec: &Spec) -> Result<std::result::Result<Totals, NotClustered>> {
     let clips = clips(spec);
     let m = spec.measures.len();
     let mut totals = Totals::new(spec);
@@ -508,8 +509,7 @@ fn merge(mut parts: Vec<Part>, spec: &Spec) -> std::result::Result<Totals, NotCl
         let range = |p: &Part| (p.first.as_ref().map(|f| f.0.clone()), p.last.as_ref().map(|l| l.0.clone()));
         range(a).cmp(&range(b))
     });
-    let mut finish =
-        |u: &UnitRows, totals: &mut Totals| totals.add_unit(u, spec, &clips, &mut pick).map_err(|_| NotClustered);
+    let mut finish = |u: &UnitRows, totals: &mut Totals| totals.add_unit(u, spec, &clips, &mut pick);
     let mut pending: Option<(Unit, UnitRows)> = None;
     for part in parts {
         let Some((first, rows)) = part.first else { continue };
@@ -522,7 +522,7 @@ fn merge(mut parts: Vec<Part>, spec: &Spec) -> std::result::Result<Totals, NotCl
                 finish(&acc, &mut totals)?;
                 Some((first, rows))
             }
-            Some(_) => return Err(NotClustered),
+            Some(_) => return Ok(Err(NotClustered)),
             None => Some((first, rows)),
         };
         if let Some(last) = part.last {
@@ -536,7 +536,7 @@ fn merge(mut parts: Vec<Part>, spec: &Spec) -> std::result::Result<Totals, NotCl
     if let Some((_, acc)) = pending {
         finish(&acc, &mut totals)?;
     }
-    Ok(totals)
+    Ok(Ok(totals))
 }
 
 /// One partition of the rows, streamed: `Err(NotClustered)` at the first unit that is smaller than the one before
@@ -904,10 +904,10 @@ mod tests {
         };
         // Unit 5 in three partitions (2 rows each), unit 1 before it, unit 9 after; given out of order.
         let parts = vec![part(5, Some(9), 2), part(1, Some(5), 2), part(5, None, 2)].into_iter().map(with_m).collect();
-        let Ok(t) = merge(parts, &spec) else { panic!("clustered") };
+        let Ok(Ok(t)) = merge(parts, &spec) else { panic!("clustered") };
         assert_eq!(t.sums, vec![2 + 2 + 2], "units 1, 5 and 9, each clipped to k = 2");
         let overlap = vec![part(1, Some(6), 2), part(5, Some(9), 2)].into_iter().map(with_m).collect();
-        assert!(merge(overlap, &spec).is_err());
+        assert!(matches!(merge(overlap, &spec), Ok(Err(NotClustered))));
     }
 
     /// Within a partition a unit may not come back, nor appear as NULL.
