@@ -15,7 +15,8 @@
 //! cargo run --release --example bench -- accounting
 //! ```
 //! The generator is deterministic (seeded): `people` has person_id (1–5 rows per person), age 0–99, sex 0/1,
-//! state 0–49, education 1–16 (constant per person) and a log-normal income with a heavy tail; `wide` has person_id
+//! state 0–49, education 1–16 (constant per person), a log-normal income with a heavy tail, and quarter 0–3 (drawn
+//! per row: a person's rows fall in 1–4 quarters, so that `max_groups_per_unit` has cells to choose from); `wide` has person_id
 //! (1–5 rows per person) and d 0/1 columns c0… (P(1) from 0.1 to 0.9 by column). `marginals` runs row level and
 //! person level (≤ 5 rows per person).
 
@@ -69,10 +70,14 @@ fn gen_people(rows: usize, out: &Path, csv: bool, strings: bool, shuffle: bool) 
         Field::new("state", key_type, false),
         Field::new("education", DataType::Int64, false),
         Field::new("income", DataType::Float64, false),
+        Field::new("quarter", DataType::Int64, false),
     ]));
     let mut rng = rand::rngs::StdRng::seed_from_u64(42);
+    // Its own stream, so the other columns are what they were before it existed.
+    let mut quarters = rand::rngs::StdRng::seed_from_u64(43);
     let income = LogNormal::new(10.5, 1.0)?;
     let (mut pid, mut age, mut sex, mut st, mut ed, mut inc) = (vec![], vec![], vec![], vec![], vec![], vec![]);
+    let mut qtr = vec![];
     let mut person = 0i64;
     while pid.len() < rows {
         person += 1;
@@ -85,6 +90,7 @@ fn gen_people(rows: usize, out: &Path, csv: bool, strings: bool, shuffle: bool) 
             st.push(t);
             ed.push(e);
             inc.push(income.sample(&mut rng));
+            qtr.push(quarters.random_range(0..4));
         }
     }
     let mut order: Vec<usize> = (0..rows).collect();
@@ -104,7 +110,8 @@ fn gen_people(rows: usize, out: &Path, csv: bool, strings: bool, shuffle: bool) 
             (ints(&sex), ints(&st))
         };
         let income = Arc::new(Float64Array::from_iter_values(chunk.iter().map(|&i| inc[i])));
-        let batch = RecordBatch::try_new(schema.clone(), vec![ints(&pid), ints(&age), sex, st, ints(&ed), income])?;
+        let cols = vec![ints(&pid), ints(&age), sex, st, ints(&ed), income, ints(&qtr)];
+        let batch = RecordBatch::try_new(schema.clone(), cols)?;
         w.write(&batch)?;
         if let Some(c) = csv_writer.as_mut() {
             c.write(&batch)?;
@@ -147,29 +154,33 @@ fn gen_wide(rows: usize, cols: usize, out: &Path) -> Res<PathBuf> {
     Ok(path)
 }
 
+/// The session: `people`, and `people_g2`, the same file with `max_groups_per_unit = 2` at person level.
 fn people_config(data: &Path, person_level: bool, strings: bool) -> String {
-    let unit = if person_level {
-        "privacy_unit = \"person_id\"\nmax_rows_per_unit = 5\nmax_groups_per_unit = 1\n"
-    } else {
-        ""
-    };
     let key = if strings { "string" } else { "int64" };
-    format!(
-        "[session]\nrho = 1e9\ndefault_query_rho = 0.01\n\n[tables.people]\npath = \"{}\"\nformat = \"parquet\"\n{unit}\n\
-         [tables.people.columns]\nperson_id = {{ type = \"int64\" }}\nage = {{ type = \"int64\", bounds = [0, 99] }}\n\
+    let texts = |n: i64, text: fn(i64) -> String| {
+        (0..n).map(|i| if strings { format!("\"{}\"", text(i)) } else { i.to_string() }).collect::<Vec<_>>().join(", ")
+    };
+    let columns = format!(
+        "person_id = {{ type = \"int64\" }}\nage = {{ type = \"int64\", bounds = [0, 99] }}\n\
          income = {{ type = \"float64\", bounds = [0, 200000] }}\nsex = {{ type = \"{key}\", domain = [{}] }}\n\
-         state = {{ type = \"{key}\", domain = [{}] }}\neducation = {{ type = \"int64\", domain = [{}] }}\n",
-        data.display(),
-        (0..2)
-            .map(|i| if strings { format!("\"{}\"", sex_text(i)) } else { i.to_string() })
-            .collect::<Vec<_>>()
-            .join(", "),
-        (0..50)
-            .map(|i| if strings { format!("\"{}\"", state_text(i)) } else { i.to_string() })
-            .collect::<Vec<_>>()
-            .join(", "),
+         state = {{ type = \"{key}\", domain = [{}] }}\neducation = {{ type = \"int64\", domain = [{}] }}\n\
+         quarter = {{ type = \"int64\", domain = [0, 1, 2, 3] }}\n",
+        texts(2, sex_text),
+        texts(50, state_text),
         (1..17).map(|i| i.to_string()).collect::<Vec<_>>().join(", ")
-    )
+    );
+    let table = |name: &str, groups: u64| {
+        let unit = if person_level {
+            format!("privacy_unit = \"person_id\"\nmax_rows_per_unit = 5\nmax_groups_per_unit = {groups}\n")
+        } else {
+            String::new()
+        };
+        format!(
+            "[tables.{name}]\npath = \"{}\"\nformat = \"parquet\"\n{unit}\n[tables.{name}.columns]\n{columns}\n",
+            data.display()
+        )
+    };
+    format!("[session]\nrho = 1e9\ndefault_query_rho = 0.01\n\n{}{}", table("people", 1), table("people_g2", 2))
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -216,6 +227,19 @@ const WORKLOADS: &[(&str, &str, &str)] = &[
         "SELECT education, sex, SUM(n), SUM(s) FROM (SELECT person_id, education, sex, COUNT(*) AS n, \
          SUM(income) AS s FROM people GROUP BY person_id, education, sex) t GROUP BY education, sex",
     ),
+    // A key drawn per row: persons have rows in 1–4 quarters, of which person level keeps 1 (W5) or 2 (W6).
+    (
+        "W5",
+        "SELECT quarter, COUNT(*), SUM(income) FROM people GROUP BY quarter",
+        "SELECT quarter, SUM(n), SUM(s) FROM (SELECT person_id, quarter, COUNT(*) AS n, SUM(income) AS s \
+         FROM people GROUP BY person_id, quarter) t GROUP BY quarter",
+    ),
+    (
+        "W6",
+        "SELECT quarter, COUNT(*), SUM(income) FROM people_g2 GROUP BY quarter",
+        "SELECT quarter, SUM(n), SUM(s) FROM (SELECT person_id, quarter, COUNT(*) AS n, SUM(income) AS s \
+         FROM people_g2 GROUP BY person_id, quarter) t GROUP BY quarter",
+    ),
 ];
 
 /// Which part of the SQL benchmark to run (`--only W2`, `--unit row|person`, `--side dp|plain` for profiling).
@@ -227,7 +251,9 @@ struct Select {
 
 async fn bench_sql(data: &Path, reps: usize, sel: &Select) -> Res<()> {
     let ctx = SessionContext::new();
-    ctx.register_parquet("people", data.to_str().ok_or("path")?, ParquetReadOptions::default()).await?;
+    for table in ["people", "people_g2"] {
+        ctx.register_parquet(table, data.to_str().ok_or("path")?, ParquetReadOptions::default()).await?;
+    }
     println!(
         "| workload | unit | plain DataFusion (median s) | dpfusion (median s) | ratio | \
          plain with per-person aggregation (median s) | ratio to it |"

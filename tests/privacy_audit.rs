@@ -265,7 +265,8 @@ async fn out_of_domain_and_null_keys_are_never_released() {
 async fn a_unit_over_the_group_limit_keeps_whole_cells_chosen_uniformly() {
     use datafusion::arrow::array::{ArrayRef, StringArray};
     let cells = [(1.0, 10.0), (2.0, 40.0), (1.0, 30.0)];
-    // g = 1 takes the `dp_pick` path, g = 2 the `dp_pick_n` lists; keys are cell indices whatever their type.
+    // g = 1 picks in the aggregation that clips (`dp_clipped`), g = 2 too, as lists; keys are cell indices whatever
+    // their type.
     for (g, string_keys) in [(1u64, false), (1, true), (2, false)] {
         let (key, domain): (ArrayRef, Vec<DomainValue>) = if string_keys {
             let d = ["a", "b", "c"];
@@ -317,10 +318,39 @@ async fn a_unit_over_the_group_limit_keeps_whole_cells_chosen_uniformly() {
     }
 }
 
+/// With `max_groups_per_unit` = 1, units choose their cell independently of one another: 3 000 units with one row
+/// in each of the same three cells, in one release, keep each cell about 1 000 times (binomial sd 25.8, checked at
+/// ±6.11 sd: two-sided 1e-9 per check) and exactly one cell each. A choice shared by all units (the same ranking
+/// of cells for everyone) would put all 3 000 in one cell. ρ = 10^9: noise below 10^-3.
+#[tokio::test]
+async fn units_choose_their_cell_independently() {
+    const UNITS: i64 = 3000;
+    let schema =
+        Arc::new(Schema::new(vec![Field::new("pid", DataType::Int64, false), Field::new("k", DataType::Int64, false)]));
+    let batch = RecordBatch::try_new(
+        schema,
+        vec![
+            Arc::new(Int64Array::from_iter_values((0..3 * UNITS).map(|r| r / 3))),
+            Arc::new(Int64Array::from_iter_values((0..3 * UNITS).map(|r| r % 3))),
+        ],
+    )
+    .unwrap();
+    let mut cols = BTreeMap::new();
+    cols.insert("k".into(), ColumnPolicy::Domain((0..3).map(DomainValue::Int).collect()));
+    let s = crate::support::session_with(1e15, 1e9, "t", batch, TablePolicy::with_unit("pid", 5, 1, cols).unwrap());
+    let r = crate::support::release(&s, "SELECT k, COUNT(*) FROM t GROUP BY k ORDER BY k").await;
+    let counts: Vec<f64> = crate::support::column_f64(&r, 1).iter().map(|c| c.round()).collect();
+    assert_eq!(counts.iter().sum::<f64>(), UNITS as f64, "one cell per unit: {counts:?}");
+    let (m, sd) = (UNITS as f64 / 3.0, (UNITS as f64 * (2.0 / 9.0)).sqrt());
+    for c in &counts {
+        assert!((c - m).abs() <= Z * sd, "cells kept {counts:?}, expected {m} ± {sd} each");
+    }
+}
+
 /// g whole cells per unit across batches and partitions (the per-unit aggregations merge partial states): 300
 /// units, each with two of the three cells, two rows each (x = 10 and x = NULL), whose rows lie far apart in 7
 /// batches over three partitions. With g = 1, whichever cell a unit keeps, it adds exactly 2 to COUNT(*), 10 to
-/// SUM(x) and 1 to COUNT(x), all to one cell; with g = 2 (still fewer than the cells, so chosen by `dp_pick_n`) it
+/// SUM(x) and 1 to COUNT(x), all to one cell; with g = 2 (still fewer than the cells, so chosen by priority) it
 /// keeps both. ρ = 10^9 per query: the noise (σ < 10^-3) cannot move a rounded figure. With integer keys and with
 /// string keys (the bounding works on cell indices either way).
 #[tokio::test]

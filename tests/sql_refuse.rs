@@ -101,8 +101,8 @@ async fn explain_dp_spends_nothing_and_shows_the_cost() {
     };
     let text = e.to_string();
     for needle in [
-        "dp_pick",
-        "random()",
+        "dp_priority(__dp_unit, __dp_cell)",
+        "dp_clipped",
         "__dp_unit",
         "COUNT(*)",
         "SUM(income)",

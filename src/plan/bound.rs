@@ -4,14 +4,15 @@
 //! 2. GROUP BY keys outside their public domain (and NULL keys) are dropped **before** any bounding, so a unit's
 //!    out-of-domain rows never use up its contribution limits, and the released keys never depend on the data.
 //! 3. Each unit's contribution to each cell is limited to `k = max_rows_per_unit` rows' worth, by a hash
-//!    aggregation per (unit[, keys]) and clipping ([`per_unit`]): a unit with n ≤ k rows in a cell contributes them
-//!    exactly; with n > k rows it contributes `k` to COUNT(*) and its exact sums scaled by k/n (rounded to the
+//!    aggregation per (unit[, keys]) that clips as it aggregates ([`per_unit`], `dp_clipped`): a unit with n ≤ k
+//!    rows in a cell contributes them exactly; with n > k rows it contributes `k` to COUNT(*) and its exact sums scaled by k/n (rounded to the
 //!    grid) — the expected value of keeping k of its rows chosen uniformly at random, so no row order (which is
 //!    data) plays any part. Either way a unit moves a cell by at most k rows, or k·M for a sum. (The marginal
 //!    release keeps k random rows per unit instead, while it streams: `marginals::RowSampler`.)
 //! 4. In a GROUP BY with more cells than `max_groups_per_unit`, each unit keeps a uniformly random set of at most
-//!    `g` of its cells: each (unit, cell) draws a uniform priority and the `g` smallest are kept, by one more
-//!    aggregation per unit and no sort ([`Pick`] for g = 1; for more, [`PickN`] lists unnested back into rows).
+//!    `g` of its cells: each (unit, cell) has a random priority (`dp_priority`, a keyed hash) and the `g` smallest
+//!    are kept, with no sort, in the same one aggregation per unit that clips (`dp_clipped` keeps the rows of the g
+//!    smallest priorities; for g > 1 as lists, unnested into rows).
 //!    Cells are single integers here, whatever the keys' types ([`cells`]). Steps 3–4 are wrapped in a
 //!    `plan::runs::UnitRuns` node: when the rows turn out clustered by unit (verified while streaming) one pass does
 //!    the same bounding without a hash table; otherwise the hash plan built here runs.
@@ -20,10 +21,10 @@
 //!    the exact sum stays far below 10^38: no overflow, hence no data-dependent runtime error, is possible.
 
 use crate::error::{DpError, Result, engine};
-use crate::plan::clip::Clip as ClipFn;
+use crate::plan::clip::Clipped;
 use crate::plan::exact_sum::BoundedSum;
 use crate::plan::measures::Measured;
-use crate::plan::pick::{Pick, PickN};
+use crate::plan::pick::Priority;
 use crate::plan::sensitivity::Contribution;
 use crate::plan::{GroupKey, MeasureKind};
 use crate::plan::{cells, runs};
@@ -32,9 +33,8 @@ use crate::refusal::Refusal;
 use datafusion::arrow::datatypes::DataType;
 use datafusion::common::tree_node::{Transformed, TreeNode};
 use datafusion::common::{Column, DFSchema, ScalarValue, UnnestOptions};
-use datafusion::functions::math::expr_fn::random;
 use datafusion::logical_expr::{
-    Expr, ExprSchemable, Extension, LogicalPlan, LogicalPlanBuilder, Projection, cast, col, lit, when,
+    Expr, ExprSchemable, Extension, LogicalPlan, LogicalPlanBuilder, Projection, cast, col, lit,
 };
 use std::sync::Arc;
 
@@ -191,20 +191,20 @@ pub fn bounded_aggregate(
     per_unit(scoped, keys, contribution.rows, groups, &clips, measured.exprs.clone())
 }
 
-/// Per-unit bounding by hash aggregation: `row_aggs[i]` (COUNT(col) or SUM(bounded value), unaliased) is first
-/// computed per (unit, cell) together with the row count n — the cell being the integer `__dp_cell` that
-/// [`crate::plan::keys::scope`] put on every row ([`crate::plan::cells`]), whatever the keys' types; each
-/// contribution is clipped as [`Clip`] says to at most k rows' worth; with `groups`, each unit keeps a uniformly
-/// random set of at most that many of its cells (the cells of smallest uniform priority, found by one aggregation
-/// per unit: [`Pick`] for one cell, [`PickN`] and an `UNNEST` for more); the result is summed per cell into
-/// `__dp_m{i}`, and the keys are decoded from the cell.
+/// Per-unit bounding by hash aggregation: each measurement's row aggregate `row_aggs[i]` (COUNT(col) or
+/// `dp_bounded_sum(value)`, unaliased; COUNT(*) for [`Clip::Rows`]) is computed per (unit, cell) — the cell being
+/// the integer `__dp_cell` that [`crate::plan::keys::scope`] put on every row ([`crate::plan::cells`]), whatever
+/// the keys' types — and clipped to at most k rows' worth in the same aggregation (`dp_clipped`); with `groups`,
+/// each unit keeps a uniformly random set of at most that many of its cells (the cells of smallest priority, a
+/// keyed hash of (unit, cell), within the one aggregation per unit; for more than one, an `UNNEST` of its lists);
+/// the result is summed per cell into `__dp_m{i}`, and the keys are decoded from the cell.
 ///
 /// # Privacy
-/// Adding or removing a unit changes, in at most `groups` cells, each COUNT by at most k and each SUM by at most
-/// k·max(|lo|, |hi|) (grid units): the contribution bound the sensitivities of [`crate::plan::sensitivity`]
-/// assume. The clipping of one unit depends on that unit's rows only. Every operation here is total (the plan-safety
-/// check verifies it on the optimized plan): comparisons, `CASE`, the exact integer clipping of
-/// [`crate::plan::clip`], sums that stay far inside DECIMAL(38,0), and the random priorities.
+/// Under add/remove of one privacy unit, each COUNT changes by at most k and each SUM by at most
+/// k·max(|lo|, |hi|) (grid units), in at most `groups` cells: the contribution bound the sensitivities of
+/// [`crate::plan::sensitivity`] assume. The clipping of one unit depends on that unit's rows only. Every operation
+/// here is total (the plan-safety check verifies it on the optimized plan): the exact integer clipping of
+/// [`crate::plan::clip`], hashing and random priorities, sums that stay far inside DECIMAL(38,0).
 pub fn per_unit(
     input: LogicalPlan,
     group_keys: &[GroupKey],
@@ -213,61 +213,62 @@ pub fn per_unit(
     clips: &[Clip],
     row_aggs: Vec<Expr>,
 ) -> Result<LogicalPlan> {
-    use datafusion::functions_aggregate::expr_fn::{count, sum};
+    use datafusion::functions_aggregate::expr_fn::sum;
     let keys: &[Column] = if group_keys.is_empty() { &[] } else { &[Column::from_name(cells::CELL)] };
     let unit = || col(Column::from_name(UNIT));
-    let mut group_by = vec![unit()];
-    group_by.extend(keys.iter().cloned().map(Expr::Column));
-    let mut inner = vec![count(lit(1i64)).alias("__dp_n")];
-    for (i, (clip, e)) in clips.iter().zip(row_aggs.iter().cloned()).enumerate() {
-        if !matches!(clip, Clip::Rows) {
-            inner.push(e.alias(format!("__dp_v{i}")));
-        }
-    }
-    let n = || col("__dp_n");
-    let kl = || lit(k as i64);
-    let mut proj: Vec<Expr> = keys.iter().cloned().map(Expr::Column).collect();
-    proj.push(unit());
-    for (i, clip) in clips.iter().enumerate() {
-        let v = || col(format!("__dp_v{i}"));
-        let x = match clip {
-            Clip::Rows => when(n().gt(kl()), kl()).otherwise(n()).map_err(engine)?,
-            Clip::Values => ClipFn::count(k, v(), n()),
-            Clip::Sum { .. } => {
-                // Over the limit: k times the unit's mean, kept in [k·lo, k·hi]. At or under it, the exact sum of
-                // n ≤ k grid values, already within k·max(|lo|, |hi|) of zero. (Clamping that sum to [k·lo, k·hi]
-                // too would move a unit with fewer than k rows and lo > 0 up to k·lo.)
-                let Some((klo, khi)) = clip.range(k) else {
-                    return Err(DpError::Internal("a sum without a range".into()));
-                };
-                ClipFn::sum(k, klo, khi, v(), n())
-            }
-        };
-        proj.push(x.alias(format!("__dp_x{i}")));
-    }
+    // What each measurement reads from a row, and from which expression (None: COUNT(*), the rows themselves).
+    let values = clips
+        .iter()
+        .zip(&row_aggs)
+        .map(|(clip, agg)| match clip {
+            Clip::Rows => Ok((runs::RowValue::Rows, None)),
+            _ => match runs::row_value(agg) {
+                Some((value, arg)) => Ok((value, Some(arg))),
+                None => Err(DpError::Internal(format!("a row aggregate the bounding does not know: {agg}"))),
+            },
+        })
+        .collect::<Result<Vec<_>>>()?;
     let cells = (!group_keys.is_empty()).then(|| crate::plan::cell_count(group_keys));
-    let runs = unit_runs_rows(&input, cells, clips, &row_aggs, k, groups)?;
-    let mut b =
-        LogicalPlanBuilder::from(input).aggregate(group_by, inner).and_then(|b| b.project(proj)).map_err(engine)?;
-    if let Some(g) = groups {
-        // A uniformly random set of at most g cells per unit without a sort: each of the unit's cells draws a
-        // uniform priority, and one aggregation per unit keeps the cells of the g smallest (`dp_pick` for g = 1;
-        // `dp_pick_n` lists, unnested, for more), with the keys and every clipped measurement following the same
-        // draw. Whatever happens on a tie, each unit still yields at most g rows of clipped values in distinct
-        // cells: the bound holds unconditionally.
-        let r = || col("__dp_r");
-        let pick = |e: Expr| if g == 1 { Pick::call(e, r()) } else { PickN::call(g, e, r()) };
-        let mut with_r: Vec<Expr> = b.schema().columns().into_iter().map(Expr::Column).collect();
-        with_r.push(random().alias("__dp_r"));
-        let mut picked: Vec<Column> = keys.to_vec();
-        picked.extend((0..clips.len()).map(|i| Column::from_name(format!("__dp_x{i}"))));
-        let picks: Vec<Expr> = picked
-            .iter()
-            .map(|c| pick(Expr::Column(c.clone())).alias_qualified(c.relation.clone(), c.name()))
-            .collect();
-        b = b.project(with_r).and_then(|b| b.aggregate(vec![unit()], picks)).map_err(engine)?;
-        if g > 1 {
-            b = b.unnest_columns_with_options(picked, UnnestOptions::default()).map_err(engine)?;
+    let runs = unit_runs_rows(&input, cells, &values, clips, k, groups)?;
+    let measures: Vec<_> = values.iter().zip(clips).map(|((v, arg), clip)| (*v, arg.clone(), clip.range(k))).collect();
+    let cell = || Column::from_name(cells::CELL);
+    let s = || col("__dp_s");
+    // Every measurement's clipped contribution per unit (and cell) as one struct `__dp_s`, then its fields.
+    let fields = |picked: bool| -> Vec<Expr> {
+        let mut out: Vec<Expr> = if picked {
+            vec![Clipped::field(s(), "cell").alias_qualified(cell().relation, cell().name())]
+        } else {
+            keys.iter().cloned().map(Expr::Column).chain([unit()]).collect()
+        };
+        out.extend((0..clips.len()).map(|i| Clipped::field(s(), &format!("x{i}")).alias(format!("__dp_x{i}"))));
+        out
+    };
+    let mut b = LogicalPlanBuilder::from(input);
+    // A uniformly random set of at most g cells per unit, without a sort: each (unit, cell) has a priority, a keyed
+    // hash, and one aggregation per unit keeps the rows of its g smallest priorities and clips them (`dp_clipped`);
+    // for g > 1 its fields are lists, unnested into at most g rows per unit. Whatever happens on a tie, each unit
+    // yields at most g rows of clipped values: the bound holds unconditionally.
+    match groups {
+        Some(g) => {
+            let mut with_p: Vec<Expr> = b.schema().columns().into_iter().map(Expr::Column).collect();
+            with_p.push(Priority::call(unit(), Expr::Column(cell())).alias("__dp_p"));
+            let agg = Clipped::call(&measures, k, Some((Expr::Column(cell()), col("__dp_p"), g))).alias("__dp_s");
+            b = b
+                .project(with_p)
+                .and_then(|b| b.aggregate(vec![unit()], vec![agg]))
+                .and_then(|b| b.project(fields(true)))
+                .map_err(engine)?;
+            if g > 1 {
+                let mut lists = vec![cell()];
+                lists.extend((0..clips.len()).map(|i| Column::from_name(format!("__dp_x{i}"))));
+                b = b.unnest_columns_with_options(lists, UnnestOptions::default()).map_err(engine)?;
+            }
+        }
+        None => {
+            let mut group_by = vec![unit()];
+            group_by.extend(keys.iter().cloned().map(Expr::Column));
+            let agg = Clipped::call(&measures, k, None).alias("__dp_s");
+            b = b.aggregate(group_by, vec![agg]).and_then(|b| b.project(fields(false))).map_err(engine)?;
         }
     }
     let outer: Vec<Expr> =
@@ -297,12 +298,12 @@ pub fn per_unit(
 
 /// The rows input of the streaming pass ([`runs`]) over `input` — `__dp_unit`, `__dp_cell` when keyed, and each
 /// measurement's per-row argument — with its spec; None when the pass cannot read this input (a unit type it does
-/// not compare, or a row aggregate it does not know), which leaves the hash plan alone.
+/// not compare), which leaves the hash plan alone.
 fn unit_runs_rows(
     input: &LogicalPlan,
     cells: Option<u64>,
+    values: &[(runs::RowValue, Option<Expr>)],
     clips: &[Clip],
-    row_aggs: &[Expr],
     k: u64,
     groups: Option<u64>,
 ) -> Result<Option<(LogicalPlan, runs::Spec)>> {
@@ -316,16 +317,11 @@ fn unit_runs_rows(
         exprs.push(col(Column::from_name(cells::CELL)));
     }
     let mut measures = vec![];
-    for (i, (clip, agg)) in clips.iter().zip(row_aggs).enumerate() {
-        let value = match clip {
-            Clip::Rows => runs::RowValue::Rows,
-            _ => {
-                let Some((value, arg)) = runs::row_value(agg) else { return Ok(None) };
-                exprs.push(arg.alias(runs::row_column(i)));
-                value
-            }
-        };
-        measures.push(runs::RunMeasure::new(clip, value, k));
+    for (i, ((value, arg), clip)) in values.iter().zip(clips).enumerate() {
+        if let Some(arg) = arg {
+            exprs.push(arg.clone().alias(runs::row_column(i)));
+        }
+        measures.push(runs::RunMeasure::new(clip, *value, k));
     }
     let rows = LogicalPlanBuilder::from(input.clone()).project(exprs).and_then(|b| b.build()).map_err(engine)?;
     let spec = runs::Spec { k, groups, cells: cells.unwrap_or(1), keyed: cells.is_some(), measures };

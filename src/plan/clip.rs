@@ -1,56 +1,57 @@
-//! `dp_clip(v, n)`: one privacy unit's contribution to a cell, clipped to `k` rows' worth.
+//! One privacy unit's contribution to a cell, clipped to `k` rows' worth: the rule ([`Clip`]) and the aggregate
+//! that applies it to every measurement while grouping by unit, `dp_clipped(...)` ([`Clipped`]).
 //!
-//! The bounding step ([`super::bound::per_unit`]) aggregates each (unit, cell) first: `n` rows, and `v` the unit's
-//! COUNT(column) (Int64) or exact grid sum (DECIMAL(38, 0)). This function turns that into what the unit may
-//! contribute: `v` unchanged when `n ≤ k`, otherwise `round(v·k/n)` (k rows' worth of the unit's own mean,
-//! rounded half away from zero), and for sums also kept within `[k·lo, k·hi]` grid units.
+//! A unit's rows in a cell give `n` (its row count) and `v` (its COUNT(column), or its exact grid sum as
+//! `dp_bounded_sum` computes it). The unit contributes `v` unchanged when `n ≤ k`, otherwise `round(v·k/n)` (k
+//! rows' worth of the unit's own mean, rounded half away from zero), and for sums also kept within `[k·lo, k·hi]`
+//! grid units. COUNT(*) is the case `v = n`: `min(n, k)`.
+//!
+//! With a cell and a priority, `dp_clipped` keeps only the unit's rows of its `g` smallest priorities, and their
+//! cells: the bounding gives every row the priority of its (unit, cell) (`dp_priority`, a keyed hash), so that
+//! these are the unit's rows in `g` of its cells chosen uniformly at random (`g = max_groups_per_unit`).
 //!
 //! # Why it is safe
-//! * **Sensitivity.** For `n > k` a count becomes at most `k` (as `v ≤ n`) and a sum at most `k·max(|lo|, |hi|)`
-//!   grid units by the clamp; for `n ≤ k`, `v` already satisfies these bounds because every row was clamped
-//!   before it was summed. This is the per-unit bound the sensitivities of [`super::sensitivity`] assume.
+//! * **Sensitivity.** Under add/remove of one privacy unit (all its rows), the unit's group changes only its own
+//!   contribution. For `n > k` a count becomes at most `k` (as `v ≤ n`) and a sum at most `k·max(|lo|, |hi|)` grid
+//!   units by the clamp; for `n ≤ k`, `v` already satisfies these bounds because every row was clamped before it
+//!   was summed. This is the per-unit bound the sensitivities of [`super::sensitivity`] assume. With a priority,
+//!   a unit keeps at most `g` priority values, each clipped on its own: at most `g` cells. If two cells of a unit
+//!   ever drew the same priority (a 2^-53 event) their rows would be clipped together as one cell, which the same
+//!   bound covers.
 //! * **Total.** The arithmetic is exact `i128` (`v·k` cannot overflow for the values the bounding produces:
-//!   |v| ≤ n·2^21 and k ≤ 2^20); any input where it would overflow anyway is saturated, never an error. NULL stays
-//!   NULL. So this function cannot fail on any value, which the plan-safety check
+//!   |v| ≤ n·2^21 and k ≤ 2^20); any input where it would overflow anyway is saturated, never an error. A sum with
+//!   no non-NULL value stays NULL, as SUM does. Nothing here can fail on any value, which the plan-safety check
 //!   ([`super::safety`]) requires of every expression in a private plan.
 
-use datafusion::arrow::array::{Array, ArrayRef, AsArray, Decimal128Array, Int64Array};
-use datafusion::arrow::datatypes::{DataType, Decimal128Type, Int64Type};
-use datafusion::common::{Result, exec_err};
+use crate::plan::exact_sum::each_grid_value;
+use crate::plan::runs::RowValue;
+use datafusion::arrow::array::{
+    Array, ArrayRef, AsArray, BooleanArray, Decimal128Array, Float64Array, Int64Array, ListArray, StructArray,
+};
+use datafusion::arrow::buffer::{NullBuffer, OffsetBuffer};
+use datafusion::arrow::datatypes::{DataType, Decimal128Type, Field, FieldRef, Fields, Float64Type, Int64Type};
+use datafusion::common::{Result, exec_err, not_impl_err};
+use datafusion::functions::core::expr_fn::get_field;
+use datafusion::logical_expr::function::{AccumulatorArgs, StateFieldsArgs};
+use datafusion::logical_expr::utils::format_state_name;
 use datafusion::logical_expr::{
-    ColumnarValue, Expr, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl, Signature, Volatility,
+    Accumulator, AggregateUDF, AggregateUDFImpl, EmitTo, Expr, GroupsAccumulator, Signature, Volatility, lit,
 };
 use std::sync::Arc;
 
 /// The clipping rule of one measurement.
-#[derive(Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Clip {
     k: i64,
     /// For sums: the lowest and highest contribution `[k·lo, k·hi]` (grid units). None for counts.
     range: Option<(i128, i128)>,
-    signature: Signature,
 }
 
 impl Clip {
-    /// `dp_clip(v, n)` for a COUNT(column) per unit (`v`: Int64).
-    pub fn count(k: u64, v: Expr, n: Expr) -> Expr {
-        Self::make(k, None, v, n)
-    }
-
-    /// `dp_clip(v, n)` for an exact grid sum per unit (`v`: DECIMAL(38, 0)), kept within `[klo, khi]`.
-    pub fn sum(k: u64, klo: i128, khi: i128, v: Expr, n: Expr) -> Expr {
-        Self::make(k, Some((klo, khi)), v, n)
-    }
-
-    fn make(k: u64, range: Option<(i128, i128)>, v: Expr, n: Expr) -> Expr {
-        ScalarUDF::new_from_impl(Self::rule(k, range)).call(vec![v, n])
-    }
-
-    /// The rule alone: `k` rows' worth, and for sums the range `[k·lo, k·hi]` (the streaming pass of
-    /// [`super::runs`] applies it without an expression).
+    /// The rule: `k` rows' worth, and for sums the range `[k·lo, k·hi]`.
     pub(crate) fn rule(k: u64, range: Option<(i128, i128)>) -> Self {
         let k = i64::try_from(k).unwrap_or(i64::MAX);
-        Clip { k, range, signature: Signature::any(2, Volatility::Immutable) }
+        Clip { k, range }
     }
 
     /// The clipped contribution of a unit with `n` rows and aggregate `v`.
@@ -74,9 +75,82 @@ impl Clip {
     }
 }
 
-impl ScalarUDFImpl for Clip {
+/// One measurement of [`Clipped`]: what a row gives, from which argument (None for COUNT(*)), and for sums the
+/// range `[k·lo, k·hi]` of a unit over the row limit.
+pub(crate) type UnitMeasure = (RowValue, Option<Expr>, Option<(i128, i128)>);
+
+/// The aggregate `dp_clipped(x₁, …[, cell, priority])`, grouped by (unit[, cell]) or, with a cell and priority, by
+/// unit: per group, the row count `n` and each measurement's `v` of the rows of each of the `g` smallest priorities
+/// (of all rows without a priority), clipped by the rule. One struct per group: with a pick, `cell`, then `x{i}`
+/// per measurement, Int64 for counts and `DECIMAL(38, 0)` grid units for sums (NULL when no value was seen); for
+/// g > 1 each field is a list, one element per cell kept. Every measurement of a query shares one aggregate, so
+/// each row touches one slot of memory per unit: the aggregation by unit is bound by random memory access.
+#[derive(Debug, PartialEq, Eq, Hash)]
+pub(crate) struct Clipped {
+    /// Per measurement: what a row gives, and the rule.
+    measures: Vec<(RowValue, Clip)>,
+    /// With a pick, how many cells each group keeps.
+    pick: Option<usize>,
+    signature: Signature,
+}
+
+impl Clipped {
+    /// `dp_clipped` of measurements reading `(value, argument)` (None for COUNT(*)), each clipped to `k` rows'
+    /// worth within its sum range; with `pick = (cell, priority, g)` (priority: a non-NULL Float64, the same for all
+    /// rows of a cell), over each unit's rows of its `g ≥ 1` smallest priorities, whose cells it returns. The
+    /// expression is the struct; [`Clipped::field`] reads it.
+    pub(crate) fn call(measures: &[UnitMeasure], k: u64, pick: Option<(Expr, Expr, u64)>) -> Expr {
+        let mut args: Vec<Expr> = measures.iter().filter_map(|(_, arg, _)| arg.clone()).collect();
+        let pick = pick.map(|(cell, priority, g)| {
+            args.extend([cell, priority]);
+            usize::try_from(g.max(1)).unwrap_or(usize::MAX)
+        });
+        if args.is_empty() {
+            args.push(lit(1i64)); // COUNT(*) alone reads nothing; an aggregate takes at least one argument
+        }
+        let measures = measures.iter().map(|(v, _, range)| (*v, Clip::rule(k, *range))).collect();
+        let signature = Signature::any(args.len(), Volatility::Immutable);
+        AggregateUDF::new_from_impl(Clipped { measures, pick, signature }).call(args)
+    }
+
+    /// Field `name` (`cell`, or `x{i}` for measurement i) of the struct `s`.
+    pub(crate) fn field(s: Expr, name: &str) -> Expr {
+        get_field(s, name)
+    }
+
+    fn value_args(&self) -> usize {
+        self.measures.iter().filter(|(v, _)| !matches!(v, RowValue::Rows)).count()
+    }
+
+    /// The fields of one kept cell.
+    fn cell_fields(&self) -> Vec<Field> {
+        let mut f = vec![];
+        if self.pick.is_some() {
+            f.push(Field::new("cell", DataType::Int64, true));
+        }
+        for (i, (v, _)) in self.measures.iter().enumerate() {
+            let dt = if matches!(v, RowValue::Sum(_)) { DataType::Decimal128(38, 0) } else { DataType::Int64 };
+            f.push(Field::new(format!("x{i}"), dt, true));
+        }
+        f
+    }
+
+    fn fields(&self) -> Fields {
+        let f = self.cell_fields();
+        if self.pick.unwrap_or(1) == 1 {
+            return f.into();
+        }
+        let list = |f: Field| {
+            let name = f.name().clone();
+            Field::new(name, DataType::List(Arc::new(f.with_name("item"))), true)
+        };
+        f.into_iter().map(list).collect::<Vec<_>>().into()
+    }
+}
+
+impl AggregateUDFImpl for Clipped {
     fn name(&self) -> &str {
-        "dp_clip"
+        "dp_clipped"
     }
 
     fn signature(&self) -> &Signature {
@@ -84,47 +158,458 @@ impl ScalarUDFImpl for Clip {
     }
 
     fn return_type(&self, args: &[DataType]) -> Result<DataType> {
-        match (args, self.range) {
-            ([DataType::Int64, DataType::Int64], None) => Ok(DataType::Int64),
-            ([DataType::Decimal128(38, 0), DataType::Int64], Some(_)) => Ok(DataType::Decimal128(38, 0)),
-            _ => exec_err!("dp_clip(v, n): unexpected argument types {args:?}"),
+        let want = (self.value_args() + 2 * usize::from(self.pick.is_some())).max(1);
+        let pick_ok = self.pick.is_none() || args.ends_with(&[DataType::Int64, DataType::Float64]);
+        if args.len() != want || !pick_ok {
+            return exec_err!("dp_clipped: unexpected argument types {args:?}");
+        }
+        Ok(DataType::Struct(self.fields()))
+    }
+
+    /// Per kept cell `j`: `n`, then the priority and cell if picked, then `v` of every measurement that reads
+    /// values — only what the query needs, since states cross a repartition once per row when partial aggregation
+    /// by unit is skipped.
+    fn state_fields(&self, args: StateFieldsArgs) -> Result<Vec<FieldRef>> {
+        let slots = self.pick.unwrap_or(1);
+        let mut fields = vec![];
+        for j in 0..slots {
+            let field = |what: &str, dt: DataType, nullable: bool| {
+                let name = if slots == 1 { what.to_string() } else { format!("{what}_{j}") };
+                Arc::new(Field::new(format_state_name(args.name, &name), dt, nullable))
+            };
+            fields.push(field("n", DataType::Int64, false));
+            if self.pick.is_some() {
+                fields.push(field("priority", DataType::Float64, false));
+                fields.push(field("cell", DataType::Int64, false));
+            }
+            for (i, (v, _)) in self.measures.iter().enumerate() {
+                if !matches!(v, RowValue::Rows) {
+                    fields.push(field(&format!("v{i}"), DataType::Decimal128(38, 0), true));
+                }
+            }
+        }
+        Ok(fields)
+    }
+
+    fn accumulator(&self, _: AccumulatorArgs) -> Result<Box<dyn Accumulator>> {
+        not_impl_err!("dp_clipped runs only as a grouped aggregate")
+    }
+
+    fn groups_accumulator_supported(&self, _: AccumulatorArgs) -> bool {
+        true
+    }
+
+    fn create_groups_accumulator(&self, _: AccumulatorArgs) -> Result<Box<dyn GroupsAccumulator>> {
+        Ok(Box::new(ClippedGroups::new(self)))
+    }
+}
+
+/// `v` of a sum's group that has seen no value yet (NULL, as SUM gives): out of reach of a sum of grid values,
+/// whose magnitude stays below n·2^21.
+const UNSEEN: i128 = i128::MIN;
+
+/// Per group, `slots` sub-slots of `sub` words, all groups in one vector: per kept cell `n`; with a pick, the
+/// priority (f64 bits, +∞ while the sub-slot is free) and the cell; then two words (an i128) of `v` per measurement
+/// that reads values (COUNT(column), or the grid sum, UNSEEN before any value).
+#[derive(Debug)]
+struct ClippedGroups {
+    measures: Vec<(RowValue, Clip)>,
+    picked: bool,
+    /// Per measurement: the word of its `v` in a sub-slot (None for COUNT(*)).
+    v_at: Vec<Option<usize>>,
+    /// Sub-slots per group (g with a pick, else 1), words per sub-slot, words per group.
+    slots: usize,
+    sub: usize,
+    stride: usize,
+    /// A free sub-slot.
+    empty: Vec<u64>,
+    words: Vec<u64>,
+    /// The result's fields, and those of one kept cell.
+    fields: Fields,
+    cell_fields: Vec<Field>,
+}
+
+const N: usize = 0;
+const P: usize = 1;
+const CELL: usize = 2;
+
+fn kept(filter: Option<&BooleanArray>, i: usize) -> bool {
+    filter.is_none_or(|f| f.is_valid(i) && f.value(i))
+}
+
+fn get_v(w: &[u64], at: usize) -> i128 {
+    ((u128::from(w[at + 1]) << 64) | u128::from(w[at])) as i128
+}
+
+fn set_v(w: &mut [u64], at: usize, v: i128) {
+    (w[at], w[at + 1]) = (v as u64, ((v as u128) >> 64) as u64);
+}
+
+/// Adds `x` to the `v` at word `at` if `on` (UNSEEN becomes `x`), without a branch on the loaded value: on a
+/// group's first row that would be mispredicted, and the final aggregation by unit sees a new group on a third of
+/// its rows.
+fn add(w: &mut [u64], at: usize, x: i128, on: bool) {
+    let v = get_v(w, at);
+    let on_m = -i128::from(on);
+    let unseen = -i128::from(on && v == UNSEEN);
+    set_v(w, at, v.wrapping_add(x & on_m).wrapping_sub(unseen & UNSEEN));
+}
+
+impl ClippedGroups {
+    fn new(f: &Clipped) -> Self {
+        let mut sub = if f.pick.is_some() { 3 } else { 1 };
+        let v_at: Vec<Option<usize>> = f
+            .measures
+            .iter()
+            .map(|(v, _)| {
+                (!matches!(v, RowValue::Rows)).then(|| {
+                    sub += 2;
+                    sub - 2
+                })
+            })
+            .collect();
+        let mut empty = vec![0u64; sub];
+        if f.pick.is_some() {
+            empty[P] = f64::INFINITY.to_bits();
+        }
+        for (m, at) in f.measures.iter().zip(&v_at) {
+            if let (RowValue::Sum(_), Some(at)) = (m.0, at) {
+                set_v(&mut empty, *at, UNSEEN);
+            }
+        }
+        let slots = f.pick.unwrap_or(1);
+        ClippedGroups {
+            measures: f.measures.clone(),
+            picked: f.pick.is_some(),
+            v_at,
+            slots,
+            sub,
+            stride: slots * sub,
+            empty,
+            words: vec![],
+            fields: f.fields(),
+            cell_fields: f.cell_fields(),
         }
     }
 
-    fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
-        let rows = args.number_rows;
-        let [v, n] = args.args.as_slice() else { return exec_err!("dp_clip takes two arguments") };
-        let (v, n) = (v.to_array(rows)?, n.to_array(rows)?);
-        let n = n.as_primitive::<Int64Type>();
-        // The common case: no unit of this batch has more than k rows, so every value stays as it is.
-        if n.null_count() == 0 && n.values().iter().all(|&n| n <= self.k) {
-            return Ok(ColumnarValue::Array(v));
+    fn grow(&mut self, total: usize) {
+        while self.words.len() < total * self.stride {
+            self.words.extend_from_slice(&self.empty);
         }
-        let out: ArrayRef = match self.range {
-            None => {
-                let v = v.as_primitive::<Int64Type>();
-                let clipped: Int64Array = v
-                    .iter()
-                    .zip(n.iter())
-                    .map(|(v, n)| {
-                        v.map(|v| {
-                            let c = self.clip(i128::from(v), n.unwrap_or(0));
-                            i64::try_from(c).unwrap_or(if c < 0 { i64::MIN } else { i64::MAX })
-                        })
-                    })
-                    .collect();
-                Arc::new(clipped)
-            }
-            Some(_) => {
-                let v = v.as_primitive::<Decimal128Type>();
-                let clipped: Decimal128Array =
-                    v.iter().zip(n.iter()).map(|(v, n)| v.map(|v| self.clip(v, n.unwrap_or(0)))).collect();
-                Arc::new(clipped.with_precision_and_scale(38, 0)?)
-            }
-        };
-        debug_assert_eq!(out.len(), rows);
-        Ok(ColumnarValue::Array(out))
     }
+
+    /// Rows (or a state) of priority `p` in cell `cell` arrive in group `g`: the word where their sub-slot starts,
+    /// and whether they count. They join the sub-slot of their priority; else, with a priority smaller than the
+    /// largest kept (+∞ for a free sub-slot), they empty that sub-slot and take its place; else they do not count.
+    /// (Two cells of a unit share a sub-slot only when their 53-bit priorities collide.) Without a pick everything
+    /// counts. For g = 1 without a branch on the group's words (selects by masks): they are a cache miss, and a
+    /// branch on them is mispredicted whenever a unit's first row arrives.
+    #[inline]
+    fn admit(&mut self, g: usize, p: f64, cell: i64) -> (usize, bool) {
+        let base = g * self.stride;
+        if !self.picked {
+            return (base, true);
+        }
+        if self.slots == 1 {
+            let s = &mut self.words[base..base + self.sub];
+            let q = f64::from_bits(s[P]);
+            let (lt, joins) = (p < q, p <= q);
+            let take = u64::from(lt).wrapping_neg();
+            for (w, e) in s.iter_mut().zip(&self.empty) {
+                *w = (e & take) | (*w & !take);
+            }
+            s[P] = (p.to_bits() & take) | (s[P] & !take);
+            s[CELL] = (cell as u64 & take) | (s[CELL] & !take);
+            return (base, joins);
+        }
+        self.admit_among(g, p, cell)
+    }
+
+    /// [`ClippedGroups::admit`] for g > 1: the sub-slot of priority `p`, or the one of largest priority if `p` is
+    /// smaller.
+    fn admit_among(&mut self, g: usize, p: f64, cell: i64) -> (usize, bool) {
+        let base = g * self.stride;
+        let (joined, found) = self.slot_of(g, p);
+        if found {
+            return (joined, true);
+        }
+        let worst = (0..self.slots)
+            .map(|j| base + j * self.sub)
+            .max_by(|&a, &b| f64::from_bits(self.words[a + P]).total_cmp(&f64::from_bits(self.words[b + P])))
+            .unwrap_or(base);
+        if p < f64::from_bits(self.words[worst + P]) {
+            self.words[worst..worst + self.sub].copy_from_slice(&self.empty);
+            (self.words[worst + P], self.words[worst + CELL]) = (p.to_bits(), cell as u64);
+            (worst, true)
+        } else {
+            (base, false)
+        }
+    }
+
+    /// The sub-slot of priority `p` in group `g`, if it has one (without a pick: the group's only one).
+    #[inline]
+    fn slot_of(&self, g: usize, p: f64) -> (usize, bool) {
+        let base = g * self.stride;
+        if !self.picked {
+            return (base, true);
+        }
+        if self.slots == 1 {
+            return (base, f64::from_bits(self.words[base + P]) == p);
+        }
+        (0..self.slots)
+            .map(|j| base + j * self.sub)
+            .find(|&s| f64::from_bits(self.words[s + P]) == p)
+            .map_or((base, false), |s| (s, true))
+    }
+
+    /// The (cell, priority) arguments, with a pick.
+    fn pick_args<'a>(&self, values: &'a [ArrayRef]) -> Result<Option<(&'a Int64Array, &'a Float64Array)>> {
+        if !self.picked {
+            return Ok(None);
+        }
+        match values {
+            [.., c, p] => Ok(Some((c.as_primitive::<Int64Type>(), p.as_primitive::<Float64Type>()))),
+            _ => exec_err!("dp_clipped: a pick without its cell and priority"),
+        }
+    }
+
+    /// The words of the groups `emit_to` names, which leave the accumulator.
+    fn take(&mut self, emit_to: EmitTo) -> Vec<u64> {
+        match emit_to {
+            EmitTo::All => std::mem::take(&mut self.words),
+            EmitTo::First(n) => {
+                let rest = self.words.split_off((n * self.stride).min(self.words.len()));
+                std::mem::replace(&mut self.words, rest)
+            }
+        }
+    }
+
+    /// The result columns of the sub-slots starting at `bases` in `w`: the cell if picked, then each clipped
+    /// measurement.
+    fn results(&self, w: &[u64], bases: &[usize]) -> Vec<ArrayRef> {
+        let n: Vec<i64> = bases.iter().map(|&b| w[b + N] as i64).collect();
+        let mut cols: Vec<ArrayRef> = vec![];
+        if self.picked {
+            cols.push(Arc::new(Int64Array::from_iter_values(bases.iter().map(|&b| w[b + CELL] as i64))));
+        }
+        for ((value, rule), at) in self.measures.iter().zip(&self.v_at) {
+            let clip = |v: i128, n: i64| rule.clip(v, n);
+            let vs = |at: usize| bases.iter().map(move |&b| get_v(w, b + at));
+            cols.push(match (value, at) {
+                (RowValue::Sum(_), Some(at)) => {
+                    let seen: Vec<bool> = vs(*at).map(|v| v != UNSEEN).collect();
+                    decimal(vs(*at).zip(&n).map(|(v, &n)| if v == UNSEEN { 0 } else { clip(v, n) }).collect(), seen)
+                }
+                (_, Some(at)) => {
+                    Arc::new(Int64Array::from_iter_values(vs(*at).zip(&n).map(|(v, &n)| saturate(clip(v, n)))))
+                }
+                (_, None) => Arc::new(Int64Array::from_iter_values(n.iter().map(|&n| saturate(clip(n.into(), n))))),
+            });
+        }
+        cols
+    }
+
+    /// The state columns of sub-slot `j` of every group in `w`.
+    fn sub_state(&self, w: &[u64], j: usize) -> Vec<ArrayRef> {
+        let bases: Vec<usize> = (0..w.len() / self.stride).map(|g| g * self.stride + j * self.sub).collect();
+        let mut cols: Vec<ArrayRef> =
+            vec![Arc::new(Int64Array::from_iter_values(bases.iter().map(|&b| w[b + N] as i64)))];
+        if self.picked {
+            cols.push(Arc::new(Float64Array::from_iter_values(bases.iter().map(|&b| f64::from_bits(w[b + P])))));
+            cols.push(Arc::new(Int64Array::from_iter_values(bases.iter().map(|&b| w[b + CELL] as i64))));
+        }
+        for at in self.v_at.iter().flatten() {
+            cols.push(v_decimal(bases.iter().map(|&b| get_v(w, b + at)).collect()));
+        }
+        cols
+    }
+}
+
+/// Calls `f(row, v)` for each row of `x` that passes the filter and adds to `v`: every row of a COUNT(column)
+/// that is not NULL (1), every non-NULL grid value of a sum; nothing for COUNT(*).
+fn each_value(
+    value: RowValue,
+    x: &ArrayRef,
+    filter: Option<&BooleanArray>,
+    mut f: impl FnMut(usize, i64),
+) -> Result<()> {
+    match value {
+        RowValue::Rows => Ok(()),
+        RowValue::Values => {
+            let nulls = x.logical_nulls();
+            for i in 0..x.len() {
+                if nulls.as_ref().is_none_or(|n| n.is_valid(i)) && kept(filter, i) {
+                    f(i, 1);
+                }
+            }
+            Ok(())
+        }
+        RowValue::Sum(grid) => each_grid_value(grid, x, filter, f),
+    }
+}
+
+/// `v` as a `DECIMAL(38, 0)` column, NULL where UNSEEN.
+fn v_decimal(v: Vec<i128>) -> ArrayRef {
+    let seen: Vec<bool> = v.iter().map(|&v| v != UNSEEN).collect();
+    let v: Vec<i128> = v.into_iter().map(|v| if v == UNSEEN { 0 } else { v }).collect();
+    decimal(v, seen)
+}
+
+impl GroupsAccumulator for ClippedGroups {
+    fn update_batch(
+        &mut self,
+        values: &[ArrayRef],
+        groups: &[usize],
+        filter: Option<&BooleanArray>,
+        total: usize,
+    ) -> Result<()> {
+        self.grow(total);
+        let pick = self.pick_args(values)?;
+        // First the row counts (which also settle each group's smallest priorities and their cells), then the
+        // values of the rows at those priorities.
+        match pick {
+            None if filter.is_none() => groups.iter().for_each(|&g| self.words[g * self.stride + N] += 1),
+            _ => {
+                for (i, &g) in groups.iter().enumerate() {
+                    let (p, c) = pick.map_or((0.0, 0), |(c, p)| (p.value(i), c.value(i)));
+                    let p = if kept(filter, i) { p } else { f64::INFINITY }; // never takes a sub-slot
+                    let (s, joins) = self.admit(g, p, c);
+                    self.words[s + N] += u64::from(joins && kept(filter, i));
+                }
+            }
+        }
+        let mut arg = 0;
+        for ((value, _), at) in self.measures.iter().zip(&self.v_at) {
+            let Some(at) = *at else { continue };
+            let Some(x) = values.get(arg) else { return exec_err!("dp_clipped: missing argument {arg}") };
+            arg += 1;
+            let mut adds = vec![];
+            each_value(*value, x, filter, |i, x| {
+                let (s, on) = self.slot_of(groups[i], pick.map_or(0.0, |(_, p)| p.value(i)));
+                adds.push((s, x, on));
+            })?;
+            for (s, x, on) in adds {
+                add(&mut self.words, s + at, x.into(), on);
+            }
+        }
+        Ok(())
+    }
+
+    fn merge_batch(&mut self, states: &[ArrayRef], groups: &[usize], total: usize) -> Result<()> {
+        let per_slot = if self.picked { 3 } else { 1 } + self.v_at.iter().flatten().count();
+        if states.len() != per_slot * self.slots {
+            return exec_err!("dp_clipped: {} state columns instead of {}", states.len(), per_slot * self.slots);
+        }
+        self.grow(total);
+        for cols in states.chunks_exact(per_slot) {
+            let n = cols[N].as_primitive::<Int64Type>();
+            let pick =
+                self.picked.then(|| (cols[P].as_primitive::<Float64Type>(), cols[CELL].as_primitive::<Int64Type>()));
+            let first_v = if self.picked { 3 } else { 1 };
+            let vs: Vec<(usize, &Decimal128Array)> = self
+                .v_at
+                .iter()
+                .flatten()
+                .enumerate()
+                .map(|(j, &at)| (at, cols[first_v + j].as_primitive::<Decimal128Type>()))
+                .collect();
+            for (i, &g) in groups.iter().enumerate() {
+                let (p, c) = pick.map_or((0.0, 0), |(p, c)| (p.value(i), c.value(i)));
+                let (s, joins) = self.admit(g, p, c);
+                self.words[s + N] += n.value(i) as u64 & u64::from(joins).wrapping_neg();
+                for (at, v) in &vs {
+                    add(&mut self.words, s + at, v.value(i), joins && v.is_valid(i));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn evaluate(&mut self, emit_to: EmitTo) -> Result<ArrayRef> {
+        let w = self.take(emit_to);
+        let groups = w.len() / self.stride;
+        if self.slots == 1 {
+            // Every group has a row at its priority: the cell is never missing.
+            let bases: Vec<usize> = (0..groups).map(|g| g * self.stride).collect();
+            return Ok(Arc::new(StructArray::try_new(self.fields.clone(), self.results(&w, &bases), None)?));
+        }
+        // One list element per sub-slot in use (a finite priority).
+        let (mut bases, mut lengths) = (vec![], vec![]);
+        for g in 0..groups {
+            let used: Vec<usize> = (0..self.slots)
+                .map(|j| g * self.stride + j * self.sub)
+                .filter(|&b| f64::from_bits(w[b + P]) < f64::INFINITY)
+                .collect();
+            lengths.push(used.len());
+            bases.extend(used);
+        }
+        let offsets = OffsetBuffer::from_lengths(lengths);
+        let lists = self
+            .results(&w, &bases)
+            .into_iter()
+            .zip(&self.cell_fields)
+            .map(|(values, f)| {
+                let item = Arc::new(f.clone().with_name("item"));
+                Ok(Arc::new(ListArray::try_new(item, offsets.clone(), values, None)?) as ArrayRef)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Arc::new(StructArray::try_new(self.fields.clone(), lists, None)?))
+    }
+
+    fn state(&mut self, emit_to: EmitTo) -> Result<Vec<ArrayRef>> {
+        let w = self.take(emit_to);
+        Ok((0..self.slots).flat_map(|j| self.sub_state(&w, j)).collect())
+    }
+
+    /// Each row as its own group (DataFusion skips partial aggregation when it does not reduce the row count, as
+    /// with one group per privacy unit), in the first sub-slot: a row that is filtered out has n = 0, no value
+    /// and priority +∞, so it never takes a sub-slot. Further sub-slots are free.
+    fn convert_to_state(&self, values: &[ArrayRef], filter: Option<&BooleanArray>) -> Result<Vec<ArrayRef>> {
+        let rows = values.first().map_or(0, |v| v.len());
+        let n: Vec<i64> = (0..rows).map(|i| i64::from(kept(filter, i))).collect();
+        let mut cols: Vec<ArrayRef> = vec![Arc::new(Int64Array::from(n))];
+        if let Some((c, p)) = self.pick_args(values)? {
+            let p = (0..rows).map(|i| if kept(filter, i) { p.value(i) } else { f64::INFINITY });
+            cols.push(Arc::new(Float64Array::from_iter_values(p)));
+            cols.push(Arc::new(Int64Array::from_iter_values(c.values().iter().copied())));
+        }
+        let mut arg = 0;
+        for ((value, _), at) in self.measures.iter().zip(&self.v_at) {
+            if at.is_none() {
+                continue;
+            }
+            let Some(x) = values.get(arg) else { return exec_err!("dp_clipped: missing argument {arg}") };
+            arg += 1;
+            let mut v = vec![if matches!(value, RowValue::Sum(_)) { UNSEEN } else { 0 }; rows];
+            each_value(*value, x, filter, |i, x| v[i] = x.into())?;
+            cols.push(v_decimal(v));
+        }
+        if self.slots > 1 {
+            let free = vec![0u64; rows * self.stride];
+            let mut w = free;
+            for s in w.chunks_exact_mut(self.sub) {
+                s.copy_from_slice(&self.empty);
+            }
+            for j in 1..self.slots {
+                cols.extend(self.sub_state(&w, j));
+            }
+        }
+        Ok(cols)
+    }
+
+    fn size(&self) -> usize {
+        self.words.capacity() * 8
+    }
+}
+
+fn saturate(v: i128) -> i64 {
+    i64::try_from(v).unwrap_or(if v < 0 { i64::MIN } else { i64::MAX })
+}
+
+/// `DECIMAL(38, 0)` values, NULL where `seen` is false (all valid when `seen` is empty).
+fn decimal(v: Vec<i128>, seen: Vec<bool>) -> ArrayRef {
+    let nulls = (!seen.is_empty() && !seen.iter().all(|&s| s)).then(|| NullBuffer::from(seen));
+    Arc::new(Decimal128Array::new(v.into(), nulls).with_data_type(DataType::Decimal128(38, 0)))
 }
 
 #[cfg(test)]
@@ -132,7 +617,7 @@ mod tests {
     use super::*;
 
     fn clip(k: i64, range: Option<(i128, i128)>) -> Clip {
-        Clip { k, range, signature: Signature::any(2, Volatility::Immutable) }
+        Clip { k, range }
     }
 
     #[test]
@@ -161,5 +646,173 @@ mod tests {
         assert_eq!(c.clip(i128::MIN, i64::MAX), -(1 << 41));
         let c = clip(2, None);
         assert_eq!(c.clip(5, -1), 5, "n ≤ 0 cannot happen; the value is kept, not divided");
+    }
+
+    use crate::plan::exact_sum::Grid;
+
+    fn groups(measures: &[RowValue], k: u64, picked: bool) -> ClippedGroups {
+        groups_g(measures, k, picked.then_some(1))
+    }
+
+    fn groups_g(measures: &[RowValue], k: u64, g: Option<u64>) -> ClippedGroups {
+        let ms: Vec<UnitMeasure> = measures
+            .iter()
+            .map(|v| {
+                let range = matches!(v, RowValue::Sum(_)).then_some((0, 4 * k as i128));
+                (*v, (!matches!(v, RowValue::Rows)).then(|| lit(0)), range)
+            })
+            .collect();
+        let pick = g.map(|g| (lit(0i64), lit(0.0), g));
+        let Expr::AggregateFunction(f) = Clipped::call(&ms, k, pick) else { panic!("an aggregate") };
+        ClippedGroups::new(f.func.inner().downcast_ref::<Clipped>().unwrap())
+    }
+
+    fn ints(v: &[Option<i64>]) -> ArrayRef {
+        Arc::new(Int64Array::from(v.to_vec()))
+    }
+
+    /// The result's columns as i128 options (counts widened).
+    fn columns(a: ArrayRef) -> Vec<Vec<Option<i128>>> {
+        a.as_struct()
+            .columns()
+            .iter()
+            .map(|c| match c.data_type() {
+                DataType::Int64 => c.as_primitive::<Int64Type>().iter().map(|v| v.map(i128::from)).collect(),
+                _ => c.as_primitive::<Decimal128Type>().iter().collect(),
+            })
+            .collect()
+    }
+
+    const ALL: [RowValue; 3] = [RowValue::Rows, RowValue::Values, RowValue::Sum(Grid::Int { lo: 0, hi: 4 })];
+
+    #[test]
+    fn clips_each_group_as_the_rule_says() {
+        // Group 0: 3 rows (3, NULL, 4), group 1: 1 row (NULL), group 2: 2 rows (4, 100 → clamped to 4).
+        let x = ints(&[Some(3), Some(4), None, None, Some(4), Some(100)]);
+        let g = [0, 2, 0, 1, 0, 2];
+        let mut acc = groups(&ALL, 2, false);
+        acc.update_batch(&[Arc::clone(&x), x], &g, None, 3).unwrap();
+        let cols = columns(acc.evaluate(EmitTo::All).unwrap());
+        // COUNT(*): min(n, 2). COUNT(x): 2 values in 3 rows → round(2·2/3) = 1. SUM: round(7·2/3) = 5; NULL; 8.
+        assert_eq!(cols[0], [Some(2), Some(1), Some(2)]);
+        assert_eq!(cols[1], [Some(1), Some(0), Some(2)]);
+        assert_eq!(cols[2], [Some(5), None, Some(8)]);
+    }
+
+    #[test]
+    fn with_a_pick_only_the_rows_of_the_smallest_priority_count() {
+        let mut acc = groups(&[RowValue::Rows, RowValue::Sum(Grid::Int { lo: 0, hi: 4 })], 5, true);
+        let batch = |x: &[Option<i64>], cells: &[i64], p: &[f64]| -> Vec<ArrayRef> {
+            vec![ints(x), Arc::new(Int64Array::from(cells.to_vec())), Arc::new(Float64Array::from(p.to_vec()))]
+        };
+        // Group 0: cell 7 at priority 0.5 (1 + 2), then cell 3 at 0.25 in the next batch (1 + 2 + 3 + NULL)
+        // empties it; cell 9 at 0.75 never counts.
+        acc.update_batch(&batch(&[Some(1), Some(2), Some(4)], &[7, 7, 9], &[0.5, 0.5, 0.75]), &[0; 3], None, 1)
+            .unwrap();
+        let b = batch(&[Some(1), Some(4), Some(2), None, Some(3)], &[3, 7, 3, 3, 3], &[0.25, 0.5, 0.25, 0.25, 0.25]);
+        acc.update_batch(&b, &[0; 5], None, 1).unwrap();
+        let cols = columns(acc.evaluate(EmitTo::All).unwrap());
+        assert_eq!(cols, [vec![Some(3)], vec![Some(4)], vec![Some(6)]], "cell 3, four rows, sum 6");
+    }
+
+    /// Per group, its kept cells as rows of (cell, x0, x1, …), sorted: the same whatever the order of the lists.
+    fn cells_of(a: ArrayRef) -> Vec<Vec<Vec<Option<i128>>>> {
+        let s = a.as_struct();
+        let lists: Vec<_> = s.columns().iter().map(|c| c.as_list::<i32>().clone()).collect();
+        (0..s.len())
+            .map(|g| {
+                let cols = columns(Arc::new(StructArray::new(
+                    lists.iter().map(|l| Arc::new(Field::new("x", l.value_type(), true))).collect::<Vec<_>>().into(),
+                    lists.iter().map(|l| l.value(g)).collect(),
+                    None,
+                )));
+                let mut rows: Vec<Vec<Option<i128>>> =
+                    (0..cols[0].len()).map(|r| cols.iter().map(|c| c[r]).collect()).collect();
+                rows.sort();
+                rows
+            })
+            .collect()
+    }
+
+    /// Partial states (from updates and from rows converted one by one) merge to what one accumulator computes,
+    /// without a pick, with one cell and with two, with and without a filter, whatever the measurements.
+    #[test]
+    fn states_merge_to_the_same_result() {
+        let x = ints(&[Some(3), Some(5), None, Some(8), Some(1), Some(6), Some(2), Some(4)]);
+        let cells: ArrayRef = Arc::new(Int64Array::from(vec![1, 2, 2, 5, 2, 6, 7, 1]));
+        let p: ArrayRef = Arc::new(Float64Array::from(vec![0.3, 0.1, 0.1, 0.3, 0.1, 0.9, 0.2, 0.3]));
+        let g = [0, 0, 0, 1, 0, 1, 1, 0];
+        let filter = BooleanArray::from(vec![
+            Some(true),
+            Some(true),
+            Some(true),
+            Some(true),
+            Some(false),
+            None,
+            Some(true),
+            Some(true),
+        ]);
+        for pick in [None, Some(1), Some(2)] {
+            for f in [None, Some(&filter)] {
+                let mut args = vec![Arc::clone(&x), Arc::clone(&x)];
+                if pick.is_some() {
+                    args.extend([Arc::clone(&cells), Arc::clone(&p)]);
+                }
+                let mut one = groups_g(&ALL, 1, pick);
+                one.update_batch(&args, &g, f, 2).unwrap();
+                let want = one.evaluate(EmitTo::All).unwrap();
+                // Rows 0..3 through an accumulator's state, rows 3.. converted to per-row states.
+                let mut first = groups_g(&ALL, 1, pick);
+                let head: Vec<ArrayRef> = args.iter().map(|a| a.slice(0, 3)).collect();
+                let head_filter = f.map(|f| f.slice(0, 3));
+                first.update_batch(&head, &g[..3], head_filter.as_ref(), 1).unwrap();
+                let tail: Vec<ArrayRef> = args.iter().map(|a| a.slice(3, 5)).collect();
+                let tail_filter = f.map(|f| f.slice(3, 5));
+                let rows = first.convert_to_state(&tail, tail_filter.as_ref()).unwrap();
+                let mut merged = groups_g(&ALL, 1, pick);
+                merged.merge_batch(&rows, &g[3..], 2).unwrap();
+                merged.merge_batch(&first.state(EmitTo::All).unwrap(), &[0], 2).unwrap();
+                let got = merged.evaluate(EmitTo::All).unwrap();
+                let what = format!("pick {pick:?}, filter {}", f.is_some());
+                if pick == Some(2) {
+                    assert_eq!(cells_of(got), cells_of(want), "{what}");
+                } else {
+                    assert_eq!(&got, &want, "{what}");
+                }
+            }
+        }
+    }
+
+    /// With g = 2 a unit keeps its two cells of smallest priority, whole, in whatever order their rows come; a
+    /// cell that loses its place never comes back.
+    #[test]
+    fn with_two_cells_the_two_smallest_priorities_are_kept_whole() {
+        let m = [RowValue::Rows, RowValue::Sum(Grid::Int { lo: 0, hi: 4 })];
+        // Cells 10, 20, 30 at priorities 0.5, 0.2, 0.9; values 1, 2, 3 per row of each.
+        let rows: [(i64, f64, i64); 7] =
+            [(30, 0.9, 3), (10, 0.5, 1), (30, 0.9, 3), (20, 0.2, 2), (10, 0.5, 1), (30, 0.9, 3), (20, 0.2, 2)];
+        for order in [[0, 1, 2, 3, 4, 5, 6], [6, 5, 4, 3, 2, 1, 0], [3, 0, 5, 1, 6, 2, 4]] {
+            let mut acc = groups_g(&m, 5, Some(2));
+            for i in order {
+                let (c, p, v) = rows[i];
+                let args: Vec<ArrayRef> =
+                    vec![ints(&[Some(v)]), Arc::new(Int64Array::from(vec![c])), Arc::new(Float64Array::from(vec![p]))];
+                acc.update_batch(&args, &[0], None, 1).unwrap();
+            }
+            let kept = cells_of(acc.evaluate(EmitTo::All).unwrap());
+            let want = vec![vec![Some(10), Some(2), Some(2)], vec![Some(20), Some(2), Some(4)]];
+            assert_eq!(kept, vec![want], "order {order:?}");
+        }
+    }
+
+    #[test]
+    fn emitting_the_first_groups_keeps_the_rest() {
+        let x = ints(&[Some(1), Some(2), Some(3)]);
+        let mut acc = groups(&ALL, 5, false);
+        acc.update_batch(&[Arc::clone(&x), x], &[0, 1, 2], None, 3).unwrap();
+        let first = columns(acc.evaluate(EmitTo::First(2)).unwrap());
+        assert_eq!(first[2], [Some(1), Some(2)]);
+        let rest = columns(acc.evaluate(EmitTo::All).unwrap());
+        assert_eq!(rest, [vec![Some(1)], vec![Some(1)], vec![Some(3)]]);
     }
 }

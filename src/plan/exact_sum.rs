@@ -175,10 +175,15 @@ impl BoundedSum {
     }
 }
 
-/// Calls `f(row, grid value)` for every non-NULL row of `values` (Int64 or Float64, as the sum's argument), with
-/// exactly the conversion `dp_bounded_sum` applies.
-pub(crate) fn each_grid_value(grid: Grid, values: &ArrayRef, f: impl FnMut(usize, i64)) -> Result<()> {
-    Conv::of(grid).each(values, None, f)
+/// Calls `f(row, grid value)` for every non-NULL row of `values` (Int64 or Float64, as the sum's argument) that
+/// passes the filter, with exactly the conversion `dp_bounded_sum` applies.
+pub(crate) fn each_grid_value(
+    grid: Grid,
+    values: &ArrayRef,
+    filter: Option<&BooleanArray>,
+    f: impl FnMut(usize, i64),
+) -> Result<()> {
+    Conv::of(grid).each(values, filter, f)
 }
 
 impl AggregateUDFImpl for BoundedSum {

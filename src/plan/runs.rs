@@ -592,7 +592,7 @@ async fn partition(
                 RowValue::Sum(grid) => {
                     values.resize(len, 0);
                     valid.resize(len, false);
-                    exact_sum::each_grid_value(grid, col, |r, x| {
+                    exact_sum::each_grid_value(grid, col, None, |r, x| {
                         values[r] = x;
                         valid[r] = true;
                     })?;

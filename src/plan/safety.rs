@@ -17,9 +17,9 @@
 
 use crate::error::{DpError, Result, engine};
 use crate::plan::cells::{CellIndex, CellKey};
-use crate::plan::clip::Clip;
+use crate::plan::clip::Clipped;
 use crate::plan::exact_sum::BoundedSum;
-use crate::plan::pick::{Pick, PickN};
+use crate::plan::pick::Priority;
 use crate::plan::runs::UnitRuns;
 use crate::refusal::Refusal;
 use datafusion::arrow::array::{ArrayRef, RecordBatch, RecordBatchOptions, StringArray};
@@ -27,6 +27,7 @@ use datafusion::arrow::datatypes::{DataType, Schema};
 use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
 use datafusion::common::{DFSchema, ScalarValue};
 use datafusion::execution::context::ExecutionProps;
+use datafusion::functions::core::getfield::GetFieldFunc;
 use datafusion::functions::math::random::RandomFunc;
 use datafusion::functions_aggregate::count::Count;
 use datafusion::functions_aggregate::sum::Sum;
@@ -345,7 +346,15 @@ pub fn total(e: &Expr, schema: &DFSchema) -> std::result::Result<(), String> {
         }
         Expr::ScalarFunction(f) => {
             let inner = f.func.inner();
-            if inner.is::<Clip>() || inner.is::<RandomFunc>() || inner.is::<CellIndex>() || inner.is::<CellKey>() {
+            // A struct field by a literal name (the fields of `dp_clipped`): total; a computed name could fail.
+            let field_by_name = inner.is::<GetFieldFunc>()
+                && matches!(f.args.as_slice(), [_, Expr::Literal(ScalarValue::Utf8(Some(_)), _)]);
+            if inner.is::<Priority>()
+                || inner.is::<RandomFunc>()
+                || inner.is::<CellIndex>()
+                || inner.is::<CellKey>()
+                || field_by_name
+            {
                 f.args.iter().try_for_each(|a| total(a, schema))
             } else {
                 Err(format!("the function `{}`", f.name()))
@@ -354,11 +363,7 @@ pub fn total(e: &Expr, schema: &DFSchema) -> std::result::Result<(), String> {
         Expr::AggregateFunction(a) => {
             let inner = a.func.inner();
             let p = &a.params;
-            let known = inner.is::<Count>()
-                || inner.is::<Sum>()
-                || inner.is::<BoundedSum>()
-                || inner.is::<Pick>()
-                || inner.is::<PickN>();
+            let known = inner.is::<Count>() || inner.is::<Sum>() || inner.is::<BoundedSum>() || inner.is::<Clipped>();
             if !known || p.distinct || p.filter.is_some() || !p.order_by.is_empty() {
                 return Err(format!("the aggregate `{e}`"));
             }

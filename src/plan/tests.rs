@@ -181,25 +181,25 @@ async fn bounded_plans_keep_their_shape() {
     snapshot(
         "SELECT COUNT(*) FROM t",
         policy(true, 1),
-        "
+        r#"
         DpUnitRuns: k=2, groups=None, cells=1 (one pass over the first input if it is verified clustered by unit, else the second)
           Projection: __dp_unit
             Projection: t.pid, t.age, t.sex, t.income, t.score, t.pid AS __dp_unit
               TableScan: t
           Aggregate: groupBy=[[]], aggr=[[sum(__dp_x0) AS __dp_m0]]
-            Projection: __dp_unit, CASE WHEN __dp_n > Int64(2) THEN Int64(2) ELSE __dp_n END AS __dp_x0
-              Aggregate: groupBy=[[__dp_unit]], aggr=[[count(Int64(1)) AS __dp_n]]
+            Projection: __dp_unit, get_field(__dp_s, Utf8("x0")) AS __dp_x0
+              Aggregate: groupBy=[[__dp_unit]], aggr=[[dp_clipped(Int64(1)) AS __dp_s]]
                 Projection: t.pid, t.age, t.sex, t.income, t.score, t.pid AS __dp_unit
                   TableScan: t
-        ",
+        "#,
     )
     .await;
-    // One group per person: one cell per person by the smallest random priority (dp_pick) over the cell index;
-    // the key is decoded from the cell at the end.
+    // One group per person: one aggregation per person picks the cell of smallest keyed-hash priority
+    // and clips the person's rows in that cell (dp_clipped); the key is decoded from the cell at the end.
     snapshot(
         "SELECT age, AVG(income) FROM t GROUP BY age",
         policy(true, 1),
-        "
+        r#"
         Projection: dp_cell_key(__dp_cell) AS age, __dp_m0, __dp_m1
           DpUnitRuns: k=2, groups=Some(1), cells=4 (one pass over the first input if it is verified clustered by unit, else the second)
             Projection: __dp_unit, __dp_cell, CAST(t.income AS Int64) AS __dp_row0, t.income AS __dp_row1
@@ -208,23 +208,22 @@ async fn bounded_plans_keep_their_shape() {
                   Projection: t.pid, t.age, t.sex, t.income, t.score, t.pid AS __dp_unit
                     TableScan: t
             Aggregate: groupBy=[[__dp_cell]], aggr=[[sum(__dp_x0) AS __dp_m0, sum(__dp_x1) AS __dp_m1]]
-              Aggregate: groupBy=[[__dp_unit]], aggr=[[dp_pick(__dp_cell, __dp_r) AS __dp_cell, dp_pick(__dp_x0, __dp_r) AS __dp_x0, dp_pick(__dp_x1, __dp_r) AS __dp_x1]]
-                Projection: __dp_cell, __dp_unit, __dp_x0, __dp_x1, random() AS __dp_r
-                  Projection: __dp_cell, __dp_unit, dp_clip(__dp_v0, __dp_n) AS __dp_x0, dp_clip(__dp_v1, __dp_n) AS __dp_x1
-                    Aggregate: groupBy=[[__dp_unit, __dp_cell]], aggr=[[count(Int64(1)) AS __dp_n, dp_bounded_sum(CAST(t.income AS Int64)) AS __dp_v0, count(t.income) AS __dp_v1]]
-                      Filter: __dp_cell IS NOT NULL
-                        Projection: t.pid, t.age, t.sex, t.income, t.score, __dp_unit, dp_cell(t.age) AS __dp_cell
-                          Projection: t.pid, t.age, t.sex, t.income, t.score, t.pid AS __dp_unit
-                            TableScan: t
-        ",
+              Projection: get_field(__dp_s, Utf8("cell")) AS __dp_cell, get_field(__dp_s, Utf8("x0")) AS __dp_x0, get_field(__dp_s, Utf8("x1")) AS __dp_x1
+                Aggregate: groupBy=[[__dp_unit]], aggr=[[dp_clipped(CAST(t.income AS Int64), t.income, __dp_cell, __dp_p) AS __dp_s]]
+                  Projection: t.pid, t.age, t.sex, t.income, t.score, __dp_unit, __dp_cell, dp_priority(__dp_unit, __dp_cell) AS __dp_p
+                    Filter: __dp_cell IS NOT NULL
+                      Projection: t.pid, t.age, t.sex, t.income, t.score, __dp_unit, dp_cell(t.age) AS __dp_cell
+                        Projection: t.pid, t.age, t.sex, t.income, t.score, t.pid AS __dp_unit
+                          TableScan: t
+        "#,
     )
     .await;
-    // Two groups per person (fewer than the four cells): the two cells of smallest random priority, as lists
-    // per person, unnested; no sort.
+    // Two groups per person (fewer than the four cells): the same one aggregation per person keeps the two cells
+    // of smallest priority, as lists, unnested; no sort.
     snapshot(
         "SELECT age, COUNT(*) FROM t GROUP BY age",
         policy(true, 2),
-        "
+        r#"
         Projection: dp_cell_key(__dp_cell) AS age, __dp_m0
           DpUnitRuns: k=2, groups=Some(2), cells=4 (one pass over the first input if it is verified clustered by unit, else the second)
             Projection: __dp_unit, __dp_cell
@@ -234,22 +233,21 @@ async fn bounded_plans_keep_their_shape() {
                     TableScan: t
             Aggregate: groupBy=[[__dp_cell]], aggr=[[sum(__dp_x0) AS __dp_m0]]
               Unnest: lists[__dp_cell|depth=1, __dp_x0|depth=1] structs[]
-                Aggregate: groupBy=[[__dp_unit]], aggr=[[dp_pick_n(__dp_cell, __dp_r) AS __dp_cell, dp_pick_n(__dp_x0, __dp_r) AS __dp_x0]]
-                  Projection: __dp_cell, __dp_unit, __dp_x0, random() AS __dp_r
-                    Projection: __dp_cell, __dp_unit, CASE WHEN __dp_n > Int64(2) THEN Int64(2) ELSE __dp_n END AS __dp_x0
-                      Aggregate: groupBy=[[__dp_unit, __dp_cell]], aggr=[[count(Int64(1)) AS __dp_n]]
-                        Filter: __dp_cell IS NOT NULL
-                          Projection: t.pid, t.age, t.sex, t.income, t.score, __dp_unit, dp_cell(t.age) AS __dp_cell
-                            Projection: t.pid, t.age, t.sex, t.income, t.score, t.pid AS __dp_unit
-                              TableScan: t
-        ",
+                Projection: get_field(__dp_s, Utf8("cell")) AS __dp_cell, get_field(__dp_s, Utf8("x0")) AS __dp_x0
+                  Aggregate: groupBy=[[__dp_unit]], aggr=[[dp_clipped(__dp_cell, __dp_p) AS __dp_s]]
+                    Projection: t.pid, t.age, t.sex, t.income, t.score, __dp_unit, __dp_cell, dp_priority(__dp_unit, __dp_cell) AS __dp_p
+                      Filter: __dp_cell IS NOT NULL
+                        Projection: t.pid, t.age, t.sex, t.income, t.score, __dp_unit, dp_cell(t.age) AS __dp_cell
+                          Projection: t.pid, t.age, t.sex, t.income, t.score, t.pid AS __dp_unit
+                            TableScan: t
+        "#,
     )
     .await;
     // As many groups allowed as there are cells: no selection at all.
     snapshot(
         "SELECT sex, COUNT(*) FROM t GROUP BY sex",
         policy(true, 2),
-        "
+        r#"
         Projection: dp_cell_key(__dp_cell) AS sex, __dp_m0
           DpUnitRuns: k=2, groups=None, cells=2 (one pass over the first input if it is verified clustered by unit, else the second)
             Projection: __dp_unit, __dp_cell
@@ -258,13 +256,13 @@ async fn bounded_plans_keep_their_shape() {
                   Projection: t.pid, t.age, t.sex, t.income, t.score, t.pid AS __dp_unit
                     TableScan: t
             Aggregate: groupBy=[[__dp_cell]], aggr=[[sum(__dp_x0) AS __dp_m0]]
-              Projection: __dp_cell, __dp_unit, CASE WHEN __dp_n > Int64(2) THEN Int64(2) ELSE __dp_n END AS __dp_x0
-                Aggregate: groupBy=[[__dp_unit, __dp_cell]], aggr=[[count(Int64(1)) AS __dp_n]]
+              Projection: __dp_cell, __dp_unit, get_field(__dp_s, Utf8("x0")) AS __dp_x0
+                Aggregate: groupBy=[[__dp_unit, __dp_cell]], aggr=[[dp_clipped(Int64(1)) AS __dp_s]]
                   Filter: __dp_cell IS NOT NULL
                     Projection: t.pid, t.age, t.sex, t.income, t.score, __dp_unit, dp_cell(t.sex) AS __dp_cell
                       Projection: t.pid, t.age, t.sex, t.income, t.score, t.pid AS __dp_unit
                         TableScan: t
-        ",
+        "#,
     )
     .await;
 }
