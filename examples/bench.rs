@@ -227,15 +227,16 @@ const WORKLOADS: &[(&str, &str, &str)] = &[
         "SELECT education, sex, SUM(n), SUM(s) FROM (SELECT person_id, education, sex, COUNT(*) AS n, \
          SUM(income) AS s FROM people GROUP BY person_id, education, sex) t GROUP BY education, sex",
     ),
-    // A key drawn per row: persons have rows in 1–4 quarters, of which person level keeps 1 (W5) or 2 (W6).
+    // A key drawn per row: persons have rows in 1–4 quarters, of which person level keeps 1 (W6) or 2 (W7).
+    // (W5 is the one-way marginals of `bench marginals`.)
     (
-        "W5",
+        "W6",
         "SELECT quarter, COUNT(*), SUM(income) FROM people GROUP BY quarter",
         "SELECT quarter, SUM(n), SUM(s) FROM (SELECT person_id, quarter, COUNT(*) AS n, SUM(income) AS s \
          FROM people GROUP BY person_id, quarter) t GROUP BY quarter",
     ),
     (
-        "W6",
+        "W7",
         "SELECT quarter, COUNT(*), SUM(income) FROM people_g2 GROUP BY quarter",
         "SELECT quarter, SUM(n), SUM(s) FROM (SELECT person_id, quarter, COUNT(*) AS n, SUM(income) AS s \
          FROM people_g2 GROUP BY person_id, quarter) t GROUP BY quarter",
