@@ -5,10 +5,10 @@
 //!    out-of-domain rows never use up its contribution limits, and the released keys never depend on the data.
 //! 3. Each unit's contribution to each cell is limited to `k = max_rows_per_unit` rows' worth, by a hash
 //!    aggregation per (unit[, keys]) that clips as it aggregates ([`per_unit`], `dp_clipped`): a unit with n ≤ k
-//!    rows in a cell contributes them exactly; with n > k rows it contributes `k` to COUNT(*) and its exact sums scaled by k/n (rounded to the
-//!    grid) — the expected value of keeping k of its rows chosen uniformly at random, so no row order (which is
-//!    data) plays any part. Either way a unit moves a cell by at most k rows, or k·M for a sum. (The marginal
-//!    release keeps k random rows per unit instead, while it streams: `marginals::RowSampler`.)
+//!    rows in a cell contributes them exactly; with n > k rows it contributes `k` to COUNT(*) and its exact sums
+//!    scaled by k/n (rounded to the grid) — the expected value of keeping k of its rows chosen uniformly at random,
+//!    so no row order (which is data) plays any part. Either way a unit moves a cell by at most k rows, or k·M for
+//!    a sum. (The marginal release keeps k random rows per unit instead, while it streams: `marginals::RowSampler`.)
 //! 4. In a GROUP BY with more cells than `max_groups_per_unit`, each unit keeps a uniformly random set of at most
 //!    `g` of its cells: each (unit, cell) has a random priority (`dp_priority`, a keyed hash) and the `g` smallest
 //!    are kept, with no sort, in the same one aggregation per unit that clips (`dp_clipped` keeps the rows of the g

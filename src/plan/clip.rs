@@ -23,12 +23,12 @@
 //!   no non-NULL value stays NULL, as SUM does. Nothing here can fail on any value, which the plan-safety check
 //!   ([`super::safety`]) requires of every expression in a private plan.
 
-use crate::plan::exact_sum::each_grid_value;
+use crate::plan::exact_sum::{decimal, each_grid_value};
 use crate::plan::runs::RowValue;
 use datafusion::arrow::array::{
     Array, ArrayRef, AsArray, BooleanArray, Decimal128Array, Float64Array, Int64Array, ListArray, StructArray,
 };
-use datafusion::arrow::buffer::{NullBuffer, OffsetBuffer};
+use datafusion::arrow::buffer::OffsetBuffer;
 use datafusion::arrow::datatypes::{DataType, Decimal128Type, Field, FieldRef, Fields, Float64Type, Int64Type};
 use datafusion::common::{Result, exec_err, not_impl_err};
 use datafusion::functions::core::expr_fn::get_field;
@@ -57,6 +57,8 @@ impl Clip {
     /// The clipped contribution of a unit with `n` rows and aggregate `v`.
     pub(crate) fn clip(&self, v: i128, n: i64) -> i128 {
         if n <= self.k || n <= 0 {
+            // The exact sum of n ≤ k clamped grid values is already within k·max(|lo|, |hi|) of zero. (Clamping it
+            // to [k·lo, k·hi] too would move a unit with fewer than k rows and lo > 0 up to k·lo.)
             return v;
         }
         let (k, n) = (i128::from(self.k), i128::from(n));
@@ -604,12 +606,6 @@ impl GroupsAccumulator for ClippedGroups {
 
 fn saturate(v: i128) -> i64 {
     i64::try_from(v).unwrap_or(if v < 0 { i64::MIN } else { i64::MAX })
-}
-
-/// `DECIMAL(38, 0)` values, NULL where `seen` is false (all valid when `seen` is empty).
-fn decimal(v: Vec<i128>, seen: Vec<bool>) -> ArrayRef {
-    let nulls = (!seen.is_empty() && !seen.iter().all(|&s| s)).then(|| NullBuffer::from(seen));
-    Arc::new(Decimal128Array::new(v.into(), nulls).with_data_type(DataType::Decimal128(38, 0)))
 }
 
 #[cfg(test)]

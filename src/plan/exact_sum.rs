@@ -216,9 +216,10 @@ impl AggregateUDFImpl for BoundedSum {
     }
 }
 
-fn decimal(sums: Vec<i128>, seen: Vec<bool>) -> Result<ArrayRef> {
-    let nulls = (!seen.iter().all(|&s| s)).then(|| NullBuffer::from(seen));
-    Ok(Arc::new(Decimal128Array::new(sums.into(), nulls).with_data_type(OUT)))
+/// Exact sums as `DECIMAL(38, 0)`, NULL where `seen` is false (all valid when `seen` is empty).
+pub(crate) fn decimal(sums: Vec<i128>, seen: Vec<bool>) -> ArrayRef {
+    let nulls = (!seen.is_empty() && !seen.iter().all(|&s| s)).then(|| NullBuffer::from(seen));
+    Arc::new(Decimal128Array::new(sums.into(), nulls).with_data_type(OUT))
 }
 
 /// Adds the non-NULL partial sums of a state column.
@@ -328,7 +329,7 @@ impl GroupsAccumulator for SumGroups {
     }
 
     fn evaluate(&mut self, emit_to: EmitTo) -> Result<ArrayRef> {
-        decimal(emit_to.take_needed(&mut self.sums), emit_to.take_needed(&mut self.seen))
+        Ok(decimal(emit_to.take_needed(&mut self.sums), emit_to.take_needed(&mut self.seen)))
     }
 
     fn state(&mut self, emit_to: EmitTo) -> Result<Vec<ArrayRef>> {
@@ -345,7 +346,7 @@ impl GroupsAccumulator for SumGroups {
             sums[i] = x as i128;
             seen[i] = true;
         })?;
-        Ok(vec![decimal(sums, seen)?])
+        Ok(vec![decimal(sums, seen)])
     }
 
     fn size(&self) -> usize {
