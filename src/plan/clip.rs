@@ -331,7 +331,7 @@ impl ClippedGroups {
     /// smaller.
     fn admit_among(&mut self, g: usize, p: f64, cell: i64) -> (usize, bool) {
         let base = g * self.stride;
-        let (joined, found) = self.slot_of(g, p);
+        let (joined, found) = self.slot_of(&self.words, g, p);
         if found {
             return (joined, true);
         }
@@ -348,19 +348,20 @@ impl ClippedGroups {
         }
     }
 
-    /// The sub-slot of priority `p` in group `g`, if it has one (without a pick: the group's only one).
+    /// The sub-slot of priority `p` in group `g` of `words` (this accumulator's, possibly taken out of it), if it
+    /// has one (without a pick: the group's only one).
     #[inline]
-    fn slot_of(&self, g: usize, p: f64) -> (usize, bool) {
+    fn slot_of(&self, words: &[u64], g: usize, p: f64) -> (usize, bool) {
         let base = g * self.stride;
         if !self.picked {
             return (base, true);
         }
         if self.slots == 1 {
-            return (base, f64::from_bits(self.words[base + P]) == p);
+            return (base, f64::from_bits(words[base + P]) == p);
         }
         (0..self.slots)
             .map(|j| base + j * self.sub)
-            .find(|&s| f64::from_bits(self.words[s + P]) == p)
+            .find(|&s| f64::from_bits(words[s + P]) == p)
             .map_or((base, false), |s| (s, true))
     }
 
@@ -428,8 +429,9 @@ impl ClippedGroups {
 }
 
 /// Calls `f(row, v)` for each row of `x` that passes the filter and adds to `v`: every row of a COUNT(column)
-/// that is not NULL (1), every non-NULL grid value of a sum; nothing for COUNT(*).
-fn each_value(
+/// that is not NULL (1), every non-NULL grid value of a sum; nothing for COUNT(*). (The streaming pass of
+/// [`super::runs`] reads its rows with it too.)
+pub(crate) fn each_value(
     value: RowValue,
     x: &ArrayRef,
     filter: Option<&BooleanArray>,
@@ -480,21 +482,28 @@ impl GroupsAccumulator for ClippedGroups {
                 }
             }
         }
+        // The words are taken out of the accumulator for this, so that finding a row's sub-slot (which reads the
+        // layout) and adding to it need no buffer in between; they are put back before any error returns.
+        let mut words = std::mem::take(&mut self.words);
         let mut arg = 0;
+        let mut result = Ok(());
         for ((value, _), at) in self.measures.iter().zip(&self.v_at) {
             let Some(at) = *at else { continue };
-            let Some(x) = values.get(arg) else { return exec_err!("dp_clipped: missing argument {arg}") };
+            let Some(x) = values.get(arg) else {
+                result = exec_err!("dp_clipped: missing argument {arg}");
+                break;
+            };
             arg += 1;
-            let mut adds = vec![];
-            each_value(*value, x, filter, |i, x| {
-                let (s, on) = self.slot_of(groups[i], pick.map_or(0.0, |(_, p)| p.value(i)));
-                adds.push((s, x, on));
-            })?;
-            for (s, x, on) in adds {
-                add(&mut self.words, s + at, x.into(), on);
+            result = each_value(*value, x, filter, |i, x| {
+                let (s, on) = self.slot_of(&words, groups[i], pick.map_or(0.0, |(_, p)| p.value(i)));
+                add(&mut words, s + at, x.into(), on);
+            });
+            if result.is_err() {
+                break;
             }
         }
-        Ok(())
+        self.words = words;
+        result
     }
 
     fn merge_batch(&mut self, states: &[ArrayRef], groups: &[usize], total: usize) -> Result<()> {

@@ -31,8 +31,8 @@
 
 use crate::plan::bound::{Clip as ClipKind, UNIT};
 use crate::plan::cells::CELL;
-use crate::plan::clip::Clip;
-use crate::plan::exact_sum::{self, BoundedSum, Grid};
+use crate::plan::clip::{self, Clip};
+use crate::plan::exact_sum::{BoundedSum, Grid};
 use datafusion::arrow::array::{Array, ArrayRef, AsArray, Decimal128Array, Int64Array, RecordBatch};
 use datafusion::arrow::compute::cast;
 use datafusion::arrow::datatypes::{DataType, Int64Type, SchemaRef};
@@ -581,23 +581,14 @@ async fn partition(
             let (values, valid) = (&mut value_of[i], &mut valid_of[i]);
             values.clear();
             valid.clear();
+            // COUNT(*) reads no column (and leaves both empty).
             let Some(col) = columns.values[i].map(|c| batch.column(c)) else { continue };
-            match meas.value {
-                RowValue::Rows => {}
-                RowValue::Values => {
-                    let nulls = col.logical_nulls();
-                    valid.extend((0..len).map(|r| nulls.as_ref().is_none_or(|n| n.is_valid(r))));
-                    values.extend(valid.iter().map(|&v| i64::from(v)));
-                }
-                RowValue::Sum(grid) => {
-                    values.resize(len, 0);
-                    valid.resize(len, false);
-                    exact_sum::each_grid_value(grid, col, None, |r, x| {
-                        values[r] = x;
-                        valid[r] = true;
-                    })?;
-                }
-            }
+            values.resize(len, 0);
+            valid.resize(len, false);
+            clip::each_value(meas.value, col, None, |r, x| {
+                values[r] = x;
+                valid[r] = true;
+            })?;
         }
         // Rows [from, start) belong to the unit being read; at each start the next unit begins.
         let mut from = 0;
