@@ -18,18 +18,19 @@
 //!   a unit keeps at most `g` priority values, each clipped on its own: at most `g` cells. If two cells of a unit
 //!   ever drew the same priority (a 2^-53 event) their rows would be clipped together as one cell, which the same
 //!   bound covers.
-//! * **Total.** The arithmetic is exact `i128` (`v·k` cannot overflow for the values the bounding produces:
-//!   |v| ≤ n·2^21 and k ≤ 2^20); any input where it would overflow anyway is saturated, never an error. A sum with
-//!   no non-NULL value stays NULL, as SUM does. Nothing here can fail on any value, which the plan-safety check
+//! * **Total.** A unit's `v` is kept in an `i64`, exact below 2^42 rows of one unit in one cell (|v| ≤ n·2^21),
+//!   saturating beyond (where `n > k`, so the clamp to `[k·lo, k·hi]` still bounds it); the clipping is exact
+//!   `i128` (`v·k` cannot overflow: k ≤ 2^20). Nothing wraps around and nothing returns an error. A sum with no
+//!   non-NULL value stays NULL, as SUM does. Nothing here can fail on any value, which the plan-safety check
 //!   ([`super::safety`]) requires of every expression in a private plan.
 
 use crate::plan::exact_sum::{decimal, each_grid_value};
 use crate::plan::runs::RowValue;
 use datafusion::arrow::array::{
-    Array, ArrayRef, AsArray, BooleanArray, Decimal128Array, Float64Array, Int64Array, ListArray, StructArray,
+    Array, ArrayRef, AsArray, BooleanArray, Float64Array, Int64Array, ListArray, StructArray,
 };
-use datafusion::arrow::buffer::OffsetBuffer;
-use datafusion::arrow::datatypes::{DataType, Decimal128Type, Field, FieldRef, Fields, Float64Type, Int64Type};
+use datafusion::arrow::buffer::{NullBuffer, OffsetBuffer};
+use datafusion::arrow::datatypes::{DataType, Field, FieldRef, Fields, Float64Type, Int64Type};
 use datafusion::common::{Result, exec_err, not_impl_err};
 use datafusion::functions::core::expr_fn::get_field;
 use datafusion::logical_expr::function::{AccumulatorArgs, StateFieldsArgs};
@@ -186,7 +187,7 @@ impl AggregateUDFImpl for Clipped {
             }
             for (i, (v, _)) in self.measures.iter().enumerate() {
                 if !matches!(v, RowValue::Rows) {
-                    fields.push(field(&format!("v{i}"), DataType::Decimal128(38, 0), true));
+                    fields.push(field(&format!("v{i}"), DataType::Int64, true));
                 }
             }
         }
@@ -206,13 +207,20 @@ impl AggregateUDFImpl for Clipped {
     }
 }
 
-/// `v` of a sum's group that has seen no value yet (NULL, as SUM gives): out of reach of a sum of grid values,
-/// whose magnitude stays below n·2^21.
-const UNSEEN: i128 = i128::MIN;
+/// `v` of a sum's group that has seen no value yet (NULL, as SUM gives). Sums saturate at `i64::MIN + 1`, so that
+/// a sum is never mistaken for it.
+const UNSEEN: i64 = i64::MIN;
 
 /// Per group, `slots` sub-slots of `sub` words, all groups in one vector: per kept cell `n`; with a pick, the
-/// priority (f64 bits, +∞ while the sub-slot is free) and the cell; then two words (an i128) of `v` per measurement
+/// priority (f64 bits, +∞ while the sub-slot is free) and the cell; then one word (an i64) of `v` per measurement
 /// that reads values (COUNT(column), or the grid sum, UNSEEN before any value).
+///
+/// A word for `v` is exact: a unit's `v` in one cell is at most `n·2^21` in magnitude (every row adds at most 2^21
+/// grid units, see [`super::exact_sum`]), below 2^63 for fewer than 2^42 rows. A unit with more rows than that in one
+/// cell saturates instead of wrapping around, and is then over the row limit (k ≤ 2^20), so its contribution is
+/// still clamped to `[k·lo, k·hi]`: the bound holds for any input. One word instead of an i128 keeps a group's
+/// slot small (16 bytes for a SUM without a pick), and the aggregation by unit is bound by the memory its slots
+/// take.
 #[derive(Debug)]
 struct ClippedGroups {
     measures: Vec<(RowValue, Clip)>,
@@ -239,22 +247,19 @@ fn kept(filter: Option<&BooleanArray>, i: usize) -> bool {
     filter.is_none_or(|f| f.is_valid(i) && f.value(i))
 }
 
-fn get_v(w: &[u64], at: usize) -> i128 {
-    ((u128::from(w[at + 1]) << 64) | u128::from(w[at])) as i128
+/// `a` if `c`, else `b`, without a branch.
+fn select(c: bool, a: u64, b: u64) -> u64 {
+    let m = u64::from(c).wrapping_neg();
+    (a & m) | (b & !m)
 }
 
-fn set_v(w: &mut [u64], at: usize, v: i128) {
-    (w[at], w[at + 1]) = (v as u64, ((v as u128) >> 64) as u64);
-}
-
-/// Adds `x` to the `v` at word `at` if `on` (UNSEEN becomes `x`), without a branch on the loaded value: on a
-/// group's first row that would be mispredicted, and the final aggregation by unit sees a new group on a third of
-/// its rows.
-fn add(w: &mut [u64], at: usize, x: i128, on: bool) {
-    let v = get_v(w, at);
-    let on_m = -i128::from(on);
-    let unseen = -i128::from(on && v == UNSEEN);
-    set_v(w, at, v.wrapping_add(x & on_m).wrapping_sub(unseen & UNSEEN));
+/// Adds `x` to the `v` at word `at` if `on` (UNSEEN becomes `x`), saturating, without a branch on the loaded
+/// value: on a group's first row that would be mispredicted, and the final aggregation by unit sees a new group on
+/// a third of its rows.
+fn add(w: &mut [u64], at: usize, x: i64, on: bool) {
+    let v = w[at] as i64;
+    let sum = v.saturating_add(x).max(UNSEEN + 1);
+    w[at] = select(on, select(v == UNSEEN, x as u64, sum as u64), w[at]);
 }
 
 impl ClippedGroups {
@@ -265,8 +270,8 @@ impl ClippedGroups {
             .iter()
             .map(|(v, _)| {
                 (!matches!(v, RowValue::Rows)).then(|| {
-                    sub += 2;
-                    sub - 2
+                    sub += 1;
+                    sub - 1
                 })
             })
             .collect();
@@ -276,7 +281,7 @@ impl ClippedGroups {
         }
         for (m, at) in f.measures.iter().zip(&v_at) {
             if let (RowValue::Sum(_), Some(at)) = (m.0, at) {
-                set_v(&mut empty, *at, UNSEEN);
+                empty[*at] = UNSEEN as u64;
             }
         }
         let slots = f.pick.unwrap_or(1);
@@ -300,40 +305,56 @@ impl ClippedGroups {
         }
     }
 
-    /// Rows (or a state) of priority `p` in cell `cell` arrive in group `g`: the word where their sub-slot starts,
-    /// and whether they count. They join the sub-slot of their priority; else, with a priority smaller than the
-    /// largest kept (+∞ for a free sub-slot), they empty that sub-slot and take its place; else they do not count.
-    /// (Two cells of a unit share a sub-slot only when their 53-bit priorities collide.) Without a pick everything
-    /// counts. For g = 1 without a branch on the group's words (selects by masks): they are a cache miss, and a
-    /// branch on them is mispredicted whenever a unit's first row arrives.
-    #[inline]
-    fn admit(&mut self, g: usize, p: f64, cell: i64) -> (usize, bool) {
-        let base = g * self.stride;
-        if !self.picked {
-            return (base, true);
+    /// Where each row (or state) goes: the word where its sub-slot starts, and whether it counts (`counts(i)`, and
+    /// with a pick, its priority among the group's kept ones). With a pick, every row's priority is admitted first
+    /// ([`ClippedGroups::admit`]), then each row finds its sub-slot among those kept: a row whose cell a later row
+    /// evicted has none. The callers then add each column in its own short loop, so that the processor has many
+    /// groups' cache misses in flight at once (one long loop body per row leaves it waiting on one or two).
+    fn place(
+        &mut self,
+        groups: &[usize],
+        pick: Option<(&[i64], &[f64])>,
+        counts: impl Fn(usize) -> bool,
+    ) -> Vec<(usize, bool)> {
+        let Some((cells, priorities)) = pick else {
+            return groups.iter().enumerate().map(|(i, &g)| (g * self.stride, counts(i))).collect();
+        };
+        // Each group's words are read first in a loop that does nothing else, so that their cache misses overlap;
+        // the admission, which branches on them, then finds them in cache.
+        std::hint::black_box(groups.iter().fold(0, |a, &g| a ^ self.words[g * self.stride + P]));
+        for (i, &g) in groups.iter().enumerate() {
+            // A row that does not count never takes a sub-slot.
+            self.admit(g, if counts(i) { priorities[i] } else { f64::INFINITY }, cells[i]);
         }
-        if self.slots == 1 {
-            let s = &mut self.words[base..base + self.sub];
-            let q = f64::from_bits(s[P]);
-            let (lt, joins) = (p < q, p <= q);
-            let take = u64::from(lt).wrapping_neg();
-            for (w, e) in s.iter_mut().zip(&self.empty) {
-                *w = (e & take) | (*w & !take);
-            }
-            s[P] = (p.to_bits() & take) | (s[P] & !take);
-            s[CELL] = (cell as u64 & take) | (s[CELL] & !take);
-            return (base, joins);
-        }
-        self.admit_among(g, p, cell)
+        let at = groups.iter().zip(priorities).map(|(&g, &p)| self.slot_of(g, p));
+        at.enumerate().map(|(i, (s, found))| (s, found && counts(i))).collect()
     }
 
-    /// [`ClippedGroups::admit`] for g > 1: the sub-slot of priority `p`, or the one of largest priority if `p` is
-    /// smaller.
-    fn admit_among(&mut self, g: usize, p: f64, cell: i64) -> (usize, bool) {
+    /// Rows (or a state) of priority `p` in cell `cell` arrive in group `g`: they join the sub-slot of their
+    /// priority; else, with a priority smaller than the largest kept (+∞ for a free sub-slot), they empty that
+    /// sub-slot and take its place; else they do not count. (Two cells of a unit share a sub-slot only when their
+    /// 53-bit priorities collide.) For g = 1 without a branch on the group's words (selects by masks): they are a
+    /// cache miss, and a branch on them is mispredicted whenever a unit's first row arrives.
+    #[inline]
+    fn admit(&mut self, g: usize, p: f64, cell: i64) {
         let base = g * self.stride;
-        let (joined, found) = self.slot_of(&self.words, g, p);
-        if found {
-            return (joined, true);
+        if self.slots > 1 {
+            return self.admit_among(g, p, cell);
+        }
+        let s = &mut self.words[base..base + self.sub];
+        let take = p < f64::from_bits(s[P]);
+        for (w, e) in s.iter_mut().zip(&self.empty) {
+            *w = select(take, *e, *w);
+        }
+        s[P] = select(take, p.to_bits(), s[P]);
+        s[CELL] = select(take, cell as u64, s[CELL]);
+    }
+
+    /// [`ClippedGroups::admit`] for g > 1: unless `p` is kept already, it replaces the largest priority if smaller.
+    fn admit_among(&mut self, g: usize, p: f64, cell: i64) {
+        let base = g * self.stride;
+        if self.slot_of(g, p).1 {
+            return;
         }
         let worst = (0..self.slots)
             .map(|j| base + j * self.sub)
@@ -342,36 +363,28 @@ impl ClippedGroups {
         if p < f64::from_bits(self.words[worst + P]) {
             self.words[worst..worst + self.sub].copy_from_slice(&self.empty);
             (self.words[worst + P], self.words[worst + CELL]) = (p.to_bits(), cell as u64);
-            (worst, true)
-        } else {
-            (base, false)
         }
     }
 
-    /// The sub-slot of priority `p` in group `g` of `words` (this accumulator's, possibly taken out of it), if it
-    /// has one (without a pick: the group's only one).
+    /// The sub-slot of priority `p` in group `g` (with a pick), if it has one.
     #[inline]
-    fn slot_of(&self, words: &[u64], g: usize, p: f64) -> (usize, bool) {
+    fn slot_of(&self, g: usize, p: f64) -> (usize, bool) {
         let base = g * self.stride;
-        if !self.picked {
-            return (base, true);
-        }
-        if self.slots == 1 {
-            return (base, f64::from_bits(words[base + P]) == p);
-        }
         (0..self.slots)
             .map(|j| base + j * self.sub)
-            .find(|&s| f64::from_bits(words[s + P]) == p)
+            .find(|&s| f64::from_bits(self.words[s + P]) == p)
             .map_or((base, false), |s| (s, true))
     }
 
     /// The (cell, priority) arguments, with a pick.
-    fn pick_args<'a>(&self, values: &'a [ArrayRef]) -> Result<Option<(&'a Int64Array, &'a Float64Array)>> {
+    fn pick_args<'a>(&self, values: &'a [ArrayRef]) -> Result<Option<(&'a [i64], &'a [f64])>> {
         if !self.picked {
             return Ok(None);
         }
         match values {
-            [.., c, p] => Ok(Some((c.as_primitive::<Int64Type>(), p.as_primitive::<Float64Type>()))),
+            [.., c, p] => {
+                Ok(Some((&c.as_primitive::<Int64Type>().values()[..], &p.as_primitive::<Float64Type>().values()[..])))
+            }
             _ => exec_err!("dp_clipped: a pick without its cell and priority"),
         }
     }
@@ -396,8 +409,8 @@ impl ClippedGroups {
             cols.push(Arc::new(Int64Array::from_iter_values(bases.iter().map(|&b| w[b + CELL] as i64))));
         }
         for ((value, rule), at) in self.measures.iter().zip(&self.v_at) {
-            let clip = |v: i128, n: i64| rule.clip(v, n);
-            let vs = |at: usize| bases.iter().map(move |&b| get_v(w, b + at));
+            let clip = |v: i64, n: i64| rule.clip(v.into(), n);
+            let vs = |at: usize| bases.iter().map(move |&b| w[b + at] as i64);
             cols.push(match (value, at) {
                 (RowValue::Sum(_), Some(at)) => {
                     let seen: Vec<bool> = vs(*at).map(|v| v != UNSEEN).collect();
@@ -406,7 +419,7 @@ impl ClippedGroups {
                 (_, Some(at)) => {
                     Arc::new(Int64Array::from_iter_values(vs(*at).zip(&n).map(|(v, &n)| saturate(clip(v, n)))))
                 }
-                (_, None) => Arc::new(Int64Array::from_iter_values(n.iter().map(|&n| saturate(clip(n.into(), n))))),
+                (_, None) => Arc::new(Int64Array::from_iter_values(n.iter().map(|&n| saturate(clip(n, n))))),
             });
         }
         cols
@@ -422,7 +435,7 @@ impl ClippedGroups {
             cols.push(Arc::new(Int64Array::from_iter_values(bases.iter().map(|&b| w[b + CELL] as i64))));
         }
         for at in self.v_at.iter().flatten() {
-            cols.push(v_decimal(bases.iter().map(|&b| get_v(w, b + at)).collect()));
+            cols.push(v_column(bases.iter().map(|&b| w[b + at] as i64).collect()));
         }
         cols
     }
@@ -452,11 +465,10 @@ pub(crate) fn each_value(
     }
 }
 
-/// `v` as a `DECIMAL(38, 0)` column, NULL where UNSEEN.
-fn v_decimal(v: Vec<i128>) -> ArrayRef {
-    let seen: Vec<bool> = v.iter().map(|&v| v != UNSEEN).collect();
-    let v: Vec<i128> = v.into_iter().map(|v| if v == UNSEEN { 0 } else { v }).collect();
-    decimal(v, seen)
+/// `v` as a state column, NULL where UNSEEN.
+fn v_column(v: Vec<i64>) -> ArrayRef {
+    let nulls = v.contains(&UNSEEN).then(|| NullBuffer::from_iter(v.iter().map(|&v| v != UNSEEN)));
+    Arc::new(Int64Array::new(v.into(), nulls))
 }
 
 impl GroupsAccumulator for ClippedGroups {
@@ -468,68 +480,43 @@ impl GroupsAccumulator for ClippedGroups {
         total: usize,
     ) -> Result<()> {
         self.grow(total);
-        let pick = self.pick_args(values)?;
-        // First the row counts (which also settle each group's smallest priorities and their cells), then the
-        // values of the rows at those priorities.
-        match pick {
-            None if filter.is_none() => groups.iter().for_each(|&g| self.words[g * self.stride + N] += 1),
-            _ => {
-                for (i, &g) in groups.iter().enumerate() {
-                    let (p, c) = pick.map_or((0.0, 0), |(c, p)| (p.value(i), c.value(i)));
-                    let p = if kept(filter, i) { p } else { f64::INFINITY }; // never takes a sub-slot
-                    let (s, joins) = self.admit(g, p, c);
-                    self.words[s + N] += u64::from(joins && kept(filter, i));
-                }
-            }
+        let at = self.place(groups, self.pick_args(values)?, |i| kept(filter, i));
+        for &(s, on) in &at {
+            self.words[s + N] += u64::from(on);
         }
-        // The words are taken out of the accumulator for this, so that finding a row's sub-slot (which reads the
-        // layout) and adding to it need no buffer in between; they are put back before any error returns.
-        let mut words = std::mem::take(&mut self.words);
         let mut arg = 0;
-        let mut result = Ok(());
-        for ((value, _), at) in self.measures.iter().zip(&self.v_at) {
-            let Some(at) = *at else { continue };
-            let Some(x) = values.get(arg) else {
-                result = exec_err!("dp_clipped: missing argument {arg}");
-                break;
-            };
+        for ((value, _), v_at) in self.measures.iter().zip(&self.v_at) {
+            let Some(v_at) = *v_at else { continue };
+            let Some(x) = values.get(arg) else { return exec_err!("dp_clipped: missing argument {arg}") };
             arg += 1;
-            result = each_value(*value, x, filter, |i, x| {
-                let (s, on) = self.slot_of(&words, groups[i], pick.map_or(0.0, |(_, p)| p.value(i)));
-                add(&mut words, s + at, x.into(), on);
-            });
-            if result.is_err() {
-                break;
-            }
+            let words = &mut self.words;
+            each_value(*value, x, filter, |i, x| add(words, at[i].0 + v_at, x, at[i].1))?;
         }
-        self.words = words;
-        result
+        Ok(())
     }
 
     fn merge_batch(&mut self, states: &[ArrayRef], groups: &[usize], total: usize) -> Result<()> {
-        let per_slot = if self.picked { 3 } else { 1 } + self.v_at.iter().flatten().count();
+        let first_v = if self.picked { 3 } else { 1 };
+        let per_slot = first_v + self.v_at.iter().flatten().count();
         if states.len() != per_slot * self.slots {
             return exec_err!("dp_clipped: {} state columns instead of {}", states.len(), per_slot * self.slots);
         }
         self.grow(total);
         for cols in states.chunks_exact(per_slot) {
-            let n = cols[N].as_primitive::<Int64Type>();
-            let pick =
-                self.picked.then(|| (cols[P].as_primitive::<Float64Type>(), cols[CELL].as_primitive::<Int64Type>()));
-            let first_v = if self.picked { 3 } else { 1 };
-            let vs: Vec<(usize, &Decimal128Array)> = self
-                .v_at
-                .iter()
-                .flatten()
-                .enumerate()
-                .map(|(j, &at)| (at, cols[first_v + j].as_primitive::<Decimal128Type>()))
-                .collect();
-            for (i, &g) in groups.iter().enumerate() {
-                let (p, c) = pick.map_or((0.0, 0), |(p, c)| (p.value(i), c.value(i)));
-                let (s, joins) = self.admit(g, p, c);
-                self.words[s + N] += n.value(i) as u64 & u64::from(joins).wrapping_neg();
-                for (at, v) in &vs {
-                    add(&mut self.words, s + at, v.value(i), joins && v.is_valid(i));
+            let pick = self.picked.then(|| {
+                (
+                    &cols[CELL].as_primitive::<Int64Type>().values()[..],
+                    &cols[P].as_primitive::<Float64Type>().values()[..],
+                )
+            });
+            let at = self.place(groups, pick, |_| true);
+            for (&(s, on), &n) in at.iter().zip(cols[N].as_primitive::<Int64Type>().values()) {
+                self.words[s + N] += select(on, n as u64, 0);
+            }
+            for (j, &v_at) in self.v_at.iter().flatten().enumerate() {
+                let v = cols[first_v + j].as_primitive::<Int64Type>();
+                for (i, (&(s, on), &x)) in at.iter().zip(v.values()).enumerate() {
+                    add(&mut self.words, s + v_at, x, on && v.is_valid(i));
                 }
             }
         }
@@ -580,9 +567,9 @@ impl GroupsAccumulator for ClippedGroups {
         let n: Vec<i64> = (0..rows).map(|i| i64::from(kept(filter, i))).collect();
         let mut cols: Vec<ArrayRef> = vec![Arc::new(Int64Array::from(n))];
         if let Some((c, p)) = self.pick_args(values)? {
-            let p = (0..rows).map(|i| if kept(filter, i) { p.value(i) } else { f64::INFINITY });
+            let p = (0..rows).map(|i| if kept(filter, i) { p[i] } else { f64::INFINITY });
             cols.push(Arc::new(Float64Array::from_iter_values(p)));
-            cols.push(Arc::new(Int64Array::from_iter_values(c.values().iter().copied())));
+            cols.push(Arc::new(Int64Array::from_iter_values(c.iter().copied())));
         }
         let mut arg = 0;
         for ((value, _), at) in self.measures.iter().zip(&self.v_at) {
@@ -592,8 +579,8 @@ impl GroupsAccumulator for ClippedGroups {
             let Some(x) = values.get(arg) else { return exec_err!("dp_clipped: missing argument {arg}") };
             arg += 1;
             let mut v = vec![if matches!(value, RowValue::Sum(_)) { UNSEEN } else { 0 }; rows];
-            each_value(*value, x, filter, |i, x| v[i] = x.into())?;
-            cols.push(v_decimal(v));
+            each_value(*value, x, filter, |i, x| v[i] = x)?;
+            cols.push(v_column(v));
         }
         if self.slots > 1 {
             let free = vec![0u64; rows * self.stride];
@@ -654,6 +641,7 @@ mod tests {
     }
 
     use crate::plan::exact_sum::Grid;
+    use datafusion::arrow::datatypes::Decimal128Type;
 
     fn groups(measures: &[RowValue], k: u64, picked: bool) -> ClippedGroups {
         groups_g(measures, k, picked.then_some(1))
@@ -808,6 +796,58 @@ mod tests {
             let want = vec![vec![Some(10), Some(2), Some(2)], vec![Some(20), Some(2), Some(4)]];
             assert_eq!(kept, vec![want], "order {order:?}");
         }
+    }
+
+    /// A cell admitted and then evicted by a smaller priority later in the same batch (of rows or of states)
+    /// leaves nothing behind in the cell that takes its sub-slot.
+    #[test]
+    fn a_cell_evicted_within_a_batch_leaves_nothing_behind() {
+        let m = [RowValue::Rows, RowValue::Sum(Grid::Int { lo: 0, hi: 4 })];
+        // Cell 9 at 0.75 (3), cell 7 at 0.5 (1, 2), cell 3 at 0.25 (4), in one batch.
+        let args: Vec<ArrayRef> = vec![
+            ints(&[Some(3), Some(1), Some(4), Some(2)]),
+            Arc::new(Int64Array::from(vec![9, 7, 3, 7])),
+            Arc::new(Float64Array::from(vec![0.75, 0.5, 0.25, 0.5])),
+        ];
+        let want = |g: u64| -> Vec<Vec<Vec<Option<i128>>>> {
+            if g == 1 {
+                vec![vec![vec![Some(3), Some(1), Some(4)]]]
+            } else {
+                vec![vec![vec![Some(3), Some(1), Some(4)], vec![Some(7), Some(2), Some(3)]]]
+            }
+        };
+        let as_cells = |a: ArrayRef, g: u64| {
+            if g > 1 {
+                return cells_of(a);
+            }
+            let cols = columns(a);
+            vec![vec![cols.iter().map(|c| c[0]).collect()]]
+        };
+        for g in [1, 2] {
+            let mut rows = groups_g(&m, 5, Some(g));
+            rows.update_batch(&args, &[0; 4], None, 1).unwrap();
+            assert_eq!(as_cells(rows.evaluate(EmitTo::All).unwrap(), g), want(g), "rows, g = {g}");
+            let states = groups_g(&m, 5, Some(g)).convert_to_state(&args, None).unwrap();
+            let mut merged = groups_g(&m, 5, Some(g));
+            merged.merge_batch(&states, &[0; 4], 1).unwrap();
+            assert_eq!(as_cells(merged.evaluate(EmitTo::All).unwrap(), g), want(g), "states, g = {g}");
+        }
+    }
+
+    /// A sum saturates (for a unit with more than 2^42 rows in a cell, which is then over the row limit and
+    /// clamped), and never lands on UNSEEN; a row that does not count changes nothing.
+    #[test]
+    fn sums_saturate_and_never_become_unseen() {
+        let mut w = [UNSEEN as u64];
+        add(&mut w, 0, 5, false);
+        assert_eq!(w[0] as i64, UNSEEN);
+        add(&mut w, 0, 5, true);
+        assert_eq!(w[0] as i64, 5, "the first value replaces UNSEEN");
+        add(&mut w, 0, i64::MAX, true);
+        assert_eq!(w[0] as i64, i64::MAX);
+        let mut w = [(UNSEEN + 1) as u64];
+        add(&mut w, 0, -1, true);
+        assert_eq!(w[0] as i64, UNSEEN + 1);
     }
 
     #[test]
