@@ -564,12 +564,20 @@ impl GroupsAccumulator for ClippedGroups {
     /// and priority +∞, so it never takes a sub-slot. Further sub-slots are free.
     fn convert_to_state(&self, values: &[ArrayRef], filter: Option<&BooleanArray>) -> Result<Vec<ArrayRef>> {
         let rows = values.first().map_or(0, |v| v.len());
-        let n: Vec<i64> = (0..rows).map(|i| i64::from(kept(filter, i))).collect();
-        let mut cols: Vec<ArrayRef> = vec![Arc::new(Int64Array::from(n))];
+        let mut cols: Vec<ArrayRef> = vec![match filter {
+            None => Arc::new(Int64Array::from_value(1, rows)),
+            Some(_) => Arc::new(Int64Array::from_iter_values((0..rows).map(|i| i64::from(kept(filter, i))))),
+        }];
         if let Some((c, p)) = self.pick_args(values)? {
-            let p = (0..rows).map(|i| if kept(filter, i) { p[i] } else { f64::INFINITY });
-            cols.push(Arc::new(Float64Array::from_iter_values(p)));
-            cols.push(Arc::new(Int64Array::from_iter_values(c.iter().copied())));
+            let [.., cells, priorities] = values else { return exec_err!("dp_clipped: a pick without its arguments") };
+            // The arguments are the state's columns as they are (no copy), unless a filter or a NULL is in the way.
+            cols.push(match filter {
+                None => Arc::clone(priorities),
+                Some(_) => Arc::new(Float64Array::from_iter_values(
+                    (0..rows).map(|i| if kept(filter, i) { p[i] } else { f64::INFINITY }),
+                )),
+            });
+            cols.push(if cells.null_count() == 0 { Arc::clone(cells) } else { Arc::new(Int64Array::from(c.to_vec())) });
         }
         let mut arg = 0;
         for ((value, _), at) in self.measures.iter().zip(&self.v_at) {
