@@ -243,6 +243,10 @@ const N: usize = 0;
 const P: usize = 1;
 const CELL: usize = 2;
 
+/// Rows whose groups are brought into cache before they are admitted: few enough that their cache lines stay in
+/// the core's L2 (64 KiB at most: 64-byte lines, two per group at worst).
+const TOUCH: usize = 512;
+
 fn kept(filter: Option<&BooleanArray>, i: usize) -> bool {
     filter.is_none_or(|f| f.is_valid(i) && f.value(i))
 }
@@ -319,12 +323,14 @@ impl ClippedGroups {
         let Some((cells, priorities)) = pick else {
             return groups.iter().enumerate().map(|(i, &g)| (g * self.stride, counts(i))).collect();
         };
-        // Each group's words are read first in a loop that does nothing else, so that their cache misses overlap;
-        // the admission, which branches on them, then finds them in cache.
-        std::hint::black_box(groups.iter().fold(0, |a, &g| a ^ self.words[g * self.stride + P]));
-        for (i, &g) in groups.iter().enumerate() {
-            // A row that does not count never takes a sub-slot.
-            self.admit(g, if counts(i) { priorities[i] } else { f64::INFINITY }, cells[i]);
+        // In runs of TOUCH rows, each group's words are read first in a loop that does nothing else, so that their
+        // cache misses overlap; the admission, which branches on them, then finds them in cache.
+        for (run, gs) in groups.chunks(TOUCH).enumerate() {
+            std::hint::black_box(gs.iter().fold(0, |a, &g| a ^ self.words[g * self.stride + P]));
+            for (i, &g) in (run * TOUCH..).zip(gs) {
+                // A row that does not count never takes a sub-slot.
+                self.admit(g, if counts(i) { priorities[i] } else { f64::INFINITY }, cells[i]);
+            }
         }
         let at = groups.iter().zip(priorities).map(|(&g, &p)| self.slot_of(g, p));
         at.enumerate().map(|(i, (s, found))| (s, found && counts(i))).collect()
