@@ -252,7 +252,7 @@ pub fn per_unit(
         Some(g) => {
             let mut with_p: Vec<Expr> = b.schema().columns().into_iter().map(Expr::Column).collect();
             with_p.push(Priority::call(unit(), Expr::Column(cell())).alias("__dp_p"));
-            let agg = Clipped::call(&measures, k, Some((Expr::Column(cell()), col("__dp_p"), g))).alias("__dp_s");
+            let agg = Clipped::call(&measures, k, Some((col("__dp_p"), g))).alias("__dp_s");
             b = b
                 .project(with_p)
                 .and_then(|b| b.aggregate(vec![unit()], vec![agg]))

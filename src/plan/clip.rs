@@ -6,18 +6,18 @@
 //! rows' worth of the unit's own mean, rounded half away from zero), and for sums also kept within `[k·lo, k·hi]`
 //! grid units. COUNT(*) is the case `v = n`: `min(n, k)`.
 //!
-//! With a cell and a priority, `dp_clipped` keeps only the unit's rows of its `g` smallest priorities, and their
-//! cells: the bounding gives every row the priority of its (unit, cell) (`dp_priority`, a keyed hash), so that
-//! these are the unit's rows in `g` of its cells chosen uniformly at random (`g = max_groups_per_unit`).
+//! With a priority, `dp_clipped` keeps only the unit's rows of its `g` smallest priorities, and their cells: the
+//! bounding gives every row the priority of its (unit, cell) (`dp_priority`: a keyed hash, with the cell in its low
+//! bits), so that these are the unit's rows in `g` of its cells chosen uniformly at random
+//! (`g = max_groups_per_unit`).
 //!
 //! # Why it is safe
 //! * **Sensitivity.** Under add/remove of one privacy unit (all its rows), the unit's group changes only its own
 //!   contribution. For `n > k` a count becomes at most `k` (as `v ≤ n`) and a sum at most `k·max(|lo|, |hi|)` grid
 //!   units by the clamp; for `n ≤ k`, `v` already satisfies these bounds because every row was clamped before it
 //!   was summed. This is the per-unit bound the sensitivities of [`super::sensitivity`] assume. With a priority,
-//!   a unit keeps at most `g` priority values, each clipped on its own: at most `g` cells. If two cells of a unit
-//!   ever drew the same priority (a 2^-53 event) their rows would be clipped together as one cell, which the same
-//!   bound covers.
+//!   a unit keeps at most `g` priority values, each clipped on its own: at most `g` cells (two cells never share a
+//!   priority, which carries the cell).
 //! * **Total.** A unit's `v` is kept in an `i64`, exact below 2^42 rows of one unit in one cell (|v| ≤ n·2^21),
 //!   saturating beyond (where `n > k`, so the clamp to `[k·lo, k·hi]` still bounds it); the clipping is exact
 //!   `i128` (`v·k` cannot overflow: k ≤ 2^20). Nothing wraps around and nothing returns an error. A sum with no
@@ -25,12 +25,13 @@
 //!   ([`super::safety`]) requires of every expression in a private plan.
 
 use crate::plan::exact_sum::{decimal, each_grid_value};
+use crate::plan::pick::cell_of;
 use crate::plan::runs::RowValue;
 use datafusion::arrow::array::{
-    Array, ArrayRef, AsArray, BooleanArray, Float64Array, Int64Array, ListArray, StructArray,
+    Array, ArrayRef, AsArray, BooleanArray, Int64Array, ListArray, StructArray, UInt64Array,
 };
 use datafusion::arrow::buffer::{NullBuffer, OffsetBuffer};
-use datafusion::arrow::datatypes::{DataType, Field, FieldRef, Fields, Float64Type, Int64Type};
+use datafusion::arrow::datatypes::{DataType, Field, FieldRef, Fields, Int64Type, UInt64Type};
 use datafusion::common::{Result, exec_err, not_impl_err};
 use datafusion::functions::core::expr_fn::get_field;
 use datafusion::logical_expr::function::{AccumulatorArgs, StateFieldsArgs};
@@ -82,8 +83,8 @@ impl Clip {
 /// range `[k·lo, k·hi]` of a unit over the row limit.
 pub(crate) type UnitMeasure = (RowValue, Option<Expr>, Option<(i128, i128)>);
 
-/// The aggregate `dp_clipped(x₁, …[, cell, priority])`, grouped by (unit[, cell]) or, with a cell and priority, by
-/// unit: per group, the row count `n` and each measurement's `v` of the rows of each of the `g` smallest priorities
+/// The aggregate `dp_clipped(x₁, …[, priority])`, grouped by (unit[, cell]) or, with a priority, by unit: per
+/// group, the row count `n` and each measurement's `v` of the rows of each of the `g` smallest priorities
 /// (of all rows without a priority), clipped by the rule. One struct per group: with a pick, `cell`, then `x{i}`
 /// per measurement, Int64 for counts and `DECIMAL(38, 0)` grid units for sums (NULL when no value was seen); for
 /// g > 1 each field is a list, one element per cell kept. Every measurement of a query shares one aggregate, so
@@ -99,13 +100,13 @@ pub(crate) struct Clipped {
 
 impl Clipped {
     /// `dp_clipped` of measurements reading `(value, argument)` (None for COUNT(*)), each clipped to `k` rows'
-    /// worth within its sum range; with `pick = (cell, priority, g)` (priority: a non-NULL Float64, the same for all
-    /// rows of a cell), over each unit's rows of its `g ≥ 1` smallest priorities, whose cells it returns. The
-    /// expression is the struct; [`Clipped::field`] reads it.
-    pub(crate) fn call(measures: &[UnitMeasure], k: u64, pick: Option<(Expr, Expr, u64)>) -> Expr {
+    /// worth within its sum range; with `pick = (priority, g)` (priority: `dp_priority`'s non-NULL UInt64, the
+    /// same for all rows of a cell, which it carries), over each unit's rows of its `g ≥ 1` smallest priorities,
+    /// whose cells it returns. The expression is the struct; [`Clipped::field`] reads it.
+    pub(crate) fn call(measures: &[UnitMeasure], k: u64, pick: Option<(Expr, u64)>) -> Expr {
         let mut args: Vec<Expr> = measures.iter().filter_map(|(_, arg, _)| arg.clone()).collect();
-        let pick = pick.map(|(cell, priority, g)| {
-            args.extend([cell, priority]);
+        let pick = pick.map(|(priority, g)| {
+            args.push(priority);
             usize::try_from(g.max(1)).unwrap_or(usize::MAX)
         });
         if args.is_empty() {
@@ -161,8 +162,8 @@ impl AggregateUDFImpl for Clipped {
     }
 
     fn return_type(&self, args: &[DataType]) -> Result<DataType> {
-        let want = (self.value_args() + 2 * usize::from(self.pick.is_some())).max(1);
-        let pick_ok = self.pick.is_none() || args.ends_with(&[DataType::Int64, DataType::Float64]);
+        let want = (self.value_args() + usize::from(self.pick.is_some())).max(1);
+        let pick_ok = self.pick.is_none() || args.ends_with(&[DataType::UInt64]);
         if args.len() != want || !pick_ok {
             return exec_err!("dp_clipped: unexpected argument types {args:?}");
         }
@@ -182,8 +183,7 @@ impl AggregateUDFImpl for Clipped {
             };
             fields.push(field("n", DataType::Int64, false));
             if self.pick.is_some() {
-                fields.push(field("priority", DataType::Float64, false));
-                fields.push(field("cell", DataType::Int64, false));
+                fields.push(field("priority", DataType::UInt64, false));
             }
             for (i, (v, _)) in self.measures.iter().enumerate() {
                 if !matches!(v, RowValue::Rows) {
@@ -212,7 +212,7 @@ impl AggregateUDFImpl for Clipped {
 const UNSEEN: i64 = i64::MIN;
 
 /// Per group, `slots` sub-slots of `sub` words, all groups in one vector: per kept cell `n`; with a pick, the
-/// priority (f64 bits, +∞ while the sub-slot is free) and the cell; then one word (an i64) of `v` per measurement
+/// priority (which carries the cell; FREE while the sub-slot is free); then one word (an i64) of `v` per measurement
 /// that reads values (COUNT(column), or the grid sum, UNSEEN before any value).
 ///
 /// A word for `v` is exact: a unit's `v` in one cell is at most `n·2^21` in magnitude (every row adds at most 2^21
@@ -241,7 +241,8 @@ struct ClippedGroups {
 
 const N: usize = 0;
 const P: usize = 1;
-const CELL: usize = 2;
+/// The priority of a free sub-slot: above every priority (none is `u64::MAX`, see `dp_priority`).
+const FREE: u64 = u64::MAX;
 
 /// Rows whose groups are brought into cache before they are admitted: few enough that their cache lines stay in
 /// the core's L2 (64 KiB at most: 64-byte lines, two per group at worst).
@@ -268,7 +269,7 @@ fn add(w: &mut [u64], at: usize, x: i64, on: bool) {
 
 impl ClippedGroups {
     fn new(f: &Clipped) -> Self {
-        let mut sub = if f.pick.is_some() { 3 } else { 1 };
+        let mut sub = if f.pick.is_some() { 2 } else { 1 };
         let v_at: Vec<Option<usize>> = f
             .measures
             .iter()
@@ -281,7 +282,7 @@ impl ClippedGroups {
             .collect();
         let mut empty = vec![0u64; sub];
         if f.pick.is_some() {
-            empty[P] = f64::INFINITY.to_bits();
+            empty[P] = FREE;
         }
         for (m, at) in f.measures.iter().zip(&v_at) {
             if let (RowValue::Sum(_), Some(at)) = (m.0, at) {
@@ -314,13 +315,8 @@ impl ClippedGroups {
     /// ([`ClippedGroups::admit`]), then each row finds its sub-slot among those kept: a row whose cell a later row
     /// evicted has none. The callers then add each column in its own short loop, so that the processor has many
     /// groups' cache misses in flight at once (one long loop body per row leaves it waiting on one or two).
-    fn place(
-        &mut self,
-        groups: &[usize],
-        pick: Option<(&[i64], &[f64])>,
-        counts: impl Fn(usize) -> bool,
-    ) -> Vec<(usize, bool)> {
-        let Some((cells, priorities)) = pick else {
+    fn place(&mut self, groups: &[usize], pick: Option<&[u64]>, counts: impl Fn(usize) -> bool) -> Vec<(usize, bool)> {
+        let Some(priorities) = pick else {
             return groups.iter().enumerate().map(|(i, &g)| (g * self.stride, counts(i))).collect();
         };
         // In runs of TOUCH rows, each group's words are read first in a loop that does nothing else, so that their
@@ -329,69 +325,60 @@ impl ClippedGroups {
             std::hint::black_box(gs.iter().fold(0, |a, &g| a ^ self.words[g * self.stride + P]));
             for (i, &g) in (run * TOUCH..).zip(gs) {
                 // A row that does not count never takes a sub-slot.
-                self.admit(g, if counts(i) { priorities[i] } else { f64::INFINITY }, cells[i]);
+                self.admit(g, if counts(i) { priorities[i] } else { FREE });
             }
         }
         let at = groups.iter().zip(priorities).map(|(&g, &p)| self.slot_of(g, p));
         at.enumerate().map(|(i, (s, found))| (s, found && counts(i))).collect()
     }
 
-    /// Rows (or a state) of priority `p` in cell `cell` arrive in group `g`: they join the sub-slot of their
-    /// priority; else, with a priority smaller than the largest kept (+∞ for a free sub-slot), they empty that
-    /// sub-slot and take its place; else they do not count. (Two cells of a unit share a sub-slot only when their
-    /// 53-bit priorities collide.) For g = 1 without a branch on the group's words (selects by masks): they are a
+    /// Rows (or a state) of priority `p` arrive in group `g`: they join the sub-slot of their priority (their
+    /// cell's); else, with a priority smaller than the largest kept (FREE for a free sub-slot), they empty that
+    /// sub-slot and take its place; else they do not count. For g = 1 without a branch on the group's words (selects by masks): they are a
     /// cache miss, and a branch on them is mispredicted whenever a unit's first row arrives.
     #[inline]
-    fn admit(&mut self, g: usize, p: f64, cell: i64) {
+    fn admit(&mut self, g: usize, p: u64) {
         let base = g * self.stride;
         if self.slots > 1 {
-            return self.admit_among(g, p, cell);
+            return self.admit_among(g, p);
         }
         let s = &mut self.words[base..base + self.sub];
-        let take = p < f64::from_bits(s[P]);
+        let take = p < s[P];
         for (w, e) in s.iter_mut().zip(&self.empty) {
             *w = select(take, *e, *w);
         }
-        s[P] = select(take, p.to_bits(), s[P]);
-        s[CELL] = select(take, cell as u64, s[CELL]);
+        s[P] = select(take, p, s[P]);
     }
 
     /// [`ClippedGroups::admit`] for g > 1: unless `p` is kept already, it replaces the largest priority if smaller.
-    fn admit_among(&mut self, g: usize, p: f64, cell: i64) {
+    fn admit_among(&mut self, g: usize, p: u64) {
         let base = g * self.stride;
         if self.slot_of(g, p).1 {
             return;
         }
-        let worst = (0..self.slots)
-            .map(|j| base + j * self.sub)
-            .max_by(|&a, &b| f64::from_bits(self.words[a + P]).total_cmp(&f64::from_bits(self.words[b + P])))
-            .unwrap_or(base);
-        if p < f64::from_bits(self.words[worst + P]) {
+        let worst = (0..self.slots).map(|j| base + j * self.sub).max_by_key(|&s| self.words[s + P]).unwrap_or(base);
+        if p < self.words[worst + P] {
             self.words[worst..worst + self.sub].copy_from_slice(&self.empty);
-            (self.words[worst + P], self.words[worst + CELL]) = (p.to_bits(), cell as u64);
+            self.words[worst + P] = p;
         }
     }
 
     /// The sub-slot of priority `p` in group `g` (with a pick), if it has one.
     #[inline]
-    fn slot_of(&self, g: usize, p: f64) -> (usize, bool) {
+    fn slot_of(&self, g: usize, p: u64) -> (usize, bool) {
         let base = g * self.stride;
         (0..self.slots)
             .map(|j| base + j * self.sub)
-            .find(|&s| f64::from_bits(self.words[s + P]) == p)
+            .find(|&s| self.words[s + P] == p)
             .map_or((base, false), |s| (s, true))
     }
 
-    /// The (cell, priority) arguments, with a pick.
-    fn pick_args<'a>(&self, values: &'a [ArrayRef]) -> Result<Option<(&'a [i64], &'a [f64])>> {
-        if !self.picked {
-            return Ok(None);
-        }
-        match values {
-            [.., c, p] => {
-                Ok(Some((&c.as_primitive::<Int64Type>().values()[..], &p.as_primitive::<Float64Type>().values()[..])))
-            }
-            _ => exec_err!("dp_clipped: a pick without its cell and priority"),
+    /// The priority argument (the last), with a pick.
+    fn pick_arg<'a>(&self, values: &'a [ArrayRef]) -> Result<Option<&'a ArrayRef>> {
+        match values.last() {
+            _ if !self.picked => Ok(None),
+            Some(p) => Ok(Some(p)),
+            None => exec_err!("dp_clipped: a pick without its priority"),
         }
     }
 
@@ -412,7 +399,7 @@ impl ClippedGroups {
         let n: Vec<i64> = bases.iter().map(|&b| w[b + N] as i64).collect();
         let mut cols: Vec<ArrayRef> = vec![];
         if self.picked {
-            cols.push(Arc::new(Int64Array::from_iter_values(bases.iter().map(|&b| w[b + CELL] as i64))));
+            cols.push(Arc::new(Int64Array::from_iter_values(bases.iter().map(|&b| cell_of(w[b + P])))));
         }
         for ((value, rule), at) in self.measures.iter().zip(&self.v_at) {
             let clip = |v: i64, n: i64| rule.clip(v.into(), n);
@@ -437,8 +424,7 @@ impl ClippedGroups {
         let mut cols: Vec<ArrayRef> =
             vec![Arc::new(Int64Array::from_iter_values(bases.iter().map(|&b| w[b + N] as i64)))];
         if self.picked {
-            cols.push(Arc::new(Float64Array::from_iter_values(bases.iter().map(|&b| f64::from_bits(w[b + P])))));
-            cols.push(Arc::new(Int64Array::from_iter_values(bases.iter().map(|&b| w[b + CELL] as i64))));
+            cols.push(Arc::new(UInt64Array::from_iter_values(bases.iter().map(|&b| w[b + P]))));
         }
         for at in self.v_at.iter().flatten() {
             cols.push(v_column(bases.iter().map(|&b| w[b + at] as i64).collect()));
@@ -486,7 +472,8 @@ impl GroupsAccumulator for ClippedGroups {
         total: usize,
     ) -> Result<()> {
         self.grow(total);
-        let at = self.place(groups, self.pick_args(values)?, |i| kept(filter, i));
+        let pick = self.pick_arg(values)?.map(|p| &p.as_primitive::<UInt64Type>().values()[..]);
+        let at = self.place(groups, pick, |i| kept(filter, i));
         for &(s, on) in &at {
             self.words[s + N] += u64::from(on);
         }
@@ -502,19 +489,14 @@ impl GroupsAccumulator for ClippedGroups {
     }
 
     fn merge_batch(&mut self, states: &[ArrayRef], groups: &[usize], total: usize) -> Result<()> {
-        let first_v = if self.picked { 3 } else { 1 };
+        let first_v = if self.picked { 2 } else { 1 };
         let per_slot = first_v + self.v_at.iter().flatten().count();
         if states.len() != per_slot * self.slots {
             return exec_err!("dp_clipped: {} state columns instead of {}", states.len(), per_slot * self.slots);
         }
         self.grow(total);
         for cols in states.chunks_exact(per_slot) {
-            let pick = self.picked.then(|| {
-                (
-                    &cols[CELL].as_primitive::<Int64Type>().values()[..],
-                    &cols[P].as_primitive::<Float64Type>().values()[..],
-                )
-            });
+            let pick = self.picked.then(|| &cols[P].as_primitive::<UInt64Type>().values()[..]);
             let at = self.place(groups, pick, |_| true);
             for (&(s, on), &n) in at.iter().zip(cols[N].as_primitive::<Int64Type>().values()) {
                 self.words[s + N] += select(on, n as u64, 0);
@@ -537,13 +519,11 @@ impl GroupsAccumulator for ClippedGroups {
             let bases: Vec<usize> = (0..groups).map(|g| g * self.stride).collect();
             return Ok(Arc::new(StructArray::try_new(self.fields.clone(), self.results(&w, &bases), None)?));
         }
-        // One list element per sub-slot in use (a finite priority).
+        // One list element per sub-slot in use.
         let (mut bases, mut lengths) = (vec![], vec![]);
         for g in 0..groups {
-            let used: Vec<usize> = (0..self.slots)
-                .map(|j| g * self.stride + j * self.sub)
-                .filter(|&b| f64::from_bits(w[b + P]) < f64::INFINITY)
-                .collect();
+            let used: Vec<usize> =
+                (0..self.slots).map(|j| g * self.stride + j * self.sub).filter(|&b| w[b + P] != FREE).collect();
             lengths.push(used.len());
             bases.extend(used);
         }
@@ -567,23 +547,24 @@ impl GroupsAccumulator for ClippedGroups {
 
     /// Each row as its own group (DataFusion skips partial aggregation when it does not reduce the row count, as
     /// with one group per privacy unit), in the first sub-slot: a row that is filtered out has n = 0, no value
-    /// and priority +∞, so it never takes a sub-slot. Further sub-slots are free.
+    /// and the priority of a free sub-slot, so it never takes one. Further sub-slots are free.
     fn convert_to_state(&self, values: &[ArrayRef], filter: Option<&BooleanArray>) -> Result<Vec<ArrayRef>> {
         let rows = values.first().map_or(0, |v| v.len());
         let mut cols: Vec<ArrayRef> = vec![match filter {
             None => Arc::new(Int64Array::from_value(1, rows)),
             Some(_) => Arc::new(Int64Array::from_iter_values((0..rows).map(|i| i64::from(kept(filter, i))))),
         }];
-        if let Some((c, p)) = self.pick_args(values)? {
-            let [.., cells, priorities] = values else { return exec_err!("dp_clipped: a pick without its arguments") };
-            // The arguments are the state's columns as they are (no copy), unless a filter or a NULL is in the way.
+        if let Some(p) = self.pick_arg(values)? {
+            // Without a filter the argument is the state's column as it is (no copy).
             cols.push(match filter {
-                None => Arc::clone(priorities),
-                Some(_) => Arc::new(Float64Array::from_iter_values(
-                    (0..rows).map(|i| if kept(filter, i) { p[i] } else { f64::INFINITY }),
-                )),
+                None => Arc::clone(p),
+                Some(_) => {
+                    let p = p.as_primitive::<UInt64Type>().values();
+                    Arc::new(UInt64Array::from_iter_values(
+                        (0..rows).map(|i| if kept(filter, i) { p[i] } else { FREE }),
+                    ))
+                }
             });
-            cols.push(if cells.null_count() == 0 { Arc::clone(cells) } else { Arc::new(Int64Array::from(c.to_vec())) });
         }
         let mut arg = 0;
         for ((value, _), at) in self.measures.iter().zip(&self.v_at) {
@@ -669,13 +650,20 @@ mod tests {
                 (*v, (!matches!(v, RowValue::Rows)).then(|| lit(0)), range)
             })
             .collect();
-        let pick = g.map(|g| (lit(0i64), lit(0.0), g));
+        let pick = g.map(|g| (lit(0u64), g));
         let Expr::AggregateFunction(f) = Clipped::call(&ms, k, pick) else { panic!("an aggregate") };
         ClippedGroups::new(f.func.inner().downcast_ref::<Clipped>().unwrap())
     }
 
     fn ints(v: &[Option<i64>]) -> ArrayRef {
         Arc::new(Int64Array::from(v.to_vec()))
+    }
+
+    /// The priorities of rows in `cells`, ordered as `p` (in [0, 1)), as `dp_priority` makes them: the cell in
+    /// the low bits.
+    fn prio(cells: &[i64], p: &[f64]) -> ArrayRef {
+        let key = |(&c, &p): (&i64, &f64)| (((p * 1e6) as u64) << crate::plan::pick::CELL_BITS) | c as u64;
+        Arc::new(UInt64Array::from_iter_values(cells.iter().zip(p).map(key)))
     }
 
     /// The result's columns as i128 options (counts widened).
@@ -709,9 +697,7 @@ mod tests {
     #[test]
     fn with_a_pick_only_the_rows_of_the_smallest_priority_count() {
         let mut acc = groups(&[RowValue::Rows, RowValue::Sum(Grid::Int { lo: 0, hi: 4 })], 5, true);
-        let batch = |x: &[Option<i64>], cells: &[i64], p: &[f64]| -> Vec<ArrayRef> {
-            vec![ints(x), Arc::new(Int64Array::from(cells.to_vec())), Arc::new(Float64Array::from(p.to_vec()))]
-        };
+        let batch = |x: &[Option<i64>], cells: &[i64], p: &[f64]| -> Vec<ArrayRef> { vec![ints(x), prio(cells, p)] };
         // Group 0: cell 7 at priority 0.5 (1 + 2), then cell 3 at 0.25 in the next batch (1 + 2 + 3 + NULL)
         // empties it; cell 9 at 0.75 never counts.
         acc.update_batch(&batch(&[Some(1), Some(2), Some(4)], &[7, 7, 9], &[0.5, 0.5, 0.75]), &[0; 3], None, 1)
@@ -746,8 +732,7 @@ mod tests {
     #[test]
     fn states_merge_to_the_same_result() {
         let x = ints(&[Some(3), Some(5), None, Some(8), Some(1), Some(6), Some(2), Some(4)]);
-        let cells: ArrayRef = Arc::new(Int64Array::from(vec![1, 2, 2, 5, 2, 6, 7, 1]));
-        let p: ArrayRef = Arc::new(Float64Array::from(vec![0.3, 0.1, 0.1, 0.3, 0.1, 0.9, 0.2, 0.3]));
+        let p = prio(&[1, 2, 2, 5, 2, 6, 7, 1], &[0.3, 0.1, 0.1, 0.3, 0.1, 0.9, 0.2, 0.3]);
         let g = [0, 0, 0, 1, 0, 1, 1, 0];
         let filter = BooleanArray::from(vec![
             Some(true),
@@ -763,7 +748,7 @@ mod tests {
             for f in [None, Some(&filter)] {
                 let mut args = vec![Arc::clone(&x), Arc::clone(&x)];
                 if pick.is_some() {
-                    args.extend([Arc::clone(&cells), Arc::clone(&p)]);
+                    args.push(Arc::clone(&p));
                 }
                 let mut one = groups_g(&ALL, 1, pick);
                 one.update_batch(&args, &g, f, 2).unwrap();
@@ -802,8 +787,7 @@ mod tests {
             let mut acc = groups_g(&m, 5, Some(2));
             for i in order {
                 let (c, p, v) = rows[i];
-                let args: Vec<ArrayRef> =
-                    vec![ints(&[Some(v)]), Arc::new(Int64Array::from(vec![c])), Arc::new(Float64Array::from(vec![p]))];
+                let args: Vec<ArrayRef> = vec![ints(&[Some(v)]), prio(&[c], &[p])];
                 acc.update_batch(&args, &[0], None, 1).unwrap();
             }
             let kept = cells_of(acc.evaluate(EmitTo::All).unwrap());
@@ -818,11 +802,8 @@ mod tests {
     fn a_cell_evicted_within_a_batch_leaves_nothing_behind() {
         let m = [RowValue::Rows, RowValue::Sum(Grid::Int { lo: 0, hi: 4 })];
         // Cell 9 at 0.75 (3), cell 7 at 0.5 (1, 2), cell 3 at 0.25 (4), in one batch.
-        let args: Vec<ArrayRef> = vec![
-            ints(&[Some(3), Some(1), Some(4), Some(2)]),
-            Arc::new(Int64Array::from(vec![9, 7, 3, 7])),
-            Arc::new(Float64Array::from(vec![0.75, 0.5, 0.25, 0.5])),
-        ];
+        let args: Vec<ArrayRef> =
+            vec![ints(&[Some(3), Some(1), Some(4), Some(2)]), prio(&[9, 7, 3, 7], &[0.75, 0.5, 0.25, 0.5])];
         let want = |g: u64| -> Vec<Vec<Vec<Option<i128>>>> {
             if g == 1 {
                 vec![vec![vec![Some(3), Some(1), Some(4)]]]

@@ -1,5 +1,6 @@
 //! `dp_priority(unit, cell)`: a random priority per (unit, cell), for keeping a uniformly random set of at most
-//! `g = max_groups_per_unit` cells per privacy unit — the cells of smallest priority.
+//! `g = max_groups_per_unit` cells per privacy unit — the cells of smallest priority. The priority carries its cell
+//! in its low [`CELL_BITS`] bits, so that the aggregation that keeps cells stores one word per cell, not two.
 //!
 //! The priority is a keyed hash of the (unit, cell) pair with a key drawn afresh for every query, so all rows of
 //! one unit in one cell share a priority (whatever batch or partition they are in) and a unit's cells are ranked in
@@ -10,23 +11,27 @@
 //! Privacy does not depend on the choice: whatever is picked, each unit yields at most g cells, each clipped to the
 //! unit's bound.
 
-use datafusion::arrow::array::{ArrayRef, Float64Array};
-use datafusion::arrow::datatypes::DataType;
-use datafusion::common::Result;
+use crate::plan::MAX_CELLS;
+use datafusion::arrow::array::{ArrayRef, AsArray, UInt64Array};
+use datafusion::arrow::datatypes::{DataType, Int64Type};
 use datafusion::common::hash_utils::{RandomState, create_hashes};
+use datafusion::common::{Result, exec_err};
 use datafusion::logical_expr::{
     ColumnarValue, Expr, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl, Signature, Volatility,
 };
 use rand::Rng;
 use std::sync::Arc;
 
-/// `dp_priority(unit, cell)`: a priority in [0, 1) for every row, the same for all rows of one (unit, cell) pair,
-/// from a hash keyed with 64 bits drawn (from the thread's CSPRNG) when the query is planned. For a unit's distinct
-/// cells the priorities behave as independent uniform draws, so the cell of smallest priority is a uniformly random
-/// one of its cells; two cells tie only when 53-bit values collide. The key is not shown by EXPLAIN. Privacy does not
-/// rest on the key being secret or the draws being uniform (see the module documentation): only the choice's
-/// fairness, an accuracy property, does. Hashing cannot fail on a value (DataFusion's `create_hashes`, the hash
-/// of its own GROUP BY, accepts every type a unit column can have).
+/// `dp_priority(unit, cell)`: a `UInt64` priority for every row, the same for all rows of one (unit, cell) pair:
+/// 44 bits of a hash keyed with 64 bits drawn (from the thread's CSPRNG) when the query is planned, then the cell
+/// in the low [`CELL_BITS`] bits ([`cell_of`] reads it back). For a unit's distinct cells the hash bits behave as
+/// independent uniform draws, so the cell of smallest priority is a uniformly random one of its cells; two cells of
+/// a unit never share a priority (their cells differ), and only when their 44 random bits collide (2^-44 per pair)
+/// does the smaller cell win instead of a fair draw. The key is not shown by EXPLAIN. Privacy does not rest on the
+/// key being secret or the draws being uniform (see the module documentation): only the choice's fairness, an
+/// accuracy property, does. Hashing cannot fail on a value (DataFusion's `create_hashes`, the hash of its own
+/// GROUP BY, accepts every type a unit column can have); the cell is an `Int64` in `0..MAX_CELLS` (checked when
+/// planned, for the type; by the refusal of larger GROUP BYs, for the range).
 #[derive(Debug, PartialEq, Eq, Hash)]
 pub(crate) struct Priority {
     key: u64,
@@ -40,6 +45,17 @@ impl Priority {
         ScalarUDF::new_from_impl(Priority { key, signature: Signature::any(2, Volatility::Immutable) })
             .call(vec![unit, cell])
     }
+}
+
+/// Low bits of a priority that hold its cell: enough for every cell index below [`MAX_CELLS`], which is less than
+/// `2^CELL_BITS - 1`, so no priority is `u64::MAX` (a free place in the aggregation).
+pub(crate) const CELL_BITS: u32 = 20;
+const CELL_MASK: u64 = (1 << CELL_BITS) - 1;
+const _: () = assert!(MAX_CELLS < CELL_MASK);
+
+/// The cell a priority carries.
+pub(crate) fn cell_of(priority: u64) -> i64 {
+    (priority & CELL_MASK) as i64
 }
 
 /// MurmurHash3's 64-bit finaliser: a bijection in which every input bit flips each output bit with probability
@@ -61,8 +77,11 @@ impl ScalarUDFImpl for Priority {
         &self.signature
     }
 
-    fn return_type(&self, _: &[DataType]) -> Result<DataType> {
-        Ok(DataType::Float64)
+    fn return_type(&self, args: &[DataType]) -> Result<DataType> {
+        match args {
+            [_, DataType::Int64] => Ok(DataType::UInt64),
+            _ => exec_err!("dp_priority takes a unit and an Int64 cell, not {args:?}"),
+        }
     }
 
     fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
@@ -72,13 +91,16 @@ impl ScalarUDFImpl for Priority {
     }
 }
 
-/// The priorities of `rows` rows of (unit, cell) `arrays` under `key`: the top 53 bits of the mixed hash, as a
-/// double in [0, 1).
-fn priorities(key: u64, arrays: &[ArrayRef], rows: usize) -> Result<Float64Array> {
+/// The priorities of `rows` rows of (unit, cell) `arrays` under `key`: the top 44 bits of the mixed hash, then the
+/// cell.
+fn priorities(key: u64, arrays: &[ArrayRef], rows: usize) -> Result<UInt64Array> {
+    let [_, cells] = arrays else { return exec_err!("dp_priority takes a unit and a cell") };
     let mut hashes = vec![0u64; rows];
     create_hashes(arrays, &RandomState::with_seed(key), &mut hashes)?;
-    let unit = 1.0 / (1u64 << 53) as f64;
-    Ok(Float64Array::from_iter_values(hashes.iter().map(|&h| (fmix64(h ^ key) >> 11) as f64 * unit)))
+    let Some(cells) = cells.as_primitive_opt::<Int64Type>() else { return exec_err!("dp_priority: a cell not Int64") };
+    let cells = cells.values();
+    let p = hashes.iter().zip(cells).map(|(&h, &c)| (fmix64(h ^ key) & !CELL_MASK) | (c as u64 & CELL_MASK));
+    Ok(UInt64Array::from_iter_values(p))
 }
 
 #[cfg(test)]
@@ -99,11 +121,11 @@ mod tests {
         let strs: ArrayRef = Arc::new(StringArray::from_iter_values((0..UNITS * 4).map(|r| format!("u{}", r / 4))));
         for units in [ints, strs] {
             let p = priorities(0x5eed, &[Arc::clone(&units), Arc::clone(&cells)], UNITS * 4).unwrap();
-            assert!(p.values().iter().all(|&x| (0.0..1.0).contains(&x)));
+            assert!((0..UNITS * 4).all(|r| cell_of(p.value(r)) == (r % 4) as i64), "each priority carries its cell");
             let mut picked = [0usize; 4];
             for u in 0..UNITS {
                 let row = |c: usize| p.value(4 * u + c);
-                let best = (0..4).min_by(|&a, &b| row(a).total_cmp(&row(b))).unwrap();
+                let best = (0..4).min_by_key(|&c| row(c)).unwrap();
                 picked[best] += 1;
             }
             let (m, sd) = (UNITS as f64 / 4.0, (UNITS as f64 * 0.25 * 0.75).sqrt());

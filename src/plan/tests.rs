@@ -209,7 +209,7 @@ async fn bounded_plans_keep_their_shape() {
                     TableScan: t
             Aggregate: groupBy=[[__dp_cell]], aggr=[[sum(__dp_x0) AS __dp_m0, sum(__dp_x1) AS __dp_m1]]
               Projection: get_field(__dp_s, Utf8("cell")) AS __dp_cell, get_field(__dp_s, Utf8("x0")) AS __dp_x0, get_field(__dp_s, Utf8("x1")) AS __dp_x1
-                Aggregate: groupBy=[[__dp_unit]], aggr=[[dp_clipped(CAST(t.income AS Int64), t.income, __dp_cell, __dp_p) AS __dp_s]]
+                Aggregate: groupBy=[[__dp_unit]], aggr=[[dp_clipped(CAST(t.income AS Int64), t.income, __dp_p) AS __dp_s]]
                   Projection: t.pid, t.age, t.sex, t.income, t.score, __dp_unit, __dp_cell, dp_priority(__dp_unit, __dp_cell) AS __dp_p
                     Filter: __dp_cell IS NOT NULL
                       Projection: t.pid, t.age, t.sex, t.income, t.score, __dp_unit, dp_cell(t.age) AS __dp_cell
@@ -234,7 +234,7 @@ async fn bounded_plans_keep_their_shape() {
             Aggregate: groupBy=[[__dp_cell]], aggr=[[sum(__dp_x0) AS __dp_m0]]
               Unnest: lists[__dp_cell|depth=1, __dp_x0|depth=1] structs[]
                 Projection: get_field(__dp_s, Utf8("cell")) AS __dp_cell, get_field(__dp_s, Utf8("x0")) AS __dp_x0
-                  Aggregate: groupBy=[[__dp_unit]], aggr=[[dp_clipped(__dp_cell, __dp_p) AS __dp_s]]
+                  Aggregate: groupBy=[[__dp_unit]], aggr=[[dp_clipped(__dp_p) AS __dp_s]]
                     Projection: t.pid, t.age, t.sex, t.income, t.score, __dp_unit, __dp_cell, dp_priority(__dp_unit, __dp_cell) AS __dp_p
                       Filter: __dp_cell IS NOT NULL
                         Projection: t.pid, t.age, t.sex, t.income, t.score, __dp_unit, dp_cell(t.age) AS __dp_cell
