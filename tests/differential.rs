@@ -15,14 +15,32 @@
 //! The default run is sized for CI (a few seconds);
 //! `DPFUSION_FUZZ_CASES=20000 cargo test differential` runs a longer one (seed: `DPFUSION_FUZZ_SEED`).
 
+use datafusion::arrow::array::{ArrayRef, RecordBatch};
+use datafusion::arrow::datatypes::{DataType, Schema};
 use dpfusion::DpSession;
 use rand::seq::IndexedRandom;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
-fn session(extra: bool) -> DpSession {
-    crate::support::people_session(300, extra, 1e12, 1e4)
+/// The people table, with `name` as Utf8 (as CSV and in-memory tables have strings) or as Utf8View (as Parquet
+/// tables read them).
+fn session(extra: bool, view: bool) -> DpSession {
+    let mut batch = crate::support::people(300, extra);
+    if view {
+        let cast = |c: &ArrayRef| datafusion::arrow::compute::cast(c, &DataType::Utf8View).unwrap();
+        let old = batch.schema();
+        let fields = old.fields().iter().map(|f| match f.data_type() {
+            DataType::Utf8 => Arc::new(f.as_ref().clone().with_data_type(DataType::Utf8View)),
+            _ => Arc::clone(f),
+        });
+        let schema = Arc::new(Schema::new(fields.collect::<Vec<_>>()));
+        let columns =
+            batch.columns().iter().map(|c| if c.data_type() == &DataType::Utf8 { cast(c) } else { Arc::clone(c) });
+        batch = RecordBatch::try_new(schema, columns.collect()).unwrap();
+    }
+    crate::support::people_session_of(batch, 1e12, 1e4)
 }
 
 /// What the analyst sees ([`crate::support::seen`]); panics on an error that must never happen.
@@ -214,37 +232,41 @@ async fn neighbouring_tables_give_identical_outcomes_on_generated_queries() {
         f
     };
     assert!(functions.len() > 50, "DataFusion's catalogue has its functions");
-    let mut g = Gen { rng: ChaCha8Rng::seed_from_u64(seed), functions };
-    let (d, d1) = (session(false), session(true));
-    let mut kinds: BTreeMap<&str, usize> = BTreeMap::new();
-    let mut examples = BTreeSet::new();
-    for i in 0..cases {
-        let sql = g.query();
-        d.insecure_reseed_for_tests(i as u64).unwrap();
-        d1.insecure_reseed_for_tests(i as u64).unwrap();
-        let (a, b) = (outcome(&d, &sql).await, outcome(&d1, &sql).await);
-        let post = |o: &str| o.starts_with("post-processing failed");
-        if a != b && (post(&a) || post(&b)) && !a.starts_with("refused") && !b.starts_with("refused") {
-            *kinds.entry("post-processing differs (noise-dependent)").or_default() += 1;
-            continue;
+    // The same queries over strings as Utf8 and as Utf8View (Parquet tables): every string function and cast
+    // must be as total on either.
+    for view in [false, true] {
+        let mut g = Gen { rng: ChaCha8Rng::seed_from_u64(seed), functions: functions.clone() };
+        let (d, d1) = (session(false, view), session(true, view));
+        let mut kinds: BTreeMap<&str, usize> = BTreeMap::new();
+        let mut examples = BTreeSet::new();
+        for i in 0..cases {
+            let sql = g.query();
+            d.insecure_reseed_for_tests(i as u64).unwrap();
+            d1.insecure_reseed_for_tests(i as u64).unwrap();
+            let (a, b) = (outcome(&d, &sql).await, outcome(&d1, &sql).await);
+            let post = |o: &str| o.starts_with("post-processing failed");
+            if a != b && (post(&a) || post(&b)) && !a.starts_with("refused") && !b.starts_with("refused") {
+                *kinds.entry("post-processing differs (noise-dependent)").or_default() += 1;
+                continue;
+            }
+            assert_eq!(a, b, "case {i}, seed {seed}, views {view}: the outcome depends on the data\n{sql}");
+            let kind = a.split([':', ' ']).next().unwrap_or("");
+            *kinds
+                .entry(match kind {
+                    "answered" => "answered",
+                    "refused" => "refused",
+                    "explain" => "explain",
+                    _ => "post-processing failed",
+                })
+                .or_default() += 1;
+            if examples.len() < 3 && kind == "answered" {
+                examples.insert(sql);
+            }
         }
-        assert_eq!(a, b, "case {i}, seed {seed}: the outcome depends on the data\n{sql}");
-        let kind = a.split([':', ' ']).next().unwrap_or("");
-        *kinds
-            .entry(match kind {
-                "answered" => "answered",
-                "refused" => "refused",
-                "explain" => "explain",
-                _ => "post-processing failed",
-            })
-            .or_default() += 1;
-        if examples.len() < 3 && kind == "answered" {
-            examples.insert(sql);
+        eprintln!("{cases} generated queries (seed {seed}, views {view}): {kinds:?}; e.g. {examples:?}");
+        // The generator must reach every path, or the comparison proves little.
+        for k in ["answered", "refused", "explain"] {
+            assert!(kinds.get(k).copied().unwrap_or(0) * 100 >= cases, "too few {k} outcomes: {kinds:?}");
         }
-    }
-    eprintln!("{cases} generated queries (seed {seed}): {kinds:?}; e.g. {examples:?}");
-    // The generator must reach every path, or the comparison proves little.
-    for k in ["answered", "refused", "explain"] {
-        assert!(kinds.get(k).copied().unwrap_or(0) * 100 >= cases, "too few {k} outcomes: {kinds:?}");
     }
 }

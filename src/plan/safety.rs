@@ -222,6 +222,11 @@ fn string_literal(e: &Expr) -> Option<Option<&str>> {
             Some(s.as_deref())
         }
         Expr::Literal(v, _) if v.is_null() => Some(None),
+        // A string literal cast to another string type (the coercion of a pattern to a Utf8View column, when the
+        // optimizer leaves it) is the same string.
+        Expr::Cast(c) if matches!(c.field.data_type(), DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View) => {
+            string_literal(&c.expr)
+        }
         _ => None,
     }
 }

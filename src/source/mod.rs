@@ -18,7 +18,7 @@ pub mod text;
 use crate::config::{DataFormat, TableSource};
 use crate::error::{DpError, Result};
 use crate::owner_log::OwnerLog;
-use datafusion::arrow::datatypes::{Field, Schema, SchemaRef};
+use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::catalog::TableProvider;
 use datafusion::datasource::file_format::parquet::ParquetFormat;
 use datafusion::datasource::listing::{ListingOptions, ListingTable, ListingTableConfig, ListingTableUrl};
@@ -165,8 +165,16 @@ fn parquet(
         })
         .collect::<Result<Vec<_>>>()?;
     let options = ListingOptions::new(Arc::new(ParquetFormat::default())).with_file_extension("");
-    let config =
-        ListingTableConfig::new_with_multi_paths(urls).with_listing_options(options).with_schema(declared(&order));
+    // Strings are read as Utf8View, as DataFusion reads Parquet by default: the views point into the decoded
+    // pages instead of copying every string into one buffer (GROUP BY a text column at row level took 1.8× the
+    // time of plain DataFusion as Utf8).
+    let schema = declared(&order);
+    let view = |f: &Arc<Field>| match f.data_type() {
+        DataType::Utf8 => Arc::new(f.as_ref().clone().with_data_type(DataType::Utf8View)),
+        _ => Arc::clone(f),
+    };
+    let schema = Arc::new(Schema::new(schema.fields().iter().map(view).collect::<Vec<_>>()));
+    let config = ListingTableConfig::new_with_multi_paths(urls).with_listing_options(options).with_schema(schema);
     let table = ListingTable::try_new(config).map_err(|e| DpError::Config(format!("[tables.{name}] {e}")))?;
     Ok(Arc::new(table))
 }

@@ -168,11 +168,16 @@ pub(crate) fn session_with(
 /// A session over [`people`] as table `people`: `pid` units, 2 rows and 1 group per unit, age in [0, 100], income
 /// in [0, 200 000], sex in {0, 1}; a total budget and a per-query ρ.
 pub(crate) fn people_session(n: i64, extra: bool, total: f64, query_rho: f64) -> DpSession {
+    people_session_of(people(n, extra), total, query_rho)
+}
+
+/// [`people_session`] over `batch` (the people table, or it with other column types).
+pub(crate) fn people_session_of(batch: RecordBatch, total: f64, query_rho: f64) -> DpSession {
     let mut cols = BTreeMap::new();
     cols.insert("age".into(), ColumnPolicy::Bounds { lo: 0.0, hi: 100.0 });
     cols.insert("income".into(), ColumnPolicy::Bounds { lo: 0.0, hi: 200_000.0 });
     cols.insert("sex".into(), ColumnPolicy::Domain(vec![DomainValue::Int(0), DomainValue::Int(1)]));
-    session_with(total, query_rho, "people", people(n, extra), TablePolicy::with_unit("pid", 2, 1, cols).unwrap())
+    session_with(total, query_rho, "people", batch, TablePolicy::with_unit("pid", 2, 1, cols).unwrap())
 }
 
 /// Digits replaced by `#`: a post-processing error may quote a noisy number, which may differ from run to run.
