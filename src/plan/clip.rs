@@ -334,8 +334,8 @@ impl ClippedGroups {
 
     /// Rows (or a state) of priority `p` arrive in group `g`: they join the sub-slot of their priority (their
     /// cell's); else, with a priority smaller than the largest kept (FREE for a free sub-slot), they empty that
-    /// sub-slot and take its place; else they do not count. For g = 1 without a branch on the group's words (selects by masks): they are a
-    /// cache miss, and a branch on them is mispredicted whenever a unit's first row arrives.
+    /// sub-slot and take its place; else they do not count. For g = 1 without a branch on the group's words
+    /// (selects by masks): a branch on them is mispredicted whenever a unit's first row arrives.
     #[inline]
     fn admit(&mut self, g: usize, p: u64) {
         let base = g * self.stride;
