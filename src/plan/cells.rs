@@ -19,9 +19,11 @@
 
 use crate::error::{DpError, Result};
 use crate::plan::GroupKey;
-use datafusion::arrow::array::{Array, ArrayRef, AsArray, Int64Array};
+use datafusion::arrow::array::builder::make_view;
+use datafusion::arrow::array::{Array, ArrayRef, AsArray, Int64Array, MAX_INLINE_VIEW_LEN};
+use datafusion::arrow::buffer::NullBuffer;
 use datafusion::arrow::compute::cast;
-use datafusion::arrow::datatypes::DataType;
+use datafusion::arrow::datatypes::{DataType, Float64Type, Int64Type};
 use datafusion::common::{HashMap, ScalarValue, exec_err};
 use datafusion::logical_expr::{
     ColumnarValue, Expr, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl, Signature, Volatility,
@@ -45,11 +47,34 @@ struct KeyIndex {
 
 #[derive(Debug)]
 enum Lookup {
-    Strings(HashMap<String, i64>),
+    /// Strings, and the inline views of those of at most 12 bytes (a Utf8View row of such a string is compared
+    /// as one 128-bit word, without reading its bytes).
+    Strings {
+        by_text: HashMap<String, i64>,
+        by_view: HashMap<u128, i64>,
+    },
+    /// Integers within a span of at most [`DENSE_SPAN`]: the index of `min + i` at `table[i]` (NO_CELL for a value
+    /// not in the domain).
+    Dense {
+        min: i64,
+        table: Vec<i64>,
+    },
     Ints(HashMap<i64, i64>),
     /// By the bits of the value as f64, with -0.0 read as 0.0 (as `=` compares floats).
     Floats(HashMap<u64, i64>),
     Other(HashMap<ScalarValue, i64>),
+}
+
+/// The index of a row without a cell (a NULL key or one outside its domain); cells are `0..cells`.
+const NO_CELL: i64 = -1;
+
+/// The widest integer domain (largest minus smallest value) looked up in a table rather than a hash map.
+const DENSE_SPAN: i64 = 1 << 16;
+
+/// A Utf8View view that holds its string inline (at most 12 bytes: the length, the bytes, zeros after them, as
+/// Arrow requires of every valid array), which is then the string itself.
+fn inline_view(view: u128) -> Option<u128> {
+    (view as u32 <= MAX_INLINE_VIEW_LEN).then_some(view)
 }
 
 impl KeyIndex {
@@ -70,59 +95,104 @@ impl KeyIndex {
             })
             .collect();
         let lookup = match (strings, ints, floats) {
-            (Some(s), _, _) => Lookup::Strings(s),
-            (None, Some(n), _) => Lookup::Ints(n),
+            (Some(by_text), _, _) => {
+                let by_view = by_text
+                    .iter()
+                    .filter(|(s, _)| s.len() <= MAX_INLINE_VIEW_LEN as usize)
+                    .map(|(s, &i)| (make_view(s.as_bytes(), 0, 0), i))
+                    .collect();
+                Lookup::Strings { by_text, by_view }
+            }
+            (None, Some(n), _) => dense(&n).unwrap_or(Lookup::Ints(n)),
             (None, None, Some(f)) => Lookup::Floats(f),
             _ => Lookup::Other(positions().map(|(v, i)| (v.clone(), i)).collect()),
         };
         KeyIndex { domain: domain.to_vec(), lookup, stride }
     }
 
-    /// Each row's index in the domain (None: NULL or outside it).
-    fn positions(&self, values: &ArrayRef) -> datafusion::common::Result<Vec<Option<i64>>> {
-        let rows = values.len();
-        Ok(match &self.lookup {
-            Lookup::Strings(m) => match values.data_type() {
+    /// Adds each row's index in the domain, times the stride, to its cell in `cells`; a row whose key is NULL or
+    /// outside the domain (or whose cell is NO_CELL already) gets NO_CELL.
+    fn add_to(&self, values: &ArrayRef, cells: &mut [i64]) -> datafusion::common::Result<()> {
+        let stride = self.stride;
+        let text = |m: &HashMap<String, i64>, s: &str| m.get(s).copied().unwrap_or(NO_CELL);
+        // Every integer type but UInt64 (whose values may not fit) is read as Int64.
+        let int64 = values.data_type().is_integer() && values.data_type() != &DataType::UInt64;
+        match &self.lookup {
+            Lookup::Strings { by_text, by_view } => match values.data_type() {
                 DataType::Utf8View => {
-                    values.as_string_view().iter().map(|s| s.and_then(|s| m.get(s).copied())).collect()
+                    let a = values.as_string_view();
+                    let views = a.views();
+                    add_each(cells, a.nulls(), stride, |i| match inline_view(views[i]) {
+                        Some(v) => by_view.get(&v).copied().unwrap_or(NO_CELL),
+                        None => text(by_text, a.value(i)),
+                    });
                 }
                 DataType::LargeUtf8 => {
-                    values.as_string::<i64>().iter().map(|s| s.and_then(|s| m.get(s).copied())).collect()
+                    let a = values.as_string::<i64>();
+                    add_each(cells, a.nulls(), stride, |i| text(by_text, a.value(i)));
                 }
                 _ => {
-                    let text = cast(values, &DataType::Utf8)?;
-                    text.as_string::<i32>().iter().map(|s| s.and_then(|s| m.get(s).copied())).collect()
+                    let utf8 = cast(values, &DataType::Utf8)?;
+                    let a = utf8.as_string::<i32>();
+                    add_each(cells, a.nulls(), stride, |i| text(by_text, a.value(i)));
                 }
             },
-            Lookup::Ints(m) if values.data_type().is_integer() && values.data_type() != &DataType::UInt64 => {
+            Lookup::Dense { min, table } if int64 => {
                 let ints = cast(values, &DataType::Int64)?;
-                ints.as_primitive::<datafusion::arrow::datatypes::Int64Type>()
-                    .iter()
-                    .map(|x| x.and_then(|x| m.get(&x).copied()))
-                    .collect()
+                let (xs, nulls) = (ints.as_primitive::<Int64Type>().values(), ints.nulls());
+                add_each(cells, nulls, stride, |i| {
+                    let at = xs[i].checked_sub(*min).and_then(|d| usize::try_from(d).ok());
+                    at.and_then(|d| table.get(d)).copied().unwrap_or(NO_CELL)
+                });
+            }
+            Lookup::Ints(m) if int64 => {
+                let ints = cast(values, &DataType::Int64)?;
+                let (xs, nulls) = (ints.as_primitive::<Int64Type>().values(), ints.nulls());
+                add_each(cells, nulls, stride, |i| m.get(&xs[i]).copied().unwrap_or(NO_CELL));
             }
             Lookup::Floats(m) if values.data_type().is_floating() => {
                 let floats = cast(values, &DataType::Float64)?;
-                floats
-                    .as_primitive::<datafusion::arrow::datatypes::Float64Type>()
-                    .iter()
-                    .map(|x| x.and_then(|x| m.get(&float_bits(x)).copied()))
-                    .collect()
+                let (xs, nulls) = (floats.as_primitive::<Float64Type>().values(), floats.nulls());
+                add_each(cells, nulls, stride, |i| m.get(&float_bits(xs[i])).copied().unwrap_or(NO_CELL));
             }
             // Dates and other types, and integers of a type the domain was not made for: one value at a time.
-            Lookup::Ints(_) | Lookup::Floats(_) | Lookup::Other(_) => {
-                let mut out = Vec::with_capacity(rows);
-                for row in 0..rows {
+            _ => {
+                for (row, cell) in cells.iter_mut().enumerate() {
                     let v = ScalarValue::try_from_array(values, row)?;
-                    out.push(match &self.lookup {
+                    let p = match &self.lookup {
                         Lookup::Other(m) => m.get(&v).copied(),
                         _ => self.domain.iter().position(|d| *d == v).map(|i| i as i64),
-                    });
+                    };
+                    add_index(cell, p.unwrap_or(NO_CELL), stride);
                 }
-                out
             }
-        })
+        }
+        Ok(())
     }
+}
+
+/// Adds `index · stride` to `cell`, or makes it NO_CELL if either is NO_CELL (index · stride < cells ≤ MAX_CELLS:
+/// no overflow).
+fn add_index(cell: &mut i64, index: i64, stride: i64) {
+    *cell = if *cell < 0 || index < 0 { NO_CELL } else { *cell + index * stride };
+}
+
+/// [`add_index`] for every row `i`, of `index(i)` (NO_CELL where `nulls` says NULL).
+fn add_each(cells: &mut [i64], nulls: Option<&NullBuffer>, stride: i64, index: impl Fn(usize) -> i64) {
+    for (i, cell) in cells.iter_mut().enumerate() {
+        add_index(cell, if nulls.is_some_and(|n| n.is_null(i)) { NO_CELL } else { index(i) }, stride);
+    }
+}
+
+/// A table lookup for an integer domain of a small span.
+fn dense(index: &HashMap<i64, i64>) -> Option<Lookup> {
+    let (min, max) = (*index.keys().min()?, *index.keys().max()?);
+    let span = max.checked_sub(min).filter(|&s| s < DENSE_SPAN)?;
+    let mut table = vec![NO_CELL; usize::try_from(span).ok()? + 1];
+    for (&x, &i) in index {
+        table[usize::try_from(x - min).ok()?] = i;
+    }
+    Some(Lookup::Dense { min, table })
 }
 
 /// The key of a float in a lookup: its bits, with -0.0 as 0.0 (NaN is in no domain: domains hold integers).
@@ -197,15 +267,12 @@ impl ScalarUDFImpl for CellIndex {
         if args.args.len() != self.keys.len() {
             return exec_err!("dp_cell takes {} arguments", self.keys.len());
         }
-        let mut cells: Vec<Option<i64>> = vec![Some(0); rows];
+        let mut cells = vec![0i64; rows];
         for (key, arg) in self.keys.iter().zip(&args.args) {
-            let positions = key.positions(&arg.to_array(rows)?)?;
-            for (cell, p) in cells.iter_mut().zip(positions) {
-                // index · stride < cells ≤ MAX_CELLS: no overflow.
-                *cell = cell.zip(p).map(|(c, p)| c + p * key.stride);
-            }
+            key.add_to(&arg.to_array(rows)?, &mut cells)?;
         }
-        Ok(ColumnarValue::Array(Arc::new(Int64Array::from(cells))))
+        let nulls = cells.contains(&NO_CELL).then(|| NullBuffer::from_iter(cells.iter().map(|&c| c != NO_CELL)));
+        Ok(ColumnarValue::Array(Arc::new(Int64Array::new(cells.into(), nulls))))
     }
 }
 
@@ -258,7 +325,7 @@ impl ScalarUDFImpl for CellKey {
         let cells = cell.to_array(rows)?;
         let null = ScalarValue::try_from(&self.data_type)?;
         let len = self.domain.len() as i64;
-        let values = cells.as_primitive::<datafusion::arrow::datatypes::Int64Type>().iter().map(|c| {
+        let values = cells.as_primitive::<Int64Type>().iter().map(|c| {
             c.filter(|c| (0..self.cells).contains(c) && len > 0)
                 .and_then(|c| self.domain.get(((c / self.stride) % len) as usize))
                 .cloned()
@@ -301,7 +368,7 @@ mod tests {
     /// The cell indices of rows of key values, as the bounding computes them.
     fn index_of(keys: &[GroupKey], columns: Vec<ArrayRef>) -> Vec<Option<i64>> {
         let a = invoke(CellIndex::call(keys).unwrap(), columns);
-        a.as_primitive::<datafusion::arrow::datatypes::Int64Type>().iter().collect()
+        a.as_primitive::<Int64Type>().iter().collect()
     }
 
     fn key(name: &str, domain: Vec<ScalarValue>) -> GroupKey {
@@ -360,5 +427,44 @@ mod tests {
         // An index no cell has decodes to NULL instead of failing.
         let decoded = decode(&keys, 0, vec![Some(-1), None, Some(2), Some(1)]);
         assert_eq!(decoded, [None, None, None, Some("NY".to_string())].map(ScalarValue::Utf8));
+    }
+
+    /// Every lookup (inline and long Utf8View strings, Utf8, integer domains in a table or a hash map, other
+    /// integer types) gives each row the index of its key's position in the domain, as comparing values would.
+    #[test]
+    fn every_lookup_finds_the_position_in_the_domain() {
+        let long = "a string longer than twelve bytes";
+        let texts = strs(&["", "CA", "twelve bytes", "thirteen byte", long]);
+        let rows =
+            vec![Some("CA"), Some(""), None, Some("twelve bytes"), Some("thirteen byte"), Some(long), Some("ca")];
+        let want = vec![Some(1), Some(0), None, Some(2), Some(3), Some(4), None];
+        let keys = vec![key("s", texts.clone())];
+        assert_eq!(index_of(&keys, vec![Arc::new(StringViewArray::from(rows.clone()))]), want);
+        assert_eq!(index_of(&keys, vec![Arc::new(StringArray::from(rows))]), want);
+
+        // A small span (a table, with holes) and a wide one (a hash map), read from Int64 and Int32 columns.
+        for domain in [vec![-3i64, 0, 7, 2], vec![-3, 0, 7, 1 << 40]] {
+            let keys = vec![key("x", domain.iter().map(|&x| ScalarValue::Int64(Some(x))).collect())];
+            let xs = [Some(7), Some(-3), None, Some(1), Some(8), Some(-4), Some(i64::MIN), Some(i64::MAX), Some(0)];
+            let want: Vec<Option<i64>> =
+                xs.iter().map(|x| x.and_then(|x| domain.iter().position(|&d| d == x)).map(|p| p as i64)).collect();
+            assert_eq!(index_of(&keys, vec![Arc::new(Int64Array::from(xs.to_vec()))]), want, "{domain:?}");
+            let small: Vec<Option<i32>> = xs.iter().map(|x| x.and_then(|x| i32::try_from(x).ok())).collect();
+            let want32: Vec<Option<i64>> = small
+                .iter()
+                .map(|x| x.and_then(|x| domain.iter().position(|&d| d == i64::from(x))).map(|p| p as i64))
+                .collect();
+            assert_eq!(index_of(&keys, vec![Arc::new(Int32Array::from(small))]), want32, "{domain:?}");
+        }
+        // Two keys: a row is in no cell when either key is outside its domain.
+        let keys = vec![key("s", strs(&["F", "M"])), key("x", (0..3).map(|x| ScalarValue::Int64(Some(x))).collect())];
+        let got = index_of(
+            &keys,
+            vec![
+                Arc::new(StringViewArray::from(vec![Some("M"), Some("M"), None, Some("X"), Some("F")])),
+                Arc::new(Int64Array::from(vec![Some(2), Some(3), Some(0), Some(2), None])),
+            ],
+        );
+        assert_eq!(got, vec![Some(5), None, None, None, None]);
     }
 }

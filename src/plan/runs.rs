@@ -599,7 +599,13 @@ async fn partition(
                         for r in from..start {
                             let e = rows.entry(cells[r], m);
                             rows.n[e] += 1;
-                            add_values(&mut rows, e, m, &value_of, &valid_of, r..r + 1);
+                            // Row by row (a unit's rows may fall in different cells); COUNT(*) has no values.
+                            for (i, (values, valid)) in value_of.iter().zip(&valid_of).enumerate() {
+                                if valid.get(r).is_some_and(|&ok| ok) {
+                                    rows.v[e * m + i] += i128::from(values[r]);
+                                    rows.seen[e * m + i] = true;
+                                }
+                            }
                         }
                     }
                     None => {
