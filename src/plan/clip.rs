@@ -495,6 +495,25 @@ impl GroupsAccumulator for ClippedGroups {
             return exec_err!("dp_clipped: {} state columns instead of {}", states.len(), per_slot * self.slots);
         }
         self.grow(total);
+        if !self.picked {
+            // Every state counts: each column added in its own loop over the groups (no placement first).
+            let (words, stride) = (&mut self.words[..], self.stride);
+            for (&g, &n) in groups.iter().zip(states[N].as_primitive::<Int64Type>().values()) {
+                words[g * stride + N] += n as u64;
+            }
+            for (col, &at) in states[1..].iter().zip(self.v_at.iter().flatten()) {
+                let v = col.as_primitive::<Int64Type>();
+                match v.nulls() {
+                    None => groups.iter().zip(v.values()).for_each(|(&g, &x)| add(words, g * stride + at, x, true)),
+                    Some(nulls) => {
+                        for (i, (&g, &x)) in groups.iter().zip(v.values()).enumerate() {
+                            add(words, g * stride + at, x, nulls.is_valid(i));
+                        }
+                    }
+                }
+            }
+            return Ok(());
+        }
         for cols in states.chunks_exact(per_slot) {
             let pick = self.picked.then(|| &cols[P].as_primitive::<UInt64Type>().values()[..]);
             let at = self.place(groups, pick, |_| true);
