@@ -18,9 +18,9 @@
 //!   (it would compute every row's index twice); its value depends on its arguments alone.
 
 use crate::error::{DpError, Result};
-use crate::plan::GroupKey;
+use crate::plan::{GroupKey, int64_null_where};
 use datafusion::arrow::array::builder::make_view;
-use datafusion::arrow::array::{Array, ArrayRef, AsArray, Int64Array, MAX_INLINE_VIEW_LEN};
+use datafusion::arrow::array::{Array, ArrayRef, AsArray, MAX_INLINE_VIEW_LEN};
 use datafusion::arrow::buffer::NullBuffer;
 use datafusion::arrow::compute::cast;
 use datafusion::arrow::datatypes::{DataType, Float64Type, Int64Type};
@@ -29,7 +29,6 @@ use datafusion::logical_expr::{
     ColumnarValue, Expr, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl, Signature, Volatility,
 };
 use std::hash::{Hash, Hasher};
-use std::sync::Arc;
 
 /// Name of the cell-index column the bounding works on.
 pub const CELL: &str = "__dp_cell";
@@ -271,8 +270,7 @@ impl ScalarUDFImpl for CellIndex {
         for (key, arg) in self.keys.iter().zip(&args.args) {
             key.add_to(&arg.to_array(rows)?, &mut cells)?;
         }
-        let nulls = cells.contains(&NO_CELL).then(|| NullBuffer::from_iter(cells.iter().map(|&c| c != NO_CELL)));
-        Ok(ColumnarValue::Array(Arc::new(Int64Array::new(cells.into(), nulls))))
+        Ok(ColumnarValue::Array(int64_null_where(cells, NO_CELL)))
     }
 }
 
@@ -343,8 +341,9 @@ impl ScalarUDFImpl for CellKey {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use datafusion::arrow::array::{BooleanArray, Int32Array, StringArray, StringViewArray};
+    use datafusion::arrow::array::{BooleanArray, Int32Array, Int64Array, StringArray, StringViewArray};
     use datafusion::common::Column;
+    use std::sync::Arc;
 
     /// Runs the function call `e` over argument columns `args`, as DataFusion would.
     fn invoke(e: Expr, args: Vec<ArrayRef>) -> ArrayRef {

@@ -25,12 +25,13 @@
 //!   ([`super::safety`]) requires of every expression in a private plan.
 
 use crate::plan::exact_sum::{decimal, each_grid_value};
+use crate::plan::int64_null_where;
 use crate::plan::pick::cell_of;
 use crate::plan::runs::RowValue;
 use datafusion::arrow::array::{
     Array, ArrayRef, AsArray, BooleanArray, Int64Array, ListArray, StructArray, UInt64Array,
 };
-use datafusion::arrow::buffer::{NullBuffer, OffsetBuffer};
+use datafusion::arrow::buffer::OffsetBuffer;
 use datafusion::arrow::datatypes::{DataType, Field, FieldRef, Fields, Int64Type, UInt64Type};
 use datafusion::common::{Result, exec_err, not_impl_err};
 use datafusion::functions::core::expr_fn::get_field;
@@ -427,7 +428,7 @@ impl ClippedGroups {
             cols.push(Arc::new(UInt64Array::from_iter_values(bases.iter().map(|&b| w[b + P]))));
         }
         for at in self.v_at.iter().flatten() {
-            cols.push(v_column(bases.iter().map(|&b| w[b + at] as i64).collect()));
+            cols.push(int64_null_where(bases.iter().map(|&b| w[b + at] as i64).collect(), UNSEEN));
         }
         cols
     }
@@ -455,12 +456,6 @@ pub(crate) fn each_value(
         }
         RowValue::Sum(grid) => each_grid_value(grid, x, filter, f),
     }
-}
-
-/// `v` as a state column, NULL where UNSEEN.
-fn v_column(v: Vec<i64>) -> ArrayRef {
-    let nulls = v.contains(&UNSEEN).then(|| NullBuffer::from_iter(v.iter().map(|&v| v != UNSEEN)));
-    Arc::new(Int64Array::new(v.into(), nulls))
 }
 
 impl GroupsAccumulator for ClippedGroups {
@@ -503,13 +498,8 @@ impl GroupsAccumulator for ClippedGroups {
             }
             for (col, &at) in states[1..].iter().zip(self.v_at.iter().flatten()) {
                 let v = col.as_primitive::<Int64Type>();
-                match v.nulls() {
-                    None => groups.iter().zip(v.values()).for_each(|(&g, &x)| add(words, g * stride + at, x, true)),
-                    Some(nulls) => {
-                        for (i, (&g, &x)) in groups.iter().zip(v.values()).enumerate() {
-                            add(words, g * stride + at, x, nulls.is_valid(i));
-                        }
-                    }
+                for (i, (&g, &x)) in groups.iter().zip(v.values()).enumerate() {
+                    add(words, g * stride + at, x, v.is_valid(i));
                 }
             }
             return Ok(());
@@ -594,7 +584,7 @@ impl GroupsAccumulator for ClippedGroups {
             arg += 1;
             let mut v = vec![if matches!(value, RowValue::Sum(_)) { UNSEEN } else { 0 }; rows];
             each_value(*value, x, filter, |i, x| v[i] = x)?;
-            cols.push(v_column(v));
+            cols.push(int64_null_where(v, UNSEEN));
         }
         if self.slots > 1 {
             let free = vec![0u64; rows * self.stride];

@@ -27,10 +27,13 @@ mod tests;
 
 use crate::error::{DpError, Result};
 use crate::policy::TablePolicy;
+use datafusion::arrow::array::{ArrayRef, Int64Array};
+use datafusion::arrow::buffer::NullBuffer;
 use datafusion::arrow::datatypes::FieldRef;
 use datafusion::common::{Column, DFSchemaRef, ScalarValue, TableReference};
 use datafusion::logical_expr::LogicalPlan;
 use sensitivity::{Contribution, Sensitivity};
+use std::sync::Arc;
 
 /// What one measurement computes (before noise).
 #[derive(Clone, Debug, PartialEq)]
@@ -145,6 +148,13 @@ impl DpPlan {
 /// The number of cells `keys` span: the product of their domains' sizes (1 without keys), saturating.
 pub fn cell_count(keys: &[GroupKey]) -> u64 {
     keys.iter().fold(1u64, |acc, k| acc.saturating_mul(k.domain.len() as u64))
+}
+
+/// An Int64 column of `values`, NULL wherever a value is the sentinel `null` (without a validity buffer when none
+/// is): the accumulators' words and the cell indices keep NULL as a value no real one can take.
+pub(crate) fn int64_null_where(values: Vec<i64>, null: i64) -> ArrayRef {
+    let nulls = values.contains(&null).then(|| NullBuffer::from_iter(values.iter().map(|&v| v != null)));
+    Arc::new(Int64Array::new(values.into(), nulls))
 }
 
 /// Prefix of the names dpfusion gives its own columns and tables (`__dp_unit`, `__dp_m0`, `__dp_noisy`, ...): no

@@ -599,13 +599,7 @@ async fn partition(
                         for r in from..start {
                             let e = rows.entry(cells[r], m);
                             rows.n[e] += 1;
-                            // Row by row (a unit's rows may fall in different cells); COUNT(*) has no values.
-                            for (i, (values, valid)) in value_of.iter().zip(&valid_of).enumerate() {
-                                if valid.get(r).is_some_and(|&ok| ok) {
-                                    rows.v[e * m + i] += i128::from(values[r]);
-                                    rows.seen[e * m + i] = true;
-                                }
-                            }
+                            add_row(&mut rows, e, m, &value_of, &valid_of, r);
                         }
                     }
                     None => {
@@ -650,6 +644,17 @@ fn add_values(
         let sum: i128 = v.iter().map(|&x| i128::from(x)).sum();
         if ok.iter().any(|&o| o) {
             rows.v[e * m + i] += sum;
+            rows.seen[e * m + i] = true;
+        }
+    }
+}
+
+/// [`add_values`] of the one row `r` (row by row: a unit's rows may fall in different cells).
+fn add_row(rows: &mut UnitRows, e: usize, m: usize, values: &[Vec<i64>], valid: &[Vec<bool>], r: usize) {
+    for (i, (values, valid)) in values.iter().zip(valid).enumerate() {
+        // COUNT(*) has no values (both vectors empty).
+        if valid.get(r).is_some_and(|&ok| ok) {
+            rows.v[e * m + i] += i128::from(values[r]);
             rows.seen[e * m + i] = true;
         }
     }
