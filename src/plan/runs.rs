@@ -386,6 +386,20 @@ struct Totals {
     present: Vec<bool>,
 }
 
+/// What a unit's `n` rows in one cell contribute to one measurement: COUNT(*) the count of rows itself (min(n, k)
+/// by the same rule), COUNT(column) its count and SUM its exact grid sum `value()` (with whether it saw a value:
+/// a sum of none is nothing, as SUM gives NULL), clipped.
+fn contribution(value: RowValue, clip: &Clip, n: i64, v: impl FnOnce() -> (i128, bool)) -> Option<i128> {
+    match value {
+        RowValue::Rows => Some(clip.clip(i128::from(n), n)),
+        RowValue::Values => Some(clip.clip(v().0, n)),
+        RowValue::Sum(_) => {
+            let (v, seen) = v();
+            seen.then(|| clip.clip(v, n))
+        }
+    }
+}
+
 impl Totals {
     fn new(spec: &Spec) -> Self {
         let (cells, m) = (spec.cells as usize, spec.measures.len());
@@ -408,24 +422,55 @@ impl Totals {
         }
         let m = self.m;
         for &e in pick.iter() {
-            let cell = usize::try_from(u.cells[e]).ok().filter(|&c| c < self.present.len());
-            let Some(cell) = cell else { return internal_err!("DpUnitRuns: cell {} out of range", u.cells[e]) };
-            self.present[cell] = true;
-            let n = u.n[e];
-            for (i, (meas, clip)) in spec.measures.iter().zip(clips).enumerate() {
-                // COUNT(*) is the count of rows itself: min(n, k), by the same rule.
-                let x = match meas.value {
-                    RowValue::Rows => Some(clip.clip(i128::from(n), n)),
-                    RowValue::Values => Some(clip.clip(u.v[e * m + i], n)),
-                    RowValue::Sum(_) => u.seen[e * m + i].then(|| clip.clip(u.v[e * m + i], n)),
-                };
-                if let Some(x) = x {
-                    self.sums[cell * m + i] += x;
-                    self.seen[cell * m + i] = true;
-                }
+            self.add_cell(u.cells[e], u.n[e], |i| (u.v[e * m + i], u.seen[e * m + i]), spec, clips)?;
+        }
+        Ok(())
+    }
+
+    /// Clips one unit's `n` rows in `cell` and adds them; `value(i)` is measurement i's exact aggregate over them
+    /// and whether it saw a value (not asked for COUNT(*)).
+    fn add_cell(
+        &mut self,
+        cell: i64,
+        n: i64,
+        value: impl Fn(usize) -> (i128, bool),
+        spec: &Spec,
+        clips: &[Clip],
+    ) -> Result<()> {
+        let m = self.m;
+        let Some(c) = self.index(cell) else { return internal_err!("DpUnitRuns: cell {cell} out of range") };
+        self.present[c] = true;
+        for (i, (meas, clip)) in spec.measures.iter().zip(clips).enumerate() {
+            if let Some(x) = contribution(meas.value, clip, n, || value(i)) {
+                self.sums[c * m + i] += x;
+                self.seen[c * m + i] = true;
             }
         }
         Ok(())
+    }
+
+    /// [`Totals::add_cell`] of whole units, each the rows `from..to` of one batch in cell `c` (an index of
+    /// [`Totals::index`]), a measurement at a time: one short loop each, where a call per unit cost more than the
+    /// clipping.
+    fn add_runs(&mut self, runs: &[(usize, usize, usize)], prefix: &[Prefix], spec: &Spec, clips: &[Clip]) {
+        let m = self.m;
+        for &(_, _, c) in runs {
+            self.present[c] = true;
+        }
+        for (i, (meas, clip)) in spec.measures.iter().zip(clips).enumerate() {
+            for &(from, to, c) in runs {
+                let n = (to - from) as i64;
+                if let Some(x) = contribution(meas.value, clip, n, || prefix[i].run(from..to)) {
+                    self.sums[c * m + i] += x;
+                    self.seen[c * m + i] = true;
+                }
+            }
+        }
+    }
+
+    /// The index of `cell` in the totals, if it is one.
+    fn index(&self, cell: i64) -> Option<usize> {
+        usize::try_from(cell).ok().filter(|&c| c < self.present.len())
     }
 
     fn absorb(&mut self, other: &Totals) {
@@ -551,8 +596,8 @@ async fn partition(
     let mut part = Part { first: None, last: None, totals: Totals::new(spec) };
     // The partition's first unit, the unit being read, and its rows so far.
     let (mut first, mut current, mut rows) = (None::<Unit>, None::<Unit>, UnitRows::default());
-    let (mut starts, mut pick) = (vec![], vec![]);
-    let (mut value_of, mut valid_of) = (vec![vec![]; m], vec![vec![]; m]);
+    let (mut starts, mut pick, mut whole_runs) = (vec![], vec![], vec![]);
+    let mut prefix = vec![Prefix::default(); m];
     while let Some(batch) = stream.next().await {
         let batch = batch?;
         let len = batch.num_rows();
@@ -560,6 +605,7 @@ async fn partition(
             continue;
         }
         starts.clear();
+        whole_runs.clear();
         if unit_starts(batch.column(columns.unit), &mut current, &mut starts)?.is_err() {
             return Ok(Err(NotClustered));
         }
@@ -570,42 +616,40 @@ async fn partition(
             Some(c) => {
                 let a = batch.column(c).as_primitive_opt::<Int64Type>();
                 match a {
-                    Some(a) if a.null_count() == 0 => Some(a.values()),
+                    Some(a) if a.null_count() == 0 => Some(&a.values()[..]),
                     _ => return internal_err!("DpUnitRuns: the cell column is not a non-NULL Int64"),
                 }
             }
             None => None,
         };
-        // Each measurement's per-row value (0 where NULL) and whether it counts, for this batch.
+        // Each measurement's row values in this batch, as prefix sums.
         for (i, meas) in spec.measures.iter().enumerate() {
-            let (values, valid) = (&mut value_of[i], &mut valid_of[i]);
-            values.clear();
-            valid.clear();
-            // COUNT(*) reads no column (and leaves both empty).
-            let Some(col) = columns.values[i].map(|c| batch.column(c)) else { continue };
-            values.resize(len, 0);
-            valid.resize(len, false);
-            clip::each_value(meas.value, col, None, |r, x| {
-                values[r] = x;
-                valid[r] = true;
-            })?;
+            prefix[i].fill(meas.value, columns.values[i].map(|c| batch.column(c)), len)?;
         }
         // Rows [from, start) belong to the unit being read; at each start the next unit begins.
         let mut from = 0;
+        // Whether row `from` begins a unit (rather than continuing the batch before's last unit).
+        let mut begins = starts.first() == Some(&0);
         for &start in starts.iter().chain([&len]) {
-            if start > from {
+            // A unit that begins and ends in this batch, after the partition's first (kept whole for the merge),
+            // with all its rows in one cell — most units — is clipped and added with the batch's others after the
+            // loop, without `rows`: the same as `end_unit` does with it (one cell is never picked away).
+            let whole = begins && start < len && part.first.is_some() && start > from;
+            if let Some(c) = one_cell(cells, from..start).and_then(|c| part.totals.index(c)).filter(|_| whole) {
+                whole_runs.push((from, start, c));
+            } else if start > from {
                 match cells {
                     Some(cells) => {
-                        for r in from..start {
-                            let e = rows.entry(cells[r], m);
+                        for (r, &cell) in (from..start).zip(&cells[from..start]) {
+                            let e = rows.entry(cell, m);
                             rows.n[e] += 1;
-                            add_row(&mut rows, e, m, &value_of, &valid_of, r);
+                            add_values(&mut rows, e, m, &prefix, r..r + 1);
                         }
                     }
                     None => {
                         let e = rows.entry(0, m);
                         rows.n[e] += (start - from) as i64;
-                        add_values(&mut rows, e, m, &value_of, &valid_of, from..start);
+                        add_values(&mut rows, e, m, &prefix, from..start);
                     }
                 }
             }
@@ -614,7 +658,9 @@ async fn partition(
                 end_unit(&mut part, &first, &mut rows, spec, &clips, &mut pick)?;
             }
             from = start;
+            begins = true;
         }
+        part.totals.add_runs(&whole_runs, &prefix, spec, &clips);
     }
     // The unit being read when the stream ended.
     if !rows.cells.is_empty() {
@@ -628,36 +674,63 @@ async fn partition(
 }
 
 /// Adds rows `range` of each measurement's values to entry `e`.
-fn add_values(
-    rows: &mut UnitRows,
-    e: usize,
-    m: usize,
-    values: &[Vec<i64>],
-    valid: &[Vec<bool>],
-    range: std::ops::Range<usize>,
-) {
-    for i in 0..m {
-        if valid[i].is_empty() {
-            continue;
-        }
-        let (v, ok) = (&values[i][range.clone()], &valid[i][range.clone()]);
-        let sum: i128 = v.iter().map(|&x| i128::from(x)).sum();
-        if ok.iter().any(|&o| o) {
+fn add_values(rows: &mut UnitRows, e: usize, m: usize, prefix: &[Prefix], range: std::ops::Range<usize>) {
+    for (i, p) in prefix.iter().enumerate().take(m) {
+        let (sum, seen) = p.run(range.clone());
+        if seen {
             rows.v[e * m + i] += sum;
             rows.seen[e * m + i] = true;
         }
     }
 }
 
-/// [`add_values`] of the one row `r` (row by row: a unit's rows may fall in different cells).
-fn add_row(rows: &mut UnitRows, e: usize, m: usize, values: &[Vec<i64>], valid: &[Vec<bool>], r: usize) {
-    for (i, (values, valid)) in values.iter().zip(valid).enumerate() {
-        // COUNT(*) has no values (both vectors empty).
-        if valid.get(r).is_some_and(|&ok| ok) {
-            rows.v[e * m + i] += i128::from(values[r]);
-            rows.seen[e * m + i] = true;
+/// One measurement's row values in a batch as prefix sums, so that the sum of any run of rows, and whether any of
+/// them has a value, cost O(1) whatever the run's length: `sum[r]` is the sum of rows `0..r`, wrapping around, and
+/// `count[r]` how many of them have a value. The wrapping cancels in a difference: a run's sum is exact whenever
+/// the true sum fits an i64, as it does for any run of fewer than 2^42 rows (a row gives at most 2^21 grid units,
+/// see [`super::exact_sum`]). Both empty for COUNT(*), which reads no value.
+#[derive(Clone, Debug, Default)]
+struct Prefix {
+    sum: Vec<i64>,
+    count: Vec<usize>,
+}
+
+impl Prefix {
+    /// The prefix sums of `len` rows of `col` read as `value` gives them (none without a column: COUNT(*)).
+    fn fill(&mut self, value: RowValue, col: Option<&ArrayRef>, len: usize) -> Result<()> {
+        self.sum.clear();
+        self.count.clear();
+        let Some(col) = col else { return Ok(()) };
+        self.sum.resize(len + 1, 0);
+        self.count.resize(len + 1, 0);
+        let (sum, count) = (&mut self.sum, &mut self.count);
+        clip::each_value(value, col, None, |r, x| {
+            sum[r + 1] = x;
+            count[r + 1] = 1;
+        })?;
+        for r in 1..=len {
+            sum[r] = sum[r].wrapping_add(sum[r - 1]);
+            count[r] += count[r - 1];
+        }
+        Ok(())
+    }
+
+    /// The sum of rows `range`, and whether any of them has a value ((0, false) without values).
+    fn run(&self, range: std::ops::Range<usize>) -> (i128, bool) {
+        let (s, c) = (&self.sum, &self.count);
+        match (s.get(range.start), s.get(range.end), c.get(range.start), c.get(range.end)) {
+            (Some(a), Some(b), Some(m), Some(n)) => (i128::from(b.wrapping_sub(*a)), n > m),
+            _ => (0, false),
         }
     }
+}
+
+/// The cell of every row in `range` when they share one (always, without keys), else None.
+fn one_cell(cells: Option<&[i64]>, range: std::ops::Range<usize>) -> Option<i64> {
+    let Some(cells) = cells else { return Some(0) };
+    let c = cells.get(range)?;
+    let first = *c.first()?;
+    c.iter().all(|&x| x == first).then_some(first)
 }
 
 /// A unit of the partition is complete: the first is kept whole (it may have begun in another partition), every
@@ -740,13 +813,21 @@ fn unit_starts(
                 Some(Unit::Bytes(_)) => return Ok(Err(NotClustered)),
                 _ => starts.push(0),
             }
+            // Without a branch on the values (units of a few rows would mispredict one on most rows): every row
+            // is written as a start, and kept only where the unit changes; a decrease anywhere breaks the order.
+            let mut kept = starts.len();
+            starts.resize(kept + a.len(), 0);
+            let mut down = false;
             for (r, w) in a.windows(2).enumerate() {
-                if w[1] != w[0] {
-                    if w[1] < w[0] {
-                        return Ok(Err(NotClustered));
-                    }
-                    starts.push(r + 1);
+                if let Some(s) = starts.get_mut(kept) {
+                    *s = r + 1;
                 }
+                kept += usize::from(w[1] != w[0]);
+                down |= w[1] < w[0];
+            }
+            starts.truncate(kept);
+            if down {
+                return Ok(Err(NotClustered));
             }
             *current = a.last().map(|&u| Unit::Int(u));
             Ok(())
