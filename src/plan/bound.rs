@@ -21,6 +21,7 @@
 //!    the exact sum stays far below 10^38: no overflow, hence no data-dependent runtime error, is possible.
 
 use crate::error::{DpError, Result, engine};
+use crate::plan::by_unit::ByUnit;
 use crate::plan::clip::Clipped;
 use crate::plan::exact_sum::BoundedSum;
 use crate::plan::measures::Measured;
@@ -255,6 +256,7 @@ pub fn per_unit(
             let agg = Clipped::call(&measures, k, Some((col("__dp_p"), g))).alias("__dp_s");
             b = b
                 .project(with_p)
+                .and_then(|b| if g > 1 { by_unit(b, unit()) } else { Ok(b) })
                 .and_then(|b| b.aggregate(vec![unit()], vec![agg]))
                 .and_then(|b| b.project(fields(true)))
                 .map_err(engine)?;
@@ -294,6 +296,14 @@ pub fn per_unit(
         b = b.project(decoded).map_err(engine)?;
     }
     b.build().map_err(engine)
+}
+
+/// The rows of `b`, hash-partitioned by `unit` for the aggregation by unit above them, so that it runs in one
+/// phase over the rows rather than over a state per row ([`by_unit`](crate::plan::by_unit)); only for g > 1, whose
+/// per-row states hold g sub-slots.
+fn by_unit(b: LogicalPlanBuilder, unit: Expr) -> datafusion::common::Result<LogicalPlanBuilder> {
+    let node = ByUnit::new(b.build()?, unit);
+    Ok(LogicalPlanBuilder::from(LogicalPlan::Extension(Extension { node: Arc::new(node) })))
 }
 
 /// The rows input of the streaming pass ([`runs`]) over `input` — `__dp_unit`, `__dp_cell` when keyed, and each

@@ -10,6 +10,7 @@
 //! plan over the noisy table.
 
 pub mod bound;
+pub(crate) mod by_unit;
 pub mod cells;
 pub mod clip;
 pub mod exact_sum;

@@ -16,6 +16,7 @@
 //! is refused, and the message, never depend on the data.
 
 use crate::error::{DpError, Result, engine};
+use crate::plan::by_unit::ByUnit;
 use crate::plan::cells::{CellIndex, CellKey};
 use crate::plan::clip::Clipped;
 use crate::plan::exact_sum::BoundedSum;
@@ -409,7 +410,7 @@ pub fn check_total(plan: &LogicalPlan) -> Result<()> {
                 | LogicalPlan::Unnest(_)
                 | LogicalPlan::SubqueryAlias(_)
                 | LogicalPlan::EmptyRelation(_)
-        ) || matches!(node, LogicalPlan::Extension(e) if e.node.as_any().is::<UnitRuns>());
+        ) || matches!(node, LogicalPlan::Extension(e) if e.node.as_any().is::<UnitRuns>() || e.node.as_any().is::<ByUnit>());
         if !ok_node {
             failure = Some(DpError::Refused(Refusal::UnsafeNode { node: node.display().to_string() }));
             return Ok(TreeNodeRecursion::Stop);

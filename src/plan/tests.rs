@@ -219,7 +219,8 @@ async fn bounded_plans_keep_their_shape() {
     )
     .await;
     // Two groups per person (fewer than the four cells): the same one aggregation per person keeps the two cells
-    // of smallest priority, as lists, unnested; no sort.
+    // of smallest priority, as lists, unnested; no sort. Its rows are hash-partitioned by person first, so that
+    // it runs in one phase (DpByUnit).
     snapshot(
         "SELECT age, COUNT(*) FROM t GROUP BY age",
         policy(true, 2),
@@ -235,11 +236,12 @@ async fn bounded_plans_keep_their_shape() {
               Unnest: lists[__dp_cell|depth=1, __dp_x0|depth=1] structs[]
                 Projection: get_field(__dp_s, Utf8("cell")) AS __dp_cell, get_field(__dp_s, Utf8("x0")) AS __dp_x0
                   Aggregate: groupBy=[[__dp_unit]], aggr=[[dp_clipped(__dp_p) AS __dp_s]]
-                    Projection: t.pid, t.age, t.sex, t.income, t.score, __dp_unit, __dp_cell, dp_priority(__dp_unit, __dp_cell) AS __dp_p
-                      Filter: __dp_cell IS NOT NULL
-                        Projection: t.pid, t.age, t.sex, t.income, t.score, __dp_unit, dp_cell(t.age) AS __dp_cell
-                          Projection: t.pid, t.age, t.sex, t.income, t.score, t.pid AS __dp_unit
-                            TableScan: t
+                    DpByUnit: hash-partitioned by __dp_unit (one-phase aggregation above)
+                      Projection: t.pid, t.age, t.sex, t.income, t.score, __dp_unit, __dp_cell, dp_priority(__dp_unit, __dp_cell) AS __dp_p
+                        Filter: __dp_cell IS NOT NULL
+                          Projection: t.pid, t.age, t.sex, t.income, t.score, __dp_unit, dp_cell(t.age) AS __dp_cell
+                            Projection: t.pid, t.age, t.sex, t.income, t.score, t.pid AS __dp_unit
+                              TableScan: t
         "#,
     )
     .await;
@@ -265,4 +267,30 @@ async fn bounded_plans_keep_their_shape() {
         "#,
     )
     .await;
+}
+
+/// With g > 1 the aggregation by unit runs in one phase over rows hash-partitioned by unit (DpByUnit), not over a
+/// state per row with g sub-slots; with g = 1 it keeps DataFusion's two phases (one sub-slot per state, and the
+/// partial phase still reduces tables of few units). Checked on the physical plan, which DataFusion's distribution
+/// rules shape: a change there that undid the one phase would show here.
+#[tokio::test]
+async fn the_aggregation_by_unit_runs_in_one_phase_only_for_g_above_one() {
+    // The table in two partitions: DataFusion hash-partitions an input of one only when it expects many rows.
+    let ctx = crate::session::private_context(None).unwrap();
+    let schema = analyzed("SELECT * FROM t").await.schema().as_arrow().clone();
+    ctx.register_table("t", Arc::new(MemTable::try_new(Arc::new(schema), vec![vec![], vec![]]).unwrap())).unwrap();
+    let mut state = ctx.state();
+    state.config_mut().options_mut().execution.target_partitions = 4;
+    let plan = state.create_logical_plan("SELECT age, COUNT(*) FROM t GROUP BY age").await.unwrap();
+    let plan = state.analyzer().execute_and_check(plan, state.config_options(), |_, _| {}).unwrap();
+    for (g, one_phase) in [(2, true), (1, false)] {
+        let dp = compile(&plan, &|t| (t.table() == "t").then(|| policy(true, g))).unwrap();
+        let physical = state.create_physical_plan(&dp.private).await.unwrap();
+        let text = datafusion::physical_plan::displayable(physical.as_ref()).indent(false).to_string();
+        let by_unit =
+            |mode: &str| text.contains(&format!("AggregateExec: mode={mode}, gby=[__dp_unit@0 as __dp_unit]"));
+        assert_eq!(by_unit("SinglePartitioned"), one_phase, "g = {g}:\n{text}");
+        assert_eq!(by_unit("Partial"), !one_phase, "g = {g}:\n{text}");
+        assert_eq!(text.contains("DpByUnitExec: hash-partitioned by __dp_unit@0"), one_phase, "g = {g}:\n{text}");
+    }
 }

@@ -257,8 +257,10 @@ impl datafusion::execution::context::QueryPlanner for PrivatePlanner {
         session: &dyn datafusion::catalog::Session,
     ) -> datafusion::error::Result<Arc<dyn datafusion::physical_plan::ExecutionPlan>> {
         use datafusion::physical_planner::{DefaultPhysicalPlanner, PhysicalPlanner};
-        let planner =
-            DefaultPhysicalPlanner::with_extension_planners(vec![Arc::new(crate::plan::runs::UnitRunsPlanner)]);
+        let planner = DefaultPhysicalPlanner::with_extension_planners(vec![
+            Arc::new(crate::plan::runs::UnitRunsPlanner),
+            Arc::new(crate::plan::by_unit::ByUnitPlanner),
+        ]);
         planner.create_physical_plan(plan, session).await
     }
 }
