@@ -12,7 +12,8 @@
 //! 4. In a GROUP BY with more cells than `max_groups_per_unit`, each unit keeps a uniformly random set of at most
 //!    `g` of its cells: each (unit, cell) has a random priority (`dp_priority`, a keyed hash) and the `g` smallest
 //!    are kept, with no sort, in the same one aggregation per unit that clips (`dp_clipped` keeps the rows of the g
-//!    smallest priorities; for g > 1 as lists, unnested into rows).
+//!    smallest priorities; for g > 1 as lists, unnested into rows, that aggregation in one phase over rows
+//!    hash-partitioned by unit: [`crate::plan::by_unit`]).
 //!    Cells are single integers here, whatever the keys' types ([`cells`]). Steps 3–4 are wrapped in a
 //!    `plan::runs::UnitRuns` node: when the rows turn out clustered by unit (verified while streaming) one pass does
 //!    the same bounding without a hash table; otherwise the hash plan built here runs.

@@ -47,10 +47,12 @@ struct KeyIndex {
 #[derive(Debug)]
 enum Lookup {
     /// Strings, and the inline views of those of at most 12 bytes (a Utf8View row of such a string is compared
-    /// as one 128-bit word, without reading its bytes).
+    /// as one 128-bit word, without reading its bytes); `few`, the views of a domain of at most [`FEW`] strings
+    /// that are all inline, each at its index: a row's view is compared with each of them, without hashing.
     Strings {
         by_text: HashMap<String, i64>,
         by_view: HashMap<u128, i64>,
+        few: Option<Vec<u128>>,
     },
     /// Integers within a span of at most [`DENSE_SPAN`]: the index of `min + i` at `table[i]` (NO_CELL for a value
     /// not in the domain).
@@ -64,11 +66,15 @@ enum Lookup {
     Other(HashMap<ScalarValue, i64>),
 }
 
-/// The index of a row without a cell (a NULL key or one outside its domain); cells are `0..cells`.
+/// The index of a row without a cell (a NULL key or one outside its domain); cells are `0..cells`. -1, which
+/// [`few_index`] counts on.
 const NO_CELL: i64 = -1;
 
 /// The widest integer domain (largest minus smallest value) looked up in a table rather than a hash map.
 const DENSE_SPAN: i64 = 1 << 16;
+
+/// The largest string domain whose Utf8View rows are compared with every value rather than looked up by hash.
+const FEW: usize = 8;
 
 /// A Utf8View view that holds its string inline (at most 12 bytes: the length, the bytes, zeros after them, as
 /// Arrow requires of every valid array), which is then the string itself.
@@ -95,12 +101,20 @@ impl KeyIndex {
             .collect();
         let lookup = match (strings, ints, floats) {
             (Some(by_text), _, _) => {
-                let by_view = by_text
+                let by_view: HashMap<u128, i64> = by_text
                     .iter()
                     .filter(|(s, _)| s.len() <= MAX_INLINE_VIEW_LEN as usize)
                     .map(|(s, &i)| (make_view(s.as_bytes(), 0, 0), i))
                     .collect();
-                Lookup::Strings { by_text, by_view }
+                // Distinct strings, all inline: their views in domain order.
+                let few = (by_view.len() == domain.len() && domain.len() <= FEW).then(|| {
+                    let mut views = vec![0; domain.len()];
+                    for (&v, &i) in &by_view {
+                        views[i as usize] = v;
+                    }
+                    views
+                });
+                Lookup::Strings { by_text, by_view, few }
             }
             (None, Some(n), _) => dense(&n).unwrap_or(Lookup::Ints(n)),
             (None, None, Some(f)) => Lookup::Floats(f),
@@ -117,14 +131,17 @@ impl KeyIndex {
         // Every integer type but UInt64 (whose values may not fit) is read as Int64.
         let int64 = values.data_type().is_integer() && values.data_type() != &DataType::UInt64;
         match &self.lookup {
-            Lookup::Strings { by_text, by_view } => match values.data_type() {
+            Lookup::Strings { by_text, by_view, few } => match values.data_type() {
                 DataType::Utf8View => {
                     let a = values.as_string_view();
                     let views = a.views();
-                    add_each(cells, a.nulls(), stride, |i| match inline_view(views[i]) {
-                        Some(v) => by_view.get(&v).copied().unwrap_or(NO_CELL),
-                        None => text(by_text, a.value(i)),
-                    });
+                    match few {
+                        Some(few) => add_each(cells, a.nulls(), stride, |i| few_index(few, views[i])),
+                        None => add_each(cells, a.nulls(), stride, |i| match inline_view(views[i]) {
+                            Some(v) => by_view.get(&v).copied().unwrap_or(NO_CELL),
+                            None => text(by_text, a.value(i)),
+                        }),
+                    }
                 }
                 DataType::LargeUtf8 => {
                     let a = values.as_string::<i64>();
@@ -181,6 +198,13 @@ fn add_each(cells: &mut [i64], nulls: Option<&NullBuffer>, stride: i64, index: i
     for (i, cell) in cells.iter_mut().enumerate() {
         add_index(cell, if nulls.is_some_and(|n| n.is_null(i)) { NO_CELL } else { index(i) }, stride);
     }
+}
+
+/// The index of `view` among the inline views `few` of a domain (distinct strings), NO_CELL if none: each compared,
+/// without a branch (-1 plus j + 1 for the one that matches). A view that is not inline holds a string of more
+/// than 12 bytes, whose length (its low 32 bits) differs from every one of them.
+fn few_index(few: &[u128], view: u128) -> i64 {
+    few.iter().zip(1..).fold(NO_CELL, |at, (&d, j)| at + std::hint::select_unpredictable(d == view, j, 0))
 }
 
 /// A table lookup for an integer domain of a small span.
@@ -440,6 +464,17 @@ mod tests {
         let keys = vec![key("s", texts.clone())];
         assert_eq!(index_of(&keys, vec![Arc::new(StringViewArray::from(rows.clone()))]), want);
         assert_eq!(index_of(&keys, vec![Arc::new(StringArray::from(rows))]), want);
+        // Domains of inline strings: at most eight compared with every row's view, more looked up by hash; rows of
+        // long strings, of 13 bytes and differing in case or in their last byte are in neither.
+        let rows = [Some("CA"), Some(""), None, Some("twelve bytes"), Some("twelve bytez"), Some("thirteen byte")];
+        let rows = rows.into_iter().chain([Some(long), Some("ca"), Some("S07"), Some("S08")]).collect::<Vec<_>>();
+        let states: Vec<String> = (0..9).map(|i| format!("S0{i}")).collect();
+        for d in [vec!["", "CA", "twelve bytes", "NY"], states.iter().map(String::as_str).collect()] {
+            let want: Vec<Option<i64>> =
+                rows.iter().map(|r| r.and_then(|r| d.iter().position(|&x| x == r)).map(|p| p as i64)).collect();
+            let keys = vec![key("s", strs(&d))];
+            assert_eq!(index_of(&keys, vec![Arc::new(StringViewArray::from(rows.clone()))]), want, "{d:?}");
+        }
 
         // A small span (a table, with holes) and a wide one (a hash map), read from Int64 and Int32 columns.
         for domain in [vec![-3i64, 0, 7, 2], vec![-3, 0, 7, 1 << 40]] {

@@ -675,7 +675,7 @@ async fn partition(
 
 /// Adds rows `range` of each measurement's values to entry `e`.
 fn add_values(rows: &mut UnitRows, e: usize, m: usize, prefix: &[Prefix], range: std::ops::Range<usize>) {
-    for (i, p) in prefix.iter().enumerate().take(m) {
+    for (i, p) in prefix.iter().enumerate() {
         let (sum, seen) = p.run(range.clone());
         if seen {
             rows.v[e * m + i] += sum;

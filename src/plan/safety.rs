@@ -410,7 +410,8 @@ pub fn check_total(plan: &LogicalPlan) -> Result<()> {
                 | LogicalPlan::Unnest(_)
                 | LogicalPlan::SubqueryAlias(_)
                 | LogicalPlan::EmptyRelation(_)
-        ) || matches!(node, LogicalPlan::Extension(e) if e.node.as_any().is::<UnitRuns>() || e.node.as_any().is::<ByUnit>());
+        ) || matches!(node, LogicalPlan::Extension(e)
+            if e.node.as_any().is::<UnitRuns>() || e.node.as_any().is::<ByUnit>());
         if !ok_node {
             failure = Some(DpError::Refused(Refusal::UnsafeNode { node: node.display().to_string() }));
             return Ok(TreeNodeRecursion::Stop);
