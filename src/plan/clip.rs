@@ -323,7 +323,7 @@ impl ClippedGroups {
         // In runs of TOUCH rows, each group's words are read first in a loop that does nothing else, so that their
         // cache misses overlap; the admission, which branches on them, then finds them in cache.
         for (run, gs) in groups.chunks(TOUCH).enumerate() {
-            std::hint::black_box(gs.iter().fold(0, |a, &g| a ^ self.words[g * self.stride + P]));
+            self.touch(gs);
             for (i, &g) in (run * TOUCH..).zip(gs) {
                 // A row that does not count never takes a sub-slot.
                 self.admit(g, if counts(i) { priorities[i] } else { FREE });
@@ -331,6 +331,12 @@ impl ClippedGroups {
         }
         let at = groups.iter().zip(priorities).map(|(&g, &p)| self.slot_of(g, p));
         at.enumerate().map(|(i, (s, found))| (s, found && counts(i))).collect()
+    }
+
+    /// Reads a word of each of the groups `gs` and nothing else, so that their cache misses overlap: what is done
+    /// with the groups next finds them in cache.
+    fn touch(&self, gs: &[usize]) {
+        std::hint::black_box(gs.iter().fold(0, |a, &g| a ^ self.words[g * self.stride + P]));
     }
 
     /// Rows (or a state) of priority `p` arrive in group `g`: they join the sub-slot of their priority (their
@@ -500,6 +506,27 @@ impl GroupsAccumulator for ClippedGroups {
                 let v = col.as_primitive::<Int64Type>();
                 for (i, (&g, &x)) in groups.iter().zip(v.values()).enumerate() {
                     add(words, g * stride + at, x, v.is_valid(i));
+                }
+            }
+            return Ok(());
+        }
+        if self.slots == 1 {
+            // g = 1: each state admitted and added in one pass over runs of TOUCH states, whose groups' words are
+            // first read in a loop that does nothing else (their cache misses overlap); no placement vector.
+            let (p, n) =
+                (states[P].as_primitive::<UInt64Type>().values(), states[N].as_primitive::<Int64Type>().values());
+            let vs: Vec<(usize, &Int64Array)> =
+                self.v_at.iter().flatten().zip(&states[first_v..]).map(|(&at, c)| (at, c.as_primitive())).collect();
+            for (run, gs) in groups.chunks(TOUCH).enumerate() {
+                self.touch(gs);
+                for (i, &g) in (run * TOUCH..).zip(gs) {
+                    self.admit(g, p[i]);
+                    let base = g * self.stride;
+                    let on = self.words[base + P] == p[i];
+                    self.words[base + N] += select(on, n[i] as u64, 0);
+                    for &(at, v) in &vs {
+                        add(&mut self.words, base + at, v.values()[i], on && v.is_valid(i));
+                    }
                 }
             }
             return Ok(());
