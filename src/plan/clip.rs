@@ -245,6 +245,16 @@ const P: usize = 1;
 /// The priority of a free sub-slot: above every priority (none is `u64::MAX`, see `dp_priority`).
 const FREE: u64 = u64::MAX;
 
+/// What [`ClippedGroups::scan`] finds in a group's sub-slots for a priority.
+struct Scan {
+    /// Whether a sub-slot holds the priority, and which (the group's first word if none).
+    kept: bool,
+    at: usize,
+    /// The sub-slot of the largest priority (the last of equal ones; FREE is the largest), and that priority.
+    largest_at: usize,
+    largest: u64,
+}
+
 /// Rows whose groups are brought into cache before they are admitted: few enough that their cache lines stay in
 /// the core's L2 (64 KiB at most: 64-byte lines, two per group at worst).
 const TOUCH: usize = 512;
@@ -333,10 +343,14 @@ impl ClippedGroups {
         at.enumerate().map(|(i, (s, found))| (s, found && counts(i))).collect()
     }
 
-    /// Reads a word of each of the groups `gs` and nothing else, so that their cache misses overlap: what is done
-    /// with the groups next finds them in cache.
+    /// Reads the first and last word of each of the groups `gs` and nothing else, so that their cache misses
+    /// overlap: what is done with the groups next finds them in cache (both of a group's cache lines when it
+    /// straddles two, as g > 1 sub-slots do).
     fn touch(&self, gs: &[usize]) {
-        std::hint::black_box(gs.iter().fold(0, |a, &g| a ^ self.words[g * self.stride + P]));
+        let last = self.stride - 1;
+        std::hint::black_box(
+            gs.iter().fold(0, |a, &g| a ^ self.words[g * self.stride] ^ self.words[g * self.stride + last]),
+        );
     }
 
     /// Rows (or a state) of priority `p` arrive in group `g`: they join the sub-slot of their priority (their
@@ -358,26 +372,40 @@ impl ClippedGroups {
     }
 
     /// [`ClippedGroups::admit`] for g > 1: unless `p` is kept already, it replaces the largest priority if smaller.
+    /// Without a branch on the group's words, as for g = 1: the sub-slots are scanned with selects
+    /// ([`ClippedGroups::scan`]) and the one that may be replaced is rewritten by selects too.
     fn admit_among(&mut self, g: usize, p: u64) {
-        let base = g * self.stride;
-        if self.slot_of(g, p).1 {
-            return;
+        let Scan { kept, largest_at, largest, .. } = self.scan(g, p);
+        let take = !kept && p < largest;
+        let s = &mut self.words[largest_at..largest_at + self.sub];
+        for (w, e) in s.iter_mut().zip(&self.empty) {
+            *w = select(take, *e, *w);
         }
-        let worst = (0..self.slots).map(|j| base + j * self.sub).max_by_key(|&s| self.words[s + P]).unwrap_or(base);
-        if p < self.words[worst + P] {
-            self.words[worst..worst + self.sub].copy_from_slice(&self.empty);
-            self.words[worst + P] = p;
-        }
+        s[P] = select(take, p, s[P]);
     }
 
     /// The sub-slot of priority `p` in group `g` (with a pick), if it has one.
     #[inline]
     fn slot_of(&self, g: usize, p: u64) -> (usize, bool) {
+        let Scan { kept, at, .. } = self.scan(g, p);
+        (at, kept)
+    }
+
+    /// The sub-slots of group `g` against priority `p`, compared by selects rather than branches (which the
+    /// processor mispredicts on a unit's first rows).
+    #[inline]
+    fn scan(&self, g: usize, p: u64) -> Scan {
         let base = g * self.stride;
-        (0..self.slots)
-            .map(|j| base + j * self.sub)
-            .find(|&s| self.words[s + P] == p)
-            .map_or((base, false), |s| (s, true))
+        let mut out = Scan { kept: false, at: base, largest_at: base, largest: 0 };
+        for s in (0..self.slots).map(|j| base + j * self.sub) {
+            let q = self.words[s + P];
+            out.at = select(q == p, s as u64, out.at as u64) as usize;
+            out.kept |= q == p;
+            let larger = q >= out.largest;
+            out.largest_at = select(larger, s as u64, out.largest_at as u64) as usize;
+            out.largest = select(larger, q, out.largest);
+        }
+        out
     }
 
     /// The priority argument (the last), with a pick.
