@@ -355,26 +355,11 @@ impl ClippedGroups {
 
     /// Rows (or a state) of priority `p` arrive in group `g`: they join the sub-slot of their priority (their
     /// cell's); else, with a priority smaller than the largest kept (FREE for a free sub-slot), they empty that
-    /// sub-slot and take its place; else they do not count. For g = 1 without a branch on the group's words
-    /// (selects by masks): a branch on them is mispredicted whenever a unit's first row arrives.
+    /// sub-slot and take its place; else they do not count. Without a branch on the group's words (the sub-slots
+    /// scanned and the one replaced rewritten by selects): a branch on them is mispredicted whenever a unit's
+    /// first row arrives. (For g = 1 this is `p < kept`: a unit keeps its smallest priority.)
     #[inline]
     fn admit(&mut self, g: usize, p: u64) {
-        let base = g * self.stride;
-        if self.slots > 1 {
-            return self.admit_among(g, p);
-        }
-        let s = &mut self.words[base..base + self.sub];
-        let take = p < s[P];
-        for (w, e) in s.iter_mut().zip(&self.empty) {
-            *w = select(take, *e, *w);
-        }
-        s[P] = select(take, p, s[P]);
-    }
-
-    /// [`ClippedGroups::admit`] for g > 1: unless `p` is kept already, it replaces the largest priority if smaller.
-    /// Without a branch on the group's words, as for g = 1: the sub-slots are scanned with selects
-    /// ([`ClippedGroups::scan`]) and the one that may be replaced is rewritten by selects too.
-    fn admit_among(&mut self, g: usize, p: u64) {
         let Scan { kept, largest_at, largest, .. } = self.scan(g, p);
         let take = !kept && p < largest;
         let s = &mut self.words[largest_at..largest_at + self.sub];
