@@ -512,13 +512,18 @@ impl GroupsAccumulator for ClippedGroups {
         if !self.picked {
             // Every state counts: each column added in its own loop over the groups (no placement first).
             let (words, stride) = (&mut self.words[..], self.stride);
-            for (&g, &n) in groups.iter().zip(states[N].as_primitive::<Int64Type>().values()) {
-                words[g * stride + N] += n as u64;
-            }
-            for (col, &at) in states[1..].iter().zip(self.v_at.iter().flatten()) {
-                let v = col.as_primitive::<Int64Type>();
-                for (i, (&g, &x)) in groups.iter().zip(v.values()).enumerate() {
-                    add(words, g * stride + at, x, v.is_valid(i));
+            let n = states[N].as_primitive::<Int64Type>().values();
+            let vs: Vec<(usize, &Int64Array)> =
+                self.v_at.iter().flatten().zip(&states[1..]).map(|(&at, c)| (at, c.as_primitive())).collect();
+            for (run, gs) in groups.chunks(TOUCH).enumerate() {
+                let start = run * TOUCH;
+                for (&g, &n) in gs.iter().zip(&n[start..]) {
+                    words[g * stride + N] += n as u64;
+                }
+                for &(at, v) in &vs {
+                    for (i, (&g, &x)) in (start..).zip(gs.iter().zip(&v.values()[start..])) {
+                        add(words, g * stride + at, x, v.is_valid(i));
+                    }
                 }
             }
             return Ok(());
@@ -821,6 +826,35 @@ mod tests {
                     assert_eq!(&got, &want, "{what}");
                 }
             }
+        }
+    }
+
+    /// The merge works through its states in runs of TOUCH: the states of more groups than two runs hold (row
+    /// counts 3–4, some values NULL), merged into fewer groups, give what one update of the same rows gives, without
+    /// a pick and with g = 1.
+    #[test]
+    fn the_states_of_many_runs_merge_to_the_same_result() {
+        let (rows, partial) = (8 * TOUCH, 2 * TOUCH + 17);
+        let x = ints(&(0..rows).map(|i| (i % 7 != 3).then_some((i % 11) as i64)).collect::<Vec<_>>());
+        let cells: Vec<i64> = (0..rows as i64).map(|i| i % 3).collect();
+        let p = prio(&cells, &cells.iter().map(|&c| 0.1 + 0.2 * c as f64).collect::<Vec<_>>());
+        // Row i is in group i % partial first, and all the rows of one such group in the same final group.
+        let first: Vec<usize> = (0..rows).map(|i| i % partial).collect();
+        let last = |g: usize| (g * 5) % 41;
+        for pick in [None, Some(1)] {
+            let mut args = vec![Arc::clone(&x), Arc::clone(&x)];
+            if pick.is_some() {
+                args.push(Arc::clone(&p));
+            }
+            let mut one = groups_g(&ALL, 3, pick);
+            one.update_batch(&args, &first.iter().map(|&g| last(g)).collect::<Vec<_>>(), None, 41).unwrap();
+            let mut partials = groups_g(&ALL, 3, pick);
+            partials.update_batch(&args, &first, None, partial).unwrap();
+            let mut merged = groups_g(&ALL, 3, pick);
+            let into: Vec<usize> = (0..partial).map(last).collect();
+            merged.merge_batch(&partials.state(EmitTo::All).unwrap(), &into, 41).unwrap();
+            let (got, want) = (merged.evaluate(EmitTo::All).unwrap(), one.evaluate(EmitTo::All).unwrap());
+            assert_eq!(columns(got), columns(want), "pick {pick:?}");
         }
     }
 
