@@ -1,6 +1,7 @@
 //! `dp_priority(unit, cell)`: a random priority per (unit, cell), for keeping a uniformly random set of at most
 //! `g = max_groups_per_unit` cells per privacy unit — the cells of smallest priority. The priority carries its cell
-//! in its low [`CELL_BITS`] bits, so that the aggregation that keeps cells stores one word per cell, not two.
+//! in its low [`CELL_BITS`] bits, so that the aggregation that keeps cells stores one word per cell, not two, and
+//! leaves [`COUNT_BITS`] zero bits above the cell, where that aggregation can keep a row count in the same word.
 //!
 //! The priority is a keyed hash of the (unit, cell) pair with a key drawn afresh for every query, so all rows of
 //! one unit in one cell share a priority (whatever batch or partition they are in) and a unit's cells are ranked in
@@ -23,11 +24,12 @@ use rand::Rng;
 use std::sync::Arc;
 
 /// `dp_priority(unit, cell)`: a `UInt64` priority for every row, the same for all rows of one (unit, cell) pair:
-/// 44 bits of a hash keyed with 64 bits drawn (from the thread's CSPRNG) when the query is planned, then the cell
-/// in the low [`CELL_BITS`] bits ([`cell_of`] reads it back). For a unit's distinct cells the hash bits behave as
-/// independent uniform draws, so the cell of smallest priority is a uniformly random one of its cells; two cells of
-/// a unit never share a priority (their cells differ), and only when their 44 random bits collide (2^-44 per pair)
-/// does the smaller cell win instead of a fair draw. The key is not shown by EXPLAIN. Privacy does not rest on the
+/// the top [`RANDOM_BITS`] bits of a hash keyed with 64 bits drawn (from the thread's CSPRNG) when the query is
+/// planned, then [`COUNT_BITS`] zero bits, then the cell in the low [`CELL_BITS`] bits ([`cell_of`] reads it back).
+/// For a unit's distinct cells the hash bits behave as independent uniform draws, so the cell of smallest priority
+/// is a uniformly random one of its cells; two cells of a unit never share a priority (their cells differ), and
+/// only when their random bits collide (2^-23 per pair) does the smaller cell win instead of a fair draw: a unit
+/// of c cells keeps a cell other than a fair draw's with probability below c·2^-23 (1 in 170 000 for 50 cells). The key is not shown by EXPLAIN. Privacy does not rest on the
 /// key being secret or the draws being uniform (see the module documentation): only the choice's fairness, an
 /// accuracy property, does. Hashing cannot fail on a value (DataFusion's `create_hashes`, the hash of its own
 /// GROUP BY, accepts every type a unit column can have); the cell is an `Int64` in `0..MAX_CELLS` (checked when
@@ -50,8 +52,15 @@ impl Priority {
 /// Low bits of a priority that hold its cell: enough for every cell index below [`MAX_CELLS`], which is less than
 /// `2^CELL_BITS - 1`, so no priority is `u64::MAX` (a free place in the aggregation).
 pub(crate) const CELL_BITS: u32 = 20;
-const CELL_MASK: u64 = (1 << CELL_BITS) - 1;
+pub(crate) const CELL_MASK: u64 = (1 << CELL_BITS) - 1;
 const _: () = assert!(MAX_CELLS < CELL_MASK);
+/// Zero bits of a priority above its cell: room for a row count of up to `2^COUNT_BITS - 1`, which is more than
+/// any row limit ([`crate::policy::MAX_CONTRIBUTION`]), in the same word (see `clip::packed`).
+pub(crate) const COUNT_BITS: u32 = 21;
+const _: () = assert!(crate::policy::MAX_CONTRIBUTION < (1 << COUNT_BITS) - 1);
+/// Top bits of a priority that are random.
+const RANDOM_BITS: u32 = 64 - COUNT_BITS - CELL_BITS;
+const RANDOM_MASK: u64 = !((1 << (64 - RANDOM_BITS)) - 1);
 
 /// The cell a priority carries.
 pub(crate) fn cell_of(priority: u64) -> i64 {
@@ -91,15 +100,15 @@ impl ScalarUDFImpl for Priority {
     }
 }
 
-/// The priorities of `rows` rows of (unit, cell) `arrays` under `key`: the top 44 bits of the mixed hash, then the
-/// cell.
+/// The priorities of `rows` rows of (unit, cell) `arrays` under `key`: the top [`RANDOM_BITS`] bits of the mixed
+/// hash, zeros, then the cell.
 fn priorities(key: u64, arrays: &[ArrayRef], rows: usize) -> Result<UInt64Array> {
     let [_, cells] = arrays else { return exec_err!("dp_priority takes a unit and a cell") };
     let mut hashes = vec![0u64; rows];
     create_hashes(arrays, &RandomState::with_seed(key), &mut hashes)?;
     let Some(cells) = cells.as_primitive_opt::<Int64Type>() else { return exec_err!("dp_priority: a cell not Int64") };
     let cells = cells.values();
-    let p = hashes.iter().zip(cells).map(|(&h, &c)| (fmix64(h ^ key) & !CELL_MASK) | (c as u64 & CELL_MASK));
+    let p = hashes.iter().zip(cells).map(|(&h, &c)| (fmix64(h ^ key) & RANDOM_MASK) | (c as u64 & CELL_MASK));
     Ok(UInt64Array::from_iter_values(p))
 }
 
@@ -122,6 +131,7 @@ mod tests {
         for units in [ints, strs] {
             let p = priorities(0x5eed, &[Arc::clone(&units), Arc::clone(&cells)], UNITS * 4).unwrap();
             assert!((0..UNITS * 4).all(|r| cell_of(p.value(r)) == (r % 4) as i64), "each priority carries its cell");
+            assert!(p.values().iter().all(|&v| (v >> CELL_BITS) & ((1 << COUNT_BITS) - 1) == 0), "room for a count");
             let mut picked = [0usize; 4];
             for u in 0..UNITS {
                 let row = |c: usize| p.value(4 * u + c);

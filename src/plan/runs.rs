@@ -851,7 +851,7 @@ mod tests {
     type Row = (i64, i64, Option<f64>);
 
     /// Rows in unit order: unit u has 1 + u % 5 rows (k = 2 clips many), its rows in up to three cells (key
-    /// `(u + row) % 3`), x NULL on every seventh row.
+    /// `(u + row) % 3`), x NULL on every seventh row. (The table adds a key of one cell per unit, `j = u % 3`.)
     fn people(units: i64) -> Vec<Row> {
         let mut rows = vec![];
         for u in 0..units {
@@ -871,6 +871,7 @@ mod tests {
             Field::new("pid", unit_type, false),
             Field::new("k", DataType::Int64, false),
             Field::new("x", DataType::Float64, true),
+            Field::new("j", DataType::Int64, false),
         ]));
         let batches = |rows: &Vec<Row>| -> Vec<RecordBatch> {
             rows.chunks(7)
@@ -883,7 +884,8 @@ mod tests {
                     };
                     let k = Arc::new(Int64Array::from_iter_values(c.iter().map(|r| r.1)));
                     let x = Arc::new(Float64Array::from_iter(c.iter().map(|r| r.2)));
-                    RecordBatch::try_new(Arc::clone(&schema), vec![pid, k, x]).unwrap()
+                    let j = Arc::new(Int64Array::from_iter_values(c.iter().map(|r| r.0 % 3)));
+                    RecordBatch::try_new(Arc::clone(&schema), vec![pid, k, x, j]).unwrap()
                 })
                 .collect()
         };
@@ -892,6 +894,7 @@ mod tests {
         ctx.register_table("t", Arc::new(table)).unwrap();
         let cols = BTreeMap::from([
             ("k".to_string(), ColumnPolicy::Domain((0..3).map(DomainValue::Int).collect())),
+            ("j".to_string(), ColumnPolicy::Domain((0..3).map(DomainValue::Int).collect())),
             ("x".to_string(), ColumnPolicy::Bounds { lo: 0.0, hi: 60.0 }),
         ]);
         let policy = TablePolicy::with_unit("pid", 2, g, cols).unwrap();
@@ -918,6 +921,8 @@ mod tests {
 
     const BY_KEY: &str = "SELECT k, COUNT(*), COUNT(x), SUM(x) FROM t GROUP BY k";
     const TOTAL: &str = "SELECT COUNT(*), COUNT(x), SUM(x) FROM t";
+    /// Picked (3 cells, g = 1), but each unit has one cell: the pick is the same in the pass and the hash plan.
+    const PICKED: &str = "SELECT j, COUNT(*) FROM t GROUP BY j";
 
     /// The same rows, clustered or not, in any partitioning, give exactly the same exact aggregates; the pass runs
     /// only when the rows are verified clustered (a unit split across partitions included), else the hash plan.
@@ -939,7 +944,7 @@ mod tests {
             if r.0 < 100 || (r.0 < 150 && first_of_unit) { a.push(*r) } else { b.push(*r) }
         }
         let overlapping = vec![a, b];
-        for (sql, g) in [(BY_KEY, 3), (TOTAL, 1)] {
+        for (sql, g) in [(BY_KEY, 3), (TOTAL, 1), (PICKED, 1)] {
             let (want, fell) = run(&clustered, false, g, sql).await;
             assert_eq!(fell, 0, "{sql}: clustered input takes the pass");
             for (name, parts) in [("spread", &spread), ("overlapping", &overlapping)] {
@@ -954,6 +959,14 @@ mod tests {
         let (total, _) = run(&clustered, false, 1, "SELECT COUNT(*) FROM t").await;
         let expected: i64 = (0..300).map(|u| (1 + u % 5).min(2)).sum();
         assert!(total.iter().any(|l| l.contains(&format!("| {expected} "))), "{total:?} lacks {expected}");
+        // And per cell of a pick of one, spread (the hash plan, with one word per unit: `clip::packed`).
+        let (by_j, _) = run(&spread, false, 1, PICKED).await;
+        let fields = |l: &String| l.split('|').map(|f| f.trim().to_string()).filter(|f| !f.is_empty()).collect();
+        let by_j: Vec<Vec<String>> = by_j.iter().map(fields).collect();
+        for j in 0..3 {
+            let expected: i64 = (0..300).filter(|u| u % 3 == j).map(|u| (1 + u % 5).min(2)).sum();
+            assert!(by_j.contains(&vec![j.to_string(), expected.to_string()]), "{by_j:?} lacks {j}: {expected}");
+        }
     }
 
     fn part(first: i64, last: Option<i64>, rows_n: i64) -> Part {
