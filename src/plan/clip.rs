@@ -538,33 +538,30 @@ impl GroupsAccumulator for ClippedGroups {
             return exec_err!("dp_clipped: {} state columns instead of {}", states.len(), per_slot * self.slots);
         }
         self.grow(total);
-        if !self.picked {
-            // Every state counts: in runs of RUN states, the row counts added in a loop short enough to keep many
-            // groups' misses in flight (asking for them ahead measured no faster), then each value column in its
-            // own loop, which finds them in cache (no placement first).
-            let (words, stride) = (&mut self.words[..], self.stride);
+        if self.slots == 1 {
+            // One sub-slot per group (no pick, or g = 1): no placement vector.
             let n = states[N].as_primitive::<Int64Type>().values();
             let vs: Vec<(usize, &Int64Array)> =
-                self.v_at.iter().flatten().zip(&states[1..]).map(|(&at, c)| (at, c.as_primitive())).collect();
-            for (run, gs) in groups.chunks(RUN).enumerate() {
-                let start = run * RUN;
-                for (&g, &n) in gs.iter().zip(&n[start..]) {
-                    words[g * stride + N] += n as u64;
-                }
-                for &(at, v) in &vs {
-                    for (i, (&g, &x)) in (start..).zip(gs.iter().zip(&v.values()[start..])) {
-                        add(words, g * stride + at, x, v.is_valid(i));
+                self.v_at.iter().flatten().zip(&states[first_v..]).map(|(&at, c)| (at, c.as_primitive())).collect();
+            let Some(p) = self.picked.then(|| states[P].as_primitive::<UInt64Type>().values()) else {
+                // Every state counts: in runs of RUN states, the row counts added in a loop short enough to keep
+                // many groups' misses in flight (asking for them ahead measured no faster), then each value column
+                // in its own loop, which finds them in cache.
+                let (words, stride) = (&mut self.words[..], self.stride);
+                for (run, gs) in groups.chunks(RUN).enumerate() {
+                    let start = run * RUN;
+                    for (&g, &n) in gs.iter().zip(&n[start..]) {
+                        words[g * stride + N] += n as u64;
+                    }
+                    for &(at, v) in &vs {
+                        for (i, (&g, &x)) in (start..).zip(gs.iter().zip(&v.values()[start..])) {
+                            add(words, g * stride + at, x, v.is_valid(i));
+                        }
                     }
                 }
-            }
-            return Ok(());
-        }
-        if self.slots == 1 {
-            // g = 1: each state admitted and added in one pass that asks for the groups ahead; no placement vector.
-            let (p, n) =
-                (states[P].as_primitive::<UInt64Type>().values(), states[N].as_primitive::<Int64Type>().values());
-            let vs: Vec<(usize, &Int64Array)> =
-                self.v_at.iter().flatten().zip(&states[first_v..]).map(|(&at, c)| (at, c.as_primitive())).collect();
+                return Ok(());
+            };
+            // g = 1: each state admitted and added in one pass that asks for the groups ahead.
             for (i, &g) in groups.iter().enumerate() {
                 prefetch_ahead(&self.words, groups, i, self.stride);
                 self.admit(g, p[i]);

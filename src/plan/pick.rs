@@ -29,11 +29,12 @@ use std::sync::Arc;
 /// For a unit's distinct cells the hash bits behave as independent uniform draws, so the cell of smallest priority
 /// is a uniformly random one of its cells; two cells of a unit never share a priority (their cells differ), and
 /// only when their random bits collide (2^-23 per pair) does the smaller cell win instead of a fair draw: a unit
-/// of c cells keeps a cell other than a fair draw's with probability below c·2^-23 (1 in 170 000 for 50 cells). The key is not shown by EXPLAIN. Privacy does not rest on the
-/// key being secret or the draws being uniform (see the module documentation): only the choice's fairness, an
-/// accuracy property, does. Hashing cannot fail on a value (DataFusion's `create_hashes`, the hash of its own
-/// GROUP BY, accepts every type a unit column can have); the cell is an `Int64` in `0..MAX_CELLS` (checked when
-/// planned, for the type; by the refusal of larger GROUP BYs, for the range).
+/// of c cells keeps a cell other than a fair draw's with probability below c·2^-23 (1 in 170 000 for 50 cells).
+/// The key is not shown by EXPLAIN. Privacy does not rest on the key being secret or the draws being uniform (see
+/// the module documentation): only the choice's fairness, an accuracy property, does. Hashing cannot fail on a
+/// value (DataFusion's `create_hashes`, the hash of its own GROUP BY, accepts every type a unit column can have);
+/// the cell is an `Int64` in `0..MAX_CELLS` (checked when planned, for the type; by the refusal of larger GROUP
+/// BYs, for the range).
 #[derive(Debug, PartialEq, Eq, Hash)]
 pub(crate) struct Priority {
     key: u64,
@@ -52,7 +53,7 @@ impl Priority {
 /// Low bits of a priority that hold its cell: enough for every cell index below [`MAX_CELLS`], which is less than
 /// `2^CELL_BITS - 1`, so no priority is `u64::MAX` (a free place in the aggregation).
 pub(crate) const CELL_BITS: u32 = 20;
-pub(crate) const CELL_MASK: u64 = (1 << CELL_BITS) - 1;
+const CELL_MASK: u64 = (1 << CELL_BITS) - 1;
 const _: () = assert!(MAX_CELLS < CELL_MASK);
 /// Zero bits of a priority above its cell: room for a row count of up to `2^COUNT_BITS - 1`, which is more than
 /// any row limit ([`crate::policy::MAX_CONTRIBUTION`]), in the same word (see `clip::packed`).
