@@ -10,7 +10,8 @@
 //! bounding gives every row the priority of its (unit, cell) (`dp_priority`: a keyed hash, with the cell in its low
 //! bits), so that these are the unit's rows in `g` of its cells chosen uniformly at random
 //! (`g = max_groups_per_unit`). With `g = 1` and only COUNT(*) measurements, a unit's priority and row count share
-//! one word (`packed`, in bits `dp_priority` leaves zero).
+//! one word (`packed`, in bits `dp_priority` leaves zero); without a pick and with one measurement that reads
+//! values, its row count and value do (`one_value`).
 //!
 //! # Why it is safe
 //! * **Sensitivity.** Under add/remove of one privacy unit (all its rows), the unit's group changes only its own
@@ -25,7 +26,7 @@
 //!   non-NULL value stays NULL, as SUM does. Nothing here can fail on any value, which the plan-safety check
 //!   ([`super::safety`]) requires of every expression in a private plan.
 
-use crate::plan::exact_sum::{decimal, each_grid_value};
+use crate::plan::exact_sum::{decimal, dense_grid_values, each_grid_value};
 use crate::plan::int64_null_where;
 use crate::plan::pick::cell_of;
 use crate::plan::runs::RowValue;
@@ -41,9 +42,11 @@ use datafusion::logical_expr::utils::format_state_name;
 use datafusion::logical_expr::{
     Accumulator, AggregateUDF, AggregateUDFImpl, EmitTo, Expr, GroupsAccumulator, Signature, Volatility, lit,
 };
+use one_value::OneValue;
 use packed::PickedCounts;
 use std::sync::Arc;
 
+mod one_value;
 mod packed;
 
 /// The clipping rule of one measurement.
@@ -215,6 +218,9 @@ impl AggregateUDFImpl for Clipped {
         if PickedCounts::fits(self) {
             return Ok(Box::new(PickedCounts::new(self)));
         }
+        if let Some(one) = OneValue::new(self) {
+            return Ok(Box::new(one));
+        }
         Ok(Box::new(ClippedGroups::new(self)))
     }
 }
@@ -231,7 +237,7 @@ const UNSEEN: i64 = i64::MIN;
 /// grid units, see [`super::exact_sum`]), below 2^63 for fewer than 2^42 rows. A unit with more rows than that in one
 /// cell saturates instead of wrapping around, and is then over the row limit (k ≤ 2^20), so its contribution is
 /// still clamped to `[k·lo, k·hi]`: the bound holds for any input. One word instead of an i128 keeps a group's
-/// slot small (16 bytes for a SUM without a pick), and the aggregation by unit is bound by the memory its slots
+/// slot small (24 bytes for a COUNT(*) and a SUM with a pick), and the aggregation by unit is bound by the memory its slots
 /// take.
 #[derive(Debug)]
 struct ClippedGroups {
@@ -629,10 +635,7 @@ impl GroupsAccumulator for ClippedGroups {
     /// and the priority of a free sub-slot, so it never takes one. Further sub-slots are free.
     fn convert_to_state(&self, values: &[ArrayRef], filter: Option<&BooleanArray>) -> Result<Vec<ArrayRef>> {
         let rows = values.first().map_or(0, |v| v.len());
-        let mut cols: Vec<ArrayRef> = vec![match filter {
-            None => Arc::new(Int64Array::from_value(1, rows)),
-            Some(_) => Arc::new(Int64Array::from_iter_values((0..rows).map(|i| i64::from(kept(filter, i))))),
-        }];
+        let mut cols: Vec<ArrayRef> = vec![row_counts(rows, filter)];
         if let Some(p) = self.pick_arg(values)? {
             // Without a filter the argument is the state's column as it is (no copy).
             cols.push(match filter {
@@ -652,9 +655,7 @@ impl GroupsAccumulator for ClippedGroups {
             }
             let Some(x) = values.get(arg) else { return exec_err!("dp_clipped: missing argument {arg}") };
             arg += 1;
-            let mut v = vec![if matches!(value, RowValue::Sum(_)) { UNSEEN } else { 0 }; rows];
-            each_value(*value, x, filter, |i, x| v[i] = x)?;
-            cols.push(int64_null_where(v, UNSEEN));
+            cols.push(row_values(*value, x, filter)?);
         }
         if self.slots > 1 {
             let free = vec![0u64; rows * self.stride];
@@ -672,6 +673,27 @@ impl GroupsAccumulator for ClippedGroups {
     fn size(&self) -> usize {
         self.words.capacity() * 8
     }
+}
+
+/// The row count of each row as its own state: 1, or 0 where the filter drops it.
+fn row_counts(rows: usize, filter: Option<&BooleanArray>) -> ArrayRef {
+    match filter {
+        None => Arc::new(Int64Array::from_value(1, rows)),
+        Some(_) => Arc::new(Int64Array::from_iter_values((0..rows).map(|i| i64::from(kept(filter, i))))),
+    }
+}
+
+/// The `v` of each row of `x` as its own state: its value (1 for a COUNT(column)), NULL for a sum's row without
+/// one, 0 for a COUNT(column)'s.
+fn row_values(value: RowValue, x: &ArrayRef, filter: Option<&BooleanArray>) -> Result<ArrayRef> {
+    if let (RowValue::Sum(grid), None) = (value, filter)
+        && let Some(v) = dense_grid_values(grid, x)?
+    {
+        return Ok(Arc::new(Int64Array::from(v)));
+    }
+    let mut v = vec![if matches!(value, RowValue::Sum(_)) { UNSEEN } else { 0 }; x.len()];
+    each_value(value, x, filter, |i, x| v[i] = x)?;
+    Ok(int64_null_where(v, UNSEEN))
 }
 
 fn saturate(v: i128) -> i64 {

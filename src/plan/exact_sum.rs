@@ -126,6 +126,23 @@ impl Conv {
         Ok(())
     }
 
+    /// `Some(grid value of every row)` of a batch without NULLs (a loop that vectorises); `None` when it has NULLs.
+    fn dense_values(&self, values: &ArrayRef) -> Result<Option<Vec<i64>>> {
+        if values.logical_null_count() > 0 {
+            return Ok(None);
+        }
+        Ok(Some(match (*self, values.data_type()) {
+            (Conv::Int(lo, hi), DataType::Int64) => {
+                values.as_primitive::<Int64Type>().values().iter().map(|v| (*v).clamp(lo, hi)).collect()
+            }
+            (Conv::Float(lo, hi, scale), DataType::Float64) => {
+                let a = values.as_primitive::<Float64Type>().values();
+                a.iter().map(|&v| float_grid(v, lo, hi, scale) as i64).collect()
+            }
+            (_, dt) => return exec_err!("dp_bounded_sum: unexpected input type {dt}"),
+        }))
+    }
+
     /// `Some(exact sum)` of a batch without NULLs (the vectorised path); `None` when it has NULLs.
     fn dense_sum(&self, values: &ArrayRef) -> Result<Option<i128>> {
         if values.logical_null_count() > 0 {
@@ -184,6 +201,12 @@ pub(crate) fn each_grid_value(
     f: impl FnMut(usize, i64),
 ) -> Result<()> {
     Conv::of(grid).each(values, filter, f)
+}
+
+/// `Some(grid value of every row)` of `values` when none is NULL, with exactly the conversion of
+/// [`each_grid_value`]; `None` when some are.
+pub(crate) fn dense_grid_values(grid: Grid, values: &ArrayRef) -> Result<Option<Vec<i64>>> {
+    Conv::of(grid).dense_values(values)
 }
 
 impl AggregateUDFImpl for BoundedSum {
@@ -392,6 +415,29 @@ mod tests {
         let ints: Vec<i64> = (0..n as i64).map(|i| (i * 7919) % 2001 - 1000).collect();
         let slow: i128 = ints.iter().map(|&v| v.clamp(-300, 700) as i128).sum();
         assert_eq!(dense_int_sum(&ints, -300, 700), slow);
+    }
+
+    /// The dense conversion of a batch without NULLs gives each row what the row-by-row one gives (NaN, ±∞,
+    /// values out of bounds, ties), and declines a batch with a NULL.
+    #[test]
+    fn dense_grid_values_equal_row_by_row_ones() {
+        let row_by_row = |grid: Grid, v: &ArrayRef| {
+            let mut out = vec![];
+            each_grid_value(grid, v, None, |_, x| out.push(x)).unwrap();
+            out
+        };
+        let floats = [1.25, -7.0, f64::NAN, f64::INFINITY, f64::NEG_INFINITY, 0.3, 0.375, -0.125, 2.0];
+        let ints = [i64::MIN, -3, 0, 3, 11, i64::MAX];
+        let batches: [(Grid, ArrayRef); 2] = [
+            (BoundedSum::float(-1.0, 2.0, 4.0).grid, Arc::new(Float64Array::from(floats.to_vec()))),
+            (BoundedSum::int(-2, 10).grid, Arc::new(Int64Array::from(ints.to_vec()))),
+        ];
+        for (grid, v) in batches {
+            let dense = dense_grid_values(grid, &v).unwrap();
+            assert_eq!(dense.as_deref(), Some(&row_by_row(grid, &v)[..]), "{grid:?}");
+        }
+        let with_null: ArrayRef = Arc::new(Int64Array::from(vec![Some(1), None]));
+        assert_eq!(dense_grid_values(BoundedSum::int(0, 1).grid, &with_null).unwrap(), None);
     }
 
     fn groups_sum(g: BoundedSum, v: ArrayRef, groups: &[usize], filter: Option<&BooleanArray>) -> Decimal128Array {

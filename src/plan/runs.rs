@@ -921,6 +921,8 @@ mod tests {
 
     const BY_KEY: &str = "SELECT k, COUNT(*), COUNT(x), SUM(x) FROM t GROUP BY k";
     const TOTAL: &str = "SELECT COUNT(*), COUNT(x), SUM(x) FROM t";
+    /// One measurement that reads values (a unit's row count and sum in one word in the hash plan).
+    const SUMMED: &str = "SELECT COUNT(*), SUM(x) FROM t";
     /// Picked (3 cells, g = 1), but each unit has one cell: the pick is the same in the pass and the hash plan.
     const PICKED: &str = "SELECT j, COUNT(*) FROM t GROUP BY j";
 
@@ -944,7 +946,7 @@ mod tests {
             if r.0 < 100 || (r.0 < 150 && first_of_unit) { a.push(*r) } else { b.push(*r) }
         }
         let overlapping = vec![a, b];
-        for (sql, g) in [(BY_KEY, 3), (TOTAL, 1), (PICKED, 1)] {
+        for (sql, g) in [(BY_KEY, 3), (TOTAL, 1), (SUMMED, 1), (PICKED, 1)] {
             let (want, fell) = run(&clustered, false, g, sql).await;
             assert_eq!(fell, 0, "{sql}: clustered input takes the pass");
             for (name, parts) in [("spread", &spread), ("overlapping", &overlapping)] {
