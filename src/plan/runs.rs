@@ -32,7 +32,7 @@
 use crate::plan::bound::{Clip as ClipKind, UNIT};
 use crate::plan::cells::CELL;
 use crate::plan::clip::{self, Clip};
-use crate::plan::exact_sum::{BoundedSum, Grid};
+use crate::plan::exact_sum::{BoundedSum, Grid, dense_grid_values};
 use datafusion::arrow::array::{Array, ArrayRef, AsArray, Decimal128Array, Int64Array, RecordBatch};
 use datafusion::arrow::compute::cast;
 use datafusion::arrow::datatypes::{DataType, Int64Type, SchemaRef};
@@ -688,11 +688,13 @@ fn add_values(rows: &mut UnitRows, e: usize, m: usize, prefix: &[Prefix], range:
 /// them has a value, cost O(1) whatever the run's length: `sum[r]` is the sum of rows `0..r`, wrapping around, and
 /// `count[r]` how many of them have a value. The wrapping cancels in a difference: a run's sum is exact whenever
 /// the true sum fits an i64, as it does for any run of fewer than 2^42 rows (a row gives at most 2^21 grid units,
-/// see [`super::exact_sum`]). Both empty for COUNT(*), which reads no value.
+/// see [`super::exact_sum`]). Both empty for COUNT(*), which reads no value; `count` also empty when every row has
+/// a value (`dense`: a sum's batch without NULLs, converted in a loop that vectorises).
 #[derive(Clone, Debug, Default)]
 struct Prefix {
     sum: Vec<i64>,
     count: Vec<usize>,
+    dense: bool,
 }
 
 impl Prefix {
@@ -700,7 +702,19 @@ impl Prefix {
     fn fill(&mut self, value: RowValue, col: Option<&ArrayRef>, len: usize) -> Result<()> {
         self.sum.clear();
         self.count.clear();
+        self.dense = false;
         let Some(col) = col else { return Ok(()) };
+        if let RowValue::Sum(grid) = value
+            && let Some(values) = dense_grid_values(grid, col)?
+        {
+            self.sum.push(0);
+            self.sum.extend(values.iter().scan(0i64, |s, &x| {
+                *s = s.wrapping_add(x);
+                Some(*s)
+            }));
+            self.dense = true;
+            return Ok(());
+        }
         self.sum.resize(len + 1, 0);
         self.count.resize(len + 1, 0);
         let (sum, count) = (&mut self.sum, &mut self.count);
@@ -718,6 +732,12 @@ impl Prefix {
     /// The sum of rows `range`, and whether any of them has a value ((0, false) without values).
     fn run(&self, range: std::ops::Range<usize>) -> (i128, bool) {
         let (s, c) = (&self.sum, &self.count);
+        if self.dense {
+            return match (s.get(range.start), s.get(range.end)) {
+                (Some(a), Some(b)) => (i128::from(b.wrapping_sub(*a)), range.end > range.start),
+                _ => (0, false),
+            };
+        }
         match (s.get(range.start), s.get(range.end), c.get(range.start), c.get(range.end)) {
             (Some(a), Some(b), Some(m), Some(n)) => (i128::from(b.wrapping_sub(*a)), n > m),
             _ => (0, false),
