@@ -237,8 +237,8 @@ const UNSEEN: i64 = i64::MIN;
 /// grid units, see [`super::exact_sum`]), below 2^63 for fewer than 2^42 rows. A unit with more rows than that in one
 /// cell saturates instead of wrapping around, and is then over the row limit (k ≤ 2^20), so its contribution is
 /// still clamped to `[k·lo, k·hi]`: the bound holds for any input. One word instead of an i128 keeps a group's
-/// slot small (24 bytes for a COUNT(*) and a SUM with a pick), and the aggregation by unit is bound by the memory its slots
-/// take.
+/// slot small (24 bytes for a COUNT(*) and a SUM with a pick), and the aggregation by unit is bound by the memory
+/// its slots take.
 #[derive(Debug)]
 struct ClippedGroups {
     measures: Vec<(RowValue, Clip)>,

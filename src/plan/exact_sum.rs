@@ -42,28 +42,32 @@ pub(crate) enum Grid {
 /// addition rounds x to the nearest integer (ties to even, the IEEE default) and subtracting it back is exact.
 const ROUND_MAGIC: f64 = 6_755_399_441_055_744.0;
 
-/// The grid value of one float as an integral f64: NaN takes the upper bound (Arrow orders NaN above every
-/// number), the value is clamped to [lo, hi], scaled by the power of two `scale` (exact) and rounded to the nearest
-/// integer, ties to even (exact for |x| < 2^51; here |x| ≤ 2^22). Branch-free, so a loop over it vectorises: the
-/// fractional parts of real data are coin flips for a branch predictor.
+/// One float clamped to [lo, hi], scaled by the power of two `scale` (exact) and added to ROUND_MAGIC, which rounds
+/// it to the nearest integer, ties to even (exact for |x| < 2^51; here |x| ≤ 2^22). NaN takes the upper bound
+/// (Arrow orders NaN above every number). Branch-free, so a loop over it vectorises: the fractional parts of real
+/// data are coin flips for a branch predictor.
 #[inline(always)]
-fn float_grid(v: f64, lo: f64, hi: f64, scale: f64) -> f64 {
+fn rounded_plus_magic(v: f64, lo: f64, hi: f64, scale: f64) -> f64 {
     // Two selects in the exact shape of the x86 min/max instructions (`a < b ? a : b`), so they compile to one
     // minpd and one maxpd per two values: a NaN fails `v < hi` and takes `hi`; a value equal to a bound takes the
     // bound (the same number). (f64::min/max would need extra NaN handling on every value.)
     let c = if v < hi { v } else { hi };
     let c = if c > lo { c } else { lo };
-    (c * scale + ROUND_MAGIC) - ROUND_MAGIC
+    c * scale + ROUND_MAGIC
 }
 
-/// [`float_grid`] as an i64, read from the bits of the rounded sum rather than converted: doubles in [2^52, 2^53)
-/// are `ROUND_MAGIC + k` with `k` in their low bits, for every integer `|k| < 2^51`, so one integer subtraction
-/// gives `k` exactly. (A float-to-integer conversion does not vectorise on x86-64 without AVX-512; this does.)
+/// The grid value of one float as an integral f64 (see [`rounded_plus_magic`]); subtracting ROUND_MAGIC is exact.
+#[inline(always)]
+fn float_grid(v: f64, lo: f64, hi: f64, scale: f64) -> f64 {
+    rounded_plus_magic(v, lo, hi, scale) - ROUND_MAGIC
+}
+
+/// [`float_grid`] as an i64, read from the bits rather than converted: doubles in [2^52, 2^53) are
+/// `ROUND_MAGIC + k` with `k` in their low bits, for every integer `|k| < 2^51`, so one integer subtraction gives
+/// `k` exactly. (A float-to-integer conversion does not vectorise on x86-64 without AVX-512; this does.)
 #[inline(always)]
 fn float_grid_int(v: f64, lo: f64, hi: f64, scale: f64) -> i64 {
-    let c = if v < hi { v } else { hi };
-    let c = if c > lo { c } else { lo };
-    (c * scale + ROUND_MAGIC).to_bits() as i64 - ROUND_MAGIC.to_bits() as i64
+    rounded_plus_magic(v, lo, hi, scale).to_bits() as i64 - ROUND_MAGIC.to_bits() as i64
 }
 
 /// Rows per exact partial sum: 2^20 values of magnitude ≤ 2^22 sum to at most 2^42, exact in an f64 (< 2^53)
