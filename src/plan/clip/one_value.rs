@@ -11,7 +11,7 @@
 //! as does any state too large for a word. Only units with about 2^19 rows or more ever reach the side table, and
 //! the result is the general accumulator's for every input. Nothing here can fail on a value.
 
-use super::{Clip, Clipped, UNSEEN, each_value, kept, prefetch_ahead, saturate};
+use super::{Clip, Clipped, UNSEEN, prefetch_ahead, saturate};
 use crate::plan::exact_sum::decimal;
 use crate::plan::int64_null_where;
 use crate::plan::runs::RowValue;
@@ -147,12 +147,9 @@ impl GroupsAccumulator for OneValue {
         filter: Option<&BooleanArray>,
         total: usize,
     ) -> Result<()> {
-        let [x] = values else { return exec_err!("dp_clipped: {} arguments instead of 1", values.len()) };
-        // Per row: one row if it counts, plus its value if it has one.
-        let mut rows: Vec<(u64, i64, bool)> = (0..x.len()).map(|i| (u64::from(kept(filter, i)), 0, false)).collect();
-        each_value(self.value.1, x, filter, |i, v| rows[i] = (1, v, true))?;
-        self.add_all(groups, rows.into_iter(), total);
-        Ok(())
+        // Each row as its own state (one row if it counts, its value if it has one), merged.
+        let rows = self.convert_to_state(values, filter)?;
+        self.merge_batch(&rows, groups, total)
     }
 
     fn merge_batch(&mut self, states: &[ArrayRef], groups: &[usize], total: usize) -> Result<()> {
