@@ -689,12 +689,11 @@ fn add_values(rows: &mut UnitRows, e: usize, m: usize, prefix: &[Prefix], range:
 /// `count[r]` how many of them have a value. The wrapping cancels in a difference: a run's sum is exact whenever
 /// the true sum fits an i64, as it does for any run of fewer than 2^42 rows (a row gives at most 2^21 grid units,
 /// see [`super::exact_sum`]). Both empty for COUNT(*), which reads no value; `count` also empty when every row has
-/// a value (`dense`: a sum's batch without NULLs, converted in a loop that vectorises).
+/// a value (a sum's batch without NULLs, converted in a loop that vectorises).
 #[derive(Clone, Debug, Default)]
 struct Prefix {
     sum: Vec<i64>,
     count: Vec<usize>,
-    dense: bool,
 }
 
 impl Prefix {
@@ -702,7 +701,6 @@ impl Prefix {
     fn fill(&mut self, value: RowValue, col: Option<&ArrayRef>, len: usize) -> Result<()> {
         self.sum.clear();
         self.count.clear();
-        self.dense = false;
         let Some(col) = col else { return Ok(()) };
         if let RowValue::Sum(grid) = value
             && let Some(values) = dense_grid_values(grid, col)?
@@ -712,7 +710,6 @@ impl Prefix {
                 *s = s.wrapping_add(x);
                 Some(*s)
             }));
-            self.dense = true;
             return Ok(());
         }
         self.sum.resize(len + 1, 0);
@@ -732,7 +729,8 @@ impl Prefix {
     /// The sum of rows `range`, and whether any of them has a value ((0, false) without values).
     fn run(&self, range: std::ops::Range<usize>) -> (i128, bool) {
         let (s, c) = (&self.sum, &self.count);
-        if self.dense {
+        if c.is_empty() {
+            // Every row has a value (or, both empty, none reads one).
             return match (s.get(range.start), s.get(range.end)) {
                 (Some(a), Some(b)) => (i128::from(b.wrapping_sub(*a)), range.end > range.start),
                 _ => (0, false),
