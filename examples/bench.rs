@@ -332,11 +332,15 @@ async fn bench_sql(data: &Path, reps: usize, sel: &Select) -> Res<()> {
                 None => {}
             }
             // Plain, dpfusion, then at person level the plain query reading the unit and the floor: a warm-up of
-            // each, then alternating, so that a slow spell of the machine falls on all of them.
+            // each, then one repetition of all of them after the other, so that a slow spell of the machine falls
+            // on all of them. The order rotates from one repetition to the next, so that no query always runs
+            // after the same one (right after a query that freed much memory, say).
             let queries: &[&str] = if person { &[sql, sql, reading_unit, per_person] } else { &[sql, sql] };
             let mut runs: Vec<Vec<Took>> = vec![vec![]; queries.len()];
             for rep in 0..=reps {
-                for (i, q) in queries.iter().enumerate() {
+                for k in 0..queries.len() {
+                    let i = (k + rep) % queries.len();
+                    let q = queries[i];
                     let took = if i == 1 { time_dp(&s, q).await? } else { time_plain(&ctx, q).await? };
                     if rep > 0 {
                         runs[i].push(took);
@@ -344,28 +348,25 @@ async fn bench_sql(data: &Path, reps: usize, sel: &Select) -> Res<()> {
                 }
             }
             let m: Vec<Took> = runs.iter().map(|r| summary(r)).collect();
-            let (plain, dp) = (m[0], m[1]);
+            // The ratio of dpfusion to a query: the median of the repetitions' ratios (each pair ran back to
+            // back, so a slow spell slows both), which moves less from run to run than a ratio of medians.
+            let ratio = |j: usize| median(runs[1].iter().zip(&runs[j]).map(|(d, o)| d.wall / o.wall).collect());
             let (unit, by_person) = match m.get(2..4) {
                 Some(&[read, floor]) => (
                     "person_id, ≤5 rows",
                     format!(
                         "{:.3} | {:.2} | {:.3} | {:.2} | {:.2}",
                         read.wall,
-                        dp.wall / read.wall,
+                        ratio(2),
                         floor.wall,
-                        dp.wall / floor.wall,
-                        dp.cpu / floor.cpu
+                        ratio(3),
+                        m[1].cpu / floor.cpu
                     ),
                 ),
                 // Row-level queries take a few ticks of CPU time: too few to compare.
                 _ => ("row", "– | – | – | – | –".to_string()),
             };
-            println!(
-                "| {name} | {unit} | {:.3} | {:.3} | {:.2} | {by_person} |",
-                plain.wall,
-                dp.wall,
-                dp.wall / plain.wall
-            );
+            println!("| {name} | {unit} | {:.3} | {:.3} | {:.2} | {by_person} |", m[0].wall, m[1].wall, ratio(0));
         }
     }
     Ok(())

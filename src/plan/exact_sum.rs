@@ -10,9 +10,10 @@
 //!   above every number) and ±∞ to the nearest bound. This is the per-row bound the sensitivities assume.
 //! * **No data-dependent failure.** With at most 2^21 per row, an `i128` needs more than 2^100 rows to overflow,
 //!   and `DECIMAL(38, 0)` holds the result; nothing here can return an error that depends on a value.
-//! * **Exactness.** Multiplying by a power of two is exact in binary floating point, the rounding to the nearest
-//!   integer (ties to even) is exact for |x| < 2^51, and the sums of integers are exact (in f64 lanes over chunks
-//!   small enough that no partial sum reaches 2^53, then in i128). Same values in, same integer out, in any order: partial sums merge exactly.
+//! * **Exactness.** A clamped value is rounded onto the grid 2^-s (to the nearest step, ties to even) by one
+//!   exact floating-point addition and its grid integer read from the bits ([`grid_magic`]); the sums of these
+//!   integers are exact (in i64 lanes over chunks small enough that no partial sum reaches 2^63, then in i128).
+//!   Same values in, same integer out, in any order: partial sums merge exactly.
 
 use datafusion::arrow::array::{Array, ArrayRef, AsArray, BooleanArray, Decimal128Array};
 use datafusion::arrow::buffer::NullBuffer;
@@ -39,57 +40,54 @@ pub(crate) enum Grid {
 }
 
 /// 1.5·2^52: adding it to |x| < 2^51 lands in [2^52, 2^53), where doubles are exactly the integers, so the
-/// addition rounds x to the nearest integer (ties to even, the IEEE default) and subtracting it back is exact.
+/// addition rounds x to the nearest integer (ties to even, the IEEE default).
 const ROUND_MAGIC: f64 = 6_755_399_441_055_744.0;
 
-/// One float clamped to [lo, hi], scaled by the power of two `scale` (exact) and added to ROUND_MAGIC, which rounds
-/// it to the nearest integer, ties to even (exact for |x| < 2^51; here |x| ≤ 2^22). NaN takes the upper bound
-/// (Arrow orders NaN above every number). Branch-free, so a loop over it vectorises: the fractional parts of real
-/// data are coin flips for a branch predictor.
+/// The rounding constant of the grid 2^-s (`scale` = 2^s, s in [-40, 20] by [`super::bound::grid_bits`]):
+/// `ROUND_MAGIC / scale` = 1.5·2^(52−s), exact, a normal double. Doubles in [2^(52−s), 2^(53−s)) are exactly the
+/// multiples of 2^-s, so adding it to a clamped value c (|c·2^s| ≤ 2^22) rounds c to the grid, ties to even, and
+/// the sum is `magic + k·2^-s` with `k = round(c·2^s)`: within one binade consecutive doubles have consecutive bit
+/// patterns, so its bits are `bits(magic) + k`. One addition puts a value on the grid, no multiplication.
+fn grid_magic(scale: f64) -> f64 {
+    ROUND_MAGIC / scale
+}
+
+/// One float clamped to [lo, hi] plus the grid's `magic` ([`grid_magic`]): rounded onto the grid. NaN takes the
+/// upper bound (Arrow orders NaN above every number). Branch-free, so a loop over it vectorises: the fractional
+/// parts of real data are coin flips for a branch predictor.
 #[inline(always)]
-fn rounded_plus_magic(v: f64, lo: f64, hi: f64, scale: f64) -> f64 {
+fn on_grid(v: f64, lo: f64, hi: f64, magic: f64) -> f64 {
     // Two selects in the exact shape of the x86 min/max instructions (`a < b ? a : b`), so they compile to one
     // minpd and one maxpd per two values: a NaN fails `v < hi` and takes `hi`; a value equal to a bound takes the
     // bound (the same number). (f64::min/max would need extra NaN handling on every value.)
     let c = if v < hi { v } else { hi };
     let c = if c > lo { c } else { lo };
-    c * scale + ROUND_MAGIC
+    c + magic
 }
 
-/// The grid value of one float as an integral f64 (see [`rounded_plus_magic`]); subtracting ROUND_MAGIC is exact.
+/// The grid integer of one float, `round(clamp(v, lo, hi)·2^s)` ties to even, read from the bits of
+/// [`on_grid`] (see [`grid_magic`]): one integer subtraction, no float-to-integer conversion (which does not
+/// vectorise on x86-64 without AVX-512).
 #[inline(always)]
-fn float_grid(v: f64, lo: f64, hi: f64, scale: f64) -> f64 {
-    rounded_plus_magic(v, lo, hi, scale) - ROUND_MAGIC
+fn float_grid_int(v: f64, lo: f64, hi: f64, magic: f64) -> i64 {
+    on_grid(v, lo, hi, magic).to_bits() as i64 - magic.to_bits() as i64
 }
 
-/// [`float_grid`] as an i64, read from the bits rather than converted: doubles in [2^52, 2^53) are
-/// `ROUND_MAGIC + k` with `k` in their low bits, for every integer `|k| < 2^51`, so one integer subtraction gives
-/// `k` exactly. (A float-to-integer conversion does not vectorise on x86-64 without AVX-512; this does.)
-#[inline(always)]
-fn float_grid_int(v: f64, lo: f64, hi: f64, scale: f64) -> i64 {
-    rounded_plus_magic(v, lo, hi, scale).to_bits() as i64 - ROUND_MAGIC.to_bits() as i64
-}
-
-/// Rows per exact partial sum: 2^20 values of magnitude ≤ 2^22 sum to at most 2^42, exact in an f64 (< 2^53)
-/// and in an i64, whatever the order of the additions.
+/// Rows per exact partial sum: 2^20 values of magnitude ≤ 2^22 sum to at most 2^42 in an i64, whatever the order
+/// of the additions.
 const CHUNK: usize = 1 << 20;
 
-/// Exact sum of the grid values of a dense slice (no NULL, no filter): eight independent lanes per chunk.
-fn dense_float_sum(a: &[f64], lo: f64, hi: f64, scale: f64) -> i128 {
-    let mut total = 0i128;
-    for chunk in a.chunks(CHUNK) {
-        let mut lanes = [0f64; 8];
-        let mut it = chunk.chunks_exact(8);
-        for c in &mut it {
-            for (l, &v) in lanes.iter_mut().zip(c) {
-                *l += float_grid(v, lo, hi, scale);
-            }
-        }
-        let rest: f64 = it.remainder().iter().map(|&v| float_grid(v, lo, hi, scale)).sum();
-        // Every partial sum is an integer below 2^43 in magnitude: exact, and exactly converted.
-        total += (lanes.iter().sum::<f64>() + rest) as i128;
-    }
-    total
+/// Exact sum of the grid values of a dense slice (no NULL, no filter): the bit patterns of [`on_grid`] are added
+/// with wrapping i64 additions (associative, so the loop vectorises), and the chunk's count times `bits(magic)` is
+/// taken off at the end. Modulo 2^64 this is the sum of the grid integers, whose magnitude is below 2^43: exact.
+fn dense_float_sum(a: &[f64], lo: f64, hi: f64, magic: f64) -> i128 {
+    let one = magic.to_bits() as i64;
+    a.chunks(CHUNK)
+        .map(|chunk| {
+            let bits = chunk.iter().fold(0i64, |s, &v| s.wrapping_add(on_grid(v, lo, hi, magic).to_bits() as i64));
+            i128::from(bits.wrapping_sub(one.wrapping_mul(chunk.len() as i64)))
+        })
+        .sum()
 }
 
 /// Exact sum of the clamped values of a dense integer slice.
@@ -101,6 +99,7 @@ fn dense_int_sum(a: &[i64], lo: i64, hi: i64) -> i128 {
 #[derive(Clone, Copy, Debug)]
 enum Conv {
     Int(i64, i64),
+    /// Bounds and the grid's rounding constant ([`grid_magic`]).
     Float(f64, f64, f64),
 }
 
@@ -108,7 +107,9 @@ impl Conv {
     fn of(g: Grid) -> Self {
         match g {
             Grid::Int { lo, hi } => Conv::Int(lo, hi),
-            Grid::Float { lo, hi, scale } => Conv::Float(f64::from_bits(lo), f64::from_bits(hi), f64::from_bits(scale)),
+            Grid::Float { lo, hi, scale } => {
+                Conv::Float(f64::from_bits(lo), f64::from_bits(hi), grid_magic(f64::from_bits(scale)))
+            }
         }
     }
 
@@ -126,11 +127,11 @@ impl Conv {
                     }
                 }
             }
-            (Conv::Float(lo, hi, scale), DataType::Float64) => {
+            (Conv::Float(lo, hi, magic), DataType::Float64) => {
                 let a = values.as_primitive::<Float64Type>().values();
                 for (i, &v) in a.iter().enumerate() {
                     if valid(i) && keep(i) {
-                        f(i, float_grid_int(v, lo, hi, scale));
+                        f(i, float_grid_int(v, lo, hi, magic));
                     }
                 }
             }
@@ -148,9 +149,9 @@ impl Conv {
             (Conv::Int(lo, hi), DataType::Int64) => {
                 values.as_primitive::<Int64Type>().values().iter().map(|v| (*v).clamp(lo, hi)).collect()
             }
-            (Conv::Float(lo, hi, scale), DataType::Float64) => {
+            (Conv::Float(lo, hi, magic), DataType::Float64) => {
                 let a = values.as_primitive::<Float64Type>().values();
-                a.iter().map(|&v| float_grid_int(v, lo, hi, scale)).collect()
+                a.iter().map(|&v| float_grid_int(v, lo, hi, magic)).collect()
             }
             (_, dt) => return exec_err!("dp_bounded_sum: unexpected input type {dt}"),
         }))
@@ -163,8 +164,8 @@ impl Conv {
         }
         Ok(Some(match (*self, values.data_type()) {
             (Conv::Int(lo, hi), DataType::Int64) => dense_int_sum(values.as_primitive::<Int64Type>().values(), lo, hi),
-            (Conv::Float(lo, hi, scale), DataType::Float64) => {
-                dense_float_sum(values.as_primitive::<Float64Type>().values(), lo, hi, scale)
+            (Conv::Float(lo, hi, magic), DataType::Float64) => {
+                dense_float_sum(values.as_primitive::<Float64Type>().values(), lo, hi, magic)
             }
             (_, dt) => return exec_err!("dp_bounded_sum: unexpected input type {dt}"),
         }))
@@ -336,11 +337,11 @@ impl GroupsAccumulator for SumGroups {
         let Some(v) = values.first() else { return exec_err!("dp_bounded_sum takes one argument") };
         self.grow(total);
         // Dense float batches (the common case) skip the per-row NULL and filter tests.
-        if let (Conv::Float(lo, hi, scale), DataType::Float64, None, 0) =
+        if let (Conv::Float(lo, hi, magic), DataType::Float64, None, 0) =
             (self.conv, v.data_type(), filter, v.logical_null_count())
         {
             for (&g, &x) in groups.iter().zip(v.as_primitive::<Float64Type>().values().iter()) {
-                self.sums[g] += i128::from(float_grid_int(x, lo, hi, scale));
+                self.sums[g] += i128::from(float_grid_int(x, lo, hi, magic));
                 self.seen[g] = true;
             }
             return Ok(());
@@ -395,38 +396,63 @@ mod tests {
     use super::*;
     use datafusion::arrow::array::{Float64Array, Int64Array};
 
+    /// What `dp_bounded_sum` promises for one float, computed the obvious way (independently of the bit trick):
+    /// NaN takes the upper bound, then clamp, scale (exact) and round to nearest, ties to even.
+    fn reference(x: f64, lo: f64, hi: f64, scale: f64) -> i64 {
+        let c = if x.is_nan() { hi } else { x.clamp(lo, hi) };
+        (c * scale).round_ties_even() as i64
+    }
+
     #[test]
     fn rounds_to_nearest_ties_to_even_exactly() {
-        let r = |x: f64| float_grid(x, -1e7, 1e7, 1.0);
-        for (x, want) in [
-            (0.5, 0.0),
-            (1.5, 2.0),
-            (2.5, 2.0),
-            (-0.5, 0.0),
-            (-1.5, -2.0),
-            (-2.5, -2.0),
-            (1.49999, 1.0),
-            (-0.51, -1.0),
-            (0.49999999999999994, 0.0), // the classic failure of floor(x + 0.5)
-            (4194304.5, 4194304.0),
-            (1e9, 1e7),
-            (f64::NAN, 1e7),
-            (f64::NEG_INFINITY, -1e7),
+        for (scale, cases) in [
+            (
+                1.0,
+                vec![
+                    (0.5, 0),
+                    (1.5, 2),
+                    (2.5, 2),
+                    (-0.5, 0),
+                    (-1.5, -2),
+                    (-2.5, -2),
+                    (1.49999, 1),
+                    (-0.51, -1),
+                    (0.49999999999999994, 0), // the classic failure of floor(x + 0.5)
+                    (4194304.5, 4194304),
+                    (1e9, 10_000_000),
+                    (f64::NAN, 10_000_000),
+                    (f64::NEG_INFINITY, -10_000_000),
+                ],
+            ),
+            // A finer grid (s = 2) and a coarser one (s = -1): the ties are those of the grid, not of the integers.
+            (4.0, vec![(0.125, 0), (0.375, 2), (-0.625, -2), (0.3, 1), (-0.13, -1)]),
+            (0.5, vec![(1.0, 0), (3.0, 2), (5.0, 2), (-3.0, -2), (2.9, 1)]),
         ] {
-            assert_eq!(r(x), want, "{x}");
+            for (x, want) in cases {
+                assert_eq!(float_grid_int(x, -1e7, 1e7, grid_magic(scale)), want, "{x} · {scale}");
+            }
         }
     }
 
-    /// The grid integer read from the bits is the rounded float's value, over bounds, ties of both parities,
-    /// negative values, NaN and infinities, and the largest grid values.
+    /// The grid integer read from the bits is the reference rounding, over bounds, ties of both parities,
+    /// negative values, NaN and infinities, the largest grid values, and the finest and coarsest grids.
     #[test]
-    fn grid_integers_read_from_bits_equal_the_rounded_floats() {
+    fn grid_integers_read_from_bits_equal_the_reference_rounding() {
         let mut xs = vec![f64::NAN, f64::INFINITY, f64::NEG_INFINITY, 0.0, -0.0, 2.5, 3.5, -2.5, -3.5, 1e300];
         xs.extend((0..20_000).map(|i| (f64::from(i) * 0.731).sin() * 2.3e6 + f64::from(i % 4) * 0.25));
-        for (lo, hi, scale) in [(-2e6, 2e6, 0.5), (0.0, 1.0, (1u64 << 20) as f64), (-4194304.0, 4194304.0, 1.0)] {
-            for &x in &xs {
-                let want = float_grid(x, lo, hi, scale);
-                assert_eq!(float_grid_int(x, lo, hi, scale) as f64, want, "{x} in [{lo}, {hi}] · {scale}");
+        let (fine, coarse) = (2f64.powi(20), 2f64.powi(-40));
+        let big = 2f64.powi(62);
+        for (lo, hi, scale) in
+            [(-2e6, 2e6, 0.5), (0.0, 1.0, fine), (-4194304.0, 4194304.0, 1.0), (-big, big, coarse), (-3.0, 4.0, fine)]
+        {
+            let magic = grid_magic(scale);
+            let scaled = xs.iter().map(|x| x / scale.sqrt()).chain([big, -big, 2.5 / scale, -3.5 / scale]);
+            for x in xs.iter().copied().chain(scaled) {
+                assert_eq!(
+                    float_grid_int(x, lo, hi, magic),
+                    reference(x, lo, hi, scale),
+                    "{x} in [{lo}, {hi}] · {scale}"
+                );
             }
         }
     }
@@ -437,8 +463,8 @@ mod tests {
         let n = CHUNK + 13;
         let vals: Vec<f64> = (0..n).map(|i| ((i as f64) * 0.37).sin() * 3e5 + 0.5 * (i % 3) as f64).collect();
         let (lo, hi, scale) = (-2e5, 2.5e5, 4.0);
-        let slow: i128 = vals.iter().map(|&v| float_grid(v, lo, hi, scale) as i128).sum();
-        assert_eq!(dense_float_sum(&vals, lo, hi, scale), slow);
+        let slow: i128 = vals.iter().map(|&v| i128::from(reference(v, lo, hi, scale))).sum();
+        assert_eq!(dense_float_sum(&vals, lo, hi, grid_magic(scale)), slow);
         let ints: Vec<i64> = (0..n as i64).map(|i| (i * 7919) % 2001 - 1000).collect();
         let slow: i128 = ints.iter().map(|&v| v.clamp(-300, 700) as i128).sum();
         assert_eq!(dense_int_sum(&ints, -300, 700), slow);
@@ -509,7 +535,7 @@ mod tests {
             .iter()
             .zip(&groups)
             .filter(|(_, g)| **g == 1)
-            .map(|(v, _)| float_grid(*v, -100.0, 120.0, 8.0) as i128)
+            .map(|(v, _)| i128::from(reference(*v, -100.0, 120.0, 8.0)))
             .sum();
         assert_eq!(fast.value(1), by_hand);
     }
