@@ -261,15 +261,45 @@ impl Pld {
         // δ(ε) is non-increasing; at the largest loss only the ∞ atom remains.
         let max_loss = (self.offset + self.probs.len() as i64 - 1) as f64 * self.step();
         let (mut lo, mut hi) = (0.0, max_loss.max(0.0));
-        if self.delta(hi) > delta {
+        let d_hi = self.delta(hi);
+        if d_hi > delta {
             return None;
         }
-        for _ in 0..200 {
-            let mid = 0.5 * (lo + hi);
-            if mid <= lo || mid >= hi || hi - lo <= 1e-12 * hi {
+        // Invariant: δ(lo) > delta ≥ δ(hi), both computed by `delta`; hi is the answer whatever the steps taken.
+        // A step evaluates δ at one point inside (lo, hi) and moves the end on its side:
+        // * the secant of ln δ − ln delta (δ falls off about exponentially in ε, so its logarithm is close to a
+        //   line), which on such a curve approaches the answer from below, so
+        // * after a secant step that moved lo, a probe at twice that move above the new lo, which lands above the
+        //   answer and brings hi down to it (the two-sided convergence of Brent's method, by the same means);
+        // * a bisection whenever three steps have not halved the bracket: never slower than a third of bisection.
+        // About 10 evaluations where bisection needs 45.
+        let gap = |d: f64| d.ln() - delta.ln();
+        let (mut g_lo, mut g_hi) = (gap(self.delta(lo)), gap(d_hi));
+        let mut widths = [f64::INFINITY; 3]; // the bracket's width before each of the last three steps
+        let mut probe = None; // Some(distance lo moved at the last step, by a secant)
+        for step in 0..300 {
+            let width = hi - lo;
+            if width <= 1e-12 * hi {
                 break;
             }
-            if self.delta(mid) > delta { lo = mid } else { hi = mid }
+            let secant = lo + width * (g_lo / (g_lo - g_hi));
+            let mid = match probe.take() {
+                _ if width > 0.5 * widths[step % 3] => 0.5 * (lo + hi),
+                Some(moved) => lo + f64::max(2.0 * moved, 0.25e-12 * hi),
+                None => secant,
+            };
+            let mid = if mid > lo && mid < hi { mid } else { 0.5 * (lo + hi) };
+            if mid <= lo || mid >= hi {
+                break;
+            }
+            widths[step % 3] = width;
+            let d = self.delta(mid);
+            if d > delta {
+                probe = (mid == secant).then_some(mid - lo);
+                (lo, g_lo) = (mid, gap(d));
+            } else {
+                (hi, g_hi) = (mid, gap(d));
+            }
         }
         Some(hi)
     }
@@ -347,6 +377,33 @@ mod tests {
             eps.extend([0.0, -0.0, f64::INFINITY, f64::NEG_INFINITY, f64::NAN, f64::MAX, f64::MIN]);
             for e in eps {
                 assert_eq!(pld.delta(e).to_bits(), delta_over_all_points(pld, e).to_bits(), "ε = {e}");
+            }
+        }
+    }
+
+    /// The search returns an ε whose δ is at most the δ asked for and is tight: 2·10^-12 less would not do. It
+    /// agrees with plain bisection to that precision, for Gaussian, Laplace and mixed compositions, at δ from 1e-3
+    /// to 1e-12 (also where δ(max loss) is 0, and where the answer is at a grid point of a Laplace PLD).
+    #[test]
+    fn epsilon_is_valid_tight_and_equal_to_bisection() {
+        let bisection = |pld: &Pld, delta: f64| {
+            let max_loss = (pld.offset + pld.probs.len() as i64 - 1) as f64 * pld.step();
+            let (mut lo, mut hi) = (0.0, max_loss);
+            while hi - lo > 1e-12 * hi {
+                let mid = 0.5 * (lo + hi);
+                if pld.delta(mid) > delta { lo = mid } else { hi = mid }
+            }
+            hi
+        };
+        let g = Pld::discrete_gaussian(50.0, 1).unwrap();
+        let l = Pld::discrete_laplace(2.0, 1).unwrap();
+        for pld in [g.clone(), g.self_compose(400), l.clone(), l.self_compose(20), g.self_compose(9).compose(&l)] {
+            for delta in [1e-3, 1e-6, 1e-9, 1e-12] {
+                let Some(e) = pld.epsilon(delta) else { continue };
+                assert!(pld.delta(e) <= delta, "δ({e}) = {} > {delta}", pld.delta(e));
+                assert!(pld.delta(e * (1.0 - 2e-12)) > delta, "ε = {e} is loose at δ = {delta}");
+                let b = bisection(&pld, delta);
+                assert!((e - b).abs() <= 2e-12 * b, "ε = {e}, bisection {b}, δ = {delta}");
             }
         }
     }
