@@ -151,8 +151,11 @@ fn strip_keyword<'a>(s: &'a str, kw: &str) -> Option<&'a str> {
 }
 
 impl DpSession {
+    /// The session's `SET dp.…` options (read in place: `ctx.state()` would copy the whole session state).
     pub(crate) fn options(&self) -> DpOptions {
-        self.ctx.state().config().options().extensions.get::<DpOptions>().cloned().unwrap_or_default()
+        let state = self.ctx.state_ref();
+        let options = state.read().config().options().extensions.get::<DpOptions>().cloned();
+        options.unwrap_or_default()
     }
 
     /// ρ, mechanism and confidence for the next query (the `SET dp.…` values, else the configuration's).
