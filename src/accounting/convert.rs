@@ -279,6 +279,40 @@ pub fn epsilon_with_cache(charges: &[Charge], delta: f64, cache: &PldCache) -> R
     best_epsilon(rho, delta, pure_composition(&measurements), pld.as_ref(), gdp_composition(&measurements))
 }
 
+/// How many measurement lists a [`QuoteMemo`] remembers.
+const RECENT_QUOTES: usize = 32;
+
+/// [`epsilon_for_measurements`] of the measurement lists a session priced last, newest last: the same query
+/// shape at the same ρ is priced again and again, and the search of a privacy-loss distribution's ε is most of a
+/// small query's accounting. One per session, so that how fast a query is priced never tells one analyst what
+/// another asked.
+#[derive(Debug, Default)]
+pub struct QuoteMemo(std::sync::Mutex<Vec<(Vec<Calibration>, u64, EpsilonBound)>>);
+
+impl QuoteMemo {
+    /// [`epsilon_for_measurements`], remembered.
+    pub fn epsilon(&self, measurements: &[Calibration], delta: f64) -> Result<EpsilonBound> {
+        let key = delta.to_bits();
+        let known = |r: &Vec<(Vec<Calibration>, u64, EpsilonBound)>| {
+            r.iter().rev().find(|(m, d, _)| *d == key && m == measurements).map(|(_, _, e)| *e)
+        };
+        // A poisoned lock only loses the memory: the answer is computed again.
+        if let Some(e) = self.0.lock().ok().and_then(|r| known(&r)) {
+            return Ok(e);
+        }
+        let e = epsilon_for_measurements(measurements, delta)?;
+        if let Ok(mut r) = self.0.lock()
+            && known(&r).is_none()
+        {
+            if r.len() == RECENT_QUOTES {
+                r.remove(0);
+            }
+            r.push((measurements.to_vec(), key, e));
+        }
+        Ok(e)
+    }
+}
+
 /// [`epsilon_for_charges`] for one query's measurements before it is charged (EXPLAIN DP): the same candidates,
 /// so EXPLAIN DP and the release report the same ε.
 pub fn epsilon_for_measurements(measurements: &[Calibration], delta: f64) -> Result<EpsilonBound> {
@@ -349,4 +383,34 @@ fn best_epsilon(rho: f64, delta: f64, pure: Option<f64>, pld: Option<&Pld>, gdp:
     let (epsilon, kind) =
         cands.into_iter().fold((f64::INFINITY, BoundKind::Bs16Simple), |best, c| if c.0 < best.0 { c } else { best });
     Ok(EpsilonBound { epsilon, delta, kind })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::accounting::Rho;
+    use crate::accounting::calibrate::{Shape, gaussian_for_sigma, laplace};
+
+    /// The remembered ε is the computed one: for lists that differ only in δ, in one measurement, or in their
+    /// order of arrival, and after more distinct lists than are remembered (the first ones are forgotten and
+    /// computed again).
+    #[test]
+    fn remembered_quotes_equal_computed_ones() {
+        let shape = |linf| Shape { linf, cells: 1 };
+        let count = |s: f64| gaussian_for_sigma(1.0, s).unwrap().with_shape(shape(1)).unwrap();
+        let lap = laplace(1.0, Rho::new(1e-4).unwrap()).unwrap().with_shape(shape(1)).unwrap();
+        let mut lists: Vec<Vec<Calibration>> = vec![vec![count(7.0)], vec![count(7.5)], vec![lap.clone()]];
+        lists.push(vec![count(7.0), lap.clone()]);
+        lists.extend((0..2 * RECENT_QUOTES).map(|i| vec![count(3.0 + i as f64)]));
+        let memo = QuoteMemo::default();
+        for round in 0..2 {
+            for list in &lists {
+                for delta in [1e-6, 1e-9] {
+                    let want = epsilon_for_measurements(list, delta).unwrap();
+                    assert_eq!(memo.epsilon(list, delta).unwrap(), want, "round {round}, δ {delta}");
+                    assert_eq!(memo.epsilon(list, delta).unwrap(), want, "again, round {round}");
+                }
+            }
+        }
+    }
 }

@@ -131,7 +131,7 @@ impl DpSession {
             confidence,
             self.defaults.delta,
         )?;
-        let quote = Quote::new(vec![cal], self.defaults.delta, confidence)?;
+        let quote = Quote::new(vec![cal], self.defaults.delta, confidence, &self.quotes)?;
 
         let scan = self.ctx.table(table).await.map_err(engine)?.into_unoptimized_plan();
         let mut project: Vec<Expr> = counted.iter().map(|c| Expr::Column(Column::from_name(c))).collect();

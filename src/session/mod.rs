@@ -107,6 +107,8 @@ pub struct DpSession {
     pub(crate) owner_log: Option<Arc<OwnerLog>>,
     /// How far the running private plan has read (measured once [`DpSession::progress`] was called).
     pub(crate) progress: crate::progress::Progress,
+    /// The ε of the query shapes this session priced last.
+    pub(crate) quotes: crate::accounting::convert::QuoteMemo,
 }
 
 impl DpSession {
@@ -223,6 +225,7 @@ impl DpSession {
             rng: Mutex::new(NoiseRng::from_os()?),
             owner_log: None,
             progress: Default::default(),
+            quotes: Default::default(),
         })
     }
 }
@@ -298,6 +301,7 @@ impl DpSession {
             rng: Mutex::new(NoiseRng::from_os()?),
             owner_log: self.owner_log.clone(),
             progress: Default::default(),
+            quotes: Default::default(),
         })
     }
 

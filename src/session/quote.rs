@@ -3,6 +3,7 @@
 
 use crate::accounting::Rho;
 use crate::accounting::calibrate::{self, Accounting, Calibration, MechanismChoice};
+use crate::accounting::convert::QuoteMemo;
 use crate::error::{DpError, Result};
 use crate::plan::DpPlan;
 use crate::refusal::Refusal;
@@ -26,15 +27,16 @@ impl DpSession {
     /// Prices `dp` with the session's current settings (`SET dp.rho`, `dp.mechanism`, `dp.confidence`).
     pub(crate) fn quote(&self, dp: &DpPlan) -> Result<Quote> {
         let (rho, mech, confidence) = self.query_settings()?;
-        Quote::new(calibrate_each(dp, rho, mech, self.defaults.accounting)?, self.defaults.delta, confidence)
+        let measurements = calibrate_each(dp, rho, mech, self.defaults.accounting)?;
+        Quote::new(measurements, self.defaults.delta, confidence, &self.quotes)
     }
 }
 
 impl Quote {
-    /// The price of `measurements`, with (ε, δ) at `delta`.
-    pub(crate) fn new(measurements: Vec<Calibration>, delta: f64, confidence: f64) -> Result<Quote> {
+    /// The price of `measurements`, with (ε, δ) at `delta` (remembered in `memo` for the next query of this shape).
+    pub(crate) fn new(measurements: Vec<Calibration>, delta: f64, confidence: f64, memo: &QuoteMemo) -> Result<Quote> {
         let rho = crate::accounting::filter::total_rho(&measurements)?;
-        let epsilon = crate::accounting::convert::epsilon_for_measurements(&measurements, delta)?;
+        let epsilon = memo.epsilon(&measurements, delta)?;
         Ok(Quote { measurements, rho, epsilon, confidence })
     }
 }
