@@ -19,7 +19,9 @@
 //!   aggregates (COUNT(column), or the `dp_bounded_sum` grid sum with the same per-row conversion), clipped by the
 //!   same rule ([`super::clip`]), at most `g` of the unit's cells kept uniformly at random when `g` is below the
 //!   cells, and the clipped values summed per cell (a cell no kept unit reached has no row; without keys there is
-//!   exactly one row, NULL sums when no unit). So the released numbers have the same distribution whichever ran, and
+//!   exactly one row, NULL sums when no unit). A run of whole units that the clipping leaves as they are (none over
+//!   `k` rows, and each in one cell when there is a pick) is added row by row, which gives the same totals
+//!   ([`plain_span`]). So the released numbers have the same distribution whichever ran, and
 //!   each unit moves at most `g` cells by at most `k` rows' worth: the bound the sensitivities assume
 //!   ([`super::sensitivity`]). Whether the pass or the fallback ran shows only in the running time, which reflects
 //!   the file's layout as the running time of any query already does; the neighbouring relation (add or remove one
@@ -44,7 +46,7 @@ use datafusion::functions_aggregate::count::Count;
 use datafusion::logical_expr::{Expr, LogicalPlan, UserDefinedLogicalNodeCore};
 use datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr};
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
-use datafusion::physical_plan::metrics::{ExecutionPlanMetricsSet, MetricBuilder, MetricsSet};
+use datafusion::physical_plan::metrics::{self, ExecutionPlanMetricsSet, MetricBuilder, MetricsSet};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties, Partitioning, PlanProperties, execute_stream,
@@ -200,7 +202,8 @@ pub(crate) struct UnitRunsExec {
     /// Columns of the rows input: unit, cell (if keyed), each measurement's value (None for COUNT(*)).
     columns: Arc<Columns>,
     props: Arc<PlanProperties>,
-    /// `fallbacks`: 1 when the input was not clustered and the fallback ran (for EXPLAIN ANALYZE and tests).
+    /// `fallbacks`: 1 when the input was not clustered and the fallback ran; `rows_added_whole`: how many rows the
+    /// pass added row by row ([`plain_span`]). For EXPLAIN ANALYZE and tests.
     metrics: ExecutionPlanMetricsSet,
 }
 
@@ -306,8 +309,9 @@ impl ExecutionPlan for UnitRunsExec {
         let (spec, columns, schema) = (Arc::clone(&self.spec), Arc::clone(&self.columns), self.schema());
         let out_schema = Arc::clone(&schema);
         let fallbacks = MetricBuilder::new(&self.metrics).global_counter("fallbacks");
+        let whole = MetricBuilder::new(&self.metrics).global_counter("rows_added_whole");
         let run = async move {
-            match pass(&rows, &spec, &columns, Arc::clone(&context)).await? {
+            match pass(&rows, &spec, &columns, Arc::clone(&context), &whole).await? {
                 Some(totals) => {
                     let batch = totals.batch(&spec, &out_schema)?;
                     let one = futures::stream::iter([Ok(batch)]);
@@ -452,7 +456,7 @@ impl Totals {
     /// [`Totals::add_cell`] of whole units, each the rows `from..to` of one batch in cell `c` (an index of
     /// [`Totals::index`]), a measurement at a time: one short loop each, where a call per unit cost more than the
     /// clipping.
-    fn add_runs(&mut self, runs: &[(usize, usize, usize)], prefix: &[Prefix], spec: &Spec, clips: &[Clip]) {
+    fn add_runs(&mut self, runs: &[(usize, usize, usize)], values: &[RowValues], spec: &Spec, clips: &[Clip]) {
         let m = self.m;
         for &(_, _, c) in runs {
             self.present[c] = true;
@@ -460,12 +464,79 @@ impl Totals {
         for (i, (meas, clip)) in spec.measures.iter().zip(clips).enumerate() {
             for &(from, to, c) in runs {
                 let n = (to - from) as i64;
-                if let Some(x) = contribution(meas.value, clip, n, || prefix[i].run(from..to)) {
+                if let Some(x) = contribution(meas.value, clip, n, || values[i].run(from..to)) {
                     self.sums[c * m + i] += x;
                     self.seen[c * m + i] = true;
                 }
             }
         }
+    }
+
+    /// Adds rows `range` of a batch row by row, as plain aggregation adds them: rows of whole units (see
+    /// [`plain_span`]) that the clipping leaves as they are. The same as adding them unit by unit: a unit of
+    /// `n ≤ k` rows has at most `k` in each of its cells, so it contributes to each its exact aggregates unchanged
+    /// (a count, a sum of its values, seen if a row has one); and a pick keeps all its cells, which are either
+    /// fewer than the pick's size or, as `plain_span` checked, one.
+    fn add_rows(
+        &mut self,
+        cells: Option<&[i64]>,
+        values: &[RowValues],
+        spec: &Spec,
+        range: std::ops::Range<usize>,
+    ) -> Result<()> {
+        let m = self.m;
+        let Some(cells) = cells else {
+            // Without keys every row is in cell 0.
+            let Some(present) = self.present.first_mut() else { return internal_err!("DpUnitRuns: no cell") };
+            *present = true;
+            for (i, (meas, v)) in spec.measures.iter().zip(values).enumerate() {
+                let (sum, seen) = match meas.value {
+                    RowValue::Rows => (range.len() as i128, true),
+                    RowValue::Values => (v.run(range.clone()).0, true),
+                    RowValue::Sum(_) => v.run(range.clone()),
+                };
+                if seen {
+                    self.sums[i] += sum;
+                    self.seen[i] = true;
+                }
+            }
+            return Ok(());
+        };
+        let Some(cells) = cells.get(range.clone()).filter(|c| c.iter().all(|&c| self.index(c).is_some())) else {
+            return internal_err!("DpUnitRuns: a cell out of range");
+        };
+        for &c in cells {
+            self.present[c as usize] = true;
+        }
+        for (i, (meas, v)) in spec.measures.iter().zip(values).enumerate() {
+            let at = |c: i64| c as usize * m + i;
+            if meas.value == RowValue::Rows {
+                for &c in cells {
+                    self.sums[at(c)] += 1;
+                    self.seen[at(c)] = true;
+                }
+                continue;
+            }
+            let Some(x) = v.x.get(range.clone()) else {
+                return internal_err!("DpUnitRuns: measurement {i} has no values");
+            };
+            // A COUNT(column) is seen in every cell a unit reaches, a sum where a row has a value.
+            match v.has.get(range.clone()).filter(|_| meas.value != RowValue::Values && !v.has.is_empty()) {
+                None => {
+                    for (&c, &x) in cells.iter().zip(x) {
+                        self.sums[at(c)] += i128::from(x);
+                        self.seen[at(c)] = true;
+                    }
+                }
+                Some(has) => {
+                    for ((&c, &x), &has) in cells.iter().zip(x).zip(has) {
+                        self.sums[at(c)] += i128::from(x);
+                        self.seen[at(c)] |= has;
+                    }
+                }
+            }
+        }
+        Ok(())
     }
 
     /// The index of `cell` in the totals, if it is one.
@@ -514,17 +585,19 @@ struct Part {
 }
 
 /// Runs the pass over every partition of `rows` in parallel; None as soon as one finds the input not clustered.
+/// `whole` counts the rows added row by row.
 async fn pass(
     rows: &Arc<dyn ExecutionPlan>,
     spec: &Arc<Spec>,
     columns: &Arc<Columns>,
     context: Arc<TaskContext>,
+    whole: &metrics::Count,
 ) -> Result<Option<Totals>> {
     let mut tasks = futures::stream::FuturesUnordered::new();
     for p in 0..rows.output_partitioning().partition_count() {
         let stream = rows.execute(p, Arc::clone(&context))?;
-        let (spec, columns) = (Arc::clone(spec), Arc::clone(columns));
-        tasks.push(SpawnedTask::spawn(async move { partition(stream, &spec, &columns).await }).join_unwind());
+        let (spec, columns, whole) = (Arc::clone(spec), Arc::clone(columns), whole.clone());
+        tasks.push(SpawnedTask::spawn(async move { partition(stream, &spec, &columns, &whole).await }).join_unwind());
     }
     let mut parts = vec![];
     while let Some(done) = tasks.next().await {
@@ -590,6 +663,7 @@ async fn partition(
     mut stream: SendableRecordBatchStream,
     spec: &Spec,
     columns: &Columns,
+    added_whole: &metrics::Count,
 ) -> Result<std::result::Result<Part, NotClustered>> {
     let clips = clips(spec);
     let m = spec.measures.len();
@@ -597,7 +671,7 @@ async fn partition(
     // The partition's first unit, the unit being read, and its rows so far.
     let (mut first, mut current, mut rows) = (None::<Unit>, None::<Unit>, UnitRows::default());
     let (mut starts, mut pick, mut whole_runs) = (vec![], vec![], vec![]);
-    let mut prefix = vec![Prefix::default(); m];
+    let mut values = vec![RowValues::default(); m];
     while let Some(batch) = stream.next().await {
         let batch = batch?;
         let len = batch.num_rows();
@@ -606,12 +680,6 @@ async fn partition(
         }
         starts.clear();
         whole_runs.clear();
-        if unit_starts(batch.column(columns.unit), &mut current, &mut starts)?.is_err() {
-            return Ok(Err(NotClustered));
-        }
-        if first.is_none() {
-            first.clone_from(&current_at_start(batch.column(columns.unit))?);
-        }
         let cells = match columns.cell {
             Some(c) => {
                 let a = batch.column(c).as_primitive_opt::<Int64Type>();
@@ -622,9 +690,24 @@ async fn partition(
             }
             None => None,
         };
-        // Each measurement's row values in this batch, as prefix sums.
+        // Without a pick a unit in several cells adds to each as its rows do.
+        let unit = batch.column(columns.unit);
+        let span = plain_span(unit, current.as_ref(), spec.groups.and(cells), spec.k)?;
+        match &span {
+            Some((span, last)) => {
+                starts.extend([span.start, span.end]);
+                current = Some(Unit::Int(*last));
+            }
+            None if unit_starts(unit, &mut current, &mut starts)?.is_err() => return Ok(Err(NotClustered)),
+            None => {}
+        }
+        let span = span.map(|(span, _)| span);
+        if first.is_none() {
+            first.clone_from(&current_at_start(unit)?);
+        }
+        // Each measurement's row values in this batch.
         for (i, meas) in spec.measures.iter().enumerate() {
-            prefix[i].fill(meas.value, columns.values[i].map(|c| batch.column(c)), len)?;
+            values[i].fill(meas.value, columns.values[i].map(|c| batch.column(c)), len)?;
         }
         // Rows [from, start) belong to the unit being read; at each start the next unit begins.
         let mut from = 0;
@@ -635,7 +718,13 @@ async fn partition(
             // with all its rows in one cell — most units — is clipped and added with the batch's others after the
             // loop, without `rows`: the same as `end_unit` does with it (one cell is never picked away).
             let whole = begins && start < len && part.first.is_some() && start > from;
-            if let Some(c) = one_cell(cells, from..start).and_then(|c| part.totals.index(c)).filter(|_| whole) {
+            if span == Some(from..start) {
+                if part.first.is_none() {
+                    return internal_err!("DpUnitRuns: rows taken row by row before the partition's first unit");
+                }
+                part.totals.add_rows(cells, &values, spec, from..start)?;
+                added_whole.add(start - from);
+            } else if let Some(c) = one_cell(cells, from..start).and_then(|c| part.totals.index(c)).filter(|_| whole) {
                 whole_runs.push((from, start, c));
             } else if start > from {
                 match cells {
@@ -643,13 +732,13 @@ async fn partition(
                         for (r, &cell) in (from..start).zip(&cells[from..start]) {
                             let e = rows.entry(cell, m);
                             rows.n[e] += 1;
-                            add_values(&mut rows, e, m, &prefix, r..r + 1);
+                            add_values(&mut rows, e, m, &values, r..r + 1);
                         }
                     }
                     None => {
                         let e = rows.entry(0, m);
                         rows.n[e] += (start - from) as i64;
-                        add_values(&mut rows, e, m, &prefix, from..start);
+                        add_values(&mut rows, e, m, &values, from..start);
                     }
                 }
             }
@@ -660,7 +749,7 @@ async fn partition(
             from = start;
             begins = true;
         }
-        part.totals.add_runs(&whole_runs, &prefix, spec, &clips);
+        part.totals.add_runs(&whole_runs, &values, spec, &clips);
     }
     // The unit being read when the stream ended.
     if !rows.cells.is_empty() {
@@ -674,8 +763,8 @@ async fn partition(
 }
 
 /// Adds rows `range` of each measurement's values to entry `e`.
-fn add_values(rows: &mut UnitRows, e: usize, m: usize, prefix: &[Prefix], range: std::ops::Range<usize>) {
-    for (i, p) in prefix.iter().enumerate() {
+fn add_values(rows: &mut UnitRows, e: usize, m: usize, values: &[RowValues], range: std::ops::Range<usize>) {
+    for (i, p) in values.iter().enumerate() {
         let (sum, seen) = p.run(range.clone());
         if seen {
             rows.v[e * m + i] += sum;
@@ -684,63 +773,102 @@ fn add_values(rows: &mut UnitRows, e: usize, m: usize, prefix: &[Prefix], range:
     }
 }
 
-/// One measurement's row values in a batch as prefix sums, so that the sum of any run of rows, and whether any of
-/// them has a value, cost O(1) whatever the run's length: `sum[r]` is the sum of rows `0..r`, wrapping around, and
-/// `count[r]` how many of them have a value. The wrapping cancels in a difference: a run's sum is exact whenever
-/// the true sum fits an i64, as it does for any run of fewer than 2^42 rows (a row gives at most 2^21 grid units,
-/// see [`super::exact_sum`]). Both empty for COUNT(*), which reads no value; `count` also empty when every row has
-/// a value (a sum's batch without NULLs, converted in a loop that vectorises).
+/// One measurement's row values in a batch: `x[r]` what row r adds (a sum's grid integer, 1 for a COUNT(column)'s
+/// non-NULL value, 0 without a value) and `has[r]` whether it has a value — `has` empty when every row has one (a
+/// sum's batch without NULLs, converted in a loop that vectorises). Both empty for COUNT(*), which reads no value.
+/// A run's sum is added in wrapping i64, which is exact whenever the true sum fits an i64, as it does for any run
+/// of fewer than 2^42 rows (a row gives at most 2^21 grid units, see [`super::exact_sum`]).
 #[derive(Clone, Debug, Default)]
-struct Prefix {
-    sum: Vec<i64>,
-    count: Vec<usize>,
+struct RowValues {
+    x: Vec<i64>,
+    has: Vec<bool>,
 }
 
-impl Prefix {
-    /// The prefix sums of `len` rows of `col` read as `value` gives them (none without a column: COUNT(*)).
+impl RowValues {
+    /// The values of `len` rows of `col` read as `value` gives them (none without a column: COUNT(*)).
     fn fill(&mut self, value: RowValue, col: Option<&ArrayRef>, len: usize) -> Result<()> {
-        self.sum.clear();
-        self.count.clear();
+        self.x.clear();
+        self.has.clear();
         let Some(col) = col else { return Ok(()) };
         if let RowValue::Sum(grid) = value
             && let Some(values) = dense_grid_values(grid, col)?
         {
-            self.sum.push(0);
-            self.sum.extend(values.iter().scan(0i64, |s, &x| {
-                *s = s.wrapping_add(x);
-                Some(*s)
-            }));
+            self.x = values;
             return Ok(());
         }
-        self.sum.resize(len + 1, 0);
-        self.count.resize(len + 1, 0);
-        let (sum, count) = (&mut self.sum, &mut self.count);
-        clip::each_value(value, col, None, |r, x| {
-            sum[r + 1] = x;
-            count[r + 1] = 1;
-        })?;
-        for r in 1..=len {
-            sum[r] = sum[r].wrapping_add(sum[r - 1]);
-            count[r] += count[r - 1];
-        }
-        Ok(())
+        self.x.resize(len, 0);
+        self.has.resize(len, false);
+        let (x, has) = (&mut self.x, &mut self.has);
+        clip::each_value(value, col, None, |r, v| {
+            x[r] = v;
+            has[r] = true;
+        })
     }
 
     /// The sum of rows `range`, and whether any of them has a value ((0, false) without values).
     fn run(&self, range: std::ops::Range<usize>) -> (i128, bool) {
-        let (s, c) = (&self.sum, &self.count);
-        if c.is_empty() {
-            // Every row has a value (or, both empty, none reads one).
-            return match (s.get(range.start), s.get(range.end)) {
-                (Some(a), Some(b)) => (i128::from(b.wrapping_sub(*a)), range.end > range.start),
-                _ => (0, false),
-            };
+        let Some(x) = self.x.get(range.clone()) else { return (0, false) };
+        let sum = x.iter().fold(0i64, |s, &v| s.wrapping_add(v));
+        let seen =
+            if self.has.is_empty() { !x.is_empty() } else { self.has.get(range).is_some_and(|h| h.contains(&true)) };
+        (i128::from(sum), seen)
+    }
+}
+
+/// The rows of a batch that the totals can take row by row ([`Totals::add_rows`]), and the batch's last unit. In a
+/// batch of integer units that never decrease (nor fall below `current`, the batch before's last unit): the rows
+/// of the units that begin in the batch before its last row's unit begins (so each also ends in it), when every one
+/// of them has at most `k` rows and, when `cells` are given (a pick of fewer cells than there are), all its rows in
+/// one cell. Most of a clustered file when units have at most `k` rows. None when the units are text or have a
+/// NULL, the batch breaks the order ([`unit_starts`] then says so), or there is no such span or some unit in it is
+/// longer or in two cells: the batch then goes unit by unit.
+fn plain_span(
+    col: &ArrayRef,
+    current: Option<&Unit>,
+    cells: Option<&[i64]>,
+    k: u64,
+) -> Result<Option<(std::ops::Range<usize>, i64)>> {
+    let before = match current {
+        Some(Unit::Int(p)) => Some(*p),
+        Some(Unit::Bytes(_)) => return Ok(None),
+        None => None,
+    };
+    if col.logical_null_count() > 0
+        || matches!(col.data_type(), DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View)
+    {
+        return Ok(None);
+    }
+    let ints = cast(col, &DataType::Int64)?;
+    let a = ints.as_primitive::<Int64Type>().values();
+    let (Some(&u0), Some(&last)) = (a.first(), a.last()) else { return Ok(None) };
+    // Counted rather than searched for, so that the loops vectorise (units of a few rows would mispredict a branch).
+    let count = |pairs: &mut dyn Iterator<Item = bool>| pairs.map(usize::from).sum::<usize>();
+    if before.is_some_and(|p| u0 < p) || count(&mut a[1..].iter().zip(a).map(|(x, y)| x < y)) > 0 {
+        return Ok(None);
+    }
+    // The first unit that begins in the batch (after the partition's first, kept whole for the merge), and the last.
+    let from = if before.is_none_or(|p| p == u0) {
+        match a.windows(2).position(|w| w[0] != w[1]) {
+            Some(p) => p + 1,
+            None => return Ok(None),
         }
-        match (s.get(range.start), s.get(range.end), c.get(range.start), c.get(range.end)) {
-            (Some(a), Some(b), Some(m), Some(n)) => (i128::from(b.wrapping_sub(*a)), n > m),
-            _ => (0, false),
+    } else {
+        0
+    };
+    let Some(to) = a[from..].windows(2).rposition(|w| w[0] != w[1]).map(|p| from + p + 1) else { return Ok(None) };
+    let span = &a[from..to];
+    // A unit of more than k rows has a row equal to the one k before it.
+    let k = usize::try_from(k).unwrap_or(usize::MAX);
+    if k < span.len() && count(&mut span[k..].iter().zip(span).map(|(x, y)| x == y)) > 0 {
+        return Ok(None);
+    }
+    if let Some(c) = cells.and_then(|c| c.get(from..to)) {
+        let pairs = span[1..].iter().zip(span).zip(c[1..].iter().zip(c));
+        if count(&mut pairs.map(|((x, y), (cx, cy))| (x == y) & (cx != cy))) > 0 {
+            return Ok(None);
         }
     }
+    Ok(Some((from..to, last)))
 }
 
 /// The cell of every row in `range` when they share one (always, without keys), else None.
@@ -881,9 +1009,22 @@ mod tests {
         rows
     }
 
-    /// Runs the private plan of `sql` over `parts` (one MemTable partition each, batches of 7 rows) with k = 2 and
-    /// `g` cells per unit; returns its output lines, sorted, and how often the pass fell back.
+    /// What [`run_k`] tells about a run of the plan.
+    struct Ran {
+        lines: Vec<String>,
+        fallbacks: usize,
+        rows_added_whole: usize,
+    }
+
+    /// [`run_k`] with k = 2: its output lines and how often the pass fell back.
     async fn run(parts: &[Vec<Row>], strings: bool, g: u64, sql: &str) -> (Vec<String>, usize) {
+        let ran = run_k(parts, strings, 2, g, sql).await;
+        (ran.lines, ran.fallbacks)
+    }
+
+    /// Runs the private plan of `sql` over `parts` (one MemTable partition each, batches of 7 rows) with `k` rows
+    /// and `g` cells per unit; returns its output lines, sorted, and the pass's metrics.
+    async fn run_k(parts: &[Vec<Row>], strings: bool, k: u64, g: u64, sql: &str) -> Ran {
         let unit_type = if strings { DataType::Utf8View } else { DataType::Int64 };
         let schema = Arc::new(Schema::new(vec![
             Field::new("pid", unit_type, false),
@@ -915,26 +1056,28 @@ mod tests {
             ("j".to_string(), ColumnPolicy::Domain((0..3).map(DomainValue::Int).collect())),
             ("x".to_string(), ColumnPolicy::Bounds { lo: 0.0, hi: 60.0 }),
         ]);
-        let policy = TablePolicy::with_unit("pid", 2, g, cols).unwrap();
+        let policy = TablePolicy::with_unit("pid", k, g, cols).unwrap();
         let state = ctx.state();
         let plan = state.create_logical_plan(sql).await.unwrap();
         let plan = state.analyzer().execute_and_check(plan, state.config_options(), |_, _| {}).unwrap();
         let dp = compile(&plan, &|t| (t.table() == "t").then(|| policy.clone())).unwrap();
         let physical = state.create_physical_plan(&dp.private).await.unwrap();
         let out = collect(Arc::clone(&physical), ctx.task_ctx()).await.unwrap();
-        let mut fallbacks = None;
+        let mut metrics = None;
         physical
             .apply(|p| {
                 if p.is::<UnitRunsExec>() {
-                    fallbacks = p.metrics().and_then(|m| m.sum_by_name("fallbacks")).map(|v| v.as_usize());
+                    metrics = p.metrics();
                 }
                 Ok(TreeNodeRecursion::Continue)
             })
             .unwrap();
+        let metrics = metrics.expect("the plan has a DpUnitRuns node");
+        let metric = |name| metrics.sum_by_name(name).map_or(0, |v| v.as_usize());
         let text = pretty_format_batches(&out).unwrap().to_string();
         let mut lines: Vec<String> = text.lines().map(str::to_string).collect();
         lines.sort();
-        (lines, fallbacks.expect("the plan has a DpUnitRuns node"))
+        Ran { lines, fallbacks: metric("fallbacks"), rows_added_whole: metric("rows_added_whole") }
     }
 
     const BY_KEY: &str = "SELECT k, COUNT(*), COUNT(x), SUM(x) FROM t GROUP BY k";
@@ -987,6 +1130,145 @@ mod tests {
             let expected: i64 = (0..300).filter(|u| u % 3 == j).map(|u| (1 + u % 5).min(2)).sum();
             assert!(by_j.contains(&vec![j.to_string(), expected.to_string()]), "{by_j:?} lacks {j}: {expected}");
         }
+    }
+
+    /// Rows of whole units that the clipping leaves as they are go row by row, with exactly the result of going
+    /// unit by unit: against the hash plan, with no unit over the row limit (k = 5), some (k = 3: every unit of 4
+    /// or 5 rows) and many (k = 2), one partition or three split inside units, with and without keys and picks.
+    #[tokio::test]
+    async fn rows_added_whole_give_what_units_give() {
+        let rows = people(300);
+        let at = rows.iter().position(|r| r.0 == 4).unwrap();
+        let three = vec![rows[..at + 2].to_vec(), rows[at + 2..at + 4].to_vec(), rows[at + 4..].to_vec()];
+        let spread: Vec<Row> = (0..13).flat_map(|s| rows.iter().skip(s).step_by(13).copied()).collect();
+        for k in [5, 3, 2] {
+            for (sql, g) in [(BY_KEY, 3), (TOTAL, 1), (SUMMED, 1), (PICKED, 1)] {
+                let hash = run_k(std::slice::from_ref(&spread), false, k, g, sql).await;
+                assert_eq!(hash.fallbacks, 1, "{sql}, k = {k}: spread input falls back");
+                for (name, parts) in [("one partition", vec![rows.clone()]), ("three", three.clone())] {
+                    let pass = run_k(&parts, false, k, g, sql).await;
+                    assert_eq!(pass.fallbacks, 0, "{sql}, k = {k}, {name}: clustered input takes the pass");
+                    assert_eq!(pass.lines, hash.lines, "{sql}, k = {k}, {name}");
+                    // Batches of 7 rows: with k = 5 most rows go row by row (BY_KEY's units in several cells
+                    // too: without a pick they add to each cell as their rows do).
+                    let share = pass.rows_added_whole * 100 / rows.len();
+                    assert!(k < 5 || share > 40, "{sql}, k = {k}, {name}: {share} % of the rows row by row");
+                    assert!(k > 2 || share < 20, "{sql}, k = {k}, {name}: {share} % of the rows row by row");
+                }
+                // Text units go unit by unit.
+                let text = run_k(&three, true, k, g, sql).await;
+                assert_eq!((text.lines, text.rows_added_whole), (hash.lines, 0), "{sql}, k = {k}: text units");
+            }
+        }
+    }
+
+    /// Rows added row by row give exactly the totals of their units added one by one (`UnitRows`, `add_unit`):
+    /// counts, counts of values, sums, and which cells and sums are seen — a cell whose rows have no value keeps
+    /// its sum unseen (NULL) — for units in one or several cells, with values that have NULLs and without.
+    #[test]
+    fn adding_rows_equals_adding_their_units() {
+        let sum = RowValue::Sum(Grid::Int { lo: -9, hi: 9 });
+        let measures = [RowValue::Rows, RowValue::Values, sum, sum];
+        for (keyed, none) in [(false, false), (true, false), (false, true)] {
+            let spec = Spec {
+                k: 5,
+                groups: None,
+                cells: if keyed { 4 } else { 1 },
+                keyed,
+                measures: measures.iter().map(|&value| RunMeasure { value, range: Some((-45, 45)) }).collect(),
+            };
+            // 200 rows of units of 1 to 5 rows, in cells 0..3 (cell 3 never reached); the values of measurements
+            // 1 and 2 NULL on every row of cell 2 and every fifth row (or all), measurement 3's never (its `has`
+            // empty).
+            let (mut unit, mut cells, mut x, mut has) = (vec![], vec![], vec![], vec![]);
+            for u in 0..100 {
+                unit.extend(std::iter::repeat_n(u, [1, 3, 5, 2, 4, 4, 1][u as usize % 7]));
+            }
+            for (r, &u) in (0i64..200).zip(&unit) {
+                let c = if keyed { (u * 7 + r / 2) % 3 } else { 0 };
+                cells.push(c);
+                let v = (r * 37) % 19 - 9;
+                let valued = c != 2 && r % 5 != 0 && !none;
+                x.push(if valued { v } else { 0 });
+                has.push(valued);
+            }
+            let values = [
+                RowValues::default(),
+                RowValues { x: has.iter().map(|&h| i64::from(h)).collect(), has: has.clone() },
+                RowValues { x: x.clone(), has: has.clone() },
+                RowValues { x: (0..200).map(|r| (r * 37) % 19 - 9).collect(), has: vec![] },
+            ];
+            let clips = clips(&spec);
+            let mut by_units = Totals::new(&spec);
+            let (mut rows, mut pick, mut from) = (UnitRows::default(), vec![], 0);
+            for r in 1..=200 {
+                if r < 200 && unit[r] == unit[from] {
+                    continue;
+                }
+                for (q, &cell) in (from..r).zip(&cells[from..r]) {
+                    let e = rows.entry(cell, measures.len());
+                    rows.n[e] += 1;
+                    add_values(&mut rows, e, measures.len(), &values, q..q + 1);
+                }
+                assert!(r - from <= 5);
+                by_units.add_unit(&rows, &spec, &clips, &mut pick).unwrap();
+                rows.clear();
+                from = r;
+            }
+            let mut by_rows = Totals::new(&spec);
+            by_rows.add_rows(keyed.then_some(&cells[..]), &values, &spec, 0..100).unwrap();
+            by_rows.add_rows(keyed.then_some(&cells[..]), &values, &spec, 100..200).unwrap();
+            assert_eq!(by_rows.sums, by_units.sums, "keyed: {keyed}, no values: {none}");
+            assert_eq!(by_rows.seen, by_units.seen, "keyed: {keyed}, no values: {none}");
+            assert_eq!(by_rows.present, by_units.present, "keyed: {keyed}, no values: {none}");
+            if keyed {
+                let (cell_3, sum_in_cell_2) = (by_rows.present[3], by_rows.seen[2 * 4 + 2]);
+                assert_eq!((cell_3, sum_in_cell_2), (false, false), "cell 3 unreached, no value in cell 2");
+            }
+        }
+    }
+
+    /// With a pick of one cell, a unit whose rows are in several cells adds one cell's rows, never its rows in
+    /// every cell as row by row would: the total is at most the sum over units of their largest cell's rows.
+    #[tokio::test]
+    async fn a_unit_in_several_cells_is_picked_not_added_row_by_row() {
+        let rows = people(300);
+        let pass = run_k(&[rows], false, 5, 1, "SELECT k, COUNT(*) FROM t GROUP BY k").await;
+        let total: i64 =
+            pass.lines.iter().filter_map(|l| l.split('|').filter_map(|f| f.trim().parse::<i64>().ok()).nth(1)).sum();
+        // Unit u's 1 + u % 5 rows are in cells (u + row) % 3: its largest cell holds 1, 1, 1, 2 or 2 of them.
+        let bound: i64 = (0..300).map(|u| [1, 1, 1, 2, 2][u % 5]).sum();
+        assert!(total > 0 && total <= bound, "total {total}, at most {bound}");
+    }
+
+    /// The span that goes row by row: whole units after the one continued from the batch before and before the
+    /// last, none over k rows, each in one cell when cells are given; nothing for text, NULL or disorder.
+    #[test]
+    fn the_span_row_by_row_holds_whole_units_only() {
+        let ints = |v: &[i64]| Arc::new(Int64Array::from(v.to_vec())) as ArrayRef;
+        let a = ints(&[3, 3, 4, 4, 5, 6, 6, 7]);
+        let span = |a: &ArrayRef, current: Option<i64>, cells: Option<&[i64]>, k: u64| {
+            plain_span(a, current.map(Unit::Int).as_ref(), cells, k).unwrap()
+        };
+        assert_eq!(span(&a, Some(3), None, 2), Some((2..7, 7)), "3 continues, 7 may go on");
+        assert_eq!(span(&a, Some(2), None, 2), Some((0..7, 7)), "3 begins here");
+        assert_eq!(span(&a, None, None, 2), Some((2..7, 7)), "the partition's first unit is kept whole");
+        assert_eq!(span(&a, Some(3), None, 1), None, "4 and 6 have more than k = 1 rows");
+        assert_eq!(span(&ints(&[0, 1, 2, 2, 2, 3]), None, None, 2), None, "2 has more than k = 2 rows");
+        assert_eq!(span(&ints(&[3, 3, 3]), Some(3), None, 2), None, "one unit throughout");
+        assert_eq!(span(&ints(&[3, 4, 4]), Some(3), None, 2), None, "only the continued and the last unit");
+        assert_eq!(span(&ints(&[3, 5, 4, 6]), None, None, 2), None, "4 after 5");
+        assert_eq!(span(&ints(&[3, 4, 5]), Some(4), None, 2), None, "3 after the batch before's 4");
+        let cells = [0, 0, 1, 2, 0, 1, 1, 0];
+        assert_eq!(span(&a, Some(3), Some(&cells), 2), None, "4 is in two cells");
+        let cells = [0, 1, 2, 2, 0, 1, 1, 0];
+        assert_eq!(span(&a, Some(3), Some(&cells), 2), Some((2..7, 7)), "3 and 7 may be in two cells");
+        let int32 = Arc::new(datafusion::arrow::array::Int32Array::from(vec![1, 2, 3])) as ArrayRef;
+        assert_eq!(span(&int32, Some(0), None, 2), Some((0..2, 3)));
+        let nulls = Arc::new(Int64Array::from(vec![Some(1), Some(2), None])) as ArrayRef;
+        assert_eq!(span(&nulls, None, None, 2), None, "a NULL unit");
+        let text = Arc::new(StringArray::from(vec!["a", "b", "c"])) as ArrayRef;
+        assert_eq!(span(&text, None, None, 2), None, "text units");
     }
 
     fn part(first: i64, last: Option<i64>, rows_n: i64) -> Part {
