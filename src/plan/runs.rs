@@ -502,39 +502,36 @@ impl Totals {
             }
             return Ok(());
         };
-        let Some(cells) = cells.get(range.clone()).filter(|c| c.iter().all(|&c| self.index(c).is_some())) else {
-            return internal_err!("DpUnitRuns: a cell out of range");
-        };
-        for &c in cells {
-            self.present[c as usize] = true;
-        }
+        let Some(cells) = cells.get(range.clone()) else { return internal_err!("DpUnitRuns: rows out of range") };
+        // Per cell: the rows, each measurement's sum, and how many rows have a value.
+        let (n, mut rows, mut sums, mut valued) = (self.present.len(), vec![], vec![], vec![]);
+        per_cell(cells, n, |_| 1, &mut rows)?;
         for (i, (meas, v)) in spec.measures.iter().zip(values).enumerate() {
-            let at = |c: i64| c as usize * m + i;
-            if meas.value == RowValue::Rows {
-                for &c in cells {
-                    self.sums[at(c)] += 1;
-                    self.seen[at(c)] = true;
+            let sum = match (meas.value, v.x.get(range.clone())) {
+                (RowValue::Rows, _) => &rows,
+                (_, Some(x)) => {
+                    per_cell(cells, n, |r| x[r], &mut sums)?;
+                    &sums
                 }
-                continue;
-            }
-            let Some(x) = v.x.get(range.clone()) else {
-                return internal_err!("DpUnitRuns: measurement {i} has no values");
+                (_, None) => return internal_err!("DpUnitRuns: measurement {i} has no values"),
             };
             // A COUNT(column) is seen in every cell a unit reaches, a sum where a row has a value.
-            match v.has.get(range.clone()).filter(|_| meas.value != RowValue::Values && !v.has.is_empty()) {
-                None => {
-                    for (&c, &x) in cells.iter().zip(x) {
-                        self.sums[at(c)] += i128::from(x);
-                        self.seen[at(c)] = true;
-                    }
+            let seen = match v.has.get(range.clone()).filter(|_| matches!(meas.value, RowValue::Sum(_))) {
+                Some(has) if !v.has.is_empty() => {
+                    per_cell(cells, n, |r| i64::from(has[r]), &mut valued)?;
+                    &valued
                 }
-                Some(has) => {
-                    for ((&c, &x), &has) in cells.iter().zip(x).zip(has) {
-                        self.sums[at(c)] += i128::from(x);
-                        self.seen[at(c)] |= has;
-                    }
+                _ => &rows,
+            };
+            for (c, (&sum, &seen)) in sum.iter().zip(seen).enumerate() {
+                if seen > 0 {
+                    self.sums[c * m + i] += i128::from(sum);
+                    self.seen[c * m + i] = true;
                 }
             }
+        }
+        for (present, &rows) in self.present.iter_mut().zip(&rows) {
+            *present |= rows > 0;
         }
         Ok(())
     }
@@ -690,9 +687,12 @@ async fn partition(
             }
             None => None,
         };
-        // Without a pick a unit in several cells adds to each as its rows do.
+        // Without a pick a unit in several cells adds to each as its rows do. Row by row costs O(cells) a batch.
         let unit = batch.column(columns.unit);
-        let span = plain_span(unit, current.as_ref(), spec.groups.and(cells), spec.k)?;
+        let span = match spec.cells.saturating_mul(4) <= len as u64 {
+            true => plain_span(unit, current.as_ref(), spec.groups.and(cells), spec.k)?,
+            false => None,
+        };
         match &span {
             Some((span, last)) => {
                 starts.extend([span.start, span.end]);
@@ -869,6 +869,26 @@ fn plain_span(
         }
     }
     Ok(Some((from..to, last)))
+}
+
+/// Into `out`, per cell of `0..n`, the sum of `v(r)` over the rows r of `cells` (at most 2^42 of them, so that an
+/// i64 holds it). Row r adds to the (r mod 4)-th of four partial sums, so that rows of the same cell in a row (a
+/// unit's rows) do not each wait for the addition before. A cell out of range is an engine error.
+fn per_cell(cells: &[i64], n: usize, v: impl Fn(usize) -> i64, out: &mut Vec<i64>) -> Result<()> {
+    out.clear();
+    out.resize(4 * n, 0);
+    for (r, &c) in cells.iter().enumerate() {
+        let Some(sum) = usize::try_from(c).ok().filter(|&c| c < n).and_then(|c| out.get_mut((r & 3) * n + c)) else {
+            return internal_err!("DpUnitRuns: cell {c} out of range");
+        };
+        *sum += v(r);
+    }
+    let (sums, rest) = out.split_at_mut(n);
+    for (j, sum) in sums.iter_mut().enumerate() {
+        *sum += rest[j] + rest[n + j] + rest[2 * n + j];
+    }
+    out.truncate(n);
+    Ok(())
 }
 
 /// The cell of every row in `range` when they share one (always, without keys), else None.
