@@ -21,6 +21,7 @@ pub(crate) mod runs;
 pub mod safety;
 pub mod sensitivity;
 pub mod size;
+pub(crate) mod unordered;
 pub mod validate;
 
 #[cfg(test)]

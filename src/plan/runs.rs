@@ -14,7 +14,9 @@
 //!   counts as a break): a unit, once left, cannot come back, so each unit's rows form one run. At the end the
 //!   partitions' unit ranges, sorted, may meet only at their ends; a unit split across two partitions is merged
 //!   before it is clipped. The first row that breaks either rule abandons the pass — nothing has been emitted — and
-//!   the fallback plan runs over the same input. No declared sort order is ever relied upon.
+//!   the fallback plan runs over the same input. No declared sort order is ever relied upon, here or by the
+//!   fallback: DataFusion would plan the hash plan's aggregation by unit as a streaming one over input that a
+//!   table declares sorted, and a private context forgets every such declaration first ([`super::unordered`]).
 //! * **Same function of the data.** Either way each unit's rows per cell give `n` and the exact per-measurement
 //!   aggregates (COUNT(column), or the `dp_bounded_sum` grid sum with the same per-row conversion), clipped by the
 //!   same rule ([`super::clip`]), at most `g` of the unit's cells kept uniformly at random when `g` is below the
@@ -1180,6 +1182,81 @@ mod tests {
                 assert_eq!((text.lines, text.rows_added_whole), (hash.lines, 0), "{sql}, k = {k}: text units");
             }
         }
+    }
+
+    /// A table may declare its rows sorted, and DataFusion plans on the claim: a Parquet file's `sorting_columns`
+    /// (those of its first row group, for the whole file) or a `MemTable`'s sort order make the aggregation by unit
+    /// stream, closing a unit's group when the next unit begins. Such a claim is never relied upon
+    /// (`plan::unordered`): here every Parquet row group is truly sorted by the unit, as `sorting_columns` says,
+    /// but each unit has rows in both, so the file as a whole is not; each unit must still count min(n, k) once.
+    #[tokio::test]
+    async fn a_sort_order_that_a_table_declares_is_not_trusted() {
+        use crate::config::{DataFormat, TableSource};
+        use datafusion::parquet::arrow::ArrowWriter;
+        use datafusion::parquet::file::metadata::SortingColumn;
+        use datafusion::parquet::file::properties::WriterProperties;
+        use datafusion::prelude::col;
+        let dir = std::env::temp_dir().join(format!("dpfusion-sorted-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("t.parquet");
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("pid", DataType::Int64, false),
+            Field::new("k", DataType::Int64, false),
+        ]));
+        // Units 0..40, three rows each in key (u % 3), written twice: two row groups, each sorted by pid.
+        let half: Vec<i64> = (0..40).flat_map(|u| [u; 3]).collect();
+        let batch = {
+            let pid = Arc::new(Int64Array::from(half.clone())) as ArrayRef;
+            let k = Arc::new(Int64Array::from_iter_values(half.iter().map(|u| u % 3))) as ArrayRef;
+            RecordBatch::try_new(Arc::clone(&schema), vec![pid, k]).unwrap()
+        };
+        let sorted = vec![SortingColumn { column_idx: 0, descending: false, nulls_first: false }];
+        let props = WriterProperties::builder()
+            .set_sorting_columns(Some(sorted))
+            .set_max_row_group_row_count(Some(half.len()))
+            .build();
+        let file = std::fs::File::create(&path).unwrap();
+        let mut w = ArrowWriter::try_new(file, Arc::clone(&schema), Some(props)).unwrap();
+        w.write(&batch).unwrap();
+        w.write(&batch).unwrap();
+        w.close().unwrap();
+        let cols = BTreeMap::from([("k".to_string(), ColumnPolicy::Domain((0..3).map(DomainValue::Int).collect()))]);
+        let source = TableSource {
+            path: path.clone(),
+            format: DataFormat::Parquet,
+            columns: [("pid", "int64"), ("k", "int64")].map(|(c, t)| (c.to_string(), t.parse().unwrap())).into(),
+            policy: TablePolicy::with_unit("pid", 3, 1, cols).unwrap(),
+        };
+        let parquet = crate::source::provider("t", &source, None).unwrap();
+        let memory = MemTable::try_new(Arc::clone(&schema), vec![vec![batch.clone(), batch]])
+            .unwrap()
+            .with_sort_order(vec![vec![col("pid").sort(true, false)]]);
+        // Each of the 40 units has 6 rows in one key: min(6, k = 3) = 3 each, 120 in all, 42 + 39 + 39 per key.
+        for (name, table) in [("parquet", parquet), ("memory", Arc::new(memory) as _)] {
+            for partitions in [1, 2, 4] {
+                let ctx = crate::session::private_context(None).unwrap();
+                ctx.register_table("t", Arc::clone(&table)).unwrap();
+                let mut state = ctx.state();
+                state.config_mut().options_mut().execution.target_partitions = partitions;
+                for (sql, want) in [
+                    ("SELECT COUNT(*) FROM t", vec!["120"]),
+                    ("SELECT k, COUNT(*) FROM t GROUP BY k", vec!["0 | 42", "1 | 39", "2 | 39"]),
+                ] {
+                    let plan = state.create_logical_plan(sql).await.unwrap();
+                    let plan = state.analyzer().execute_and_check(plan, state.config_options(), |_, _| {}).unwrap();
+                    let dp = compile(&plan, &|t| (t.table() == "t").then(|| source.policy.clone())).unwrap();
+                    let physical = state.create_physical_plan(&dp.private).await.unwrap();
+                    let out = collect(Arc::clone(&physical), state.task_ctx()).await.unwrap();
+                    let text = pretty_format_batches(&out).unwrap().to_string();
+                    let shown = datafusion::physical_plan::displayable(physical.as_ref()).indent(false).to_string();
+                    for w in want {
+                        let at = format!("{name}, {partitions} partitions, {sql}");
+                        assert!(text.contains(&format!("| {w} ")), "{at}: lacks {w}\n{text}\n{shown}");
+                    }
+                }
+            }
+        }
+        std::fs::remove_dir_all(&dir).ok();
     }
 
     /// Rows added row by row give exactly the totals of their units added one by one (`UnitRows`, `add_unit`):

@@ -230,8 +230,9 @@ impl DpSession {
     }
 }
 
-/// A session's private context: no information schema, the `dp.…` options, and a physical planner that knows
-/// the bounding's own plan node ([`crate::plan::runs`]); `runtime` None for the default one.
+/// A session's private context: no information schema, the `dp.…` options, a physical planner that knows the
+/// bounding's own plan nodes ([`crate::plan::runs`]), and no trust in an order a table declares
+/// ([`crate::plan::unordered`]); `runtime` None for the default one.
 pub(crate) fn private_context(
     runtime: Option<Arc<datafusion::execution::runtime_env::RuntimeEnv>>,
 ) -> Result<SessionContext> {
@@ -240,8 +241,14 @@ pub(crate) fn private_context(
         .with_information_schema(false)
         .with_option_extension(DpOptions::default());
     let planner = PrivatePlanner;
-    let mut state =
-        SessionStateBuilder::new().with_config(config).with_default_features().with_query_planner(Arc::new(planner));
+    // First of all: no declared order or partitioning of a table is relied upon (`plan::unordered`).
+    let mut rules = datafusion::physical_optimizer::optimizer::PhysicalOptimizer::new().rules;
+    rules.insert(0, Arc::new(crate::plan::unordered::ForgetDeclaredOrder));
+    let mut state = SessionStateBuilder::new()
+        .with_config(config)
+        .with_default_features()
+        .with_query_planner(Arc::new(planner))
+        .with_physical_optimizer_rules(rules);
     if let Some(rt) = runtime {
         state = state.with_runtime_env(rt);
     }
