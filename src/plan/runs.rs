@@ -1044,24 +1044,42 @@ mod tests {
         (ran.lines, ran.fallbacks)
     }
 
-    /// Runs the private plan of `sql` over `parts` (one MemTable partition each, batches of 7 rows) with `k` rows
-    /// and `g` cells per unit; returns its output lines, sorted, and the pass's metrics.
+    /// How [`run_layout`] lays out the table: the unit column's type, the rows per batch, and whether each
+    /// partition begins with an empty batch and has one after every batch.
+    struct Layout {
+        unit: DataType,
+        batch: usize,
+        empty: bool,
+    }
+
+    /// [`run_layout`] with units as Int64 or (`strings`) Utf8View, batches of 7 rows, none empty.
     async fn run_k(parts: &[Vec<Row>], strings: bool, k: u64, g: u64, sql: &str) -> Ran {
-        let unit_type = if strings { DataType::Utf8View } else { DataType::Int64 };
+        let unit = if strings { DataType::Utf8View } else { DataType::Int64 };
+        run_layout(parts, &Layout { unit, batch: 7, empty: false }, k, g, sql).await
+    }
+
+    /// Runs the private plan of `sql` over `parts` (one MemTable partition each, laid out as `layout` says) with
+    /// `k` rows and `g` cells per unit; returns its output lines, sorted, and the pass's metrics.
+    async fn run_layout(parts: &[Vec<Row>], layout: &Layout, k: u64, g: u64, sql: &str) -> Ran {
+        let strings = matches!(layout.unit, DataType::Utf8View);
         let schema = Arc::new(Schema::new(vec![
-            Field::new("pid", unit_type, false),
+            Field::new("pid", layout.unit.clone(), false),
             Field::new("k", DataType::Int64, false),
             Field::new("x", DataType::Float64, true),
             Field::new("j", DataType::Int64, false),
         ]));
         let batches = |rows: &Vec<Row>| -> Vec<RecordBatch> {
-            rows.chunks(7)
+            let empty = layout.empty.then_some(&[][..]);
+            empty
+                .into_iter()
+                .chain(rows.chunks(layout.batch).flat_map(|c| [Some(c), empty].into_iter().flatten()))
                 .map(|c| {
                     let pid: ArrayRef = if strings {
                         let s: Vec<String> = c.iter().map(|r| format!("p{:05}", r.0)).collect();
                         cast(&(Arc::new(StringArray::from(s)) as ArrayRef), &DataType::Utf8View).unwrap()
                     } else {
-                        Arc::new(Int64Array::from_iter_values(c.iter().map(|r| r.0)))
+                        let ints = Arc::new(Int64Array::from_iter_values(c.iter().map(|r| r.0))) as ArrayRef;
+                        cast(&ints, &layout.unit).unwrap()
                     };
                     let k = Arc::new(Int64Array::from_iter_values(c.iter().map(|r| r.1)));
                     let x = Arc::new(Float64Array::from_iter(c.iter().map(|r| r.2)));
@@ -1180,6 +1198,61 @@ mod tests {
                 // Text units go unit by unit.
                 let text = run_k(&three, true, k, g, sql).await;
                 assert_eq!((text.lines, text.rows_added_whole), (hash.lines, 0), "{sql}, k = {k}: text units");
+            }
+        }
+    }
+
+    /// Units longer than a batch (1 to 40 rows over batches of 7, so that whole batches lie inside one unit),
+    /// empty batches (and a partition of nothing else), and units of narrower types (Int16, UInt8, UInt32): the
+    /// pass gives exactly what the hash plan gives, and each unit's COUNT(*) is min(n, k).
+    #[tokio::test]
+    async fn long_units_empty_batches_and_narrow_unit_types_equal_the_hash_plan() {
+        let n = |u: i64| 1 + (u * 13) % 40;
+        let mut rows = vec![];
+        for u in 0..60 {
+            for r in 0..n(u) {
+                let i = rows.len() as i64;
+                rows.push((u, (u + r / 3) % 3, (i % 7 != 0).then_some((i % 50) as f64 * 1.5)));
+            }
+        }
+        // Three partitions, the borders inside units of 14 and 27 rows, and one with no rows.
+        let (a, b) = (rows.iter().position(|r| r.0 == 1).unwrap() + 5, rows.iter().position(|r| r.0 == 2).unwrap() + 9);
+        let parts = vec![rows[..a].to_vec(), rows[a..b].to_vec(), vec![], rows[b..].to_vec()];
+        let spread: Vec<Row> = (0..13).flat_map(|s| rows.iter().skip(s).step_by(13).copied()).collect();
+        let int = Layout { unit: DataType::Int64, batch: 7, empty: false };
+        for k in [3, 50] {
+            for (sql, g) in [(BY_KEY, 3), (TOTAL, 1), (SUMMED, 1), (PICKED, 1)] {
+                let hash = run_layout(std::slice::from_ref(&spread), &int, k, g, sql).await;
+                assert_eq!(hash.fallbacks, 1, "{sql}, k = {k}: spread input falls back");
+                for unit in [DataType::Int64, DataType::Int16, DataType::UInt8, DataType::UInt32, DataType::Utf8View] {
+                    let layout = Layout { unit: unit.clone(), batch: 7, empty: true };
+                    let pass = run_layout(&parts, &layout, k, g, sql).await;
+                    assert_eq!(pass.fallbacks, 0, "{sql}, k = {k}, {unit}: clustered input takes the pass");
+                    assert_eq!(pass.lines, hash.lines, "{sql}, k = {k}, {unit}");
+                }
+            }
+            let layout = Layout { unit: DataType::Int64, batch: 7, empty: true };
+            let total = run_layout(&parts, &layout, k, 1, "SELECT COUNT(*) FROM t").await;
+            let expected: i64 = (0..60).map(|u| n(u).min(k as i64)).sum();
+            assert!(
+                total.lines.iter().any(|l| l.contains(&format!("| {expected} "))),
+                "{:?} lacks {expected}",
+                total.lines
+            );
+            // A pick of one of a unit's (up to three) cells, at random: between its smallest and its largest cell.
+            let per_cell = |u: i64| (0..3).map(move |c| (0..n(u)).filter(|r| (u + r / 3) % 3 == c).count() as i64);
+            let clipped = |u: i64| per_cell(u).map(|m| m.min(k as i64)).filter(|&m| m > 0).collect::<Vec<_>>();
+            let lo: i64 = (0..60).map(|u| clipped(u).into_iter().min().unwrap_or(0)).sum();
+            let hi: i64 = (0..60).map(|u| clipped(u).into_iter().max().unwrap_or(0)).sum();
+            for (parts, layout) in [(&parts, &layout), (&vec![spread.clone()], &int)] {
+                let picked = run_layout(parts, layout, k, 1, "SELECT k, COUNT(*) FROM t GROUP BY k").await;
+                let field = |l: &String| l.split('|').filter_map(|f| f.trim().parse::<i64>().ok()).nth(1);
+                let total: i64 = picked.lines.iter().filter_map(field).sum();
+                assert!(
+                    (lo..=hi).contains(&total),
+                    "k = {k}, fell back {}: {total} not in {lo}..={hi}",
+                    picked.fallbacks
+                );
             }
         }
     }
