@@ -843,11 +843,6 @@ fn plain_span(
     let ints = cast(col, &DataType::Int64)?;
     let a = ints.as_primitive::<Int64Type>().values();
     let (Some(&u0), Some(&last)) = (a.first(), a.last()) else { return Ok(None) };
-    // Counted rather than searched for, so that the loops vectorise (units of a few rows would mispredict a branch).
-    let count = |pairs: &mut dyn Iterator<Item = bool>| pairs.map(usize::from).sum::<usize>();
-    if before.is_some_and(|p| u0 < p) || count(&mut a[1..].iter().zip(a).map(|(x, y)| x < y)) > 0 {
-        return Ok(None);
-    }
     // The first unit that begins in the batch (after the partition's first, kept whole for the merge), and the last.
     let from = if before.is_none_or(|p| p == u0) {
         match a.windows(2).position(|w| w[0] != w[1]) {
@@ -858,19 +853,55 @@ fn plain_span(
         0
     };
     let Some(to) = a[from..].windows(2).rposition(|w| w[0] != w[1]).map(|p| from + p + 1) else { return Ok(None) };
-    let span = &a[from..to];
-    // A unit of more than k rows has a row equal to the one k before it.
     let k = usize::try_from(k).unwrap_or(usize::MAX);
-    if k < span.len() && count(&mut span[k..].iter().zip(span).map(|(x, y)| x == y)) > 0 {
+    if before.is_some_and(|p| u0 < p) || breaks(a, from..to, k, cells) {
         return Ok(None);
     }
-    if let Some(c) = cells.and_then(|c| c.get(from..to)) {
-        let pairs = span[1..].iter().zip(span).zip(c[1..].iter().zip(c));
-        if count(&mut pairs.map(|((x, y), (cx, cy))| (x == y) & (cx != cy))) > 0 {
-            return Ok(None);
+    Ok(Some((from..to, last)))
+}
+
+/// Whether the units `a` of a batch ever decrease, or a unit among rows `span` has more than `k` rows or (with
+/// `cells`) rows in two cells. Counted over every row rather than searched for, so that the loops vectorise (units
+/// of a few rows would mispredict a branch); compiled for AVX2 too, used when the processor has it, as x86-64's
+/// baseline (SSE2) has no comparison of 64-bit integers and emulates one in several instructions.
+fn breaks(a: &[i64], span: std::ops::Range<usize>, k: usize, cells: Option<&[i64]>) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        #[target_feature(enable = "avx2")]
+        fn avx2(a: &[i64], span: std::ops::Range<usize>, k: usize, cells: Option<&[i64]>) -> bool {
+            breaks_counted(a, span, k, cells)
+        }
+        if std::arch::is_x86_feature_detected!("avx2") {
+            // SAFETY: `avx2` needs only what the processor was just found to have.
+            return unsafe { avx2(a, span, k, cells) };
         }
     }
-    Ok(Some((from..to, last)))
+    breaks_counted(a, span, k, cells)
+}
+
+/// The rows of `v` after its first.
+fn after(v: &[i64]) -> &[i64] {
+    v.get(1..).unwrap_or_default()
+}
+
+/// [`breaks`] for any processor.
+#[inline(always)]
+fn breaks_counted(a: &[i64], span: std::ops::Range<usize>, k: usize, cells: Option<&[i64]>) -> bool {
+    fn count(pairs: impl Iterator<Item = bool>) -> usize {
+        pairs.map(usize::from).sum()
+    }
+    if count(after(a).iter().zip(a).map(|(x, y)| x < y)) > 0 {
+        return true;
+    }
+    let Some(units) = a.get(span.clone()) else { return true };
+    // A unit of more than k rows has a row equal to the one k before it.
+    if k < units.len() && count(units[k..].iter().zip(units).map(|(x, y)| x == y)) > 0 {
+        return true;
+    }
+    let Some(c) = cells else { return false };
+    let Some(c) = c.get(span) else { return true };
+    let pairs = after(units).iter().zip(units).zip(after(c).iter().zip(c));
+    count(pairs.map(|((x, y), (cx, cy))| (x == y) & (cx != cy))) > 0
 }
 
 /// Into `out`, per cell of `0..n`, the sum of `v(r)` over the rows r of `cells` (at most 2^42 of them, so that an
@@ -1418,6 +1449,15 @@ mod tests {
         let ints = |v: &[i64]| Arc::new(Int64Array::from(v.to_vec())) as ArrayRef;
         let a = ints(&[3, 3, 4, 4, 5, 6, 6, 7]);
         let span = |a: &ArrayRef, current: Option<i64>, cells: Option<&[i64]>, k: u64| {
+            let units = a.as_primitive_opt::<Int64Type>().map(|a| &a.values()[..]).filter(|v| v.len() > 2);
+            if let Some(units) = units {
+                // Whatever the processor, the same answer (`breaks` may run a copy compiled for AVX2).
+                let k = k as usize;
+                assert_eq!(
+                    breaks(units, 1..units.len() - 1, k, cells),
+                    breaks_counted(units, 1..units.len() - 1, k, cells)
+                );
+            }
             plain_span(a, current.map(Unit::Int).as_ref(), cells, k).unwrap()
         };
         assert_eq!(span(&a, Some(3), None, 2), Some((2..7, 7)), "3 continues, 7 may go on");
