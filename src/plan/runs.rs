@@ -1075,6 +1075,19 @@ mod tests {
         (ran.lines, ran.fallbacks)
     }
 
+    /// The private plan of `sql` over table `t` with `policy`, as `state` plans it, and its exact output.
+    async fn private_output(
+        state: &datafusion::execution::SessionState,
+        policy: &TablePolicy,
+        sql: &str,
+    ) -> (Vec<RecordBatch>, Arc<dyn ExecutionPlan>) {
+        let plan = state.create_logical_plan(sql).await.unwrap();
+        let plan = state.analyzer().execute_and_check(plan, state.config_options(), |_, _| {}).unwrap();
+        let dp = compile(&plan, &|t| (t.table() == "t").then(|| policy.clone())).unwrap();
+        let physical = state.create_physical_plan(&dp.private).await.unwrap();
+        (collect(Arc::clone(&physical), state.task_ctx()).await.unwrap(), physical)
+    }
+
     /// How [`run_layout`] lays out the table: the unit column's type, the rows per batch, and whether each
     /// partition begins with an empty batch and has one after every batch.
     struct Layout {
@@ -1129,11 +1142,7 @@ mod tests {
         ]);
         let policy = TablePolicy::with_unit("pid", k, g, cols).unwrap();
         let state = ctx.state();
-        let plan = state.create_logical_plan(sql).await.unwrap();
-        let plan = state.analyzer().execute_and_check(plan, state.config_options(), |_, _| {}).unwrap();
-        let dp = compile(&plan, &|t| (t.table() == "t").then(|| policy.clone())).unwrap();
-        let physical = state.create_physical_plan(&dp.private).await.unwrap();
-        let out = collect(Arc::clone(&physical), ctx.task_ctx()).await.unwrap();
+        let (out, physical) = private_output(&state, &policy, sql).await;
         let mut metrics = None;
         physical
             .apply(|p| {
@@ -1346,11 +1355,7 @@ mod tests {
                     ("SELECT COUNT(*) FROM t", vec!["120"]),
                     ("SELECT k, COUNT(*) FROM t GROUP BY k", vec!["0 | 42", "1 | 39", "2 | 39"]),
                 ] {
-                    let plan = state.create_logical_plan(sql).await.unwrap();
-                    let plan = state.analyzer().execute_and_check(plan, state.config_options(), |_, _| {}).unwrap();
-                    let dp = compile(&plan, &|t| (t.table() == "t").then(|| source.policy.clone())).unwrap();
-                    let physical = state.create_physical_plan(&dp.private).await.unwrap();
-                    let out = collect(Arc::clone(&physical), state.task_ctx()).await.unwrap();
+                    let (out, physical) = private_output(&state, &source.policy, sql).await;
                     let text = pretty_format_batches(&out).unwrap().to_string();
                     let shown = datafusion::physical_plan::displayable(physical.as_ref()).indent(false).to_string();
                     for w in want {
