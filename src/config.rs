@@ -208,6 +208,10 @@ pub struct TableConfig {
     /// For CSV: the field delimiter (default `,`).
     #[serde(default = "default_delimiter")]
     pub delimiter: char,
+    /// For CSV: quoted fields may hold line breaks (default false: every line is read alone, so a malformed
+    /// record never affects another line; with true, the data owner answers for the file's quoting).
+    #[serde(default)]
+    pub multiline_fields: bool,
     /// The privacy-unit column; absent means every row is its own unit.
     pub privacy_unit: Option<String>,
     /// Most rows one unit may contribute (per group in a GROUP BY).
@@ -249,6 +253,8 @@ pub enum DataFormat {
         has_header: bool,
         /// Field delimiter.
         delimiter: u8,
+        /// Quoted fields may hold line breaks (records are read across lines).
+        multiline_fields: bool,
     },
     /// Apache Parquet.
     Parquet,
@@ -432,7 +438,16 @@ fn table_source(name: &str, t: TableConfig, base_dir: &Path) -> Result<TableSour
             if !t.delimiter.is_ascii() {
                 return Err(DpError::Config(format!("[tables.{name}] delimiter must be one ASCII character")));
             }
-            DataFormat::Csv { has_header: t.has_header, delimiter: t.delimiter as u8 }
+            DataFormat::Csv {
+                has_header: t.has_header,
+                delimiter: t.delimiter as u8,
+                multiline_fields: t.multiline_fields,
+            }
+        }
+        _ if t.multiline_fields => {
+            return Err(DpError::Config(format!(
+                "[tables.{name}] multiline_fields applies to CSV files only; remove it"
+            )));
         }
         "parquet" => DataFormat::Parquet,
         "json" | "ndjson" => DataFormat::Json,

@@ -164,7 +164,7 @@ mod tests {
         assert_eq!(s.progress.fraction(), None);
         let csv = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/data/pums_dup.csv");
         let schema = Arc::new(Schema::new(vec![Field::new("age", DataType::Int64, true)]));
-        let format = TextFormat::Csv { has_header: true, delimiter: b',' };
+        let format = TextFormat::Csv { has_header: true, delimiter: b',', multiline_fields: false };
         let table = TextTable::new("c", schema, vec![csv.into()], format, None);
         s.ctx.register_table("c", Arc::new(table)).unwrap();
         // Nothing is measured until someone asks.

@@ -63,8 +63,16 @@ pub enum Refusal {
     /// More operators than the planner can recurse over safely.
     #[error("the statement has {count} operators; at most {max} are accepted in one statement")]
     TooManyOperators {
-        /// Binary operators in the statement.
+        /// Operators in the statement.
         count: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// Expressions nested deeper than the SQL parser can take safely.
+    #[error("the statement nests expressions {depth} levels deep; at most {max} are accepted")]
+    TooDeep {
+        /// The deepest nesting (brackets, CASE, prefix operators such as NOT and unary minus).
+        depth: usize,
         /// The limit.
         max: usize,
     },
@@ -481,6 +489,11 @@ impl Refusal {
             StatementNotAvailable | SetNotAvailable { .. } => "only dp.rho, dp.mechanism and dp.confidence can be \
                 set; the budget, policy and engine settings come from the configuration file"
                 .into(),
+            TooDeep { .. } => {
+                "flatten the expression: fewer nested parentheses, CASEs and NOTs (write `a AND b` rather \
+                                 than nested conditions, a list of values with IN (...))"
+                    .into()
+            }
             TooManyOperators { .. } => {
                 "shorten the expression: list values with IN (...) instead of chains of OR, or split the query".into()
             }
@@ -583,6 +596,7 @@ impl Refusal {
             OutsideReadOnly { .. } => "outside_read_only_view",
             StatementNotAvailable => "statement_not_available",
             TooManyOperators { .. } => "too_many_operators",
+            TooDeep { .. } => "too_deeply_nested",
             ReservedName { .. } => "reserved_name",
             EmptyRequestId => "empty_request_id",
             SetUnreadable => "set_unreadable",

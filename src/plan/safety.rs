@@ -38,47 +38,151 @@ use std::sync::Arc;
 /// Longest LIKE pattern accepted (bytes). Real patterns are short; a huge one only costs regex compile time.
 pub const MAX_LIKE_PATTERN: usize = 10_000;
 
-/// Most binary operators (AND, OR, comparisons, arithmetic, `||`) one statement may hold. A flat chain of n
-/// operators is an expression tree n levels deep, and the SQL planner, the optimizer and the evaluator all
-/// recurse over it: a few thousand overflow a thread's stack. Large IN lists do not count (their items are not
-/// nested), so real queries stay far below this.
+/// Most operators one statement may hold: binary operators (AND, OR, comparisons, arithmetic, `||`, bitwise),
+/// prefix and postfix ones (NOT, unary `-`/`+`, `IS [NOT] NULL/TRUE/...`, `::type`, `IN`, `BETWEEN`, `LIKE`,
+/// `CAST`, `CASE`/`WHEN`, `COLLATE`, `AT TIME ZONE`, subscripts) and every opening parenthesis (nesting). A chain
+/// of n of them is an expression tree n levels deep, and the SQL parser, the planner, the optimizer, the
+/// evaluator and even dropping the tree all recurse over it: a few thousand overflow a 2 MiB thread stack and
+/// abort the process (every analyst's connection with it, on the server). The items of an IN list and of a
+/// function's arguments are not nested and do not count, so real queries stay far below this.
 pub const MAX_OPERATORS: usize = 1000;
 
-/// Refuses a statement with more than [`MAX_OPERATORS`] binary operators, before it is parsed. Counts from the
-/// token stream, which the tokenizer produces without recursion.
+/// Deepest nesting accepted (see [`nesting`]). The SQL parser recurses once per level and gives up at 50
+/// (DataFusion's `sql_parser.recursion_limit`); near that limit sqlparser 0.62 backtracks on every level and a
+/// nest of 48 `CAST(`s took longer than any timeout (two levels fewer: 0.1 s). So deep nests are refused first,
+/// well inside the parser's limit.
+pub const MAX_NESTING: usize = 32;
+
+/// How deeply a statement's tokens nest: every opening bracket and `CASE` opens a level (its closing bracket or
+/// `END` closes it), and every prefix operator (NOT, unary `-`/`+`, `~`, `!`) deepens the expression that
+/// follows it by one. An over-estimate of the parser's recursion for unusual texts, never an under-estimate.
+fn nesting(tokens: &[datafusion::sql::sqlparser::tokenizer::Token]) -> usize {
+    use datafusion::sql::sqlparser::keywords::Keyword as K;
+    use datafusion::sql::sqlparser::tokenizer::Token as T;
+    let mut levels: Vec<usize> = Vec::new(); // the depth each open level added
+    let (mut open, mut prefixes, mut deepest) = (0usize, 0usize, 0usize);
+    // Whether the previous token ends an operand, so that a following `-` is binary, not a prefix.
+    let mut after_operand = false;
+    for t in tokens.iter().filter(|t| !matches!(t, T::Whitespace(_))) {
+        let opens = matches!(t, T::LParen | T::LBracket | T::LBrace) || matches!(t, T::Word(w) if w.keyword == K::CASE);
+        let closes = matches!(t, T::RParen | T::RBracket | T::RBrace) || matches!(t, T::Word(w) if w.keyword == K::END);
+        let prefix = match t {
+            T::Word(w) => w.keyword == K::NOT,
+            T::Minus | T::Plus => !after_operand,
+            T::Tilde | T::ExclamationMark => true,
+            _ => false,
+        };
+        if opens {
+            let added = 1 + std::mem::take(&mut prefixes);
+            levels.push(added);
+            open += added;
+        } else if closes {
+            open -= levels.pop().unwrap_or(0);
+            prefixes = 0;
+        } else if prefix {
+            prefixes += 1;
+        }
+        deepest = deepest.max(open + prefixes);
+        // An operand (a literal, a name; a keyword may be one, e.g. a column called `year`) ends the run of
+        // prefix operators before it; after a keyword, a `-` is counted as a prefix (an over-estimate at most).
+        let operand = !opens && !closes && !prefix && !is_operator(t) && !matches!(t, T::Comma);
+        if operand {
+            prefixes = 0;
+        }
+        after_operand = closes || (operand && !matches!(t, T::Word(w) if w.keyword != K::NoKeyword));
+    }
+    deepest
+}
+
+/// Whether a token is an operator for [`MAX_OPERATORS`]: anything that can nest one expression in another.
+fn is_operator(t: &datafusion::sql::sqlparser::tokenizer::Token) -> bool {
+    use datafusion::sql::sqlparser::keywords::Keyword as K;
+    use datafusion::sql::sqlparser::tokenizer::Token as T;
+    match t {
+        T::Word(w) => matches!(
+            w.keyword,
+            K::AND
+                | K::OR
+                | K::XOR
+                | K::NOT
+                | K::IS
+                | K::IN
+                | K::BETWEEN
+                | K::LIKE
+                | K::ILIKE
+                | K::SIMILAR
+                | K::REGEXP
+                | K::RLIKE
+                | K::CAST
+                | K::TRY_CAST
+                | K::SAFE_CAST
+                | K::CASE
+                | K::WHEN
+                | K::COLLATE
+                | K::AT
+                | K::EXISTS
+                | K::ANY
+                | K::ALL
+                | K::SOME
+                | K::INTERVAL
+                | K::OVERLAPS
+                | K::DIV
+                | K::MOD
+        ),
+        // Literals, names, separators and closing brackets nest nothing.
+        T::EOF
+        | T::Number(..)
+        | T::Char(_)
+        | T::SingleQuotedString(_)
+        | T::DoubleQuotedString(_)
+        | T::TripleSingleQuotedString(_)
+        | T::TripleDoubleQuotedString(_)
+        | T::DollarQuotedString(_)
+        | T::SingleQuotedByteStringLiteral(_)
+        | T::DoubleQuotedByteStringLiteral(_)
+        | T::TripleSingleQuotedByteStringLiteral(_)
+        | T::TripleDoubleQuotedByteStringLiteral(_)
+        | T::SingleQuotedRawStringLiteral(_)
+        | T::DoubleQuotedRawStringLiteral(_)
+        | T::TripleSingleQuotedRawStringLiteral(_)
+        | T::TripleDoubleQuotedRawStringLiteral(_)
+        | T::NationalStringLiteral(_)
+        | T::QuoteDelimitedStringLiteral(_)
+        | T::NationalQuoteDelimitedStringLiteral(_)
+        | T::EscapedStringLiteral(_)
+        | T::UnicodeStringLiteral(_)
+        | T::HexStringLiteral(_)
+        | T::Comma
+        | T::Whitespace(_)
+        | T::Period
+        | T::SemiColon
+        | T::RParen
+        | T::RBracket
+        | T::RBrace
+        | T::Placeholder(_) => false,
+        // Every other token is punctuation that builds an expression: binary, prefix and postfix operators
+        // (`+`, `=`, `::`, `->`, `~`, `!`, `@`, ...), opening brackets and whatever a dialect adds.
+        _ => true,
+    }
+}
+
+/// Refuses a statement with more than [`MAX_OPERATORS`] operators or nested deeper than [`MAX_NESTING`] (see
+/// there), before anything parses it, from
+/// the token stream, which the tokenizer produces without recursion. Every front end (library, CLI, REPL, the
+/// server's routing and catalog) calls this first.
 pub fn check_statement_size(sql: &str) -> Result<()> {
     use datafusion::sql::sqlparser::dialect::GenericDialect;
-    use datafusion::sql::sqlparser::keywords::Keyword;
-    use datafusion::sql::sqlparser::tokenizer::{Token, Tokenizer};
+    use datafusion::sql::sqlparser::tokenizer::Tokenizer;
     let Ok(tokens) = Tokenizer::new(&GenericDialect {}, sql).tokenize() else {
-        return Ok(()); // the parser reports the syntax error itself
+        return Ok(()); // the parser reports the syntax error itself, before it builds any tree
     };
-    let ops = tokens
-        .iter()
-        .filter(|t| match t {
-            Token::Word(w) => matches!(w.keyword, Keyword::AND | Keyword::OR),
-            Token::Plus
-            | Token::Minus
-            | Token::Mul
-            | Token::Div
-            | Token::Mod
-            | Token::StringConcat
-            | Token::Eq
-            | Token::DoubleEq
-            | Token::Neq
-            | Token::Lt
-            | Token::Gt
-            | Token::LtEq
-            | Token::GtEq
-            | Token::Spaceship
-            | Token::Ampersand
-            | Token::Pipe
-            | Token::Caret => true,
-            _ => false,
-        })
-        .count();
+    let ops = tokens.iter().filter(|t| is_operator(t)).count();
     if ops > MAX_OPERATORS {
         return Err(DpError::Refused(Refusal::TooManyOperators { count: ops, max: MAX_OPERATORS }));
+    }
+    let depth = nesting(&tokens);
+    if depth > MAX_NESTING {
+        return Err(DpError::Refused(Refusal::TooDeep { depth, max: MAX_NESTING }));
     }
     Ok(())
 }
@@ -485,6 +589,26 @@ mod tests {
         assert!(check_statement_size(&sql).unwrap_err().to_string().contains("operators"));
         let items = (0..100_000).map(|i| i.to_string()).collect::<Vec<_>>().join(", ");
         assert!(check_statement_size(&format!("SELECT COUNT(*) FROM pums WHERE age IN ({items})")).is_ok());
+    }
+
+    #[test]
+    fn nesting_counts_brackets_case_and_prefix_operators() {
+        use datafusion::sql::sqlparser::dialect::GenericDialect;
+        use datafusion::sql::sqlparser::tokenizer::Tokenizer;
+        let depth = |sql: &str| nesting(&Tokenizer::new(&GenericDialect {}, sql).tokenize().unwrap());
+        assert_eq!(depth("SELECT a - b FROM t WHERE x > 1"), 0);
+        assert_eq!(depth("SELECT COUNT(*) FROM t WHERE ((a))"), 2);
+        assert_eq!(depth("SELECT a FROM t WHERE NOT NOT NOT a"), 3);
+        assert_eq!(depth("SELECT a FROM t WHERE NOT a AND NOT b AND NOT c"), 1);
+        assert_eq!(depth("SELECT - - -a"), 3);
+        assert_eq!(depth("SELECT -(-(-a))"), 5);
+        assert_eq!(depth("SELECT CASE WHEN a THEN CASE WHEN b THEN 1 END END"), 2);
+        assert_eq!(depth("SELECT f(g(h(x))), y"), 3);
+        let deep = format!("SELECT COUNT(*) FROM t WHERE {}age{} > 1", "CAST(".repeat(48), " AS BIGINT)".repeat(48));
+        let e = check_statement_size(&deep).unwrap_err();
+        assert!(matches!(e, DpError::Refused(Refusal::TooDeep { depth: 48, .. })), "{e}");
+        let ok = format!("SELECT COUNT(*) FROM t WHERE {}age{} > 1", "CAST(".repeat(32), " AS BIGINT)".repeat(32));
+        assert!(check_statement_size(&ok).is_ok());
     }
 
     #[test]

@@ -209,10 +209,10 @@ impl DpSession {
             return Err(DpError::invalid("delta", format!("must be in (0, 1), got {delta}")));
         }
         crate::noise::accuracy::check_confidence(confidence)?;
-        let ctx = private_context(None)?;
+        let ctx = private_context()?;
         Ok(DpSession {
             ctx,
-            post: post::post_context()?,
+            post: post::post_context(POST_MEMORY)?,
             policies: BTreeMap::new(),
             defaults: Defaults {
                 accounting: Accounting::Zcdp,
@@ -232,10 +232,9 @@ impl DpSession {
 
 /// A session's private context: no information schema, the `dp.…` options, a physical planner that knows the
 /// bounding's own plan nodes ([`crate::plan::runs`]), and no trust in an order a table declares
-/// ([`crate::plan::unordered`]); `runtime` None for the default one.
-pub(crate) fn private_context(
-    runtime: Option<Arc<datafusion::execution::runtime_env::RuntimeEnv>>,
-) -> Result<SessionContext> {
+/// ([`crate::plan::unordered`]), and no memory limit (see [`DpSession::for_analyst`]: no limit may fail a
+/// private plan after its debit because of the data).
+pub(crate) fn private_context() -> Result<SessionContext> {
     use datafusion::execution::session_state::SessionStateBuilder;
     let config = datafusion::prelude::SessionConfig::new()
         .with_information_schema(false)
@@ -244,15 +243,13 @@ pub(crate) fn private_context(
     // First of all: no declared order or partitioning of a table is relied upon (`plan::unordered`).
     let mut rules = datafusion::physical_optimizer::optimizer::PhysicalOptimizer::new().rules;
     rules.insert(0, Arc::new(crate::plan::unordered::ForgetDeclaredOrder));
-    let mut state = SessionStateBuilder::new()
+    let state = SessionStateBuilder::new()
         .with_config(config)
         .with_default_features()
         .with_query_planner(Arc::new(planner))
-        .with_physical_optimizer_rules(rules);
-    if let Some(rt) = runtime {
-        state = state.with_runtime_env(rt);
-    }
-    Ok(SessionContext::new_with_state(state.build()))
+        .with_physical_optimizer_rules(rules)
+        .build();
+    Ok(SessionContext::new_with_state(state))
 }
 
 /// The query planner of private contexts: DataFusion's, with the bounding's extension planner.
@@ -278,18 +275,20 @@ impl datafusion::execution::context::QueryPlanner for PrivatePlanner {
 impl DpSession {
     /// A session for one analyst of a server: the tables `granted` (`None`: all; the others do not exist for it,
     /// not even by name), the same policies, defaults and owner log, its own `ledger` budget, its own `SET dp.…`
-    /// options and noise generator, and a memory pool of `memory_limit` bytes for its queries.
+    /// options and noise generator, and a memory pool of `memory_limit` bytes for its post-processing.
+    ///
+    /// The private plan runs on a context **without** a memory limit: a pool the private plan could exhaust would
+    /// make a query fail after its debit at a rate that tracks how many units it selects (an un-noised signal
+    /// about the data, for almost no ρ). What the private plan holds is bounded by the data's size, which the
+    /// data owner sizes the machine for (README, "Serving analysts"); running out of the whole process's memory
+    /// is outside the model, like timing.
     pub async fn for_analyst(
         &self,
         ledger: Box<dyn Ledger>,
         granted: Option<&[String]>,
         memory_limit: usize,
     ) -> Result<DpSession> {
-        let runtime = datafusion::execution::runtime_env::RuntimeEnvBuilder::new()
-            .with_memory_limit(memory_limit, 1.0)
-            .build_arc()
-            .map_err(crate::error::engine)?;
-        let ctx = private_context(Some(runtime))?;
+        let ctx = private_context()?;
         let mut policies = BTreeMap::new();
         for (name, policy) in &self.policies {
             if granted.is_some_and(|g| !g.iter().any(|t| t == name)) {
@@ -301,7 +300,7 @@ impl DpSession {
         }
         Ok(DpSession {
             ctx,
-            post: post::post_context()?,
+            post: post::post_context(memory_limit.min(POST_MEMORY))?,
             policies,
             defaults: self.defaults.clone(),
             ledger,

@@ -32,9 +32,9 @@ use std::sync::Arc;
 /// Memory pool of post-processing (bytes): sorts, windows and the like over at most [`crate::plan::MAX_CELLS`] rows.
 pub const POST_MEMORY: usize = 1 << 30;
 
-/// The context post-processing runs on: no tables, a limited memory pool.
-pub(crate) fn post_context() -> Result<SessionContext> {
-    let runtime = RuntimeEnvBuilder::new().with_memory_limit(POST_MEMORY, 1.0).build_arc().map_err(engine)?;
+/// The context post-processing runs on: no tables, a memory pool of `limit` bytes.
+pub(crate) fn post_context(limit: usize) -> Result<SessionContext> {
+    let runtime = RuntimeEnvBuilder::new().with_memory_limit(limit, 1.0).build_arc().map_err(engine)?;
     let config = datafusion::prelude::SessionConfig::new().with_information_schema(false);
     Ok(SessionContext::new_with_config_rt(config, runtime))
 }

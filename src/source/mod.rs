@@ -80,8 +80,8 @@ pub fn provider(name: &str, src: &TableSource, log: Option<Arc<OwnerLog>>) -> Re
         ))
     };
     Ok(match &src.format {
-        DataFormat::Csv { has_header, delimiter } => {
-            let header = csv_header(&files[0], *has_header, *delimiter)
+        DataFormat::Csv { has_header, delimiter, multiline_fields } => {
+            let header = text::csv_header(&files[0], *has_header, *delimiter, *multiline_fields)
                 .map_err(|e| DpError::Config(format!("[tables.{name}] cannot read {}: {e}", files[0].display())))?;
             for c in src.columns.keys() {
                 if !header.contains(c) {
@@ -92,26 +92,12 @@ pub fn provider(name: &str, src: &TableSource, log: Option<Arc<OwnerLog>>) -> Re
                     )));
                 }
             }
-            let format = TextFormat::Csv { has_header: *has_header, delimiter: *delimiter };
+            let format =
+                TextFormat::Csv { has_header: *has_header, delimiter: *delimiter, multiline_fields: *multiline_fields };
             Arc::new(TextTable::new(name, declared(&header), files, format, log))
         }
         DataFormat::Json => Arc::new(TextTable::new(name, declared(&[]), files, TextFormat::Json, log)),
         DataFormat::Parquet => parquet(name, src, &files, &declared)?,
-    })
-}
-
-/// The column names of a CSV file: its header, or `column_1`, `column_2`, ... after the first record's width.
-fn csv_header(file: &Path, has_header: bool, delimiter: u8) -> std::result::Result<Vec<String>, String> {
-    let f = std::fs::File::open(file).map_err(|e| e.to_string())?;
-    let mut r = csv::ReaderBuilder::new().has_headers(false).delimiter(delimiter).flexible(true).from_reader(f);
-    let mut record = csv::ByteRecord::new();
-    if !r.read_byte_record(&mut record).map_err(|e| e.to_string())? {
-        return Ok(vec![]);
-    }
-    Ok(if has_header {
-        record.iter().map(|f| String::from_utf8_lossy(f).trim().to_string()).collect()
-    } else {
-        (1..=record.len()).map(|i| format!("column_{i}")).collect()
     })
 }
 

@@ -1,13 +1,20 @@
 //! A tolerant reader for CSV and newline-delimited JSON with the declared schema.
 //!
-//! Every row of a file becomes one row of the table, whatever it holds: a field that does not parse as its
+//! **Each line is read alone.** A file is cut into lines at every `\n` first (a trailing `\r` is dropped), and
+//! each line becomes at most one row of the table, whatever it holds: a field that does not parse as its
 //! column's type, that is not valid UTF-8, or that is missing (a short row, a JSON line that is not an object) is
-//! read as NULL; extra fields are ignored. So reading never fails because of a value, and never quotes one:
-//! which rows are malformed is a per-row, data-independent transformation, not an error the analyst could
-//! observe. The counts of such values go to the owner's log, per scan and column. Only I/O errors (a file that
-//! disappears) fail a scan.
+//! read as NULL; extra fields are ignored; an unbalanced `"` quotes the rest of *its own line* only; a line longer
+//! than [`MAX_LINE`] bytes is a row of NULLs. Empty lines are skipped. So one person's malformed record can never
+//! change how another person's line is read (an unbalanced quote used to swallow every later row of the file
+//! into one field: one added person removed hundreds of others), reading never fails because of a value, and
+//! never quotes one. The counts of unreadable values go to the owner's log, per scan and column. Only I/O errors
+//! (a file that disappears) fail a scan.
 //!
-//! Each file is one partition, read start to end (quoted newlines in CSV are handled), on a blocking thread.
+//! A CSV file whose quoted fields hold line breaks is read record by record instead, only when its policy says
+//! so (`multiline_fields = true`): then a malformed quote in one record can run into the next ones, and the data
+//! owner is responsible for the file's quoting (the README says so).
+//!
+//! Each file is one partition, read start to end on a blocking thread.
 
 use crate::owner_log::OwnerLog;
 use async_trait::async_trait;
@@ -30,6 +37,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 /// Rows per batch.
 const BATCH: usize = 8192;
 
+/// Longest line read as a row (bytes, 16 MiB): a longer line is one row of NULLs (counted in the owner's log),
+/// and is skipped without being held in memory.
+pub const MAX_LINE: usize = 16 << 20;
+
 /// The text formats.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum TextFormat {
@@ -39,6 +50,8 @@ pub enum TextFormat {
         has_header: bool,
         /// Field delimiter.
         delimiter: u8,
+        /// Quoted fields may hold line breaks: records are read across lines (see the module docs).
+        multiline_fields: bool,
     },
     /// One JSON object per line; fields by name.
     Json,
@@ -155,54 +168,61 @@ impl PartitionStream for FilePartition {
             let f = std::fs::File::open(&file).map_err(io)?;
             let reader = std::io::BufReader::with_capacity(1 << 20, Counted(f, read));
             match format {
-                TextFormat::Csv { has_header, delimiter } => {
+                TextFormat::Csv { has_header, delimiter, multiline_fields: true } => {
                     let mut r = csv::ReaderBuilder::new()
                         .has_headers(false)
                         .delimiter(delimiter)
                         .flexible(true)
                         .from_reader(reader);
                     let mut record = csv::ByteRecord::new();
-                    let mut index: Option<Vec<Option<usize>>> = None;
+                    let mut index = None;
                     loop {
                         match r.read_byte_record(&mut record) {
                             Ok(false) => break,
                             Ok(true) => {}
                             Err(e) => return Err(DataFusionError::External(Box::new(e))),
                         }
-                        let idx = match &index {
-                            Some(i) => i,
-                            None => {
-                                let names: Vec<String> = if has_header {
-                                    record.iter().map(|f| String::from_utf8_lossy(f).trim().to_string()).collect()
-                                } else {
-                                    (1..=record.len()).map(|i| format!("column_{i}")).collect()
-                                };
-                                let i = out.columns().map(|c| names.iter().position(|n| n == c)).collect();
-                                index = Some(i);
-                                if has_header {
+                        if !out.csv_row(&mut index, has_header, record.len(), |i| record.get(i)) {
+                            continue;
+                        }
+                        if out.full() && !send(out.flush()) {
+                            return Ok(());
+                        }
+                    }
+                }
+                TextFormat::Csv { has_header, delimiter, multiline_fields: false } => {
+                    let mut lines = Lines::new(reader);
+                    let mut split = FieldSplitter::new(delimiter);
+                    let mut index = None;
+                    while let Some(line) = lines.next_line().map_err(io)? {
+                        match line {
+                            Line::Text([]) => continue,
+                            Line::Text(text) => {
+                                let fields = split.split(text);
+                                if !out.csv_row(&mut index, has_header, fields.len(), |i| fields.get(i)) {
                                     continue;
                                 }
-                                index.as_ref().ok_or_else(|| DataFusionError::Internal("no header".into()))?
                             }
-                        };
-                        out.row(idx.iter().map(|i| i.map(|i| record.get(i))));
+                            // Before the header is known, a line too long to read is not a row.
+                            Line::TooLong if index.is_none() && has_header => continue,
+                            Line::TooLong => out.unreadable_row(),
+                        }
                         if out.full() && !send(out.flush()) {
                             return Ok(());
                         }
                     }
                 }
                 TextFormat::Json => {
-                    for line in reader.split(b'\n') {
-                        let line = line.map_err(io)?;
-                        if line.iter().all(u8::is_ascii_whitespace) {
-                            continue;
-                        }
-                        match serde_json::from_slice::<serde_json::Map<String, serde_json::Value>>(&line) {
-                            Ok(obj) => out.json_row(&obj),
-                            Err(_) => {
-                                let n = out.builders.len();
-                                out.row(std::iter::repeat_n(Some(None), n))
-                            }
+                    let mut lines = Lines::new(reader);
+                    while let Some(line) = lines.next_line().map_err(io)? {
+                        let parsed = match line {
+                            Line::Text(text) if text.iter().all(u8::is_ascii_whitespace) => continue,
+                            Line::Text(text) => serde_json::from_slice::<serde_json::Map<_, _>>(text).ok(),
+                            Line::TooLong => None,
+                        };
+                        match parsed {
+                            Some(obj) => out.json_row(&obj),
+                            None => out.unreadable_row(),
                         }
                         if out.full() && !send(out.flush()) {
                             return Ok(());
@@ -217,6 +237,175 @@ impl PartitionStream for FilePartition {
             Ok(())
         });
         builder.build()
+    }
+}
+
+/// The column names of a CSV file: its header, or `column_1`, `column_2`, ... after the first record's width,
+/// read as the table's scans read it.
+pub(crate) fn csv_header(
+    file: &std::path::Path,
+    has_header: bool,
+    delimiter: u8,
+    multiline_fields: bool,
+) -> std::result::Result<Vec<String>, String> {
+    let f = std::fs::File::open(file).map_err(|e| e.to_string())?;
+    let reader = std::io::BufReader::new(f);
+    let names = |len: usize, get: &dyn Fn(usize) -> Option<Vec<u8>>| -> Vec<String> {
+        if has_header {
+            (0..len).map(|i| String::from_utf8_lossy(&get(i).unwrap_or_default()).trim().to_string()).collect()
+        } else {
+            (1..=len).map(|i| format!("column_{i}")).collect()
+        }
+    };
+    if multiline_fields {
+        let mut r =
+            csv::ReaderBuilder::new().has_headers(false).delimiter(delimiter).flexible(true).from_reader(reader);
+        let mut record = csv::ByteRecord::new();
+        if !r.read_byte_record(&mut record).map_err(|e| e.to_string())? {
+            return Ok(vec![]);
+        }
+        return Ok(names(record.len(), &|i| record.get(i).map(<[u8]>::to_vec)));
+    }
+    let mut lines = Lines::new(reader);
+    let mut split = FieldSplitter::new(delimiter);
+    loop {
+        match lines.next_line().map_err(|e| e.to_string())? {
+            None => return Ok(vec![]),
+            Some(Line::Text([])) => continue,
+            Some(Line::Text(text)) => {
+                let fields = split.split(text);
+                return Ok(names(fields.len(), &|i| fields.get(i).map(<[u8]>::to_vec)));
+            }
+            Some(Line::TooLong) => return Err(format!("its first line is longer than {MAX_LINE} bytes")),
+        }
+    }
+}
+
+/// One line of a file, without its line break.
+enum Line<'a> {
+    /// The line's bytes (a trailing `\r` removed; a UTF-8 byte order mark removed from the first line).
+    Text(&'a [u8]),
+    /// A line longer than [`MAX_LINE`] bytes, skipped.
+    TooLong,
+}
+
+/// Cuts a reader into lines at every `\n`, holding at most [`MAX_LINE`] bytes of one.
+struct Lines<R> {
+    reader: R,
+    line: Vec<u8>,
+    first: bool,
+}
+
+impl<R: BufRead> Lines<R> {
+    fn new(reader: R) -> Self {
+        Lines { reader, line: Vec::new(), first: true }
+    }
+
+    /// The next line, or `None` at the end of the file.
+    fn next_line(&mut self) -> std::io::Result<Option<Line<'_>>> {
+        self.line.clear();
+        let (mut any, mut too_long) = (false, false);
+        loop {
+            let available = match self.reader.fill_buf() {
+                Ok(b) => b,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e),
+            };
+            if available.is_empty() {
+                break;
+            }
+            any = true;
+            let newline = memchr::memchr(b'\n', available);
+            let chunk = &available[..newline.unwrap_or(available.len())];
+            if !too_long && self.line.len() + chunk.len() > MAX_LINE {
+                too_long = true;
+                self.line = Vec::new();
+            }
+            if !too_long {
+                self.line.extend_from_slice(chunk);
+            }
+            let used = newline.map_or(available.len(), |i| i + 1);
+            self.reader.consume(used);
+            if newline.is_some() {
+                break;
+            }
+        }
+        if !any {
+            return Ok(None);
+        }
+        let first = std::mem::replace(&mut self.first, false);
+        if too_long {
+            return Ok(Some(Line::TooLong));
+        }
+        let mut text = self.line.as_slice();
+        if first {
+            text = text.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(text);
+        }
+        Ok(Some(Line::Text(text.strip_suffix(b"\r").unwrap_or(text))))
+    }
+}
+
+/// Splits one line of CSV into its fields (RFC 4180 quoting within the line: an unbalanced `"` quotes the rest of
+/// the line), reusing its buffers from line to line.
+struct FieldSplitter {
+    core: csv_core::Reader,
+    out: Vec<u8>,
+    ends: Vec<usize>,
+}
+
+/// The fields of one line, as [`FieldSplitter::split`] found them.
+struct Fields<'a> {
+    out: &'a [u8],
+    ends: &'a [usize],
+}
+
+impl Fields<'_> {
+    fn len(&self) -> usize {
+        self.ends.len()
+    }
+
+    fn get(&self, i: usize) -> Option<&[u8]> {
+        let end = *self.ends.get(i)?;
+        let start = if i == 0 { 0 } else { self.ends[i - 1] };
+        self.out.get(start..end)
+    }
+}
+
+impl FieldSplitter {
+    fn new(delimiter: u8) -> Self {
+        FieldSplitter {
+            core: csv_core::ReaderBuilder::new().delimiter(delimiter).build(),
+            out: Vec::new(),
+            ends: Vec::new(),
+        }
+    }
+
+    /// The fields of `line` (which holds no `\n`): the line alone, then the end of input, make one record.
+    fn split(&mut self, line: &[u8]) -> Fields<'_> {
+        use csv_core::ReadRecordResult as R;
+        self.core.reset();
+        // Unquoting only shortens a field, and a line of n bytes has at most n + 1 fields.
+        if self.out.len() < line.len() + 1 {
+            self.out.resize(line.len() + 1, 0);
+        }
+        if self.ends.len() < line.len() + 1 {
+            self.ends.resize(line.len() + 1, 0);
+        }
+        let (mut input, mut nout, mut nend) = (line, 0, 0);
+        loop {
+            let (result, i, o, e) = self.core.read_record(input, &mut self.out[nout..], &mut self.ends[nend..]);
+            input = &input[i..];
+            nout += o;
+            nend += e;
+            match result {
+                // All of the line was read: the next call, with no input, ends the record.
+                R::InputEmpty => {}
+                R::OutputFull => self.out.resize(self.out.len() * 2 + 1, 0),
+                R::OutputEndsFull => self.ends.resize(self.ends.len() * 2 + 1, 0),
+                R::Record | R::End => break,
+            }
+        }
+        Fields { out: &self.out[..nout], ends: &self.ends[..nend] }
     }
 }
 
@@ -260,6 +449,40 @@ impl Batcher {
             }
         }
         self.rows += 1;
+    }
+
+    /// A CSV record: the header while `index` is unknown and `has_header` (returns false: not a row), else a row
+    /// of the columns `index` finds in it (`get(i)` is its field i).
+    fn csv_row<'a>(
+        &mut self,
+        index: &mut Option<Vec<Option<usize>>>,
+        has_header: bool,
+        len: usize,
+        get: impl Fn(usize) -> Option<&'a [u8]>,
+    ) -> bool {
+        let idx = match index {
+            Some(i) => i,
+            None => {
+                let names: Vec<String> = if has_header {
+                    (0..len).map(|i| String::from_utf8_lossy(get(i).unwrap_or_default()).trim().to_string()).collect()
+                } else {
+                    (1..=len).map(|i| format!("column_{i}")).collect()
+                };
+                let idx = index.insert(self.columns().map(|c| names.iter().position(|n| n == c)).collect());
+                if has_header {
+                    return false;
+                }
+                idx
+            }
+        };
+        self.row(idx.iter().map(|i| i.map(&get)));
+        true
+    }
+
+    /// A row whose every field is unreadable (NULL, counted).
+    fn unreadable_row(&mut self) {
+        let n = self.builders.len();
+        self.row(std::iter::repeat_n(Some(None), n));
     }
 
     fn json_row(&mut self, obj: &serde_json::Map<String, serde_json::Value>) {
@@ -316,5 +539,66 @@ impl Batcher {
                 bad.join(", ")
             ));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fields(line: &[u8]) -> Vec<Vec<u8>> {
+        let mut split = FieldSplitter::new(b',');
+        let f = split.split(line);
+        (0..f.len()).map(|i| f.get(i).unwrap_or_default().to_vec()).collect()
+    }
+
+    fn lines(text: &[u8]) -> Vec<Option<Vec<u8>>> {
+        let mut lines = Lines::new(std::io::BufReader::with_capacity(4, text));
+        let mut out = Vec::new();
+        while let Some(l) = lines.next_line().unwrap() {
+            out.push(match l {
+                Line::Text(t) => Some(t.to_vec()),
+                Line::TooLong => None,
+            });
+        }
+        out
+    }
+
+    #[test]
+    fn a_line_splits_as_csv_with_quotes_kept_inside_it() {
+        let v = |s: &[&str]| s.iter().map(|x| x.as_bytes().to_vec()).collect::<Vec<_>>();
+        assert_eq!(fields(b"a,b,,c"), v(&["a", "b", "", "c"]));
+        assert_eq!(fields(b"\"a,b\",\"say \"\"hi\"\"\",c"), v(&["a,b", "say \"hi\"", "c"]));
+        // An unbalanced quote quotes the rest of its line only.
+        assert_eq!(fields(b"1,\"2,3"), v(&["1", "2,3"]));
+        assert_eq!(fields(b"1,2\"3,4"), v(&["1", "2\"3", "4"]));
+        assert!(fields(b"").is_empty(), "an empty line has no field (and is skipped as a row)");
+        // Buffers grow beyond a first short line.
+        let mut split = FieldSplitter::new(b';');
+        assert_eq!(split.split(b"x").len(), 1);
+        let long = vec![b';'; 10_000];
+        assert_eq!(split.split(&long).len(), 10_001);
+    }
+
+    #[test]
+    fn lines_end_at_every_newline_whatever_the_quotes() {
+        let s = |x: &str| Some(x.as_bytes().to_vec());
+        assert_eq!(lines(b"\xEF\xBB\xBFa,b\r\n\"c\nd\"\n\ne"), vec![s("a,b"), s("\"c"), s("d\""), s(""), s("e")]);
+        assert_eq!(lines(b""), Vec::<Option<Vec<u8>>>::new());
+        assert_eq!(lines(b"x\n"), vec![s("x")]);
+    }
+
+    #[test]
+    fn a_line_over_the_limit_is_skipped_whole_and_the_next_one_read() {
+        let mut text = vec![b'x'; MAX_LINE + 1];
+        text.extend_from_slice(b"\nnext\n");
+        let mut lines = Lines::new(std::io::BufReader::new(text.as_slice()));
+        assert!(matches!(lines.next_line().unwrap(), Some(Line::TooLong)));
+        assert!(matches!(lines.next_line().unwrap(), Some(Line::Text(b"next"))));
+        assert!(lines.next_line().unwrap().is_none());
+        // A line of exactly the limit is read.
+        let exact = vec![b'y'; MAX_LINE];
+        let mut lines = Lines::new(std::io::BufReader::new(exact.as_slice()));
+        assert!(matches!(lines.next_line().unwrap(), Some(Line::Text(t)) if t.len() == MAX_LINE));
     }
 }
