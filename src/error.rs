@@ -87,11 +87,6 @@ pub enum DpError {
         source: datafusion::error::DataFusionError,
     },
 
-    /// Post-processing of the noisy result failed on these noisy values (e.g. a cast out of range). The charge
-    /// stands; with a request id a retry post-processes the same stored values and fails the same way.
-    #[error("the computation on the noisy aggregates failed: {0}. The charge stands")]
-    PostProcessing(String),
-
     /// A file could not be read or written.
     #[error("I/O error on {path}: {source}")]
     Io {
@@ -123,7 +118,6 @@ impl DpError {
             DpError::Engine(_) => "engine_error",
             DpError::Internal(_) => "internal_error",
             DpError::PrivateExecution { .. } => "private_execution_failed",
-            DpError::PostProcessing(_) => "post_processing_failed",
             DpError::Io { .. } => "io_error",
         }
     }

@@ -113,7 +113,11 @@ pub enum Refusal {
         reason: String,
     },
     /// A per-query ρ above the session's total.
-    #[error("dp.rho = {rho} exceeds the session's total budget {total}")]
+    #[error(
+        "dp.rho = {} exceeds the session's total budget {}",
+        crate::release::fmt_num(*.rho),
+        crate::release::fmt_num(*.total)
+    )]
     RhoOverTotal {
         /// The ρ asked for.
         rho: f64,
@@ -319,7 +323,11 @@ pub enum Refusal {
         column: String,
     },
     /// Integer bounds that contain no integer.
-    #[error("bounds [{lo}, {hi}] of integer column `{column}` contain no integer")]
+    #[error(
+        "bounds [{}, {}] of integer column `{column}` contain no integer",
+        crate::release::fmt_num(*.lo),
+        crate::release::fmt_num(*.hi)
+    )]
     EmptyIntegerBounds {
         /// The column.
         column: String,
@@ -348,7 +356,7 @@ pub enum Refusal {
 
     // ----- Pricing and planning
     /// ρ cannot be split over the measurements.
-    #[error("ρ = {rho} cannot be split over {measures} measurements: {reason}")]
+    #[error("ρ = {} cannot be split over {measures} measurements: {reason}", crate::release::fmt_num(*.rho))]
     RhoSplit {
         /// The query's ρ.
         rho: f64,
@@ -656,9 +664,46 @@ impl Refusal {
     }
 }
 
+/// Longest engine message a refusal quotes (characters); the rest is cut (a message can quote the statement's own
+/// constants, e.g. a 120 KB LIKE pattern).
+pub const MAX_ENGINE_MESSAGE: usize = 1000;
+
+/// A DataFusion error's text as a refusal quotes it: without its backtrace, without the "Did you mean ...?"
+/// suggestion (DataFusion picks it among equally close names in a per-process hash order, so the same query got
+/// different texts from run to run), and cut at [`MAX_ENGINE_MESSAGE`] characters. It names the query's own text
+/// and the declared schema only, never a value of the data.
+pub fn engine_message(e: &datafusion::error::DataFusionError) -> String {
+    let mut text = e.strip_backtrace();
+    while let Some(start) = text.find(" Did you mean '") {
+        let after = start + " Did you mean '".len();
+        match text[after..].find("'?") {
+            Some(end) => text.replace_range(start..after + end + 2, ""),
+            None => break,
+        }
+    }
+    match text.char_indices().nth(MAX_ENGINE_MESSAGE) {
+        Some((cut, _)) => {
+            let more = text[cut..].chars().count();
+            format!("{}… ({more} more characters)", &text[..cut])
+        }
+        None => text,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn engine_messages_lose_suggestions_and_length() {
+        use datafusion::error::DataFusionError as E;
+        let e = E::Plan("No field named agee. Did you mean 'pums.age'?\nValid fields are pums.age.".into());
+        assert_eq!(engine_message(&e), "Error during planning: No field named agee.\nValid fields are pums.age.");
+        let long = engine_message(&E::Plan("x".repeat(5000)));
+        assert!(long.ends_with("x… (4023 more characters)"), "{long}");
+        let open = E::Plan("a Did you mean 'b".into());
+        assert_eq!(engine_message(&open), "Error during planning: a Did you mean 'b");
+    }
 
     #[test]
     fn codes_are_distinct_and_snake_case() {

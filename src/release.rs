@@ -127,6 +127,7 @@ pub struct Release {
     query_epsilon: EpsilonBound,
     session_epsilon: EpsilonBound,
     budget: BudgetStatus,
+    note: Option<String>,
 }
 
 /// Everything of a release but its data and its charge (which the ledger keeps), for storage.
@@ -137,6 +138,8 @@ struct StoredMeta {
     query_epsilon: EpsilonBound,
     session_epsilon: EpsilonBound,
     budget: BudgetStatus,
+    #[serde(default)]
+    note: Option<String>,
 }
 
 /// What a release is made of, but its charge.
@@ -148,13 +151,22 @@ pub(crate) struct Parts {
     pub(crate) query_epsilon: EpsilonBound,
     pub(crate) session_epsilon: EpsilonBound,
     pub(crate) budget: BudgetStatus,
+    pub(crate) note: Option<String>,
 }
 
 impl Release {
     /// A release of `parts`, paid for by `charge` (taken by value: one charge, one release).
     pub(crate) fn new(parts: Parts, charge: Charge) -> Self {
-        let Parts { sql, schema, batches, accuracy, query_epsilon, session_epsilon, budget } = parts;
-        Release { sql, schema, batches, accuracy, charge, query_epsilon, session_epsilon, budget }
+        let Parts { sql, schema, batches, accuracy, query_epsilon, session_epsilon, budget, note } = parts;
+        Release { sql, schema, batches, accuracy, charge, query_epsilon, session_epsilon, budget, note }
+    }
+
+    /// Why the result is not the query's own output, when it is not: its post-processing failed on the noisy
+    /// values (a noisy count that came out negative under `sqrt`, a cast out of range), so the release holds the
+    /// noisy aggregates the query paid for, as the keys and one column per aggregate. The failure depends on the
+    /// noise only; correct the expression and compute it from these values, at no cost.
+    pub fn note(&self) -> Option<&str> {
+        self.note.as_deref()
     }
 
     /// The SQL text.
@@ -206,6 +218,7 @@ impl Release {
             query_epsilon: self.query_epsilon,
             session_epsilon: self.session_epsilon,
             budget: self.budget,
+            note: self.note.clone(),
         };
         let head = serde_json::to_vec(&meta).map_err(|e| crate::DpError::Internal(e.to_string()))?;
         let mut out = (head.len() as u64).to_le_bytes().to_vec();
@@ -244,6 +257,7 @@ impl Release {
             query_epsilon: meta.query_epsilon,
             session_epsilon: meta.session_epsilon,
             budget: meta.budget,
+            note: meta.note,
         })
     }
 
@@ -268,6 +282,9 @@ impl Release {
             if let Some(line) = c.describe() {
                 out.push_str(&format!("\n  {}: {line}", c.column));
             }
+        }
+        if let Some(note) = &self.note {
+            out.push_str(&format!("\n  note: {note}"));
         }
         out.push_str("\n  ");
         out.push_str(&self.cost_line());
@@ -358,7 +375,7 @@ fn release_json(r: &Release) -> Value {
             Accuracy::Public => None,
         })
         .collect();
-    json!({
+    let mut v = json!({
         "status": "ok",
         "sql": r.sql,
         "columns": r.schema.fields().iter().map(|f| f.name().clone()).collect::<Vec<_>>(),
@@ -367,5 +384,9 @@ fn release_json(r: &Release) -> Value {
         "charge": {"id": r.charge.id(), "rho": r.charge.rho().get(), "epsilon": r.query_epsilon.epsilon, "delta": r.query_epsilon.delta},
         "budget": {"rho_total": r.budget.rho_total, "rho_spent": r.budget.rho_spent, "rho_remaining": r.budget.rho_remaining,
                    "epsilon": r.session_epsilon.epsilon, "delta": r.session_epsilon.delta},
-    })
+    });
+    if let Some(note) = &r.note {
+        v["note"] = json!(note);
+    }
+    v
 }

@@ -97,31 +97,51 @@ async fn c1_the_plan_checked_is_the_optimized_plan_that_runs() {
 /// message: the audit's way to read one fresh noise draw per retry.
 const NOISY_ERROR: &str = "SELECT CAST(COUNT(*) AS TINYINT) AS n FROM pums WHERE age >= 18";
 
+/// A paid release's post-processing that failed on its noisy values: the noisy aggregates, with the note.
+async fn paid_aggregates(s: &DpSession, id: &str) -> (Vec<RecordBatch>, String) {
+    match s.sql_with_request_id(NOISY_ERROR, Some(id)).await {
+        Ok(Response::Release(r)) => {
+            let note = r.note().expect("post-processing failed: the release says so").to_string();
+            assert_eq!(r.schema().field(0).name(), "count(*)", "the noisy aggregate itself");
+            (r.batches().to_vec(), note)
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+/// Removes the stored releases from a ledger, keeping the charges and draws: as if the process had stopped after
+/// storing its draw and before storing its release (a retry then post-processes the stored draw again).
+fn forget_releases(dir: &TempDir) {
+    let conn = rusqlite::Connection::open(dir.join("ledger.db")).unwrap();
+    assert!(conn.execute("DELETE FROM releases", []).unwrap() > 0, "a release was stored");
+}
+
 #[tokio::test]
 async fn c2_a_retried_request_id_never_draws_new_noise_even_over_budget() {
     let dir = TempDir::new("c2");
     let s = DpSession::open(ledger_config(&dir, 0.1)).await.unwrap();
-    let first = s.sql_with_request_id(NOISY_ERROR, Some("job-42")).await.unwrap_err();
-    assert!(matches!(first, DpError::PostProcessing(_)), "{first}");
+    let first = paid_aggregates(&s, "job-42").await;
+    assert!(first.1.contains("post-processing failed"), "{}", first.1);
     for _ in 0..10 {
-        let again = s.sql_with_request_id(NOISY_ERROR, Some("job-42")).await.unwrap_err();
-        assert_eq!(again.to_string(), first.to_string(), "a retry must post-process the same noisy value");
+        assert_eq!(paid_aggregates(&s, "job-42").await, first, "a retry must return the same noisy value");
     }
     assert_eq!(s.budget().unwrap().charges.len(), 1, "one charge");
     // Spend the rest: the retry still answers the same (it was paid for), and draws nothing new.
     s.sql("SELECT COUNT(*) FROM pums").await.unwrap();
     assert!(matches!(s.sql("SELECT COUNT(*) FROM pums").await, Err(DpError::OverBudget { .. })));
-    let late = s.sql_with_request_id(NOISY_ERROR, Some("job-42")).await.unwrap_err();
-    assert_eq!(late.to_string(), first.to_string());
+    assert_eq!(paid_aggregates(&s, "job-42").await, first);
     // And in another process, from the ledger.
     drop(s);
     let o = Command::new(BIN)
-        .args(["query", "--request-id", "job-42", "--config"])
+        .args(["query", "--format", "json", "--request-id", "job-42", "--config"])
         .arg(dir.join("dp.toml"))
         .arg(NOISY_ERROR)
         .output()
         .unwrap();
-    assert!(String::from_utf8_lossy(&o.stderr).contains(&first.to_string()), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["note"], first.1.as_str(), "{v}");
+    let value = first.0[0].column(0).as_primitive::<Int64Type>().value(0);
+    assert_eq!(v["rows"][0][0], value, "{v}");
 }
 
 #[tokio::test]
@@ -158,7 +178,8 @@ async fn c2_a_charge_whose_run_stopped_before_its_draw_is_answered_once_under_th
 async fn c2_a_retry_is_compared_with_the_price_of_its_charge() {
     let dir = TempDir::new("c2c");
     let s = DpSession::open(ledger_config(&dir, 1.0)).await.unwrap();
-    let first = s.sql_with_request_id(NOISY_ERROR, Some("job-9")).await.unwrap_err();
+    let first = paid_aggregates(&s, "job-9").await;
+    forget_releases(&dir);
     // The query now costs another ρ: its stored draw was calibrated for the old price, so it is refused.
     s.sql("SET dp.rho = 0.02").await.unwrap();
     let e = s.sql_with_request_id(NOISY_ERROR, Some("job-9")).await.unwrap_err();
@@ -167,8 +188,7 @@ async fn c2_a_retry_is_compared_with_the_price_of_its_charge() {
     assert_eq!(s.budget().unwrap().charges.len(), 1, "refused before any new charge");
     // At the price it was charged, the retry post-processes the same draw again.
     s.sql("SET dp.rho = 0.05").await.unwrap();
-    let again = s.sql_with_request_id(NOISY_ERROR, Some("job-9")).await.unwrap_err();
-    assert_eq!(again.to_string(), first.to_string());
+    assert_eq!(paid_aggregates(&s, "job-9").await, first);
 }
 
 #[tokio::test]
@@ -177,7 +197,8 @@ async fn c2_a_retry_of_a_charge_recorded_without_shapes_is_the_same_price() {
     // same noise at the same price: a retry post-processes their draw instead of being refused as a new price.
     let dir = TempDir::new("c2shape");
     let s = DpSession::open(ledger_config(&dir, 1.0)).await.unwrap();
-    let first = s.sql_with_request_id(NOISY_ERROR, Some("job-7")).await.unwrap_err();
+    let first = paid_aggregates(&s, "job-7").await;
+    forget_releases(&dir);
     let conn = rusqlite::Connection::open(dir.join("ledger.db")).unwrap();
     let stored: String = conn.query_row("SELECT measurements FROM charges", [], |r| r.get(0)).unwrap();
     let mut cals: Vec<serde_json::Value> = serde_json::from_str(&stored).unwrap();
@@ -187,8 +208,7 @@ async fn c2_a_retry_of_a_charge_recorded_without_shapes_is_the_same_price() {
     conn.execute("UPDATE charges SET measurements = ?1", [serde_json::to_string(&cals).unwrap()]).unwrap();
     drop(conn);
     let s = DpSession::open(ledger_config(&dir, 1.0)).await.unwrap();
-    let again = s.sql_with_request_id(NOISY_ERROR, Some("job-7")).await.unwrap_err();
-    assert_eq!(again.to_string(), first.to_string());
+    assert_eq!(paid_aggregates(&s, "job-7").await, first);
     assert_eq!(s.budget().unwrap().charges.len(), 1);
 }
 
@@ -936,6 +956,35 @@ async fn n1_a_server_sessions_memory_limit_never_fails_a_private_plan() {
         match s.sql(sql).await {
             Ok(Response::Release(_)) => {}
             other => panic!("{sql}: {other:?}"),
+        }
+    }
+    assert_eq!(s.budget().unwrap().charges.len(), 2);
+}
+
+#[tokio::test]
+async fn m2_post_processing_that_fails_on_the_noise_returns_the_paid_aggregates() {
+    // Each passes the free dry run (it succeeds on one of the two stand-ins) and fails on the real noisy values
+    // (the counts are far above 127 and the average income far above 127): the analyst used to pay and get an
+    // error. Now the release holds the noisy aggregates, with their accuracy and a note.
+    let s = session(false, 10.0);
+    for sql in [
+        "SELECT sex, arrow_cast(COUNT(*), 'Int8') AS n FROM people GROUP BY sex",
+        "SELECT CAST(AVG(income) AS TINYINT) AS a, COUNT(*) AS n FROM people",
+    ] {
+        let r = crate::support::release(&s, sql).await;
+        let note = r.note().unwrap_or_else(|| panic!("{sql}: a note"));
+        assert!(note.contains("post-processing failed on the noisy values"), "{note}");
+        let names: Vec<_> = r.schema().fields().iter().map(|f| f.name().clone()).collect();
+        let kinds: Vec<_> = r.accuracy().iter().map(|c| format!("{}", serde_json::json!(c.accuracy)["kind"])).collect();
+        if sql.contains("GROUP BY") {
+            assert_eq!(names, ["sex", "count(*)"], "{sql}");
+            assert!(matches!(r.accuracy()[0].accuracy, dpfusion::Accuracy::Public), "{kinds:?}");
+            assert!(matches!(r.accuracy()[1].accuracy, dpfusion::Accuracy::Noisy { .. }), "{kinds:?}");
+            assert_eq!(r.num_rows(), 2);
+        } else {
+            assert_eq!(names, ["avg(people.income)", "count(*)"], "{sql}");
+            assert!(matches!(r.accuracy()[0].accuracy, dpfusion::Accuracy::PerRow { .. }), "{kinds:?}");
+            assert!(matches!(r.accuracy()[1].accuracy, dpfusion::Accuracy::Noisy { .. }), "{kinds:?}");
         }
     }
     assert_eq!(s.budget().unwrap().charges.len(), 2);

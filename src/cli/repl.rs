@@ -132,6 +132,9 @@ impl Shell {
             Ok(r) => {
                 outln!("{}", output::render(sql, &outcome, self.format));
                 if let (Response::Release(r), Format::Csv | Format::Json | Format::Jsonl) = (r, self.format) {
+                    if let (Some(note), Format::Csv) = (r.note(), self.format) {
+                        outln!("note: {note}");
+                    }
                     outln!("{}", r.cost_line());
                 }
             }

@@ -266,7 +266,10 @@ pub fn check_constants(plan: &LogicalPlan) -> Result<()> {
             return None;
         }
         Some(evaluate_constant(sub).map(|_| ()).map_err(|err| {
-            DpError::Refused(Refusal::ConstantFails { constant: sub.to_string(), error: err.strip_backtrace() })
+            DpError::Refused(Refusal::ConstantFails {
+                constant: sub.to_string(),
+                error: crate::refusal::engine_message(&err),
+            })
         }))
     })
 }

@@ -118,7 +118,6 @@ pub(crate) fn dp_error(e: &DpError) -> PgWireError {
         DpError::Ledger(_) | DpError::Randomness(_) => "58000",
         DpError::Engine(_) => "42000",
         DpError::PrivateExecution { .. } | DpError::Io { .. } => "58030",
-        DpError::PostProcessing(_) => "22000",
         DpError::Internal(_) => "XX000",
     };
     let (message, hint) = match e {
@@ -245,6 +244,7 @@ impl Analyst {
         match response {
             DpResponse::Release(r) => {
                 notices.extend(r.accuracy().iter().filter_map(|c| c.describe().map(|d| format!("{}: {d}", c.column))));
+                notices.extend(r.note().map(str::to_string));
                 notices.push(format!("charge #{}: {}", r.charge().id(), r.cost_line()));
                 // The answer goes out whatever happens here: it is paid for.
                 let stored = release_rows(&r).map_err(DataFusionError::from);

@@ -230,11 +230,15 @@ pub(crate) enum Planned {
 
 /// The accuracy of output column `i` of the analyst's plan, as far as the plan and the calibrations tell.
 pub(crate) fn plan_accuracy(dp: &DpPlan, cals: &[Calibration], i: usize, confidence: f64) -> Result<Planned> {
-    let terms = match form_of(&dp.original, i) {
-        Form::Exact => return Ok(Planned::Ready(Accuracy::Public)),
-        Form::Other(reason) => return Ok(Planned::Ready(Accuracy::NoInterval { reason })),
-        Form::Linear(terms) => terms,
-    };
+    match form_of(&dp.original, i) {
+        Form::Exact => Ok(Planned::Ready(Accuracy::Public)),
+        Form::Other(reason) => Ok(Planned::Ready(Accuracy::NoInterval { reason })),
+        Form::Linear(terms) => linear_accuracy(dp, cals, terms, confidence),
+    }
+}
+
+/// How far off a linear combination of aggregate outputs (`terms`: output index, scale) is.
+fn linear_accuracy(dp: &DpPlan, cals: &[Calibration], terms: Vec<(usize, f64)>, confidence: f64) -> Result<Planned> {
     // Gather the scale of each measurement (two outputs can be one measurement), and the averages.
     let mut measures: Vec<(usize, f64)> = Vec::new();
     let mut avgs: Vec<(usize, f64)> = Vec::new();
@@ -287,13 +291,43 @@ pub(crate) fn column_accuracy(
     hidden: &[(String, Vec<f64>)],
     confidence: f64,
 ) -> Result<Vec<ColumnAccuracy>> {
+    accuracy_of_columns(schema, batches, hidden, confidence, |i| plan_accuracy(dp, cals, i, confidence))
+}
+
+/// The accuracy of every column of the noisy aggregate table itself (the keys, then each aggregate output):
+/// what a release carries when its post-processing failed on the noisy values ([`noisy_batch`]'s columns).
+///
+/// [`noisy_batch`]: crate::session::post::noisy_batch
+pub(crate) fn aggregate_accuracy(
+    dp: &DpPlan,
+    cals: &[Calibration],
+    schema: &Schema,
+    batches: &[RecordBatch],
+    hidden: &[(String, Vec<f64>)],
+    confidence: f64,
+) -> Result<Vec<ColumnAccuracy>> {
+    accuracy_of_columns(schema, batches, hidden, confidence, |i| match i.checked_sub(dp.keys.len()) {
+        None => Ok(Planned::Ready(Accuracy::Public)),
+        Some(j) => linear_accuracy(dp, cals, vec![(j, 1.0)], confidence),
+    })
+}
+
+/// Every column's accuracy, from what `planned` says of column `i` and, for averages, the per-row interval
+/// columns in `hidden`.
+fn accuracy_of_columns(
+    schema: &Schema,
+    batches: &[RecordBatch],
+    hidden: &[(String, Vec<f64>)],
+    confidence: f64,
+    planned: impl Fn(usize) -> Result<Planned>,
+) -> Result<Vec<ColumnAccuracy>> {
     let find = |name: &str| hidden.iter().find(|(n, _)| n == name).map(|(_, v)| v);
     schema
         .fields()
         .iter()
         .enumerate()
         .map(|(i, f)| {
-            let accuracy = match plan_accuracy(dp, cals, i, confidence)? {
+            let accuracy = match planned(i)? {
                 Planned::Ready(a) => a,
                 Planned::Average { output, scale: a } => {
                     let [dn, up] = interval_columns(output);

@@ -21,9 +21,9 @@ use crate::plan::DpPlan;
 use crate::refusal::Refusal;
 use crate::release::{Parts, Release};
 use crate::session::DpSession;
-use crate::session::accuracy::{column_accuracy, is_interval_column, noise_accuracy};
+use crate::session::accuracy::{aggregate_accuracy, column_accuracy, is_interval_column, noise_accuracy};
 use crate::session::marginals::PreparedMarginals;
-use crate::session::post::{PostFailure, domain_product, noisy_batch};
+use crate::session::post::{PostFailure, domain_product, named_aggregates, noisy_batch};
 use crate::session::prepare::Prepared;
 use crate::session::quote::Quote;
 use datafusion::arrow::array::{Array, AsArray, Decimal128Array, Int64Array, RecordBatch};
@@ -166,19 +166,38 @@ impl DpSession {
             .map(|c| noise_accuracy(c, confidence.sqrt()).map(|(_, h)| h))
             .collect::<Result<Vec<_>>>()?;
         let noisy = noisy_batch(dp, domain_product(dp), &values, &half)?;
-        let (schema, batches) = self.run_post(dp, noisy).await.map_err(|f| match f {
-            PostFailure::Planning(e) => e,
-            PostFailure::Running(e) => DpError::PostProcessing(e.strip_backtrace()),
-        })?;
-        let (schema, batches, hidden) = split_hidden(&schema, batches)?;
+        // Post-processing sees only noisy values; if it fails on them, the release holds those values (paid for),
+        // never an error that would lose them.
+        let (post, note) = match self.run_post(dp, noisy.clone()).await {
+            Ok(out) => (out, None),
+            Err(failure) => {
+                let why = match failure {
+                    PostFailure::Planning(e) => e.to_string(),
+                    PostFailure::Running(e) => crate::refusal::engine_message(&e),
+                };
+                let note = format!(
+                    "post-processing failed on the noisy values ({why}); shown instead: the noisy aggregates this \
+                     query paid for (keys, then one column per aggregate), from which the query's expressions can \
+                     be computed at no cost"
+                );
+                let named = named_aggregates(dp, noisy)?;
+                ((named.schema(), vec![named]), Some(note))
+            }
+        };
+        let (schema, batches, hidden) = split_hidden(&post.0, post.1)?;
+        let accuracy = match note {
+            None => column_accuracy(dp, charge.measurements(), &schema, &batches, &hidden, confidence)?,
+            Some(_) => aggregate_accuracy(dp, charge.measurements(), &schema, &batches, &hidden, confidence)?,
+        };
         let parts = Parts {
             sql: sql.to_string(),
-            accuracy: column_accuracy(dp, charge.measurements(), &schema, &batches, &hidden, confidence)?,
+            accuracy,
             schema,
             batches,
             budget: self.status()?,
             session_epsilon: self.ledger.epsilon(self.defaults.delta)?,
             query_epsilon: quote.epsilon,
+            note,
         };
         let release = Release::new(parts, charge);
         if let Some(id) = request_id {

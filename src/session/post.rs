@@ -144,6 +144,26 @@ pub(crate) fn noisy_batch(
     RecordBatch::try_new(Arc::new(Schema::new(schema_fields)), arrays).map_err(|e| DpError::Internal(e.to_string()))
 }
 
+/// The noisy table of [`noisy_batch`] with its keys and aggregates named as in the analyst's aggregate (`sex`,
+/// `count(*)`) rather than `c0`, `c1`, ...: what a release shows when post-processing failed on the noisy values.
+pub(crate) fn named_aggregates(dp: &DpPlan, noisy: RecordBatch) -> Result<RecordBatch> {
+    let fields: Vec<Field> = noisy
+        .schema()
+        .fields()
+        .iter()
+        .enumerate()
+        .map(|(i, f)| match dp.agg_schema.fields().get(i) {
+            // The analyzer writes COUNT(*) as count(Int64(1)); the analyst wrote COUNT(*).
+            Some(named) if !is_interval_column(f.name()) => {
+                f.as_ref().clone().with_name(named.name().replace("count(Int64(1))", "count(*)"))
+            }
+            _ => f.as_ref().clone(),
+        })
+        .collect();
+    RecordBatch::try_new(Arc::new(Schema::new(fields)), noisy.columns().to_vec())
+        .map_err(|e| DpError::Internal(e.to_string()))
+}
+
 fn scalars_to_array(vals: Vec<ScalarValue>, dt: &DataType) -> Result<ArrayRef> {
     if vals.is_empty() {
         return Ok(datafusion::arrow::array::new_empty_array(dt));
@@ -279,7 +299,7 @@ impl DpSession {
             }
         }
         Err(DpError::Refused(Refusal::PostProcessingFails {
-            message: failure.map(|e| e.strip_backtrace()).unwrap_or_default(),
+            message: failure.map(|e| crate::refusal::engine_message(&e)).unwrap_or_default(),
         }))
     }
 }
@@ -317,5 +337,5 @@ fn cannot_fail(plan: &LogicalPlan) -> bool {
 }
 
 fn post_planning(e: datafusion::error::DataFusionError) -> DpError {
-    DpError::Refused(Refusal::PostProcessingPlan { message: e.strip_backtrace() })
+    DpError::Refused(Refusal::PostProcessingPlan { message: crate::refusal::engine_message(&e) })
 }

@@ -65,7 +65,7 @@ pub(crate) fn grow_stack<F: Future>(f: F) -> impl Future<Output = F::Output> {
 /// text): a syntax error, an unknown name, or another planning error.
 fn planning_error(e: datafusion::error::DataFusionError) -> DpError {
     use datafusion::error::DataFusionError as E;
-    let message = e.strip_backtrace();
+    let message = crate::refusal::engine_message(&e);
     DpError::Refused(match e.find_root() {
         E::SQL(..) => Refusal::Syntax { message },
         E::SchemaError(..) => Refusal::UnknownName { message },
@@ -142,13 +142,13 @@ impl DpSession {
             .with_allow_dml(false)
             .with_allow_statements(false)
             .verify_plan(&logical)
-            .map_err(|e| DpError::Refused(Refusal::OutsideReadOnly { what: e.strip_backtrace() }))?;
+            .map_err(|e| DpError::Refused(Refusal::OutsideReadOnly { what: crate::refusal::engine_message(&e) }))?;
         check_reserved_names(&logical)?;
         // The analyzer makes every implicit cast explicit: what is validated below is what runs.
         let analyzed = state
             .analyzer()
             .execute_and_check(logical, state.config_options(), |_, _| {})
-            .map_err(|e| DpError::Refused(Refusal::TypeCheck { message: e.strip_backtrace() }))?;
+            .map_err(|e| DpError::Refused(Refusal::TypeCheck { message: crate::refusal::engine_message(&e) }))?;
         size::check_constant_sizes(&analyzed)?;
         safety::check_constants(&analyzed)?;
         let dp = plan::compile(&analyzed, &|t| self.private_table(t))?;
@@ -175,5 +175,5 @@ impl DpSession {
 /// The private plan, built by dpfusion from a validated query, failed to optimize or plan: a refusal (nothing is
 /// spent), with the engine's message, which names the plan and never a value.
 fn internal(stage: &'static str, e: datafusion::error::DataFusionError) -> DpError {
-    DpError::Refused(Refusal::PrivatePlan { stage, message: e.strip_backtrace() })
+    DpError::Refused(Refusal::PrivatePlan { stage, message: crate::refusal::engine_message(&e) })
 }

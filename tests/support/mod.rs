@@ -198,10 +198,14 @@ pub(crate) fn mask_numbers(s: &str) -> String {
 }
 
 /// What an analyst sees of one statement, noisy numbers left out: `answered [name:type, ...]`, `explain <text>`,
-/// `refused: <message>`, `post-processing failed: <message, numbers masked>`, or `FAILED: <error>` for any other
-/// error (which the guarantee says must never happen).
+/// `refused: <message>`, `post-processing failed: <note, numbers masked>` (the release of the noisy aggregates
+/// when post-processing failed on them), or `FAILED: <error>` for any error after the debit (which the guarantee
+/// says must never happen).
 pub(crate) async fn seen(s: &DpSession, sql: &str) -> String {
     match s.sql(sql).await {
+        Ok(Response::Release(r)) if r.note().is_some() => {
+            format!("post-processing failed: {}", mask_numbers(r.note().unwrap_or_default()))
+        }
         Ok(Response::Release(r)) => {
             let cols: Vec<String> =
                 r.schema().fields().iter().map(|f| format!("{}:{}", f.name(), f.data_type())).collect();
@@ -210,7 +214,6 @@ pub(crate) async fn seen(s: &DpSession, sql: &str) -> String {
         Ok(Response::Explain(e)) => format!("explain {e}"),
         Ok(other) => format!("{other:?}"),
         Err(e @ (DpError::Refused { .. } | DpError::OverBudget { .. })) => format!("refused: {e}"),
-        Err(DpError::PostProcessing(m)) => format!("post-processing failed: {}", mask_numbers(&m)),
         Err(e) => format!("FAILED: {e}"),
     }
 }
