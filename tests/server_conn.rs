@@ -249,9 +249,10 @@ async fn a_huge_message_before_login_is_cut_off_after_a_few_kilobytes() {
     let dir = TempDir::new("conn-prelogin");
     let s = serve(&dir, "").await;
     let mut sock = start_login(s.addr, "alice").await;
-    // A SASL message announcing 64 MB, then its bytes, as fast as the server takes them.
+    // A Query announcing 64 MB (pgwire itself reads any Query up to 1 GiB, whatever the state), then its bytes,
+    // as fast as the server takes them.
     let announced: usize = 64 << 20;
-    let mut header = vec![b'p'];
+    let mut header = vec![b'Q'];
     header.extend_from_slice(&(announced as i32 + 4).to_be_bytes());
     sock.write_all(&header).await.unwrap();
     let chunk = vec![b'x'; 64 * 1024];
