@@ -41,9 +41,23 @@ pub struct ServerConfig {
     /// connection that did not start TLS is refused at startup.
     #[serde(default)]
     pub allow_plaintext: bool,
-    /// Most connections at once; more are refused with SQLSTATE 53300.
+    /// Most logged-in connections at once; a login beyond them is refused with SQLSTATE 53300. A slot is taken
+    /// only once the password checked out.
     #[serde(default = "default_max_connections")]
     pub max_connections: usize,
+    /// Most connections of one analyst at once (within `max_connections`); more are refused with 53300.
+    #[serde(default = "default_max_connections_per_analyst")]
+    pub max_connections_per_analyst: usize,
+    /// Most connections still logging in at once (TCP accepted, not yet authenticated); more are closed at
+    /// once with 53300. Separate from `max_connections`, so clients that never log in cannot take their slots.
+    #[serde(default = "default_max_pending_logins")]
+    pub max_pending_logins: usize,
+    /// Seconds a connection has to complete its login (TLS, startup, SCRAM) before it is closed.
+    #[serde(default = "default_login_timeout")]
+    pub login_timeout_secs: u64,
+    /// Seconds a logged-in connection may stay without sending anything before it is closed (SQLSTATE 57P05).
+    #[serde(default = "default_idle_timeout")]
+    pub idle_timeout_secs: u64,
     /// Longest a statement may run, in seconds (a query stopped after its debit stays charged).
     #[serde(default = "default_statement_timeout")]
     pub statement_timeout_secs: u64,
@@ -60,6 +74,18 @@ fn default_listen() -> String {
 }
 fn default_max_connections() -> usize {
     64
+}
+fn default_max_connections_per_analyst() -> usize {
+    8
+}
+fn default_max_pending_logins() -> usize {
+    32
+}
+fn default_login_timeout() -> u64 {
+    10
+}
+fn default_idle_timeout() -> u64 {
+    3600
 }
 fn default_statement_timeout() -> u64 {
     300
@@ -80,8 +106,16 @@ pub struct ServerSettings {
     pub tls: Option<(PathBuf, PathBuf)>,
     /// Plaintext allowed: on a non-loopback address, and next to TLS.
     pub allow_plaintext: bool,
-    /// Most connections at once.
+    /// Most logged-in connections at once.
     pub max_connections: usize,
+    /// Most logged-in connections of one analyst at once.
+    pub max_connections_per_analyst: usize,
+    /// Most connections logging in at once.
+    pub max_pending_logins: usize,
+    /// Time to complete a login.
+    pub login_timeout: std::time::Duration,
+    /// Time a logged-in connection may stay silent.
+    pub idle_timeout: std::time::Duration,
     /// Statement timeout.
     pub statement_timeout: std::time::Duration,
     /// Memory per connection, in bytes.
@@ -115,11 +149,26 @@ fn server_settings(c: ServerConfig, base_dir: &Path) -> Result<ServerSettings> {
                 .into(),
         ));
     }
+    let bounded = [
+        ("max_connections_per_analyst", c.max_connections_per_analyst as u64, 100_000),
+        ("max_pending_logins", c.max_pending_logins as u64, 100_000),
+        ("login_timeout_secs", c.login_timeout_secs, 3600),
+        ("idle_timeout_secs", c.idle_timeout_secs, 30 * 24 * 3600),
+    ];
+    for (name, value, most) in bounded {
+        if value == 0 || value > most {
+            return Err(DpError::Config(format!("[server] {name} = {value}: give a whole number from 1 to {most}")));
+        }
+    }
     Ok(ServerSettings {
         listen,
         tls,
         allow_plaintext: c.allow_plaintext,
         max_connections: c.max_connections,
+        max_connections_per_analyst: c.max_connections_per_analyst,
+        max_pending_logins: c.max_pending_logins,
+        login_timeout: std::time::Duration::from_secs(c.login_timeout_secs),
+        idle_timeout: std::time::Duration::from_secs(c.idle_timeout_secs),
         statement_timeout: std::time::Duration::from_secs(c.statement_timeout_secs),
         memory_limit: c.memory_limit_mb.saturating_mul(1 << 20),
         max_query_bytes: c.max_query_bytes,

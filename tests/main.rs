@@ -20,6 +20,9 @@ mod noise_dist;
 mod privacy_audit;
 /// `dpfusion serve` over tokio-postgres: protocols, logins, isolation of analysts, budgets under contention.
 mod server;
+/// `dpfusion serve` under hostile connections: slots after login, throttle, message sizes, idle and shutdown,
+/// grants at each debit, stable decoy salts, per-analyst charge numbers.
+mod server_conn;
 /// Answered queries: full domains, honest intervals (coverage), post-processing, accuracy of every column.
 mod sql_accept;
 /// Refused queries: their codes, their fixes, nothing spent; SET only narrows.

@@ -296,6 +296,30 @@ impl LedgerDb {
             .map_err(|e| sql_error(&display, e))
     }
 
+    /// The server's decoy secret: 32 random bytes made the first time it is asked for and kept in the file's
+    /// `meta` table, so that an unknown user's decoy salt ([`crate::server::scram::Verifier::decoy`]) stays the
+    /// same across restarts, as a real analyst's salt does. Concurrent first calls agree on one secret.
+    pub fn decoy_secret(&self) -> Result<[u8; 32]> {
+        use base64::Engine;
+        use base64::engine::general_purpose::STANDARD;
+        let display = self.display();
+        let mut fresh = [0u8; 32];
+        rand::fill(&mut fresh);
+        let mut conn = self.conn()?;
+        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(|e| sql_error(&display, e))?;
+        tx.execute("INSERT OR IGNORE INTO meta VALUES ('decoy_secret', ?1)", params![STANDARD.encode(fresh)])
+            .map_err(|e| sql_error(&display, e))?;
+        let stored: String = tx
+            .query_row("SELECT value FROM meta WHERE key = 'decoy_secret'", [], |r| r.get(0))
+            .map_err(|e| sql_error(&display, e))?;
+        tx.commit().map_err(|e| sql_error(&display, e))?;
+        STANDARD
+            .decode(stored)
+            .ok()
+            .and_then(|b| <[u8; 32]>::try_from(b).ok())
+            .ok_or_else(|| DpError::Ledger(format!("{display}: the stored decoy secret is damaged; restore the file")))
+    }
+
     /// The administrative history, oldest first.
     pub fn admin_log(&self) -> Result<Vec<AdminEvent>> {
         let display = self.display();

@@ -410,11 +410,25 @@ impl SqliteLedger {
         Ok((row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?))
     }
 
-    fn decode(&self, (id, label, rho, m): (i64, String, f64, String)) -> Result<Charge> {
+    /// The charge read from a row, numbered `ordinal` (its place among its budget's charges, see
+    /// [`SqliteLedger::ordinal`]).
+    fn decode(&self, ordinal: u64, (id, label, rho, m): (i64, String, f64, String)) -> Result<Charge> {
         let measurements: Vec<Calibration> = serde_json::from_str(&m)
             .map_err(|e| DpError::Ledger(format!("{}: charge {id} is unreadable ({e})", self.display())))?;
         let rho = Rho::new(rho)?;
-        Ok(Charge::new(id as u64, label, measurements, rho))
+        Ok(Charge::new(ordinal, label, measurements, rho))
+    }
+
+    /// The number a charge shows ([`Charge::id`]): its place among this budget's charges, from 1. The file's row
+    /// id is global across budgets; shown to an analyst it would count the other analysts' queries.
+    fn ordinal(&self, conn: &Connection, row_id: i64) -> Result<u64> {
+        conn.query_row(
+            "SELECT count(*) FROM charges WHERE budget = ?1 AND id <= ?2",
+            params![self.budget, row_id],
+            |r| r.get::<_, i64>(0),
+        )
+        .map(|n| n.max(0) as u64)
+        .map_err(|e| sql_error(&self.display(), e))
     }
 }
 
@@ -446,16 +460,26 @@ impl SqliteLedger {
                 return Ok(Claim::Existing(prior));
             }
         }
-        let disabled: Option<(String, i64)> = tx
-            .query_row("SELECT name, disabled FROM analysts WHERE budget = ?1", params![self.budget], |r| {
-                Ok((r.get(0)?, r.get(1)?))
+        let analyst: Option<(String, i64, Option<String>)> = tx
+            .query_row("SELECT name, disabled, tables FROM analysts WHERE budget = ?1", params![self.budget], |r| {
+                Ok((r.get(0)?, r.get(1)?, r.get(2)?))
             })
             .optional()
             .map_err(|e| sql_error(&display, e))?;
-        if let Some((name, 1)) = disabled {
-            return Err(DpError::Access(format!(
-                "analyst `{name}` has been disabled by the data owner; nothing was spent"
-            )));
+        if let Some((name, disabled, granted)) = analyst {
+            if disabled != 0 {
+                return Err(DpError::Access(format!(
+                    "analyst `{name}` has been disabled by the data owner; nothing was spent"
+                )));
+            }
+            // The grants as they are now (the owner may have changed them since the session began): a table no
+            // longer granted is refused exactly as one never granted is, before planning.
+            if let Some(granted) = granted {
+                let granted: Vec<&str> = granted.split(',').collect();
+                if let Some(t) = tables.iter().find(|t| !granted.contains(&t.as_str())) {
+                    return Err(DpError::Refused(crate::refusal::Refusal::NotPrivateTable { table: t.clone() }));
+                }
+            }
         }
         let (total, spent) = self.read_budget(&tx)?;
         let filter = ZcdpFilter::with_spent(Rho::new(total)?, Rho::new(spent)?);
@@ -481,6 +505,7 @@ impl SqliteLedger {
         )
         .map_err(|e| sql_error(&display, e))?;
         let id = tx.last_insert_rowid();
+        let ordinal = self.ordinal(&tx, id)?;
         for t in tables {
             tx.execute("INSERT OR IGNORE INTO charge_tables (charge, name) VALUES (?1, ?2)", params![id, t])
                 .map_err(|e| sql_error(&display, e))?;
@@ -492,7 +517,7 @@ impl SqliteLedger {
         tx.execute("UPDATE budgets SET spent = ?1 WHERE name = ?2", params![new_spent.get(), self.budget])
             .map_err(|e| sql_error(&display, e))?;
         tx.commit().map_err(|e| sql_error(&display, e))?;
-        Ok(Claim::New(Charge::new(id as u64, label.to_string(), measurements, rho)))
+        Ok(Claim::New(Charge::new(ordinal, label.to_string(), measurements, rho)))
     }
 
     /// What is stored for `request_id`, read on `conn` (inside a transaction when the caller holds one).
@@ -517,7 +542,7 @@ impl SqliteLedger {
             .map_err(|e| sql_error(&display, e))
         };
         let (release, draw) = (body("releases")?, body("draws")?);
-        let charge = self.decode(row)?;
+        let charge = self.decode(self.ordinal(conn, row.0)?, row)?;
         Ok(match (release, draw) {
             (Some(r), _) => Prior::Released(charge, r),
             (None, Some(d)) => Prior::Drawn(charge, d),
@@ -583,7 +608,7 @@ impl Ledger for SqliteLedger {
             .map_err(|e| sql_error(&self.display(), e))?
             .collect::<rusqlite::Result<Vec<_>>>()
             .map_err(|e| sql_error(&self.display(), e))?;
-        rows.into_iter().map(|r| self.decode(r)).collect()
+        (1..).zip(rows).map(|(ordinal, r)| self.decode(ordinal, r)).collect()
     }
     fn charge(&self, label: &str, tables: &[String], measurements: Vec<Calibration>) -> Result<Charge> {
         self.debit(label, None, tables, measurements).and_then(|c| match c {

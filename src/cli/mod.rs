@@ -390,12 +390,16 @@ pub(crate) fn main() -> i32 {
             return 2;
         }
     };
-    match rt.block_on(run(cli)) {
+    let status = match rt.block_on(run(cli)) {
         Ok(true) => 0,
         Ok(false) => 1,
         Err(e) => {
             eprintln!("error: {e}");
             2
         }
-    }
+    };
+    // Dropping the runtime would wait for every task still on a blocking thread (a server's query aborted at the
+    // end of its grace period, say); the command is done, so give them a moment and exit.
+    rt.shutdown_timeout(std::time::Duration::from_secs(1));
+    status
 }

@@ -1,9 +1,10 @@
 //! Logging in: SCRAM-SHA-256 against the ledger's verifiers ([`super::scram`]), with failed logins logged and
-//! slowed down per user name and per client address.
+//! throttled per user name and per client address ([`Throttle`]: refused at once with the time to wait, never
+//! slept on). The connection slot ([`Slot`]) is taken only once the proof checked out.
 //!
-//! An unknown user gets a decoy challenge (a salt derived from the name and a per-run secret) and fails at the
-//! proof exactly like a wrong password, so the exchange does not tell which names exist. A disabled analyst is
-//! told so only after proving their password.
+//! An unknown user gets a decoy challenge (a salt derived from the name and a secret kept in the ledger file, so
+//! the same across restarts) and fails at the proof exactly like a wrong password, so the exchange does not tell
+//! which names exist. A disabled analyst is told so only after proving their password.
 
 use super::catalog::Catalog;
 use super::scram::{self, ScramError, Verifier};
@@ -31,12 +32,20 @@ use std::time::{Duration, Instant};
 
 /// Failures older than this are forgotten.
 const FORGET_AFTER: Duration = Duration::from_secs(15 * 60);
-/// The longest wait imposed before one login attempt is checked.
+/// The longest wait imposed between two checks on one key.
 const MAX_WAIT: Duration = Duration::from_secs(5);
+/// Failures on a key before its checks are spaced out (a mistyped password or two costs nothing).
+const FREE_FAILURES: u32 = 3;
+/// Most keys remembered; past it the oldest records are dropped (every entry is a few dozen bytes).
+const MAX_KEYS: usize = 50_000;
 
-/// Login attempts per user name and per client address: after `n` recent failures, each further attempt on that
-/// key is checked no earlier than 100 ms · 2^(n−1) (at most 5 s) after the previous one, so guessing passwords,
-/// even over many parallel connections, proceeds at a few attempts per key and per few seconds.
+/// Password checks per user name and per client address. After `n` failures on a key (beyond the first
+/// [`FREE_FAILURES`]), the next check on it may come no earlier than 100 ms · 2^(n−3) (at most 5 s) after the last
+/// failure; an attempt earlier than that is **refused at once** with the time to wait, never queued or slept on,
+/// so it holds nothing. Only checked proofs count: an attempt abandoned before its proof leaves no trace. The check
+/// and its outcome are recorded under one lock, so parallel guesses are checked one after another and all but the
+/// first few land inside a wait. Memory is bounded: at most [`MAX_KEYS`] keys, failures forgotten after 15
+/// minutes.
 #[derive(Default)]
 pub struct Throttle {
     keys: Mutex<HashMap<String, Entry>>,
@@ -45,56 +54,150 @@ pub struct Throttle {
 struct Entry {
     failures: u32,
     last_failure: Instant,
-    next_slot: Instant,
 }
 
+/// The wait after `failures` failures on a key.
 fn step(failures: u32) -> Duration {
-    if failures == 0 {
+    if failures < FREE_FAILURES {
         return Duration::ZERO;
     }
-    Duration::from_millis(100).saturating_mul(1u32 << (failures - 1).min(16)).min(MAX_WAIT)
+    Duration::from_millis(100).saturating_mul(1u32 << (failures - FREE_FAILURES).min(16)).min(MAX_WAIT)
 }
 
+/// A check refused by the throttle: how long until it may be tried again.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Wait(pub Duration);
+
 impl Throttle {
-    /// How long the attempt on these keys must wait before it is checked (reserving its slot).
-    pub fn admit(&self, keys: &[String]) -> Duration {
-        let Ok(mut map) = self.keys.lock() else { return MAX_WAIT };
-        let now = Instant::now();
-        if map.len() > 10_000 {
-            map.retain(|_, e| now.duration_since(e.last_failure) < FORGET_AFTER);
+    /// How long the keys must still wait before a check (zero: it may be checked now).
+    fn wait(map: &HashMap<String, Entry>, keys: &[String], now: Instant) -> Duration {
+        keys.iter()
+            .filter_map(|k| map.get(k))
+            .filter(|e| now.duration_since(e.last_failure) < FORGET_AFTER)
+            .map(|e| (e.last_failure + step(e.failures)).saturating_duration_since(now))
+            .max()
+            .unwrap_or(Duration::ZERO)
+    }
+
+    /// Whether an attempt on these keys would be refused now (to refuse early, before the exchange).
+    pub fn waiting(&self, keys: &[String]) -> Result<(), Wait> {
+        let Ok(map) = self.keys.lock() else { return Err(Wait(MAX_WAIT)) };
+        match Self::wait(&map, keys, Instant::now()) {
+            w if w.is_zero() => Ok(()),
+            w => Err(Wait(w)),
         }
-        let mut wait = Duration::ZERO;
-        for k in keys {
-            if let Some(e) = map.get_mut(k) {
-                if now.duration_since(e.last_failure) >= FORGET_AFTER {
-                    map.remove(k);
-                    continue;
+    }
+
+    /// Runs the password check `check` if these keys may be checked now, and records its outcome (`Ok`: the user
+    /// key's failures are forgotten; `Err`: a failure on every key), all under one lock.
+    pub fn check<T, E>(&self, keys: &[String], check: impl FnOnce() -> Result<T, E>) -> Result<Result<T, E>, Wait> {
+        let Ok(mut map) = self.keys.lock() else { return Err(Wait(MAX_WAIT)) };
+        let now = Instant::now();
+        let wait = Self::wait(&map, keys, now);
+        if !wait.is_zero() {
+            return Err(Wait(wait));
+        }
+        let outcome = check();
+        match &outcome {
+            Ok(_) => {
+                if let Some(user) = keys.first() {
+                    map.remove(user);
                 }
-                let slot = e.next_slot.max(now);
-                e.next_slot = slot + step(e.failures);
-                wait = wait.max(slot - now);
+            }
+            Err(_) => {
+                if map.len() >= MAX_KEYS {
+                    Self::shrink(&mut map, now);
+                }
+                for k in keys {
+                    let e = map.entry(k.clone()).or_insert(Entry { failures: 0, last_failure: now });
+                    if now.duration_since(e.last_failure) >= FORGET_AFTER {
+                        e.failures = 0;
+                    }
+                    e.failures = e.failures.saturating_add(1);
+                    e.last_failure = now;
+                }
             }
         }
-        wait
+        Ok(outcome)
     }
 
-    /// Records a failed attempt on these keys.
-    pub fn failure(&self, keys: &[String]) {
-        let Ok(mut map) = self.keys.lock() else { return };
-        let now = Instant::now();
-        for k in keys {
-            let e = map.entry(k.clone()).or_insert(Entry { failures: 0, last_failure: now, next_slot: now });
-            e.failures = e.failures.saturating_add(1);
-            e.last_failure = now;
+    /// Drops forgotten records, then, if still full, the older half.
+    fn shrink(map: &mut HashMap<String, Entry>, now: Instant) {
+        map.retain(|_, e| now.duration_since(e.last_failure) < FORGET_AFTER);
+        if map.len() >= MAX_KEYS {
+            let mut ages: Vec<Instant> = map.values().map(|e| e.last_failure).collect();
+            ages.sort_unstable();
+            let cut = ages[ages.len() / 2];
+            map.retain(|_, e| e.last_failure > cut);
         }
     }
+}
 
-    /// Forgets the failures of a user who logged in (their address keeps its record).
-    pub fn success(&self, user_key: &str) {
-        if let Ok(mut map) = self.keys.lock() {
-            map.remove(user_key);
+/// A logged-in connection's slot: one of `max_connections` and one of its analyst's
+/// `max_connections_per_analyst`, given back when the connection ends (kept in the connection's session
+/// extensions, which are dropped with it).
+pub(crate) struct Slot {
+    _permit: tokio::sync::OwnedSemaphorePermit,
+    analyst: String,
+    per_analyst: Arc<Mutex<HashMap<String, usize>>>,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        if let Ok(mut m) = self.per_analyst.lock()
+            && let Some(n) = m.get_mut(&self.analyst)
+        {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                m.remove(&self.analyst);
+            }
         }
     }
+}
+
+impl Connection {
+    /// Takes a connection slot for `user`, or says why there is none.
+    fn take_slot(&self, user: &str) -> PgWireResult<Slot> {
+        let shared = &self.shared;
+        let settings = &shared.settings;
+        let mut counts = shared.per_analyst.lock().map_err(|_| fatal("XX000", "connection count lost".into()))?;
+        let mine = counts.get(user).copied().unwrap_or(0);
+        if mine >= settings.max_connections_per_analyst {
+            log(&format!("login of `{user}` from {} refused: {mine} connections open already", self.peer));
+            return Err(too_many(
+                format!(
+                    "too many connections for analyst \"{user}\" (at most {} at once)",
+                    settings.max_connections_per_analyst
+                ),
+                "close some of your other connections (or use fewer in your pool), then reconnect",
+            ));
+        }
+        let permit = shared.slots.clone().try_acquire_owned().map_err(|_| {
+            log(&format!("login of `{user}` from {} refused: all {} slots taken", self.peer, settings.max_connections));
+            too_many(
+                format!("too many connections (this server accepts {} at once)", settings.max_connections),
+                "try again later",
+            )
+        })?;
+        counts.insert(user.to_string(), mine + 1);
+        Ok(Slot { _permit: permit, analyst: user.to_string(), per_analyst: shared.per_analyst.clone() })
+    }
+}
+
+fn too_many(message: String, hint: &str) -> PgWireError {
+    let mut e = ErrorInfo::new("FATAL".to_owned(), "53300".to_owned(), message);
+    e.hint = Some(hint.to_owned());
+    PgWireError::UserError(Box::new(e))
+}
+
+/// The refusal of a throttled attempt (the password was not checked). SQLSTATE 53300: a resource limit, retry
+/// later; not 28P01, which would say the password was judged.
+fn throttled(wait: Wait) -> PgWireError {
+    let secs = wait.0.as_secs_f64().max(0.1);
+    too_many(
+        format!("too many failed logins for this user or address; try again in {secs:.1} s"),
+        "the password was not checked; wait, then log in again",
+    )
 }
 
 fn fatal(code: &str, message: String) -> PgWireError {
@@ -140,15 +243,6 @@ impl StartupHandler for Connection {
     {
         match message {
             PgWireFrontendMessage::Startup(ref startup) => {
-                if self.over_limit {
-                    return Err(fatal(
-                        "53300",
-                        format!(
-                            "too many connections (this server accepts {} at once); try again later",
-                            self.shared.settings.max_connections
-                        ),
-                    ));
-                }
                 let settings = &self.shared.settings;
                 if settings.tls.is_some() && !settings.allow_plaintext && !client.is_secure() {
                     log(&format!("plaintext connection from {} refused: this server requires TLS", self.peer));
@@ -184,10 +278,7 @@ impl StartupHandler for Connection {
                                 ),
                             ));
                         }
-                        let wait = self.shared.throttle.admit(&keys);
-                        if !wait.is_zero() {
-                            tokio::time::sleep(wait).await;
-                        }
+                        self.shared.throttle.waiting(&keys).map_err(throttled)?;
                         let stored = self.shared.db.verifier(&user).map_err(|e| fatal("58000", e.to_string()))?;
                         let verifier = stored
                             .as_deref()
@@ -207,20 +298,25 @@ impl StartupHandler for Connection {
                                     )))
                                     .await?;
                             }
-                            Err(e) => return Err(self.failed(&user, &keys, e)),
+                            Err(e) => return Err(self.failed(&user, e)),
                         }
                     }
                     Some(state) => {
                         let response = msg.into_sasl_response()?;
-                        let server_final =
-                            state.client_final(&response.data).map_err(|e| self.failed(&user, &keys, e))?;
+                        let server_final = self
+                            .shared
+                            .throttle
+                            .check(&keys, || state.client_final(&response.data))
+                            .map_err(throttled)?
+                            .map_err(|e| self.failed(&user, e))?;
+                        let slot = self.take_slot(&user)?;
                         let database = client.metadata().get(METADATA_DATABASE).cloned().unwrap_or_default();
                         let analyst = self.open_analyst(&user, &database).await.map_err(|e| {
                             log(&format!("login of `{user}` from {} refused: {e}", self.peer));
                             fatal("28000", e.to_string())
                         })?;
-                        self.shared.throttle.success(&keys[0]);
                         *self.analyst.lock().await = Some(analyst);
+                        client.session_extensions().insert::<Slot>(slot);
                         client
                             .send(PgWireBackendMessage::Authentication(Authentication::SASLFinal(
                                 server_final.into_bytes().into(),
@@ -247,9 +343,8 @@ impl StartupHandler for Connection {
 }
 
 impl Connection {
-    /// Logs and counts a failed login; the error to send.
-    fn failed(&self, user: &str, keys: &[String], e: ScramError) -> PgWireError {
-        self.shared.throttle.failure(keys);
+    /// Logs a failed login (the throttle has counted it); the error to send.
+    fn failed(&self, user: &str, e: ScramError) -> PgWireError {
         match e {
             ScramError::WrongPassword => {
                 log(&format!("login failed for `{user}` from {}: wrong password or unknown user", self.peer));
@@ -267,22 +362,47 @@ impl Connection {
 mod tests {
     use super::*;
 
+    fn fail(t: &Throttle, k: &[String]) -> Result<Result<(), ()>, Wait> {
+        t.check(k, || Err(()))
+    }
+
     #[test]
-    fn failures_space_out_later_attempts_on_the_same_key() {
+    fn failures_refuse_later_checks_on_the_same_key_at_once_and_never_queue() {
         let t = Throttle::default();
-        let k = vec!["user:bob".to_string()];
-        assert_eq!(t.admit(&k), Duration::ZERO, "no failure, no wait");
-        t.failure(&k);
-        t.failure(&k);
-        t.failure(&k);
-        // Three failures: each attempt reserves a 400 ms slot, so parallel attempts queue up.
-        let first = t.admit(&k);
-        let second = t.admit(&k);
-        assert!(first <= Duration::from_millis(1), "{first:?}");
-        assert!(second >= Duration::from_millis(390), "{second:?}");
-        assert_eq!(t.admit(&["user:eve".to_string()]), Duration::ZERO, "other keys are not slowed");
-        t.success("user:bob");
-        assert_eq!(t.admit(&k), Duration::ZERO);
+        let k = vec!["user:bob".to_string(), "addr:1".to_string()];
+        assert!(t.waiting(&k).is_ok(), "no failure, no wait");
+        assert_eq!(fail(&t, &k), Ok(Err(())));
+        assert_eq!(fail(&t, &k), Ok(Err(())), "the first failures are free");
+        assert_eq!(fail(&t, &k), Ok(Err(())));
+        // Three failures: the next check waits 100 ms; attempts before that are refused, and refusals reserve
+        // nothing (the wait does not grow with them).
+        for _ in 0..30 {
+            let Err(Wait(w)) = fail(&t, &k) else { panic!("a throttled attempt was checked") };
+            assert!(w > Duration::from_millis(50) && w <= Duration::from_millis(100), "{w:?}");
+        }
+        assert!(t.waiting(&k).is_err());
+        assert!(t.waiting(&["user:eve".to_string()]).is_ok(), "other keys are not slowed");
         assert_eq!(step(40), MAX_WAIT);
+    }
+
+    #[test]
+    fn a_success_forgets_the_user_but_not_the_address() {
+        let t = Throttle::default();
+        let k = vec!["user:bob".to_string(), "addr:1".to_string()];
+        for _ in 0..FREE_FAILURES - 1 {
+            fail(&t, &k).unwrap().unwrap_err();
+        }
+        assert_eq!(t.check(&k, || Ok::<_, ()>(7)), Ok(Ok(7)));
+        let map = t.keys.lock().unwrap();
+        assert!(!map.contains_key("user:bob") && map["addr:1"].failures == FREE_FAILURES - 1);
+    }
+
+    #[test]
+    fn the_table_of_keys_stays_bounded() {
+        let t = Throttle::default();
+        for i in 0..(MAX_KEYS + 10) {
+            fail(&t, &[format!("user:u{i}")]).unwrap().unwrap_err();
+        }
+        assert!(t.keys.lock().unwrap().len() <= MAX_KEYS);
     }
 }

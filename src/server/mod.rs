@@ -13,8 +13,13 @@
 //!   across all analysts; one debit checks and charges both in one transaction
 //!   ([`crate::accounting::ledger`]). Administration is the data owner's alone, on the ledger file
 //!   ([`crate::accounting::admin`]); nothing over the wire can change a total, a grant or a password.
-//! * **Limits.** Maximum connections, a statement timeout, a memory pool per connection, PostgreSQL cancel
-//!   requests, graceful shutdown. A query stopped (cancelled, timed out, disconnected) after its debit stays
+//! * **Limits** ([`conn`], [`auth`]). A connection slot is taken only after the password checked out
+//!   (`max_connections`, at most `max_connections_per_analyst` per analyst); before that a connection holds one of
+//!   `max_pending_logins` places for at most `login_timeout_secs`, and may send only small messages. Failed logins
+//!   make later attempts on the same user or address wait, refused at once ("try again in N s"), never queued.
+//!   Messages after the login are bounded by `max_query_bytes`; an idle connection is closed after
+//!   `idle_timeout_secs`. A statement timeout, a memory pool per connection, PostgreSQL cancel requests, and a
+//!   shutdown that ends within its grace period. A query stopped (cancelled, timed out, disconnected) after its debit stays
 //!   charged: the debit is made before any data is read, and a charge is never refunded.
 //!
 //! Neighbouring relation: add/remove all rows of one privacy unit; each analyst's budget and each table's cap
@@ -22,6 +27,7 @@
 
 pub mod auth;
 mod catalog;
+pub mod conn;
 pub mod scram;
 mod wire;
 
@@ -29,8 +35,7 @@ use crate::accounting::LedgerDb;
 use crate::config::{ServerSettings, SessionConfig};
 use crate::error::{DpError, Result};
 use crate::session::DpSession;
-use pgwire::api::cancel::DefaultCancelHandler;
-use pgwire::api::{ConnectionManager, PgWireServerHandlers};
+use pgwire::api::ConnectionManager;
 use pgwire::tokio::TlsAcceptor;
 use pgwire::tokio::tokio_rustls::rustls;
 use std::net::SocketAddr;
@@ -104,8 +109,13 @@ pub(crate) struct Shared {
     pub(crate) db: LedgerDb,
     pub(crate) settings: ServerSettings,
     pub(crate) throttle: auth::Throttle,
-    /// Salt and keys of decoy verifiers for unknown users (random per server run).
+    /// Salt and keys of decoy verifiers for unknown users (one random secret kept in the ledger file, so that an
+    /// unknown user's salt is the same after a restart, as a real analyst's is).
     pub(crate) decoy_secret: [u8; 32],
+    /// The connection slots (`max_connections`), taken at login.
+    pub(crate) slots: Arc<Semaphore>,
+    /// Logged-in connections per analyst.
+    pub(crate) per_analyst: Arc<std::sync::Mutex<std::collections::HashMap<String, usize>>>,
     pub(crate) cancels: Arc<ConnectionManager>,
     /// Process ids and secret keys for cancel requests: one generator, so every connection gets its own pid.
     pub(crate) pids: pgwire::api::RandomPidSecretKeyGenerator,
@@ -144,11 +154,12 @@ impl Server {
         let listener = TcpListener::bind(settings.listen).await.map_err(|e| {
             DpError::Config(format!("[server] listen = \"{}\": cannot listen there: {e}", settings.listen))
         })?;
-        let mut decoy_secret = [0u8; 32];
-        rand::fill(&mut decoy_secret);
+        let decoy_secret = db.decoy_secret()?;
         let shared = Arc::new(Shared {
             base,
             db,
+            slots: Arc::new(Semaphore::new(settings.max_connections)),
+            per_analyst: Arc::default(),
             settings,
             throttle: auth::Throttle::default(),
             decoy_secret,
@@ -163,11 +174,14 @@ impl Server {
         self.listener.local_addr().map_err(|e| DpError::Internal(format!("listening socket: {e}")))
     }
 
-    /// Serves until `shutdown` completes; then accepts no new connection and gives the open ones up to the
-    /// statement timeout to finish (their queries are dropped after that; every debit is already durable).
+    /// Serves until `shutdown` completes; then accepts no new connection, closes the connections waiting for a
+    /// message, and gives those running a statement up to the statement timeout to finish. After that their
+    /// tasks are aborted and this returns within a second more, whatever they are doing (every debit is already
+    /// durable). A task busy on a blocking thread is left behind: the binary ends its runtime with a timeout.
     pub async fn run(self, shutdown: impl Future<Output = ()>) -> Result<()> {
         let Server { shared, listener, tls } = self;
-        let slots = Arc::new(Semaphore::new(shared.settings.max_connections));
+        let pending = Arc::new(Semaphore::new(shared.settings.max_pending_logins));
+        let (stop, stopped) = tokio::sync::watch::channel(false);
         let mut tasks = tokio::task::JoinSet::new();
         tokio::pin!(shutdown);
         loop {
@@ -182,13 +196,15 @@ impl Server {
                             continue;
                         }
                     };
+                    let Ok(place) = pending.clone().try_acquire_owned() else {
+                        conn::refuse_now(socket, shared.settings.max_pending_logins);
+                        continue;
+                    };
                     let _ = socket.set_nodelay(true);
-                    let permit = slots.clone().try_acquire_owned().ok();
-                    let handlers = Arc::new(wire::Connection::new(shared.clone(), peer, permit.is_none()));
-                    let tls = tls.clone();
+                    let handler = Arc::new(wire::Connection::new(shared.clone(), peer));
+                    let (tls, shared, stopped) = (tls.clone(), shared.clone(), stopped.clone());
                     tasks.spawn(async move {
-                        let _permit = permit;
-                        if let Err(e) = pgwire::tokio::process_socket(socket, tls, ConnHandlers(handlers)).await {
+                        if let Err(e) = conn::serve(socket, tls, handler, shared, place, stopped).await {
                             log(&format!("connection from {peer} ended with an error: {e}"));
                         }
                     });
@@ -197,30 +213,17 @@ impl Server {
             }
         }
         drop(listener);
+        let _ = stop.send(true);
         let grace = shared.settings.statement_timeout;
         if tokio::time::timeout(grace, async { while tasks.join_next().await.is_some() {} }).await.is_err() {
             log(&format!("{} connection(s) still open after {grace:?}: closing them", tasks.len()));
-            tasks.shutdown().await;
+            tasks.abort_all();
+            // An aborted task stops at its next await; one that never yields is left to the runtime's shutdown.
+            let _ = tokio::time::timeout(Duration::from_secs(1), async { while tasks.join_next().await.is_some() {} })
+                .await;
+            tasks.detach_all();
         }
         Ok(())
-    }
-}
-
-/// The handlers of one connection.
-struct ConnHandlers(Arc<wire::Connection>);
-
-impl PgWireServerHandlers for ConnHandlers {
-    fn simple_query_handler(&self) -> Arc<impl pgwire::api::query::SimpleQueryHandler> {
-        self.0.clone()
-    }
-    fn extended_query_handler(&self) -> Arc<impl pgwire::api::query::ExtendedQueryHandler> {
-        self.0.clone()
-    }
-    fn startup_handler(&self) -> Arc<impl pgwire::api::auth::StartupHandler> {
-        self.0.clone()
-    }
-    fn cancel_handler(&self) -> Arc<impl pgwire::api::cancel::CancelHandler> {
-        Arc::new(DefaultCancelHandler::new(self.0.shared.cancels.clone()))
     }
 }
 

@@ -75,8 +75,6 @@ type State = Arc<tokio::sync::Mutex<Option<Analyst>>>;
 pub(crate) struct Connection {
     pub(crate) shared: Arc<Shared>,
     pub(crate) peer: SocketAddr,
-    /// Over `max_connections`: refused at startup.
-    pub(crate) over_limit: bool,
     /// The SCRAM exchange under way.
     pub(crate) sasl: std::sync::Mutex<Option<super::scram::ServerFirst>>,
     pub(crate) analyst: State,
@@ -84,10 +82,10 @@ pub(crate) struct Connection {
 }
 
 impl Connection {
-    pub(crate) fn new(shared: Arc<Shared>, peer: SocketAddr, over_limit: bool) -> Self {
+    pub(crate) fn new(shared: Arc<Shared>, peer: SocketAddr) -> Self {
         let analyst: State = Arc::default();
         let parser = Arc::new(Parser { analyst: analyst.clone() });
-        Connection { shared, peer, over_limit, sasl: std::sync::Mutex::new(None), analyst, parser }
+        Connection { shared, peer, sasl: std::sync::Mutex::new(None), analyst, parser }
     }
 }
 

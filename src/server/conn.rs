@@ -1,0 +1,522 @@
+//! One connection's life, from TCP accept to close: pgwire's TLS negotiation and message dispatch, run by our own
+//! loop so that the server, not the client, bounds what a connection may cost.
+//!
+//! * **Message sizes.** The socket is read through [`Bounded`], which follows the protocol's framing as bytes
+//!   arrive and fails the read as soon as a message announces a length over the current limit, before its body is
+//!   buffered: [`PRE_LOGIN_MESSAGE`] bytes until the login completes (and [`PRE_LOGIN_TOTAL`] in all), then
+//!   `max_query_bytes` plus [`MESSAGE_OVERHEAD`]. (pgwire itself accepts messages of up to 1 GiB in any state.)
+//! * **Login timeout.** TLS, startup and SCRAM must complete within `login_timeout_secs`; the connection holds one
+//!   of the `max_pending_logins` pre-login places until then, never a connection slot (taken after the password
+//!   checked out, see [`super::auth`]).
+//! * **Idle timeout** after the login: no message for `idle_timeout_secs` closes the connection (57P05).
+//! * **Shutdown.** A connection waiting for its next message is closed (57P01) as soon as the server stops; one
+//!   running a statement is closed after it (or aborted by [`super::Server::run`] after the grace period).
+
+use super::wire::{Connection, WireStatement};
+use super::{Shared, log};
+use futures::{SinkExt, StreamExt};
+use pgwire::api::cancel::DefaultCancelHandler;
+use pgwire::api::{ClientInfo, NoopHandler, PgWireConnectionState};
+use pgwire::error::{ErrorInfo, PgWireError};
+use pgwire::messages::{PgWireBackendMessage, PgWireFrontendMessage};
+use pgwire::tokio::TlsAcceptor;
+use pgwire::tokio::server::{MaybeTls, PgWireMessageServerCodec, negotiate_tls, process_error, process_message};
+use std::io;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::TcpStream;
+use tokio::sync::OwnedSemaphorePermit;
+use tokio_util::codec::{Framed, FramedParts};
+
+/// The longest message accepted before the login completes (pgwire's own limit for the startup message; SCRAM's
+/// messages are about 100 bytes).
+pub const PRE_LOGIN_MESSAGE: usize = 10_000;
+/// All bytes a client may send before its login completes.
+pub const PRE_LOGIN_TOTAL: usize = 64 * 1024;
+/// What a message may hold besides its SQL text (statement and portal names, parameters' framing).
+pub const MESSAGE_OVERHEAD: usize = 64 * 1024;
+
+/// A message over the limit.
+#[derive(Debug, Clone)]
+struct TooLarge {
+    /// The length the message announced (or the bytes sent before login).
+    length: usize,
+    limit: usize,
+    logged_in: bool,
+    /// Its type byte (after the login): whether it belonged to the extended protocol.
+    tag: u8,
+}
+
+impl std::fmt::Display for TooLarge {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.logged_in {
+            write!(f, "message too long ({} bytes; this server accepts {} per message)", self.length, self.limit)
+        } else {
+            let (length, limit) = (self.length, self.limit);
+            write!(
+                f,
+                "message too long before login ({length} bytes; this server accepts {limit} until the login completes)"
+            )
+        }
+    }
+}
+
+impl std::error::Error for TooLarge {}
+
+/// An empty Flush message: what an oversized message is replaced with after the login (it changes nothing; the
+/// connection then reports the message as too long).
+const FLUSH: [u8; 5] = [b'H', 0, 0, 0, 4];
+
+/// Where the reader is in the protocol's framing. A message's header (type byte, except for the first, untyped,
+/// startup message; then its length) is held back until complete and passed on only if the length is accepted.
+#[derive(Debug, Default)]
+struct Framing {
+    header: [u8; 5],
+    have: usize,
+    /// Header bytes passed on already (only those of a connection's first bytes, which pgwire read itself).
+    passed: usize,
+    /// Past the first message: every further one starts with a type byte.
+    typed: bool,
+    /// Body bytes still to pass on of the current message.
+    body_left: usize,
+    /// Body bytes still to drop of an oversized message.
+    discard: usize,
+}
+
+impl Framing {
+    /// Passes the bytes of `data` that may go on to `out`; an oversized message is refused before the login
+    /// (`Err`) and, after it, dropped and replaced by [`FLUSH`] (reported in `Ok(Some)`).
+    fn feed(
+        &mut self,
+        mut data: &[u8],
+        limit: usize,
+        logged_in: bool,
+        out: &mut Vec<u8>,
+    ) -> Result<Option<TooLarge>, TooLarge> {
+        let mut skipped = None;
+        while !data.is_empty() {
+            if self.discard > 0 {
+                let n = self.discard.min(data.len());
+                self.discard -= n;
+                data = &data[n..];
+                continue;
+            }
+            if self.body_left > 0 {
+                let n = self.body_left.min(data.len());
+                out.extend_from_slice(&data[..n]);
+                self.body_left -= n;
+                data = &data[n..];
+                continue;
+            }
+            let need = if self.typed { 5 } else { 4 };
+            let n = (need - self.have).min(data.len());
+            self.header[self.have..self.have + n].copy_from_slice(&data[..n]);
+            self.have += n;
+            data = &data[n..];
+            if self.have < need {
+                continue;
+            }
+            let at = need - 4;
+            let len =
+                i32::from_be_bytes([self.header[at], self.header[at + 1], self.header[at + 2], self.header[at + 3]]);
+            // Negative: refused as too long. Below 4: malformed, passed on for pgwire to refuse.
+            let len = usize::try_from(len).unwrap_or(usize::MAX);
+            let tag = if self.typed { self.header[0] } else { 0 };
+            let header = (self.header, std::mem::take(&mut self.have), std::mem::take(&mut self.passed));
+            self.typed = true;
+            if len > limit {
+                let too_large = TooLarge { length: len, limit, logged_in, tag };
+                if !logged_in {
+                    return Err(too_large);
+                }
+                out.extend_from_slice(&FLUSH);
+                self.discard = len.saturating_sub(4);
+                skipped.get_or_insert(too_large);
+                continue;
+            }
+            out.extend_from_slice(&header.0[header.2..header.1]);
+            self.body_left = len.saturating_sub(4);
+        }
+        Ok(skipped)
+    }
+}
+
+/// A socket that passes on no message longer than its current limit (see the module docs); it reads through
+/// its own small buffer, so an oversized message's body is dropped as it arrives, never held.
+pub struct Bounded<S> {
+    inner: S,
+    framing: Framing,
+    limit: usize,
+    /// Before the login: bytes the client may still send.
+    budget: Option<usize>,
+    /// Bytes read, not yet processed.
+    scratch: Box<[u8]>,
+    /// Bytes processed, to pass on from `ready_at`.
+    ready: Vec<u8>,
+    ready_at: usize,
+    /// A refusal to report once the bytes before it have been passed on.
+    error: Option<TooLarge>,
+    /// An oversized message dropped since the connection last looked ([`Bounded::take_skipped`]).
+    skipped: Option<TooLarge>,
+}
+
+impl<S> Bounded<S> {
+    fn new(inner: S) -> Self {
+        Bounded {
+            inner,
+            framing: Framing::default(),
+            limit: PRE_LOGIN_MESSAGE,
+            budget: Some(PRE_LOGIN_TOTAL),
+            scratch: vec![0; 8 * 1024].into_boxed_slice(),
+            ready: Vec::new(),
+            ready_at: 0,
+            error: None,
+            skipped: None,
+        }
+    }
+
+    /// Follows `data` (the first bytes, which pgwire read before this socket was put in place and has already).
+    fn observe(&mut self, data: &[u8]) -> Result<(), TooLarge> {
+        let mut out = Vec::new();
+        self.process(data, &mut out)?;
+        // Those bytes are passed on already; only a header they end inside is held, and is passed on partly.
+        self.framing.passed = self.framing.have;
+        Ok(())
+    }
+
+    /// Processes bytes read from the socket into `out`.
+    fn process(&mut self, data: &[u8], out: &mut Vec<u8>) -> Result<(), TooLarge> {
+        let logged_in = self.budget.is_none();
+        if let Some(b) = self.budget.as_mut() {
+            *b = b.checked_sub(data.len()).ok_or(TooLarge {
+                length: PRE_LOGIN_TOTAL + 1,
+                limit: PRE_LOGIN_TOTAL,
+                logged_in,
+                tag: 0,
+            })?;
+        }
+        if let Some(t) = self.framing.feed(data, self.limit, logged_in, out)? {
+            self.skipped.get_or_insert(t);
+        }
+        Ok(())
+    }
+
+    /// The login completed: messages up to `limit` bytes, no total budget.
+    fn logged_in(&mut self, limit: usize) {
+        self.limit = limit;
+        self.budget = None;
+    }
+
+    /// The oversized message dropped since the last call, if any.
+    fn take_skipped(&mut self) -> Option<TooLarge> {
+        self.skipped.take()
+    }
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Bounded<S> {
+    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        let me = self.get_mut();
+        loop {
+            if me.ready_at < me.ready.len() {
+                let n = buf.remaining().min(me.ready.len() - me.ready_at);
+                buf.put_slice(&me.ready[me.ready_at..me.ready_at + n]);
+                me.ready_at += n;
+                return Poll::Ready(Ok(()));
+            }
+            if let Some(e) = me.error.take() {
+                return Poll::Ready(Err(io::Error::new(io::ErrorKind::InvalidData, e)));
+            }
+            let mut read = ReadBuf::new(&mut me.scratch);
+            match Pin::new(&mut me.inner).poll_read(cx, &mut read) {
+                Poll::Ready(Ok(())) => {}
+                other => return other,
+            }
+            let n = read.filled().len();
+            if n == 0 {
+                return Poll::Ready(Ok(())); // the end of the stream
+            }
+            me.ready.clear();
+            me.ready_at = 0;
+            let mut out = std::mem::take(&mut me.ready);
+            let chunk = me.scratch[..n].to_vec();
+            if let Err(e) = me.process(&chunk, &mut out) {
+                me.error = Some(e);
+            }
+            me.ready = out;
+        }
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Bounded<S> {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().inner).poll_write(cx, buf)
+    }
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
+    }
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
+    }
+}
+
+type Socket = Framed<Bounded<MaybeTls>, PgWireMessageServerCodec<WireStatement>>;
+
+/// A FATAL error for the wire.
+fn fatal(code: &str, message: String, hint: Option<&str>) -> PgWireBackendMessage {
+    let mut e = ErrorInfo::new("FATAL".to_owned(), code.to_owned(), message);
+    e.hint = hint.map(str::to_owned);
+    PgWireBackendMessage::ErrorResponse(e.into())
+}
+
+/// Sends a FATAL error (giving up after a second: the client may not be reading) and closes.
+async fn close_with(socket: &mut Socket, message: PgWireBackendMessage) {
+    let _ = tokio::time::timeout(Duration::from_secs(1), async {
+        let _ = socket.send(message).await;
+        let _ = socket.close().await;
+    })
+    .await;
+}
+
+/// Refuses a connection accepted over `max_pending_logins`: a FATAL error written without waiting (the socket's
+/// buffer is empty), then closed.
+pub(crate) fn refuse_now(socket: TcpStream, limit: usize) {
+    let message = fatal(
+        "53300",
+        format!(
+            "too many connections are logging in (this server accepts {limit} at once); try again in a few seconds"
+        ),
+        None,
+    );
+    let mut bytes = Default::default();
+    if message.encode(&mut bytes).is_ok() {
+        let _ = socket.try_write(&bytes);
+    }
+}
+
+/// What a connection waits for.
+enum Event {
+    Message(Option<Result<PgWireFrontendMessage, PgWireError>>),
+    LoginTimeout,
+    Idle,
+    Stop,
+}
+
+/// Has the login completed? (The connection slot is taken only then; see [`super::auth`].)
+fn logged_in(socket: &Socket) -> bool {
+    socket.session_extensions().get::<super::auth::Slot>().is_some()
+}
+
+/// Serves one accepted socket until it closes. `pending` is its pre-login place, released at login.
+pub(crate) async fn serve(
+    tcp: TcpStream,
+    tls: Option<TlsAcceptor>,
+    handler: Arc<Connection>,
+    shared: Arc<Shared>,
+    pending: OwnedSemaphorePermit,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) -> io::Result<()> {
+    let login_deadline = tokio::time::sleep(shared.settings.login_timeout);
+    tokio::pin!(login_deadline);
+    let negotiated = tokio::select! {
+        _ = &mut login_deadline => return Ok(()),
+        s = negotiate_tls::<WireStatement>(tcp, tls) => s?,
+    };
+    let Some(negotiated) = negotiated else { return Ok(()) };
+    let old = negotiated.into_parts();
+    let mut io = Bounded::new(old.io);
+    let early = io.observe(&old.read_buf);
+    let mut parts = FramedParts::new(io, old.codec);
+    parts.read_buf = old.read_buf;
+    parts.write_buf = old.write_buf;
+    let mut socket: Socket = Framed::from_parts(parts);
+    if let Err(e) = early {
+        log(&format!("connection from {} closed: {e}", socket.socket_addr()));
+        close_with(&mut socket, fatal("54000", e.to_string(), None)).await;
+        return Ok(());
+    }
+    let mut pending = Some(pending);
+    let copy = Arc::new(NoopHandler);
+    let cancel = Arc::new(DefaultCancelHandler::new(shared.cancels.clone()));
+    let idle = shared.settings.idle_timeout;
+    loop {
+        if pending.is_some() && logged_in(&socket) {
+            pending = None;
+            socket.get_mut().logged_in(shared.settings.max_query_bytes.saturating_add(MESSAGE_OVERHEAD));
+        }
+        let next = tokio::select! {
+            m = socket.next() => Event::Message(m),
+            _ = &mut login_deadline, if pending.is_some() => Event::LoginTimeout,
+            _ = tokio::time::sleep(idle), if pending.is_none() => Event::Idle,
+            r = stop.wait_for(|s| *s) => {
+                drop(r);
+                Event::Stop
+            }
+        };
+        let next = match next {
+            Event::Message(m) => m,
+            Event::LoginTimeout => {
+                let m = format!("login not completed within {:?}", shared.settings.login_timeout);
+                close_with(&mut socket, fatal("08006", m, None)).await;
+                break;
+            }
+            Event::Idle => {
+                log(&format!(
+                    "closing an idle connection from {} (nothing received for {idle:?})",
+                    socket.socket_addr()
+                ));
+                let m = format!("terminating connection due to idle-session timeout ({idle:?} without a message)");
+                let hint = "reconnect; the server closes connections idle for longer than [server] idle_timeout_secs";
+                close_with(&mut socket, fatal("57P05", m, Some(hint))).await;
+                break;
+            }
+            Event::Stop => {
+                let m = "terminating connection: the server is shutting down".to_string();
+                close_with(&mut socket, fatal("57P01", m, None)).await;
+                break;
+            }
+        };
+        let message = match next {
+            Some(Ok(PgWireFrontendMessage::Terminate(_))) | None => break,
+            Some(Ok(m)) => m,
+            Some(Err(PgWireError::IoError(e))) => {
+                if let Some(t) = e.get_ref().and_then(|i| i.downcast_ref::<TooLarge>()) {
+                    log(&format!("connection from {} closed: {t}", socket.socket_addr()));
+                    close_with(&mut socket, fatal("54000", t.to_string(), None)).await;
+                }
+                break;
+            }
+            Some(Err(e)) => {
+                // A message pgwire cannot decode: it says why, and the connection ends.
+                let _ = process_error(&mut socket, e, false).await;
+                break;
+            }
+        };
+        let extended_query = match socket.state() {
+            PgWireConnectionState::CopyInProgress(e) => e,
+            _ => message.is_extended_query(),
+        };
+        let result = process_message(
+            message,
+            &mut socket,
+            handler.clone(),
+            handler.clone(),
+            handler.clone(),
+            copy.clone(),
+            cancel.clone(),
+        )
+        .await;
+        if let Err(e) = result {
+            let is_fatal = matches!(&e, PgWireError::UserError(info) if info.is_fatal());
+            process_error(&mut socket, e, extended_query).await?;
+            if is_fatal {
+                break;
+            }
+        }
+        if let Some(t) = socket.get_mut().take_skipped() {
+            report_skipped(&mut socket, t).await?;
+        }
+    }
+    Ok(())
+}
+
+/// Answers an oversized message (dropped by [`Bounded`]) as PostgreSQL answers a refused one: an error, then
+/// ReadyForQuery for a simple Query, or skipping to the next Sync for the extended protocol. While already
+/// skipping to a Sync, it is dropped silently, as any message is.
+async fn report_skipped(socket: &mut Socket, t: TooLarge) -> io::Result<()> {
+    log(&format!("connection from {}: {t}; dropped unread", socket.socket_addr()));
+    if matches!(socket.state(), PgWireConnectionState::AwaitingSync) {
+        return Ok(());
+    }
+    let mut e = ErrorInfo::new("ERROR".to_owned(), "54000".to_owned(), t.to_string());
+    e.hint = Some("send a shorter statement ([server] max_query_bytes)".to_owned());
+    let extended = matches!(t.tag, b'P' | b'B' | b'D' | b'E' | b'C' | b'H' | b'S');
+    process_error(socket, PgWireError::UserError(Box::new(e)), extended).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn message(tag: u8, body: usize) -> Vec<u8> {
+        let mut m = vec![tag];
+        m.extend_from_slice(&((body + 4) as i32).to_be_bytes());
+        m.extend(std::iter::repeat_n(b'x', body));
+        m
+    }
+
+    fn startup() -> Vec<u8> {
+        let mut m = 12i32.to_be_bytes().to_vec();
+        m.extend_from_slice(&[0, 3, 0, 0, 0, 0, 0, 0]);
+        m
+    }
+
+    /// Feeds `stream` in chunks of `chunk` bytes (the login completed after the startup message when `logged_in`).
+    fn run(stream: &[u8], chunk: usize, logged_in: bool) -> (Vec<u8>, Result<(), TooLarge>, Option<TooLarge>) {
+        let mut b = Bounded::new(());
+        if logged_in {
+            b.observe(&startup()).unwrap();
+            b.logged_in(1000);
+        }
+        let mut out = Vec::new();
+        for piece in stream.chunks(chunk) {
+            if let Err(e) = b.process(piece, &mut out) {
+                return (out, Err(e), None);
+            }
+        }
+        (out, Ok(()), b.take_skipped())
+    }
+
+    #[test]
+    fn before_login_a_long_message_is_refused_at_its_header() {
+        let stream = [startup(), message(b'p', 100), message(b'Q', 20_000)].concat();
+        for chunk in [1, 3, 7, 4096] {
+            let (out, result, _) = run(&stream, chunk, false);
+            let e = result.expect_err("refused");
+            assert_eq!((e.length, e.logged_in), (20_004, false), "chunks of {chunk}");
+            assert_eq!(out, [startup(), message(b'p', 100)].concat(), "nothing of the long message is passed on");
+        }
+        let mut f = Framing::default();
+        assert!(f.feed(&(-5i32).to_be_bytes(), 1000, false, &mut Vec::new()).is_err(), "a negative length");
+    }
+
+    #[test]
+    fn after_login_a_long_message_becomes_a_flush_and_the_next_ones_pass() {
+        let stream = [message(b'Q', 900), message(b'Q', 5000), message(b'S', 0), message(b'Q', 10)].concat();
+        for chunk in [1, 3, 7, 4096] {
+            let (out, result, skipped) = run(&stream, chunk, true);
+            assert!(result.is_ok());
+            assert_eq!(out, [message(b'Q', 900), FLUSH.to_vec(), message(b'S', 0), message(b'Q', 10)].concat());
+            let t = skipped.expect("reported");
+            assert_eq!((t.length, t.tag, t.logged_in), (5004, b'Q', true));
+        }
+    }
+
+    #[test]
+    fn the_pre_login_budget_counts_every_byte() {
+        let mut b = Bounded::new(());
+        let mut out = Vec::new();
+        b.observe(&startup()).unwrap();
+        let accepted = (0..100).take_while(|_| b.process(&message(b'Q', 995), &mut out).is_ok()).count();
+        assert_eq!(accepted, (PRE_LOGIN_TOTAL - startup().len()) / 1000, "every byte before login counts");
+        let mut b = Bounded::new(());
+        b.observe(&startup()).unwrap();
+        b.logged_in(1 << 20);
+        for _ in 0..200 {
+            b.process(&message(b'Q', 995), &mut out).unwrap();
+        }
+    }
+
+    #[test]
+    fn a_header_split_by_pgwires_first_read_is_passed_on_once() {
+        // pgwire read the startup message and the first two bytes of the next header itself.
+        let first = [startup(), message(b'p', 50)[..2].to_vec()].concat();
+        let mut b = Bounded::new(());
+        b.observe(&first).unwrap();
+        let mut out = Vec::new();
+        b.process(&message(b'p', 50)[2..], &mut out).unwrap();
+        assert_eq!(out, message(b'p', 50)[2..]);
+    }
+}

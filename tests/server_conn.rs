@@ -1,0 +1,411 @@
+//! `dpfusion serve` under hostile connections (issue 34, audit 2026-11-26 N3, N4, N7, L-N1..L-N3): slots taken
+//! after login, a non-sleeping login throttle, a per-analyst cap, small messages before login, an idle timeout, a
+//! shutdown that closes waiting connections, grants checked at each debit, a decoy salt kept in the ledger, and
+//! charge numbers per analyst. All on 127.0.0.1, every wait bounded.
+
+use crate::server::{PASSWORD, code, connect_as, frontend, raw_login, read_message, spent};
+use crate::support::{TempDir, pums_config};
+use dpfusion::accounting::{LedgerDb, Rho};
+use dpfusion::server::{Server, scram};
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// A test server; stopped (and waited for) by [`Running::stop`], or on drop.
+struct Running {
+    addr: SocketAddr,
+    db: LedgerDb,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    task: Option<tokio::task::JoinHandle<dpfusion::Result<()>>>,
+}
+
+impl Running {
+    /// Stops the server; how long `Server::run` took to return.
+    async fn stop(mut self) -> Duration {
+        let t = Instant::now();
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        if let Some(task) = self.task.take() {
+            tokio::time::timeout(Duration::from_secs(30), task)
+                .await
+                .expect("the server did not stop")
+                .unwrap()
+                .unwrap();
+        }
+        t.elapsed()
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+    }
+}
+
+/// A server over the PUMS demo (tables `pums` and `other`) on the ledger in `dir`, with `server` lines in its
+/// `[server]` section; analysts `alice` (all tables) and `bob` (`pums` only) are added unless present.
+async fn serve(dir: &TempDir, server: &str) -> Running {
+    let root = std::env::var("CARGO_MANIFEST_DIR").unwrap_or_else(|_| env!("CARGO_MANIFEST_DIR").to_owned());
+    let base = pums_config("pums_dup.csv", 1.0, 2, 1);
+    let other = base.split("[tables.pums]").nth(1).unwrap().replace("[tables.pums.columns]", "[tables.other.columns]");
+    let ledger = dir.join("ledger.sqlite");
+    let text = format!(
+        "{base}\n[tables.other]{other}\n[ledger]\npath = \"{}\"\n\n[server]\nlisten = \"127.0.0.1:0\"\n{server}\n",
+        ledger.display()
+    );
+    let cfg = dpfusion::SessionConfig::from_toml_str(&text, Path::new(&root)).unwrap();
+    let db = LedgerDb::open(&ledger, Duration::from_secs(30)).unwrap();
+    for (name, tables) in [("alice", None), ("bob", Some(vec!["pums".to_string()]))] {
+        if db.analyst(name).unwrap().is_none() {
+            db.add_analyst(name, &scram::verifier(PASSWORD), Rho::new(10.0).unwrap(), tables.as_deref(), "test")
+                .unwrap();
+        }
+    }
+    let server = Server::bind(&cfg).await.unwrap();
+    let addr = server.local_addr().unwrap();
+    let (stop, rx) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(server.run(async {
+        let _ = rx.await;
+    }));
+    Running { addr, db, stop: Some(stop), task: Some(task) }
+}
+
+/// Logs in as `user`, retrying while the server says to try again (53300) for up to `within`.
+async fn login_within(addr: SocketAddr, user: &str, within: Duration) -> tokio_postgres::Client {
+    let t = Instant::now();
+    loop {
+        match tokio::time::timeout(Duration::from_secs(10), connect_as(addr, user, PASSWORD)).await {
+            Ok(Ok((c, _))) => return c,
+            Ok(Err(e)) if code(&e) == "53300" && t.elapsed() < within => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Ok(Err(e)) => panic!("{user} could not log in after {:?}: {e:?}", t.elapsed()),
+            Err(_) => panic!("{user}'s login did not complete within 10 s"),
+        }
+    }
+}
+
+/// A startup message for `user`.
+fn startup(user: &str) -> Vec<u8> {
+    let mut body = 196608i32.to_be_bytes().to_vec();
+    body.extend_from_slice(format!("user\0{user}\0database\0dpfusion\0\0").as_bytes());
+    let mut m = ((body.len() + 4) as i32).to_be_bytes().to_vec();
+    m.extend_from_slice(&body);
+    m
+}
+
+/// A SASLInitialResponse with a SCRAM client-first message.
+fn sasl_initial(nonce: &str) -> Vec<u8> {
+    let first = format!("n,,n=,r={nonce}");
+    let mut p = b"SCRAM-SHA-256\0".to_vec();
+    p.extend_from_slice(&(first.len() as i32).to_be_bytes());
+    p.extend_from_slice(first.as_bytes());
+    frontend(b'p', &p)
+}
+
+/// Sends the startup message for `user` and waits for the server's SASL offer.
+async fn start_login(addr: SocketAddr, user: &str) -> TcpStream {
+    let mut sock = TcpStream::connect(addr).await.unwrap();
+    sock.write_all(&startup(user)).await.unwrap();
+    let (tag, payload) = tokio::time::timeout(Duration::from_secs(10), read_message(&mut sock)).await.unwrap().unwrap();
+    assert_eq!((tag, &payload[..4]), (b'R', &10i32.to_be_bytes()[..]), "{}", String::from_utf8_lossy(&payload));
+    sock
+}
+
+/// The next ErrorResponse's SQLSTATE on `sock` (skipping other messages), within `within`.
+async fn next_error(sock: &mut TcpStream, within: Duration) -> Option<String> {
+    tokio::time::timeout(within, async {
+        loop {
+            match read_message(sock).await {
+                Ok((b'E', payload)) => {
+                    let at = payload.windows(1).position(|w| w == b"C")?;
+                    return Some(String::from_utf8_lossy(&payload[at + 1..at + 6]).into_owned());
+                }
+                Ok(_) => {}
+                Err(_) => return None,
+            }
+        }
+    })
+    .await
+    .ok()
+    .flatten()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn silent_sockets_neither_take_slots_nor_lock_an_analyst_out() {
+    let dir = TempDir::new("conn-silent");
+    let s = serve(&dir, "max_connections = 4\nlogin_timeout_secs = 2").await;
+    // Twenty sockets that never say anything: five times the connection slots.
+    let mut silent = Vec::new();
+    for _ in 0..20 {
+        silent.push(TcpStream::connect(s.addr).await.unwrap());
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let t = Instant::now();
+    let c = login_within(s.addr, "alice", Duration::from_secs(1)).await;
+    c.simple_query("SHOW dp.budget").await.unwrap();
+    assert!(t.elapsed() < Duration::from_secs(5), "alice waited {:?}", t.elapsed());
+    // The silent ones are closed after the login timeout.
+    for sock in &mut silent {
+        let mut buf = [0u8; 256];
+        let closed = tokio::time::timeout(Duration::from_secs(10), async {
+            loop {
+                match sock.read(&mut buf).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(_) => {}
+                }
+            }
+        })
+        .await;
+        assert!(closed.is_ok(), "a silent socket was kept past the login timeout");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn abandoned_sasl_attempts_neither_delay_a_login_nor_take_slots() {
+    let dir = TempDir::new("conn-abandoned");
+    let s = serve(&dir, "max_connections = 8\nmax_pending_logins = 64").await;
+    // Failed logins first: alice's key now makes checks wait (the audit: 8 failures).
+    for _ in 0..5 {
+        match connect_as(s.addr, "alice", "wrong").await {
+            Err(e) => assert!(["28P01", "53300"].contains(&code(&e).as_str()), "{e:?}"),
+            Ok(_) => panic!("a wrong password logged in"),
+        }
+    }
+    // Thirty attempts abandoned after the SASL first message, still open.
+    let mut abandoned = Vec::new();
+    for i in 0..30 {
+        let mut sock = start_login(s.addr, "alice").await;
+        sock.write_all(&sasl_initial(&format!("abandoned{i}"))).await.unwrap();
+        abandoned.push(sock);
+    }
+    let t = Instant::now();
+    let c = login_within(s.addr, "alice", Duration::from_secs(8)).await;
+    c.simple_query("SHOW dp.budget").await.unwrap();
+    assert!(t.elapsed() < Duration::from_secs(8), "alice waited {:?} behind abandoned attempts", t.elapsed());
+    // They hold no connection slots: seven more logins fit in the eight.
+    let mut more = Vec::new();
+    for _ in 0..7 {
+        more.push(
+            login_within(s.addr, if more.len() % 2 == 0 { "bob" } else { "alice" }, Duration::from_secs(8)).await,
+        );
+    }
+    drop(abandoned);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn parallel_wrong_guesses_are_mostly_refused_unchecked() {
+    let dir = TempDir::new("conn-burst");
+    let s = serve(&dir, "").await;
+    let mut tasks = Vec::new();
+    for i in 0..40 {
+        let addr = s.addr;
+        tasks.push(tokio::spawn(async move {
+            let e = tokio::time::timeout(Duration::from_secs(30), connect_as(addr, "bob", &format!("guess {i}")))
+                .await
+                .expect("a guess was kept waiting");
+            let Err(e) = e else { panic!("a guess logged in") };
+            code(&e)
+        }));
+    }
+    let mut checked = 0;
+    for t in tasks {
+        match t.await.unwrap().as_str() {
+            "28P01" => checked += 1,
+            "53300" => {}
+            other => panic!("unexpected {other}"),
+        }
+    }
+    assert!(checked <= 8, "{checked} of 40 parallel guesses were checked");
+    // Bob himself gets in once the wait (at most 5 s) has passed.
+    login_within(s.addr, "bob", Duration::from_secs(8)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn one_analyst_cannot_hold_every_slot() {
+    let dir = TempDir::new("conn-cap");
+    let s = serve(&dir, "max_connections = 6\nmax_connections_per_analyst = 3").await;
+    let mut mine = Vec::new();
+    for _ in 0..3 {
+        mine.push(login_within(s.addr, "alice", Duration::from_secs(2)).await);
+    }
+    let Err(e) = connect_as(s.addr, "alice", PASSWORD).await else { panic!("a fourth connection for alice") };
+    assert_eq!(code(&e), "53300", "{e:?}");
+    let db = e.as_db_error().unwrap();
+    assert!(db.message().contains("alice") && db.hint().is_some(), "{db:?}");
+    // Others still get in, and alice again once she closed one.
+    login_within(s.addr, "bob", Duration::from_secs(2)).await.simple_query("SHOW dp.budget").await.unwrap();
+    drop(mine.pop());
+    login_within(s.addr, "alice", Duration::from_secs(5)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_huge_message_before_login_is_cut_off_after_a_few_kilobytes() {
+    let dir = TempDir::new("conn-prelogin");
+    let s = serve(&dir, "").await;
+    let mut sock = start_login(s.addr, "alice").await;
+    // A Query announcing 64 MB (pgwire itself reads any Query up to 1 GiB, whatever the state), then its bytes,
+    // as fast as the server takes them.
+    let announced: usize = 64 << 20;
+    let mut header = vec![b'Q'];
+    header.extend_from_slice(&(announced as i32 + 4).to_be_bytes());
+    sock.write_all(&header).await.unwrap();
+    let chunk = vec![b'x'; 64 * 1024];
+    let mut sent = 0;
+    let cut = tokio::time::timeout(Duration::from_secs(30), async {
+        while sent < announced {
+            match sock.write_all(&chunk).await {
+                Ok(()) => sent += chunk.len(),
+                Err(_) => return true,
+            }
+        }
+        false
+    })
+    .await
+    .unwrap_or(false);
+    // Whatever the kernel's buffers held, the server stopped reading long before the end.
+    assert!(cut && sent < announced / 4, "the server took {sent} bytes before login");
+    // The server is up and serves.
+    login_within(s.addr, "alice", Duration::from_secs(2)).await.simple_query("SHOW dp.budget").await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_huge_message_after_login_is_refused_unread_and_the_connection_goes_on() {
+    let dir = TempDir::new("conn-postlogin");
+    let s = serve(&dir, "").await;
+    let sock = raw_login(s.addr, "alice").await;
+    let (mut rd, mut wr) = sock.into_split();
+    // A Query announcing 20 MB (max_query_bytes is 1 MiB): the server answers before the body has arrived.
+    let announced: usize = 20 << 20;
+    let mut header = vec![b'Q'];
+    header.extend_from_slice(&(announced as i32 + 4).to_be_bytes());
+    wr.write_all(&header).await.unwrap();
+    wr.write_all(&vec![b' '; 1 << 20]).await.unwrap();
+    let mut early = vec![0u8; 5];
+    tokio::time::timeout(Duration::from_secs(10), rd.read_exact(&mut early))
+        .await
+        .expect("no answer before the message was complete: the server is buffering it")
+        .unwrap();
+    assert_eq!(early[0], b'E');
+    // The rest goes through (dropped as it arrives), then the connection answers as before.
+    let rest = vec![b' '; announced - (1 << 20) - 1];
+    wr.write_all(&rest).await.unwrap();
+    wr.write_all(&[0]).await.unwrap();
+    let mut sock = rd.reunite(wr).unwrap();
+    let len = i32::from_be_bytes([early[1], early[2], early[3], early[4]]);
+    let mut payload = vec![0u8; len as usize - 4];
+    sock.read_exact(&mut payload).await.unwrap();
+    assert!(payload.windows(6).any(|w| w == b"C54000"), "{}", String::from_utf8_lossy(&payload));
+    let (tag, _) = read_message(&mut sock).await.unwrap();
+    assert_eq!(tag, b'Z');
+    sock.write_all(&frontend(b'Q', b"SHOW dp.rho\0")).await.unwrap();
+    let mut tags = Vec::new();
+    while tags.last() != Some(&b'Z') {
+        let (tag, _) = tokio::time::timeout(Duration::from_secs(10), read_message(&mut sock)).await.unwrap().unwrap();
+        tags.push(tag);
+    }
+    assert!(tags.contains(&b'D'), "{tags:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_idle_connection_is_closed_and_a_busy_one_is_not() {
+    let dir = TempDir::new("conn-idle");
+    let s = serve(&dir, "idle_timeout_secs = 1").await;
+    let mut idle = raw_login(s.addr, "alice").await;
+    let busy = login_within(s.addr, "bob", Duration::from_secs(2)).await;
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_millis(2500) {
+        busy.simple_query("SHOW dp.rho").await.unwrap();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    assert_eq!(next_error(&mut idle, Duration::from_secs(5)).await.as_deref(), Some("57P05"));
+    busy.simple_query("SHOW dp.rho").await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_shutdown_closes_waiting_connections_at_once() {
+    let dir = TempDir::new("conn-stop");
+    let s = serve(&dir, "statement_timeout_secs = 20").await;
+    let mut waiting = raw_login(s.addr, "alice").await;
+    let mut logging_in = start_login(s.addr, "bob").await;
+    let took = s.stop().await;
+    assert!(took < Duration::from_secs(5), "the server took {took:?} to stop with nothing running");
+    assert_eq!(next_error(&mut waiting, Duration::from_secs(5)).await.as_deref(), Some("57P01"));
+    assert_eq!(next_error(&mut logging_in, Duration::from_secs(5)).await.as_deref(), Some("57P01"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_revoked_grant_refuses_the_next_query_on_an_open_connection_and_spends_nothing() {
+    let dir = TempDir::new("conn-grant");
+    let s = serve(&dir, "").await;
+    let alice = login_within(s.addr, "alice", Duration::from_secs(2)).await;
+    alice.simple_query("SELECT COUNT(*) FROM other").await.unwrap();
+    assert_eq!(spent(&s.db, "alice").1, 1);
+    s.db.set_tables("alice", Some(&["pums".to_string()]), "revoked").unwrap();
+    let revoked = alice.simple_query("SELECT COUNT(*) FROM other").await.unwrap_err();
+    assert_eq!(spent(&s.db, "alice").1, 1, "nothing spent on a revoked table");
+    // Exactly what an analyst never granted the table is told.
+    let bob = login_within(s.addr, "bob", Duration::from_secs(2)).await;
+    let never = bob.simple_query("SELECT COUNT(*) FROM other").await.unwrap_err();
+    assert_eq!(code(&revoked), code(&never));
+    let (r, n) = (revoked.as_db_error().unwrap(), never.as_db_error().unwrap());
+    assert_eq!((r.message(), r.hint()), (n.message(), n.hint()));
+    // The granted table still answers on the same connection; a disable is enforced there too.
+    alice.simple_query("SELECT COUNT(*) FROM pums").await.unwrap();
+    s.db.set_disabled("alice", true, "left").unwrap();
+    assert!(alice.simple_query("SELECT COUNT(*) FROM pums").await.is_err());
+    assert_eq!(spent(&s.db, "alice").1, 2);
+}
+
+/// The salt the server's SCRAM challenge gives for `user`.
+async fn salt_of(addr: SocketAddr, user: &str) -> String {
+    let mut sock = start_login(addr, user).await;
+    sock.write_all(&sasl_initial("saltprobe")).await.unwrap();
+    let (tag, payload) = tokio::time::timeout(Duration::from_secs(10), read_message(&mut sock)).await.unwrap().unwrap();
+    assert_eq!((tag, &payload[..4]), (b'R', &11i32.to_be_bytes()[..]));
+    let text = String::from_utf8(payload[4..].to_vec()).unwrap();
+    text.split(',').find_map(|a| a.strip_prefix("s=")).unwrap().to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_unknown_users_salt_is_the_same_after_a_restart() {
+    let dir = TempDir::new("conn-salt");
+    let s = serve(&dir, "").await;
+    let before = (salt_of(s.addr, "mallory").await, salt_of(s.addr, "alice").await);
+    assert_eq!(salt_of(s.addr, "mallory").await, before.0);
+    s.stop().await;
+    let s = serve(&dir, "").await;
+    let after = (salt_of(s.addr, "mallory").await, salt_of(s.addr, "alice").await);
+    assert_eq!(after, before, "a restart must not tell unknown names from real ones");
+    assert_ne!(salt_of(s.addr, "trudy").await, before.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_analysts_charge_numbers_count_only_their_own_charges() {
+    let dir = TempDir::new("conn-ids");
+    let s = serve(&dir, "").await;
+    let (alice, mut alice_notices) = connect_as(s.addr, "alice", PASSWORD).await.unwrap();
+    let (bob, mut bob_notices) = connect_as(s.addr, "bob", PASSWORD).await.unwrap();
+    for (who, c) in [("alice", &alice), ("bob", &bob), ("bob", &bob), ("bob", &bob), ("alice", &alice)] {
+        c.simple_query("SELECT COUNT(*) FROM pums").await.unwrap_or_else(|e| panic!("{who}: {e:?}"));
+    }
+    alice.simple_query("SELECT COUNT(*) FROM pums").await.unwrap();
+    let ids = |rx: &mut tokio::sync::mpsc::UnboundedReceiver<String>| {
+        let mut ids = Vec::new();
+        while let Ok(n) = rx.try_recv() {
+            if let Some(id) = n.strip_prefix("charge #").and_then(|r| r.split(':').next()) {
+                ids.push(id.parse::<u64>().unwrap());
+            }
+        }
+        ids
+    };
+    assert_eq!(ids(&mut alice_notices), [1, 2, 3], "whatever bob did in between");
+    assert_eq!(ids(&mut bob_notices), [1, 2, 3]);
+    let last: i64 = alice.query_one("SELECT DISTINCT charge_id FROM dp_last_release()", &[]).await.unwrap().get(0);
+    assert_eq!(last, 3);
+}
