@@ -20,6 +20,9 @@ mod noise_dist;
 mod privacy_audit;
 /// `dpfusion serve` over tokio-postgres: protocols, logins, isolation of analysts, budgets under contention.
 mod server;
+/// The server's limits on every message (deep chains, sizes, statements per message, catalog queries) and bound
+/// parameters as values.
+mod server_wire;
 /// Answered queries: full domains, honest intervals (coverage), post-processing, accuracy of every column.
 mod sql_accept;
 /// Refused queries: their codes, their fixes, nothing spent; SET only narrows.

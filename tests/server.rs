@@ -9,9 +9,9 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio_postgres::{AsyncMessage, Client, NoTls, SimpleQueryMessage};
 
-struct TestServer {
-    addr: SocketAddr,
-    db: LedgerDb,
+pub(crate) struct TestServer {
+    pub(crate) addr: SocketAddr,
+    pub(crate) db: LedgerDb,
     _dir: TempDir,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
 }
@@ -24,7 +24,7 @@ impl Drop for TestServer {
     }
 }
 
-const PASSWORD: &str = "correct horse battery";
+pub(crate) const PASSWORD: &str = "correct horse battery";
 
 /// A server over the PUMS demo with two tables (`pums`, and `other` on the same file) and analysts `alice`
 /// (ρ 0.3, all tables), `bob` (ρ 0.3, `pums` only), `carol` (disabled).
@@ -33,7 +33,7 @@ async fn start() -> TestServer {
 }
 
 /// [`start`] in `dir`, with `tables` added to the configuration and `server` lines to its `[server]` section.
-async fn start_with(dir: TempDir, tables: &str, server: &str) -> TestServer {
+pub(crate) async fn start_with(dir: TempDir, tables: &str, server: &str) -> TestServer {
     let root = std::env::var("CARGO_MANIFEST_DIR").unwrap_or_else(|_| env!("CARGO_MANIFEST_DIR").to_owned());
     let base = pums_config("pums_dup.csv", 1.0, 2, 1);
     let other = base.split("[tables.pums]").nth(1).unwrap().replace("[tables.pums.columns]", "[tables.other.columns]");
@@ -58,7 +58,7 @@ async fn start_with(dir: TempDir, tables: &str, server: &str) -> TestServer {
 }
 
 /// A connection as `user`; its notices go to the returned receiver.
-async fn connect_as(
+pub(crate) async fn connect_as(
     addr: SocketAddr,
     user: &str,
     password: &str,
@@ -84,15 +84,15 @@ async fn connect_as(
     Ok((client, rx))
 }
 
-async fn connect(addr: SocketAddr, user: &str) -> Client {
+pub(crate) async fn connect(addr: SocketAddr, user: &str) -> Client {
     connect_as(addr, user, PASSWORD).await.unwrap().0
 }
 
-fn code(e: &tokio_postgres::Error) -> String {
+pub(crate) fn code(e: &tokio_postgres::Error) -> String {
     e.as_db_error().map(|d| d.code().code().to_string()).unwrap_or_else(|| format!("not a server error: {e}"))
 }
 
-fn spent(db: &LedgerDb, name: &str) -> (f64, usize) {
+pub(crate) fn spent(db: &LedgerDb, name: &str) -> (f64, usize) {
     let a = db.analyst(name).unwrap().unwrap();
     let charges = db.budget(&a.budget).unwrap();
     use dpfusion::accounting::Ledger;
@@ -516,7 +516,7 @@ async fn hostile_bytes_and_vanishing_clients_do_not_stop_the_server() {
 }
 
 /// One backend message: (type byte, payload).
-async fn read_message(sock: &mut tokio::net::TcpStream) -> std::io::Result<(u8, Vec<u8>)> {
+pub(crate) async fn read_message(sock: &mut tokio::net::TcpStream) -> std::io::Result<(u8, Vec<u8>)> {
     use tokio::io::AsyncReadExt;
     let tag = sock.read_u8().await?;
     let len = sock.read_i32().await?;
@@ -526,7 +526,7 @@ async fn read_message(sock: &mut tokio::net::TcpStream) -> std::io::Result<(u8, 
 }
 
 /// A frontend message: type byte, length, payload.
-fn frontend(tag: u8, payload: &[u8]) -> Vec<u8> {
+pub(crate) fn frontend(tag: u8, payload: &[u8]) -> Vec<u8> {
     let mut m = vec![tag];
     m.extend_from_slice(&(payload.len() as i32 + 4).to_be_bytes());
     m.extend_from_slice(payload);
@@ -535,7 +535,7 @@ fn frontend(tag: u8, payload: &[u8]) -> Vec<u8> {
 
 /// A raw socket logged in as `user` (startup and SCRAM-SHA-256 by hand, with postgres-protocol's client side),
 /// ready for a query: for sending what no client library would.
-async fn raw_login(addr: SocketAddr, user: &str) -> tokio::net::TcpStream {
+pub(crate) async fn raw_login(addr: SocketAddr, user: &str) -> tokio::net::TcpStream {
     use postgres_protocol::authentication::sasl::{ChannelBinding, ScramSha256};
     use tokio::io::AsyncWriteExt;
     let mut sock = tokio::net::TcpStream::connect(addr).await.unwrap();
