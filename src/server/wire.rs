@@ -78,7 +78,12 @@ impl Analyst {
         })?;
         let (schema, batches) = answered.map_err(|e| {
             let message = without_suggestion(&e.strip_backtrace());
-            let code = if message.contains("does not exist") || message.contains("not found") { "42P01" } else { "0A000" };
+            let code = match e.find_root() {
+                DataFusionError::ResourcesExhausted(m) if m.starts_with("catalog query over a limit") => "54000",
+                DataFusionError::ResourcesExhausted(_) => "53200",
+                _ if message.contains("does not exist") || message.contains("not found") => "42P01",
+                _ => "0A000",
+            };
             wire_error(
                 code,
                 format!("catalog query: {message}"),
@@ -124,7 +129,7 @@ pub(crate) fn dp_error(e: &DpError) -> PgWireError {
     let code = match e {
         DpError::Refused(r) => match r.code() {
             "syntax_error" | "empty_statement" => "42601",
-            "too_many_operators" => "54001",
+            "too_many_operators" | "too_deeply_nested" => "54001",
             "unknown_name" => "42703",
             "no_table" | "not_a_private_table" => "42P01",
             "set_unreadable" | "no_such_option" | "set_not_available" => "42704",
