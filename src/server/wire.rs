@@ -1043,6 +1043,20 @@ mod tests {
     }
 
     #[test]
+    fn negative_values_stay_one_literal_and_suggestions_are_dropped() {
+        let five = literal(&ScalarValue::Int64(Some(-5)));
+        assert_eq!(substitute("SELECT 40 -$1", &[five]).unwrap(), "SELECT 40 -(-5)");
+        assert_eq!(literal(&ScalarValue::Float64(Some(-0.5))), "(-0.5)");
+        assert_eq!(literal(&ScalarValue::Utf8(Some("-- x".into()))), "'-- x'");
+        assert_eq!(literal(&ScalarValue::Int64(None)), "NULL");
+        assert_eq!(
+            without_suggestion("Schema error: No field named relnam. Did you mean 'pg_class.relname'?"),
+            "Schema error: No field named relnam."
+        );
+        assert_eq!(without_suggestion("no suggestion here"), "no suggestion here");
+    }
+
+    #[test]
     fn statements_are_routed_by_their_first_word() {
         assert_eq!(first_word("  /* x */ -- y\n begin;").0, "BEGIN");
         assert_eq!(first_word("SET extra_float_digits = 3").1, "extra_float_digits = 3");
