@@ -23,6 +23,9 @@ mod server;
 /// `dpfusion serve` under hostile connections: slots after login, throttle, message sizes, idle and shutdown,
 /// grants at each debit, stable decoy salts, per-analyst charge numbers.
 mod server_conn;
+/// The server's limits on every message (deep chains, sizes, statements per message, catalog queries) and bound
+/// parameters as values.
+mod server_wire;
 /// Answered queries: full domains, honest intervals (coverage), post-processing, accuracy of every column.
 mod sql_accept;
 /// Refused queries: their codes, their fixes, nothing spent; SET only narrows.

@@ -9,9 +9,9 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio_postgres::{AsyncMessage, Client, NoTls, SimpleQueryMessage};
 
-struct TestServer {
-    addr: SocketAddr,
-    db: LedgerDb,
+pub(crate) struct TestServer {
+    pub(crate) addr: SocketAddr,
+    pub(crate) db: LedgerDb,
     _dir: TempDir,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
 }
@@ -33,7 +33,7 @@ async fn start() -> TestServer {
 }
 
 /// [`start`] in `dir`, with `tables` added to the configuration and `server` lines to its `[server]` section.
-async fn start_with(dir: TempDir, tables: &str, server: &str) -> TestServer {
+pub(crate) async fn start_with(dir: TempDir, tables: &str, server: &str) -> TestServer {
     let root = std::env::var("CARGO_MANIFEST_DIR").unwrap_or_else(|_| env!("CARGO_MANIFEST_DIR").to_owned());
     let base = pums_config("pums_dup.csv", 1.0, 2, 1);
     let other = base.split("[tables.pums]").nth(1).unwrap().replace("[tables.pums.columns]", "[tables.other.columns]");

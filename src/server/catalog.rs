@@ -27,6 +27,7 @@ use datafusion::arrow::compute::cast;
 use datafusion::arrow::datatypes::{DataType, Field, FieldRef, Int64Type, Schema, SchemaRef};
 use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::catalog::{MemorySchemaProvider, SchemaProvider, TableFunctionArgs, TableFunctionImpl, TableProvider};
+use datafusion::common::tree_node::TreeNode;
 use datafusion::common::{DataFusionError, ScalarValue};
 use datafusion::datasource::MemTable;
 use datafusion::error::Result;
@@ -179,6 +180,202 @@ const ALWAYS_EMPTY: &[&str] = &[
 
 /// Table functions allowed in the FROM clause of a catalog query.
 const TABLE_FUNCTIONS: &[&str] = &["generate_series", "unnest", "range", LAST_RELEASE];
+
+// ---------------------------------------------------------------------------------------------------------------
+// Limits: a catalog query reads a few hundred rows of schemas; nothing it asks may take long or much memory
+// ---------------------------------------------------------------------------------------------------------------
+
+/// Longest catalog query (bytes). Clients' catalog queries are 2 KB at most (pgjdbc's getTables is 1.5 KB).
+pub(crate) const MAX_CATALOG_BYTES: usize = 16 << 10;
+/// Longest string literal in a catalog query (bytes): names and patterns.
+const MAX_CATALOG_LITERAL: usize = 1024;
+/// Most rows `generate_series` / `range` may produce in a catalog query.
+const MAX_SERIES_ROWS: i128 = 10_000;
+/// Most rows a catalog query may answer with, and most bytes.
+const MAX_CATALOG_ROWS: usize = 100_000;
+const MAX_CATALOG_RESULT_BYTES: usize = 32 << 20;
+/// Most rows a join without an equality key (a cross product) may produce, from its inputs' sizes.
+const MAX_CROSS_ROWS: usize = 1_000_000;
+/// The memory pool of a catalog query's sorts, aggregates and joins (no spilling to disk).
+pub(crate) const CATALOG_MEMORY: usize = 64 << 20;
+/// Rows per batch: keeps what one scalar function makes at once small.
+const CATALOG_BATCH_ROWS: usize = 256;
+/// Functions a catalog query may not call: each makes values (or rows) far larger than its arguments, and no
+/// client's catalog query uses them.
+const DENIED_FUNCTIONS: &[&str] = &[
+    "generate_series",
+    "range",
+    "gen_series",
+    "repeat",
+    "lpad",
+    "rpad",
+    "array_repeat",
+    "list_repeat",
+    "array_resize",
+    "list_resize",
+    "regexp_replace",
+];
+
+/// A catalog query over a limit: a refusal that says which (the wire maps it to SQLSTATE 54000).
+fn over_limit(what: String) -> DataFusionError {
+    DataFusionError::ResourcesExhausted(format!("catalog query over a limit: {what}"))
+}
+
+/// Checks the functions and literals of a catalog query against the limits above (before it is planned).
+#[derive(Default)]
+struct LimitCheck {
+    error: Option<DataFusionError>,
+}
+
+impl LimitCheck {
+    fn check_function(&mut self, f: &Function) {
+        let Some(parts) = name_parts(&f.name) else { return };
+        let Some(name) = parts.last() else { return };
+        if DENIED_FUNCTIONS.contains(&name.as_str()) {
+            self.error = Some(err(format!(
+                "{name}() is not available in catalog queries (they read the few rows of pg_catalog)"
+            )));
+            return;
+        }
+        if name != "replace" {
+            return;
+        }
+        // `replace(s, from, to)` grows `s` by what `to` adds at each match: only with literal `from` and `to`,
+        // `to` at most 16 bytes longer, and never nested.
+        let FunctionArguments::List(list) = &f.args else { return };
+        let args: Vec<Option<&Expr>> = list
+            .args
+            .iter()
+            .map(|a| match a {
+                datafusion::sql::sqlparser::ast::FunctionArg::Unnamed(
+                    datafusion::sql::sqlparser::ast::FunctionArgExpr::Expr(e),
+                ) => Some(e),
+                _ => None,
+            })
+            .collect();
+        let ok = match args.as_slice() {
+            [Some(first), Some(from), Some(to)] => match (string_literal(from), string_literal(to)) {
+                (Some(from), Some(to)) => !from.is_empty() && to.len() <= from.len() + 16 && !calls_replace(first),
+                _ => false,
+            },
+            _ => false,
+        };
+        if !ok {
+            self.error = Some(err(
+                "replace() in a catalog query takes a string and two short literals (the second no more than 16 \
+                 bytes longer than the first), not nested"
+                    .to_string(),
+            ));
+        }
+    }
+}
+
+/// Whether `e` calls `replace` anywhere.
+fn calls_replace(e: &Expr) -> bool {
+    struct Find(bool);
+    impl Visitor for Find {
+        type Break = ();
+        fn pre_visit_expr(&mut self, e: &Expr) -> ControlFlow<()> {
+            if let Expr::Function(f) = e
+                && name_parts(&f.name).and_then(|p| p.last().cloned()).as_deref() == Some("replace")
+            {
+                self.0 = true;
+                return ControlFlow::Break(());
+            }
+            ControlFlow::Continue(())
+        }
+    }
+    let mut find = Find(false);
+    let _ = e.visit(&mut find);
+    find.0
+}
+
+impl Visitor for LimitCheck {
+    type Break = ();
+
+    fn pre_visit_expr(&mut self, expr: &Expr) -> ControlFlow<()> {
+        match expr {
+            Expr::Function(f) => self.check_function(f),
+            Expr::Value(ValueWithSpan { value, .. }) => {
+                if let Some(text) = value.clone().into_string()
+                    && text.len() > MAX_CATALOG_LITERAL
+                {
+                    self.error = Some(over_limit(format!(
+                        "a string literal of {} bytes (at most {MAX_CATALOG_LITERAL})",
+                        text.len()
+                    )));
+                }
+            }
+            _ => {}
+        }
+        if self.error.is_some() { ControlFlow::Break(()) } else { ControlFlow::Continue(()) }
+    }
+}
+
+/// `generate_series` / `range` in FROM, bounded to [`MAX_SERIES_ROWS`] rows of integers.
+#[derive(Debug)]
+struct BoundedSeries {
+    name: &'static str,
+    inner: Arc<dyn TableFunctionImpl>,
+}
+
+impl TableFunctionImpl for BoundedSeries {
+    fn call_with_args(&self, args: TableFunctionArgs) -> Result<Arc<dyn TableProvider>> {
+        let mut ints = Vec::new();
+        for e in args.exprs() {
+            match e {
+                datafusion::logical_expr::Expr::Literal(ScalarValue::Int64(Some(n)), _) => ints.push(i128::from(*n)),
+                datafusion::logical_expr::Expr::Literal(v, _) if v.is_null() => return self.inner.call_with_args(args),
+                _ => {
+                    return Err(err(format!(
+                        "{}() in a catalog query takes integer constants (at most {MAX_SERIES_ROWS} rows)",
+                        self.name
+                    )));
+                }
+            }
+        }
+        let inclusive = self.name == "generate_series";
+        let (start, stop, step) = match ints.as_slice() {
+            [stop] => (0, *stop, 1),
+            [start, stop] => (*start, *stop, 1),
+            [start, stop, step] => (*start, *stop, *step),
+            _ => return self.inner.call_with_args(args),
+        };
+        if step != 0 {
+            let span = (stop - start) / step;
+            let rows = if span < 0 { 0 } else { span + i128::from(inclusive) };
+            if rows > MAX_SERIES_ROWS {
+                return Err(over_limit(format!("{}() of {rows} rows (at most {MAX_SERIES_ROWS})", self.name)));
+            }
+        }
+        self.inner.call_with_args(args)
+    }
+}
+
+/// Refuses a physical plan with a join without an equality key over more than [`MAX_CROSS_ROWS`] row pairs
+/// (from its inputs' row counts, which the catalog's in-memory tables know).
+fn check_cross_joins(plan: &Arc<dyn datafusion::physical_plan::ExecutionPlan>) -> Result<()> {
+    use datafusion::physical_plan::statistics::{StatisticsArgs, StatisticsContext};
+    let name = plan.name();
+    if name == "CrossJoinExec" || name == "NestedLoopJoinExec" {
+        let stats = StatisticsContext::new();
+        let rows = plan
+            .children()
+            .iter()
+            .map(|c| stats.compute(c.as_ref(), &StatisticsArgs::new()).map(|s| s.num_rows.get_value().copied()))
+            .collect::<Result<Vec<_>>>()?;
+        let pairs = rows.iter().try_fold(1usize, |acc, r| r.map(|r| acc.saturating_mul(r.max(1))));
+        if let Some(pairs) = pairs
+            && pairs > MAX_CROSS_ROWS
+        {
+            return Err(over_limit(format!(
+                "a join without an equality condition over {pairs} row pairs (at most {MAX_CROSS_ROWS}); join on \
+                 a key, e.g. ON c.relnamespace = n.oid"
+            )));
+        }
+    }
+    plan.children().iter().try_for_each(|c| check_cross_joins(c))
+}
 
 /// The table function with the accuracy and charge of the connection's last release (already published numbers).
 const LAST_RELEASE: &str = "dp_last_release";
@@ -2538,12 +2735,21 @@ impl Catalog {
             .with_default_catalog_and_schema(catalog_name, "pg_catalog")
             .with_information_schema(false)
             .with_target_partitions(1)
+            .with_batch_size(CATALOG_BATCH_ROWS)
             .set_bool("datafusion.sql_parser.map_string_types_to_utf8view", false);
+        let runtime = datafusion::execution::runtime_env::RuntimeEnvBuilder::new()
+            .with_memory_limit(CATALOG_MEMORY, 1.0)
+            .with_disk_manager_builder(
+                datafusion::execution::disk_manager::DiskManagerBuilder::default()
+                    .with_mode(datafusion::execution::disk_manager::DiskManagerMode::Disabled),
+            )
+            .build_arc()?;
         let mut planners: Vec<Arc<dyn ExprPlanner>> = SessionStateDefaults::default_expr_planners();
         planners.insert(1, Arc::new(datafusion_functions_nested::planner::FieldAccessPlanner));
         planners.insert(1, Arc::new(datafusion_functions_nested::planner::NestedFunctionPlanner));
         let state = SessionStateBuilder::new()
             .with_config(config)
+            .with_runtime_env(runtime)
             .with_default_features()
             .with_expr_planners(planners)
             .with_type_planner(Arc::new(PgTypePlanner))
@@ -2565,6 +2771,10 @@ impl Catalog {
             let table = Arc::new(MemTable::try_new(batch.schema(), vec![vec![batch]])?);
             let schema = if r.namespace == NS_INFORMATION_SCHEMA { &info_schema } else { &pg_catalog };
             schema.register_table(r.name.to_string(), table)?;
+        }
+        for name in ["generate_series", "range"] {
+            let inner = ctx.table_function(name)?.function().clone();
+            ctx.register_udtf(name, Arc::new(BoundedSeries { name, inner }));
         }
         let last = Arc::new(LastRelease::default());
         ctx.register_udtf(LAST_RELEASE, Arc::clone(&last) as Arc<dyn TableFunctionImpl>);
@@ -2590,7 +2800,16 @@ impl Catalog {
     }
 
     /// Runs a catalog query: the result schema and batches. Errors are returned (not panics) with a short message.
+    ///
+    /// Limits: at most [`MAX_CATALOG_BYTES`] of SQL, no function that makes values far larger than its arguments,
+    /// series of at most [`MAX_SERIES_ROWS`] rows, no cross product over [`MAX_CROSS_ROWS`] pairs, a pool of
+    /// [`CATALOG_MEMORY`] bytes without spilling, and at most [`MAX_CATALOG_ROWS`] rows answered. The caller
+    /// bounds its time (dropping the future stops the query: it runs in the caller's task) and counts the
+    /// statement's operators before this parses it.
     pub(crate) async fn query(&self, sql: &str) -> Result<(SchemaRef, Vec<RecordBatch>)> {
+        if sql.len() > MAX_CATALOG_BYTES {
+            return Err(over_limit(format!("{} bytes of SQL (at most {MAX_CATALOG_BYTES})", sql.len())));
+        }
         let mut stmts = parse(sql)?;
         if stmts.len() != 1 {
             return Err(err("expected exactly one statement"));
@@ -2600,6 +2819,11 @@ impl Catalog {
             return Err(err("not a catalog query"));
         }
         let Statement::Query(mut query) = stmt else { return Err(err("not a query")) };
+        let mut limits = LimitCheck::default();
+        let _ = query.visit(&mut limits);
+        if let Some(e) = limits.error {
+            return Err(e);
+        }
 
         // Output names as PostgreSQL would give them, from the query as written.
         let names = output_names(&query.body);
@@ -2644,7 +2868,31 @@ impl Catalog {
             .verify_plan(&plan)?;
         let df = self.ctx.execute_logical_plan(plan).await?;
         let schema: SchemaRef = Arc::new(df.schema().as_arrow().clone());
-        let batches = df.collect().await?;
+        let physical = df.create_physical_plan().await?;
+        check_cross_joins(&physical)?;
+        // Every operator's output spends the task's scheduling budget: a join that makes millions of rows from one
+        // input batch still gives the timeout and a cancel request their turn (only the scans yield otherwise).
+        let physical = physical
+            .transform_up(|p| {
+                let coop: Arc<dyn datafusion::physical_plan::ExecutionPlan> =
+                    Arc::new(datafusion::physical_plan::coop::CooperativeExec::new(p));
+                Ok(datafusion::common::tree_node::Transformed::yes(coop))
+            })?
+            .data;
+        let mut stream = datafusion::physical_plan::execute_stream(physical, self.ctx.task_ctx())?;
+        let (mut batches, mut rows, mut bytes) = (Vec::new(), 0usize, 0usize);
+        while let Some(batch) = futures::StreamExt::next(&mut stream).await {
+            let batch = batch?;
+            rows += batch.num_rows();
+            bytes += batch.get_array_memory_size();
+            if rows > MAX_CATALOG_ROWS || bytes > MAX_CATALOG_RESULT_BYTES {
+                return Err(over_limit(format!(
+                    "more than {MAX_CATALOG_ROWS} rows or {} MiB of answer",
+                    MAX_CATALOG_RESULT_BYTES >> 20
+                )));
+            }
+            batches.push(batch);
+        }
         Ok((schema, batches))
     }
 }

@@ -5,9 +5,19 @@
 //! harmless client settings (`SET`/`SHOW`), `SHOW dp.budget`, `SELECT * FROM dp_last_release()`, and catalog
 //! queries ([`super::catalog`]). Anything else that is not a query is refused with a hint.
 //!
-//! The extended protocol (Parse/Bind/Describe/Execute) takes the same path: a bound parameter becomes a literal
-//! in the SQL text (placed by the tokenizer, so a `$1` inside a string is left alone), and Describe prepares
-//! the statement as a query would be before its debit, without reading or spending anything.
+//! The extended protocol (Parse/Bind/Describe/Execute) takes the same path. Bound parameters are values, never
+//! text, on the private path: the statement is planned with its `$n` placeholders and each becomes a typed literal
+//! in the plan ([`DpSession::sql_with_params`]). The server's own answers (catalog, `SET`, `SHOW`), which hold no
+//! private data, read the statement with each value written as a literal (placed by the tokenizer, a negative
+//! number in parentheses). Describe prepares the statement as a query would be before its debit, without reading
+//! or spending anything.
+//!
+//! **Limits on every message.** Before anything parses or routes a statement ([`admit`]): `max_query_bytes` on
+//! the Query message, the Parse text, the text after Bind's substitution and Describe's; UTF-8; and the operator
+//! count of [`crate::plan::safety::check_statement_size`], which keeps every syntax tree shallow. Routing and
+//! catalog answers run on the planning stack ([`crate::session::PLANNING_STACK`]), catalog queries under the
+//! statement timeout. A simple Query holds at most [`MAX_STATEMENTS_PER_MESSAGE`] statements, and each one's
+//! response is sent before the next statement runs (nothing is collected across statements).
 
 use super::Shared;
 use super::catalog::Catalog;
@@ -18,7 +28,7 @@ use async_trait::async_trait;
 use datafusion::arrow::array::{Array, ArrayRef, AsArray, RecordBatch};
 use datafusion::arrow::compute::cast;
 use datafusion::arrow::datatypes::{DataType, Float64Type, Int16Type, Int32Type, Int64Type, SchemaRef};
-use datafusion::common::DataFusionError;
+use datafusion::common::{DataFusionError, ScalarValue};
 use futures::{Sink, SinkExt, stream};
 use pgwire::api::portal::{Format, Portal};
 use pgwire::api::query::{ExtendedQueryHandler, SimpleQueryHandler};
@@ -27,10 +37,11 @@ use pgwire::api::results::{
 };
 use pgwire::api::stmt::{QueryParser, StoredStatement};
 use pgwire::api::store::PortalStore;
-use pgwire::api::{ClientInfo, ClientPortalStore, Type};
+use pgwire::api::{ClientInfo, ClientPortalStore, ConnectionHandle, PgWireConnectionState, Type};
 use pgwire::error::{ErrorInfo, PgWireError, PgWireResult};
 use pgwire::messages::PgWireBackendMessage;
-use pgwire::messages::response::NoticeResponse;
+use pgwire::messages::response::{EmptyQueryResponse, NoticeResponse, TransactionStatus};
+use pgwire::messages::simplequery::Query;
 use std::collections::BTreeMap;
 use std::fmt::Debug;
 use std::net::SocketAddr;
@@ -54,11 +65,25 @@ impl Analyst {
         Analyst { name, session, catalog, request_id: None, settings: BTreeMap::new() }
     }
 
-    /// A catalog query's answer (from schemas only; nothing is read or spent).
-    async fn catalog_answer(&self, sql: &str) -> PgWireResult<Answer> {
-        let (schema, batches) = self.catalog.query(sql).await.map_err(|e| {
-            let message = e.strip_backtrace();
-            let code = if message.contains("does not exist") || message.contains("not found") { "42P01" } else { "0A000" };
+    /// A catalog query's answer (from schemas only; nothing is read or spent), on the planning stack and under
+    /// the statement timeout (dropping the query stops it: the catalog runs it in this task).
+    async fn catalog_answer(&self, shared: &Shared, sql: &str) -> PgWireResult<Answer> {
+        let query = crate::session::on_planning_stack(self.catalog.query(sql));
+        let answered = tokio::time::timeout(shared.settings.statement_timeout, query).await.map_err(|_| {
+            wire_error(
+                "57014",
+                format!("canceling catalog query due to statement timeout ({:?})", shared.settings.statement_timeout),
+                Some("ask for less: catalog queries are meant for the few rows of pg_catalog".into()),
+            )
+        })?;
+        let (schema, batches) = answered.map_err(|e| {
+            let message = without_suggestion(&e.strip_backtrace());
+            let code = match e.find_root() {
+                DataFusionError::ResourcesExhausted(m) if m.starts_with("catalog query over a limit") => "54000",
+                DataFusionError::ResourcesExhausted(_) => "53200",
+                _ if message.contains("does not exist") || message.contains("not found") => "42P01",
+                _ => "0A000",
+            };
             wire_error(
                 code,
                 format!("catalog query: {message}"),
@@ -84,7 +109,7 @@ pub(crate) struct Connection {
 impl Connection {
     pub(crate) fn new(shared: Arc<Shared>, peer: SocketAddr) -> Self {
         let analyst: State = Arc::default();
-        let parser = Arc::new(Parser { analyst: analyst.clone() });
+        let parser = Arc::new(Parser { analyst: analyst.clone(), shared: shared.clone() });
         Connection { shared, peer, sasl: std::sync::Mutex::new(None), analyst, parser }
     }
 }
@@ -102,6 +127,7 @@ pub(crate) fn dp_error(e: &DpError) -> PgWireError {
     let code = match e {
         DpError::Refused(r) => match r.code() {
             "syntax_error" | "empty_statement" => "42601",
+            "too_many_operators" | "too_deeply_nested" => "54001",
             "unknown_name" => "42703",
             "no_table" | "not_a_private_table" => "42P01",
             "set_unreadable" | "no_such_option" | "set_not_available" => "42704",
@@ -156,6 +182,71 @@ fn check_utf8(sql: &str) -> PgWireResult<()> {
     Ok(())
 }
 
+/// Most statements one simple Query message may hold. Every statement's response is sent before the next one runs,
+/// so this bounds the work one message asks for, not memory; scripts with more statements send several messages
+/// (psql `-f` sends one per statement).
+pub(crate) const MAX_STATEMENTS_PER_MESSAGE: usize = 64;
+
+/// A statement or message over `max_query_bytes`.
+fn too_long(len: usize, max: usize) -> PgWireError {
+    wire_error(
+        "54000",
+        format!("statement too long ({len} bytes; this server accepts {max})"),
+        Some("send a shorter statement".into()),
+    )
+}
+
+/// The checks every statement text passes before anything parses or routes it (a Query's statements, Parse's
+/// text, the text after Bind's substitution, Describe's): at most `max_bytes`, UTF-8, and at most
+/// [`crate::plan::safety::MAX_OPERATORS`] operators (counted on tokens, without building a tree: a deeper tree
+/// would overflow a stack while it is parsed, walked or dropped).
+fn admit(max_bytes: usize, sql: &str) -> PgWireResult<()> {
+    if sql.len() > max_bytes {
+        return Err(too_long(sql.len(), max_bytes));
+    }
+    check_utf8(sql)?;
+    crate::plan::safety::check_statement_size(sql).map_err(|e| dp_error(&e))
+}
+
+/// The statements of one simple Query message, refused whole if the message is over `max_bytes` or holds more
+/// than [`MAX_STATEMENTS_PER_MESSAGE`] statements (nothing of it runs then).
+fn split_message(max_bytes: usize, text: &str) -> PgWireResult<Vec<String>> {
+    if text.len() > max_bytes {
+        return Err(too_long(text.len(), max_bytes));
+    }
+    let statements = crate::session::split_statements(text);
+    if statements.len() > MAX_STATEMENTS_PER_MESSAGE {
+        return Err(wire_error(
+            "54000",
+            format!(
+                "too many statements in one message ({}; this server runs at most {MAX_STATEMENTS_PER_MESSAGE})",
+                statements.len()
+            ),
+            Some(format!("send at most {MAX_STATEMENTS_PER_MESSAGE} statements per message")),
+        ));
+    }
+    Ok(statements)
+}
+
+/// `message` without DataFusion's "Did you mean 'x'?" suggestion, which it picks by a per-process hash order
+/// (the same query would get different texts from run to run).
+fn without_suggestion(message: &str) -> String {
+    match message.find(" Did you mean") {
+        Some(at) => {
+            let rest = &message[at + 1..];
+            // The suggestion ends at its question mark; keep whatever follows it.
+            let tail = rest.find('?').map_or("", |q| &rest[q + 1..]);
+            format!("{}{}", &message[..at], tail).trim_end().to_string()
+        }
+        None => message.to_string(),
+    }
+}
+
+/// Runs `f` on the planning stack (routing parses and walks the statement's syntax tree).
+fn on_big_stack<R>(f: impl FnOnce() -> R) -> R {
+    stacker::maybe_grow(crate::session::PLANNING_STACK / 2, crate::session::PLANNING_STACK, f)
+}
+
 /// The first word of `sql` (after comments), upper case, and the rest.
 fn first_word(sql: &str) -> (String, &str) {
     let s = strip_comments(sql);
@@ -180,21 +271,28 @@ fn text_rows(column: &str, lines: impl IntoIterator<Item = String>) -> PgWireRes
 }
 
 impl Analyst {
-    /// Answers one statement; `notices` collects the messages sent before its rows.
-    async fn answer(&mut self, shared: &Shared, sql: &str, notices: &mut Vec<String>) -> PgWireResult<Answer> {
-        if sql.len() > shared.settings.max_query_bytes {
-            return Err(wire_error(
-                "54000",
-                format!(
-                    "statement too long ({} bytes; this server accepts {})",
-                    sql.len(),
-                    shared.settings.max_query_bytes
-                ),
-                Some("send a shorter statement".into()),
-            ));
-        }
-        check_utf8(sql)?;
-        let (word, rest) = first_word(sql);
+    /// Answers one statement, with its bound parameters if it came by Bind; `notices` collects the messages sent
+    /// before its rows. The statement is admitted ([`admit`]) before anything else, and so is its text with the
+    /// parameters written in. Routing reads the statement as written (never a value); the private path gets the
+    /// values as typed values.
+    async fn answer(
+        &mut self,
+        shared: &Shared,
+        sql: &str,
+        bound: Option<&Bound>,
+        notices: &mut Vec<String>,
+    ) -> PgWireResult<Answer> {
+        let max = shared.settings.max_query_bytes;
+        admit(max, sql)?;
+        let text = match bound {
+            Some(b) => {
+                let text = substitute(sql, &b.literals)?;
+                admit(max, &text)?;
+                std::borrow::Cow::Owned(text)
+            }
+            None => std::borrow::Cow::Borrowed(sql),
+        };
+        let (word, rest) = first_word(&text);
         match word.as_str() {
             "BEGIN" | "START" => return Ok(Answer::Begin(Tag::new("BEGIN"))),
             "COMMIT" | "END" => return Ok(Answer::End(Tag::new("COMMIT"))),
@@ -213,7 +311,7 @@ impl Analyst {
                 self.request_id = None;
                 return Ok(Answer::Tag(Tag::new("DISCARD ALL")));
             }
-            "SET" => return self.set(sql, rest).await,
+            "SET" => return self.set(&text, rest).await,
             "RESET" => {
                 let name = rest.trim().to_ascii_lowercase();
                 self.settings.remove(&name);
@@ -222,13 +320,14 @@ impl Analyst {
             "SHOW" => return self.show(rest),
             _ => {}
         }
-        if Catalog::handles(sql) {
-            return self.catalog_answer(sql).await;
+        if on_big_stack(|| Catalog::handles(sql)) {
+            return self.catalog_answer(shared, &text).await;
         }
         let request_id = self.request_id.take();
+        let values = bound.map_or(&[][..], |b| &b.values[..]);
         let response = tokio::time::timeout(
             shared.settings.statement_timeout,
-            self.session.sql_with_request_id(sql, request_id.as_deref()),
+            self.session.sql_with_params(sql, values, request_id.as_deref()),
         )
         .await
         .map_err(|_| {
@@ -505,7 +604,7 @@ fn not_logged_in() -> PgWireError {
 }
 
 impl Connection {
-    async fn run<C>(&self, client: &mut C, sql: &str, format: &Format) -> PgWireResult<Response>
+    async fn run<C>(&self, client: &mut C, sql: &str, bound: Option<&Bound>, format: &Format) -> PgWireResult<Response>
     where
         C: Sink<PgWireBackendMessage> + Unpin + Send,
         PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
@@ -513,37 +612,109 @@ impl Connection {
         let mut guard = self.analyst.lock().await;
         let analyst = guard.as_mut().ok_or_else(not_logged_in)?;
         let mut notices = Vec::new();
-        let answer = analyst.answer(&self.shared, sql, &mut notices).await;
+        let answer = analyst.answer(&self.shared, sql, bound, &mut notices).await;
         send_notices(client, notices).await?;
         to_response(answer?, format)
     }
+
+    /// Runs the statements of one simple Query message in order, sending each one's response before the next
+    /// runs; stops at the first error, like PostgreSQL. Updates `status` as the statements open and end
+    /// transactions.
+    async fn stream_statements<C>(&self, client: &mut C, text: &str, status: &mut TransactionStatus) -> PgWireResult<()>
+    where
+        C: ClientInfo + Sink<PgWireBackendMessage> + Unpin + Send + Sync,
+        C::Error: Debug,
+        PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
+    {
+        let statements = match split_message(self.shared.settings.max_query_bytes, text) {
+            Ok(s) => s,
+            Err(e) => return send_error(client, e, status).await,
+        };
+        if statements.is_empty() {
+            return Ok(client.feed(PgWireBackendMessage::EmptyQueryResponse(EmptyQueryResponse::new())).await?);
+        }
+        for statement in statements {
+            match self.run(client, &statement, None, &Format::UnifiedText).await {
+                Ok(Response::Query(rows)) => pgwire::api::query::send_query_response(client, rows, true).await?,
+                Ok(Response::TransactionStart(tag)) => {
+                    pgwire::api::query::send_execution_response(client, tag).await?;
+                    *status = status.to_in_transaction_state();
+                }
+                Ok(Response::TransactionEnd(tag)) => {
+                    pgwire::api::query::send_execution_response(client, tag).await?;
+                    *status = status.to_idle_state();
+                }
+                Ok(Response::Execution(tag)) => pgwire::api::query::send_execution_response(client, tag).await?,
+                Ok(_) => return Err(wire_error("XX000", "unexpected response", None)),
+                // Like PostgreSQL: the statements after a failed one are not run.
+                Err(e @ PgWireError::UserError(_)) => return send_error(client, e, status).await,
+                Err(e) => return Err(e),
+            }
+            // Out before the next statement runs: responses are never collected across statements.
+            client.flush().await?;
+        }
+        Ok(())
+    }
+}
+
+/// Sends `e` as the ErrorResponse of a statement of a simple Query (the message then ends).
+async fn send_error<C>(client: &mut C, e: PgWireError, status: &mut TransactionStatus) -> PgWireResult<()>
+where
+    C: Sink<PgWireBackendMessage> + Unpin + Send,
+    PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
+{
+    let info: ErrorInfo = e.into();
+    client.feed(PgWireBackendMessage::ErrorResponse(info.into())).await?;
+    *status = status.to_error_state();
+    Ok(())
 }
 
 #[async_trait]
 impl SimpleQueryHandler for Connection {
-    async fn do_query<C>(&self, client: &mut C, query: &str) -> PgWireResult<Vec<Response>>
+    /// A simple Query: like pgwire's own handling (state, cancel requests, ReadyForQuery), except that each
+    /// statement's response is sent as soon as it is answered ([`Connection::stream_statements`]).
+    async fn on_query<C>(&self, client: &mut C, query: Query) -> PgWireResult<()>
     where
         C: ClientInfo + ClientPortalStore + Sink<PgWireBackendMessage> + Unpin + Send + Sync,
         C::PortalStore: PortalStore,
         C::Error: Debug,
         PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
     {
-        let mut out = Vec::new();
-        for statement in crate::session::split_statements(query) {
-            match self.run(client, &statement, &Format::UnifiedText).await {
-                Ok(r) => out.push(r),
-                Err(PgWireError::UserError(e)) => {
-                    // Like PostgreSQL: the statements after a failed one are not run.
-                    out.push(Response::Error(e));
-                    break;
-                }
-                Err(e) => return Err(e),
+        if !matches!(client.state(), PgWireConnectionState::ReadyForQuery) {
+            return Err(PgWireError::NotReadyForQuery);
+        }
+        client.set_state(PgWireConnectionState::QueryInProgress);
+        let mut status = client.transaction_status();
+        let cancel = match client.session_extensions().get::<Arc<ConnectionHandle>>() {
+            Some(handle) => Some(handle.start_query().await),
+            None => None,
+        };
+        let done = {
+            let run = self.stream_statements(client, &query.query, &mut status);
+            match cancel {
+                // A cancel request drops the statement under way (and with it any catalog or private plan).
+                Some(cancel) => match futures::future::select(Box::pin(run), cancel).await {
+                    futures::future::Either::Left((done, _)) => done,
+                    futures::future::Either::Right(_) => Err(PgWireError::QueryCanceled),
+                },
+                None => run.await,
             }
-        }
-        if out.is_empty() {
-            out.push(Response::EmptyQuery);
-        }
-        Ok(out)
+        };
+        done?;
+        client.set_state(PgWireConnectionState::ReadyForQuery);
+        client.set_transaction_status(status);
+        pgwire::api::query::send_ready_for_query(client, status).await
+    }
+
+    /// Not used: [`SimpleQueryHandler::on_query`] above answers and sends each statement in turn.
+    async fn do_query<C>(&self, _client: &mut C, _query: &str) -> PgWireResult<Vec<Response>>
+    where
+        C: ClientInfo + ClientPortalStore + Sink<PgWireBackendMessage> + Unpin + Send + Sync,
+        C::PortalStore: PortalStore,
+        C::Error: Debug,
+        PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
+    {
+        Err(wire_error("XX000", "simple queries are answered statement by statement", None))
     }
 }
 
@@ -558,6 +729,7 @@ pub(crate) struct WireStatement {
 /// from the analyst's tables' schemas).
 pub(crate) struct Parser {
     analyst: State,
+    shared: Arc<Shared>,
 }
 
 #[async_trait]
@@ -568,7 +740,7 @@ impl QueryParser for Parser {
     where
         C: ClientInfo + Unpin + Send + Sync,
     {
-        check_utf8(sql)?;
+        admit(self.shared.settings.max_query_bytes, sql)?;
         let count = placeholders(sql)?.iter().map(|(n, _)| *n).max().unwrap_or(0);
         let inferred = if count > 0 && types.iter().filter(|t| t.is_some()).count() < count {
             let guard = self.analyst.lock().await;
@@ -649,38 +821,98 @@ fn quote(s: &str) -> String {
     format!("'{}'", s.replace('\'', "''"))
 }
 
-/// The bound parameters of `portal` as SQL literals.
-fn literals(portal: &Portal<WireStatement>) -> PgWireResult<Vec<String>> {
-    let types = &portal.statement.statement.params;
-    (0..portal.parameter_len())
-        .map(|i| {
+/// A number as a SQL literal that stays one value wherever it is placed: a negative one in parentheses (after a
+/// `-`, `-5` would start a comment).
+fn number(v: impl std::fmt::Display) -> String {
+    let text = v.to_string();
+    if text.starts_with('-') { format!("({text})") } else { text }
+}
+
+/// A statement's bound parameters: typed values (for the private path, where they stay values) and the same as
+/// SQL literals (for the statements the server answers itself, which hold no private data).
+pub(crate) struct Bound {
+    values: Vec<ScalarValue>,
+    literals: Vec<String>,
+}
+
+/// The Arrow type a parameter of wire type `t` is bound as (text for the types sent as text).
+fn param_type(t: &Type) -> Option<DataType> {
+    Some(match *t {
+        Type::INT2 => DataType::Int16,
+        Type::INT4 => DataType::Int32,
+        Type::INT8 => DataType::Int64,
+        Type::FLOAT4 => DataType::Float32,
+        Type::FLOAT8 => DataType::Float64,
+        Type::BOOL => DataType::Boolean,
+        Type::TEXT | Type::VARCHAR | Type::BPCHAR | Type::NAME | Type::UNKNOWN => DataType::Utf8,
+        _ => return None,
+    })
+}
+
+impl Bound {
+    /// The bound parameters of `portal`.
+    fn of(portal: &Portal<WireStatement>) -> PgWireResult<Bound> {
+        let types = &portal.statement.statement.params;
+        let mut b = Bound { values: Vec::new(), literals: Vec::new() };
+        for i in 0..portal.parameter_len() {
             let t = types.get(i).cloned().unwrap_or(Type::TEXT);
             let bad = || wire_error("22P02", format!("parameter ${} is not a valid {}", i + 1, t.name()), None);
-            let num = |x: Option<f64>| -> PgWireResult<String> {
-                match x {
-                    None => Ok("NULL".into()),
-                    Some(v) if v.is_finite() => Ok(format!("{v:?}")),
-                    Some(_) => Err(bad()),
+            let finite = |x: Option<f64>| match x {
+                Some(v) if !v.is_finite() => Err(bad()),
+                x => Ok(x),
+            };
+            let value = match t {
+                Type::INT2 => ScalarValue::Int16(portal.parameter::<i16>(i, &t)?),
+                Type::INT4 => ScalarValue::Int32(portal.parameter::<i32>(i, &t)?),
+                Type::INT8 => ScalarValue::Int64(portal.parameter::<i64>(i, &t)?),
+                Type::FLOAT4 => {
+                    let v = portal.parameter::<f32>(i, &t)?;
+                    finite(v.map(f64::from))?;
+                    ScalarValue::Float32(v)
+                }
+                Type::FLOAT8 => ScalarValue::Float64(finite(portal.parameter::<f64>(i, &t)?)?),
+                Type::BOOL => ScalarValue::Boolean(portal.parameter::<bool>(i, &t)?),
+                Type::TEXT | Type::VARCHAR | Type::BPCHAR | Type::NAME | Type::UNKNOWN => {
+                    ScalarValue::Utf8(portal.parameter::<String>(i, &t)?)
+                }
+                other => {
+                    return Err(wire_error(
+                        "0A000",
+                        format!("parameters of type {} are not supported", other.name()),
+                        Some("send it as text, or as an integer, float or boolean".into()),
+                    ));
                 }
             };
-            match t {
-                Type::INT2 => Ok(portal.parameter::<i16>(i, &t)?.map_or("NULL".into(), |v| v.to_string())),
-                Type::INT4 => Ok(portal.parameter::<i32>(i, &t)?.map_or("NULL".into(), |v| v.to_string())),
-                Type::INT8 => Ok(portal.parameter::<i64>(i, &t)?.map_or("NULL".into(), |v| v.to_string())),
-                Type::FLOAT4 => num(portal.parameter::<f32>(i, &t)?.map(f64::from)),
-                Type::FLOAT8 => num(portal.parameter::<f64>(i, &t)?),
-                Type::BOOL => Ok(portal.parameter::<bool>(i, &t)?.map_or("NULL".into(), |v| v.to_string())),
-                Type::TEXT | Type::VARCHAR | Type::BPCHAR | Type::NAME | Type::UNKNOWN => {
-                    Ok(portal.parameter::<String>(i, &t)?.map_or("NULL".into(), |v| quote(&v)))
-                }
-                other => Err(wire_error(
-                    "0A000",
-                    format!("parameters of type {} are not supported", other.name()),
-                    Some("send it as text, or as an integer, float or boolean".into()),
-                )),
-            }
-        })
-        .collect()
+            b.literals.push(literal(&value));
+            b.values.push(value);
+        }
+        Ok(b)
+    }
+
+    /// Typed NULLs for a statement described before any value is bound (untyped where the type is not one
+    /// parameters are bound as).
+    fn nulls(types: &[Type]) -> Bound {
+        let values: Vec<ScalarValue> = types
+            .iter()
+            .map(|t| param_type(t).and_then(|dt| ScalarValue::try_from(&dt).ok()).unwrap_or(ScalarValue::Null))
+            .collect();
+        Bound { literals: vec!["NULL".to_string(); values.len()], values }
+    }
+}
+
+/// A bound value as a SQL literal (see [`number`] and [`quote`]).
+fn literal(v: &ScalarValue) -> String {
+    match v {
+        v if v.is_null() => "NULL".into(),
+        ScalarValue::Int16(Some(x)) => number(x),
+        ScalarValue::Int32(Some(x)) => number(x),
+        ScalarValue::Int64(Some(x)) => number(x),
+        ScalarValue::Float32(Some(x)) => number(format!("{:?}", f64::from(*x))),
+        ScalarValue::Float64(Some(x)) => number(format!("{x:?}")),
+        ScalarValue::Boolean(Some(x)) => x.to_string(),
+        ScalarValue::Utf8(Some(s)) => quote(s),
+        other => quote(&other.to_string()),
+    }
 }
 
 #[async_trait]
@@ -704,8 +936,8 @@ impl ExtendedQueryHandler for Connection {
         C::Error: Debug,
         PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
     {
-        let sql = substitute(&portal.statement.statement.sql, &literals(portal)?)?;
-        self.run(client, &sql, &portal.result_column_format).await
+        let bound = Bound::of(portal)?;
+        self.run(client, &portal.statement.statement.sql, Some(&bound), &portal.result_column_format).await
     }
 
     async fn do_describe_statement<C>(
@@ -720,9 +952,7 @@ impl ExtendedQueryHandler for Connection {
         PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
     {
         let stmt = &target.statement;
-        let nulls = vec!["NULL".to_string(); stmt.params.len()];
-        let sql = substitute(&stmt.sql, &nulls)?;
-        let fields = self.describe(&sql, &Format::UnifiedBinary).await?;
+        let fields = self.describe(&stmt.sql, &Bound::nulls(&stmt.params), &Format::UnifiedBinary).await?;
         Ok(DescribeStatementResponse::new(stmt.params.clone(), fields))
     }
 
@@ -737,18 +967,24 @@ impl ExtendedQueryHandler for Connection {
         C::Error: Debug,
         PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
     {
-        let sql = substitute(&portal.statement.statement.sql, &literals(portal)?)?;
-        Ok(DescribePortalResponse::new(self.describe(&sql, &portal.result_column_format).await?))
+        let bound = Bound::of(portal)?;
+        let fields = self.describe(&portal.statement.statement.sql, &bound, &portal.result_column_format).await?;
+        Ok(DescribePortalResponse::new(fields))
     }
 }
 
 impl Connection {
     /// The columns `sql` answers with, computed without running or spending anything: statements the server
-    /// answers itself have fixed columns; a query is prepared and priced as before its debit.
-    async fn describe(&self, sql: &str, format: &Format) -> PgWireResult<Vec<FieldInfo>> {
+    /// answers itself have fixed columns; a query is prepared and priced as before its debit. Admitted like a
+    /// statement that runs ([`admit`], on the text and on the text with the values written in).
+    async fn describe(&self, sql: &str, bound: &Bound, format: &Format) -> PgWireResult<Vec<FieldInfo>> {
+        let max = self.shared.settings.max_query_bytes;
+        admit(max, sql)?;
+        let text = substitute(sql, &bound.literals)?;
+        admit(max, &text)?;
         let mut guard = self.analyst.lock().await;
         let analyst = guard.as_mut().ok_or_else(not_logged_in)?;
-        let (word, rest) = first_word(sql);
+        let (word, rest) = first_word(&text);
         match word.as_str() {
             "BEGIN" | "START" | "COMMIT" | "END" | "ROLLBACK" | "ABORT" | "SAVEPOINT" | "RELEASE" | "DISCARD"
             | "SET" | "RESET" => return Ok(Vec::new()),
@@ -760,13 +996,13 @@ impl Connection {
             }
             _ => {}
         }
-        if Catalog::handles(sql) {
-            return match analyst.catalog_answer(sql).await? {
+        if on_big_stack(|| Catalog::handles(sql)) {
+            return match analyst.catalog_answer(&self.shared, &text).await? {
                 Answer::Rows(schema, _) => Ok(fields(&schema, format)),
                 _ => Ok(Vec::new()),
             };
         }
-        let schema = analyst.session.describe(sql).await.map_err(|e| dp_error(&e))?;
+        let schema = analyst.session.describe_with_params(sql, &bound.values).await.map_err(|e| dp_error(&e))?;
         Ok(fields(&schema, format))
     }
 }
@@ -802,6 +1038,20 @@ mod tests {
         assert_eq!(text.value(0), r#"{a,"b c",NULL,"say \"x\"",""}"#);
         assert!(text.is_null(1));
         assert_eq!(text.value(2), "{}");
+    }
+
+    #[test]
+    fn negative_values_stay_one_literal_and_suggestions_are_dropped() {
+        let five = literal(&ScalarValue::Int64(Some(-5)));
+        assert_eq!(substitute("SELECT 40 -$1", &[five]).unwrap(), "SELECT 40 -(-5)");
+        assert_eq!(literal(&ScalarValue::Float64(Some(-0.5))), "(-0.5)");
+        assert_eq!(literal(&ScalarValue::Utf8(Some("-- x".into()))), "'-- x'");
+        assert_eq!(literal(&ScalarValue::Int64(None)), "NULL");
+        assert_eq!(
+            without_suggestion("Schema error: No field named relnam. Did you mean 'pg_class.relname'?"),
+            "Schema error: No field named relnam."
+        );
+        assert_eq!(without_suggestion("no suggestion here"), "no suggestion here");
     }
 
     #[test]

@@ -94,14 +94,19 @@ fn another_query(id: &str, charge: &Charge) -> DpError {
 
 impl DpSession {
     /// Answers one query: prepare and price it (all checks, nothing spent), debit, then [`DpSession::release`].
-    pub(crate) async fn query(&self, sql: &str, request_id: Option<&str>) -> Result<Release> {
+    /// `params` are the values of its `$n` placeholders; the charge's label (and the release's SQL) is the query
+    /// with them ([`labelled`]), so a request id retried with other values is another query.
+    pub(crate) async fn query(&self, sql: &str, params: &[ScalarValue], request_id: Option<&str>) -> Result<Release> {
+        let text = sql;
+        let label = labelled(sql, params);
+        let sql = label.as_str();
         // A stored release is returned as it is: no planning, so a later change of the policy cannot alter it.
         if let Some(id) = request_id
             && let Prior::Released(charge, bytes) = self.ledger.prior(id)?
         {
             return stored_release(id, sql, charge, &bytes);
         }
-        let prepared = self.prepare(sql).await?;
+        let prepared = self.prepare(text, params).await?;
         let quote = self.quote(&prepared.dp)?;
         let tables = [prepared.dp.table.table().to_string()];
         let (charge, stored) = match request_id {
@@ -206,6 +211,31 @@ impl DpSession {
         }
         Ok(release)
     }
+}
+
+/// The text a query with bound parameters is recorded under (charge label, release, EXPLAIN DP): the SQL as
+/// written, then one comment line with each value and its type (`-- $1 = -5 (Int64), $2 = 'x' (Utf8)`). The
+/// SQL alone without parameters.
+pub(crate) fn labelled(sql: &str, params: &[ScalarValue]) -> String {
+    if params.is_empty() {
+        return sql.to_string();
+    }
+    let values = params
+        .iter()
+        .enumerate()
+        .map(|(i, v)| {
+            let text = match v {
+                v if v.is_null() => "NULL".to_string(),
+                ScalarValue::Utf8(Some(s)) | ScalarValue::LargeUtf8(Some(s)) | ScalarValue::Utf8View(Some(s)) => {
+                    format!("'{}'", s.replace('\'', "''"))
+                }
+                v => v.to_string(),
+            };
+            format!("${} = {text} ({})", i + 1, v.data_type())
+        })
+        .collect::<Vec<_>>()
+        .join(", ");
+    format!("{sql}\n-- {values}")
 }
 
 /// A stored release, read back with the charge the ledger recorded for it; refused if the id was for another query.

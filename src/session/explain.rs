@@ -8,6 +8,7 @@ use crate::noise::NoiseParams;
 use crate::release::fmt_num;
 use crate::session::DpSession;
 use crate::session::{accuracy, post, prepare};
+use datafusion::common::ScalarValue;
 
 /// One measurement as EXPLAIN DP shows it.
 #[derive(Clone, Debug)]
@@ -114,8 +115,15 @@ impl DpSession {
     /// check a query goes through before its debit runs here too, so EXPLAIN DP refuses exactly what the query
     /// would refuse. Spends nothing, reads no data.
     pub async fn explain(&self, sql: &str) -> Result<Explanation> {
+        self.explain_with_params(sql, &[]).await
+    }
+
+    /// [`DpSession::explain`] of a query whose `$n` placeholders are bound to `params[n-1]` (as values, see
+    /// [`DpSession::sql_with_params`]).
+    pub async fn explain_with_params(&self, sql: &str, params: &[ScalarValue]) -> Result<Explanation> {
+        let label = super::execute::labelled(sql, params);
         prepare::grow_stack(async {
-            let prepared = self.prepare(sql).await?;
+            let prepared = self.prepare(sql, params).await?;
             let dp = &prepared.dp;
             let quote = self.quote(dp)?;
             let mut measures = Vec::new();
@@ -151,7 +159,7 @@ impl DpSession {
                 })
                 .collect::<Result<Vec<_>>>()?;
             Ok(Explanation {
-                sql: sql.to_string(),
+                sql: label,
                 private_plan: prepared.private.display_indent().to_string(),
                 cells: dp.cells(),
                 measures,

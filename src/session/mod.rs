@@ -34,6 +34,7 @@ mod statement;
 pub use explain::{ExplainedMeasure, Explanation};
 pub use post::POST_MEMORY;
 pub use prepare::PLANNING_STACK;
+pub(crate) use prepare::grow_stack as on_planning_stack;
 use statement::Statement;
 pub use statement::{DpOptions, split_statements};
 pub(crate) use statement::{set_parts, strip_leading_comments};
@@ -328,7 +329,19 @@ impl DpSession {
         crate::plan::safety::check_statement_size(sql)?;
         let plan =
             prepare::grow_stack(self.ctx.state().create_logical_plan(sql)).await.map_err(crate::error::engine)?;
-        let types = plan.get_parameter_types().map_err(crate::error::engine)?;
+        let mut types = plan.get_parameter_types().map_err(crate::error::engine)?;
+        // DataFusion leaves LIMIT and OFFSET placeholders untyped; they take integers.
+        let _ = plan.apply_with_subqueries(|node| {
+            if let datafusion::logical_expr::LogicalPlan::Limit(l) = node {
+                for e in l.fetch.iter().chain(l.skip.iter()) {
+                    if let datafusion::logical_expr::Expr::Placeholder(p) = e.as_ref() {
+                        let t = types.entry(p.id.clone()).or_insert(None);
+                        t.get_or_insert(datafusion::arrow::datatypes::DataType::Int64);
+                    }
+                }
+            }
+            Ok(datafusion::common::tree_node::TreeNodeRecursion::Continue)
+        });
         let n = types.keys().filter_map(|k| k.strip_prefix('$')?.parse::<usize>().ok()).max().unwrap_or(0);
         Ok((1..=n).map(|i| types.get(&format!("${i}")).cloned().flatten()).collect())
     }
@@ -337,15 +350,25 @@ impl DpSession {
     /// and checked as if it were to run; `EXPLAIN DP` answers one text column; `SET` none). Refused exactly when
     /// the query would be refused before its debit.
     pub async fn describe(&self, sql: &str) -> Result<datafusion::arrow::datatypes::SchemaRef> {
+        self.describe_with_params(sql, &[]).await
+    }
+
+    /// [`DpSession::describe`] of a statement whose `$n` placeholders are bound to `params[n-1]` (typed NULLs
+    /// when only the types are known).
+    pub async fn describe_with_params(
+        &self,
+        sql: &str,
+        params: &[datafusion::common::ScalarValue],
+    ) -> Result<datafusion::arrow::datatypes::SchemaRef> {
         use datafusion::arrow::datatypes::{DataType, Field, Schema};
         match statement::classify(sql)? {
             Statement::Query(q) => {
-                let prepared = self.prepare(q).await?;
+                let prepared = self.prepare(q, params).await?;
                 self.quote(&prepared.dp)?;
                 Ok(Arc::new(prepared.dp.original.schema().as_arrow().clone()))
             }
             Statement::Explain(q) => {
-                self.explain(q).await?;
+                self.explain_with_params(q, params).await?;
                 Ok(Arc::new(Schema::new(vec![Field::new("QUERY PLAN", DataType::Utf8, false)])))
             }
             Statement::Set(_) => Ok(Arc::new(Schema::empty())),
@@ -419,7 +442,34 @@ impl DpSession {
         match statement::classify(sql)? {
             Statement::Explain(q) => Ok(Response::Explain(Box::new(self.explain(q).await?))),
             Statement::Set(rest) => self.set(rest),
-            Statement::Query(q) => Ok(Response::Release(Box::new(self.query(q, request_id).await?))),
+            Statement::Query(q) => Ok(Response::Release(Box::new(self.query(q, &[], request_id).await?))),
+        }
+    }
+
+    /// Like [`DpSession::sql_with_request_id`], for a statement with `$n` placeholders bound to `params[n-1]`
+    /// (the extended protocol's Bind). The parameters are values, never SQL text: the statement is planned with
+    /// its placeholders and each becomes a typed literal in the plan before any check, so a value can never
+    /// change what the statement says (a `-5` after a minus is not a comment). The charge is recorded under the
+    /// SQL followed by the values (`-- $1 = -5 (Int64)`): a request id retried with other values is another
+    /// query. `SET` takes no parameters.
+    pub async fn sql_with_params(
+        &self,
+        sql: &str,
+        params: &[datafusion::common::ScalarValue],
+        request_id: Option<&str>,
+    ) -> Result<Response> {
+        if params.is_empty() {
+            return self.sql_with_request_id(sql, request_id).await;
+        }
+        if let Some(id) = request_id
+            && id.trim().is_empty()
+        {
+            return Err(DpError::Refused(Refusal::EmptyRequestId));
+        }
+        match statement::classify(sql)? {
+            Statement::Explain(q) => Ok(Response::Explain(Box::new(self.explain_with_params(q, params).await?))),
+            Statement::Set(_) => Err(DpError::Refused(Refusal::SetUnreadable)),
+            Statement::Query(q) => Ok(Response::Release(Box::new(self.query(q, params, request_id).await?))),
         }
     }
 }

@@ -21,8 +21,8 @@ use crate::plan::{self, DpPlan, RESERVED_PREFIX, safety, size};
 use crate::policy::TablePolicy;
 use crate::refusal::Refusal;
 use crate::session::DpSession;
-use datafusion::common::TableReference;
 use datafusion::common::tree_node::TreeNodeRecursion;
+use datafusion::common::{ScalarValue, TableReference};
 use datafusion::logical_expr::LogicalPlan;
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::prelude::SQLOptions;
@@ -116,13 +116,14 @@ impl DpSession {
         ok.then(|| self.policies.get(t.table()).cloned()).flatten()
     }
 
-    /// Plans and checks `sql` end to end (see the module docs). Spends nothing, reads no data.
-    pub(crate) async fn prepare(&self, sql: &str) -> Result<Prepared> {
+    /// Plans and checks `sql` end to end (see the module docs), its `$n` placeholders bound to `params[n-1]`.
+    /// Spends nothing, reads no data.
+    pub(crate) async fn prepare(&self, sql: &str, params: &[ScalarValue]) -> Result<Prepared> {
         safety::check_statement_size(sql)?;
-        grow_stack(self.prepare_deep(sql)).await
+        grow_stack(self.prepare_deep(sql, params)).await
     }
 
-    async fn prepare_deep(&self, sql: &str) -> Result<Prepared> {
+    async fn prepare_deep(&self, sql: &str, params: &[ScalarValue]) -> Result<Prepared> {
         let state = self.ctx.state();
         let dialect = state.config().options().sql_parser.dialect;
         let statement = state.sql_to_statement(sql, &dialect).map_err(planning_error)?;
@@ -136,6 +137,12 @@ impl DpSession {
             }
         }
         let logical = state.statement_to_plan(statement).await.map_err(planning_error)?;
+        // Bound parameters are values, never SQL text: each `$n` becomes a typed literal in the plan, before the
+        // analyzer and every check below, which see them as they see any constant written in the query.
+        let logical = match params {
+            [] => logical,
+            _ => logical.with_param_values(params.to_vec()).map_err(planning_error)?,
+        };
         plan::validate::check_statement_kind(&logical)?;
         SQLOptions::new()
             .with_allow_ddl(false)
