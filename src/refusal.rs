@@ -444,6 +444,12 @@ pub enum Refusal {
         /// The name asked for.
         table: String,
     },
+    /// A column asked for twice in one marginal release.
+    #[error("column `{column}` is asked for twice")]
+    MarginalDuplicateColumn {
+        /// The column.
+        column: String,
+    },
     /// A marginal of a column without a public domain.
     #[error("column `{column}` has no public domain, so its histogram's cells would depend on the data")]
     MarginalNoDomain {
@@ -579,6 +585,7 @@ impl Refusal {
             RequestIdReused { .. } => "use a new request id for a new query".into(),
             RequestIdLost { .. } | PolicyChanged { .. } => "use a new request id (a new charge)".into(),
             NoTable { .. } => "see \\tables for the tables of this session".into(),
+            MarginalDuplicateColumn { column } => format!("name `{column}` once in --columns"),
             MarginalNoDomain { table, column } => format!(
                 "add `domain = [...]` for column {column} in [tables.{table}.columns] (for 0/1 columns: domain = [0, 1])"
             ),
@@ -658,6 +665,7 @@ impl Refusal {
             PolicyChanged { .. } => "policy_changed",
             NoTable { .. } => "no_table",
             MarginalNoDomain { .. } => "marginal_no_domain",
+            MarginalDuplicateColumn { .. } => "marginal_duplicate_column",
             MarginalColumnType { .. } => "marginal_column_type",
             NoDomainColumns { .. } => "no_domain_columns",
         }

@@ -691,8 +691,11 @@ fn h3_marginals_out_never_overwrites_a_file_of_the_configuration_and_needs_force
         }
         dpfusion(&args)
     };
+    // A hard link is the same file under another name (the audit's residual: it was overwritten with --force).
+    let link = dir.join("link.csv");
+    std::fs::hard_link(dir.join("ledger.db"), &link).unwrap();
     for force in [false, true] {
-        for target in [dir.join("ledger.db"), std::path::PathBuf::from(&table), dir.join("dp.toml")] {
+        for target in [dir.join("ledger.db"), std::path::PathBuf::from(&table), dir.join("dp.toml"), link.clone()] {
             let o = run(&target, force);
             assert!(!o.status.success());
             assert!(String::from_utf8_lossy(&o.stderr).contains("a file of the configuration"), "{o:?}");

@@ -298,5 +298,9 @@ async fn the_explained_plan_is_the_released_one_and_explaining_spends_nothing() 
     let e = d.explain_marginals("wide", &bad, &spec).await.unwrap_err();
     let e1 = d.release_marginals("wide", &bad, &spec).await.unwrap_err();
     assert_eq!((e.code(), e1.code()), ("marginal_no_domain", "marginal_no_domain"));
+    // A column asked for twice: a refusal saying so, not the engine's duplicate-name error.
+    let twice = MarginalLayout::Wide(vec!["a0".into(), "a0".into()]);
+    let e = d.release_marginals("wide", &twice, &spec).await.unwrap_err();
+    assert_eq!(e.code(), "marginal_duplicate_column", "{e}");
     assert_eq!(d.budget().unwrap().charges.len(), 1);
 }

@@ -173,7 +173,7 @@ fn canonical(p: &Path) -> PathBuf {
 /// Refuses to write `p` when it is a file of the configuration (never, even with `--force`: the ledger or a
 /// table would be destroyed), or when it exists and `force` is not given.
 pub(crate) fn check_output(p: &Path, force: bool, protected: &[PathBuf]) -> Result<(), DpError> {
-    if protected.contains(&canonical(p)) {
+    if protected.contains(&canonical(p)) || protected.iter().any(|q| same_file(p, q)) {
         return Err(DpError::Config(format!(
             "{} is a file of the configuration (a table, the ledger, the owner's log or the configuration itself); \
              write the output elsewhere",
@@ -188,6 +188,22 @@ pub(crate) fn check_output(p: &Path, force: bool, protected: &[PathBuf]) -> Resu
         ))),
         _ => Ok(()),
     }
+}
+
+/// Whether `a` and `b` are one file under two names (a hard link): the same device and inode.
+#[cfg(unix)]
+fn same_file(a: &Path, b: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match (std::fs::metadata(a), std::fs::metadata(b)) {
+        (Ok(x), Ok(y)) => x.dev() == y.dev() && x.ino() == y.ino(),
+        _ => false,
+    }
+}
+
+/// Whether `a` and `b` are one file (elsewhere than Unix: by their canonical paths only).
+#[cfg(not(unix))]
+fn same_file(_a: &Path, _b: &Path) -> bool {
+    false
 }
 
 /// Draws `chart` into `path`, `.svg` or `.png` (a new file, unless `force`).
@@ -380,10 +396,16 @@ async fn run(cli: Cli) -> Result<bool, DpError> {
     }
 }
 
+/// Stack of the runtime's threads (bytes).
+const WORKER_STACK: usize = 16 << 20;
+
 /// Entry point of the binary: parses arguments, runs, returns the exit status (0: every statement answered).
 pub(crate) fn main() -> i32 {
     let cli = Cli::parse();
-    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    // Worker and blocking threads get 16 MiB stacks (tokio's default is 2 MiB): DataFusion runs a plan's
+    // partitions as tasks on them, outside the planning stack of the statement that spawned them. Statements are
+    // bounded (MAX_OPERATORS, MAX_NESTING) so that 2 MiB suffices; this is the margin. Reserved, not committed.
+    let rt = match tokio::runtime::Builder::new_multi_thread().thread_stack_size(WORKER_STACK).enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("error: cannot start the async runtime: {e}");

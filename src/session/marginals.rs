@@ -94,6 +94,9 @@ impl DpSession {
         // The columns each row of the pass carries (counted first), and what is counted.
         let (counted, histograms) = match layout {
             MarginalLayout::Wide(columns) => {
+                if let Some((_, c)) = columns.iter().enumerate().find(|(i, c)| columns[..*i].contains(c)) {
+                    return Err(DpError::Refused(Refusal::MarginalDuplicateColumn { column: c.clone() }));
+                }
                 let domains = columns.iter().map(|c| domain(c)).collect::<Result<Vec<_>>>()?;
                 let h = Histograms {
                     table: table.to_string(),
