@@ -269,3 +269,26 @@ fn a_read_only_ledger_is_refused_with_a_clear_error() {
     assert_eq!(o.status.code(), Some(2), "{err}");
     assert!(err.contains("read-only"), "{err}");
 }
+
+#[test]
+fn a_ledger_reads_only_newer_charges_and_sees_another_handles_charges() {
+    // Each handle keeps the charges it read and fetches only newer rows: a charge made through another handle
+    // (another process, another connection) must still appear, in order, with its ordinal.
+    let dir = TempDir::new("incremental");
+    let path = dir.join("l.sqlite");
+    let open = || SqliteLedger::open(&path, "b", rho(1.0), Duration::from_secs(5)).unwrap();
+    let (a, b) = (open(), open());
+    let other = SqliteLedger::open(&path, "other", rho(1.0), Duration::from_secs(5)).unwrap();
+    let m = || vec![calibrate::gaussian(1.0, rho(0.01)).unwrap()];
+    assert!(a.charges().unwrap().is_empty());
+    b.charge("one", &[], m()).unwrap();
+    other.charge("elsewhere", &[], m()).unwrap();
+    let e1 = a.epsilon(1e-6).unwrap().epsilon;
+    a.charge("two", &[], m()).unwrap();
+    b.charge("three", &[], m()).unwrap();
+    let seen: Vec<(u64, String)> = a.charges().unwrap().iter().map(|c| (c.id(), c.label().to_string())).collect();
+    assert_eq!(seen, [(1, "one".to_string()), (2, "two".to_string()), (3, "three".to_string())]);
+    let e3 = a.epsilon(1e-6).unwrap().epsilon;
+    let fresh = open().epsilon(1e-6).unwrap().epsilon;
+    assert!(e3 > e1 && e3 == fresh, "{e1} {e3} {fresh}");
+}

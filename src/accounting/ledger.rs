@@ -211,6 +211,9 @@ pub struct SqliteLedger {
     db: LedgerDb,
     budget: String,
     pld: PldCache,
+    /// This budget's charges read so far, and the file's row id of the last one: charges are only ever appended
+    /// (by this process or another), so each read fetches only the newer rows instead of the whole history.
+    read: Mutex<(i64, Vec<Charge>)>,
 }
 
 pub(crate) fn now() -> i64 {
@@ -227,6 +230,7 @@ impl SqliteLedger {
             db: LedgerDb::open(path, busy_timeout)?,
             budget: budget.to_string(),
             pld: PldCache::default(),
+            read: Default::default(),
         };
         me.init(total)?;
         Ok(me)
@@ -352,7 +356,12 @@ impl LedgerDb {
         if exists.is_none() {
             return Err(DpError::Ledger(format!("{} has no budget `{name}`", self.display())));
         }
-        Ok(SqliteLedger { db: self.clone(), budget: name.to_string(), pld: PldCache::default() })
+        Ok(SqliteLedger {
+            db: self.clone(),
+            budget: name.to_string(),
+            pld: PldCache::default(),
+            read: Default::default(),
+        })
     }
 }
 
@@ -404,6 +413,30 @@ impl SqliteLedger {
             Ok((r.get(0)?, r.get(1)?))
         })
         .map_err(|e| sql_error(&self.display(), e))
+    }
+
+    /// Runs `f` over every charge of this budget, oldest first, after reading the rows appended since the last
+    /// call.
+    fn with_charges<T>(&self, f: impl FnOnce(&[Charge]) -> Result<T>) -> Result<T> {
+        let mut read = self.read.lock().map_err(poisoned)?;
+        let rows = {
+            // The file's connection is shared by every budget of a server: held for the read only.
+            let conn = self.conn()?;
+            let mut st = conn
+                .prepare("SELECT id, label, rho, measurements FROM charges WHERE budget = ?1 AND id > ?2 ORDER BY id")
+                .map_err(|e| sql_error(&self.display(), e))?;
+            st.query_map(params![self.budget, read.0], Self::read_charge)
+                .map_err(|e| sql_error(&self.display(), e))?
+                .collect::<rusqlite::Result<Vec<_>>>()
+                .map_err(|e| sql_error(&self.display(), e))?
+        };
+        for row in rows {
+            let (id, ordinal) = (row.0, read.1.len() as u64 + 1);
+            let charge = self.decode(ordinal, row)?;
+            read.1.push(charge);
+            read.0 = id;
+        }
+        f(&read.1)
     }
 
     fn read_charge(row: &rusqlite::Row<'_>) -> rusqlite::Result<(i64, String, f64, String)> {
@@ -599,16 +632,11 @@ impl Ledger for SqliteLedger {
         Ok((Rho::new(t)?, Rho::new(s)?))
     }
     fn charges(&self) -> Result<Vec<Charge>> {
-        let conn = self.conn()?;
-        let mut st = conn
-            .prepare("SELECT id, label, rho, measurements FROM charges WHERE budget = ?1 ORDER BY id")
-            .map_err(|e| sql_error(&self.display(), e))?;
-        let rows = st
-            .query_map(params![self.budget], Self::read_charge)
-            .map_err(|e| sql_error(&self.display(), e))?
-            .collect::<rusqlite::Result<Vec<_>>>()
-            .map_err(|e| sql_error(&self.display(), e))?;
-        (1..).zip(rows).map(|(ordinal, r)| self.decode(ordinal, r)).collect()
+        self.with_charges(|charges| Ok(charges.to_vec()))
+    }
+    /// (ε, δ) of everything spent, composed from the charges read so far (no copy of the history).
+    fn epsilon(&self, delta: f64) -> Result<EpsilonBound> {
+        self.with_charges(|charges| epsilon_with_cache(charges, delta, self.pld_cache()))
     }
     fn charge(&self, label: &str, tables: &[String], measurements: Vec<Calibration>) -> Result<Charge> {
         self.debit(label, None, tables, measurements).and_then(|c| match c {
