@@ -282,7 +282,9 @@ fn linear_accuracy(dp: &DpPlan, cals: &[Calibration], terms: Vec<(usize, f64)>, 
 }
 
 /// The accuracy of every output column of a release: `schema` and `batches` are the analyst's result, `hidden`
-/// the per-row interval columns (by name) that post-processing carried; `cals` the charge's calibrations.
+/// the per-row interval columns (by name) that post-processing carried; `cals` the charge's calibrations. With
+/// `aggregates`, the result is the noisy aggregate table itself (the keys, then each aggregate output: what a
+/// release carries when its post-processing failed on the noisy values).
 pub(crate) fn column_accuracy(
     dp: &DpPlan,
     cals: &[Calibration],
@@ -290,25 +292,12 @@ pub(crate) fn column_accuracy(
     batches: &[RecordBatch],
     hidden: &[(String, Vec<f64>)],
     confidence: f64,
+    aggregates: bool,
 ) -> Result<Vec<ColumnAccuracy>> {
-    accuracy_of_columns(schema, batches, hidden, confidence, |i| plan_accuracy(dp, cals, i, confidence))
-}
-
-/// The accuracy of every column of the noisy aggregate table itself (the keys, then each aggregate output):
-/// what a release carries when its post-processing failed on the noisy values ([`noisy_batch`]'s columns).
-///
-/// [`noisy_batch`]: crate::session::post::noisy_batch
-pub(crate) fn aggregate_accuracy(
-    dp: &DpPlan,
-    cals: &[Calibration],
-    schema: &Schema,
-    batches: &[RecordBatch],
-    hidden: &[(String, Vec<f64>)],
-    confidence: f64,
-) -> Result<Vec<ColumnAccuracy>> {
-    accuracy_of_columns(schema, batches, hidden, confidence, |i| match i.checked_sub(dp.keys.len()) {
-        None => Ok(Planned::Ready(Accuracy::Public)),
-        Some(j) => linear_accuracy(dp, cals, vec![(j, 1.0)], confidence),
+    accuracy_of_columns(schema, batches, hidden, confidence, |i| match (aggregates, i.checked_sub(dp.keys.len())) {
+        (false, _) => plan_accuracy(dp, cals, i, confidence),
+        (true, None) => Ok(Planned::Ready(Accuracy::Public)),
+        (true, Some(j)) => linear_accuracy(dp, cals, vec![(j, 1.0)], confidence),
     })
 }
 
