@@ -31,7 +31,7 @@ use crate::plan::int64_null_where;
 use crate::plan::pick::cell_of;
 use crate::plan::runs::RowValue;
 use datafusion::arrow::array::{
-    Array, ArrayRef, AsArray, BooleanArray, Int64Array, ListArray, StructArray, UInt64Array,
+    Array, ArrayRef, AsArray, BooleanArray, Int64Array, LargeListArray, StructArray, UInt64Array,
 };
 use datafusion::arrow::buffer::OffsetBuffer;
 use datafusion::arrow::datatypes::{DataType, Field, FieldRef, Fields, Int64Type, UInt64Type};
@@ -42,10 +42,12 @@ use datafusion::logical_expr::utils::format_state_name;
 use datafusion::logical_expr::{
     Accumulator, AggregateUDF, AggregateUDFImpl, EmitTo, Expr, GroupsAccumulator, Signature, Volatility, lit,
 };
+use more::{APPEND, More, OVER, slot};
 use one_value::OneValue;
 use packed::PickedCounts;
 use std::sync::Arc;
 
+mod more;
 mod one_value;
 mod packed;
 
@@ -95,8 +97,9 @@ pub(crate) type UnitMeasure = (RowValue, Option<Expr>, Option<(i128, i128)>);
 /// group, the row count `n` and each measurement's `v` of the rows of each of the `g` smallest priorities
 /// (of all rows without a priority), clipped by the rule. One struct per group: with a pick, `cell`, then `x{i}`
 /// per measurement, Int64 for counts and `DECIMAL(38, 0)` grid units for sums (NULL when no value was seen); for
-/// g > 1 each field is a list, one element per cell kept. Every measurement of a query shares one aggregate, so
-/// each row touches one slot of memory per unit: the aggregation by unit is bound by random memory access.
+/// g > 1 each field is a large list (i64 offsets: no number of cells in one emit overflows them), one element per
+/// cell kept. Every measurement of a query shares one aggregate, so each row touches one slot of memory per unit:
+/// the aggregation by unit is bound by random memory access.
 #[derive(Debug, PartialEq, Eq, Hash)]
 pub(crate) struct Clipped {
     /// Per measurement: what a row gives, and the rule.
@@ -115,7 +118,8 @@ impl Clipped {
         let mut args: Vec<Expr> = measures.iter().filter_map(|(_, arg, _)| arg.clone()).collect();
         let pick = pick.map(|(priority, g)| {
             args.push(priority);
-            usize::try_from(g.max(1)).unwrap_or(usize::MAX)
+            // (The policy keeps g ≤ MAX_CONTRIBUTION, whose count the arena's heads hold in their LEN_BITS.)
+            g.clamp(1, crate::policy::MAX_CONTRIBUTION) as usize
         });
         if args.is_empty() {
             args.push(lit(1i64)); // COUNT(*) alone reads nothing; an aggregate takes at least one argument
@@ -154,7 +158,7 @@ impl Clipped {
         }
         let list = |f: Field| {
             let name = f.name().clone();
-            Field::new(name, DataType::List(Arc::new(f.with_name("item"))), true)
+            Field::new(name, DataType::LargeList(Arc::new(f.with_name("item"))), true)
         };
         f.into_iter().map(list).collect::<Vec<_>>().into()
     }
@@ -229,9 +233,15 @@ impl AggregateUDFImpl for Clipped {
 /// a sum is never mistaken for it.
 const UNSEEN: i64 = i64::MIN;
 
-/// Per group, `slots` sub-slots of `sub` words, all groups in one vector: per kept cell `n`; with a pick, the
+/// Per group, `inline` sub-slots of `sub` words, all groups in one vector: per kept cell `n`; with a pick, the
 /// priority (which carries the cell; FREE while the sub-slot is free); then one word (an i64) of `v` per measurement
 /// that reads values (COUNT(column), or the grid sum, UNSEEN before any value).
+///
+/// A pick of `g ≤ INLINE` cells keeps all `g` sub-slots in the group's words. A larger pick keeps one there and the
+/// others, as the unit reaches cells, in a side arena ([`more`]): the group's last word says where its block starts
+/// and how many sub-slots it holds, and the block grows geometrically up to `g - 1`. Memory then follows the cells
+/// units touch (at most one per row), not units × g: with g = 100 a unit of one cell takes 4 words, not 200–300.
+/// The arena computes what g sub-slots in place compute, in the same order (see [`more`]).
 ///
 /// A word for `v` is exact: a unit's `v` in one cell is at most `n·2^21` in magnitude (every row adds at most 2^21
 /// grid units, see [`super::exact_sum`]), below 2^63 for fewer than 2^42 rows. A unit with more rows than that in one
@@ -245,13 +255,18 @@ struct ClippedGroups {
     picked: bool,
     /// Per measurement: the word of its `v` in a sub-slot (None for COUNT(*)).
     v_at: Vec<Option<usize>>,
-    /// Sub-slots per group (g with a pick, else 1), words per sub-slot, words per group.
+    /// Sub-slots per group (g with a pick, else 1), those in the group's words, words per sub-slot, words per
+    /// group (the inline sub-slots, then the arena's head if any).
     slots: usize,
+    inline: usize,
     sub: usize,
     stride: usize,
-    /// A free sub-slot.
+    /// A free sub-slot, and a new group's words.
     empty: Vec<u64>,
+    empty_group: Vec<u64>,
     words: Vec<u64>,
+    /// The sub-slots beyond the inline ones (none for `g ≤ INLINE`).
+    more: More,
     /// The result's fields, and those of one kept cell.
     fields: Fields,
     cell_fields: Vec<Field>,
@@ -259,6 +274,8 @@ struct ClippedGroups {
 
 const N: usize = 0;
 const P: usize = 1;
+/// The most sub-slots a group keeps in its own words: a pick of more cells keeps one there, the rest in [`More`].
+const INLINE: usize = 2;
 /// The priority of a free sub-slot: above every priority (none is `u64::MAX`, see `dp_priority`).
 const FREE: u64 = u64::MAX;
 
@@ -329,6 +346,12 @@ fn add(w: &mut [u64], at: usize, x: i64, on: bool) {
 
 impl ClippedGroups {
     fn new(f: &Clipped) -> Self {
+        Self::with_inline(f, INLINE)
+    }
+
+    /// The accumulator of `f` that keeps a pick of up to `inline_max` cells in the groups' words (its tests
+    /// compare the arena with g sub-slots in place).
+    fn with_inline(f: &Clipped, inline_max: usize) -> Self {
         let mut sub = if f.pick.is_some() { 2 } else { 1 };
         let v_at: Vec<Option<usize>> = f
             .measures
@@ -350,15 +373,23 @@ impl ClippedGroups {
             }
         }
         let slots = f.pick.unwrap_or(1);
+        let inline = if slots <= inline_max { slots } else { 1 };
+        let more = More::new(slots - inline, sub);
+        let stride = inline * sub + usize::from(more.on());
+        let mut empty_group = empty.repeat(inline);
+        empty_group.resize(stride, 0); // the arena's head: no sub-slot
         ClippedGroups {
             measures: f.measures.clone(),
             picked: f.pick.is_some(),
             v_at,
             slots,
+            inline,
             sub,
-            stride: slots * sub,
+            stride,
             empty,
+            empty_group,
             words: vec![],
+            more,
             fields: f.fields(),
             cell_fields: f.cell_fields(),
         }
@@ -366,8 +397,13 @@ impl ClippedGroups {
 
     fn grow(&mut self, total: usize) {
         while self.words.len() < total * self.stride {
-            self.words.extend_from_slice(&self.empty);
+            self.words.extend_from_slice(&self.empty_group);
         }
+    }
+
+    /// The word of the arena's head of group `g` (with an arena).
+    fn head_at(&self, g: usize) -> usize {
+        g * self.stride + self.inline * self.sub
     }
 
     /// Where each row (or state) goes: the word where its sub-slot starts, and whether it counts (`counts(i)`, and
@@ -397,6 +433,14 @@ impl ClippedGroups {
     fn admit(&mut self, g: usize, p: u64) {
         let Scan { kept, largest_at, largest, .. } = self.scan(g, p);
         let take = !kept && p < largest;
+        if largest_at & OVER != 0 {
+            // A sub-slot of the arena (only for a pick of more than INLINE cells), with a branch.
+            if take {
+                let head = self.head_at(g);
+                self.words[head] = self.more.take(self.words[head], largest_at, p, &self.empty);
+            }
+            return;
+        }
         let s = &mut self.words[largest_at..largest_at + self.sub];
         for (w, e) in s.iter_mut().zip(&self.empty) {
             *w = select(take, *e, *w);
@@ -412,18 +456,35 @@ impl ClippedGroups {
     }
 
     /// The sub-slots of group `g` against priority `p`, compared by selects rather than branches (which the
-    /// processor mispredicts on a unit's first rows).
+    /// processor mispredicts on a unit's first rows); then those of the arena, where a group that has fewer than
+    /// g sub-slots has a free one to APPEND.
     #[inline]
     fn scan(&self, g: usize, p: u64) -> Scan {
         let base = g * self.stride;
         let mut out = Scan { kept: false, at: base, largest_at: base, largest: 0 };
-        for s in (0..self.slots).map(|j| base + j * self.sub) {
+        for s in (0..self.inline).map(|j| base + j * self.sub) {
             let q = self.words[s + P];
             out.at = select(q == p, s as u64, out.at as u64) as usize;
             out.kept |= q == p;
             let larger = q >= out.largest;
             out.largest_at = select(larger, s as u64, out.largest_at as u64) as usize;
             out.largest = select(larger, q, out.largest);
+        }
+        if self.more.on() {
+            // The inline sub-slot is taken first, and never freed: while it is free the arena has none.
+            let head = self.words[self.head_at(g)];
+            for s in self.more.slots(head) {
+                let q = self.more.words[s + P];
+                if q == p {
+                    (out.kept, out.at) = (true, OVER | s);
+                }
+                if q >= out.largest {
+                    (out.largest_at, out.largest) = (OVER | s, q);
+                }
+            }
+            if out.largest != FREE && self.more.has_room(head) {
+                (out.largest_at, out.largest) = (APPEND, FREE);
+            }
         }
         out
     }
@@ -437,7 +498,8 @@ impl ClippedGroups {
         }
     }
 
-    /// The words of the groups `emit_to` names, which leave the accumulator.
+    /// The words of the groups `emit_to` names, which leave the accumulator (their sub-slots in the arena stay
+    /// there: see [`ClippedGroups::take_cells`]).
     fn take(&mut self, emit_to: EmitTo) -> Vec<u64> {
         match emit_to {
             EmitTo::All => std::mem::take(&mut self.words),
@@ -446,6 +508,32 @@ impl ClippedGroups {
                 std::mem::replace(&mut self.words, rest)
             }
         }
+    }
+
+    /// The used sub-slots of the groups `emit_to` names, which leave the accumulator: their words one after the
+    /// other (`sub` each), per group in the order of its g sub-slots in place (see [`more`]), and how many each
+    /// group has. With a pick.
+    fn take_cells(&mut self, emit_to: EmitTo) -> (Vec<u64>, Vec<usize>) {
+        let (w, sub, inline) = (self.take(emit_to), self.sub, self.inline);
+        let (mut cells, mut lengths) = (vec![], vec![]);
+        for group in w.chunks_exact(self.stride) {
+            let before = cells.len();
+            if self.more.on() {
+                for s in self.more.slots(group[inline * sub]).rev() {
+                    cells.extend_from_slice(&self.more.words[s..s + sub]);
+                }
+            }
+            for s in group[..inline * sub].chunks_exact(sub).filter(|s| s[P] != FREE) {
+                cells.extend_from_slice(s);
+            }
+            lengths.push((cells.len() - before) / sub);
+        }
+        if self.more.on() {
+            // The arena keeps the blocks of the groups that stay, only.
+            let heads = self.words.chunks_exact_mut(self.stride).map(|g| &mut g[inline * sub]);
+            self.more.keep(heads, &self.empty);
+        }
+        (cells, lengths)
     }
 
     /// The result columns of the sub-slots starting at `bases` in `w`: the cell if picked, then each clipped
@@ -473,18 +561,48 @@ impl ClippedGroups {
         cols
     }
 
-    /// The state columns of sub-slot `j` of every group in `w`.
+    /// The state columns of sub-slot `j` of every group in `w` (g sub-slots in place: no arena).
     fn sub_state(&self, w: &[u64], j: usize) -> Vec<ArrayRef> {
-        let bases: Vec<usize> = (0..w.len() / self.stride).map(|g| g * self.stride + j * self.sub).collect();
+        let bases: Vec<Option<usize>> =
+            (0..w.len() / self.stride).map(|g| Some(g * self.stride + j * self.sub)).collect();
+        self.sub_state_at(w, &bases)
+    }
+
+    /// The state columns of the sub-slots starting at `bases` in `w`, a free one where None.
+    fn sub_state_at(&self, w: &[u64], bases: &[Option<usize>]) -> Vec<ArrayRef> {
+        let word = |b: &Option<usize>, at: usize| b.map_or(self.empty[at], |b| w[b + at]);
         let mut cols: Vec<ArrayRef> =
-            vec![Arc::new(Int64Array::from_iter_values(bases.iter().map(|&b| w[b + N] as i64)))];
+            vec![Arc::new(Int64Array::from_iter_values(bases.iter().map(|b| word(b, N) as i64)))];
         if self.picked {
-            cols.push(Arc::new(UInt64Array::from_iter_values(bases.iter().map(|&b| w[b + P]))));
+            cols.push(Arc::new(UInt64Array::from_iter_values(bases.iter().map(|b| word(b, P)))));
         }
-        for at in self.v_at.iter().flatten() {
-            cols.push(int64_null_where(bases.iter().map(|&b| w[b + at] as i64).collect(), UNSEEN));
+        for &at in self.v_at.iter().flatten() {
+            cols.push(int64_null_where(bases.iter().map(|b| word(b, at) as i64).collect(), UNSEEN));
         }
         cols
+    }
+
+    /// The rows (or states) placed at `at` (`place`) add their row counts, then each measurement's values.
+    /// `ARENA`: whether a place may be in the arena (a pick of more than INLINE cells); without it, the loops
+    /// have no branch on it.
+    fn add_rows<const ARENA: bool>(
+        &mut self,
+        values: &[ArrayRef],
+        at: &[(usize, bool)],
+        filter: Option<&BooleanArray>,
+    ) -> Result<()> {
+        let (words, more) = (&mut self.words[..], &mut self.more.words[..]);
+        for &(s, on) in at {
+            slot::<ARENA>(words, more, s)[N] += u64::from(on);
+        }
+        let mut arg = 0;
+        for ((value, _), v_at) in self.measures.iter().zip(&self.v_at) {
+            let Some(v_at) = *v_at else { continue };
+            let Some(x) = values.get(arg) else { return exec_err!("dp_clipped: missing argument {arg}") };
+            arg += 1;
+            each_value(*value, x, filter, |i, x| add(slot::<ARENA>(words, more, at[i].0), v_at, x, at[i].1))?;
+        }
+        Ok(())
     }
 }
 
@@ -523,18 +641,11 @@ impl GroupsAccumulator for ClippedGroups {
         self.grow(total);
         let pick = self.pick_arg(values)?.map(|p| &p.as_primitive::<UInt64Type>().values()[..]);
         let at = self.place(groups, pick, |i| kept(filter, i));
-        for &(s, on) in &at {
-            self.words[s + N] += u64::from(on);
+        if self.more.on() {
+            self.add_rows::<true>(values, &at, filter)
+        } else {
+            self.add_rows::<false>(values, &at, filter)
         }
-        let mut arg = 0;
-        for ((value, _), v_at) in self.measures.iter().zip(&self.v_at) {
-            let Some(v_at) = *v_at else { continue };
-            let Some(x) = values.get(arg) else { return exec_err!("dp_clipped: missing argument {arg}") };
-            arg += 1;
-            let words = &mut self.words;
-            each_value(*value, x, filter, |i, x| add(words, at[i].0 + v_at, x, at[i].1))?;
-        }
-        Ok(())
     }
 
     fn merge_batch(&mut self, states: &[ArrayRef], groups: &[usize], total: usize) -> Result<()> {
@@ -583,13 +694,14 @@ impl GroupsAccumulator for ClippedGroups {
         for cols in states.chunks_exact(per_slot) {
             let pick = self.picked.then(|| &cols[P].as_primitive::<UInt64Type>().values()[..]);
             let at = self.place(groups, pick, |_| true);
+            let (words, more) = (&mut self.words[..], &mut self.more.words[..]);
             for (&(s, on), &n) in at.iter().zip(cols[N].as_primitive::<Int64Type>().values()) {
-                self.words[s + N] += select(on, n as u64, 0);
+                slot::<true>(words, more, s)[N] += select(on, n as u64, 0);
             }
             for (j, &v_at) in self.v_at.iter().flatten().enumerate() {
                 let v = cols[first_v + j].as_primitive::<Int64Type>();
                 for (i, (&(s, on), &x)) in at.iter().zip(v.values()).enumerate() {
-                    add(&mut self.words, s + v_at, x, on && v.is_valid(i));
+                    add(slot::<true>(words, more, s), v_at, x, on && v.is_valid(i));
                 }
             }
         }
@@ -597,37 +709,44 @@ impl GroupsAccumulator for ClippedGroups {
     }
 
     fn evaluate(&mut self, emit_to: EmitTo) -> Result<ArrayRef> {
-        let w = self.take(emit_to);
-        let groups = w.len() / self.stride;
         if self.slots == 1 {
             // Every group has a row at its priority: the cell is never missing.
-            let bases: Vec<usize> = (0..groups).map(|g| g * self.stride).collect();
+            let w = self.take(emit_to);
+            let bases: Vec<usize> = (0..w.len() / self.stride).map(|g| g * self.stride).collect();
             return Ok(Arc::new(StructArray::try_new(self.fields.clone(), self.results(&w, &bases), None)?));
         }
-        // One list element per sub-slot in use.
-        let (mut bases, mut lengths) = (vec![], vec![]);
-        for g in 0..groups {
-            let used: Vec<usize> =
-                (0..self.slots).map(|j| g * self.stride + j * self.sub).filter(|&b| w[b + P] != FREE).collect();
-            lengths.push(used.len());
-            bases.extend(used);
-        }
-        let offsets = OffsetBuffer::from_lengths(lengths);
+        // One list element per sub-slot in use; i64 offsets, which no number of cells overflows.
+        let (cells, lengths) = self.take_cells(emit_to);
+        let bases: Vec<usize> = (0..cells.len() / self.sub).map(|i| i * self.sub).collect();
+        let offsets = OffsetBuffer::<i64>::from_lengths(lengths);
         let lists = self
-            .results(&w, &bases)
+            .results(&cells, &bases)
             .into_iter()
             .zip(&self.cell_fields)
             .map(|(values, f)| {
                 let item = Arc::new(f.clone().with_name("item"));
-                Ok(Arc::new(ListArray::try_new(item, offsets.clone(), values, None)?) as ArrayRef)
+                Ok(Arc::new(LargeListArray::try_new(item, offsets.clone(), values, None)?) as ArrayRef)
             })
             .collect::<Result<Vec<_>>>()?;
         Ok(Arc::new(StructArray::try_new(self.fields.clone(), lists, None)?))
     }
 
     fn state(&mut self, emit_to: EmitTo) -> Result<Vec<ArrayRef>> {
-        let w = self.take(emit_to);
-        Ok((0..self.slots).flat_map(|j| self.sub_state(&w, j)).collect())
+        if !self.more.on() {
+            let w = self.take(emit_to);
+            return Ok((0..self.slots).flat_map(|j| self.sub_state(&w, j)).collect());
+        }
+        // In place, a group with u cells uses its last u sub-slots, in the order `take_cells` lists them.
+        let (cells, lengths) = self.take_cells(emit_to);
+        let starts: Vec<usize> = lengths.iter().scan(0, |s, &u| Some(std::mem::replace(s, *s + u))).collect();
+        let mut cols = vec![];
+        for j in 0..self.slots {
+            let bases: Vec<Option<usize>> = (starts.iter().zip(&lengths))
+                .map(|(&start, &u)| (j + u >= self.slots).then(|| (start + j + u - self.slots) * self.sub))
+                .collect();
+            cols.extend(self.sub_state_at(&cells, &bases));
+        }
+        Ok(cols)
     }
 
     /// Each row as its own group (DataFusion skips partial aggregation when it does not reduce the row count, as
@@ -658,20 +777,17 @@ impl GroupsAccumulator for ClippedGroups {
             cols.push(row_values(*value, x, filter)?);
         }
         if self.slots > 1 {
-            let free = vec![0u64; rows * self.stride];
-            let mut w = free;
-            for s in w.chunks_exact_mut(self.sub) {
-                s.copy_from_slice(&self.empty);
-            }
-            for j in 1..self.slots {
-                cols.extend(self.sub_state(&w, j));
+            // The other sub-slots are free: the same columns for each.
+            let free = self.sub_state_at(&[], &vec![None; rows]);
+            for _ in 1..self.slots {
+                cols.extend(free.iter().cloned());
             }
         }
         Ok(cols)
     }
 
     fn size(&self) -> usize {
-        self.words.capacity() * 8
+        (self.words.capacity() + self.more.words.capacity()) * 8
     }
 }
 
@@ -819,7 +935,7 @@ mod tests {
     /// Per group, its kept cells as rows of (cell, x0, x1, …), sorted: the same whatever the order of the lists.
     fn cells_of(a: ArrayRef) -> Vec<Vec<Vec<Option<i128>>>> {
         let s = a.as_struct();
-        let lists: Vec<_> = s.columns().iter().map(|c| c.as_list::<i32>().clone()).collect();
+        let lists: Vec<_> = s.columns().iter().map(|c| c.as_list::<i64>().clone()).collect();
         (0..s.len())
             .map(|g| {
                 let cols = columns(Arc::new(StructArray::new(
