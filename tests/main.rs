@@ -23,6 +23,9 @@ mod server;
 /// `dpfusion serve` under hostile connections: slots after login, throttle, message sizes, idle and shutdown,
 /// grants at each debit, stable decoy salts, per-analyst charge numbers.
 mod server_conn;
+/// A soak of the server (issue 34): 64 clients of 4 analysts and a hostile client for 60 s
+/// (`DPFUSION_SOAK_SECS`), then a new login within 1 s and a ledger that adds up.
+mod server_soak;
 /// The server's limits on every message (deep chains, sizes, statements per message, catalog queries) and bound
 /// parameters as values.
 mod server_wire;
