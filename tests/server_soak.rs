@@ -36,15 +36,18 @@ const CAP: f64 = 0.005;
 /// `login_timeout_secs` of the soak's server.
 const LOGIN_TIMEOUT: Duration = Duration::from_secs(10);
 /// The soak server's `[server]` section.
-const SETTINGS: &str = "max_connections = 96\nmax_connections_per_analyst = 12\nmax_pending_logins = 32\n\
+const SETTINGS: &str = "max_connections = 96\nmax_connections_per_analyst = 14\nmax_pending_logins = 32\n\
                         login_timeout_secs = 10\nstatement_timeout_secs = 10\nmax_query_bytes = 4000000\n";
 /// A client's pause between statements, in milliseconds (at random between these): 64 clients keep the server
 /// busy without saturating two cores.
-const PACE: (u64, u64) = (500, 2500);
+const PACE: (u64, u64) = (1000, 4000);
 /// The hostile client's pause between attacks.
 const ATTACK_PAUSE: Duration = Duration::from_secs(2);
 /// Upper bound for any one login, statement or attack (liveness, not performance).
 const STEP: Duration = Duration::from_secs(30);
+/// Upper bound for sending a 20 MB message (the server drops it as it arrives; under load on two cores that has
+/// taken 30 s).
+const TRANSFER: Duration = Duration::from_secs(120);
 /// How long after the last failed password the throttle may hold every login from 127.0.0.1 (its longest wait,
 /// 5 s, and a margin).
 const THROTTLE_WAIT: Duration = Duration::from_millis(5500);
@@ -199,7 +202,12 @@ impl Worker {
                 Ok(c) => c,
                 Err(Some(e)) => {
                     self.tally.error(self.who, "login", &e, &["slot_refused", "throttled", "busy"]);
-                    self.pause(200, 1000).await;
+                    // A refusal at the cap comes after a whole SCRAM exchange (costly in a debug build): wait longer.
+                    if outcome(&e) == "slot_refused" {
+                        self.pause(2000, 5000).await;
+                    } else {
+                        self.pause(300, 1500).await;
+                    }
                     continue;
                 }
                 Err(None) => {
@@ -296,8 +304,8 @@ impl Worker {
             52..62 => self.refused(c).await,
             62..74 => self.catalog(c).await,
             74..82 => self.cancel(c).await,
-            82..88 => return Next::Abandon(self.private_sql()),
-            88..91 => return Next::Reconnect,
+            82..86 => return Next::Abandon(self.private_sql()),
+            86..88 => return Next::Reconnect,
             _ => {
                 let r = tokio::time::timeout(STEP, c.simple_query("SHOW dp.budget")).await;
                 tally.result(who, "budget", r, &[]);
@@ -491,7 +499,7 @@ async fn huge_before_login(addr: SocketAddr) -> Result<(), String> {
     header.extend_from_slice(&(announced as i32 + 4).to_be_bytes());
     let chunk = vec![b'x'; 64 * 1024];
     let mut sent = 0;
-    let cut = tokio::time::timeout(STEP, async {
+    let cut = tokio::time::timeout(TRANSFER, async {
         if sock.write_all(&header).await.is_err() {
             return true;
         }
@@ -604,7 +612,7 @@ async fn huge_after_login(addr: SocketAddr) -> Result<(), String> {
     if first[0] != b'E' || !payload.windows(6).any(|w| w == b"C54000") {
         return Err(format!("not refused with 54000: {}", String::from_utf8_lossy(&payload)));
     }
-    let wr = tokio::time::timeout(STEP, writer).await.map_err(|_| "writing hung".to_string())?;
+    let wr = tokio::time::timeout(TRANSFER, writer).await.map_err(|_| format!("writing hung for {TRANSFER:?}"))?;
     let wr = wr.map_err(|e| e.to_string())?.map_err(|e| e.to_string())?;
     let mut sock = rd.reunite(wr).map_err(|e| e.to_string())?;
     let (_, tags) = until_ready(&mut sock).await?;
@@ -825,7 +833,8 @@ const EXERCISED: &[&str] = &[
     "bad_password:throttled",
 ];
 
-/// Issue 34: the soak. `DPFUSION_SOAK_SECS` (default 60) sets its length.
+/// Issue 34: the soak. `DPFUSION_SOAK_SECS` (default 60) sets its length; from 20 s on, every path of
+/// [`EXERCISED`] must have happened.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_soak_of_64_clients_and_a_hostile_one_leaves_the_server_up_and_the_ledger_exact() {
     let secs = std::env::var("DPFUSION_SOAK_SECS").ok().and_then(|s| s.parse::<u64>().ok()).unwrap_or(60);
@@ -877,8 +886,13 @@ async fn a_soak_of_64_clients_and_a_hostile_one_leaves_the_server_up_and_the_led
     assert!(unexpected.is_empty(), "{} unexpected outcomes:\n{}", unexpected.len(), unexpected.join("\n"));
     let problems = check_ledger(&db, &dir.join("ledger.sqlite"), &tally);
     assert!(problems.is_empty(), "{}", problems.join("\n"));
+    // Every path, in a run long enough for budgets and the cap to run out (a short run only reports them).
     let missing: Vec<&&str> = EXERCISED.iter().filter(|l| tally.total(l) == 0).collect();
-    assert!(missing.is_empty(), "the soak never exercised {missing:?}");
+    if secs >= 20 {
+        assert!(missing.is_empty(), "the soak never exercised {missing:?}");
+    } else if !missing.is_empty() {
+        eprintln!("soak: a {secs} s run did not exercise {missing:?} (at least 20 s asserts every path)");
+    }
     let _ = stop.send(());
     let _ = tokio::time::timeout(STEP, server).await;
 }
