@@ -292,3 +292,23 @@ fn a_ledger_reads_only_newer_charges_and_sees_another_handles_charges() {
     let fresh = open().epsilon(1e-6).unwrap().epsilon;
     assert!(e3 > e1 && e3 == fresh, "{e1} {e3} {fresh}");
 }
+
+#[test]
+fn the_handles_of_one_budget_share_what_they_read() {
+    // A server opens one handle per connection (LedgerDb::budget): they share the charges read and the composed
+    // PLD, and each sees the others' charges in order.
+    let dir = TempDir::new("shared-cache");
+    let path = dir.join("l.sqlite");
+    drop(SqliteLedger::open(&path, "b", rho(1.0), Duration::from_secs(5)).unwrap());
+    let db = dpfusion::accounting::LedgerDb::open(&path, Duration::from_secs(5)).unwrap();
+    let (a, b) = (db.budget("b").unwrap(), db.budget("b").unwrap());
+    let m = || vec![calibrate::gaussian(1.0, rho(0.01)).unwrap()];
+    a.charge("one", &[], m()).unwrap();
+    let e1 = b.epsilon(1e-6).unwrap().epsilon;
+    b.charge("two", &[], m()).unwrap();
+    let labels: Vec<String> = a.charges().unwrap().iter().map(|c| format!("{} {}", c.id(), c.label())).collect();
+    assert_eq!(labels, ["1 one", "2 two"]);
+    let e2 = a.epsilon(1e-6).unwrap().epsilon;
+    let fresh = SqliteLedger::open(&path, "b", rho(1.0), Duration::from_secs(5)).unwrap().epsilon(1e-6).unwrap();
+    assert!(e2 > e1 && e2 == fresh.epsilon, "{e1} {e2} {}", fresh.epsilon);
+}

@@ -204,16 +204,25 @@ const APPLICATION: &str = "dpfusion-ledger";
 pub struct LedgerDb {
     conn: Arc<Mutex<Connection>>,
     path: PathBuf,
+    /// Per budget, what its handles in this process share (a server opens one handle per connection).
+    budgets: Arc<Mutex<HashMap<String, Arc<BudgetCache>>>>,
+}
+
+/// What the handles of one budget share within a process: its charges read so far, with the file's row id of the
+/// last one (charges are only ever appended, by this process or another, so each read fetches only the newer
+/// rows instead of the whole history), and their composed privacy-loss distribution. Per budget, so one
+/// analyst's queries never make another's faster or slower.
+#[derive(Default)]
+struct BudgetCache {
+    pld: PldCache,
+    read: Mutex<(i64, Vec<Charge>)>,
 }
 
 /// One budget of a ledger file: a durable [`Ledger`], shared safely by several processes.
 pub struct SqliteLedger {
     db: LedgerDb,
     budget: String,
-    pld: PldCache,
-    /// This budget's charges read so far, and the file's row id of the last one: charges are only ever appended
-    /// (by this process or another), so each read fetches only the newer rows instead of the whole history.
-    read: Mutex<(i64, Vec<Charge>)>,
+    cache: Arc<BudgetCache>,
 }
 
 pub(crate) fn now() -> i64 {
@@ -226,12 +235,8 @@ impl SqliteLedger {
     /// A file that is not a dpfusion ledger, comes from a newer format, or cannot be written is refused with a
     /// clear error and left unchanged.
     pub fn open(path: &Path, budget: &str, total: Rho, busy_timeout: Duration) -> Result<Self> {
-        let mut me = SqliteLedger {
-            db: LedgerDb::open(path, busy_timeout)?,
-            budget: budget.to_string(),
-            pld: PldCache::default(),
-            read: Default::default(),
-        };
+        let db = LedgerDb::open(path, busy_timeout)?;
+        let mut me = SqliteLedger { cache: db.cache(budget), db, budget: budget.to_string() };
         me.init(total)?;
         Ok(me)
     }
@@ -288,7 +293,7 @@ impl LedgerDb {
         conn.pragma_update(None, "synchronous", "FULL").map_err(|e| write_error(&display, e))?;
         let mut conn = conn;
         Self::create_schema(&mut conn, &display)?;
-        Ok(LedgerDb { conn: Arc::new(Mutex::new(conn)), path: path.to_path_buf() })
+        Ok(LedgerDb { conn: Arc::new(Mutex::new(conn)), path: path.to_path_buf(), budgets: Arc::default() })
     }
 
     /// Creates the tables a new file lacks and upgrades an older format, in one transaction.
@@ -356,12 +361,15 @@ impl LedgerDb {
         if exists.is_none() {
             return Err(DpError::Ledger(format!("{} has no budget `{name}`", self.display())));
         }
-        Ok(SqliteLedger {
-            db: self.clone(),
-            budget: name.to_string(),
-            pld: PldCache::default(),
-            read: Default::default(),
-        })
+        Ok(SqliteLedger { db: self.clone(), budget: name.to_string(), cache: self.cache(name) })
+    }
+
+    /// The cache that the handles of budget `name` share (a new one if the map is unusable: only slower).
+    fn cache(&self, name: &str) -> Arc<BudgetCache> {
+        match self.budgets.lock() {
+            Ok(mut map) => Arc::clone(map.entry(name.to_string()).or_default()),
+            Err(_) => Arc::default(),
+        }
     }
 }
 
@@ -418,7 +426,7 @@ impl SqliteLedger {
     /// Runs `f` over every charge of this budget, oldest first, after reading the rows appended since the last
     /// call.
     fn with_charges<T>(&self, f: impl FnOnce(&[Charge]) -> Result<T>) -> Result<T> {
-        let mut read = self.read.lock().map_err(poisoned)?;
+        let mut read = self.cache.read.lock().map_err(poisoned)?;
         let rows = {
             // The file's connection is shared by every budget of a server: held for the read only.
             let conn = self.conn()?;
@@ -619,7 +627,7 @@ pub(crate) fn sql_error(path: &str, e: rusqlite::Error) -> DpError {
 
 impl Ledger for SqliteLedger {
     fn pld_cache(&self) -> &PldCache {
-        &self.pld
+        &self.cache.pld
     }
     fn describe(&self) -> String {
         format!("durable: {} (budget `{}`)", self.display(), self.budget)
