@@ -32,16 +32,22 @@ async fn start() -> TestServer {
     start_with(TempDir::new("serve"), "", "").await
 }
 
-/// [`start`] in `dir`, with `tables` added to the configuration and `server` lines to its `[server]` section.
-pub(crate) async fn start_with(dir: TempDir, tables: &str, server: &str) -> TestServer {
+/// A server's configuration: the PUMS demo as tables `pums` and `other` (the same file), `tables` added, the
+/// ledger `ledger.sqlite` in `dir`, and `server` lines in the `[server]` section (which listens on any free port).
+pub(crate) fn server_config(dir: &TempDir, tables: &str, server: &str) -> dpfusion::SessionConfig {
     let root = std::env::var("CARGO_MANIFEST_DIR").unwrap_or_else(|_| env!("CARGO_MANIFEST_DIR").to_owned());
     let base = pums_config("pums_dup.csv", 1.0, 2, 1);
     let other = base.split("[tables.pums]").nth(1).unwrap().replace("[tables.pums.columns]", "[tables.other.columns]");
     let text = format!(
-        "{base}\n[tables.other]{other}\n{tables}\n[ledger]\npath = \"{}\"\n\n[server]\nlisten = \"127.0.0.1:0\"\nmax_connections = 48\n{server}\n",
+        "{base}\n[tables.other]{other}\n{tables}\n[ledger]\npath = \"{}\"\n\n[server]\nlisten = \"127.0.0.1:0\"\n{server}\n",
         dir.join("ledger.sqlite").display()
     );
-    let cfg = dpfusion::SessionConfig::from_toml_str(&text, Path::new(&root)).unwrap();
+    dpfusion::SessionConfig::from_toml_str(&text, Path::new(&root)).unwrap()
+}
+
+/// [`start`] in `dir`, with `tables` added to the configuration and `server` lines to its `[server]` section.
+pub(crate) async fn start_with(dir: TempDir, tables: &str, server: &str) -> TestServer {
+    let cfg = server_config(&dir, tables, &format!("max_connections = 48\n{server}"));
     let db = LedgerDb::open(&dir.join("ledger.sqlite"), Duration::from_secs(30)).unwrap();
     let v = || scram::verifier(PASSWORD);
     db.add_analyst("alice", &v(), Rho::new(0.3).unwrap(), None, "test").unwrap();

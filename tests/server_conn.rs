@@ -3,12 +3,11 @@
 //! shutdown that closes waiting connections, grants checked at each debit, a decoy salt kept in the ledger, and
 //! charge numbers per analyst. All on 127.0.0.1, every wait bounded.
 
-use crate::server::{PASSWORD, code, connect_as, frontend, raw_login, read_message, spent};
-use crate::support::{TempDir, pums_config};
+use crate::server::{PASSWORD, code, connect_as, frontend, raw_login, read_message, server_config, spent};
+use crate::support::TempDir;
 use dpfusion::accounting::{LedgerDb, Rho};
 use dpfusion::server::{Server, scram};
 use std::net::SocketAddr;
-use std::path::Path;
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -50,15 +49,8 @@ impl Drop for Running {
 /// A server over the PUMS demo (tables `pums` and `other`) on the ledger in `dir`, with `server` lines in its
 /// `[server]` section; analysts `alice` (all tables) and `bob` (`pums` only) are added unless present.
 async fn serve(dir: &TempDir, server: &str) -> Running {
-    let root = std::env::var("CARGO_MANIFEST_DIR").unwrap_or_else(|_| env!("CARGO_MANIFEST_DIR").to_owned());
-    let base = pums_config("pums_dup.csv", 1.0, 2, 1);
-    let other = base.split("[tables.pums]").nth(1).unwrap().replace("[tables.pums.columns]", "[tables.other.columns]");
     let ledger = dir.join("ledger.sqlite");
-    let text = format!(
-        "{base}\n[tables.other]{other}\n[ledger]\npath = \"{}\"\n\n[server]\nlisten = \"127.0.0.1:0\"\n{server}\n",
-        ledger.display()
-    );
-    let cfg = dpfusion::SessionConfig::from_toml_str(&text, Path::new(&root)).unwrap();
+    let cfg = server_config(dir, "", server);
     let db = LedgerDb::open(&ledger, Duration::from_secs(30)).unwrap();
     for (name, tables) in [("alice", None), ("bob", Some(vec!["pums".to_string()]))] {
         if db.analyst(name).unwrap().is_none() {

@@ -8,8 +8,8 @@
 //! ledger, and no client saw an error outside the expected ones. Every loop checks the deadline and every wait is
 //! bounded.
 
-use crate::server::{PASSWORD, frontend, read_message};
-use crate::support::{TempDir, pums_config};
+use crate::server::{PASSWORD, frontend, read_message, server_config};
+use crate::support::TempDir;
 use dpfusion::accounting::{Ledger, LedgerDb, Rho};
 use dpfusion::server::{Server, scram};
 use rand::rngs::StdRng;
@@ -733,15 +733,8 @@ async fn bad_passwords(addr: SocketAddr, at: Instant, tally: Arc<Tally>) -> Inst
 async fn serve(
     dir: &TempDir,
 ) -> (SocketAddr, LedgerDb, JoinHandle<dpfusion::Result<()>>, tokio::sync::oneshot::Sender<()>) {
-    let root = std::env::var("CARGO_MANIFEST_DIR").unwrap_or_else(|_| env!("CARGO_MANIFEST_DIR").to_owned());
-    let base = pums_config("pums_dup.csv", 1.0, 2, 1);
-    let other = base.split("[tables.pums]").nth(1).unwrap().replace("[tables.pums.columns]", "[tables.other.columns]");
     let ledger = dir.join("ledger.sqlite");
-    let text = format!(
-        "{base}\n[tables.other]{other}\n[ledger]\npath = \"{}\"\n\n[server]\nlisten = \"127.0.0.1:0\"\n{SETTINGS}",
-        ledger.display()
-    );
-    let cfg = dpfusion::SessionConfig::from_toml_str(&text, Path::new(&root)).unwrap();
+    let cfg = server_config(dir, "", SETTINGS);
     let db = LedgerDb::open(&ledger, Duration::from_secs(30)).unwrap();
     let pums_only = ["pums".to_string()];
     for (name, rho) in ANALYSTS.into_iter().chain([(EVE, 1.0)]) {
