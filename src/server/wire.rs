@@ -68,7 +68,7 @@ impl Analyst {
     /// A catalog query's answer (from schemas only; nothing is read or spent), on the planning stack and under
     /// the statement timeout (dropping the query stops it: the catalog runs it in this task).
     async fn catalog_answer(&self, shared: &Shared, sql: &str) -> PgWireResult<Answer> {
-        let query = crate::session::on_planning_stack(self.catalog.query(sql));
+        let query = crate::session::grow_stack(self.catalog.query(sql));
         let answered = tokio::time::timeout(shared.settings.statement_timeout, query).await.map_err(|_| {
             wire_error(
                 "57014",

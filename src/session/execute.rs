@@ -121,7 +121,7 @@ impl DpSession {
         };
         // Execution and post-processing recurse over the plan's expressions as planning does: on the same large
         // stack (a statement's depth is bounded by MAX_OPERATORS before it is parsed; this is the margin).
-        super::prepare::grow_stack(self.release(sql, &prepared, charge, stored, request_id, &quote)).await
+        super::grow_stack(self.release(sql, &prepared, charge, stored, request_id, &quote)).await
     }
 
     /// The one place a private plan runs and a [`Release`] is made, from the `charge` that paid for it (taken by

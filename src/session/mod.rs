@@ -34,7 +34,7 @@ mod statement;
 pub use explain::{ExplainedMeasure, Explanation};
 pub use post::POST_MEMORY;
 pub use prepare::PLANNING_STACK;
-pub(crate) use prepare::grow_stack as on_planning_stack;
+pub(crate) use prepare::grow_stack;
 use statement::Statement;
 pub use statement::{DpOptions, split_statements};
 pub(crate) use statement::{set_parts, strip_leading_comments};
@@ -327,8 +327,7 @@ impl DpSession {
     /// read), in order of n; `None` where it cannot tell.
     pub async fn parameter_types(&self, sql: &str) -> Result<Vec<Option<datafusion::arrow::datatypes::DataType>>> {
         crate::plan::safety::check_statement_size(sql)?;
-        let plan =
-            prepare::grow_stack(self.ctx.state().create_logical_plan(sql)).await.map_err(crate::error::engine)?;
+        let plan = grow_stack(self.ctx.state().create_logical_plan(sql)).await.map_err(crate::error::engine)?;
         let mut types = plan.get_parameter_types().map_err(crate::error::engine)?;
         // DataFusion leaves LIMIT and OFFSET placeholders untyped; they take integers.
         let _ = plan.apply_with_subqueries(|node| {
@@ -434,16 +433,7 @@ impl DpSession {
     /// before returns the stored release (the same noisy numbers, no new charge), because drawing new noise for a
     /// retried query would let a caller average the noise away.
     pub async fn sql_with_request_id(&self, sql: &str, request_id: Option<&str>) -> Result<Response> {
-        if let Some(id) = request_id
-            && id.trim().is_empty()
-        {
-            return Err(DpError::Refused(Refusal::EmptyRequestId));
-        }
-        match statement::classify(sql)? {
-            Statement::Explain(q) => Ok(Response::Explain(Box::new(self.explain(q).await?))),
-            Statement::Set(rest) => self.set(rest),
-            Statement::Query(q) => Ok(Response::Release(Box::new(self.query(q, &[], request_id).await?))),
-        }
+        self.sql_with_params(sql, &[], request_id).await
     }
 
     /// Like [`DpSession::sql_with_request_id`], for a statement with `$n` placeholders bound to `params[n-1]`
@@ -458,9 +448,6 @@ impl DpSession {
         params: &[datafusion::common::ScalarValue],
         request_id: Option<&str>,
     ) -> Result<Response> {
-        if params.is_empty() {
-            return self.sql_with_request_id(sql, request_id).await;
-        }
         if let Some(id) = request_id
             && id.trim().is_empty()
         {
@@ -468,7 +455,8 @@ impl DpSession {
         }
         match statement::classify(sql)? {
             Statement::Explain(q) => Ok(Response::Explain(Box::new(self.explain_with_params(q, params).await?))),
-            Statement::Set(_) => Err(DpError::Refused(Refusal::SetUnreadable)),
+            Statement::Set(_) if !params.is_empty() => Err(DpError::Refused(Refusal::SetUnreadable)),
+            Statement::Set(rest) => self.set(rest),
             Statement::Query(q) => Ok(Response::Release(Box::new(self.query(q, params, request_id).await?))),
         }
     }

@@ -250,13 +250,6 @@ pub(crate) fn csv_header(
 ) -> std::result::Result<Vec<String>, String> {
     let f = std::fs::File::open(file).map_err(|e| e.to_string())?;
     let reader = std::io::BufReader::new(f);
-    let names = |len: usize, get: &dyn Fn(usize) -> Option<Vec<u8>>| -> Vec<String> {
-        if has_header {
-            (0..len).map(|i| String::from_utf8_lossy(&get(i).unwrap_or_default()).trim().to_string()).collect()
-        } else {
-            (1..=len).map(|i| format!("column_{i}")).collect()
-        }
-    };
     if multiline_fields {
         let mut r =
             csv::ReaderBuilder::new().has_headers(false).delimiter(delimiter).flexible(true).from_reader(reader);
@@ -264,7 +257,7 @@ pub(crate) fn csv_header(
         if !r.read_byte_record(&mut record).map_err(|e| e.to_string())? {
             return Ok(vec![]);
         }
-        return Ok(names(record.len(), &|i| record.get(i).map(<[u8]>::to_vec)));
+        return Ok(column_names(has_header, record.len(), |i| record.get(i)));
     }
     let mut lines = Lines::new(reader);
     let mut split = FieldSplitter::new(delimiter);
@@ -274,10 +267,20 @@ pub(crate) fn csv_header(
             Some(Line::Text([])) => continue,
             Some(Line::Text(text)) => {
                 let fields = split.split(text);
-                return Ok(names(fields.len(), &|i| fields.get(i).map(<[u8]>::to_vec)));
+                return Ok(column_names(has_header, fields.len(), |i| fields.get(i)));
             }
             Some(Line::TooLong) => return Err(format!("its first line is longer than {MAX_LINE} bytes")),
         }
+    }
+}
+
+/// The names of a CSV file's columns from its first record of `len` fields (`get(i)` is field i): the fields
+/// themselves with a header, else `column_1`, `column_2`, ...
+fn column_names<'a>(has_header: bool, len: usize, get: impl Fn(usize) -> Option<&'a [u8]>) -> Vec<String> {
+    if has_header {
+        (0..len).map(|i| String::from_utf8_lossy(get(i).unwrap_or_default()).trim().to_string()).collect()
+    } else {
+        (1..=len).map(|i| format!("column_{i}")).collect()
     }
 }
 
@@ -463,11 +466,7 @@ impl Batcher {
         let idx = match index {
             Some(i) => i,
             None => {
-                let names: Vec<String> = if has_header {
-                    (0..len).map(|i| String::from_utf8_lossy(get(i).unwrap_or_default()).trim().to_string()).collect()
-                } else {
-                    (1..=len).map(|i| format!("column_{i}")).collect()
-                };
+                let names = column_names(has_header, len, &get);
                 let idx = index.insert(self.columns().map(|c| names.iter().position(|n| n == c)).collect());
                 if has_header {
                     return false;
