@@ -14,14 +14,16 @@
 //! SQL ─session::prepare─▶ parsed, typed, every constant evaluated, ─plan::compile─▶ validated against the
 //!       (nothing read,    policy, bounded (clamp, ≤ k rows and ≤ g groups per unit), sensitivities;
 //!        nothing spent)   optimized plan checked total; post-processing bounded and tried
-//!     ─accounting─▶ priced (Quote), then debited durably: the Charge (request id claimed with it)
-//!     ─session::execute─▶ the private plan runs once; exact discrete noise per cell (noise); stored with the id
+//!     ─accounting─▶ priced (Quote), then debited durably: the Debit (request id claimed with it)
+//!     ─session::execute─▶ the Debit opens the private tables; the private plan runs once; exact discrete
+//!       noise per cell (noise); stored with the id
 //!     ─session::post─▶ the analyst's HAVING / ORDER BY / arithmetic over the noisy table (free)
 //!     ─▶ Release { result, an interval (or a reason) per column, the charge, (ε, δ) }
 //! ```
 //!
-//! Only the accountant ([`accounting`]) makes a [`accounting::Charge`]; only the code that runs a private plan
-//! turns one into a [`Release`]. A refusal ([`Refusal`]) spends nothing and never depends on the data.
+//! Only the accountant ([`accounting`]) mints a [`accounting::Debit`], and only a `Debit` opens the private tables
+//! ([`session::PrivateTables`]): a private row is never read before its debit, and the compiler holds that rule.
+//! A refusal ([`Refusal`]) spends nothing and never depends on the data.
 //!
 //! ## Example
 //!

@@ -14,9 +14,8 @@
 //! analysts) would add to it; the progress bar is only drawn by the CLI and the REPL, one query at a time.
 
 use crate::plan::runs::UnitRunsExec;
-use datafusion::common::stats::Precision;
+use crate::session::SealedScanExec;
 use datafusion::physical_plan::ExecutionPlan;
-use datafusion::physical_plan::statistics::{StatisticsArgs, StatisticsContext};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -120,15 +119,13 @@ fn leaves(plan: &Arc<dyn ExecutionPlan>, to_read: bool, run: &mut Run) {
     }
 }
 
-/// Adds a leaf of a plan to the run when its row count is exact (Parquet metadata, in-memory tables); its rows
-/// count towards the total when `to_read`.
+/// Adds a scan of a private table to the run when its row count is exact (Parquet metadata, in-memory tables);
+/// its rows count towards the total when `to_read`. (Other leaves read no private row.)
 fn measure(leaf: &Arc<dyn ExecutionPlan>, to_read: bool, run: &mut Run) {
-    let stats = StatisticsContext::new().compute(leaf.as_ref(), &StatisticsArgs::new());
-    if let Ok(stats) = stats
-        && let Precision::Exact(rows) = stats.num_rows
-    {
+    let Some(scan) = leaf.downcast_ref::<SealedScanExec>() else { return };
+    if let Some(rows) = scan.rows_to_read() {
         if to_read {
-            run.rows += rows as u64;
+            run.rows += rows;
         }
         run.by_rows.push(leaf.clone());
     }
@@ -148,10 +145,10 @@ mod tests {
     /// The fraction before the plan over `table` runs, after it ran, and once it is over.
     async fn measured(s: &DpSession, table: &str) -> (Option<f64>, Option<f64>, Option<f64>) {
         let p = s.progress();
-        let plan = s.ctx.sql(&format!("SELECT * FROM {table}")).await.unwrap().create_physical_plan().await.unwrap();
-        let running = p.start(&[&plan], s.text_bytes(table, 1).await);
+        let plan = s.plan_for_tests(&format!("SELECT * FROM {table}")).await;
+        let running = p.start(&[plan.physical()], s.text_bytes(table, 1).await);
         let before = p.fraction();
-        datafusion::physical_plan::collect(plan, s.ctx.task_ctx()).await.unwrap();
+        s.open_for_tests().collect(&plan).await.unwrap();
         let after = p.fraction();
         drop(running);
         (before, after, p.fraction())
@@ -161,17 +158,17 @@ mod tests {
     async fn csv_by_bytes_and_parquet_by_rows_from_nothing_to_all() {
         let rho = |r| Rho::new(r).unwrap();
         let s = DpSession::empty(rho(1.0), rho(0.1), Mechanism::Gaussian, 1e-6, 0.95).unwrap();
-        assert_eq!(s.progress.fraction(), None);
+        assert_eq!(s.progress_for_tests().fraction(), None);
         let csv = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/data/pums_dup.csv");
         let schema = Arc::new(Schema::new(vec![Field::new("age", DataType::Int64, true)]));
         let format = TextFormat::Csv { has_header: true, delimiter: b',', multiline_fields: false };
         let table = TextTable::new("c", schema, vec![csv.into()], format, None);
-        s.ctx.register_table("c", Arc::new(table)).unwrap();
+        s.register_for_tests("c", Arc::new(table));
         // Nothing is measured until someone asks.
-        let plan = s.ctx.sql("SELECT * FROM c").await.unwrap().create_physical_plan().await.unwrap();
+        let plan = s.plan_for_tests("SELECT * FROM c").await;
         assert!(s.text_bytes("c", 1).await.is_none());
-        let running = s.progress.start(&[&plan], None);
-        assert_eq!(s.progress.fraction(), None);
+        let running = s.progress_for_tests().start(&[plan.physical()], None);
+        assert_eq!(s.progress_for_tests().fraction(), None);
         drop(running);
         assert_eq!(measured(&s, "c").await, (Some(0.0), Some(1.0), None));
         // Counted from where the counter stands when the run starts: a second run goes from 0 to 1 again.
@@ -184,7 +181,9 @@ mod tests {
         let mut w = datafusion::parquet::arrow::ArrowWriter::try_new(f, b.schema(), None).unwrap();
         w.write(&b).unwrap();
         w.close().unwrap();
-        s.ctx.register_parquet("p", file.to_str().unwrap(), ParquetReadOptions::default()).await.unwrap();
+        let ctx = datafusion::prelude::SessionContext::new();
+        ctx.register_parquet("p", file.to_str().unwrap(), ParquetReadOptions::default()).await.unwrap();
+        s.register_for_tests("p", ctx.table_provider("p").await.unwrap());
         let measured = measured(&s, "p").await;
         let _ = std::fs::remove_dir_all(&dir);
         assert_eq!(measured, (Some(0.0), Some(1.0), None));

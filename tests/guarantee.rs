@@ -162,7 +162,7 @@ async fn c2_a_charge_whose_run_stopped_before_its_draw_is_answered_once_under_th
         Response::Release(r) => *r,
         other => panic!("{other:?}"),
     };
-    assert_eq!(a.charge().id(), c.id(), "answered under the existing charge");
+    assert_eq!(a.charge().id(), c.charge().id(), "answered under the existing charge");
     assert_eq!(s.budget().unwrap().charges.len(), 1, "no new charge");
     let Response::Release(b) = s.sql_with_request_id(sql, Some("job-7")).await.unwrap() else { panic!() };
     assert_eq!(a.batches(), b.batches());

@@ -23,6 +23,52 @@ pub struct Charge {
     rho: Rho,
 }
 
+/// What pays for one release: a [`Charge`] the accountant has just debited (or, for a request id charged before
+/// and never drawn, the charge it resumes). The only thing that opens the private tables
+/// ([`crate::session::PrivateTables::open`]), and consumed when it does.
+///
+/// Neither `Clone` nor serialisable, and minted only inside [`crate::accounting`] by a [`crate::accounting::Ledger`]'s
+/// `charge` or `claim` once the debit is recorded: code that holds no `Debit` cannot read a private row, and one
+/// `Debit` opens the tables once. [`Charge`] itself is a plain record, for history and reports. (The examples are
+/// compile-time tests, each checked to fail with the error code it names.)
+///
+/// ```compile_fail,E0599
+/// fn twice(d: dpfusion::accounting::Debit) -> (dpfusion::accounting::Debit, dpfusion::accounting::Debit) {
+///     (d.clone(), d) // a Debit cannot be copied
+/// }
+/// ```
+/// ```compile_fail,E0451
+/// fn mint(c: dpfusion::accounting::Charge) -> dpfusion::accounting::Debit {
+///     dpfusion::accounting::Debit { charge: c } // nor made outside the accountant
+/// }
+/// ```
+/// ```
+/// fn record(d: &dpfusion::accounting::Debit) -> dpfusion::accounting::Charge {
+///     d.charge().clone() // its charge is a record anyone may keep
+/// }
+/// ```
+#[derive(Debug)]
+pub struct Debit {
+    charge: Charge,
+}
+
+impl Debit {
+    /// Mints the debit of a charge the accountant has recorded.
+    pub(in crate::accounting) fn new(charge: Charge) -> Self {
+        Debit { charge }
+    }
+
+    /// The charge it pays with.
+    pub fn charge(&self) -> &Charge {
+        &self.charge
+    }
+
+    /// Spends the debit: what is left is the record of its charge.
+    pub(crate) fn into_charge(self) -> Charge {
+        self.charge
+    }
+}
+
 impl Charge {
     /// A charge the accountant has recorded (or read back from its ledger).
     pub(in crate::accounting) fn new(id: u64, label: String, measurements: Vec<Calibration>, rho: Rho) -> Self {

@@ -19,7 +19,7 @@
 use crate::accounting::calibrate::Calibration;
 use crate::accounting::convert::{EpsilonBound, PldCache, epsilon_with_cache};
 use crate::accounting::filter::total_rho;
-use crate::accounting::{Charge, Rho, ZcdpFilter};
+use crate::accounting::{Charge, Debit, Rho, ZcdpFilter};
 use crate::error::{DpError, Result};
 use rusqlite::{Connection, ErrorCode, OptionalExtension, TransactionBehavior, params};
 use std::collections::HashMap;
@@ -45,12 +45,28 @@ pub enum Prior {
 }
 
 /// The outcome of [`Ledger::claim`].
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 pub enum Claim {
     /// The request id was new: this charge was debited for it.
-    New(Charge),
-    /// The request id was claimed before (by an earlier run, or by a concurrent one): nothing was spent.
+    New(Debit),
+    /// The request id was charged before and no noisy measurement was stored ([`Prior::Charged`]): nothing new
+    /// was spent, and the query may be computed under that charge (its draw is kept only if no other run stored
+    /// one first, [`Ledger::store_draw`]).
+    Resumed(Debit),
+    /// The request id was claimed before and its noise drawn or released: nothing was spent, and only the stored
+    /// values may be used (never [`Prior::Charged`] or [`Prior::None`]).
     Existing(Prior),
+}
+
+impl Claim {
+    /// What a ledger answers for a request id it already knows: `prior` as it is, or the debit to resume its
+    /// charge when nothing was drawn under it.
+    fn known(prior: Prior) -> Claim {
+        match prior {
+            Prior::Charged(c) => Claim::Resumed(Debit::new(c)),
+            other => Claim::Existing(other),
+        }
+    }
 }
 
 /// A budget ledger.
@@ -66,8 +82,8 @@ pub trait Ledger: Send + Sync {
     /// Atomically checks that `measurements` fit in what remains and debits them; refuses (changing nothing)
     /// otherwise. `tables` are the private tables the query reads: a durable ledger also checks and debits each
     /// one's global cap across all budgets ([`LedgerDb::set_table_cap`]) in the same transaction. Returns only
-    /// once the charge is recorded.
-    fn charge(&self, label: &str, tables: &[String], measurements: Vec<Calibration>) -> Result<Charge>;
+    /// once the charge is recorded, with the [`Debit`] that pays for the release.
+    fn charge(&self, label: &str, tables: &[String], measurements: Vec<Calibration>) -> Result<Debit>;
     /// Like [`Ledger::charge`] for a query with a request id, in one atomic step: if the id is already claimed,
     /// returns what is known about it and spends nothing; otherwise debits and records the id with the charge.
     fn claim(&self, label: &str, request_id: &str, tables: &[String], measurements: Vec<Calibration>) -> Result<Claim>;
@@ -148,8 +164,8 @@ impl Ledger for MemoryLedger {
         Ok(self.filter.lock().map_err(poisoned)?.charges().to_vec())
     }
     /// The in-memory ledger has no table caps (they live in a ledger file): `tables` is not used.
-    fn charge(&self, label: &str, _tables: &[String], measurements: Vec<Calibration>) -> Result<Charge> {
-        self.filter.lock().map_err(poisoned)?.charge(label, measurements)
+    fn charge(&self, label: &str, _tables: &[String], measurements: Vec<Calibration>) -> Result<Debit> {
+        self.filter.lock().map_err(poisoned)?.charge(label, measurements).map(Debit::new)
     }
     fn claim(
         &self,
@@ -160,11 +176,11 @@ impl Ledger for MemoryLedger {
     ) -> Result<Claim> {
         let mut requests = self.requests.lock().map_err(poisoned)?;
         if let Some(e) = requests.get(request_id) {
-            return Ok(Claim::Existing(e.prior()));
+            return Ok(Claim::known(e.prior()));
         }
         let charge = self.filter.lock().map_err(poisoned)?.charge(label, measurements)?;
         requests.insert(request_id.to_string(), RequestEntry { charge: charge.clone(), draw: None, release: None });
-        Ok(Claim::New(charge))
+        Ok(Claim::New(Debit::new(charge)))
     }
     fn prior(&self, request_id: &str) -> Result<Prior> {
         Ok(self.requests.lock().map_err(poisoned)?.get(request_id).map_or(Prior::None, RequestEntry::prior))
@@ -498,7 +514,7 @@ impl SqliteLedger {
         if let Some(id) = request_id {
             let prior = self.read_prior(&tx, id)?;
             if !matches!(prior, Prior::None) {
-                return Ok(Claim::Existing(prior));
+                return Ok(Claim::known(prior));
             }
         }
         let analyst: Option<(String, i64, Option<String>)> = tx
@@ -558,7 +574,7 @@ impl SqliteLedger {
         tx.execute("UPDATE budgets SET spent = ?1 WHERE name = ?2", params![new_spent.get(), self.budget])
             .map_err(|e| sql_error(&display, e))?;
         tx.commit().map_err(|e| sql_error(&display, e))?;
-        Ok(Claim::New(Charge::new(ordinal, label.to_string(), measurements, rho)))
+        Ok(Claim::New(Debit::new(Charge::new(ordinal, label.to_string(), measurements, rho))))
     }
 
     /// What is stored for `request_id`, read on `conn` (inside a transaction when the caller holds one).
@@ -646,10 +662,12 @@ impl Ledger for SqliteLedger {
     fn epsilon(&self, delta: f64) -> Result<EpsilonBound> {
         self.with_charges(|charges| epsilon_with_cache(charges, delta, self.pld_cache()))
     }
-    fn charge(&self, label: &str, tables: &[String], measurements: Vec<Calibration>) -> Result<Charge> {
+    fn charge(&self, label: &str, tables: &[String], measurements: Vec<Calibration>) -> Result<Debit> {
         self.debit(label, None, tables, measurements).and_then(|c| match c {
-            Claim::New(c) => Ok(c),
-            Claim::Existing(_) => Err(DpError::Ledger("a charge without a request id cannot exist already".into())),
+            Claim::New(d) => Ok(d),
+            Claim::Resumed(_) | Claim::Existing(_) => {
+                Err(DpError::Ledger("a charge without a request id cannot exist already".into()))
+            }
         })
     }
     fn claim(&self, label: &str, request_id: &str, tables: &[String], measurements: Vec<Calibration>) -> Result<Claim> {

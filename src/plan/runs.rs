@@ -1133,7 +1133,7 @@ mod tests {
                 .collect()
         };
         let table = MemTable::try_new(Arc::clone(&schema), parts.iter().map(batches).collect()).unwrap();
-        let ctx = crate::session::private_context().unwrap();
+        let ctx = crate::session::private_context();
         ctx.register_table("t", Arc::new(table)).unwrap();
         let cols = BTreeMap::from([
             ("k".to_string(), ColumnPolicy::Domain((0..3).map(DomainValue::Int).collect())),
@@ -1347,7 +1347,7 @@ mod tests {
         // Each of the 40 units has 6 rows in one key: min(6, k = 3) = 3 each, 120 in all, 42 + 39 + 39 per key.
         for (name, table) in [("parquet", parquet), ("memory", Arc::new(memory) as _)] {
             for partitions in [1, 2, 4] {
-                let ctx = crate::session::private_context().unwrap();
+                let ctx = crate::session::private_context();
                 ctx.register_table("t", Arc::clone(&table)).unwrap();
                 let mut state = ctx.state();
                 state.config_mut().options_mut().execution.target_partitions = partitions;

@@ -276,7 +276,7 @@ async fn bounded_plans_keep_their_shape() {
 #[tokio::test]
 async fn the_aggregation_by_unit_runs_in_one_phase_only_for_g_above_one() {
     // The table in two partitions: DataFusion hash-partitions an input of one only when it expects many rows.
-    let ctx = crate::session::private_context().unwrap();
+    let ctx = crate::session::private_context();
     let schema = analyzed("SELECT * FROM t").await.schema().as_arrow().clone();
     ctx.register_table("t", Arc::new(MemTable::try_new(Arc::new(schema), vec![vec![], vec![]]).unwrap())).unwrap();
     let mut state = ctx.state();

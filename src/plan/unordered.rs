@@ -175,7 +175,7 @@ mod tests {
             if sorted {
                 table = table.with_sort_order(vec![vec![col("pid").sort(true, false)]]);
             }
-            let ctx = crate::session::private_context().unwrap();
+            let ctx = crate::session::private_context();
             ctx.register_table("t", Arc::new(table)).unwrap();
             let plan = ctx.sql("SELECT pid FROM t").await.unwrap().create_physical_plan().await.unwrap();
             assert_eq!(wrapped(&plan), want, "sorted: {sorted}");

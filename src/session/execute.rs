@@ -9,9 +9,9 @@
 //!
 //! Neighbouring relation: add/remove all rows of one privacy unit.
 
-use crate::accounting::Charge;
 use crate::accounting::calibrate::Calibration;
 use crate::accounting::ledger::{Claim, Prior};
+use crate::accounting::{Charge, Debit};
 use crate::error::{DpError, Result, engine};
 use crate::marginals::{Counter, MarginalRelease, RowSampler};
 use crate::noise::NoiseParams;
@@ -82,8 +82,10 @@ impl Draw {
 
 /// What to do after looking at the request id.
 enum Next {
-    /// Run under this charge, with these stored noisy values if there are some.
-    Run(Charge, Option<Vec<Vec<i128>>>),
+    /// Run under this debit and draw the noise.
+    Run(Debit),
+    /// Post-process these stored noisy values, drawn under this charge (nothing is read again).
+    Stored(Charge, Vec<Vec<i128>>),
     /// Return this stored release.
     Done(Box<Release>),
 }
@@ -109,42 +111,41 @@ impl DpSession {
         let prepared = self.prepare(text, params).await?;
         let quote = self.quote(&prepared.dp)?;
         let tables = [prepared.dp.table.table().to_string()];
-        let (charge, stored) = match request_id {
-            None => (self.ledger.charge(sql, &tables, quote.measurements.clone())?, None),
+        let next = match request_id {
+            None => Next::Run(self.ledger.charge(sql, &tables, quote.measurements.clone())?),
             Some(id) => match self.ledger.claim(sql, id, &tables, quote.measurements.clone())? {
-                Claim::New(c) => (c, None),
-                Claim::Existing(prior) => match resume(id, sql, &prepared.dp, &quote, prior)? {
-                    Next::Run(c, stored) => (c, stored),
-                    Next::Done(r) => return Ok(*r),
-                },
+                Claim::New(debit) => Next::Run(debit),
+                Claim::Resumed(debit) => resume(id, sql, &quote, debit)?,
+                Claim::Existing(prior) => stored(id, sql, &prepared.dp, &quote, prior)?,
             },
         };
         // Execution and post-processing recurse over the plan's expressions as planning does: on the same large
         // stack (a statement's depth is bounded by MAX_OPERATORS before it is parsed; this is the margin).
-        super::grow_stack(self.release(sql, &prepared, charge, stored, request_id, &quote)).await
+        super::grow_stack(self.release(sql, &prepared, next, request_id, &quote)).await
     }
 
-    /// The one place a private plan runs and a [`Release`] is made, from the `charge` that paid for it (taken by
-    /// value: one charge, one release). Without `stored` noisy values, runs the private plan and draws the noise;
-    /// with a request id, the draw is stored (first writer wins) before anything derived from it is computed, and
-    /// the release is stored before it is returned. The `quote` gives the confidence and the query's ε (its
-    /// measurements are the charge's: [`resume`] refuses a retry whose price changed).
+    /// The one place a private plan runs and a [`Release`] is made: under the [`Debit`] that paid for it (taken by
+    /// value: one debit, one run), the private plan runs and the noise is drawn; with a request id, the draw is
+    /// stored (first writer wins) before anything derived from it is computed, and the release is stored before
+    /// it is returned. With noisy values stored under the charge, only those are post-processed. The `quote` gives
+    /// the confidence and the query's ε (its measurements are the charge's: [`resume`] and [`stored`] refuse a
+    /// retry whose price changed).
     async fn release(
         &self,
         sql: &str,
         prepared: &Prepared,
-        charge: Charge,
-        stored: Option<Vec<Vec<i128>>>,
+        next: Next,
         request_id: Option<&str>,
         quote: &Quote,
     ) -> Result<Release> {
         let confidence = quote.confidence;
         let dp = &prepared.dp;
-        let values = match stored {
-            Some(v) => v,
-            None => {
-                let drawn = self.run_private(prepared, charge.measurements()).await?;
-                match request_id {
+        let (charge, values) = match next {
+            Next::Done(r) => return Ok(*r),
+            Next::Stored(charge, values) => (charge, values),
+            Next::Run(debit) => {
+                let (charge, drawn) = self.run_private(prepared, debit).await?;
+                let values = match request_id {
                     None => drawn,
                     Some(id) => {
                         // First writer wins: if another run stored its draw first, that one is used, this one dropped.
@@ -160,7 +161,8 @@ impl DpSession {
                         }
                         stored.values
                     }
-                }
+                };
+                (charge, values)
             }
         };
         // Each measurement's half-width at level √c: an average's interval holds when both of its hold (p.
@@ -250,31 +252,49 @@ fn same_noise(charged: &[Calibration], quoted: &[Calibration]) -> bool {
     charged.len() == quoted.len() && charged.iter().zip(quoted).all(|(c, q)| c.same_noise(q))
 }
 
-/// A request id that was claimed before: return its release, post-process its stored draw, or (charged, no draw
-/// yet) run under its charge, provided the query, its plan and its price (`quote`) are the ones it was charged for.
-fn resume(id: &str, sql: &str, dp: &DpPlan, quote: &Quote, prior: Prior) -> Result<Next> {
-    let changed = |c: &Charge| {
-        DpError::Refused(Refusal::PolicyChanged { id: id.to_string(), charged: c.rho().get(), quoted: quote.rho.get() })
-    };
+/// The refusal of a retry whose price changed since its charge.
+fn changed(id: &str, charge: &Charge, quote: &Quote) -> DpError {
+    DpError::Refused(Refusal::PolicyChanged {
+        id: id.to_string(),
+        charged: charge.rho().get(),
+        quoted: quote.rho.get(),
+    })
+}
+
+/// A request id charged before and never drawn: run under its debit, provided the query and its price (`quote`)
+/// are the ones it was charged for (the noise is calibrated from the stored charge).
+fn resume(id: &str, sql: &str, quote: &Quote, debit: Debit) -> Result<Next> {
+    let c = debit.charge();
+    if c.label() != sql {
+        return Err(another_query(id, c));
+    }
+    if !same_noise(c.measurements(), &quote.measurements) {
+        return Err(changed(id, c, quote));
+    }
+    Ok(Next::Run(debit))
+}
+
+/// A request id whose noise was drawn before: return its release, or post-process its stored draw, provided the
+/// query, its plan and its price (`quote`) are the ones it was charged for.
+fn stored(id: &str, sql: &str, dp: &DpPlan, quote: &Quote, prior: Prior) -> Result<Next> {
     match prior {
-        Prior::None => Err(DpError::Ledger(format!("request id `{id}` was claimed but has no charge"))),
-        Prior::Released(c, bytes) => stored_release(id, sql, c, &bytes).map(|r| Next::Done(Box::new(r))),
-        Prior::Drawn(c, _) | Prior::Charged(c) if c.label() != sql => Err(another_query(id, &c)),
-        // The noise is (or was) calibrated from the stored charge: it must be what this query costs now.
-        Prior::Drawn(c, _) | Prior::Charged(c) if !same_noise(c.measurements(), &quote.measurements) => {
-            Err(changed(&c))
+        Prior::None | Prior::Charged(_) => {
+            Err(DpError::Ledger(format!("request id `{id}` was claimed but the ledger has no draw for it")))
         }
+        Prior::Released(c, bytes) => stored_release(id, sql, c, &bytes).map(|r| Next::Done(Box::new(r))),
+        Prior::Drawn(c, _) if c.label() != sql => Err(another_query(id, &c)),
+        // The noise was calibrated from the stored charge: it must be what this query costs now.
+        Prior::Drawn(c, _) if !same_noise(c.measurements(), &quote.measurements) => Err(changed(id, &c, quote)),
         Prior::Drawn(_, bytes) if bytes.is_empty() => {
             Err(DpError::Refused(Refusal::RequestIdLost { id: id.to_string() }))
         }
         Prior::Drawn(c, bytes) => {
             let draw = Draw::from_bytes(&bytes)?;
             if draw.fingerprint != dp.fingerprint() {
-                return Err(changed(&c));
+                return Err(changed(id, &c, quote));
             }
-            Ok(Next::Run(c, Some(draw.values)))
+            Ok(Next::Stored(c, draw.values))
         }
-        Prior::Charged(c) => Ok(Next::Run(c, None)),
     }
 }
 
@@ -285,22 +305,21 @@ impl DpSession {
     /// [`MarginalRelease`] is made from the charge, taken by value. See [`crate::marginals`] for the privacy claim.
     pub(crate) async fn answer_marginals(&self, prepared: PreparedMarginals) -> Result<MarginalRelease> {
         let PreparedMarginals { histograms, plan, quote, k, over_limit, rows } = prepared;
-        let charge =
+        let debit =
             self.ledger.charge(&histograms.label(), std::slice::from_ref(&histograms.table), quote.measurements)?;
-        let task = self.ctx.task_ctx();
+        let open = self.tables.open(debit);
         let text = self.text_bytes(&histograms.table, 1 + over_limit.is_some() as u64).await;
-        let _running = self.progress.start(&over_limit.iter().chain([&rows]).collect::<Vec<_>>(), text);
-        let mut sampler = match over_limit {
+        let plans: Vec<_> = over_limit.iter().chain([&rows]).map(|p| p.physical()).collect();
+        let _running = self.progress.start(&plans, text);
+        let mut sampler = match &over_limit {
             None => None,
             Some(over) => {
-                let batches = datafusion::physical_plan::collect(over.clone(), task.clone())
-                    .await
-                    .map_err(|e| self.private_failure(e))?;
+                let batches = open.collect(over).await.map_err(|e| self.private_failure(e))?;
                 Some(RowSampler::new(&over.schema(), &batches, k, &mut *self.lock_rng()?)?)
             }
         };
         let mut counter = Counter::new(&histograms);
-        let mut stream = datafusion::physical_plan::execute_stream(rows, task).map_err(|e| self.private_failure(e))?;
+        let mut stream = open.stream(&rows).map_err(|e| self.private_failure(e))?;
         while let Some(batch) = stream.next().await {
             let mut batch = batch.map_err(|e| self.private_failure(e))?;
             if let Some(sampler) = &mut sampler {
@@ -308,6 +327,8 @@ impl DpSession {
             }
             counter.add(&batch)?;
         }
+        drop(_running);
+        let charge = open.close();
         let [cal] = charge.measurements() else {
             return Err(DpError::Internal("a marginal release is one measurement".into()));
         };
@@ -329,13 +350,14 @@ impl DpSession {
     /// Runs the private plan and adds noise to every cell of the domain; returns the noisy values, cells in the
     /// order of [`domain_product`]. Errors while reading the data are reported without their text (which could
     /// quote a private value): the engine's error stays in the `source` for the data owner.
-    async fn run_private(&self, prepared: &Prepared, cals: &[Calibration]) -> Result<Vec<Vec<i128>>> {
-        let task = self.ctx.task_ctx();
+    async fn run_private(&self, prepared: &Prepared, debit: Debit) -> Result<(Charge, Vec<Vec<i128>>)> {
+        let open = self.tables.open(debit);
         let text = self.text_bytes(prepared.dp.table.table(), 1).await;
-        let _running = self.progress.start(&[&prepared.physical], text);
-        let exact = datafusion::physical_plan::collect(prepared.physical.clone(), task)
-            .await
-            .map_err(|e| self.private_failure(e))?;
+        let running = self.progress.start(&[prepared.physical.physical()], text);
+        let exact = open.collect(&prepared.physical).await.map_err(|e| self.private_failure(e))?;
+        drop(running);
+        let charge = open.close();
+        let cals = charge.measurements();
         let dp = &prepared.dp;
         let cells = exact_cells(dp, &exact)?;
         enum Sampler {
@@ -354,7 +376,7 @@ impl DpSession {
         }
         let mut rng = self.lock_rng()?;
         let zero = vec![0; dp.measures.len()];
-        Ok(domain_product(dp)
+        let noisy = domain_product(dp)
             .iter()
             .map(|key| {
                 let exact = cells.get(key).unwrap_or(&zero);
@@ -370,7 +392,8 @@ impl DpSession {
                     })
                     .collect()
             })
-            .collect())
+            .collect();
+        Ok((charge, noisy))
     }
 }
 

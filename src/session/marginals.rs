@@ -10,12 +10,10 @@ use crate::noise::accuracy;
 use crate::plan::bound;
 use crate::policy::DomainValue;
 use crate::refusal::Refusal;
-use crate::session::DpSession;
 use crate::session::quote::Quote;
+use crate::session::{DpSession, PrivatePlan};
 use datafusion::common::Column;
 use datafusion::logical_expr::{Expr, LogicalPlanBuilder, col, lit};
-use datafusion::physical_plan::ExecutionPlan;
-use std::sync::Arc;
 
 /// A marginal release planned and priced end to end; nothing has been spent or read.
 pub(crate) struct PreparedMarginals {
@@ -28,9 +26,9 @@ pub(crate) struct PreparedMarginals {
     /// Rows kept per unit (per attribute, for long tables).
     pub(crate) k: u64,
     /// With a privacy unit: the units (per attribute) with more than `k` rows, each with its row count.
-    pub(crate) over_limit: Option<Arc<dyn ExecutionPlan>>,
+    pub(crate) over_limit: Option<PrivatePlan>,
     /// Every row: the counted columns, then (with a privacy unit) the unit's key columns.
-    pub(crate) rows: Arc<dyn ExecutionPlan>,
+    pub(crate) rows: PrivatePlan,
 }
 
 impl DpSession {
@@ -136,7 +134,7 @@ impl DpSession {
         )?;
         let quote = Quote::new(vec![cal], self.defaults.delta, confidence, &self.quotes)?;
 
-        let scan = self.ctx.table(table).await.map_err(engine)?.into_unoptimized_plan();
+        let scan = self.tables.scan(table).await?;
         let mut project: Vec<Expr> = counted.iter().map(|c| Expr::Column(Column::from_name(c))).collect();
         // With a privacy unit, the unit (and the attribute, for long tables) closes each row, and the bounding
         // to k rows happens while counting (`RowSampler`); the per-unit row counts it needs come from `over_limit`.
@@ -155,11 +153,11 @@ impl DpSession {
                     .and_then(|b| b.filter(col("__dp_n").gt(lit(k as i64))))
                     .and_then(|b| b.build())
                     .map_err(engine)?;
-                (input, Some(self.plan_private(&over).await?.1))
+                (input, Some(self.tables.plan(&over).await?.1))
             }
         };
         let rows = LogicalPlanBuilder::from(input).project(project).and_then(|b| b.build()).map_err(engine)?;
-        let (_, rows) = self.plan_private(&rows).await?;
+        let (_, rows) = self.tables.plan(&rows).await?;
         marginals::check_counted_types(&histograms, &rows.schema())?;
         Ok(PreparedMarginals { histograms, plan, quote, k, over_limit, rows })
     }

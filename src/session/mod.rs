@@ -9,7 +9,8 @@
 //!    share ρ_q/m of the query's ρ (m = number of distinct measurements; AVG needs a SUM and a COUNT). This quote
 //!    is what `EXPLAIN DP` shows (`explain.rs`), what the debit pays, and what a retry is compared with.
 //! 3. **Execute** (`execute.rs`): the accountant debits the charge (claiming the request id, if any) **before**
-//!    anything is executed; an over-budget query is refused and costs nothing. The private plan runs; every GROUP
+//!    anything is executed, and only the [`crate::accounting::Debit`] it mints opens the private tables
+//!    ([`PrivateTables`], `private.rs`); an over-budget query is refused and costs nothing. The private plan runs; every GROUP
 //!    BY cell of the public domain is filled (0 when the data has no rows) and exact discrete noise is added to
 //!    every cell of every measurement; with a request id, the noisy values are stored before they are used.
 //! 4. **Post-process** (`post.rs`): the analyst's nodes above the aggregate (arithmetic, aliases, HAVING, ORDER
@@ -17,7 +18,7 @@
 //!    (BS16 Lemma 1.8).
 //!
 //! The marginal release takes the same path: prepared and priced before anything is spent (`marginals.rs`),
-//! then debited, run once and noised by `execute.rs`, the only code that runs a plan over private tables.
+//! then debited, run once and noised by `execute.rs`, through the same door.
 //!
 //! Neighbouring relation: add/remove all rows of one privacy unit.
 
@@ -27,6 +28,7 @@ mod explain;
 mod marginals;
 mod post;
 mod prepare;
+mod private;
 mod quote;
 mod register;
 mod statement;
@@ -35,6 +37,10 @@ pub use explain::{ExplainedMeasure, Explanation};
 pub use post::POST_MEMORY;
 pub use prepare::PLANNING_STACK;
 pub(crate) use prepare::grow_stack;
+pub(crate) use private::SealedScanExec;
+#[cfg(test)]
+pub(crate) use private::private_context;
+pub use private::{PrivatePlan, PrivateTables, Unlocked};
 use statement::Statement;
 pub use statement::{DpOptions, split_statements};
 pub(crate) use statement::{set_parts, strip_leading_comments};
@@ -49,7 +55,6 @@ use crate::owner_log::OwnerLog;
 use crate::policy::TablePolicy;
 use crate::refusal::Refusal;
 use crate::release::{BudgetStatus, Release};
-use datafusion::prelude::SessionContext;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
@@ -97,19 +102,20 @@ pub(crate) struct Defaults {
 
 /// A differentially private SQL session over private tables.
 pub struct DpSession {
-    pub(crate) ctx: SessionContext,
+    /// The private tables: planned over freely, read only through a debit ([`PrivateTables::open`]).
+    tables: PrivateTables,
     /// Where post-processing runs: no tables, a limited memory pool ([`POST_MEMORY`]).
-    post: SessionContext,
-    pub(crate) policies: BTreeMap<String, TablePolicy>,
-    pub(crate) defaults: Defaults,
-    pub(crate) ledger: Box<dyn Ledger>,
-    pub(crate) rng: Mutex<NoiseRng>,
+    post: datafusion::prelude::SessionContext,
+    policies: BTreeMap<String, TablePolicy>,
+    defaults: Defaults,
+    ledger: Box<dyn Ledger>,
+    rng: Mutex<NoiseRng>,
     /// The data owner's log, if configured.
-    pub(crate) owner_log: Option<Arc<OwnerLog>>,
+    owner_log: Option<Arc<OwnerLog>>,
     /// How far the running private plan has read (measured once [`DpSession::progress`] was called).
-    pub(crate) progress: crate::progress::Progress,
+    progress: crate::progress::Progress,
     /// The ε of the query shapes this session priced last.
-    pub(crate) quotes: crate::accounting::convert::QuoteMemo,
+    quotes: crate::accounting::convert::QuoteMemo,
 }
 
 impl DpSession {
@@ -133,15 +139,16 @@ impl DpSession {
         if !self.progress.enabled() {
             return None;
         }
-        let provider = self.ctx.table_provider(table).await.ok()?;
-        let (counter, size) = provider.downcast_ref::<crate::source::text::TextTable>()?.bytes();
+        let (counter, size) = self.tables.text_bytes(table).await?;
         Some(crate::progress::TextBytes { counter, total: size * passes })
     }
 
     /// **Tests only: makes every later noise draw of this session predictable.** Replaces the session's CSPRNG
     /// with a generator seeded by `seed` ([`NoiseRng::insecure_seeded_for_tests`]), so that differential tests can
     /// give two sessions (over neighbouring tables) the same noise. A release made after this call is not
-    /// differentially private. Reachable from Rust code only, never from a configuration file or SQL.
+    /// differentially private. Reachable from Rust code only, and only when built with the `test-util` feature
+    /// (tests), never from a configuration file or SQL.
+    #[cfg(any(test, feature = "test-util"))]
     pub fn insecure_reseed_for_tests(&self, seed: u64) -> Result<()> {
         *self.lock_rng()? = NoiseRng::insecure_seeded_for_tests(seed);
         Ok(())
@@ -210,9 +217,8 @@ impl DpSession {
             return Err(DpError::invalid("delta", format!("must be in (0, 1), got {delta}")));
         }
         crate::noise::accuracy::check_confidence(confidence)?;
-        let ctx = private_context()?;
         Ok(DpSession {
-            ctx,
+            tables: PrivateTables::new(),
             post: post::post_context(POST_MEMORY)?,
             policies: BTreeMap::new(),
             defaults: Defaults {
@@ -228,48 +234,6 @@ impl DpSession {
             progress: Default::default(),
             quotes: Default::default(),
         })
-    }
-}
-
-/// A session's private context: no information schema, the `dp.…` options, a physical planner that knows the
-/// bounding's own plan nodes ([`crate::plan::runs`]), and no trust in an order a table declares
-/// ([`crate::plan::unordered`]), and no memory limit (see [`DpSession::for_analyst`]: no limit may fail a
-/// private plan after its debit because of the data).
-pub(crate) fn private_context() -> Result<SessionContext> {
-    use datafusion::execution::session_state::SessionStateBuilder;
-    let config = datafusion::prelude::SessionConfig::new()
-        .with_information_schema(false)
-        .with_option_extension(DpOptions::default());
-    let planner = PrivatePlanner;
-    // First of all: no declared order or partitioning of a table is relied upon (`plan::unordered`).
-    let mut rules = datafusion::physical_optimizer::optimizer::PhysicalOptimizer::new().rules;
-    rules.insert(0, Arc::new(crate::plan::unordered::ForgetDeclaredOrder));
-    let state = SessionStateBuilder::new()
-        .with_config(config)
-        .with_default_features()
-        .with_query_planner(Arc::new(planner))
-        .with_physical_optimizer_rules(rules)
-        .build();
-    Ok(SessionContext::new_with_state(state))
-}
-
-/// The query planner of private contexts: DataFusion's, with the bounding's extension planner.
-#[derive(Debug)]
-struct PrivatePlanner;
-
-#[async_trait::async_trait]
-impl datafusion::execution::context::QueryPlanner for PrivatePlanner {
-    async fn create_physical_plan(
-        &self,
-        plan: &datafusion::logical_expr::LogicalPlan,
-        session: &dyn datafusion::catalog::Session,
-    ) -> datafusion::error::Result<Arc<dyn datafusion::physical_plan::ExecutionPlan>> {
-        use datafusion::physical_planner::{DefaultPhysicalPlanner, PhysicalPlanner};
-        let planner = DefaultPhysicalPlanner::with_extension_planners(vec![
-            Arc::new(crate::plan::runs::UnitRunsPlanner),
-            Arc::new(crate::plan::by_unit::ByUnitPlanner),
-        ]);
-        planner.create_physical_plan(plan, session).await
     }
 }
 
@@ -289,18 +253,14 @@ impl DpSession {
         granted: Option<&[String]>,
         memory_limit: usize,
     ) -> Result<DpSession> {
-        let ctx = private_context()?;
-        let mut policies = BTreeMap::new();
-        for (name, policy) in &self.policies {
-            if granted.is_some_and(|g| !g.iter().any(|t| t == name)) {
-                continue;
-            }
-            let provider = self.ctx.table_provider(name).await.map_err(crate::error::engine)?;
-            ctx.register_table(name, provider).map_err(crate::error::engine)?;
-            policies.insert(name.clone(), policy.clone());
-        }
+        let policies: BTreeMap<String, TablePolicy> = self
+            .policies
+            .iter()
+            .filter(|(name, _)| granted.is_none_or(|g| g.iter().any(|t| t == *name)))
+            .map(|(name, policy)| (name.clone(), policy.clone()))
+            .collect();
         Ok(DpSession {
-            ctx,
+            tables: self.tables.share(policies.keys()).await?,
             post: post::post_context(memory_limit.min(POST_MEMORY))?,
             policies,
             defaults: self.defaults.clone(),
@@ -317,8 +277,11 @@ impl DpSession {
     pub async fn table_schemas(&self) -> Result<Vec<(String, datafusion::arrow::datatypes::SchemaRef)>> {
         let mut out = Vec::with_capacity(self.policies.len());
         for name in self.policies.keys() {
-            let provider = self.ctx.table_provider(name).await.map_err(crate::error::engine)?;
-            out.push((name.clone(), provider.schema()));
+            let schema = self.tables.schema(name).await;
+            out.push((
+                name.clone(),
+                schema.ok_or_else(|| DpError::Internal(format!("table {name} is not registered")))?,
+            ));
         }
         Ok(out)
     }
@@ -327,7 +290,7 @@ impl DpSession {
     /// read), in order of n; `None` where it cannot tell.
     pub async fn parameter_types(&self, sql: &str) -> Result<Vec<Option<datafusion::arrow::datatypes::DataType>>> {
         crate::plan::safety::check_statement_size(sql)?;
-        let plan = grow_stack(self.ctx.state().create_logical_plan(sql)).await.map_err(crate::error::engine)?;
+        let plan = grow_stack(self.tables.state().create_logical_plan(sql)).await.map_err(crate::error::engine)?;
         let mut types = plan.get_parameter_types().map_err(crate::error::engine)?;
         // DataFusion leaves LIMIT and OFFSET placeholders untyped; they take integers.
         let _ = plan.apply_with_subqueries(|node| {
@@ -463,46 +426,26 @@ impl DpSession {
 }
 
 #[cfg(test)]
-mod tests {
-    /// `execute.rs` is the only code that runs a plan over the private tables (after the debit); `post.rs` runs
-    /// plans on its own context, which holds no table. A call that executes a plan anywhere else fails this test.
-    #[test]
-    fn only_execute_rs_runs_plans_over_private_tables() {
-        let calls = ["execute_stream", "physical_plan::collect", "execute_logical_plan", ".collect().await", "ctx.sql"];
-        // At run time: a build shared between two checkouts (one target directory) must scan the one being tested.
-        let root = std::env::var("CARGO_MANIFEST_DIR").unwrap_or_else(|_| env!("CARGO_MANIFEST_DIR").to_owned());
-        let mut dirs = vec![std::path::Path::new(&root).join("src")];
-        let mut offenders = Vec::new();
-        while let Some(dir) = dirs.pop() {
-            for entry in std::fs::read_dir(&dir).unwrap() {
-                let path = entry.unwrap().path();
-                if path.is_dir() {
-                    dirs.push(path);
-                    continue;
-                }
-                let name = path.to_string_lossy().replace('\\', "/");
-                // plan/runs.rs is an operator of the private plan: it executes its own inputs, only ever as part
-                // of a plan that execute.rs runs.
-                if name.ends_with("session/execute.rs")
-                    || name.ends_with("plan/runs.rs")
-                    || name.ends_with("session/post.rs")
-                    || name.ends_with("server/catalog.rs")
-                    || name.contains("/cli/")
-                {
-                    continue;
-                }
-                let text = std::fs::read_to_string(&path).unwrap();
-                let text = text.split("#[cfg(test)]").next().unwrap_or_default(); // tests may run anything
-                offenders.extend(calls.iter().filter(|c| text.contains(*c)).map(|c| format!("{name}: {c}")));
-            }
-        }
-        assert!(offenders.is_empty(), "plans run outside execute.rs: {offenders:?}");
-        let post = include_str!("post.rs");
-        assert!(!post.contains("self.ctx"), "post-processing must not use the private context");
-        // The catalog runs plans over its own tables, built from schemas: it must never get hold of a table.
-        let catalog = include_str!("../server/catalog.rs");
-        for private in ["DpSession", "table_provider", "crate::"] {
-            assert!(!catalog.contains(private), "server/catalog.rs mentions {private}");
-        }
+impl DpSession {
+    /// Tests only: registers a private table without a policy check.
+    pub(crate) fn register_for_tests(&self, name: &str, provider: Arc<dyn datafusion::catalog::TableProvider>) {
+        self.tables.register(name, provider).expect("registered");
+    }
+
+    /// Tests only: the private plan of `sql` as it is (not bounded).
+    pub(crate) async fn plan_for_tests(&self, sql: &str) -> PrivatePlan {
+        let logical = self.tables.state().create_logical_plan(sql).await.expect("planned");
+        self.tables.plan(&logical).await.expect("planned").1
+    }
+
+    /// Tests only: the tables opened by a charge of this session's ledger.
+    pub(crate) fn open_for_tests(&self) -> Unlocked<'_> {
+        let cal = crate::accounting::calibrate::gaussian(1.0, Rho::new(1e-6).expect("ρ")).expect("calibrated");
+        self.tables.open(self.ledger.charge("test", &[], vec![cal]).expect("charged"))
+    }
+
+    /// Tests only: the progress handle, without turning measuring on.
+    pub(crate) fn progress_for_tests(&self) -> &crate::progress::Progress {
+        &self.progress
     }
 }

@@ -20,15 +20,13 @@ use crate::error::{DpError, Result};
 use crate::plan::{self, DpPlan, RESERVED_PREFIX, safety, size};
 use crate::policy::TablePolicy;
 use crate::refusal::Refusal;
-use crate::session::DpSession;
+use crate::session::{DpSession, PrivatePlan};
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::common::{ScalarValue, TableReference};
 use datafusion::logical_expr::LogicalPlan;
-use datafusion::physical_plan::ExecutionPlan;
 use datafusion::prelude::SQLOptions;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::task::{Context, Poll};
 
 /// Stack guaranteed to planning (bytes).
@@ -40,8 +38,8 @@ pub(crate) struct Prepared {
     pub(crate) dp: DpPlan,
     /// The optimized private plan: the one checked total, the one EXPLAIN DP shows, the one that runs.
     pub(crate) private: LogicalPlan,
-    /// Its physical plan.
-    pub(crate) physical: Arc<dyn ExecutionPlan>,
+    /// Its physical plan (sealed: it reads only through a debit).
+    pub(crate) physical: PrivatePlan,
 }
 
 /// A future that runs every poll of its inner future on a stack with at least [`PLANNING_STACK`] bytes free
@@ -124,7 +122,7 @@ impl DpSession {
     }
 
     async fn prepare_deep(&self, sql: &str, params: &[ScalarValue]) -> Result<Prepared> {
-        let state = self.ctx.state();
+        let state = self.tables.state();
         let dialect = state.config().options().sql_parser.dialect;
         let statement = state.sql_to_statement(sql, &dialect).map_err(planning_error)?;
         // Every table a query names must be a private table of the session: checked before planning, so the
@@ -159,28 +157,8 @@ impl DpSession {
         size::check_constant_sizes(&analyzed)?;
         safety::check_constants(&analyzed)?;
         let dp = plan::compile(&analyzed, &|t| self.private_table(t))?;
-        let (private, physical) = self.plan_private(&dp.private).await?;
+        let (private, physical) = self.tables.plan(&dp.private).await?;
         self.check_post_processing(&dp).await?;
         Ok(Prepared { dp, private, physical })
     }
-
-    /// Optimizes a bounded private plan, checks the plan that will run (every constant evaluates, every expression
-    /// is total) and plans it physically: what this returns is exactly what runs after the debit.
-    pub(crate) async fn plan_private(&self, bounded: &LogicalPlan) -> Result<(LogicalPlan, Arc<dyn ExecutionPlan>)> {
-        let state = self.ctx.state();
-        let private = state.optimize(bounded).map_err(|e| internal("optimized", e))?;
-        // The optimizer folds what it can and keeps what fails for run time: check the plan that runs, again.
-        size::check_constant_sizes(&private)?;
-        safety::check_constants(&private)?;
-        safety::check_total(&private)?;
-        let physical =
-            state.query_planner().create_physical_plan(&private, &state).await.map_err(|e| internal("planned", e))?;
-        Ok((private, physical))
-    }
-}
-
-/// The private plan, built by dpfusion from a validated query, failed to optimize or plan: a refusal (nothing is
-/// spent), with the engine's message, which names the plan and never a value.
-fn internal(stage: &'static str, e: datafusion::error::DataFusionError) -> DpError {
-    DpError::Refused(Refusal::PrivatePlan { stage, message: crate::refusal::engine_message(&e) })
 }

@@ -16,7 +16,7 @@ impl DpSession {
     pub(crate) fn register_source(&mut self, name: &str, src: &TableSource) -> Result<()> {
         let provider = crate::source::provider(name, src, self.owner_log.clone())?;
         check_policy_columns(name, provider.schema().as_ref(), &src.policy)?;
-        self.ctx.register_table(name, provider).map_err(|e| DpError::Config(format!("table {name}: {e}")))?;
+        self.tables.register(name, provider)?;
         self.policies.insert(name.to_string(), src.policy.clone());
         Ok(())
     }
@@ -36,7 +36,7 @@ impl DpSession {
     pub fn register_table(&mut self, name: &str, provider: Arc<dyn TableProvider>, policy: TablePolicy) -> Result<()> {
         policy.validate(name)?;
         check_policy_columns(name, provider.schema().as_ref(), &policy)?;
-        self.ctx.register_table(name, provider).map_err(|e| DpError::Config(format!("table {name}: {e}")))?;
+        self.tables.register(name, provider)?;
         self.policies.insert(name.to_string(), policy);
         Ok(())
     }
@@ -48,12 +48,7 @@ impl DpSession {
 
     /// The Arrow schema of a private table (column names and types; no data).
     pub async fn table_schema(&self, name: &str) -> Result<Arc<Schema>> {
-        let p = self
-            .ctx
-            .table_provider(name)
-            .await
-            .map_err(|_| DpError::Refused(Refusal::NoTable { table: name.to_string() }))?;
-        Ok(p.schema())
+        self.tables.schema(name).await.ok_or_else(|| DpError::Refused(Refusal::NoTable { table: name.to_string() }))
     }
 }
 

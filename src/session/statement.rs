@@ -3,7 +3,7 @@
 
 use crate::accounting::Rho;
 use crate::accounting::calibrate::MechanismChoice;
-use crate::error::{DpError, Result, engine};
+use crate::error::{DpError, Result};
 use crate::refusal::Refusal;
 use crate::session::{DpSession, Response};
 use datafusion::common::config::ConfigExtension;
@@ -153,9 +153,7 @@ fn strip_keyword<'a>(s: &'a str, kw: &str) -> Option<&'a str> {
 impl DpSession {
     /// The session's `SET dp.…` options (read in place: `ctx.state()` would copy the whole session state).
     pub(crate) fn options(&self) -> DpOptions {
-        let state = self.ctx.state_ref();
-        let options = state.read().config().options().extensions.get::<DpOptions>().cloned();
-        options.unwrap_or_default()
+        self.tables.options()
     }
 
     /// ρ, mechanism and confidence for the next query (the `SET dp.…` values, else the configuration's).
@@ -213,9 +211,7 @@ impl DpSession {
                 return Err(DpError::Refused(Refusal::NoSuchOption { name: other.to_string() }));
             }
         };
-        let state = self.ctx.state_ref();
-        let mut st = state.write();
-        st.config_mut().options_mut().set(&format!("dp.{opt}"), &normalized).map_err(engine)?;
+        self.tables.set_option(&format!("dp.{opt}"), &normalized)?;
         Ok(Response::Set { option: format!("dp.{opt}"), value: normalized })
     }
 }

@@ -1,0 +1,416 @@
+//! The private tables, behind the debit: the one door to private rows.
+//!
+//! [`PrivateTables`] holds the session's private `SessionContext` in a private field, with no accessor. Every
+//! table registered in it is sealed ([`SealedTable`]): its real provider sits in a private field, and its scans
+//! are leaves ([`SealedScanExec`]) that read a row only when the task context they run under carries an
+//! `Unlock`. Nothing outside this module can make an `Unlock`; [`PrivateTables::open`] makes one, and only in
+//! exchange for a [`Debit`], which only the accountant mints ([`crate::accounting::Ledger::charge`],
+//! [`crate::accounting::Ledger::claim`]) and which is consumed when it opens the tables. So code that has not paid
+//! can plan over the private tables (their schemas are public: the policy pins them), and even hold a physical
+//! plan of them, but cannot read a row: the rule "private rows are reachable only with a debit" is held by the
+//! compiler (no `Unlock`, no `Debit`, no provider to be had) rather than by a convention.
+//!
+//! A sealed scan declares nothing about its rows (no ordering, no partitioning by keys, no statistics), so no plan
+//! rests on what a table claims or on how many rows it holds (see also [`crate::plan::unordered`]).
+//!
+//! The examples below are the rules as compile-time tests (each checked to fail with the error code it names;
+//! rustdoc on stable does not compare the code itself).
+//!
+//! ```compile_fail,E0616
+//! fn peek(s: &dpfusion::DpSession) {
+//!     let _ = &s.tables; // the private tables are no field anyone else can reach
+//! }
+//! ```
+//! ```compile_fail,E0382
+//! fn twice(t: &dpfusion::session::PrivateTables, d: dpfusion::accounting::Debit) {
+//!     let _a = t.open(d);
+//!     let _b = t.open(d); // one debit opens the tables once
+//! }
+//! ```
+//! ```
+//! fn once(t: &dpfusion::session::PrivateTables, d: dpfusion::accounting::Debit) {
+//!     let _a = t.open(d);
+//! }
+//! ```
+//! ```compile_fail,E0451
+//! fn plan(p: std::sync::Arc<dyn datafusion::physical_plan::ExecutionPlan>) -> dpfusion::session::PrivatePlan {
+//!     dpfusion::session::PrivatePlan { physical: p } // only the planner makes a plan the door runs
+//! }
+//! ```
+
+use crate::accounting::{Charge, Debit};
+use crate::error::{DpError, Result};
+use crate::plan::{safety, size};
+use crate::refusal::Refusal;
+use crate::session::DpOptions;
+use async_trait::async_trait;
+use datafusion::arrow::array::RecordBatch;
+use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::catalog::{Session, TableProvider};
+use datafusion::common::config::ConfigOptions;
+use datafusion::common::tree_node::TreeNodeRecursion;
+use datafusion::common::{Statistics, internal_err, stats::Precision};
+use datafusion::datasource::TableType;
+use datafusion::execution::session_state::{SessionState, SessionStateBuilder};
+use datafusion::execution::{SendableRecordBatchStream, TaskContext};
+use datafusion::logical_expr::{Expr, LogicalPlan, TableProviderFilterPushDown};
+use datafusion::physical_expr::{EquivalenceProperties, Partitioning, PhysicalExpr};
+use datafusion::physical_plan::metrics::MetricsSet;
+use datafusion::physical_plan::statistics::{StatisticsArgs, StatisticsContext};
+use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties, PlanProperties};
+use datafusion::prelude::SessionContext;
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+
+/// A session's private tables: the context that plans over them and the only one that runs plans over them.
+/// Its fields are private and it has no accessor; rows are read only through [`PrivateTables::open`].
+pub struct PrivateTables {
+    ctx: SessionContext,
+}
+
+/// The proof, inside a task context, that a debit opened the tables. Only [`PrivateTables::open`] makes one.
+#[derive(Debug)]
+struct Unlock(());
+
+impl PrivateTables {
+    /// No tables yet: a private context ([`private_context`]).
+    pub(crate) fn new() -> Self {
+        PrivateTables { ctx: private_context() }
+    }
+
+    /// Registers `provider` as the private table `name`, sealed.
+    pub(crate) fn register(&self, name: &str, provider: Arc<dyn TableProvider>) -> Result<()> {
+        let sealed = Arc::new(SealedTable { inner: provider });
+        self.ctx.register_table(name, sealed).map_err(|e| DpError::Config(format!("table {name}: {e}")))?;
+        Ok(())
+    }
+
+    /// New private tables (a new context, with its own options) holding the same sealed tables `names`.
+    pub(crate) async fn share<'a>(&self, names: impl IntoIterator<Item = &'a String>) -> Result<PrivateTables> {
+        let out = PrivateTables::new();
+        for name in names {
+            let sealed = self.ctx.table_provider(name.as_str()).await.map_err(crate::error::engine)?;
+            out.ctx.register_table(name.as_str(), sealed).map_err(crate::error::engine)?;
+        }
+        Ok(out)
+    }
+
+    /// The planning state: its catalog holds only sealed tables, so a plan made with it reads nothing by itself.
+    pub(crate) fn state(&self) -> SessionState {
+        self.ctx.state()
+    }
+
+    /// The session's `SET dp.…` options (read in place: [`PrivateTables::state`] would copy the whole state).
+    pub(crate) fn options(&self) -> DpOptions {
+        let state = self.ctx.state_ref();
+        let options = state.read().config().options().extensions.get::<DpOptions>().cloned();
+        options.unwrap_or_default()
+    }
+
+    /// Sets one `dp.…` option (already validated).
+    pub(crate) fn set_option(&self, key: &str, value: &str) -> Result<()> {
+        let state = self.ctx.state_ref();
+        let mut st = state.write();
+        st.config_mut().options_mut().set(key, value).map_err(crate::error::engine)
+    }
+
+    /// The unoptimized plan of a whole table (its sealed scan), to build a private plan on.
+    pub(crate) async fn scan(&self, name: &str) -> Result<LogicalPlan> {
+        Ok(self.ctx.table(name).await.map_err(crate::error::engine)?.into_unoptimized_plan())
+    }
+
+    /// The Arrow schema of a table (public: the policy pins it).
+    pub(crate) async fn schema(&self, name: &str) -> Option<SchemaRef> {
+        Some(self.ctx.table_provider(name).await.ok()?.schema())
+    }
+
+    /// The byte counter and file size of a CSV or JSON table, for the progress bar.
+    pub(crate) async fn text_bytes(&self, name: &str) -> Option<(Arc<AtomicU64>, u64)> {
+        let provider = self.ctx.table_provider(name).await.ok()?;
+        let sealed = provider.downcast_ref::<SealedTable>()?;
+        Some(sealed.inner.downcast_ref::<crate::source::text::TextTable>()?.bytes())
+    }
+
+    /// Optimizes a bounded private plan, checks the plan that will run (every constant evaluates, every expression
+    /// is total) and plans it physically: what this returns is exactly what runs after the debit. Reads nothing.
+    pub(crate) async fn plan(&self, bounded: &LogicalPlan) -> Result<(LogicalPlan, PrivatePlan)> {
+        let state = self.ctx.state();
+        let private = state.optimize(bounded).map_err(|e| refused("optimized", e))?;
+        // The optimizer folds what it can and keeps what fails for run time: check the plan that runs, again.
+        size::check_constant_sizes(&private)?;
+        safety::check_constants(&private)?;
+        safety::check_total(&private)?;
+        let physical =
+            state.query_planner().create_physical_plan(&private, &state).await.map_err(|e| refused("planned", e))?;
+        Ok((private, PrivatePlan { physical }))
+    }
+
+    /// Opens the tables for the release `debit` pays for: the returned handle runs private plans until it is
+    /// closed. The debit is consumed; its charge comes back with [`Unlocked::close`].
+    pub fn open(&self, debit: Debit) -> Unlocked<'_> {
+        let state = self.ctx.state();
+        let config = state.config().clone().with_extension(Arc::new(Unlock(())));
+        let task = TaskContext::from(&state).with_session_config(config);
+        Unlocked { task: Arc::new(task), debit, _tables: self }
+    }
+}
+
+/// The private plan, built by dpfusion from a validated query, failed to optimize or plan: a refusal (nothing is
+/// spent), with the engine's message, which names the plan and never a value.
+fn refused(stage: &'static str, e: datafusion::error::DataFusionError) -> DpError {
+    DpError::Refused(Refusal::PrivatePlan { stage, message: crate::refusal::engine_message(&e) })
+}
+
+/// A physical plan over the private tables, made by [`PrivateTables::plan`] from a checked plan: what an
+/// [`Unlocked`] runs. Its scans are sealed: run any other way, it reads no row.
+#[derive(Clone, Debug)]
+pub struct PrivatePlan {
+    physical: Arc<dyn ExecutionPlan>,
+}
+
+impl PrivatePlan {
+    /// The physical plan, for display and progress (its scans read nothing outside [`Unlocked`]).
+    pub fn physical(&self) -> &Arc<dyn ExecutionPlan> {
+        &self.physical
+    }
+
+    /// The schema of its output.
+    pub fn schema(&self) -> SchemaRef {
+        self.physical.schema()
+    }
+}
+
+/// The private tables opened by a [`Debit`]: runs private plans for the one release it pays for.
+pub struct Unlocked<'a> {
+    task: Arc<TaskContext>,
+    debit: Debit,
+    _tables: &'a PrivateTables,
+}
+
+impl Unlocked<'_> {
+    /// Runs `plan` to completion.
+    pub async fn collect(&self, plan: &PrivatePlan) -> datafusion::error::Result<Vec<RecordBatch>> {
+        datafusion::physical_plan::collect(Arc::clone(&plan.physical), Arc::clone(&self.task)).await
+    }
+
+    /// Runs `plan` as a stream of batches.
+    pub fn stream(&self, plan: &PrivatePlan) -> datafusion::error::Result<SendableRecordBatchStream> {
+        datafusion::physical_plan::execute_stream(Arc::clone(&plan.physical), Arc::clone(&self.task))
+    }
+
+    /// The charge that paid for this.
+    pub fn charge(&self) -> &Charge {
+        self.debit.charge()
+    }
+
+    /// Closes the tables: what remains is the record of the charge, for the release.
+    pub fn close(self) -> Charge {
+        self.debit.into_charge()
+    }
+}
+
+/// A private table as the planner sees it: its schema, and scans that are sealed leaves.
+#[derive(Debug)]
+struct SealedTable {
+    inner: Arc<dyn TableProvider>,
+}
+
+#[async_trait]
+impl TableProvider for SealedTable {
+    fn schema(&self) -> SchemaRef {
+        self.inner.schema()
+    }
+
+    fn table_type(&self) -> TableType {
+        TableType::Base
+    }
+
+    fn supports_filters_pushdown(
+        &self,
+        filters: &[&Expr],
+    ) -> datafusion::error::Result<Vec<TableProviderFilterPushDown>> {
+        self.inner.supports_filters_pushdown(filters)
+    }
+
+    async fn scan(
+        &self,
+        state: &dyn Session,
+        projection: Option<&Vec<usize>>,
+        filters: &[Expr],
+        limit: Option<usize>,
+    ) -> datafusion::error::Result<Arc<dyn ExecutionPlan>> {
+        let inner = self.inner.scan(state, projection, filters, limit).await?;
+        Ok(Arc::new(SealedScanExec::new(inner)))
+    }
+}
+
+/// A scan of a private table: a leaf that hides its reader, declares nothing about its rows, and reads only under
+/// a task context opened by a debit.
+#[derive(Debug)]
+pub(crate) struct SealedScanExec {
+    inner: Arc<dyn ExecutionPlan>,
+    props: Arc<PlanProperties>,
+}
+
+impl SealedScanExec {
+    fn new(inner: Arc<dyn ExecutionPlan>) -> Self {
+        let props = PlanProperties::new(
+            EquivalenceProperties::new(inner.schema()),
+            Partitioning::UnknownPartitioning(inner.output_partitioning().partition_count()),
+            inner.pipeline_behavior(),
+            inner.boundedness(),
+        );
+        SealedScanExec { inner, props: Arc::new(props) }
+    }
+
+    /// The exact number of rows the scan will read, when its source knows it (Parquet metadata, in-memory
+    /// tables): the denominator of the progress bar only ([`crate::progress`]).
+    pub(crate) fn rows_to_read(&self) -> Option<u64> {
+        let stats = StatisticsContext::new().compute(self.inner.as_ref(), &StatisticsArgs::new()).ok()?;
+        match stats.num_rows {
+            Precision::Exact(rows) => Some(rows as u64),
+            _ => None,
+        }
+    }
+}
+
+impl DisplayAs for SealedScanExec {
+    fn fmt_as(&self, t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        write!(f, "DpSealedScan: ")?;
+        self.inner.fmt_as(t, f)
+    }
+}
+
+impl ExecutionPlan for SealedScanExec {
+    fn name(&self) -> &str {
+        "DpSealedScan"
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        &self.props
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        vec![]
+    }
+
+    fn apply_expressions(
+        &self,
+        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> datafusion::error::Result<TreeNodeRecursion>,
+    ) -> datafusion::error::Result<TreeNodeRecursion> {
+        Ok(TreeNodeRecursion::Continue)
+    }
+
+    fn with_new_children(
+        self: Arc<Self>,
+        children: Vec<Arc<dyn ExecutionPlan>>,
+    ) -> datafusion::error::Result<Arc<dyn ExecutionPlan>> {
+        if !children.is_empty() {
+            return internal_err!("DpSealedScan has no inputs");
+        }
+        Ok(self)
+    }
+
+    /// The source read in `target_partitions` partitions when it can be (files split into ranges), still sealed.
+    fn repartitioned(
+        &self,
+        target_partitions: usize,
+        config: &ConfigOptions,
+    ) -> datafusion::error::Result<Option<Arc<dyn ExecutionPlan>>> {
+        Ok(self
+            .inner
+            .repartitioned(target_partitions, config)?
+            .map(|inner| Arc::new(SealedScanExec::new(inner)) as Arc<dyn ExecutionPlan>))
+    }
+
+    /// Nothing about the rows: a plan never rests on a private table's size.
+    fn partition_statistics(&self, _partition: Option<usize>) -> datafusion::error::Result<Arc<Statistics>> {
+        Ok(Arc::new(Statistics::new_unknown(&self.schema())))
+    }
+
+    /// The reader's metrics (rows read so far), for the progress bar.
+    fn metrics(&self) -> Option<MetricsSet> {
+        self.inner.metrics()
+    }
+
+    fn execute(
+        &self,
+        partition: usize,
+        context: Arc<TaskContext>,
+    ) -> datafusion::error::Result<SendableRecordBatchStream> {
+        if context.session_config().get_extension::<Unlock>().is_none() {
+            return internal_err!("a private table was read without a debit");
+        }
+        self.inner.execute(partition, context)
+    }
+}
+
+/// A private context: no information schema, the `dp.…` options, a physical planner that knows the bounding's own
+/// plan nodes ([`crate::plan::runs`]), no trust in an order a table declares ([`crate::plan::unordered`]), and no
+/// memory limit (see [`crate::DpSession::for_analyst`]: no limit may fail a private plan after its debit because
+/// of the data).
+pub(crate) fn private_context() -> SessionContext {
+    let config = datafusion::prelude::SessionConfig::new()
+        .with_information_schema(false)
+        .with_option_extension(DpOptions::default());
+    // First of all: no declared order or partitioning of a table is relied upon (`plan::unordered`).
+    let mut rules = datafusion::physical_optimizer::optimizer::PhysicalOptimizer::new().rules;
+    rules.insert(0, Arc::new(crate::plan::unordered::ForgetDeclaredOrder));
+    let state = SessionStateBuilder::new()
+        .with_config(config)
+        .with_default_features()
+        .with_query_planner(Arc::new(PrivatePlanner))
+        .with_physical_optimizer_rules(rules)
+        .build();
+    SessionContext::new_with_state(state)
+}
+
+/// The query planner of private contexts: DataFusion's, with the bounding's extension planner.
+#[derive(Debug)]
+struct PrivatePlanner;
+
+#[async_trait]
+impl datafusion::execution::context::QueryPlanner for PrivatePlanner {
+    async fn create_physical_plan(
+        &self,
+        plan: &LogicalPlan,
+        session: &dyn Session,
+    ) -> datafusion::error::Result<Arc<dyn ExecutionPlan>> {
+        use datafusion::physical_planner::{DefaultPhysicalPlanner, PhysicalPlanner};
+        let planner = DefaultPhysicalPlanner::with_extension_planners(vec![
+            Arc::new(crate::plan::runs::UnitRunsPlanner),
+            Arc::new(crate::plan::by_unit::ByUnitPlanner),
+        ]);
+        planner.create_physical_plan(plan, session).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use datafusion::arrow::array::Int64Array;
+    use datafusion::datasource::MemTable;
+
+    /// A physical plan of a private table, run without the door (the way any code holding it could try), reads
+    /// nothing; run through a debit, it reads the rows.
+    #[tokio::test]
+    async fn a_sealed_scan_reads_only_under_a_debit() {
+        let batch = RecordBatch::try_from_iter([("x", Arc::new(Int64Array::from(vec![1, 2, 3])) as _)]).unwrap();
+        let tables = PrivateTables::new();
+        let mem = MemTable::try_new(batch.schema(), vec![vec![batch]]).unwrap();
+        tables.register("t", Arc::new(mem)).unwrap();
+        let logical = tables.state().create_logical_plan("SELECT x FROM t").await.unwrap();
+        let (_, plan) = tables.plan(&logical).await.unwrap();
+        for task in [tables.ctx.task_ctx(), Arc::new(TaskContext::default())] {
+            let e = datafusion::physical_plan::collect(Arc::clone(plan.physical()), task).await.unwrap_err();
+            assert!(e.to_string().contains("without a debit"), "{e}");
+        }
+        let ledger = crate::accounting::MemoryLedger::new(crate::accounting::Rho::new(1.0).unwrap());
+        let cal = crate::accounting::calibrate::gaussian(1.0, crate::accounting::Rho::new(0.5).unwrap()).unwrap();
+        let debit = crate::accounting::Ledger::charge(&ledger, "q", &[], vec![cal]).unwrap();
+        let open = tables.open(debit);
+        let rows: usize = open.collect(&plan).await.unwrap().iter().map(RecordBatch::num_rows).sum();
+        assert_eq!((rows, open.close().id()), (3, 1));
+    }
+}
