@@ -124,7 +124,7 @@ async fn main() -> Res<()> {
     std::fs::write(&config, config_text(&dir, port)?)?;
 
     let db = LedgerDb::open(&dir.join("ledger.sqlite"), Duration::from_secs(30))?;
-    let verifier = dpfusion::server::scram::verifier(PASSWORD);
+    let verifier = dpfusion_server::scram::verifier(PASSWORD);
     for i in 0..33 {
         db.add_analyst(&format!("bench{i}"), &verifier, Rho::new(1e6)?, None, "benchmark")?;
     }

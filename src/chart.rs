@@ -12,13 +12,13 @@
 //! category labels under the bars (rotated when they do not fit side by side, thinned when even rotated they do
 //! not), and a title; the figure has a caption with σ, ρ and the confidence level.
 
-use crate::error::{DpError, Result};
-use crate::marginals::MarginalRelease;
-use crate::release::{Accuracy, Release, fmt_num};
 use datafusion::arrow::array::{Array, AsArray};
 use datafusion::arrow::compute::cast;
 use datafusion::arrow::datatypes::{DataType, Float64Type, Schema};
 use datafusion::arrow::util::display::{ArrayFormatter, FormatOptions};
+use dpfusion::error::{DpError, Result};
+use dpfusion::marginals::MarginalRelease;
+use dpfusion::release::{Accuracy, Release, fmt_num};
 use plotters::coord::Shift;
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
@@ -34,7 +34,7 @@ const ERR: RGBColor = RGBColor(0xd6, 0x27, 0x28);
 const INK: RGBColor = RGBColor(0x33, 0x33, 0x33);
 
 /// At most this many panels are drawn (a marginal release of more columns shows the first ones and says so).
-pub const MAX_PANELS: usize = 120;
+pub(crate) const MAX_PANELS: usize = 120;
 /// Labels longer than this many characters are shortened with `…`.
 const LABEL_CHARS: usize = 18;
 const PANEL_H: u32 = 290;
@@ -48,7 +48,7 @@ const CAPTION_SIZE: f64 = 14.0;
 
 /// A chart file format.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ChartFormat {
+pub(crate) enum ChartFormat {
     /// Scalable vector graphics.
     Svg,
     /// A PNG raster.
@@ -57,7 +57,7 @@ pub enum ChartFormat {
 
 impl ChartFormat {
     /// The format a file name asks for: `.svg` or `.png` (any case).
-    pub fn of_path(path: &Path) -> Result<ChartFormat> {
+    pub(crate) fn of_path(path: &Path) -> Result<ChartFormat> {
         match path.extension().and_then(|e| e.to_str()).map(str::to_ascii_lowercase).as_deref() {
             Some("svg") => Ok(ChartFormat::Svg),
             Some("png") => Ok(ChartFormat::Png),
@@ -71,39 +71,39 @@ impl ChartFormat {
 
 /// One bar: its label, the released value (none for a NULL) and the interval drawn as its error bar.
 #[derive(Clone, Debug, PartialEq)]
-pub struct Bar {
+pub(crate) struct Bar {
     /// The category (a public key).
-    pub label: String,
+    pub(crate) label: String,
     /// The released value.
-    pub value: Option<f64>,
+    pub(crate) value: Option<f64>,
     /// `[low, high]` at the chart's confidence level, when one can be stated.
-    pub interval: Option<[f64; 2]>,
+    pub(crate) interval: Option<[f64; 2]>,
 }
 
 /// One panel: a title over its bars.
 #[derive(Clone, Debug, PartialEq)]
-pub struct Panel {
+pub(crate) struct Panel {
     /// Usually the column's name.
-    pub title: String,
+    pub(crate) title: String,
     /// The bars, left to right.
-    pub bars: Vec<Bar>,
+    pub(crate) bars: Vec<Bar>,
 }
 
 /// A figure: a title, panels in a grid, and a caption (σ, ρ, confidence).
 #[derive(Clone, Debug, PartialEq)]
-pub struct Chart {
+pub(crate) struct Chart {
     /// Over the whole figure.
-    pub title: String,
+    pub(crate) title: String,
     /// The panels, in reading order.
-    pub panels: Vec<Panel>,
+    pub(crate) panels: Vec<Panel>,
     /// Under the figure; wrapped to its width.
-    pub caption: String,
+    pub(crate) caption: String,
 }
 
 /// Which output columns of a query can be charted: the one public column, whose values label the bars, and the
 /// numeric columns that are not public (one panel each). `public[i]` says whether column `i` is public (a GROUP
 /// BY key or a constant). Known before the debit (from `EXPLAIN DP`), so `query --plot` refuses for free.
-pub fn chart_columns(schema: &Schema, public: &[bool]) -> Result<(usize, Vec<usize>)> {
+pub(crate) fn chart_columns(schema: &Schema, public: &[bool]) -> Result<(usize, Vec<usize>)> {
     let bad = |reason: String| DpError::InvalidParameter { name: "plot", reason };
     let keys: Vec<usize> = (0..schema.fields().len()).filter(|&i| public.get(i).copied().unwrap_or(false)).collect();
     let [key] = keys[..] else {
@@ -127,7 +127,7 @@ pub fn chart_columns(schema: &Schema, public: &[bool]) -> Result<(usize, Vec<usi
 /// Checks, before anything is spent, that the answer to `sql` can be charted (see [`chart_columns`]): refuses
 /// whatever the query itself would refuse, and a query whose output has no single key to label the bars or no
 /// noisy number to draw. Reads no data.
-pub async fn check_query(session: &crate::DpSession, sql: &str) -> Result<()> {
+pub(crate) async fn check_query(session: &dpfusion::DpSession, sql: &str) -> Result<()> {
     let e = session.explain(sql).await?;
     chart_columns(&e.schema, &e.public).map(|_| ())
 }
@@ -135,7 +135,7 @@ pub async fn check_query(session: &crate::DpSession, sql: &str) -> Result<()> {
 impl Chart {
     /// One panel per column of a marginal release (the first [`MAX_PANELS`]), each cell with its interval
     /// `± ci_half_width` at the release's confidence.
-    pub fn of_marginals(r: &MarginalRelease) -> Chart {
+    pub(crate) fn of_marginals(r: &MarginalRelease) -> Chart {
         let p = r.plan();
         let panels = r
             .columns()
@@ -177,7 +177,7 @@ impl Chart {
 
     /// One panel per noisy numeric column of a query's release, one bar per row labelled by its one public
     /// column (see [`chart_columns`]), each with the column's interval.
-    pub fn of_release(r: &Release) -> Result<Chart> {
+    pub(crate) fn of_release(r: &Release) -> Result<Chart> {
         let schema = r.schema();
         let public: Vec<bool> = r.accuracy().iter().map(|a| a.accuracy == Accuracy::Public).collect();
         let (key, values) = chart_columns(schema, &public)?;
@@ -207,8 +207,8 @@ impl Chart {
                     Accuracy::Noisy { confidence: l, sigma_or_scale, mechanism, .. } => {
                         confidence = Some(*l);
                         let what = match mechanism {
-                            crate::noise::Mechanism::Gaussian => "discrete Gaussian σ",
-                            crate::noise::Mechanism::Laplace => "discrete Laplace scale",
+                            dpfusion::noise::Mechanism::Gaussian => "discrete Gaussian σ",
+                            dpfusion::noise::Mechanism::Laplace => "discrete Laplace scale",
                         };
                         sigmas.push(format!("{name}: {what} = {}", fmt_num(*sigma_or_scale)));
                     }
@@ -241,7 +241,7 @@ impl Chart {
     }
 
     /// Draws the chart.
-    pub fn render(&self, format: ChartFormat) -> Result<Vec<u8>> {
+    pub(crate) fn render(&self, format: ChartFormat) -> Result<Vec<u8>> {
         register_font()?;
         let layout = Layout::of(self);
         let failed = |e: String| DpError::Internal(format!("drawing the chart failed: {e}"));

@@ -1,6 +1,8 @@
-//! The `dpfusion` command: a thin front-end over the library. Every privacy decision is the library's; this crate
-//! only parses arguments, reads files and prints.
+//! The `dpfusion` command: a thin front-end over the engine library (`dpfusion`) and the server
+//! (`dpfusion-server`). Every privacy decision is the engine's; this crate only parses arguments, reads files,
+//! prints and draws.
 
+mod chart;
 mod cli;
 
 fn main() {

@@ -2,7 +2,7 @@
 
 use crate::support::{TempDir, pums_config};
 use dpfusion::accounting::{LedgerDb, Rho};
-use dpfusion::server::{Server, scram};
+use dpfusion_server::{Server, scram};
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;

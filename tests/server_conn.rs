@@ -6,7 +6,7 @@
 use crate::server::{PASSWORD, code, connect_as, frontend, raw_login, read_message, server_config, spent};
 use crate::support::TempDir;
 use dpfusion::accounting::{LedgerDb, Rho};
-use dpfusion::server::{Server, scram};
+use dpfusion_server::{Server, scram};
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};

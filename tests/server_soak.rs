@@ -11,7 +11,7 @@
 use crate::server::{PASSWORD, frontend, read_message, server_config};
 use crate::support::TempDir;
 use dpfusion::accounting::{Ledger, LedgerDb, Rho};
-use dpfusion::server::{Server, scram};
+use dpfusion_server::{Server, scram};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use std::collections::{BTreeMap, BTreeSet};

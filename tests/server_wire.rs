@@ -249,7 +249,7 @@ async fn a_cancel_request_stops_a_catalog_query() {
 /// A server where `dave` has a budget large enough for nearly exact answers (`SET dp.rho = 1e6`).
 async fn exact_server(name: &str) -> (TestServer, Client) {
     let s = start_with(TempDir::new(name), "", "").await;
-    s.db.add_analyst("dave", &dpfusion::server::scram::verifier(PASSWORD), Rho::new(1e9).unwrap(), None, "test")
+    s.db.add_analyst("dave", &dpfusion_server::scram::verifier(PASSWORD), Rho::new(1e9).unwrap(), None, "test")
         .unwrap();
     let (c, _) = connect_as(s.addr, "dave", PASSWORD).await.unwrap();
     c.simple_query("SET dp.rho = 1e6").await.unwrap();

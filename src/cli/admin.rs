@@ -158,7 +158,7 @@ pub(crate) fn analyst(a: AnalystArgs) -> Result<bool, DpError> {
         AnalystAction::Add { name, rho, tables, password_stdin, reason } => {
             dpfusion::accounting::admin::check_analyst_name(&name)?;
             check_tables(&cfg, &tables)?;
-            let verifier = dpfusion::server::scram::verifier(&password(password_stdin)?);
+            let verifier = dpfusion_server::scram::verifier(&password(password_stdin)?);
             db.add_analyst(&name, &verifier, Rho::new(rho)?, tables.as_deref(), &reason)?;
             outln!("analyst `{name}` added with ρ = {rho} (recorded in the ledger)");
         }
@@ -182,7 +182,7 @@ pub(crate) fn analyst(a: AnalystArgs) -> Result<bool, DpError> {
         }
         AnalystAction::Passwd { name, password_stdin, reason } => {
             db.analyst(&name)?.ok_or_else(|| DpError::Config(format!("no analyst `{name}`")))?;
-            db.set_verifier(&name, &dpfusion::server::scram::verifier(&password(password_stdin)?), &reason)?;
+            db.set_verifier(&name, &dpfusion_server::scram::verifier(&password(password_stdin)?), &reason)?;
             outln!("analyst `{name}`: password changed (recorded in the ledger)");
         }
         AnalystAction::Grant { name, tables, all, reason } => {
@@ -234,7 +234,7 @@ pub(crate) fn cap(a: CapArgs) -> Result<bool, DpError> {
 pub(crate) async fn serve(config: Option<PathBuf>) -> Result<bool, DpError> {
     let path = config.unwrap_or_else(super::default_config);
     let cfg = dpfusion::SessionConfig::from_file(&path)?;
-    let server = dpfusion::server::Server::bind(&cfg).await?;
+    let server = dpfusion_server::Server::bind(&cfg).await?;
     let addr = server.local_addr()?;
     let tls = if cfg.server.as_ref().is_some_and(|s| s.tls.is_some()) { "TLS" } else { "no TLS" };
     eprintln!("dpfusion serve: listening on {addr} ({tls}); stop with Ctrl-C or SIGTERM");

@@ -1,6 +1,6 @@
 //! `dpfusion marginals`: all one-way marginals of a table in one release, or the plan of one (`--plan`).
 
-use dpfusion::chart::{Chart, ChartFormat};
+use crate::chart::{Chart, ChartFormat};
 use dpfusion::marginals::{MarginalBudget, MarginalLayout, MarginalPlan, MarginalRelease, MarginalSpec};
 use dpfusion::session::DpSession;
 use dpfusion::{DpError, Refusal};

@@ -34,9 +34,9 @@ pub(crate) mod pin;
 pub(crate) mod progress;
 pub(crate) mod repl;
 
+use crate::chart::{Chart, ChartFormat};
 use clap::{Parser, Subcommand};
 use dpfusion::DpError;
-use dpfusion::chart::{Chart, ChartFormat};
 use dpfusion::session::DpSession;
 use output::Format;
 use std::path::{Path, PathBuf};
@@ -357,7 +357,7 @@ async fn run(cli: Cli) -> Result<bool, DpError> {
                     };
                     check_output(&p, force, &protected_paths(&path, &cfg))?;
                     ChartFormat::of_path(&p)?;
-                    dpfusion::chart::check_query(&s, sql).await?;
+                    crate::chart::check_query(&s, sql).await?;
                     let run = s.sql_with_request_id(sql, request_id.as_deref());
                     let outcome = Ok(progress::with_progress(&s, "running", run).await?);
                     outln!("{}", output::render(sql, &outcome, format));

@@ -1,7 +1,7 @@
 //! `dpfusion serve`: analysts connect over the PostgreSQL wire protocol (v3, with the `pgwire` crate) from their
 //! own tools (`psql`, psycopg, JDBC) and never touch a file.
 //!
-//! * **One private path.** Every analyst statement goes through [`crate::session::DpSession`], the same
+//! * **One private path.** Every analyst statement goes through [`dpfusion::session::DpSession`], the same
 //!   validate → bound → price → debit → execute → noise path as the REPL. Each connection gets its own session
 //!   ([`DpSession::for_analyst`]): the analyst's ledger budget, only the tables granted to them, their own
 //!   `SET dp.…` options and noise generator. Client chatter (`SET application_name`, `BEGIN`, `SHOW ...`,
@@ -11,8 +11,8 @@
 //!   address without TLS is refused unless `allow_plaintext = true`.
 //! * **Budgets.** Each analyst has a ρ budget in the ledger (`analyst:NAME`), each table may have a global cap
 //!   across all analysts; one debit checks and charges both in one transaction
-//!   ([`crate::accounting::ledger`]). Administration is the data owner's alone, on the ledger file
-//!   ([`crate::accounting::admin`]); nothing over the wire can change a total, a grant or a password.
+//!   ([`dpfusion::accounting::ledger`]). Administration is the data owner's alone, on the ledger file
+//!   ([`dpfusion::accounting::admin`]); nothing over the wire can change a total, a grant or a password.
 //! * **Limits** ([`conn`], [`auth`]). A connection slot is taken only after the password checked out
 //!   (`max_connections`, at most `max_connections_per_analyst` per analyst); before that a connection holds one of
 //!   `max_pending_logins` places for at most `login_timeout_secs`, and may send only small messages. Failed logins
@@ -31,10 +31,10 @@ pub mod conn;
 pub mod scram;
 mod wire;
 
-use crate::accounting::LedgerDb;
-use crate::config::{ServerSettings, SessionConfig};
-use crate::error::{DpError, Result};
-use crate::session::DpSession;
+use dpfusion::accounting::LedgerDb;
+use dpfusion::config::{ServerSettings, SessionConfig};
+use dpfusion::error::{DpError, Result};
+use dpfusion::session::DpSession;
 use pgwire::api::ConnectionManager;
 use pgwire::tokio::TlsAcceptor;
 use pgwire::tokio::tokio_rustls::rustls;
@@ -141,7 +141,7 @@ impl Server {
                     .into(),
             )
         })?;
-        if cfg.accounting != crate::accounting::calibrate::Accounting::Zcdp {
+        if cfg.accounting != dpfusion::accounting::calibrate::Accounting::Zcdp {
             return Err(DpError::Config(
                 "dpfusion serve keeps each analyst's budget in rho (zCDP); use [session] rho in a server configuration \
                  (analysts get their budgets with `dpfusion analyst add NAME --rho R`)"

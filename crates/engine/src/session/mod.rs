@@ -36,14 +36,14 @@ mod statement;
 pub use explain::{ExplainedMeasure, Explanation};
 pub use post::POST_MEMORY;
 pub use prepare::PLANNING_STACK;
-pub(crate) use prepare::grow_stack;
+pub use prepare::grow_stack;
 pub(crate) use private::SealedScanExec;
 #[cfg(test)]
 pub(crate) use private::private_context;
 pub use private::{PrivatePlan, PrivateTables, Unlocked};
 use statement::Statement;
 pub use statement::{DpOptions, split_statements};
-pub(crate) use statement::{set_parts, strip_leading_comments};
+pub use statement::{set_parts, strip_leading_comments};
 
 use crate::accounting::calibrate::{Accounting, MechanismChoice};
 use crate::accounting::{Charge, EpsilonBound, Ledger, MemoryLedger, Rho, SqliteLedger};

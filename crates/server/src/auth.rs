@@ -10,8 +10,8 @@ use super::catalog::Catalog;
 use super::scram::{self, ScramError, Verifier};
 use super::wire::{Analyst, Connection};
 use super::{SERVER_VERSION, log};
-use crate::accounting::admin::analyst_budget;
 use async_trait::async_trait;
+use dpfusion::accounting::admin::analyst_budget;
 use futures::Sink;
 use futures::SinkExt;
 use pgwire::api::auth::{
@@ -214,21 +214,21 @@ impl Connection {
     }
 
     /// The analyst's session, once their proof checked out (or why they may not log in).
-    async fn open_analyst(&self, user: &str, database: &str) -> crate::error::Result<Analyst> {
+    async fn open_analyst(&self, user: &str, database: &str) -> dpfusion::error::Result<Analyst> {
         let shared = &self.shared;
         let record = shared
             .db
             .analyst(user)?
-            .ok_or_else(|| crate::error::DpError::Access(format!("analyst `{user}` was removed")))?;
+            .ok_or_else(|| dpfusion::error::DpError::Access(format!("analyst `{user}` was removed")))?;
         if record.disabled {
-            return Err(crate::error::DpError::Access(format!(
+            return Err(dpfusion::error::DpError::Access(format!(
                 "analyst `{user}` has been disabled by the data owner; ask them"
             )));
         }
         let ledger = shared.db.budget(&analyst_budget(user))?;
         let session =
             shared.base.for_analyst(Box::new(ledger), record.tables.as_deref(), shared.settings.memory_limit).await?;
-        let catalog = Catalog::new(&session.table_schemas().await?, user, database).map_err(crate::error::engine)?;
+        let catalog = Catalog::new(&session.table_schemas().await?, user, database).map_err(dpfusion::error::engine)?;
         Ok(Analyst::new(user.to_string(), session, catalog))
     }
 }

@@ -14,21 +14,21 @@
 //!
 //! **Limits on every message.** Before anything parses or routes a statement ([`admit`]): `max_query_bytes` on
 //! the Query message, the Parse text, the text after Bind's substitution and Describe's; UTF-8; and the operator
-//! count of [`crate::plan::safety::check_statement_size`], which keeps every syntax tree shallow. Routing and
-//! catalog answers run on the planning stack ([`crate::session::PLANNING_STACK`]), catalog queries under the
+//! count of [`dpfusion::plan::safety::check_statement_size`], which keeps every syntax tree shallow. Routing and
+//! catalog answers run on the planning stack ([`dpfusion::session::PLANNING_STACK`]), catalog queries under the
 //! statement timeout. A simple Query holds at most [`MAX_STATEMENTS_PER_MESSAGE`] statements, and each one's
 //! response is sent before the next statement runs (nothing is collected across statements).
 
 use super::Shared;
 use super::catalog::Catalog;
-use crate::error::DpError;
-use crate::release::{Accuracy, Release};
-use crate::session::{DpSession, Response as DpResponse};
 use async_trait::async_trait;
 use datafusion::arrow::array::{Array, ArrayRef, AsArray, RecordBatch};
 use datafusion::arrow::compute::cast;
 use datafusion::arrow::datatypes::{DataType, Float64Type, Int16Type, Int32Type, Int64Type, SchemaRef};
 use datafusion::common::{DataFusionError, ScalarValue};
+use dpfusion::error::DpError;
+use dpfusion::release::{Accuracy, Release};
+use dpfusion::session::{DpSession, Response as DpResponse};
 use futures::{Sink, SinkExt, stream};
 use pgwire::api::portal::{Format, Portal};
 use pgwire::api::query::{ExtendedQueryHandler, SimpleQueryHandler};
@@ -68,7 +68,7 @@ impl Analyst {
     /// A catalog query's answer (from schemas only; nothing is read or spent), on the planning stack and under
     /// the statement timeout (dropping the query stops it: the catalog runs it in this task).
     async fn catalog_answer(&self, shared: &Shared, sql: &str) -> PgWireResult<Answer> {
-        let query = crate::session::grow_stack(self.catalog.query(sql));
+        let query = dpfusion::session::grow_stack(self.catalog.query(sql));
         let answered = tokio::time::timeout(shared.settings.statement_timeout, query).await.map_err(|_| {
             wire_error(
                 "57014",
@@ -198,14 +198,14 @@ fn too_long(len: usize, max: usize) -> PgWireError {
 
 /// The checks every statement text passes before anything parses or routes it (a Query's statements, Parse's
 /// text, the text after Bind's substitution, Describe's): at most `max_bytes`, UTF-8, and at most
-/// [`crate::plan::safety::MAX_OPERATORS`] operators (counted on tokens, without building a tree: a deeper tree
+/// [`dpfusion::plan::safety::MAX_OPERATORS`] operators (counted on tokens, without building a tree: a deeper tree
 /// would overflow a stack while it is parsed, walked or dropped).
 fn admit(max_bytes: usize, sql: &str) -> PgWireResult<()> {
     if sql.len() > max_bytes {
         return Err(too_long(sql.len(), max_bytes));
     }
     check_utf8(sql)?;
-    crate::plan::safety::check_statement_size(sql).map_err(|e| dp_error(&e))
+    dpfusion::plan::safety::check_statement_size(sql).map_err(|e| dp_error(&e))
 }
 
 /// The statements of one simple Query message, refused whole if the message is over `max_bytes` or holds more
@@ -214,7 +214,7 @@ fn split_message(max_bytes: usize, text: &str) -> PgWireResult<Vec<String>> {
     if text.len() > max_bytes {
         return Err(too_long(text.len(), max_bytes));
     }
-    let statements = crate::session::split_statements(text);
+    let statements = dpfusion::session::split_statements(text);
     if statements.len() > MAX_STATEMENTS_PER_MESSAGE {
         return Err(wire_error(
             "54000",
@@ -244,7 +244,7 @@ fn without_suggestion(message: &str) -> String {
 
 /// Runs `f` on the planning stack (routing parses and walks the statement's syntax tree).
 fn on_big_stack<R>(f: impl FnOnce() -> R) -> R {
-    stacker::maybe_grow(crate::session::PLANNING_STACK / 2, crate::session::PLANNING_STACK, f)
+    stacker::maybe_grow(dpfusion::session::PLANNING_STACK / 2, dpfusion::session::PLANNING_STACK, f)
 }
 
 /// The first word of `sql` (after comments), upper case, and the rest.
@@ -256,7 +256,7 @@ fn first_word(sql: &str) -> (String, &str) {
 
 /// `sql` without leading comments and trailing `;`.
 fn strip_comments(sql: &str) -> &str {
-    crate::session::strip_leading_comments(sql).trim_end().trim_end_matches(';').trim_end()
+    dpfusion::session::strip_leading_comments(sql).trim_end().trim_end_matches(';').trim_end()
 }
 
 /// Rows of one text column per line.
@@ -361,11 +361,11 @@ impl Analyst {
         if first_word(body).0 == "TRANSACTION" || first_word(body).0 == "CHARACTERISTICS" {
             return Ok(Answer::Tag(Tag::new("SET")));
         }
-        let (name, value) = crate::session::set_parts(body)
+        let (name, value) = dpfusion::session::set_parts(body)
             .ok_or_else(|| wire_error("42601", "cannot read this SET", Some("write SET name = value".into())))?;
         if name == "dp.request_id" {
             if value.is_empty() {
-                return Err(dp_error(&DpError::Refused(crate::refusal::Refusal::EmptyRequestId)));
+                return Err(dp_error(&DpError::Refused(dpfusion::refusal::Refusal::EmptyRequestId)));
             }
             self.request_id = Some(value);
             return Ok(Answer::Tag(Tag::new("SET")));

@@ -59,7 +59,6 @@
 //! ```
 
 pub mod accounting;
-pub mod chart;
 pub mod config;
 pub mod error;
 pub mod marginals;
@@ -70,7 +69,6 @@ pub mod policy;
 pub mod progress;
 pub mod refusal;
 pub mod release;
-pub mod server;
 pub mod session;
 pub mod source;
 

@@ -117,7 +117,7 @@ fn short_number(x: f64) -> String {
 
 /// `s` without leading whitespace and comments (`-- ...` lines and `/* ... */` blocks), so that
 /// `/* why */ EXPLAIN DP ...` is recognised.
-pub(crate) fn strip_leading_comments(mut s: &str) -> &str {
+pub fn strip_leading_comments(mut s: &str) -> &str {
     loop {
         s = s.trim_start();
         if let Some(rest) = s.strip_prefix("--") {
@@ -134,7 +134,7 @@ pub(crate) fn strip_leading_comments(mut s: &str) -> &str {
 }
 
 /// The option name (lower case) and value (unquoted) of `SET <rest>`: `name = value` or `name TO value`.
-pub(crate) fn set_parts(rest: &str) -> Option<(String, String)> {
+pub fn set_parts(rest: &str) -> Option<(String, String)> {
     let (name, value) = rest.split_once('=').or_else(|| {
         let lower = rest.to_ascii_lowercase();
         lower.find(" to ").map(|i| (&rest[..i], &rest[i + 4..]))

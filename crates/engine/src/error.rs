@@ -136,7 +136,7 @@ impl From<Refusal> for DpError {
 }
 
 /// A DataFusion error outside the private part of a plan, as [`DpError::Engine`].
-pub(crate) fn engine(e: datafusion::error::DataFusionError) -> DpError {
+pub fn engine(e: datafusion::error::DataFusionError) -> DpError {
     DpError::Engine(e)
 }
 

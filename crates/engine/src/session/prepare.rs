@@ -54,8 +54,10 @@ impl<F: Future> Future for GrowStack<F> {
     }
 }
 
-/// Runs `f` on a large stack (see [`GrowStack`]).
-pub(crate) fn grow_stack<F: Future>(f: F) -> impl Future<Output = F::Output> {
+/// Runs `f` on a large stack: every poll of it has at least [`PLANNING_STACK`] bytes free (a new segment is
+/// allocated when the current one has less; see the `stacker` crate). For front ends that plan or route statements
+/// on their own threads (the server).
+pub fn grow_stack<F: Future>(f: F) -> impl Future<Output = F::Output> {
     GrowStack(Box::pin(f))
 }
 

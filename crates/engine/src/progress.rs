@@ -159,7 +159,7 @@ mod tests {
         let rho = |r| Rho::new(r).unwrap();
         let s = DpSession::empty(rho(1.0), rho(0.1), Mechanism::Gaussian, 1e-6, 0.95).unwrap();
         assert_eq!(s.progress_for_tests().fraction(), None);
-        let csv = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/data/pums_dup.csv");
+        let csv = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/data/pums_dup.csv");
         let schema = Arc::new(Schema::new(vec![Field::new("age", DataType::Int64, true)]));
         let format = TextFormat::Csv { has_header: true, delimiter: b',', multiline_fields: false };
         let table = TextTable::new("c", schema, vec![csv.into()], format, None);
