@@ -49,9 +49,9 @@ async fn main() {
     if let Ok(b) = session.budget() {
         println!(
             "budget: spent ρ = {} of {}, remaining {}; ε = {:.3} at δ = {:e} ({})",
-            dpfusion::release::fmt_num(b.status.rho_spent),
+            dpfusion::format::fmt_num(b.status.rho_spent),
             b.status.rho_total,
-            dpfusion::release::fmt_num(b.status.rho_remaining),
+            dpfusion::format::fmt_num(b.status.rho_remaining),
             b.epsilon.epsilon,
             b.epsilon.delta,
             b.epsilon.kind.describe()

@@ -56,7 +56,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let b = session.budget()?;
     println!(
         "budget: spent {} of {} · ledger {}",
-        dpfusion::release::fmt_num(b.status.rho_spent),
+        dpfusion::format::fmt_num(b.status.rho_spent),
         b.status.rho_total,
         session.ledger().describe()
     );

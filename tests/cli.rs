@@ -306,8 +306,22 @@ fn check_prints_what_each_table_allows_and_refuses_as_queries_do() {
     let q = dpfusion(&["query", "-c", "config/pums.toml", "SELECT age, COUNT(*) FROM pums GROUP BY age"]);
     let refusal = text(&q.stderr).lines().find_map(|l| l.strip_prefix("error: ").map(str::to_string)).unwrap();
     assert!(out.lines().any(|l| l.trim() == refusal), "`{refusal}` not in\n{out}");
-    // A broken policy is an error that says what to fix, before any data is touched.
     let dir = crate::support::TempDir::new("check");
+    // The planner answers: a text column is refused for SUM as not numeric (not as lacking bounds), word for word
+    // as a query over the data is.
+    let cfg = dir.join("text.toml");
+    let text_cfg = std::fs::read_to_string(format!("{ROOT}/config/pums.toml"))
+        .unwrap()
+        .replace("married = { type = \"int64\", domain = [0, 1] }", "married = { type = \"string\" }")
+        .replace("../examples", &format!("{ROOT}/examples"));
+    std::fs::write(&cfg, text_cfg).unwrap();
+    let out = text(&dpfusion(&["check", "-c", cfg.to_str().unwrap()]).stdout);
+    let q = dpfusion(&["query", "-c", cfg.to_str().unwrap(), "SELECT SUM(married) FROM pums"]);
+    let refusal = text(&q.stderr).lines().find_map(|l| l.strip_prefix("error: ").map(str::to_string)).unwrap();
+    assert!(refusal.contains("numeric column, but `married` is string"), "{refusal}");
+    assert!(out.lines().any(|l| l.trim() == refusal), "`{refusal}` not in\n{out}");
+    assert!(!out.contains("SUM(married) needs bounds"), "{out}");
+    // A broken policy is an error that says what to fix, before any data is touched.
     let cfg = dir.join("bad.toml");
     let text_cfg = std::fs::read_to_string(format!("{ROOT}/config/pums.toml")).unwrap().replace("[0, 100]", "[100, 0]");
     std::fs::write(&cfg, text_cfg).unwrap();

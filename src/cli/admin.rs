@@ -171,7 +171,7 @@ pub(crate) fn analyst(a: AnalystArgs) -> Result<bool, DpError> {
                     "{:<20} {:>12} {:>12} {:<9} {tables}",
                     x.name,
                     x.rho_total,
-                    dpfusion::release::fmt_num(x.rho_spent),
+                    dpfusion::format::fmt_num(x.rho_spent),
                     status
                 );
             }
@@ -226,7 +226,7 @@ pub(crate) fn cap(a: CapArgs) -> Result<bool, DpError> {
         outln!("table `{t}`: global cap ρ = {rho} across all analysts (recorded in the ledger)");
     }
     for c in db.table_caps()? {
-        outln!("{:<20} cap {:>12} spent {:>12}", c.table, c.cap, dpfusion::release::fmt_num(c.spent));
+        outln!("{:<20} cap {:>12} spent {:>12}", c.table, c.cap, dpfusion::format::fmt_num(c.spent));
     }
     Ok(true)
 }

@@ -7,10 +7,9 @@
 //! from the data, and the file says so. `check` validates a configuration and prints, per table, what queries
 //! it allows and what it refuses (with the refusal queries would give), without opening any data file.
 
-use dpfusion::DpError;
 use dpfusion::config::SessionConfig;
 use dpfusion::policy::{ColumnPolicy, ColumnType};
-use dpfusion::refusal::Refusal;
+use dpfusion::{DpError, DpSession};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
@@ -172,8 +171,11 @@ pub(crate) async fn init(a: InitArgs) -> Result<bool, DpError> {
     Ok(true)
 }
 
-/// Runs `dpfusion check`: validates the configuration and prints what each table allows. Reads no data.
-pub(crate) fn check(config: &Path) -> Result<bool, DpError> {
+/// Runs `dpfusion check`: validates the configuration and prints what each table allows, as the planner answers
+/// it: every column is tried in `COUNT`, `SUM` and `GROUP BY` with `EXPLAIN DP` over a session with each table's
+/// declared schema and no data ([`DpSession::schema_only`]), so a refusal here is word for word the one a query
+/// gets. Reads no data, spends nothing.
+pub(crate) async fn check(config: &Path) -> Result<bool, DpError> {
     let cfg = SessionConfig::from_file(config)?;
     outln!("{}: valid", config.display());
     let budget = match cfg.accounting {
@@ -188,6 +190,7 @@ pub(crate) fn check(config: &Path) -> Result<bool, DpError> {
     if cfg.tables.is_empty() {
         outln!("no tables: add a [tables.NAME] section (dpfusion init writes one)");
     }
+    let session = DpSession::schema_only(&cfg)?;
     for (name, t) in &cfg.tables {
         let p = &t.policy;
         outln!("\ntable {name} ({}, {} columns)", t.path.display(), t.columns.len());
@@ -200,40 +203,58 @@ pub(crate) fn check(config: &Path) -> Result<bool, DpError> {
             ),
             None => outln!("  row level: neighbours differ by one row"),
         }
-        outln!("  COUNT(*) and COUNT(column): every column");
-        let mut sums = Vec::new();
-        let mut keys = Vec::new();
-        let mut refused = Vec::new();
+        let (mut counts, mut sums, mut keys, mut refused) = (vec![], vec![], vec![], vec![]);
         for column in t.columns.keys() {
-            let unit = p.privacy_unit.as_deref() == Some(column.as_str());
-            match (p.columns.get(column), unit) {
-                (_, true) => {
-                    refused.push(Refusal::UnitAggregated { aggregate: "SUM", column: column.clone() });
-                    refused.push(Refusal::UnitAsKey { column: column.clone() });
-                }
-                (Some(ColumnPolicy::Bounds { lo, hi }), _) => {
-                    sums.push(format!("{column} [{lo}, {hi}]"));
-                    refused.push(Refusal::NoDomain { table: name.clone(), column: column.clone() });
-                }
-                (Some(ColumnPolicy::Domain(d)), _) => {
-                    keys.push(format!("{column} ({} values)", d.len()));
-                    refused.push(Refusal::NoBounds { aggregate: "SUM", table: name.clone(), column: column.clone() });
-                }
-                (None, _) => {
-                    refused.push(Refusal::NoBounds { aggregate: "SUM", table: name.clone(), column: column.clone() });
-                    refused.push(Refusal::NoDomain { table: name.clone(), column: column.clone() });
+            let (c, t) = (quoted(column), quoted(name));
+            let probes = [
+                (format!("SELECT COUNT({c}) FROM {t}"), &mut counts, column.clone()),
+                (format!("SELECT SUM({c}) FROM {t}"), &mut sums, bounds_of(p.columns.get(column), column)),
+                (
+                    format!("SELECT {c}, COUNT(*) FROM {t} GROUP BY {c}"),
+                    &mut keys,
+                    domain_of(p.columns.get(column), column),
+                ),
+            ];
+            for (sql, allowed, shown) in probes {
+                match session.explain(&sql).await {
+                    Ok(_) => allowed.push(shown),
+                    Err(e) if e.is_refusal() => refused.push(e.to_string()),
+                    Err(e) => return Err(e),
                 }
             }
         }
         let list = |v: &[String]| if v.is_empty() { "none".to_string() } else { v.join(", ") };
+        outln!("  COUNT(*), and COUNT(column) of: {}", list(&counts));
         outln!("  SUM and AVG: {}", list(&sums));
         outln!("  GROUP BY: {}", list(&keys));
+        refused.dedup();
         if !refused.is_empty() {
             outln!("  refused, as a query would be:");
             for r in refused {
-                outln!("    {}", DpError::Refused(r));
+                outln!("    {r}");
             }
         }
     }
     Ok(true)
+}
+
+/// A name as a SQL identifier (double-quoted, quotes doubled).
+fn quoted(name: &str) -> String {
+    format!("\"{}\"", name.replace('"', "\"\""))
+}
+
+/// How `dpfusion check` shows a summed column: with its bounds.
+fn bounds_of(policy: Option<&ColumnPolicy>, column: &str) -> String {
+    match policy {
+        Some(ColumnPolicy::Bounds { lo, hi }) => format!("{column} [{lo}, {hi}]"),
+        _ => column.to_string(),
+    }
+}
+
+/// How `dpfusion check` shows a key column: with the size of its domain.
+fn domain_of(policy: Option<&ColumnPolicy>, column: &str) -> String {
+    match policy {
+        Some(ColumnPolicy::Domain(d)) => format!("{column} ({} values)", d.len()),
+        _ => column.to_string(),
+    }
 }

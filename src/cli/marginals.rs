@@ -66,8 +66,7 @@ pub(crate) struct MarginalArgs {
 
 /// The histograms the arguments ask for.
 fn layout_of(s: &DpSession, a: &MarginalArgs) -> Result<MarginalLayout, DpError> {
-    let policy =
-        s.tables().get(&a.table).ok_or_else(|| DpError::Refused(Refusal::NoTable { table: a.table.clone() }))?;
+    let policy = s.policy(&a.table)?;
     if let [attribute, value] = a.long.as_slice() {
         return Ok(MarginalLayout::Long { attribute: attribute.clone(), value: value.clone() });
     }
@@ -98,21 +97,21 @@ fn budget(a: &MarginalArgs) -> Result<MarginalBudget, DpError> {
 fn print_plan(p: &MarginalPlan) {
     outln!("one-way marginals plan (nothing touched, nothing spent)");
     outln!("  histograms d = {} · cells = {} · rows per unit k = {}", p.d, p.cells, p.rows_per_unit);
-    outln!("  joint L2 sensitivity k·√d = {}", dpfusion::release::fmt_num(p.l2_sensitivity));
+    outln!("  joint L2 sensitivity k·√d = {}", dpfusion::format::fmt_num(p.l2_sensitivity));
     outln!(
         "  ρ = {} → σ = {} counts per cell (std {})",
-        dpfusion::release::fmt_num(p.rho),
-        dpfusion::release::fmt_num(p.sigma),
-        dpfusion::release::fmt_num(p.std)
+        dpfusion::format::fmt_num(p.rho),
+        dpfusion::format::fmt_num(p.sigma),
+        dpfusion::format::fmt_num(p.std)
     );
     if let Some(f) = p.sigma_frequency {
-        outln!("  σ on the frequency scale = {}", dpfusion::release::fmt_num(f));
+        outln!("  σ on the frequency scale = {}", dpfusion::format::fmt_num(f));
     }
     outln!("  each cell: ± {} at {}% · all cells at once: ± {}", p.ci_half_width, p.confidence * 100.0, p.max_error);
     outln!("  ε = {:.4} at δ = {:e} ({})", p.epsilon.epsilon, p.epsilon.delta, p.epsilon.kind.describe());
     outln!(
         "  separate queries at ρ/d each would have σ = {} (√d = {:.1} times more)",
-        dpfusion::release::fmt_num(p.sigma * (p.d as f64).sqrt()),
+        dpfusion::format::fmt_num(p.sigma * (p.d as f64).sqrt()),
         (p.d as f64).sqrt()
     );
 }
@@ -150,9 +149,9 @@ pub(crate) async fn run(a: MarginalArgs) -> Result<bool, DpError> {
         "released {} histograms ({} cells) · σ = {} · ρ spent {} · remaining {}",
         r.columns().len(),
         r.plan().cells,
-        dpfusion::release::fmt_num(r.plan().sigma),
-        dpfusion::release::fmt_num(r.charge().rho().get()),
-        dpfusion::release::fmt_num(r.budget().rho_remaining)
+        dpfusion::format::fmt_num(r.plan().sigma),
+        dpfusion::format::fmt_num(r.charge().rho().get()),
+        dpfusion::format::fmt_num(r.budget().rho_remaining)
     );
     Ok(true)
 }

@@ -284,15 +284,15 @@ pub(crate) fn print_budget(session: &DpSession, history: bool) -> Result<(), DpE
              spent {} · remaining {}",
             session.delta(),
             b.status.rho_total,
-            dpfusion::release::fmt_num(b.status.rho_spent),
-            dpfusion::release::fmt_num(b.status.rho_remaining)
+            dpfusion::format::fmt_num(b.status.rho_spent),
+            dpfusion::format::fmt_num(b.status.rho_remaining)
         );
     } else {
         outln!(
             "budget: total ρ = {} · spent {} · remaining {}",
             b.status.rho_total,
-            dpfusion::release::fmt_num(b.status.rho_spent),
-            dpfusion::release::fmt_num(b.status.rho_remaining)
+            dpfusion::format::fmt_num(b.status.rho_spent),
+            dpfusion::format::fmt_num(b.status.rho_remaining)
         );
     }
     outln!(
@@ -321,11 +321,11 @@ pub(crate) fn print_budget(session: &DpSession, history: bool) -> Result<(), DpE
                 format!(
                     "{} σ/b={}",
                     m.mechanism().report_name(),
-                    dpfusion::release::fmt_num(m.params().sigma_or_scale())
+                    dpfusion::format::fmt_num(m.params().sigma_or_scale())
                 )
             })
             .collect();
-        outln!("  #{} ρ={} [{}] {}", c.id(), dpfusion::release::fmt_num(c.rho().get()), mechs.join(", "), c.label());
+        outln!("  #{} ρ={} [{}] {}", c.id(), dpfusion::format::fmt_num(c.rho().get()), mechs.join(", "), c.label());
     }
     Ok(())
 }
@@ -376,7 +376,7 @@ async fn run(cli: Cli) -> Result<bool, DpError> {
         Command::Cap(a) => admin::cap(a),
         Command::Pin(a) => pin::run(a).await,
         Command::Init(a) => init::init(a).await,
-        Command::Check { config } => init::check(&config),
+        Command::Check { config } => init::check(&config).await,
         Command::Explain { config, sql } => {
             let (s, _) = open(config).await?;
             let e = s.explain(sql.trim().trim_end_matches(';')).await?;

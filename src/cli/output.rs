@@ -44,13 +44,12 @@ pub(crate) fn echo(sql: &str) -> String {
 
 /// The JSON object of a refused or failed statement.
 pub(crate) fn error_json(sql: &str, e: &DpError) -> Value {
-    let (status, error, hint) = match e {
-        DpError::Refused(r) => ("refused", r.to_string(), r.hint()),
-        DpError::OverBudget { .. } => {
-            ("refused", e.to_string(), "ask for less ρ (SET dp.rho) or a larger budget".into())
-        }
-        other => ("error", other.to_string(), String::new()),
+    let status = if e.is_refusal() { "refused" } else { "error" };
+    let error = match e {
+        DpError::Refused(r) => r.to_string(),
+        other => other.to_string(),
     };
+    let hint = e.hint().unwrap_or_default();
     json!({"status": status, "code": e.code(), "sql": echo(sql), "error": error, "hint": hint})
 }
 

@@ -47,22 +47,52 @@ const KEYWORDS: &[&str] = &[
     "dp.confidence",
 ];
 
-const META: &[&str] = &["\\?", "\\tables", "\\describe", "\\budget", "\\explain", "\\format", "\\timing", "\\q"];
+/// A meta-command of the shell.
+#[derive(Clone, Copy)]
+enum Meta {
+    Help,
+    Tables,
+    Describe,
+    Budget,
+    Explain,
+    Format,
+    Timing,
+    Quit,
+}
 
-const HELP: &str = "\
-Statements end with `;` and may span lines. Ctrl-C cancels the statement being typed, Ctrl-D leaves.
+/// The meta-commands, in the order of the help: names (the first is the one shown and completed), argument, and
+/// what it does. The one list the help, the completion and the dispatch read.
+const META: &[(Meta, &[&str], &str, &str)] = &[
+    (Meta::Help, &["\\?", "\\h", "\\help"], "", "this help"),
+    (Meta::Tables, &["\\tables"], "", "the private tables"),
+    (
+        Meta::Describe,
+        &["\\describe", "\\d"],
+        "TABLE",
+        "columns with their policy (bounds, domain, privacy unit, limits)",
+    ),
+    (Meta::Budget, &["\\budget"], "", "total, spent, remaining, (ε, δ) and the charges"),
+    (Meta::Explain, &["\\explain"], "SQL", "the same as EXPLAIN DP SQL"),
+    (Meta::Format, &["\\format"], "FMT", "table, csv, json or jsonl"),
+    (Meta::Timing, &["\\timing"], "", "toggle timing of each statement"),
+    (Meta::Quit, &["\\q", "\\quit"], "", "leave"),
+];
+
+/// The shell's help: the statements, then every meta-command of [`META`].
+fn help() -> String {
+    let mut out = String::from(
+        "Statements end with `;` and may span lines. Ctrl-C cancels the statement being typed, Ctrl-D leaves.
   SELECT ... ;                      a query: noisy answer, its accuracy and its cost
   EXPLAIN DP SELECT ... ;           plan, sensitivity, noise and cost, without spending anything
   SET dp.rho = 0.02;                ρ per query (also dp.mechanism = 'laplace' or 'auto', dp.confidence = 0.9)
-Meta-commands:
-  \\?                 this help
-  \\tables            the private tables
-  \\describe TABLE    columns with their policy (bounds, domain, privacy unit, limits)
-  \\budget            total, spent, remaining, (ε, δ) and the charges
-  \\explain SQL       the same as EXPLAIN DP SQL
-  \\format FMT        table, csv, json or jsonl
-  \\timing            toggle timing of each statement
-  \\q                 leave";
+Meta-commands:",
+    );
+    for (_, names, arg, what) in META {
+        let usage = format!("{} {arg}", names[0]);
+        out.push_str(&format!("\n  {:<18} {what}", usage.trim_end()));
+    }
+    out
+}
 
 struct DpHelper {
     words: Vec<String>,
@@ -145,11 +175,7 @@ impl Shell {
     }
 
     async fn describe(&self, table: &str) -> Result<(), DpError> {
-        let policy = self
-            .session
-            .tables()
-            .get(table)
-            .ok_or_else(|| DpError::Refused(dpfusion::Refusal::NoTable { table: table.to_string() }))?;
+        let policy = self.session.policy(table)?;
         let schema = self.session.table_schema(table).await?;
         outln!("table {table}");
         match &policy.privacy_unit {
@@ -178,44 +204,47 @@ impl Shell {
     /// Handles a meta-command; returns false to leave.
     async fn meta(&mut self, line: &str) -> bool {
         let (cmd, arg) = line.split_once(char::is_whitespace).map_or((line, ""), |(c, a)| (c, a.trim()));
-        match cmd {
-            "\\q" | "\\quit" => return false,
-            "\\?" | "\\h" | "\\help" => outln!("{HELP}"),
-            "\\tables" => {
+        let Some((meta, ..)) = META.iter().find(|(_, names, ..)| names.contains(&cmd)) else {
+            self.error(&format!("unknown meta-command {cmd}; \\? lists them"));
+            return true;
+        };
+        match meta {
+            Meta::Quit => return false,
+            Meta::Help => outln!("{}", help()),
+            Meta::Tables => {
                 for (name, p) in self.session.tables() {
                     let unit = p.privacy_unit.as_deref().unwrap_or("row");
                     outln!("{name} (privacy unit: {unit})");
                 }
             }
-            "\\describe" | "\\d" => {
+            Meta::Describe => {
                 if let Err(e) = self.describe(arg).await {
                     self.error(&e.to_string());
                 }
             }
-            "\\budget" => {
+            Meta::Budget => {
                 if let Err(e) = super::print_budget(&self.session, true) {
                     self.error(&e.to_string());
                 }
             }
-            "\\explain" => {
+            Meta::Explain => {
                 let sql = arg.trim_end_matches(';');
                 match self.session.explain(sql).await {
                     Ok(e) => outln!("{e}"),
                     Err(e) => self.error(&e.to_string()),
                 }
             }
-            "\\format" => match arg.parse::<Format>() {
+            Meta::Format => match arg.parse::<Format>() {
                 Ok(f) => {
                     self.format = f;
                     outln!("format: {arg}");
                 }
                 Err(e) => self.error(&e),
             },
-            "\\timing" => {
+            Meta::Timing => {
                 self.timing = !self.timing;
                 outln!("timing {}", if self.timing { "on" } else { "off" });
             }
-            other => self.error(&format!("unknown meta-command {other}; \\? lists them")),
         }
         true
     }
@@ -230,7 +259,7 @@ pub(crate) async fn run(session: DpSession, config: &Path) -> Result<bool, DpErr
          tables: {} · \\? for help, \\q to leave",
         config.display(),
         b.status.rho_total,
-        dpfusion::release::fmt_num(b.status.rho_spent),
+        dpfusion::format::fmt_num(b.status.rho_spent),
         session.delta(),
         session.tables().keys().cloned().collect::<Vec<_>>().join(", ")
     );
@@ -240,7 +269,8 @@ pub(crate) async fn run(session: DpSession, config: &Path) -> Result<bool, DpErr
     } else {
         outln!("WARNING: ledger {}. Add a [ledger] path to the configuration to keep the budget.", ledger.describe());
     }
-    let mut words: Vec<String> = KEYWORDS.iter().chain(META).map(|s| s.to_string()).collect();
+    let meta = META.iter().map(|(_, names, ..)| names[0]);
+    let mut words: Vec<String> = KEYWORDS.iter().copied().chain(meta).map(str::to_string).collect();
     for name in session.tables().keys() {
         words.push(name.clone());
         if let Ok(s) = session.table_schema(name).await {
@@ -306,4 +336,23 @@ pub(crate) async fn run(session: DpSession, config: &Path) -> Result<bool, DpErr
         let _ = rl.save_history(h);
     }
     Ok(true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The help shows every meta-command, and no name means two commands.
+    #[test]
+    fn the_help_lists_every_meta_command_and_names_are_unique() {
+        let text = help();
+        let mut names: Vec<&str> = META.iter().flat_map(|(_, n, ..)| n.iter().copied()).collect();
+        for (_, n, ..) in META {
+            assert!(text.contains(&format!("\n  {}", n[0])), "{} missing from the help", n[0]);
+        }
+        let all = names.len();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), all);
+    }
 }

@@ -374,9 +374,7 @@ impl SessionConfig {
     pub fn from_toml_str(text: &str, base_dir: &Path) -> Result<Self> {
         let raw: Config = toml::from_str(text).map_err(|e| DpError::Config(e.to_string()))?;
         let s = &raw.session;
-        if !(s.delta > 0.0 && s.delta < 1.0) {
-            return Err(DpError::Config(format!("[session] delta = {} must be in (0, 1); 1e-6 is usual", s.delta)));
-        }
+        crate::accounting::convert::check_delta(s.delta).map_err(|e| cfg_err(e, "delta"))?;
         let (accounting, total_rho) = match (s.rho, s.epsilon) {
             (Some(r), None) => (Accounting::Zcdp, Rho::new(r).map_err(|e| cfg_err(e, "rho"))?),
             (None, Some(e)) => (
@@ -509,11 +507,11 @@ fn table_source(name: &str, t: TableConfig, base_dir: &Path) -> Result<TableSour
     let mut columns = BTreeMap::new();
     let mut types = BTreeMap::new();
     for (col, c) in t.columns {
-        if col.to_ascii_lowercase().starts_with(crate::plan::RESERVED_PREFIX) {
+        if col.to_ascii_lowercase().starts_with(crate::policy::RESERVED_PREFIX) {
             return Err(DpError::Config(format!(
                 "[tables.{name}.columns] {col}: names beginning with `{}` are reserved for dpfusion's own columns; \
                  rename the column in the file",
-                crate::plan::RESERVED_PREFIX
+                crate::policy::RESERVED_PREFIX
             )));
         }
         let Some(ty) = &c.data_type else {

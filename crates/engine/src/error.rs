@@ -3,6 +3,7 @@
 //! Every message says what went wrong *and* what to change. Errors never carry private values: a refusal
 //! describes the query and the policy, never the data.
 
+use crate::format::fmt_num;
 use crate::refusal::Refusal;
 use thiserror::Error;
 
@@ -19,11 +20,7 @@ pub enum DpError {
     },
 
     /// A charge would exceed the session's total zCDP budget. Nothing was spent.
-    #[error(
-        "privacy budget exhausted: this query costs rho={} but only rho={} remains (total {}, spent {}). \
-         Nothing was spent. Ask for less (e.g. `SET dp.rho = {}`), or ask the data owner for a larger budget",
-        short(*.requested), short(*.remaining), short(*.total), short(*.spent), short(*.remaining)
-    )]
+    #[error("{}. Nothing was spent. {}", over_budget(*.requested, *.remaining, *.total, *.spent), budget_hint(*.remaining, *.total))]
     OverBudget {
         /// The session's total ρ.
         total: f64,
@@ -122,6 +119,19 @@ impl DpError {
         }
     }
 
+    /// What to change, for a wire protocol's HINT or a JSON `hint`, when there is something to say: a refusal's
+    /// hint, or how to fit the budget. Numbers are rounded for reading (rounded down where they are a ρ to ask for).
+    pub fn hint(&self) -> Option<String> {
+        match self {
+            DpError::Refused(r) => Some(r.hint()),
+            DpError::OverBudget { remaining, total, .. } => Some(budget_hint(*remaining, *total)),
+            DpError::TableCap { .. } => {
+                Some("ask for less (`SET dp.rho = ...`), or ask the data owner to raise the cap".into())
+            }
+            _ => None,
+        }
+    }
+
     /// Whether nothing was spent and the statement was not answered for a reason the analyst can change: a
     /// refusal or a query over the budget.
     pub fn is_refusal(&self) -> bool {
@@ -140,12 +150,72 @@ pub fn engine(e: datafusion::error::DataFusionError) -> DpError {
     DpError::Engine(e)
 }
 
-/// A budget figure for messages: 10 significant digits, trailing zeros dropped (the exact values are in the
-/// error's fields).
-fn short(x: f64) -> String {
-    let s = format!("{x:.9e}");
-    s.parse::<f64>().map(|v| v.to_string()).unwrap_or(s)
+/// What remains of a budget counts as spent when it is below this fraction of the total: what is left after
+/// adding up float charges that were meant to use it all (ρ = 0.1 ten times leaves ~1e-17), and no query could use
+/// it anyway (its noise would be ~10⁴·√total times that of a query of the whole budget).
+const DUST: f64 = 1e-9;
+
+/// The first sentence of [`DpError::OverBudget`]'s message (figures rounded for reading; the exact values are in
+/// the error's fields).
+fn over_budget(requested: f64, remaining: f64, total: f64, spent: f64) -> String {
+    let dust = remaining <= total * DUST;
+    let (requested, total, spent) = (fmt_num(requested), fmt_num(total), fmt_num(spent));
+    if dust {
+        format!(
+            "privacy budget exhausted: this query costs rho={requested} and the budget is spent (total {total}, spent {spent})"
+        )
+    } else {
+        let remaining = fmt_num(remaining);
+        format!(
+            "privacy budget exhausted: this query costs rho={requested} but only rho={remaining} remains (total {total}, spent {spent})"
+        )
+    }
+}
+
+/// How to fit the budget: a ρ that fits (what remains, rounded down to 3 significant digits), unless what remains
+/// is rounding dust.
+fn budget_hint(remaining: f64, total: f64) -> String {
+    if remaining <= total * DUST {
+        return "Ask the data owner for a larger budget (what remains is rounding left over from adding the charges)"
+            .into();
+    }
+    format!(
+        "Ask for less (e.g. `SET dp.rho = {}`), or ask the data owner for a larger budget",
+        fmt_num(round_down(remaining, 3))
+    )
+}
+
+/// `x > 0` rounded down to `digits` significant digits (never above `x`).
+fn round_down(x: f64, digits: i32) -> f64 {
+    let scale = 10f64.powi(digits - 1 - x.log10().floor() as i32);
+    let r = (x * scale).floor() / scale;
+    if r > x || !r.is_finite() { x } else { r }
 }
 
 /// Result alias used throughout dpfusion.
 pub type Result<T, E = DpError> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A budget spent down to float dust says so and suggests no ρ; otherwise the suggested ρ fits what remains
+    /// and reads as a person writes it.
+    #[test]
+    fn over_budget_reads_as_a_person_writes_it() {
+        let dust = DpError::OverBudget { total: 1.0, spent: 1.0 - 4.3298e-15, requested: 0.1, remaining: 4.3298e-15 };
+        let text = dust.to_string();
+        assert!(
+            text.contains("the budget is spent") && !text.contains("SET dp.rho") && !text.contains("e-15"),
+            "{text}"
+        );
+        assert!(dust.hint().is_some_and(|h| h.contains("larger budget") && !h.contains("SET")));
+        let some = DpError::OverBudget { total: 1.0, spent: 0.876543211, requested: 0.5, remaining: 0.123456789 };
+        let (text, hint) = (some.to_string(), some.hint().unwrap_or_default());
+        assert!(text.contains("only rho=0.123457 remains") && text.contains("SET dp.rho = 0.123`"), "{text}");
+        assert!(hint.contains("SET dp.rho = 0.123`"), "{hint}");
+        for x in [0.123456789, 9.99999e-7, 1.0, 0.30000000000000004, 7e-300] {
+            assert!(round_down(x, 3) <= x && round_down(x, 3) > 0.0, "{x}");
+        }
+    }
+}

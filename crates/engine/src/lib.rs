@@ -61,6 +61,7 @@
 pub mod accounting;
 pub mod config;
 pub mod error;
+pub mod format;
 pub mod marginals;
 pub mod noise;
 pub mod owner_log;

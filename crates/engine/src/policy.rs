@@ -10,6 +10,10 @@ use crate::error::{DpError, Result};
 use serde::Deserialize;
 use std::collections::BTreeMap;
 
+/// Prefix of the names dpfusion gives its own columns and tables (`__dp_unit`, `__dp_m0`, `__dp_noisy`, ...): no
+/// query and no table column may use it.
+pub const RESERVED_PREFIX: &str = "__dp_";
+
 /// A column type as the policy declares it. The data is read with these types: a value that does not parse as
 /// its column's type is read as NULL (and counted in the owner's log), so the schema, and every refusal and
 /// result type derived from it, never depends on the data.

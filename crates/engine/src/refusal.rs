@@ -115,8 +115,8 @@ pub enum Refusal {
     /// A per-query ρ above the session's total.
     #[error(
         "dp.rho = {} exceeds the session's total budget {}",
-        crate::release::fmt_num(*.rho),
-        crate::release::fmt_num(*.total)
+        crate::format::fmt_num(*.rho),
+        crate::format::fmt_num(*.total)
     )]
     RhoOverTotal {
         /// The ρ asked for.
@@ -325,8 +325,8 @@ pub enum Refusal {
     /// Integer bounds that contain no integer.
     #[error(
         "bounds [{}, {}] of integer column `{column}` contain no integer",
-        crate::release::fmt_num(*.lo),
-        crate::release::fmt_num(*.hi)
+        crate::format::fmt_num(*.lo),
+        crate::format::fmt_num(*.hi)
     )]
     EmptyIntegerBounds {
         /// The column.
@@ -356,7 +356,7 @@ pub enum Refusal {
 
     // ----- Pricing and planning
     /// ρ cannot be split over the measurements.
-    #[error("ρ = {} cannot be split over {measures} measurements: {reason}", crate::release::fmt_num(*.rho))]
+    #[error("ρ = {} cannot be split over {measures} measurements: {reason}", crate::format::fmt_num(*.rho))]
     RhoSplit {
         /// The query's ρ.
         rho: f64,
@@ -425,8 +425,8 @@ pub enum Refusal {
         "request id `{id}` was charged ρ = {} for this query, which now costs ρ = {} or runs another plan: the \
          policy or the session's settings (dp.rho, dp.mechanism) changed since the charge; its noisy values cannot \
          be reused, and new noise would be a second draw",
-        crate::release::fmt_num(*.charged),
-        crate::release::fmt_num(*.quoted)
+        crate::format::fmt_num(*.charged),
+        crate::format::fmt_num(*.quoted)
     )]
     PolicyChanged {
         /// The id.

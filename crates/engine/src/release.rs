@@ -1,6 +1,7 @@
 //! What a query returns: the noisy result, the accuracy of each column, and what it cost.
 
 use crate::accounting::{Charge, EpsilonBound};
+use crate::format::fmt_num;
 use crate::noise::Mechanism;
 use datafusion::arrow::array::RecordBatch;
 use datafusion::arrow::datatypes::SchemaRef;
@@ -300,17 +301,6 @@ impl Release {
             self.query_epsilon.delta,
             fmt_num(self.budget.rho_remaining)
         )
-    }
-}
-
-/// Formats a number compactly (up to 6 significant digits).
-pub fn fmt_num(x: f64) -> String {
-    if x == 0.0 || (1e-4..1e9).contains(&x.abs()) {
-        let s = format!("{x:.6}");
-        let s = s.trim_end_matches('0').trim_end_matches('.');
-        s.to_string()
-    } else {
-        format!("{x:.4e}")
     }
 }
 

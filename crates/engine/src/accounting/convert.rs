@@ -83,6 +83,7 @@ fn check_rho(rho: f64) -> Result<()> {
     Ok(())
 }
 
+/// Checks a δ: in (0, 1). The one check of δ, wherever one is given (configuration, session, report).
 pub(crate) fn check_delta(delta: f64) -> Result<()> {
     if !(delta > 0.0 && delta < 1.0) {
         return Err(DpError::invalid("delta", format!("must be in (0, 1), got {delta}; 1e-6 is a common choice")));

@@ -380,7 +380,10 @@ pub fn bounded_value(value: Expr, schema: &DFSchema, lo: f64, hi: f64, column: &
             return Ok(BoundedValue { sum, max_abs: m, scale_bits: 0, lo: ilo, hi: ihi });
         }
     } else if !dt.is_numeric() {
-        return Err(DpError::Refused(Refusal::NotNumeric { column: column.to_string(), data_type: dt.to_string() }));
+        return Err(DpError::Refused(Refusal::NotNumeric {
+            column: column.to_string(),
+            data_type: crate::policy::ColumnType::name_of(&dt).map_or_else(|| dt.to_string(), str::to_string),
+        }));
     }
     let m = lo.abs().max(hi.abs());
     let bits = grid_bits(m);

@@ -159,9 +159,7 @@ pub(crate) fn int64_null_where(values: Vec<i64>, null: i64) -> ArrayRef {
     Arc::new(Int64Array::new(values.into(), nulls))
 }
 
-/// Prefix of the names dpfusion gives its own columns and tables (`__dp_unit`, `__dp_m0`, `__dp_noisy`, ...): no
-/// query and no table column may use it.
-pub const RESERVED_PREFIX: &str = "__dp_";
+pub use crate::policy::RESERVED_PREFIX;
 
 /// Largest number of GROUP BY cells one query may release.
 pub const MAX_CELLS: u64 = 1_000_000;

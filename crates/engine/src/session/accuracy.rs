@@ -354,14 +354,14 @@ pub(crate) fn explain_output(dp: &DpPlan, cals: &[Calibration], i: usize, confid
                 let (c, unit) = measure(dp, cals, m)?;
                 Ok(noise_accuracy(c, confidence.sqrt())?.1 * unit)
             };
-            let pct = |c: f64| crate::release::fmt_num(c * 100.0);
+            let pct = |c: f64| crate::format::fmt_num(c * 100.0);
             format!(
                 "an interval per row at {}%: the ratio of the noisy SUM ± {} and COUNT ± {} (each at {}%){}",
                 pct(confidence),
-                crate::release::fmt_num(half(*sum)?),
-                crate::release::fmt_num(half(*count)?),
+                crate::format::fmt_num(half(*sum)?),
+                crate::format::fmt_num(half(*count)?),
                 pct(confidence.sqrt()),
-                if scale == 1.0 { String::new() } else { format!(", scaled by {}", crate::release::fmt_num(scale)) }
+                if scale == 1.0 { String::new() } else { format!(", scaled by {}", crate::format::fmt_num(scale)) }
             )
         }
     })

@@ -153,11 +153,7 @@ impl DpSession {
                         let stored = Draw::from_bytes(&self.ledger.store_draw(id, &draw.to_bytes())?)?;
                         if stored.fingerprint != draw.fingerprint {
                             // Only a run under another policy can have stored another plan's draw under this id.
-                            return Err(DpError::Refused(Refusal::PolicyChanged {
-                                id: id.to_string(),
-                                charged: charge.rho().get(),
-                                quoted: charge.rho().get(),
-                            }));
+                            return Err(changed(id, &charge, quote));
                         }
                         stored.values
                     }

@@ -4,8 +4,8 @@
 use crate::accounting::EpsilonBound;
 use crate::accounting::calibrate::Calibration;
 use crate::error::Result;
+use crate::format::fmt_num;
 use crate::noise::NoiseParams;
-use crate::release::fmt_num;
 use crate::session::DpSession;
 use crate::session::{accuracy, post, prepare};
 use datafusion::common::ScalarValue;

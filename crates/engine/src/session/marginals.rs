@@ -82,8 +82,7 @@ impl DpSession {
         layout: &MarginalLayout,
         spec: &MarginalSpec,
     ) -> Result<PreparedMarginals> {
-        let policy =
-            self.policies.get(table).ok_or_else(|| DpError::Refused(Refusal::NoTable { table: table.to_string() }))?;
+        let policy = self.policy(table)?;
         let domain = |c: &str| {
             policy.domain(c).map(<[DomainValue]>::to_vec).ok_or_else(|| {
                 DpError::Refused(Refusal::MarginalNoDomain { table: table.to_string(), column: c.to_string() })

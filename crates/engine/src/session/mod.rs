@@ -213,9 +213,7 @@ impl DpSession {
         delta: f64,
         confidence: f64,
     ) -> Result<Self> {
-        if !(delta > 0.0 && delta < 1.0) {
-            return Err(DpError::invalid("delta", format!("must be in (0, 1), got {delta}")));
-        }
+        crate::accounting::convert::check_delta(delta)?;
         crate::noise::accuracy::check_confidence(confidence)?;
         Ok(DpSession {
             tables: PrivateTables::new(),

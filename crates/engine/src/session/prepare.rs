@@ -116,6 +116,51 @@ impl DpSession {
         ok.then(|| self.policies.get(t.table()).cloned()).flatten()
     }
 
+    /// Refuses `SUM(column)` or `AVG(column)` of a column that a private table declares non-numeric, with the
+    /// refusal the bounding would give ([`Refusal::NotNumeric`]), before DataFusion's planner fails on it with a
+    /// list of function signatures. (Only a bare column argument is looked at; anything else is typed later.)
+    async fn check_summed_types(&self, statement: &datafusion::sql::parser::Statement) -> Result<()> {
+        use datafusion::sql::sqlparser::ast::{
+            Expr, FunctionArg, FunctionArgExpr, FunctionArguments, visit_expressions,
+        };
+        let datafusion::sql::parser::Statement::Statement(inner) = statement else { return Ok(()) };
+        let mut summed = Vec::new();
+        let _ = visit_expressions(inner.as_ref(), |e| {
+            if let Expr::Function(f) = e
+                && let Some(name) = f.name.0.last().and_then(|p| p.as_ident()).map(|i| i.value.to_ascii_lowercase())
+                && (name == "sum" || name == "avg")
+                && let FunctionArguments::List(list) = &f.args
+                && let [FunctionArg::Unnamed(FunctionArgExpr::Expr(arg))] = list.args.as_slice()
+            {
+                let column = match arg {
+                    Expr::Identifier(i) => Some(i),
+                    Expr::CompoundIdentifier(parts) => parts.last(),
+                    _ => None,
+                };
+                // DataFusion folds unquoted names to lower case.
+                summed.extend(
+                    column
+                        .map(|i| if i.quote_style.is_some() { i.value.clone() } else { i.value.to_ascii_lowercase() }),
+                );
+            }
+            std::ops::ControlFlow::<()>::Continue(())
+        });
+        for column in summed {
+            for table in self.policies.keys() {
+                let Some(schema) = self.tables.schema(table).await else { continue };
+                let Ok(field) = schema.field_with_name(&column) else { continue };
+                if !field.data_type().is_numeric() {
+                    return Err(DpError::Refused(Refusal::NotNumeric {
+                        column,
+                        data_type: crate::policy::ColumnType::name_of(field.data_type())
+                            .map_or_else(|| field.data_type().to_string(), str::to_string),
+                    }));
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Plans and checks `sql` end to end (see the module docs), its `$n` placeholders bound to `params[n-1]`.
     /// Spends nothing, reads no data.
     pub(crate) async fn prepare(&self, sql: &str, params: &[ScalarValue]) -> Result<Prepared> {
@@ -135,6 +180,9 @@ impl DpSession {
                     return Err(DpError::Refused(Refusal::NotPrivateTable { table: t.to_string() }));
                 }
             }
+        }
+        if is_query(&statement) {
+            self.check_summed_types(&statement).await?;
         }
         let logical = state.statement_to_plan(statement).await.map_err(planning_error)?;
         // Bound parameters are values, never SQL text: each `$n` becomes a typed literal in the plan, before the

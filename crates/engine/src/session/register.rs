@@ -1,12 +1,13 @@
 //! Registering private tables: each with its policy, checked against the table's columns.
 
-use crate::config::TableSource;
+use crate::config::{SessionConfig, TableSource};
 use crate::error::{DpError, Result};
+use crate::noise::Mechanism;
 use crate::policy::TablePolicy;
 use crate::refusal::Refusal;
 use crate::session::DpSession;
 use datafusion::arrow::array::RecordBatch;
-use datafusion::arrow::datatypes::Schema;
+use datafusion::arrow::datatypes::{Field, Schema};
 use datafusion::catalog::TableProvider;
 use datafusion::datasource::MemTable;
 use std::collections::BTreeMap;
@@ -19,6 +20,25 @@ impl DpSession {
         self.tables.register(name, provider)?;
         self.policies.insert(name.to_string(), src.policy.clone());
         Ok(())
+    }
+
+    /// A session over the tables of `cfg` as their policies declare them, with **no data**: each table is an empty
+    /// table of its declared columns and types, and the budget is in memory. What the planner answers here (a
+    /// refusal, a plan, a price) is what it answers over the real data, since neither depends on the data; this is
+    /// how `dpfusion check` asks the planner what each table allows, without reading a file.
+    pub fn schema_only(cfg: &SessionConfig) -> Result<Self> {
+        let mut s = Self::empty(cfg.total_rho, cfg.default_query_rho, Mechanism::Gaussian, cfg.delta, cfg.confidence)?;
+        s.defaults.accounting = cfg.accounting;
+        s.defaults.mechanism = cfg.mechanism;
+        for (name, src) in &cfg.tables {
+            let fields: Vec<Field> =
+                src.columns.iter().map(|(c, t)| Field::new(c, t.data_type().clone(), true)).collect();
+            let schema = Arc::new(Schema::new(fields));
+            let empty =
+                MemTable::try_new(schema, vec![vec![]]).map_err(|e| DpError::Config(format!("table {name}: {e}")))?;
+            s.register_table(name, Arc::new(empty), src.policy.clone())?;
+        }
+        Ok(s)
     }
 
     /// Registers in-memory Arrow data as a private table with `policy`.
@@ -41,6 +61,11 @@ impl DpSession {
         Ok(())
     }
 
+    /// The policy of the private table `name`; refused ([`Refusal::NoTable`]) if the session has none by that name.
+    pub fn policy(&self, name: &str) -> Result<&TablePolicy> {
+        self.policies.get(name).ok_or_else(|| DpError::Refused(Refusal::NoTable { table: name.to_string() }))
+    }
+
     /// The private tables and their policies.
     pub fn tables(&self) -> &BTreeMap<String, TablePolicy> {
         &self.policies
@@ -48,7 +73,11 @@ impl DpSession {
 
     /// The Arrow schema of a private table (column names and types; no data).
     pub async fn table_schema(&self, name: &str) -> Result<Arc<Schema>> {
-        self.tables.schema(name).await.ok_or_else(|| DpError::Refused(Refusal::NoTable { table: name.to_string() }))
+        self.policy(name)?;
+        self.tables
+            .schema(name)
+            .await
+            .ok_or_else(|| DpError::Internal(format!("table {name} has a policy and no schema")))
     }
 }
 
