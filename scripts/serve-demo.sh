@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Drives a real `dpfusion serve` with real clients: Debian's psql, pgjdbc (when java and the driver are there) and
 # psycopg 3 (+ pandas, SQLAlchemy) in a Python venv.
-# Not part of CI (it needs postgresql-client and PyPI). The README's "Serving analysts" examples come from its
-# output. Usage: scripts/serve-demo.sh [path/to/dpfusion]   (default: the debug build)
+# Not part of CI (it needs postgresql-client and PyPI). The examples of docs/serving.md come from its output.
+# Usage: scripts/serve-demo.sh [path/to/dpfusion]   (default: the debug build)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN="${1:-${CARGO_TARGET_DIR:-target}/debug/dpfusion}"

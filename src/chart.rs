@@ -2,7 +2,7 @@
 //!
 //! # Privacy
 //! A chart is drawn from what was released and nothing else: the noisy values, their intervals, the public keys,
-//! σ and ρ. It is post-processing (BS16 Lemma 1.8; seeds.md §2) and costs nothing. Because the labels are the public
+//! σ and ρ. It is post-processing (BS16 Lemma 1.8) and costs nothing. Because the labels are the public
 //! keys of the release, a chart has exactly as many bars as the release has rows.
 //!
 //! # Drawing

@@ -8,6 +8,8 @@ mod cli;
 mod config;
 /// Differential fuzzing of the guarantee: generated queries on neighbouring tables.
 mod differential;
+/// The README and docs/: every relative link and `#anchor` leads somewhere; the README stays short.
+mod docs;
 /// One test per finding of the 2026-11-23 audit: error oracles, retried noise, schema leaks, crashes.
 mod guarantee;
 /// The durable ledger: persistence, contention, SIGKILL, request ids, damaged files.

@@ -1,4 +1,5 @@
-//! The numeric test vectors of the research notes (seeds.md §3, computed there with mpmath at 50 digits), checked
+//! The numeric test vectors of the project's research notes (computed there with mpmath at 50 digits from the
+//! papers' formulas; the notes are not part of the repository, the papers are cited in `docs/accounting.md`), checked
 //! to 1e-9 relative: Gaussian calibration (T1), pure-DP → zCDP (T2), zCDP → (ε, δ) by every conversion (T3,
 //! T3b), inverse conversions (T4), the exact Gaussian-DP curve (T5), pure-Gaussian compositions (T7) and a mixed
 //! session (T10); and the privacy-loss distributions of the discrete mechanisms against Google's dp-accounting

@@ -109,7 +109,7 @@ enum Command {
         #[arg(long, short)]
         config: PathBuf,
     },
-    /// Data owner: serve analysts over the PostgreSQL wire protocol (see README "Serving analysts").
+    /// Data owner: serve analysts over the PostgreSQL wire protocol (see docs/serving.md).
     Serve {
         /// Configuration file (TOML) with [server] and [ledger].
         #[arg(long, short)]

@@ -1,14 +1,14 @@
 //! One-way marginal batch release: every column's histogram at once, with one Gaussian σ and one debit.
 //!
 //! # Privacy
-//! Each row falls in exactly one cell of each column's histogram. After bounding every privacy unit to at most
-//! `k` rows (k of its rows chosen uniformly at random while the rows stream by, `RowSampler`), adding or removing
-//! one unit changes each of the `d` histograms by at most `k` in one cell (worst case: all its rows in the same
-//! cell), so the L2 sensitivity of the whole vector of cells is `Δ₂ = k·√d` (BS16 Lemma 2.5; seeds.md §2 row 18,
-//! vectors T8). Adding independent N_Z(0, σ²) noise to every cell is then (Δ₂²/(2σ²))-zCDP (BS16 Prop 1.6 with
-//! CKS20 Thm 4): for the same ρ the noise is √d times smaller than answering d separate queries at ρ/d each. The
-//! neighbouring relation is add/remove of one privacy unit. The noisy total and the frequencies are
-//! post-processing (BS16 Lemma 1.8), and so is the consistency projection below.
+//! Each row falls in exactly one cell of each column's histogram. After bounding every privacy unit to at most `k` rows
+//! (k of its rows chosen uniformly at random while the rows stream by, `RowSampler`), adding or removing one unit
+//! changes each of the `d` histograms by at most `k` in one cell (worst case: all its rows in the same cell), so the L2
+//! sensitivity of the whole vector of cells is `Δ₂ = k·√d` (BS16 Lemma 2.5; test vectors T8 in `tests/marginals.rs`).
+//! Adding independent N_Z(0, σ²) noise to every cell is then (Δ₂²/(2σ²))-zCDP (BS16 Prop 1.6 with CKS20 Thm 4): for the
+//! same ρ the noise is √d times smaller than answering d separate queries at ρ/d each. The neighbouring relation is
+//! add/remove of one privacy unit. The noisy total and the frequencies are post-processing (BS16 Lemma 1.8), and so is
+//! the consistency projection below.
 //!
 //! Long tables (`unit, attribute, value`) are bounded to `k` rows per unit **and attribute**, which gives the same
 //! `Δ₂ = k·√d` with `d` the number of attributes in the attribute column's domain.

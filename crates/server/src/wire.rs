@@ -121,8 +121,8 @@ fn wire_error(code: &str, message: impl Into<String>, hint: Option<String>) -> P
     PgWireError::UserError(Box::new(e))
 }
 
-/// A dpfusion error as an ErrorResponse: a SQLSTATE that fits (see README "Serving analysts"), the message,
-/// and the fix in the HINT field.
+/// A dpfusion error as an ErrorResponse: a SQLSTATE that fits (see `docs/serving.md`, "Refusals and SQLSTATEs"), the
+/// message, and the fix in the HINT field.
 pub(crate) fn dp_error(e: &DpError) -> PgWireError {
     let code = match e {
         DpError::Refused(r) => match r.code() {

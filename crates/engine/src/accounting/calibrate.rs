@@ -198,7 +198,7 @@ fn ratio_up(x: f64, what: &str) -> Result<Ratio> {
 /// # Privacy
 /// Releasing `q(x) + Z` with `Z ~ N_Z(0, σ²)` for an integer-valued `q` with L2 sensitivity Δ₂ (under add/remove
 /// of one privacy unit) is (Δ₂²/(2σ²))-zCDP: BS16 Prop 1.6 / Lemma 2.5 for the continuous Gaussian
-/// (seeds.md §1.2 and §2 row 1, test vectors T1), carried to the discrete Gaussian by CKS20 Thm 4 (its Rényi
+/// (test vector T1 in `tests/vectors.rs`), carried to the discrete Gaussian by CKS20 Thm 4 (its Rényi
 /// divergences are at most those of the continuous one). Here σ² = Δ₂²/(2ρ) rounded **up** to a dyadic
 /// rational, so the true cost is at most the ρ asked for; the recorded cost is min(ρ asked, Δ₂²/(2σ²) rounded up).
 pub fn gaussian(l2: f64, rho: Rho) -> Result<Calibration> {
@@ -222,7 +222,7 @@ pub fn gaussian(l2: f64, rho: Rho) -> Result<Calibration> {
 ///
 /// # Privacy
 /// Same mechanism and theorem as [`gaussian`]; the cost ρ = Δ₂²/(2σ²) is computed from the rounded σ² and
-/// rounded up (BS16 Prop 1.6, seeds.md §2 rows 1 and 18).
+/// rounded up (BS16 Prop 1.6 and Lemma 2.5).
 pub fn gaussian_for_sigma(l2: f64, sigma: f64) -> Result<Calibration> {
     check_sensitivity(l2, "L2")?;
     if !sigma.is_finite() || sigma <= 0.0 {
@@ -284,7 +284,7 @@ fn min_rho(a: Rho, b: Rho) -> Rho {
 /// # Privacy
 /// Releasing `q(x) + Z` with `Z` discrete Laplace of scale b (P(z) ∝ e^{−|z|/b}) for an integer-valued `q` with
 /// L1 sensitivity Δ₁ (add/remove one privacy unit) is ε-DP with ε = Δ₁/b (CKS20 Alg. 2 and §2; the classic
-/// geometric mechanism), and ε-DP implies ε²/2-zCDP (BS16 Prop 1.4, seeds.md §2 row 4, vectors T2). With
+/// geometric mechanism), and ε-DP implies ε²/2-zCDP (BS16 Prop 1.4; test vector T2). With
 /// ε = √(2ρ) the scale is b = Δ₁/ε, rounded **up**; the recorded cost is min(ρ asked, (Δ₁/b)²/2 rounded up), and
 /// the pure ε = Δ₁/b is kept for pure-DP composition reporting.
 pub fn laplace(l1: f64, rho: Rho) -> Result<Calibration> {

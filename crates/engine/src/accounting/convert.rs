@@ -1,10 +1,11 @@
 //! Conversions from a zCDP budget to (ε, δ)-DP, for reporting.
 //!
-//! The accountant stores ρ (closed under composition and post-processing) and converts only the **total**
-//! (seeds.md §4 pitfall 6). Several valid conversions exist; [`epsilon_for_charges`] evaluates every one that
-//! applies, including the exact privacy-loss distribution of the discrete noise ([`crate::accounting::pld`]), and
-//! reports the smallest ε together with the name of the bound it came from. Every numeric step is
-//! rounded so the reported ε is never below the true value of the bound (seeds.md §2, invariant 3).
+//! The accountant stores ρ (closed under composition and post-processing) and converts only the **total** (converting
+//! each charge and adding up the ε's would lose composition's √k behaviour and add up the δ's). Several valid
+//! conversions exist; [`epsilon_for_charges`] evaluates every one that applies, including the exact privacy-loss
+//! distribution of the discrete noise ([`crate::accounting::pld`]), and reports the smallest ε together with the name
+//! of the bound it came from. Every numeric step is rounded so the reported ε is never below the true value of the
+//! bound.
 
 use crate::accounting::Charge;
 use crate::accounting::calibrate::Calibration;
@@ -117,7 +118,7 @@ pub fn rho_for_target_simple(epsilon: f64, delta: f64) -> Result<f64> {
 }
 
 /// BS16 Lemma 3.6, second form: ε = ρ + 2√(ρ ln(√(πρ)/δ)); when √(πρ)/δ ≤ 1 the bound gives ε = ρ
-/// (seeds.md §4 pitfall 8).
+/// (the logarithm is then at most 0).
 pub fn eps_bs16_sqrt_pi(rho: f64, delta: f64) -> Result<f64> {
     check_rho(rho)?;
     check_delta(delta)?;
@@ -250,12 +251,12 @@ pub fn gdp_eps(mu: f64, delta: f64) -> Result<f64> {
 /// The smallest valid ε at `delta` for a session that made `charges`, and which bound gave it.
 ///
 /// Candidates: BS16 Prop 1.3, BS16 Lemma 3.6 (both forms) and CKS20 (valid for any ρ-zCDP session, ρ = Σρᵢ); the
-/// privacy-loss distribution of the discrete noise actually added ([`crate::accounting::pld`]) when every
-/// measurement recorded its shape; pure composition Σεᵢ (valid at δ = 0) **only** when every measurement was
-/// pure-DP (seeds.md §4 pitfall 10); the GDP curve at μ = √(Σμᵢ²) when every measurement was priced in GDP with a
-/// *certified* μᵢ of its discrete noise ([`crate::accounting::gdp`]). The continuous Gaussian's curve at Δ/σ is
-/// **not** a candidate: it is slightly better than the discrete Gaussian's, so it would under-state ε (e.g. 7.2861
-/// instead of 7.3049 for one COUNT with Δ = 5 at ρ = 1, δ = 1e-6).
+/// privacy-loss distribution of the discrete noise actually added ([`crate::accounting::pld`]) when every measurement
+/// recorded its shape; pure composition Σεᵢ (valid at δ = 0) **only** when every measurement was pure-DP (test vector
+/// T9: ten Laplace releases at ε = 1 give ε = 10 at δ = 0); the GDP curve at μ = √(Σμᵢ²) when every measurement was
+/// priced in GDP with a *certified* μᵢ of its discrete noise ([`crate::accounting::gdp`]). The continuous Gaussian's
+/// curve at Δ/σ is **not** a candidate: it is slightly better than the discrete Gaussian's, so it would under-state ε
+/// (e.g. 7.2861 instead of 7.3049 for one COUNT with Δ = 5 at ρ = 1, δ = 1e-6).
 pub fn epsilon_for_charges(charges: &[Charge], delta: f64) -> Result<EpsilonBound> {
     epsilon_with_cache(charges, delta, &PldCache::default())
 }

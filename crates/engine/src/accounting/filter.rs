@@ -1,8 +1,8 @@
 //! The session's zCDP filter: a total ρ, charges debited one by one, over-budget charges refused.
 //!
-//! Composition: adaptively chosen ρᵢ-zCDP measurements compose to (Σρᵢ)-zCDP (BS16 Lemma 1.7 / 2.3, seeds.md §2
-//! row 7), so a filter that refuses any charge that would take Σρᵢ above the total keeps the whole session
-//! within its total. Refused charges change nothing and draw no noise.
+//! Composition: adaptively chosen ρᵢ-zCDP measurements compose to (Σρᵢ)-zCDP (BS16 Lemma 1.7 / 2.3), so a filter that
+//! refuses any charge that would take Σρᵢ above the total keeps the whole session within its total. Refused charges
+//! change nothing and draw no noise.
 
 use crate::accounting::Rho;
 use crate::accounting::calibrate::Calibration;

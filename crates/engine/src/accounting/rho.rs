@@ -6,8 +6,7 @@ use serde::{Deserialize, Serialize};
 /// A zero-concentrated DP budget ρ (BS16 Def 1.1): finite and non-negative.
 ///
 /// There is deliberately no `Add` impl: sums go through [`Rho::add_up`], which rounds the floating-point sum
-/// *up* whenever it is inexact, so accumulated spending is never under-counted (seeds.md §2, accountant
-/// invariant 3).
+/// *up* whenever it is inexact, so accumulated spending is never under-counted.
 #[derive(Clone, Copy, Debug, PartialEq, PartialOrd, Serialize, Deserialize)]
 #[serde(try_from = "f64", into = "f64")]
 pub struct Rho(f64);

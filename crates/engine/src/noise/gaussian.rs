@@ -21,7 +21,7 @@ use num_bigint::BigUint;
 /// coordinate for a vector query) is ρ-zCDP with ρ = Δ₂²/(2σ²): CKS20 Thm 4 shows that for integers μ, ν the
 /// Rényi divergence D_α(N_Z(μ, σ²) ‖ N_Z(ν, σ²)) ≤ α(μ − ν)²/(2σ²), exactly the bound of the continuous Gaussian
 /// (BS16 Prop 1.6); for independent coordinates the divergences add up to at most αΔ₂²/(2σ²). This is the
-/// calibration σ = Δ₂/√(2ρ) (BS16 Prop 1.6; the research notes, seeds.md §2 row 1), done (rounding σ² up) in
+/// calibration σ = Δ₂/√(2ρ) (BS16 Prop 1.6), done (rounding σ² up) in
 /// [`crate::accounting::calibrate::gaussian`].
 ///
 /// **Sensitivity assumption.** Δ₂ is the L2 sensitivity of the *integer-valued* query under the neighbouring

@@ -15,7 +15,7 @@ use crate::noise::{NoiseRng, Ratio};
 /// coordinate for a vector query) is ε-DP with ε = Δ₁/b: the ratio of the mass functions at any output z of two
 /// neighbours is e^{(|z−q(x′)| − |z−q(x)|)/b} ≤ e^{Δ₁/b} by the triangle inequality (the geometric mechanism of
 /// Ghosh, Roughgarden & Sundararajan 2009; CKS20 Alg. 2 is the exact sampler used here). ε-DP implies
-/// (ε²/2)-zCDP (BS16 Prop 1.4), which is how dpfusion charges it (the research notes, seeds.md §2 row 4)
+/// (ε²/2)-zCDP (BS16 Prop 1.4), which is how dpfusion charges it
 /// (b = Δ₁/ε, ρ = ε²/2), calibrated in [`crate::accounting::calibrate::laplace`].
 ///
 /// **Sensitivity assumption.** Δ₁ is the L1 sensitivity of the *integer-valued* query under the neighbouring

@@ -5,7 +5,7 @@
 //! the number of cells of the GROUP BY domain; without GROUP BY, `g = 1`). Adding or removing the unit changes each affected cell of a COUNT
 //! by at most `L∞ = k`, so over the vector of cells `Δ₁ = k·g` and `Δ₂ = k·√g` (the sum over ≤ g cells of
 //! ≤ k each). A SUM of values clamped to `[lo, hi]` and put on the grid 2^-s multiplies by
-//! `M = ⌈max(|lo|, |hi|)·2^s⌉` (grid units). Row-level tables have `k = g = 1` (seeds.md §1.6, add/remove column).
+//! `M = ⌈max(|lo|, |hi|)·2^s⌉` (grid units). Row-level tables have `k = g = 1` (one row per unit).
 
 use crate::accounting::calibrate::Shape;
 use crate::policy::TablePolicy;

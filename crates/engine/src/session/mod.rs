@@ -240,11 +240,11 @@ impl DpSession {
     /// not even by name), the same policies, defaults and owner log, its own `ledger` budget, its own `SET dp.…`
     /// options and noise generator, and a memory pool of `memory_limit` bytes for its post-processing.
     ///
-    /// The private plan runs on a context **without** a memory limit: a pool the private plan could exhaust would
-    /// make a query fail after its debit at a rate that tracks how many units it selects (an un-noised signal
-    /// about the data, for almost no ρ). What the private plan holds is bounded by the data's size, which the
-    /// data owner sizes the machine for (README, "Serving analysts"); running out of the whole process's memory
-    /// is outside the model, like timing.
+    /// The private plan runs on a context **without** a memory limit: a pool the private plan could exhaust would make
+    /// a query fail after its debit at a rate that tracks how many units it selects (an un-noised signal about the
+    /// data, for almost no ρ). What the private plan holds is bounded by the data's size, which the data owner sizes
+    /// the machine for (`docs/guarantee.md`, "Memory and the machine"); running out of the whole process's memory is
+    /// outside the model, like timing.
     pub async fn for_analyst(
         &self,
         ledger: Box<dyn Ledger>,

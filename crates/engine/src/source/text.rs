@@ -12,7 +12,7 @@
 //!
 //! A CSV file whose quoted fields hold line breaks is read record by record instead, only when its policy says
 //! so (`multiline_fields = true`): then a malformed quote in one record can run into the next ones, and the data
-//! owner is responsible for the file's quoting (the README says so).
+//! owner is responsible for the file's quoting (`docs/policy.md` says so).
 //!
 //! Each file is one partition, read start to end on a blocking thread.
 
