@@ -286,6 +286,12 @@ async fn every_released_number_has_an_interval_or_a_reason() {
         assert!(lo <= v && v <= hi, "{v} in [{lo}, {hi}]");
     }
     assert!(r.schema().fields().iter().all(|f| !f.name().starts_with("__dp")), "hidden columns stay hidden");
+    // Rows chosen by a noisy HAVING, no noisy column shown: the release says so, with the aggregate's interval.
+    let r = release(&s, "SELECT sex FROM pums GROUP BY sex HAVING COUNT(*) > 100").await;
+    assert!(r.accuracy().iter().all(|c| matches!(c.accuracy, Accuracy::Public)));
+    let note = r.note().unwrap_or_default();
+    assert!(note.contains("noisy aggregates: count(*) ± ") && note.contains("HAVING"), "{note}");
+    assert_eq!(base.note(), None, "no note when a column shown carries the noise");
     // DISTINCT merges rows: an average then says why it has no interval.
     let r = release(&s, "SELECT DISTINCT a FROM (SELECT sex, AVG(age) AS a FROM pums GROUP BY sex) t").await;
     assert!(matches!(&r.accuracy()[0].accuracy, Accuracy::NoInterval { reason } if reason.contains("DISTINCT")));

@@ -341,6 +341,34 @@ fn accuracy_of_columns(
         .collect()
 }
 
+/// A release whose columns are all public (keys, constants) but which aggregated: its rows, or their order, were
+/// chosen by noisy values (HAVING, ORDER BY or LIMIT over aggregates). Says so, with how noisy each aggregate is,
+/// since no column's accuracy does; `None` when some column shown is noisy or nothing was aggregated.
+pub(crate) fn selection_note(
+    dp: &DpPlan,
+    cals: &[Calibration],
+    shown: &[ColumnAccuracy],
+    confidence: f64,
+) -> Result<Option<String>> {
+    if dp.outputs.is_empty() || shown.iter().any(|c| !matches!(c.accuracy, Accuracy::Public)) {
+        return Ok(None);
+    }
+    let mut parts = Vec::with_capacity(dp.outputs.len());
+    for j in 0..dp.outputs.len() {
+        let name = super::post::aggregate_name(dp, dp.keys.len() + j).unwrap_or_else(|| format!("aggregate {j}"));
+        let text = match linear_accuracy(dp, cals, vec![(j, 1.0)], confidence)? {
+            Planned::Ready(accuracy) => ColumnAccuracy { column: name.clone(), accuracy }.describe(),
+            Planned::Average { .. } => Some("a ratio of a noisy SUM and a noisy COUNT".into()),
+        };
+        parts.push(format!("{name} {}", text.unwrap_or_default()));
+    }
+    Ok(Some(format!(
+        "no column shown is noisy, but which rows appear (and in which order) was decided on noisy aggregates: {}; a \
+         row whose aggregate is near a HAVING threshold may be in or out by chance",
+        parts.join("; ")
+    )))
+}
+
 /// How far off output column `i` will be, in words, before anything is read (EXPLAIN DP).
 pub(crate) fn explain_output(dp: &DpPlan, cals: &[Calibration], i: usize, confidence: f64) -> Result<String> {
     Ok(match plan_accuracy(dp, cals, i, confidence)? {

@@ -21,7 +21,7 @@ use crate::plan::DpPlan;
 use crate::refusal::Refusal;
 use crate::release::{Parts, Release};
 use crate::session::DpSession;
-use crate::session::accuracy::{column_accuracy, is_interval_column, noise_accuracy};
+use crate::session::accuracy::{column_accuracy, is_interval_column, noise_accuracy, selection_note};
 use crate::session::marginals::PreparedMarginals;
 use crate::session::post::{PostFailure, domain_product, named_aggregates, noisy_batch};
 use crate::session::prepare::Prepared;
@@ -190,6 +190,10 @@ impl DpSession {
         let (schema, batches, hidden) = split_hidden(&post.0, post.1)?;
         let cals = charge.measurements();
         let accuracy = column_accuracy(dp, cals, &schema, &batches, &hidden, confidence, note.is_some())?;
+        let note = match note {
+            Some(n) => Some(n),
+            None => selection_note(dp, cals, &accuracy, confidence)?,
+        };
         let parts = Parts {
             sql: sql.to_string(),
             accuracy,

@@ -152,16 +152,19 @@ pub(crate) fn named_aggregates(dp: &DpPlan, noisy: RecordBatch) -> Result<Record
         .fields()
         .iter()
         .enumerate()
-        .map(|(i, f)| match dp.agg_schema.fields().get(i) {
-            // The analyzer writes COUNT(*) as count(Int64(1)); the analyst wrote COUNT(*).
-            Some(named) if !is_interval_column(f.name()) => {
-                f.as_ref().clone().with_name(named.name().replace("count(Int64(1))", "count(*)"))
-            }
+        .map(|(i, f)| match aggregate_name(dp, i) {
+            Some(name) if !is_interval_column(f.name()) => f.as_ref().clone().with_name(name),
             _ => f.as_ref().clone(),
         })
         .collect();
     RecordBatch::try_new(Arc::new(Schema::new(fields)), noisy.columns().to_vec())
         .map_err(|e| DpError::Internal(e.to_string()))
+}
+
+/// The name of column `i` of the aggregate (keys, then aggregates) as the analyst wrote it: the analyzer writes
+/// COUNT(*) as count(Int64(1)).
+pub(crate) fn aggregate_name(dp: &DpPlan, i: usize) -> Option<String> {
+    Some(dp.agg_schema.fields().get(i)?.name().replace("count(Int64(1))", "count(*)"))
 }
 
 fn scalars_to_array(vals: Vec<ScalarValue>, dt: &DataType) -> Result<ArrayRef> {
