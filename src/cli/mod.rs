@@ -283,14 +283,14 @@ pub(crate) fn print_budget(session: &DpSession, history: bool) -> Result<(), DpE
             "budget: (ε = {target:.4}, δ = {:e}) enforced as μ-GDP, μ = {mu:.6}; in ledger units (μ²/2): total {} · \
              spent {} · remaining {}",
             session.delta(),
-            b.status.rho_total,
+            dpfusion::format::fmt_num(b.status.rho_total),
             dpfusion::format::fmt_num(b.status.rho_spent),
             dpfusion::format::fmt_num(b.status.rho_remaining)
         );
     } else {
         outln!(
             "budget: total ρ = {} · spent {} · remaining {}",
-            b.status.rho_total,
+            dpfusion::format::fmt_num(b.status.rho_total),
             dpfusion::format::fmt_num(b.status.rho_spent),
             dpfusion::format::fmt_num(b.status.rho_remaining)
         );

@@ -258,7 +258,7 @@ pub(crate) async fn run(session: DpSession, config: &Path) -> Result<bool, DpErr
         "dpfusion — differentially private SQL. Config: {}\nbudget ρ = {} (zCDP), spent {}, δ = {:e} for (ε, δ)\n\
          tables: {} · \\? for help, \\q to leave",
         config.display(),
-        b.status.rho_total,
+        dpfusion::format::fmt_num(b.status.rho_total),
         dpfusion::format::fmt_num(b.status.rho_spent),
         session.delta(),
         session.tables().keys().cloned().collect::<Vec<_>>().join(", ")
