@@ -21,10 +21,11 @@
 
 use super::Shared;
 use super::catalog::Catalog;
+use super::types::{pg_type, sendable};
 use async_trait::async_trait;
-use datafusion::arrow::array::{Array, ArrayRef, AsArray, RecordBatch};
+use datafusion::arrow::array::RecordBatch;
 use datafusion::arrow::compute::cast;
-use datafusion::arrow::datatypes::{DataType, Float64Type, Int16Type, Int32Type, Int64Type, SchemaRef};
+use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::common::{DataFusionError, ScalarValue};
 use dpfusion::error::DpError;
 use dpfusion::release::{Accuracy, Release};
@@ -33,7 +34,7 @@ use futures::{Sink, SinkExt, stream};
 use pgwire::api::portal::{Format, Portal};
 use pgwire::api::query::{ExtendedQueryHandler, SimpleQueryHandler};
 use pgwire::api::results::{
-    DataRowEncoder, DescribePortalResponse, DescribeStatementResponse, FieldInfo, QueryResponse, Response, Tag,
+    DescribePortalResponse, DescribeStatementResponse, FieldInfo, QueryResponse, Response, Tag,
 };
 use pgwire::api::stmt::{QueryParser, StoredStatement};
 use pgwire::api::store::PortalStore;
@@ -483,33 +484,18 @@ fn release_rows(r: &Release) -> Result<RecordBatch, datafusion::arrow::error::Ar
     )
 }
 
-/// The wire type of an Arrow column, and the Arrow type it is sent as.
-fn wire_type(dt: &DataType) -> (Type, DataType) {
-    match dt {
-        DataType::Int8 | DataType::Int16 | DataType::UInt8 => (Type::INT2, DataType::Int16),
-        DataType::Int32 | DataType::UInt16 => (Type::INT4, DataType::Int32),
-        DataType::Int64 | DataType::UInt32 => (Type::INT8, DataType::Int64),
-        DataType::Float16 | DataType::Float32 | DataType::Float64 | DataType::UInt64 => {
-            (Type::FLOAT8, DataType::Float64)
-        }
-        DataType::Decimal32(..) | DataType::Decimal64(..) | DataType::Decimal128(..) | DataType::Decimal256(..) => {
-            (Type::FLOAT8, DataType::Float64)
-        }
-        DataType::Boolean => (Type::BOOL, DataType::Boolean),
-        _ => (Type::TEXT, DataType::Utf8),
-    }
-}
-
+/// RowDescription fields of `schema` in `format`, typed by the one type map ([`super::types`]).
 fn fields(schema: &SchemaRef, format: &Format) -> Vec<FieldInfo> {
     schema
         .fields()
         .iter()
         .enumerate()
-        .map(|(i, f)| FieldInfo::new(f.name().clone(), None, None, wire_type(f.data_type()).0, format.format_for(i)))
+        .map(|(i, f)| FieldInfo::new(f.name().clone(), None, None, pg_type(f.data_type()), format.format_for(i)))
         .collect()
 }
 
-/// Encodes `batches` as data rows in `format`.
+/// Encodes `batches` as data rows in `format` (arrow-pg's encoder, after casting each column to the type
+/// [`super::types::sendable`] sends it as).
 fn encode(schema: &SchemaRef, batches: &[RecordBatch], format: &Format) -> PgWireResult<QueryResponse> {
     let info = Arc::new(fields(schema, format));
     let mut rows = Vec::new();
@@ -518,64 +504,24 @@ fn encode(schema: &SchemaRef, batches: &[RecordBatch], format: &Format) -> PgWir
         let columns = batch
             .columns()
             .iter()
-            .map(|c| match c.data_type() {
-                DataType::List(_) | DataType::LargeList(_) => pg_array_text(c),
-                dt => cast(c, &wire_type(dt).1),
-            })
+            .map(|c| cast(c, &sendable(c.data_type())))
             .collect::<Result<Vec<_>, _>>()
             .map_err(fail)?;
-        let mut enc = DataRowEncoder::new(info.clone());
-        for row in 0..batch.num_rows() {
-            for c in &columns {
-                let valid = c.is_valid(row);
-                match c.data_type() {
-                    DataType::Int16 => enc.encode_field(&valid.then(|| c.as_primitive::<Int16Type>().value(row)))?,
-                    DataType::Int32 => enc.encode_field(&valid.then(|| c.as_primitive::<Int32Type>().value(row)))?,
-                    DataType::Int64 => enc.encode_field(&valid.then(|| c.as_primitive::<Int64Type>().value(row)))?,
-                    DataType::Float64 => {
-                        enc.encode_field(&valid.then(|| c.as_primitive::<Float64Type>().value(row)))?
-                    }
-                    DataType::Boolean => enc.encode_field(&valid.then(|| c.as_boolean().value(row)))?,
-                    _ => enc.encode_field(&valid.then(|| c.as_string::<i32>().value(row)))?,
-                }
-            }
-            rows.push(Ok(enc.take_row()));
+        let sent = Arc::new(Schema::new(
+            schema
+                .fields()
+                .iter()
+                .zip(&columns)
+                .map(|(f, c)| Field::new(f.name(), c.data_type().clone(), true))
+                .collect::<Vec<_>>(),
+        ));
+        if columns.len() != info.len() {
+            return Err(wire_error("XX000", "encoding the result: columns do not match the description", None));
         }
+        let batch = RecordBatch::try_new(sent, columns).map_err(fail)?;
+        rows.extend(arrow_pg::datatypes::encode_recordbatch(info.clone(), batch));
     }
     Ok(QueryResponse::new(info, stream::iter(rows)))
-}
-
-/// A list column as PostgreSQL's array text (`{a,"b c",NULL}`), one string per row.
-fn pg_array_text(c: &dyn Array) -> Result<ArrayRef, datafusion::arrow::error::ArrowError> {
-    use datafusion::arrow::array::StringArray;
-    let element = |values: &ArrayRef| -> Result<String, datafusion::arrow::error::ArrowError> {
-        let text = cast(values, &DataType::Utf8)?;
-        let text = text.as_string::<i32>();
-        let items = (0..text.len()).map(|i| {
-            if text.is_null(i) {
-                return "NULL".to_string();
-            }
-            let v = text.value(i);
-            let plain = !v.is_empty()
-                && !v.eq_ignore_ascii_case("null")
-                && !v.chars().any(|ch| matches!(ch, '{' | '}' | ',' | '"' | '\\') || ch.is_whitespace());
-            if plain { v.to_string() } else { format!("\"{}\"", v.replace('\\', "\\\\").replace('"', "\\\"")) }
-        });
-        Ok(format!("{{{}}}", items.collect::<Vec<_>>().join(",")))
-    };
-    let rows = (0..c.len())
-        .map(|row| {
-            if c.is_null(row) {
-                return Ok(None);
-            }
-            let values = match c.data_type() {
-                DataType::LargeList(_) => c.as_list::<i64>().value(row),
-                _ => c.as_list::<i32>().value(row),
-            };
-            element(&values).map(Some)
-        })
-        .collect::<Result<Vec<_>, _>>()?;
-    Ok(Arc::new(StringArray::from(rows)))
 }
 
 fn to_response(answer: Answer, format: &Format) -> PgWireResult<Response> {
@@ -752,7 +698,7 @@ impl QueryParser for Parser {
         let params = (0..count)
             .map(|i| {
                 types.get(i).cloned().flatten().unwrap_or_else(|| match inferred.get(i).cloned().flatten() {
-                    Some(dt) => wire_type(&dt).0,
+                    Some(dt) => pg_type(&dt),
                     None => Type::TEXT,
                 })
             })
@@ -1019,25 +965,6 @@ mod tests {
         assert_eq!(out, "SELECT COUNT(*) FROM t WHERE a > 5 AND b = '$1' AND c = 'it''s' -- $3\n AND d = 5");
         assert!(substitute("SELECT $2", &["1".into()]).is_err(), "a missing value is an error");
         assert_eq!(substitute("SELECT 'é', $1", &["7".into()]).unwrap(), "SELECT 'é', 7");
-    }
-
-    #[test]
-    fn lists_go_out_as_postgresql_array_text() {
-        use datafusion::arrow::array::{ListBuilder, StringBuilder};
-        let mut b = ListBuilder::new(StringBuilder::new());
-        b.values().append_value("a");
-        b.values().append_value("b c");
-        b.values().append_null();
-        b.values().append_value("say \"x\"");
-        b.values().append_value("");
-        b.append(true);
-        b.append_null();
-        b.append(true);
-        let text = pg_array_text(&b.finish()).unwrap();
-        let text = text.as_string::<i32>();
-        assert_eq!(text.value(0), r#"{a,"b c",NULL,"say \"x\"",""}"#);
-        assert!(text.is_null(1));
-        assert_eq!(text.value(2), "{}");
     }
 
     #[test]
