@@ -385,7 +385,7 @@ fn psql_d_columns(oid: &str) -> String {
 }
 
 /// The rows of a simple-protocol answer, as text (NULL as "NULL").
-async fn text_rows(c: &Client, sql: &str) -> Vec<Vec<String>> {
+pub(crate) async fn text_rows(c: &Client, sql: &str) -> Vec<Vec<String>> {
     let messages = c.simple_query(sql).await.unwrap_or_else(|e| panic!("{sql}: {e:?}"));
     messages
         .iter()

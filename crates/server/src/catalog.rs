@@ -15,6 +15,28 @@
 //! second pass replaces correlated scalar subqueries in projections (psql's `\d` default/collation columns) by
 //! `NULL`; if that fails too and the query reads only from catalogs that are always empty here (policies,
 //! extended statistics, publications), an empty result with the right column names is returned.
+//!
+//! The relations, their fixed rows and `pg_type` are data (`crates/server/data/`, read by [`data`]); column types
+//! come from the one type map the wire uses too ([`crate::types`]).
+//!
+//! ## Why not `datafusion-pg-catalog` (evaluated 2026-11-26, version 0.19.0)
+//! The maintained crate (datafusion-contrib/datafusion-postgres) was read against this module's tests; it was not
+//! adopted because, fed the same schema-only tables, these would fail:
+//! - `psql_dt_and_d`, and `catalog_queries_describe_granted_tables_only_and_spend_nothing` (tests/server.rs):
+//!   its `pg_get_userbyid` answers `postgres` for every oid, not the connecting analyst.
+//! - `psql_dt_plus`, `psql_d_plus_pums`: no `pg_size_pretty`, `pg_table_size`, `obj_description` or
+//!   `col_description` (psql's `\dt+` and `\d+` fail with "Invalid function").
+//! - `sqlalchemy_queries` (the hstore probe): no `to_regtype`; `sqlalchemy_reflects_a_tables_columns`
+//!   (tests/server_catalog.rs): no `json_build_object` or `pg_collation_is_visible`.
+//! - `pg_table_is_visible` is true for every oid, so psql's `\d name` also matches a system relation of that name.
+//! - None of this module's limits (query size, series, cross joins, memory, rows) nor its `dp_last_release()`.
+//!
+//! It also depends on `datafusion = "55"` with default features, which turns them all back on for the whole
+//! workspace (measured with `cargo tree`: 16 more crates, among them the liblzma-sys and bzip2 C builds,
+//! blake3 and the compression codecs, and every DataFusion crate rebuilt with other features).
+//! Its companion `arrow-pg` (0.16, with `default-features = false, features = ["arrow"]`) is adopted for the
+//! wire encoding: 3 more crates (arrow-pg, rust_decimal, arrayvec) and pgwire's type features, no DataFusion
+//! feature change.
 
 use std::collections::{BTreeMap, HashSet};
 use std::ops::ControlFlow;
@@ -217,9 +239,48 @@ const DENIED_FUNCTIONS: &[&str] = &[
     "regexp_replace",
 ];
 
-/// A catalog query over a limit: a refusal that says which (the wire maps it to SQLSTATE 54000).
+/// A catalog query over a limit (SQLSTATE 54000).
+#[derive(Debug)]
+struct OverLimit(String);
+
+/// A catalog relation PostgreSQL has and this catalog does not (SQLSTATE 42P01, as a missing table).
+#[derive(Debug)]
+struct UndefinedTable(String);
+
+impl std::fmt::Display for OverLimit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "catalog query over a limit: {}", self.0)
+    }
+}
+
+impl std::fmt::Display for UndefinedTable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "relation \"{}\" does not exist", self.0)
+    }
+}
+
+impl std::error::Error for OverLimit {}
+impl std::error::Error for UndefinedTable {}
+
+/// A catalog query over a limit: a refusal that says which.
 fn over_limit(what: String) -> DataFusionError {
-    DataFusionError::ResourcesExhausted(format!("catalog query over a limit: {what}"))
+    DataFusionError::External(Box::new(OverLimit(what)))
+}
+
+/// The SQLSTATE of a catalog query's error, by its kind (never its text): 54000 over a limit, 53200 out of
+/// memory, 42P01 a relation this catalog does not have, 42703 an unknown column, 42601 a syntax error, 0A000
+/// anything else this emulation does not do.
+pub(crate) fn sqlstate(e: &DataFusionError) -> &'static str {
+    match e.find_root() {
+        DataFusionError::External(x) if x.is::<OverLimit>() => "54000",
+        DataFusionError::External(x) if x.is::<UndefinedTable>() => "42P01",
+        DataFusionError::ResourcesExhausted(_) => "53200",
+        DataFusionError::SchemaError(e, _) if matches!(**e, datafusion::common::SchemaError::FieldNotFound { .. }) => {
+            "42703"
+        }
+        DataFusionError::SQL(..) => "42601",
+        _ => "0A000",
+    }
 }
 
 /// Checks the functions and literals of a catalog query against the limits above (before it is planned).
@@ -842,6 +903,7 @@ enum Kind {
     BackendPid,
     CurrentSetting,
     QuoteIdent,
+    JsonBuildObject,
 }
 
 #[derive(Debug, PartialEq, Eq, Hash)]
@@ -981,6 +1043,7 @@ impl ScalarUDFImpl for PgFunc {
                 }
                 Arc::new(b.finish())
             }
+            Kind::JsonBuildObject => json_build_object(&arrays, n)?,
             Kind::CurrentSetting | Kind::QuoteIdent => {
                 let strs = str_column(first)?;
                 let strs = strs.as_string::<i32>();
@@ -1004,6 +1067,35 @@ impl ScalarUDFImpl for PgFunc {
         };
         Ok(ColumnarValue::Array(out))
     }
+}
+
+/// `json_build_object(k1, v1, ...)`: one JSON object per row (numbers and booleans as JSON values, anything else
+/// as a JSON string), as text.
+fn json_build_object(arrays: &[ArrayRef], n: usize) -> Result<ArrayRef> {
+    let texts = arrays.iter().map(|a| cast(a, &DataType::Utf8)).collect::<std::result::Result<Vec<_>, _>>()?;
+    let mut b = StringBuilder::new();
+    for r in 0..n {
+        let mut object = serde_json::Map::new();
+        for (pair, types) in texts.chunks(2).zip(arrays.chunks(2)) {
+            let [key, value] = pair else { continue };
+            let (key, value) = (key.as_string::<i32>(), value.as_string::<i32>());
+            let v = if value.is_null(r) {
+                serde_json::Value::Null
+            } else {
+                let text = value.value(r);
+                let raw =
+                    types.get(1).is_some_and(|a| a.data_type().is_numeric() || a.data_type() == &DataType::Boolean);
+                match serde_json::from_str(text) {
+                    Ok(v) if raw => v,
+                    _ => serde_json::Value::String(text.to_string()),
+                }
+            };
+            let k = if key.is_null(r) { String::new() } else { key.value(r).to_string() };
+            object.insert(k, v);
+        }
+        b.append_value(serde_json::Value::Object(object).to_string());
+    }
+    Ok(Arc::new(b.finish()))
 }
 
 fn size_pretty(bytes: i64) -> String {
@@ -1070,7 +1162,10 @@ fn functions(info: &Arc<Info>) -> Vec<PgFunc> {
         (REGNAMESPACE_OUT, Kind::RegNamespaceOut, &[1], t.clone()),
         ("pg_backend_pid", Kind::BackendPid, &[0], DataType::Int32),
         ("current_setting", Kind::CurrentSetting, &[1, 2], t.clone()),
-        ("quote_ident", Kind::QuoteIdent, &[1], t),
+        ("quote_ident", Kind::QuoteIdent, &[1], t.clone()),
+        // SQLAlchemy's column reflection (identity and collation options).
+        ("pg_collation_is_visible", Kind::True, &[1], DataType::Boolean),
+        ("json_build_object", Kind::JsonBuildObject, &[2, 4, 6, 8, 10, 12, 14, 16], t),
     ];
     list.into_iter()
         .map(|(name, kind, ar, ret)| PgFunc { name, kind, signature: arities(ar), ret, info: Arc::clone(info) })
@@ -1127,7 +1222,7 @@ impl TypePlanner for PgTypePlanner {
 // ---------------------------------------------------------------------------------------------------------------
 
 fn parse(sql: &str) -> Result<Vec<Statement>> {
-    Parser::parse_sql(&PostgreSqlDialect {}, sql).map_err(|e| err(format!("syntax error: {e}")))
+    Parser::parse_sql(&PostgreSqlDialect {}, sql).map_err(|e| DataFusionError::SQL(Box::new(e), None))
 }
 
 fn ident_lower(id: &Ident) -> String {
@@ -1251,6 +1346,38 @@ impl Visitor for RouteCheck {
         }
         ControlFlow::Continue(())
     }
+}
+
+/// The first relation `query` names that PostgreSQL's catalog has and this one does not (psql's `\d` reads
+/// pg_catalog relations this emulation leaves out).
+fn missing_relation(query: &Query) -> Result<Option<String>> {
+    struct Names(Vec<Vec<String>>);
+    impl Visitor for Names {
+        type Break = ();
+        fn pre_visit_table_factor(&mut self, tf: &TableFactor) -> ControlFlow<()> {
+            if let TableFactor::Table { name, args: None, .. } = tf
+                && let Some(parts) = name_parts(name)
+            {
+                self.0.push(parts);
+            }
+            ControlFlow::Continue(())
+        }
+    }
+    let mut names = Names(Vec::new());
+    let _ = query.visit(&mut names);
+    let defs = data::relations()?;
+    let known = |schema: &str, name: &str| {
+        let ns = if schema == "information_schema" { NS_INFORMATION_SCHEMA } else { NS_PG_CATALOG };
+        defs.iter().any(|d| d.namespace == ns && d.name == name)
+    };
+    Ok(names.0.into_iter().find_map(|parts| {
+        let missing = match parts.as_slice() {
+            [name] => PG_CATALOG_RELATIONS.contains(&name.as_str()) && !known("pg_catalog", name),
+            [.., schema, name] if schema == "pg_catalog" || schema == "information_schema" => !known(schema, name),
+            _ => false,
+        };
+        missing.then(|| parts.join("."))
+    }))
 }
 
 fn is_catalog_function(parts: &[String]) -> bool {
@@ -1704,11 +1831,15 @@ impl VisitorMut for LossyRewrite {
                 SelectItem::UnnamedExpr(e) | SelectItem::ExprWithAlias { expr: e, .. } => e,
                 _ => continue,
             };
-            if let Expr::Subquery(q) = expr
-                && is_correlated(q)
-            {
-                *expr = null_expr();
-            }
+            // Anywhere in the item (SQLAlchemy's column reflection puts them in CASE branches and conditions).
+            let _ = datafusion::sql::sqlparser::ast::visit_expressions_mut(expr, |e| {
+                if let Expr::Subquery(q) = e
+                    && is_correlated(q)
+                {
+                    *e = null_expr();
+                }
+                ControlFlow::<()>::Continue(())
+            });
         }
         ControlFlow::Continue(())
     }
@@ -1997,6 +2128,9 @@ impl Catalog {
             return Err(err("not a catalog query"));
         }
         let Statement::Query(mut query) = stmt else { return Err(err("not a query")) };
+        if let Some(name) = missing_relation(&query)? {
+            return Err(DataFusionError::External(Box::new(UndefinedTable(name))));
+        }
         let mut limits = LimitCheck::default();
         let _ = query.visit(&mut limits);
         if let Some(e) = limits.error {

@@ -78,16 +78,9 @@ impl Analyst {
             )
         })?;
         let (schema, batches) = answered.map_err(|e| {
-            let message = without_suggestion(&e.strip_backtrace());
-            let code = match e.find_root() {
-                DataFusionError::ResourcesExhausted(m) if m.starts_with("catalog query over a limit") => "54000",
-                DataFusionError::ResourcesExhausted(_) => "53200",
-                _ if message.contains("does not exist") || message.contains("not found") => "42P01",
-                _ => "0A000",
-            };
             wire_error(
-                code,
-                format!("catalog query: {message}"),
+                super::catalog::sqlstate(&e),
+                format!("catalog query: {}", without_suggestion(&e.strip_backtrace())),
                 Some("dpfusion answers catalog queries from an emulated pg_catalog with only the tables granted to you; \\dt lists them".into()),
             )
         })?;
@@ -122,20 +115,19 @@ fn wire_error(code: &str, message: impl Into<String>, hint: Option<String>) -> P
     PgWireError::UserError(Box::new(e))
 }
 
-/// A dpfusion error as an ErrorResponse: a SQLSTATE that fits (see README "Serving analysts"), the message,
-/// and the fix in the HINT field.
-pub(crate) fn dp_error(e: &DpError) -> PgWireError {
-    let code = match e {
-        DpError::Refused(r) => match r.code() {
-            "syntax_error" | "empty_statement" => "42601",
-            "too_many_operators" | "too_deeply_nested" => "54001",
-            "unknown_name" => "42703",
-            "no_table" | "not_a_private_table" => "42P01",
-            "set_unreadable" | "no_such_option" | "set_not_available" => "42704",
-            "bad_option_value" | "rho_over_total" | "empty_request_id" => "22023",
-            "request_id_reused" | "request_id_lost" | "policy_changed" => "55000",
-            _ => "42501",
-        },
+/// The SQLSTATE of each refusal code that is not 42501 (`data/sqlstate.txt`).
+const REFUSAL_SQLSTATES: &str = include_str!("../data/sqlstate.txt");
+
+/// The SQLSTATE of a dpfusion error: by its kind, and a refusal by its stable code ([`DpError::code`]) through
+/// `data/sqlstate.txt`; never by its text.
+pub(crate) fn sqlstate(e: &DpError) -> &'static str {
+    match e {
+        DpError::Refused(_) => REFUSAL_SQLSTATES
+            .lines()
+            .filter(|l| !l.starts_with('#'))
+            .filter_map(|l| l.split_once('|'))
+            .find(|(code, _)| code.trim() == e.code())
+            .map_or("42501", |(_, state)| state.trim()),
         DpError::OverBudget { .. } | DpError::TableCap { .. } => "53400",
         DpError::Access(_) => "42501",
         DpError::InvalidParameter { .. } => "22023",
@@ -144,7 +136,13 @@ pub(crate) fn dp_error(e: &DpError) -> PgWireError {
         DpError::Engine(_) => "42000",
         DpError::PrivateExecution { .. } | DpError::Io { .. } => "58030",
         DpError::Internal(_) => "XX000",
-    };
+    }
+}
+
+/// A dpfusion error as an ErrorResponse: its SQLSTATE ([`sqlstate`]; see README "Serving analysts"), the
+/// message, and the fix in the HINT field.
+pub(crate) fn dp_error(e: &DpError) -> PgWireError {
+    let code = sqlstate(e);
     let (message, hint) = match e {
         DpError::Refused(r) => (format!("query refused: {r}"), Some(r.hint())),
         DpError::OverBudget { remaining, .. } => (
