@@ -22,6 +22,9 @@ mod noise_dist;
 mod privacy_audit;
 /// `dpfusion serve` over tokio-postgres: protocols, logins, isolation of analysts, budgets under contention.
 mod server;
+/// `dpfusion serve`'s catalog (issue 35): one type map for `\d` and results, SQLAlchemy's reflection, a SQLSTATE
+/// per kind of error.
+mod server_catalog;
 /// `dpfusion serve` under hostile connections: slots after login, throttle, message sizes, idle and shutdown,
 /// grants at each debit, stable decoy salts, per-analyst charge numbers.
 mod server_conn;

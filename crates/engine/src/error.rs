@@ -132,6 +132,17 @@ impl DpError {
         }
     }
 
+    /// The message without its hint, for front ends that show the hint apart ([`DpError::hint`]): the same as the
+    /// error's text, except that an over-budget error stops at "Nothing was spent".
+    pub fn headline(&self) -> String {
+        match self {
+            DpError::OverBudget { total, spent, requested, remaining } => {
+                format!("{}. Nothing was spent", over_budget(*requested, *remaining, *total, *spent))
+            }
+            other => other.to_string(),
+        }
+    }
+
     /// Whether nothing was spent and the statement was not answered for a reason the analyst can change: a
     /// refusal or a query over the budget.
     pub fn is_refusal(&self) -> bool {

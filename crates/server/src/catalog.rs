@@ -15,6 +15,28 @@
 //! second pass replaces correlated scalar subqueries in projections (psql's `\d` default/collation columns) by
 //! `NULL`; if that fails too and the query reads only from catalogs that are always empty here (policies,
 //! extended statistics, publications), an empty result with the right column names is returned.
+//!
+//! The relations, their fixed rows and `pg_type` are data (`crates/server/data/`, read by [`data`]); column types
+//! come from the one type map the wire uses too ([`crate::types`]).
+//!
+//! ## Why not `datafusion-pg-catalog` (evaluated 2026-11-26, version 0.19.0)
+//! The maintained crate (datafusion-contrib/datafusion-postgres) was read against this module's tests; it was not
+//! adopted because, fed the same schema-only tables, these would fail:
+//! - `psql_dt_and_d`, and `catalog_queries_describe_granted_tables_only_and_spend_nothing` (tests/server.rs):
+//!   its `pg_get_userbyid` answers `postgres` for every oid, not the connecting analyst.
+//! - `psql_dt_plus`, `psql_d_plus_pums`: no `pg_size_pretty`, `pg_table_size`, `obj_description` or
+//!   `col_description` (psql's `\dt+` and `\d+` fail with "Invalid function").
+//! - `sqlalchemy_queries` (the hstore probe): no `to_regtype`; `sqlalchemy_reflects_a_tables_columns`
+//!   (tests/server_catalog.rs): no `json_build_object` or `pg_collation_is_visible`.
+//! - `pg_table_is_visible` is true for every oid, so psql's `\d name` also matches a system relation of that name.
+//! - None of this module's limits (query size, series, cross joins, memory, rows) nor its `dp_last_release()`.
+//!
+//! It also depends on `datafusion = "55"` with default features, which turns them all back on for the whole
+//! workspace (measured with `cargo tree`: 16 more crates, among them the liblzma-sys and bzip2 C builds,
+//! blake3 and the compression codecs, and every DataFusion crate rebuilt with other features).
+//! Its companion `arrow-pg` (0.16, with `default-features = false, features = ["arrow"]`) is adopted for the
+//! wire encoding: 3 more crates (arrow-pg, rust_decimal, arrayvec) and pgwire's type features, no DataFusion
+//! feature change.
 
 use std::collections::{BTreeMap, HashSet};
 use std::ops::ControlFlow;
@@ -46,6 +68,8 @@ use datafusion::sql::sqlparser::ast::{
 use datafusion::sql::sqlparser::dialect::PostgreSqlDialect;
 use datafusion::sql::sqlparser::parser::Parser;
 
+mod data;
+
 /// `version()`: must start with `PostgreSQL <major>.<minor>` (SQLAlchemy parses it) and match server_version.
 fn version() -> String {
     format!("PostgreSQL {} (dpfusion {}, differentially private)", super::SERVER_VERSION, env!("CARGO_PKG_VERSION"))
@@ -59,7 +83,6 @@ const ROLE_OWNER: i32 = 10;
 /// PostgreSQL 15+ owner of schema `public`.
 const ROLE_DATABASE_OWNER: i32 = 6171;
 const FIRST_USER_OID: i32 = 16384;
-const DATABASE_OID: i32 = 5;
 
 /// Function names (lower case) a FROM-less query may call and still be answered here.
 const CATALOG_FUNCTIONS: &[&str] = &[
@@ -216,9 +239,48 @@ const DENIED_FUNCTIONS: &[&str] = &[
     "regexp_replace",
 ];
 
-/// A catalog query over a limit: a refusal that says which (the wire maps it to SQLSTATE 54000).
+/// A catalog query over a limit (SQLSTATE 54000).
+#[derive(Debug)]
+struct OverLimit(String);
+
+/// A catalog relation PostgreSQL has and this catalog does not (SQLSTATE 42P01, as a missing table).
+#[derive(Debug)]
+struct UndefinedTable(String);
+
+impl std::fmt::Display for OverLimit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "catalog query over a limit: {}", self.0)
+    }
+}
+
+impl std::fmt::Display for UndefinedTable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "relation \"{}\" does not exist", self.0)
+    }
+}
+
+impl std::error::Error for OverLimit {}
+impl std::error::Error for UndefinedTable {}
+
+/// A catalog query over a limit: a refusal that says which.
 fn over_limit(what: String) -> DataFusionError {
-    DataFusionError::ResourcesExhausted(format!("catalog query over a limit: {what}"))
+    DataFusionError::External(Box::new(OverLimit(what)))
+}
+
+/// The SQLSTATE of a catalog query's error, by its kind (never its text): 54000 over a limit, 53200 out of
+/// memory, 42P01 a relation this catalog does not have, 42703 an unknown column, 42601 a syntax error, 0A000
+/// anything else this emulation does not do.
+pub(crate) fn sqlstate(e: &DataFusionError) -> &'static str {
+    match e.find_root() {
+        DataFusionError::External(x) if x.is::<OverLimit>() => "54000",
+        DataFusionError::External(x) if x.is::<UndefinedTable>() => "42P01",
+        DataFusionError::ResourcesExhausted(_) => "53200",
+        DataFusionError::SchemaError(e, _) if matches!(**e, datafusion::common::SchemaError::FieldNotFound { .. }) => {
+            "42703"
+        }
+        DataFusionError::SQL(..) => "42601",
+        _ => "0A000",
+    }
 }
 
 /// Checks the functions and literals of a catalog query against the limits above (before it is planned).
@@ -423,65 +485,6 @@ fn err(msg: impl Into<String>) -> DataFusionError {
 // PostgreSQL types
 // ---------------------------------------------------------------------------------------------------------------
 
-/// One row of `pg_type`: (oid, typname, typlen, typbyval, typcategory, typalign, typstorage, typcollation, typarray,
-/// format_type name).
-type TypeRow = (i32, &'static str, i16, bool, &'static str, &'static str, &'static str, i32, i32, &'static str);
-
-const TYPES: &[TypeRow] = &[
-    (16, "bool", 1, true, "B", "c", "p", 0, 1000, "boolean"),
-    (17, "bytea", -1, false, "U", "i", "x", 0, 1001, "bytea"),
-    (18, "char", 1, true, "Z", "c", "p", 0, 1002, "\"char\""),
-    (19, "name", 64, false, "S", "c", "p", 950, 1003, "name"),
-    (20, "int8", 8, true, "N", "d", "p", 0, 1016, "bigint"),
-    (21, "int2", 2, true, "N", "s", "p", 0, 1005, "smallint"),
-    (23, "int4", 4, true, "N", "i", "p", 0, 1007, "integer"),
-    (25, "text", -1, false, "S", "i", "x", 100, 1009, "text"),
-    (26, "oid", 4, true, "N", "i", "p", 0, 1028, "oid"),
-    (114, "json", -1, false, "U", "i", "x", 0, 199, "json"),
-    (700, "float4", 4, true, "N", "i", "p", 0, 1021, "real"),
-    (701, "float8", 8, true, "N", "d", "p", 0, 1022, "double precision"),
-    (1042, "bpchar", -1, false, "S", "i", "x", 100, 1014, "character"),
-    (1043, "varchar", -1, false, "S", "i", "x", 100, 1015, "character varying"),
-    (1082, "date", 4, true, "D", "i", "p", 0, 1182, "date"),
-    (1083, "time", 8, true, "D", "d", "p", 0, 1183, "time without time zone"),
-    (1114, "timestamp", 8, true, "D", "d", "p", 0, 1115, "timestamp without time zone"),
-    (1184, "timestamptz", 8, true, "D", "d", "p", 0, 1185, "timestamp with time zone"),
-    (1186, "interval", 16, false, "T", "d", "p", 0, 1187, "interval"),
-    (1700, "numeric", -1, false, "N", "i", "m", 0, 1231, "numeric"),
-    (2205, "regclass", 4, true, "N", "i", "p", 0, 2210, "regclass"),
-    (2206, "regtype", 4, true, "N", "i", "p", 0, 2211, "regtype"),
-    (2950, "uuid", 16, false, "U", "c", "p", 0, 2951, "uuid"),
-    (3802, "jsonb", -1, false, "U", "i", "x", 0, 3807, "jsonb"),
-    (4089, "regnamespace", 4, true, "N", "i", "p", 0, 4090, "regnamespace"),
-];
-
-/// PostgreSQL type oid and typmod for an Arrow type (the mapping the server uses on the wire).
-fn pg_type_of(dt: &DataType) -> (i32, i32) {
-    match dt {
-        DataType::Int8 | DataType::Int16 => (21, -1),
-        DataType::Int32 => (23, -1),
-        DataType::Int64 | DataType::UInt8 | DataType::UInt16 | DataType::UInt32 | DataType::UInt64 => (20, -1),
-        DataType::Float16 | DataType::Float32 => (700, -1),
-        DataType::Float64 => (701, -1),
-        DataType::Decimal32(p, s)
-        | DataType::Decimal64(p, s)
-        | DataType::Decimal128(p, s)
-        | DataType::Decimal256(p, s) => {
-            let typmod = if *s >= 0 && i32::from(*s) <= i32::from(*p) {
-                ((i32::from(*p) << 16) | i32::from(*s)) + 4
-            } else {
-                -1
-            };
-            (1700, typmod)
-        }
-        DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View => (25, -1),
-        DataType::Boolean => (16, -1),
-        DataType::Date32 | DataType::Date64 => (1082, -1),
-        DataType::Timestamp(_, _) => (1114, -1),
-        _ => (25, -1),
-    }
-}
-
 /// (typname, typlen, format name, collation, storage, element oid) of a type oid, including the array types.
 struct TypeInfo {
     name: String,
@@ -492,24 +495,14 @@ struct TypeInfo {
 }
 
 fn type_info(oid: i32) -> Option<TypeInfo> {
-    for t in TYPES {
-        if t.0 == oid {
-            return Some(TypeInfo {
-                name: t.1.to_string(),
-                len: t.2,
-                format: t.9.to_string(),
-                collation: t.7,
-                storage: t.6,
-            });
+    for t in data::types() {
+        if t.oid == oid {
+            let (name, len, format) = (t.name.to_string(), t.len, t.format.to_string());
+            return Some(TypeInfo { name, len, format, collation: t.collation, storage: t.storage });
         }
-        if t.8 == oid {
-            return Some(TypeInfo {
-                name: format!("_{}", t.1),
-                len: -1,
-                format: format!("{}[]", t.9),
-                collation: t.7,
-                storage: "x",
-            });
+        if t.array == oid {
+            let (name, format) = (format!("_{}", t.name), format!("{}[]", t.format));
+            return Some(TypeInfo { name, len: -1, format, collation: t.collation, storage: "x" });
         }
     }
     None
@@ -535,7 +528,7 @@ fn format_type(oid: i32, typmod: Option<i64>) -> String {
 // ---------------------------------------------------------------------------------------------------------------
 
 /// Column types of the catalog tables.
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, Debug)]
 enum Ct {
     I2,
     I4,
@@ -581,10 +574,7 @@ fn i(x: impl Into<i64>) -> V {
     V::I(x.into())
 }
 
-/// One catalog relation: name, namespace, relkind, columns and rows.
-/// The columns of a catalog relation: name and type.
-type Columns = Vec<(&'static str, Ct)>;
-
+/// One catalog relation: name, namespace, relkind, oid, columns and rows.
 struct Rel {
     name: &'static str,
     namespace: i32,
@@ -688,10 +678,8 @@ impl Info {
         }
         let lower = t.to_ascii_lowercase();
         let lower = lower.strip_prefix("pg_catalog.").unwrap_or(&lower);
-        for (oid, name, .., format) in TYPES {
-            if *name == lower || *format == lower {
-                return Some(*oid);
-            }
+        if let Some(t) = data::types().iter().find(|t| t.name == lower || t.format == lower) {
+            return Some(t.oid);
         }
         let alias = match lower {
             "int" => 23,
@@ -773,740 +761,89 @@ fn quote_ident(name: &str) -> String {
     if plain { name.to_string() } else { format!("\"{}\"", name.replace('"', "\"\"")) }
 }
 
-/// All catalog relations, in registration order. `info` gives the user tables.
-fn catalog_relations(info: &Info, user_tables: &[RelInfo]) -> Vec<Rel> {
-    use Ct::*;
-    let user = info.user.clone();
-    let mut rels = Vec::new();
+/// All catalog relations, in registration order (`data/relations.txt`), with their rows; pg_class and pg_attribute
+/// are filled in by [`Catalog::new`] once every relation is known.
+fn catalog_relations(info: &Info, user_tables: &[RelInfo]) -> Result<Vec<Rel>> {
+    data::relations()?
+        .iter()
+        .map(|d| {
+            let rows = match (d.namespace, d.name) {
+                (NS_PG_CATALOG, "pg_type") => type_rows(),
+                (NS_PG_CATALOG, "pg_settings") => settings_rows(),
+                (NS_PG_CATALOG, "pg_tables") => user_tables.iter().map(|t| pg_tables_row(info, t)).collect(),
+                (NS_INFORMATION_SCHEMA, "schemata") => schemata_rows(info),
+                (NS_INFORMATION_SCHEMA, "tables") => user_tables.iter().map(|t| tables_row(info, t)).collect(),
+                (NS_INFORMATION_SCHEMA, "columns") => column_rows(info, user_tables),
+                _ => data::fixed_rows(d.name, &info.user, &info.database)?,
+            };
+            Ok(Rel { name: d.name, namespace: d.namespace, kind: d.kind, oid: d.oid, cols: d.cols.clone(), rows })
+        })
+        .collect()
+}
 
-    let nsp_rows = vec![
-        vec![i(NS_PG_CATALOG), s("pg_catalog"), i(ROLE_OWNER), V::N],
-        vec![i(NS_PUBLIC), s("public"), i(ROLE_DATABASE_OWNER), V::N],
-        vec![i(NS_INFORMATION_SCHEMA), s("information_schema"), i(ROLE_OWNER), V::N],
-    ];
-    rels.push(Rel {
-        name: "pg_namespace",
-        namespace: NS_PG_CATALOG,
-        kind: "r",
-        oid: 2615,
-        cols: vec![("oid", I4), ("nspname", T), ("nspowner", I4), ("nspacl", LT)],
-        rows: nsp_rows,
-    });
-
-    // pg_class and pg_attribute rows are filled in below, once every relation is known.
-    rels.push(Rel {
-        name: "pg_class",
-        namespace: NS_PG_CATALOG,
-        kind: "r",
-        oid: 1259,
-        cols: vec![
-            ("oid", I4),
-            ("relname", T),
-            ("relnamespace", I4),
-            ("reltype", I4),
-            ("reloftype", I4),
-            ("relowner", I4),
-            ("relam", I4),
-            ("relfilenode", I4),
-            ("reltablespace", I4),
-            ("relpages", I4),
-            ("reltuples", F4),
-            ("relallvisible", I4),
-            ("reltoastrelid", I4),
-            ("relhasindex", B),
-            ("relisshared", B),
-            ("relpersistence", T),
-            ("relkind", T),
-            ("relnatts", I2),
-            ("relchecks", I2),
-            ("relhasrules", B),
-            ("relhastriggers", B),
-            ("relhassubclass", B),
-            ("relrowsecurity", B),
-            ("relforcerowsecurity", B),
-            ("relispopulated", B),
-            ("relreplident", T),
-            ("relispartition", B),
-            ("relrewrite", I4),
-            ("relfrozenxid", I4),
-            ("relminmxid", I4),
-            ("relacl", LT),
-            ("reloptions", LT),
-            ("relpartbound", T),
-        ],
-        rows: vec![],
-    });
-    rels.push(Rel {
-        name: "pg_attribute",
-        namespace: NS_PG_CATALOG,
-        kind: "r",
-        oid: 1249,
-        cols: vec![
-            ("attrelid", I4),
-            ("attname", T),
-            ("atttypid", I4),
-            ("attstattarget", I2),
-            ("attlen", I2),
-            ("attnum", I2),
-            ("attndims", I2),
-            ("attcacheoff", I4),
-            ("atttypmod", I4),
-            ("attbyval", B),
-            ("attalign", T),
-            ("attstorage", T),
-            ("attcompression", T),
-            ("attnotnull", B),
-            ("atthasdef", B),
-            ("atthasmissing", B),
-            ("attidentity", T),
-            ("attgenerated", T),
-            ("attisdropped", B),
-            ("attislocal", B),
-            ("attinhcount", I2),
-            ("attcollation", I4),
-            ("attacl", LT),
-            ("attoptions", LT),
-            ("attfdwoptions", LT),
-            ("attmissingval", LT),
-        ],
-        rows: vec![],
-    });
-
-    let mut type_rows = Vec::new();
-    for &(oid, name, len, byval, cat, align, storage, coll, arr, _) in TYPES {
-        let row = |oid: i32, name: String, len: i16, byval: bool, cat: &str, storage: &str, elem: i32, arr: i32| {
-            vec![
-                i(oid),
-                s(name.clone()),
-                i(NS_PG_CATALOG),
-                i(ROLE_OWNER),
-                i(len),
-                V::B(byval),
-                s("b"),
-                s(cat),
-                V::B(false),
-                V::B(true),
-                s(","),
-                i(0),
-                i(elem),
-                i(arr),
-                s(format!("{name}in")),
-                s(format!("{name}out")),
-                s(format!("{name}recv")),
-                s(format!("{name}send")),
-                s(align),
-                s(storage),
-                V::B(false),
-                i(0),
-                i(-1),
-                i(0),
-                i(coll),
-                V::N,
-                V::N,
+/// `pg_type`: each base type of `data/pg_type.txt` and its array type.
+fn type_rows() -> Vec<Vec<V>> {
+    let row = |oid: i32, name: String, len: i16, byval: bool, cat: &str, t: &data::PgType, elem: i32, arr: i32| {
+        let (align, storage) = (t.align, if elem == 0 { t.storage } else { "x" });
+        let mut r = vec![i(oid), s(name.clone()), i(NS_PG_CATALOG), i(ROLE_OWNER), i(len), V::B(byval), s("b")];
+        r.extend([s(cat), V::B(false), V::B(true), s(","), i(0), i(elem), i(arr)]);
+        r.extend(["in", "out", "recv", "send"].map(|f| s(format!("{name}{f}"))));
+        r.extend([s(align), s(storage), V::B(false), i(0), i(-1), i(0), i(t.collation), V::N, V::N]);
+        r
+    };
+    data::types()
+        .iter()
+        .flat_map(|t| {
+            [
+                row(t.oid, t.name.to_string(), t.len, t.byval, t.category, t, 0, t.array),
+                row(t.array, format!("_{}", t.name), -1, false, "A", t, t.oid, 0),
             ]
-        };
-        type_rows.push(row(oid, name.to_string(), len, byval, cat, storage, 0, arr));
-        type_rows.push(row(arr, format!("_{name}"), -1, false, "A", "x", oid, 0));
-    }
-    rels.push(Rel {
-        name: "pg_type",
-        namespace: NS_PG_CATALOG,
-        kind: "r",
-        oid: 1247,
-        cols: vec![
-            ("oid", I4),
-            ("typname", T),
-            ("typnamespace", I4),
-            ("typowner", I4),
-            ("typlen", I2),
-            ("typbyval", B),
-            ("typtype", T),
-            ("typcategory", T),
-            ("typispreferred", B),
-            ("typisdefined", B),
-            ("typdelim", T),
-            ("typrelid", I4),
-            ("typelem", I4),
-            ("typarray", I4),
-            ("typinput", T),
-            ("typoutput", T),
-            ("typreceive", T),
-            ("typsend", T),
-            ("typalign", T),
-            ("typstorage", T),
-            ("typnotnull", B),
-            ("typbasetype", I4),
-            ("typtypmod", I4),
-            ("typndims", I4),
-            ("typcollation", I4),
-            ("typdefault", T),
-            ("typacl", LT),
-        ],
-        rows: type_rows,
-    });
-    rels.push(Rel {
-        name: "pg_am",
-        namespace: NS_PG_CATALOG,
-        kind: "r",
-        oid: 2601,
-        cols: vec![("oid", I4), ("amname", T), ("amhandler", T), ("amtype", T)],
-        rows: vec![
-            vec![i(2), s("heap"), s("heap_tableam_handler"), s("t")],
-            vec![i(403), s("btree"), s("bthandler"), s("i")],
-            vec![i(405), s("hash"), s("hashhandler"), s("i")],
-        ],
-    });
-    rels.push(Rel {
-        name: "pg_database",
-        namespace: NS_PG_CATALOG,
-        kind: "r",
-        oid: 1262,
-        cols: vec![
-            ("oid", I4),
-            ("datname", T),
-            ("datdba", I4),
-            ("encoding", I4),
-            ("datlocprovider", T),
-            ("datistemplate", B),
-            ("datallowconn", B),
-            ("datconnlimit", I4),
-            ("datfrozenxid", I4),
-            ("datminmxid", I4),
-            ("dattablespace", I4),
-            ("datcollate", T),
-            ("datctype", T),
-            ("daticulocale", T),
-            ("daticurules", T),
-            ("datcollversion", T),
-            ("datacl", LT),
-        ],
-        rows: vec![vec![
-            i(DATABASE_OID),
-            s(info.database.clone()),
-            i(ROLE_OWNER),
-            i(6),
-            s("c"),
-            V::B(false),
-            V::B(true),
-            i(-1),
-            i(0),
-            i(1),
-            i(1663),
-            s("C.UTF-8"),
-            s("C.UTF-8"),
-            V::N,
-            V::N,
-            V::N,
-            V::N,
-        ]],
-    });
-    let role_cols = vec![
-        ("oid", I4),
-        ("rolname", T),
-        ("rolsuper", B),
-        ("rolinherit", B),
-        ("rolcreaterole", B),
-        ("rolcreatedb", B),
-        ("rolcanlogin", B),
-        ("rolreplication", B),
-        ("rolconnlimit", I4),
-        ("rolpassword", T),
-        ("rolvaliduntil", T),
-        ("rolbypassrls", B),
-        ("rolconfig", LT),
-    ];
-    let role_rows = vec![
-        vec![
-            i(ROLE_OWNER),
-            s(user.clone()),
-            V::B(false),
-            V::B(true),
-            V::B(false),
-            V::B(false),
-            V::B(true),
-            V::B(false),
-            i(-1),
-            s("********"),
-            V::N,
-            V::B(false),
-            V::N,
-        ],
-        vec![
-            i(ROLE_DATABASE_OWNER),
-            s("pg_database_owner"),
-            V::B(false),
-            V::B(true),
-            V::B(false),
-            V::B(false),
-            V::B(false),
-            V::B(false),
-            i(-1),
-            s("********"),
-            V::N,
-            V::B(false),
-            V::N,
-        ],
-    ];
-    rels.push(Rel {
-        name: "pg_roles",
-        namespace: NS_PG_CATALOG,
-        kind: "v",
-        oid: 12001,
-        cols: role_cols,
-        rows: role_rows,
-    });
-    rels.push(Rel {
-        name: "pg_user",
-        namespace: NS_PG_CATALOG,
-        kind: "v",
-        oid: 12002,
-        cols: vec![
-            ("usename", T),
-            ("usesysid", I4),
-            ("usecreatedb", B),
-            ("usesuper", B),
-            ("userepl", B),
-            ("usebypassrls", B),
-            ("passwd", T),
-            ("valuntil", T),
-            ("useconfig", LT),
-        ],
-        rows: vec![vec![
-            s(user.clone()),
-            i(ROLE_OWNER),
-            V::B(false),
-            V::B(false),
-            V::B(false),
-            V::B(false),
-            s("********"),
-            V::N,
-            V::N,
-        ]],
-    });
-    rels.push(Rel {
-        name: "pg_collation",
-        namespace: NS_PG_CATALOG,
-        kind: "r",
-        oid: 3456,
-        cols: vec![
-            ("oid", I4),
-            ("collname", T),
-            ("collnamespace", I4),
-            ("collowner", I4),
-            ("collprovider", T),
-            ("collisdeterministic", B),
-            ("collencoding", I4),
-            ("collcollate", T),
-            ("collctype", T),
-        ],
-        rows: vec![
-            vec![i(100), s("default"), i(NS_PG_CATALOG), i(ROLE_OWNER), s("d"), V::B(true), i(-1), V::N, V::N],
-            vec![i(950), s("C"), i(NS_PG_CATALOG), i(ROLE_OWNER), s("c"), V::B(true), i(-1), s("C"), s("C")],
-            vec![
-                i(951),
-                s("POSIX"),
-                i(NS_PG_CATALOG),
-                i(ROLE_OWNER),
-                s("c"),
-                V::B(true),
-                i(-1),
-                s("POSIX"),
-                s("POSIX"),
-            ],
-        ],
-    });
-    rels.push(Rel {
-        name: "pg_tablespace",
-        namespace: NS_PG_CATALOG,
-        kind: "r",
-        oid: 1213,
-        cols: vec![("oid", I4), ("spcname", T), ("spcowner", I4), ("spcacl", LT), ("spcoptions", LT)],
-        rows: vec![
-            vec![i(1663), s("pg_default"), i(ROLE_OWNER), V::N, V::N],
-            vec![i(1664), s("pg_global"), i(ROLE_OWNER), V::N, V::N],
-        ],
-    });
-    rels.push(Rel {
-        name: "pg_settings",
-        namespace: NS_PG_CATALOG,
-        kind: "v",
-        oid: 12003,
-        cols: vec![
-            ("name", T),
-            ("setting", T),
-            ("unit", T),
-            ("category", T),
-            ("short_desc", T),
-            ("context", T),
-            ("vartype", T),
-            ("source", T),
-            ("boot_val", T),
-            ("reset_val", T),
-        ],
-        rows: super::SETTINGS
-            .iter()
-            .map(|setting| {
-                let v = setting.value;
-                vec![
-                    s(setting.name),
-                    s(v),
-                    V::N,
-                    s("Preset Options"),
-                    s(""),
-                    s("internal"),
-                    s("string"),
-                    s("default"),
-                    s(v),
-                    s(v),
-                ]
-            })
-            .collect(),
-    });
-    rels.push(Rel {
-        name: "pg_tables",
-        namespace: NS_PG_CATALOG,
-        kind: "v",
-        oid: 12004,
-        cols: vec![
-            ("schemaname", T),
-            ("tablename", T),
-            ("tableowner", T),
-            ("tablespace", T),
-            ("hasindexes", B),
-            ("hasrules", B),
-            ("hastriggers", B),
-            ("rowsecurity", B),
-        ],
-        rows: user_tables
-            .iter()
-            .map(|t| {
-                vec![
-                    s("public"),
-                    s(t.name.clone()),
-                    s(user.clone()),
-                    V::N,
-                    V::B(false),
-                    V::B(false),
-                    V::B(false),
-                    V::B(false),
-                ]
-            })
-            .collect(),
-    });
+        })
+        .collect()
+}
 
-    // Always-empty catalogs (schema only).
-    let empty: Vec<(&'static str, i32, &'static str, Columns)> = vec![
-        ("pg_attrdef", 2604, "r", vec![("oid", I4), ("adrelid", I4), ("adnum", I2), ("adbin", T)]),
-        ("pg_description", 2609, "r", vec![("objoid", I4), ("classoid", I4), ("objsubid", I4), ("description", T)]),
-        ("pg_shdescription", 2396, "r", vec![("objoid", I4), ("classoid", I4), ("description", T)]),
-        (
-            "pg_inherits",
-            2611,
-            "r",
-            vec![("inhrelid", I4), ("inhparent", I4), ("inhseqno", I4), ("inhdetachpending", B)],
-        ),
-        (
-            "pg_policy",
-            3256,
-            "r",
-            vec![
-                ("oid", I4),
-                ("polname", T),
-                ("polrelid", I4),
-                ("polcmd", T),
-                ("polpermissive", B),
-                ("polroles", LI),
-                ("polqual", T),
-                ("polwithcheck", T),
-            ],
-        ),
-        (
-            "pg_statistic_ext",
-            3381,
-            "r",
-            vec![
-                ("oid", I4),
-                ("stxrelid", I4),
-                ("stxname", T),
-                ("stxnamespace", I4),
-                ("stxowner", I4),
-                ("stxstattarget", I4),
-                ("stxkeys", LI),
-                ("stxkind", LT),
-                ("stxexprs", T),
-            ],
-        ),
-        (
-            "pg_publication",
-            6104,
-            "r",
-            vec![
-                ("oid", I4),
-                ("pubname", T),
-                ("pubowner", I4),
-                ("puballtables", B),
-                ("pubinsert", B),
-                ("pubupdate", B),
-                ("pubdelete", B),
-                ("pubtruncate", B),
-                ("pubviaroot", B),
-            ],
-        ),
-        (
-            "pg_publication_rel",
-            6106,
-            "r",
-            vec![("oid", I4), ("prpubid", I4), ("prrelid", I4), ("prqual", T), ("prattrs", LI)],
-        ),
-        ("pg_publication_namespace", 6237, "r", vec![("oid", I4), ("pnpubid", I4), ("pnnspid", I4)]),
-        (
-            "pg_constraint",
-            2606,
-            "r",
-            vec![
-                ("oid", I4),
-                ("conname", T),
-                ("connamespace", I4),
-                ("contype", T),
-                ("condeferrable", B),
-                ("condeferred", B),
-                ("convalidated", B),
-                ("conrelid", I4),
-                ("contypid", I4),
-                ("conindid", I4),
-                ("conparentid", I4),
-                ("confrelid", I4),
-                ("confupdtype", T),
-                ("confdeltype", T),
-                ("confmatchtype", T),
-                ("conislocal", B),
-                ("coninhcount", I2),
-                ("connoinherit", B),
-                ("conkey", LI),
-                ("confkey", LI),
-                ("conbin", T),
-            ],
-        ),
-        (
-            "pg_index",
-            2610,
-            "r",
-            vec![
-                ("indexrelid", I4),
-                ("indrelid", I4),
-                ("indnatts", I2),
-                ("indnkeyatts", I2),
-                ("indisunique", B),
-                ("indnullsnotdistinct", B),
-                ("indisprimary", B),
-                ("indisexclusion", B),
-                ("indimmediate", B),
-                ("indisclustered", B),
-                ("indisvalid", B),
-                ("indcheckxmin", B),
-                ("indisready", B),
-                ("indislive", B),
-                ("indisreplident", B),
-                ("indkey", LI),
-                ("indcollation", LI),
-                ("indclass", LI),
-                ("indoption", LI),
-                ("indexprs", T),
-                ("indpred", T),
-            ],
-        ),
-        (
-            "pg_trigger",
-            2620,
-            "r",
-            vec![
-                ("oid", I4),
-                ("tgrelid", I4),
-                ("tgparentid", I4),
-                ("tgname", T),
-                ("tgfoid", I4),
-                ("tgtype", I2),
-                ("tgenabled", T),
-                ("tgisinternal", B),
-                ("tgconstrrelid", I4),
-                ("tgconstrindid", I4),
-                ("tgconstraint", I4),
-                ("tgdeferrable", B),
-                ("tginitdeferred", B),
-                ("tgnargs", I2),
-            ],
-        ),
-        (
-            "pg_rewrite",
-            2618,
-            "r",
-            vec![("oid", I4), ("rulename", T), ("ev_class", I4), ("ev_type", T), ("ev_enabled", T), ("is_instead", B)],
-        ),
-        (
-            "pg_range",
-            3541,
-            "r",
-            vec![("rngtypid", I4), ("rngsubtype", I4), ("rngmultitypid", I4), ("rngcollation", I4)],
-        ),
-        ("pg_enum", 3501, "r", vec![("oid", I4), ("enumtypid", I4), ("enumsortorder", F4), ("enumlabel", T)]),
-        (
-            "pg_sequence",
-            2224,
-            "r",
-            vec![
-                ("seqrelid", I4),
-                ("seqtypid", I4),
-                ("seqstart", I8),
-                ("seqincrement", I8),
-                ("seqmax", I8),
-                ("seqmin", I8),
-                ("seqcache", I8),
-                ("seqcycle", B),
-            ],
-        ),
-        (
-            "pg_extension",
-            3079,
-            "r",
-            vec![
-                ("oid", I4),
-                ("extname", T),
-                ("extowner", I4),
-                ("extnamespace", I4),
-                ("extrelocatable", B),
-                ("extversion", T),
-            ],
-        ),
-        (
-            "pg_depend",
-            2608,
-            "r",
-            vec![
-                ("classid", I4),
-                ("objid", I4),
-                ("objsubid", I4),
-                ("refclassid", I4),
-                ("refobjid", I4),
-                ("refobjsubid", I4),
-                ("deptype", T),
-            ],
-        ),
-        (
-            "pg_proc",
-            1255,
-            "r",
-            vec![
-                ("oid", I4),
-                ("proname", T),
-                ("pronamespace", I4),
-                ("proowner", I4),
-                ("prolang", I4),
-                ("prokind", T),
-                ("proretset", B),
-                ("pronargs", I2),
-                ("prorettype", I4),
-                ("proargtypes", LI),
-                ("prosrc", T),
-            ],
-        ),
-        ("pg_views", 12005, "v", vec![("schemaname", T), ("viewname", T), ("viewowner", T), ("definition", T)]),
-        (
-            "pg_matviews",
-            12006,
-            "v",
-            vec![
-                ("schemaname", T),
-                ("matviewname", T),
-                ("matviewowner", T),
-                ("tablespace", T),
-                ("hasindexes", B),
-                ("ispopulated", B),
-                ("definition", T),
-            ],
-        ),
-        (
-            "pg_indexes",
-            12007,
-            "v",
-            vec![("schemaname", T), ("tablename", T), ("indexname", T), ("tablespace", T), ("indexdef", T)],
-        ),
-        (
-            "pg_partitioned_table",
-            3350,
-            "r",
-            vec![("partrelid", I4), ("partstrat", T), ("partnatts", I2), ("partdefid", I4), ("partattrs", LI)],
-        ),
-        ("pg_foreign_table", 3118, "r", vec![("ftrelid", I4), ("ftserver", I4), ("ftoptions", LT)]),
-    ];
-    for (name, oid, kind, cols) in empty {
-        rels.push(Rel { name, namespace: NS_PG_CATALOG, kind, oid, cols, rows: vec![] });
-    }
+/// `pg_settings`: the client settings this server reports ([`super::SETTINGS`]).
+fn settings_rows() -> Vec<Vec<V>> {
+    super::SETTINGS
+        .iter()
+        .map(|setting| {
+            let v = setting.value;
+            let mut r = vec![s(setting.name), s(v), V::N, s("Preset Options"), s(""), s("internal")];
+            r.extend([s("string"), s("default"), s(v), s(v)]);
+            r
+        })
+        .collect()
+}
 
-    // information_schema (only the analyst's tables; catalogs are listed in pg_class).
-    let db = info.database.clone();
-    rels.push(Rel {
-        name: "schemata",
-        namespace: NS_INFORMATION_SCHEMA,
-        kind: "v",
-        oid: 13300,
-        cols: vec![
-            ("catalog_name", T),
-            ("schema_name", T),
-            ("schema_owner", T),
-            ("default_character_set_catalog", T),
-            ("default_character_set_schema", T),
-            ("default_character_set_name", T),
-            ("sql_path", T),
-        ],
-        rows: info
-            .namespaces
-            .iter()
-            .map(|(oid, n)| {
-                let owner = info.role_name(i64::from(if *oid == NS_PUBLIC { ROLE_DATABASE_OWNER } else { ROLE_OWNER }));
-                vec![s(db.clone()), s(n.clone()), s(owner), V::N, V::N, V::N, V::N]
-            })
-            .collect(),
-    });
-    rels.push(Rel {
-        name: "tables",
-        namespace: NS_INFORMATION_SCHEMA,
-        kind: "v",
-        oid: 13301,
-        cols: vec![
-            ("table_catalog", T),
-            ("table_schema", T),
-            ("table_name", T),
-            ("table_type", T),
-            ("self_referencing_column_name", T),
-            ("reference_generation", T),
-            ("user_defined_type_catalog", T),
-            ("user_defined_type_schema", T),
-            ("user_defined_type_name", T),
-            ("is_insertable_into", T),
-            ("is_typed", T),
-            ("commit_action", T),
-        ],
-        rows: user_tables
-            .iter()
-            .map(|t| {
-                vec![
-                    s(db.clone()),
-                    s("public"),
-                    s(t.name.clone()),
-                    s("BASE TABLE"),
-                    V::N,
-                    V::N,
-                    V::N,
-                    V::N,
-                    V::N,
-                    s("NO"),
-                    s("NO"),
-                    V::N,
-                ]
-            })
-            .collect(),
-    });
-    let mut col_rows = Vec::new();
+/// `pg_tables`: one granted table.
+fn pg_tables_row(info: &Info, t: &RelInfo) -> Vec<V> {
+    let mut r = vec![s("public"), s(t.name.clone()), s(info.user.clone()), V::N];
+    r.extend([false; 4].map(V::B));
+    r
+}
+
+/// `information_schema.schemata`.
+fn schemata_rows(info: &Info) -> Vec<Vec<V>> {
+    info.namespaces
+        .iter()
+        .map(|(oid, n)| {
+            let owner = info.role_name(i64::from(if *oid == NS_PUBLIC { ROLE_DATABASE_OWNER } else { ROLE_OWNER }));
+            vec![s(info.database.clone()), s(n.clone()), s(owner), V::N, V::N, V::N, V::N]
+        })
+        .collect()
+}
+
+/// `information_schema.tables`: one granted table.
+fn tables_row(info: &Info, t: &RelInfo) -> Vec<V> {
+    let mut r = vec![s(info.database.clone()), s("public"), s(t.name.clone()), s("BASE TABLE")];
+    r.extend([V::N, V::N, V::N, V::N, V::N, s("NO"), s("NO"), V::N]);
+    r
+}
+
+/// `information_schema.columns`: the columns of the granted tables.
+fn column_rows(info: &Info, user_tables: &[RelInfo]) -> Vec<Vec<V>> {
+    let db = &info.database;
+    let mut rows = Vec::new();
     for t in user_tables {
         for (pos, (cname, typ, typmod, nullable)) in t.columns.iter().enumerate() {
             let ti = type_info(*typ);
@@ -1525,76 +862,16 @@ fn catalog_relations(info: &Info, user_tables: &[RelInfo]) -> Vec<Rel> {
                 1114 | 1184 => i(6),
                 _ => V::N,
             };
-            let data_type = match typ {
-                1043 => "character varying".to_string(),
-                _ => ti.as_ref().map(|t| t.format.clone()).unwrap_or_else(|| "text".to_string()),
-            };
+            let data_type = ti.as_ref().map(|t| t.format.clone()).unwrap_or_else(|| "text".to_string());
             let udt = ti.as_ref().map(|t| t.name.clone()).unwrap_or_else(|| "text".to_string());
             let pos = i64::try_from(pos).unwrap_or(i64::MAX - 1) + 1;
-            col_rows.push(vec![
-                s(db.clone()),
-                s("public"),
-                s(t.name.clone()),
-                s(cname.clone()),
-                i(pos),
-                V::N,
-                yes_no(*nullable),
-                s(data_type),
-                V::N,
-                V::N,
-                prec,
-                radix,
-                scale,
-                dtprec,
-                V::N,
-                s(db.clone()),
-                s("pg_catalog"),
-                s(udt),
-                s("NO"),
-                s("NEVER"),
-                s("YES"),
-            ]);
+            let mut r = vec![s(db.clone()), s("public"), s(t.name.clone()), s(cname.clone()), i(pos), V::N];
+            r.extend([yes_no(*nullable), s(data_type), V::N, V::N, prec, radix, scale, dtprec, V::N]);
+            r.extend([s(db.clone()), s("pg_catalog"), s(udt), s("NO"), s("NEVER"), s("YES")]);
+            rows.push(r);
         }
     }
-    rels.push(Rel {
-        name: "columns",
-        namespace: NS_INFORMATION_SCHEMA,
-        kind: "v",
-        oid: 13302,
-        cols: vec![
-            ("table_catalog", T),
-            ("table_schema", T),
-            ("table_name", T),
-            ("column_name", T),
-            ("ordinal_position", I4),
-            ("column_default", T),
-            ("is_nullable", T),
-            ("data_type", T),
-            ("character_maximum_length", I4),
-            ("character_octet_length", I4),
-            ("numeric_precision", I4),
-            ("numeric_precision_radix", I4),
-            ("numeric_scale", I4),
-            ("datetime_precision", I4),
-            ("interval_type", T),
-            ("udt_catalog", T),
-            ("udt_schema", T),
-            ("udt_name", T),
-            ("is_identity", T),
-            ("is_generated", T),
-            ("is_updatable", T),
-        ],
-        rows: col_rows,
-    });
-    rels.push(Rel {
-        name: "views",
-        namespace: NS_INFORMATION_SCHEMA,
-        kind: "v",
-        oid: 13303,
-        cols: vec![("table_catalog", T), ("table_schema", T), ("table_name", T), ("view_definition", T)],
-        rows: vec![],
-    });
-    rels
+    rows
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -1626,6 +903,7 @@ enum Kind {
     BackendPid,
     CurrentSetting,
     QuoteIdent,
+    JsonBuildObject,
 }
 
 #[derive(Debug, PartialEq, Eq, Hash)]
@@ -1765,6 +1043,7 @@ impl ScalarUDFImpl for PgFunc {
                 }
                 Arc::new(b.finish())
             }
+            Kind::JsonBuildObject => json_build_object(&arrays, n)?,
             Kind::CurrentSetting | Kind::QuoteIdent => {
                 let strs = str_column(first)?;
                 let strs = strs.as_string::<i32>();
@@ -1788,6 +1067,35 @@ impl ScalarUDFImpl for PgFunc {
         };
         Ok(ColumnarValue::Array(out))
     }
+}
+
+/// `json_build_object(k1, v1, ...)`: one JSON object per row (numbers and booleans as JSON values, anything else
+/// as a JSON string), as text.
+fn json_build_object(arrays: &[ArrayRef], n: usize) -> Result<ArrayRef> {
+    let texts = arrays.iter().map(|a| cast(a, &DataType::Utf8)).collect::<std::result::Result<Vec<_>, _>>()?;
+    let mut b = StringBuilder::new();
+    for r in 0..n {
+        let mut object = serde_json::Map::new();
+        for (pair, types) in texts.chunks(2).zip(arrays.chunks(2)) {
+            let [key, value] = pair else { continue };
+            let (key, value) = (key.as_string::<i32>(), value.as_string::<i32>());
+            let v = if value.is_null(r) {
+                serde_json::Value::Null
+            } else {
+                let text = value.value(r);
+                let raw =
+                    types.get(1).is_some_and(|a| a.data_type().is_numeric() || a.data_type() == &DataType::Boolean);
+                match serde_json::from_str(text) {
+                    Ok(v) if raw => v,
+                    _ => serde_json::Value::String(text.to_string()),
+                }
+            };
+            let k = if key.is_null(r) { String::new() } else { key.value(r).to_string() };
+            object.insert(k, v);
+        }
+        b.append_value(serde_json::Value::Object(object).to_string());
+    }
+    Ok(Arc::new(b.finish()))
 }
 
 fn size_pretty(bytes: i64) -> String {
@@ -1854,7 +1162,10 @@ fn functions(info: &Arc<Info>) -> Vec<PgFunc> {
         (REGNAMESPACE_OUT, Kind::RegNamespaceOut, &[1], t.clone()),
         ("pg_backend_pid", Kind::BackendPid, &[0], DataType::Int32),
         ("current_setting", Kind::CurrentSetting, &[1, 2], t.clone()),
-        ("quote_ident", Kind::QuoteIdent, &[1], t),
+        ("quote_ident", Kind::QuoteIdent, &[1], t.clone()),
+        // SQLAlchemy's column reflection (identity and collation options).
+        ("pg_collation_is_visible", Kind::True, &[1], DataType::Boolean),
+        ("json_build_object", Kind::JsonBuildObject, &[2, 4, 6, 8, 10, 12, 14, 16], t),
     ];
     list.into_iter()
         .map(|(name, kind, ar, ret)| PgFunc { name, kind, signature: arities(ar), ret, info: Arc::clone(info) })
@@ -1911,7 +1222,7 @@ impl TypePlanner for PgTypePlanner {
 // ---------------------------------------------------------------------------------------------------------------
 
 fn parse(sql: &str) -> Result<Vec<Statement>> {
-    Parser::parse_sql(&PostgreSqlDialect {}, sql).map_err(|e| err(format!("syntax error: {e}")))
+    Parser::parse_sql(&PostgreSqlDialect {}, sql).map_err(|e| DataFusionError::SQL(Box::new(e), None))
 }
 
 fn ident_lower(id: &Ident) -> String {
@@ -2035,6 +1346,38 @@ impl Visitor for RouteCheck {
         }
         ControlFlow::Continue(())
     }
+}
+
+/// The first relation `query` names that PostgreSQL's catalog has and this one does not (psql's `\d` reads
+/// pg_catalog relations this emulation leaves out).
+fn missing_relation(query: &Query) -> Result<Option<String>> {
+    struct Names(Vec<Vec<String>>);
+    impl Visitor for Names {
+        type Break = ();
+        fn pre_visit_table_factor(&mut self, tf: &TableFactor) -> ControlFlow<()> {
+            if let TableFactor::Table { name, args: None, .. } = tf
+                && let Some(parts) = name_parts(name)
+            {
+                self.0.push(parts);
+            }
+            ControlFlow::Continue(())
+        }
+    }
+    let mut names = Names(Vec::new());
+    let _ = query.visit(&mut names);
+    let defs = data::relations()?;
+    let known = |schema: &str, name: &str| {
+        let ns = if schema == "information_schema" { NS_INFORMATION_SCHEMA } else { NS_PG_CATALOG };
+        defs.iter().any(|d| d.namespace == ns && d.name == name)
+    };
+    Ok(names.0.into_iter().find_map(|parts| {
+        let missing = match parts.as_slice() {
+            [name] => PG_CATALOG_RELATIONS.contains(&name.as_str()) && !known("pg_catalog", name),
+            [.., schema, name] if schema == "pg_catalog" || schema == "information_schema" => !known(schema, name),
+            _ => false,
+        };
+        missing.then(|| parts.join("."))
+    }))
 }
 
 fn is_catalog_function(parts: &[String]) -> bool {
@@ -2488,11 +1831,15 @@ impl VisitorMut for LossyRewrite {
                 SelectItem::UnnamedExpr(e) | SelectItem::ExprWithAlias { expr: e, .. } => e,
                 _ => continue,
             };
-            if let Expr::Subquery(q) = expr
-                && is_correlated(q)
-            {
-                *expr = null_expr();
-            }
+            // Anywhere in the item (SQLAlchemy's column reflection puts them in CASE branches and conditions).
+            let _ = datafusion::sql::sqlparser::ast::visit_expressions_mut(expr, |e| {
+                if let Expr::Subquery(q) = e
+                    && is_correlated(q)
+                {
+                    *e = null_expr();
+                }
+                ControlFlow::<()>::Continue(())
+            });
         }
         ControlFlow::Continue(())
     }
@@ -2569,6 +1916,115 @@ fn is_always_empty(body: &SetExpr) -> bool {
 // The catalog
 // ---------------------------------------------------------------------------------------------------------------
 
+/// The granted tables as relations of schema `public`, in name order, with oids from [`FIRST_USER_OID`] and the
+/// column types of the one type map ([`crate::types`]).
+fn user_relations(tables: &[(String, SchemaRef)]) -> Result<Vec<RelInfo>> {
+    let mut sorted: Vec<&(String, SchemaRef)> = tables.iter().collect();
+    sorted.sort_by(|a, b| a.0.cmp(&b.0));
+    let mut user_tables = Vec::new();
+    for (idx, (name, schema)) in sorted.iter().enumerate() {
+        let oid = i32::try_from(idx)
+            .ok()
+            .and_then(|i| FIRST_USER_OID.checked_add(i))
+            .ok_or_else(|| err("too many tables"))?;
+        let columns = schema
+            .fields()
+            .iter()
+            .map(|f| {
+                let (typ, typmod) = crate::types::pg_oid_typmod(f.data_type());
+                (f.name().clone(), typ, typmod, f.is_nullable())
+            })
+            .collect();
+        user_tables.push(RelInfo { oid, namespace: NS_PUBLIC, name: name.clone(), kind: "r".into(), columns });
+    }
+    Ok(user_tables)
+}
+
+/// The `pg_class` row of a relation: no size, no row count (`relpages`, `reltuples` are 0 for every table).
+fn class_row(r: &RelInfo) -> Vec<V> {
+    let table = r.kind == "r";
+    let natts = i64::try_from(r.columns.len()).unwrap_or(i64::from(i16::MAX));
+    let mut row = vec![i(r.oid), s(r.name.clone()), i(r.namespace), i(0), i(0), i(ROLE_OWNER)];
+    row.extend([i(if table { 2 } else { 0 }), i(if table { r.oid } else { 0 }), i(0), i(0), V::F(0.0), i(0), i(0)]);
+    row.extend([V::B(false), V::B(false), s("p"), s(r.kind.clone()), i(natts.min(i64::from(i16::MAX))), i(0)]);
+    row.extend([V::B(!table), V::B(false), V::B(false), V::B(false), V::B(false), V::B(true)]);
+    row.extend([s(if table { "d" } else { "n" }), V::B(false), i(0), i(0), i(0), V::N, V::N, V::N]);
+    row
+}
+
+/// The `pg_attribute` rows of a relation's columns.
+fn attribute_rows(r: &RelInfo) -> Vec<Vec<V>> {
+    r.columns
+        .iter()
+        .enumerate()
+        .map(|(num, (cname, typ, typmod, nullable))| {
+            let ti = type_info(*typ);
+            let (len, storage, coll) = ti.as_ref().map(|t| (t.len, t.storage, t.collation)).unwrap_or((-1, "x", 100));
+            let num = i64::try_from(num).unwrap_or(i64::from(i16::MAX) - 1) + 1;
+            let mut row = vec![i(r.oid), s(cname.clone()), i(*typ), i(-1), i(len), i(num.min(i64::from(i16::MAX)))];
+            row.extend([i(0), i(-1), i(*typmod), V::B(len > 0 && len <= 8), s(if len == 8 { "d" } else { "i" })]);
+            row.extend([s(storage), s(""), V::B(!nullable), V::B(false), V::B(false), s(""), s(""), V::B(false)]);
+            row.extend([V::B(true), i(0), i(coll), V::N, V::N, V::N, V::N]);
+            row
+        })
+        .collect()
+}
+
+/// The catalog's own DataFusion session: `pg_catalog` is the default schema (unqualified pg_class resolves like
+/// PostgreSQL's search path), `information_schema` a second schema; the catalog relations, the catalog
+/// functions, bounded series and `dp_last_release()`; nothing else.
+fn catalog_context(info: &Arc<Info>, rels: Vec<Rel>) -> Result<(SessionContext, Arc<LastRelease>)> {
+    let catalog_name = "dpfusion";
+    let config = SessionConfig::new()
+        .with_default_catalog_and_schema(catalog_name, "pg_catalog")
+        .with_information_schema(false)
+        .with_target_partitions(1)
+        .with_batch_size(CATALOG_BATCH_ROWS)
+        .set_bool("datafusion.sql_parser.map_string_types_to_utf8view", false);
+    let runtime = datafusion::execution::runtime_env::RuntimeEnvBuilder::new()
+        .with_memory_limit(CATALOG_MEMORY, 1.0)
+        .with_disk_manager_builder(
+            datafusion::execution::disk_manager::DiskManagerBuilder::default()
+                .with_mode(datafusion::execution::disk_manager::DiskManagerMode::Disabled),
+        )
+        .build_arc()?;
+    let mut planners: Vec<Arc<dyn ExprPlanner>> = SessionStateDefaults::default_expr_planners();
+    planners.insert(1, Arc::new(datafusion_functions_nested::planner::FieldAccessPlanner));
+    planners.insert(1, Arc::new(datafusion_functions_nested::planner::NestedFunctionPlanner));
+    let state = SessionStateBuilder::new()
+        .with_config(config)
+        .with_runtime_env(runtime)
+        .with_default_features()
+        .with_expr_planners(planners)
+        .with_type_planner(Arc::new(PgTypePlanner))
+        .build();
+    let ctx = SessionContext::new_with_state(state);
+    for f in datafusion_functions_nested::all_default_nested_functions() {
+        ctx.register_udf(f.as_ref().clone());
+    }
+    for f in functions(info) {
+        ctx.register_udf(ScalarUDF::new_from_impl(f));
+    }
+    let cat = ctx.catalog(catalog_name).ok_or_else(|| err("catalog context has no default catalog"))?;
+    let pg_catalog = cat.schema("pg_catalog").ok_or_else(|| err("catalog context has no pg_catalog schema"))?;
+    let info_schema: Arc<dyn SchemaProvider> = Arc::new(MemorySchemaProvider::new());
+    cat.register_schema("information_schema", Arc::clone(&info_schema))?;
+    cat.register_schema("public", Arc::new(MemorySchemaProvider::new()))?;
+    for r in rels {
+        let batch = build_batch(&r.cols, &r.rows)?;
+        let table = Arc::new(MemTable::try_new(batch.schema(), vec![vec![batch]])?);
+        let schema = if r.namespace == NS_INFORMATION_SCHEMA { &info_schema } else { &pg_catalog };
+        schema.register_table(r.name.to_string(), table)?;
+    }
+    for name in ["generate_series", "range"] {
+        let inner = ctx.table_function(name)?.function().clone();
+        ctx.register_udtf(name, Arc::new(BoundedSeries { name, inner }));
+    }
+    let last = Arc::new(LastRelease::default());
+    ctx.register_udtf(LAST_RELEASE, Arc::clone(&last) as Arc<dyn TableFunctionImpl>);
+    Ok((ctx, last))
+}
+
 /// The catalog one analyst sees.
 pub(crate) struct Catalog {
     ctx: SessionContext,
@@ -2586,25 +2042,8 @@ impl Catalog {
     /// `tables`: (name, Arrow schema) of each table visible to this analyst; `user`, `database`: from the startup
     /// message.
     pub(crate) fn new(tables: &[(String, SchemaRef)], user: &str, database: &str) -> Result<Catalog> {
-        let mut sorted: Vec<&(String, SchemaRef)> = tables.iter().collect();
-        sorted.sort_by(|a, b| a.0.cmp(&b.0));
-        let mut user_tables = Vec::new();
-        for (idx, (name, schema)) in sorted.iter().enumerate() {
-            let oid = i32::try_from(idx)
-                .ok()
-                .and_then(|i| FIRST_USER_OID.checked_add(i))
-                .ok_or_else(|| err("too many tables"))?;
-            let columns = schema
-                .fields()
-                .iter()
-                .map(|f| {
-                    let (typ, typmod) = pg_type_of(f.data_type());
-                    (f.name().clone(), typ, typmod, f.is_nullable())
-                })
-                .collect();
-            user_tables.push(RelInfo { oid, namespace: NS_PUBLIC, name: name.clone(), kind: "r".into(), columns });
-        }
-
+        data::check()?;
+        let user_tables = user_relations(tables)?;
         let namespaces: BTreeMap<i32, String> = [
             (NS_PG_CATALOG, "pg_catalog".to_string()),
             (NS_PUBLIC, "public".to_string()),
@@ -2618,166 +2057,36 @@ impl Catalog {
             namespaces,
             relations: BTreeMap::new(),
         };
-        let mut rels = catalog_relations(&info, &user_tables);
+        let mut rels = catalog_relations(&info, &user_tables)?;
 
         // Every relation, catalog or user, with its columns; then pg_class and pg_attribute.
-        let mut all = user_tables.clone();
-        for r in &rels {
-            let columns = r
-                .cols
-                .iter()
-                .map(|(n, t)| {
-                    let (typ, typmod) = match t {
-                        Ct::LT => (1009, -1),
-                        Ct::LI => (1007, -1),
-                        _ => pg_type_of(&t.arrow()),
-                    };
-                    ((*n).to_string(), typ, typmod, true)
-                })
-                .collect();
-            all.push(RelInfo {
+        let mut all = user_tables;
+        all.extend(rels.iter().map(|r| {
+            RelInfo {
                 oid: r.oid,
                 namespace: r.namespace,
                 name: r.name.to_string(),
                 kind: r.kind.into(),
-                columns,
-            });
-        }
-        let mut class_rows = Vec::new();
-        let mut attr_rows = Vec::new();
-        for r in &all {
-            let table = r.kind == "r";
-            let natts = i64::try_from(r.columns.len()).unwrap_or(i64::from(i16::MAX));
-            class_rows.push(vec![
-                i(r.oid),
-                s(r.name.clone()),
-                i(r.namespace),
-                i(0),
-                i(0),
-                i(ROLE_OWNER),
-                i(if table { 2 } else { 0 }),
-                i(if table { r.oid } else { 0 }),
-                i(0),
-                i(0),
-                V::F(0.0),
-                i(0),
-                i(0),
-                V::B(false),
-                V::B(false),
-                s("p"),
-                s(r.kind.clone()),
-                i(natts.min(i64::from(i16::MAX))),
-                i(0),
-                V::B(!table),
-                V::B(false),
-                V::B(false),
-                V::B(false),
-                V::B(false),
-                V::B(true),
-                s(if table { "d" } else { "n" }),
-                V::B(false),
-                i(0),
-                i(0),
-                i(0),
-                V::N,
-                V::N,
-                V::N,
-            ]);
-            for (num, (cname, typ, typmod, nullable)) in r.columns.iter().enumerate() {
-                let ti = type_info(*typ);
-                let (len, storage, coll) =
-                    ti.as_ref().map(|t| (t.len, t.storage, t.collation)).unwrap_or((-1, "x", 100));
-                let num = i64::try_from(num).unwrap_or(i64::from(i16::MAX) - 1) + 1;
-                attr_rows.push(vec![
-                    i(r.oid),
-                    s(cname.clone()),
-                    i(*typ),
-                    i(-1),
-                    i(len),
-                    i(num.min(i64::from(i16::MAX))),
-                    i(0),
-                    i(-1),
-                    i(*typmod),
-                    V::B(len > 0 && len <= 8),
-                    s(if len == 8 { "d" } else { "i" }),
-                    s(storage),
-                    s(""),
-                    V::B(!nullable),
-                    V::B(false),
-                    V::B(false),
-                    s(""),
-                    s(""),
-                    V::B(false),
-                    V::B(true),
-                    i(0),
-                    i(coll),
-                    V::N,
-                    V::N,
-                    V::N,
-                    V::N,
-                ]);
+                columns: r
+                    .cols
+                    .iter()
+                    .map(|(n, t)| {
+                        let (typ, typmod) = crate::types::pg_oid_typmod(&t.arrow());
+                        ((*n).to_string(), typ, typmod, true)
+                    })
+                    .collect(),
             }
-        }
+        }));
         for r in &mut rels {
-            match r.name {
-                "pg_class" if r.namespace == NS_PG_CATALOG => r.rows = std::mem::take(&mut class_rows),
-                "pg_attribute" if r.namespace == NS_PG_CATALOG => r.rows = std::mem::take(&mut attr_rows),
-                _ => {}
-            }
+            r.rows = match (r.namespace, r.name) {
+                (NS_PG_CATALOG, "pg_class") => all.iter().map(class_row).collect(),
+                (NS_PG_CATALOG, "pg_attribute") => all.iter().flat_map(attribute_rows).collect(),
+                _ => continue,
+            };
         }
         info.relations = all.into_iter().map(|r| (r.oid, r)).collect();
         let info = Arc::new(info);
-
-        // The session: pg_catalog is the default schema (unqualified pg_class resolves like PostgreSQL's search
-        // path), information_schema a second schema; nothing else.
-        let catalog_name = "dpfusion";
-        let config = SessionConfig::new()
-            .with_default_catalog_and_schema(catalog_name, "pg_catalog")
-            .with_information_schema(false)
-            .with_target_partitions(1)
-            .with_batch_size(CATALOG_BATCH_ROWS)
-            .set_bool("datafusion.sql_parser.map_string_types_to_utf8view", false);
-        let runtime = datafusion::execution::runtime_env::RuntimeEnvBuilder::new()
-            .with_memory_limit(CATALOG_MEMORY, 1.0)
-            .with_disk_manager_builder(
-                datafusion::execution::disk_manager::DiskManagerBuilder::default()
-                    .with_mode(datafusion::execution::disk_manager::DiskManagerMode::Disabled),
-            )
-            .build_arc()?;
-        let mut planners: Vec<Arc<dyn ExprPlanner>> = SessionStateDefaults::default_expr_planners();
-        planners.insert(1, Arc::new(datafusion_functions_nested::planner::FieldAccessPlanner));
-        planners.insert(1, Arc::new(datafusion_functions_nested::planner::NestedFunctionPlanner));
-        let state = SessionStateBuilder::new()
-            .with_config(config)
-            .with_runtime_env(runtime)
-            .with_default_features()
-            .with_expr_planners(planners)
-            .with_type_planner(Arc::new(PgTypePlanner))
-            .build();
-        let ctx = SessionContext::new_with_state(state);
-        for f in datafusion_functions_nested::all_default_nested_functions() {
-            ctx.register_udf(f.as_ref().clone());
-        }
-        for f in functions(&info) {
-            ctx.register_udf(ScalarUDF::new_from_impl(f));
-        }
-        let cat = ctx.catalog(catalog_name).ok_or_else(|| err("catalog context has no default catalog"))?;
-        let pg_catalog = cat.schema("pg_catalog").ok_or_else(|| err("catalog context has no pg_catalog schema"))?;
-        let info_schema: Arc<dyn SchemaProvider> = Arc::new(MemorySchemaProvider::new());
-        cat.register_schema("information_schema", Arc::clone(&info_schema))?;
-        cat.register_schema("public", Arc::new(MemorySchemaProvider::new()))?;
-        for r in rels {
-            let batch = build_batch(&r.cols, &r.rows)?;
-            let table = Arc::new(MemTable::try_new(batch.schema(), vec![vec![batch]])?);
-            let schema = if r.namespace == NS_INFORMATION_SCHEMA { &info_schema } else { &pg_catalog };
-            schema.register_table(r.name.to_string(), table)?;
-        }
-        for name in ["generate_series", "range"] {
-            let inner = ctx.table_function(name)?.function().clone();
-            ctx.register_udtf(name, Arc::new(BoundedSeries { name, inner }));
-        }
-        let last = Arc::new(LastRelease::default());
-        ctx.register_udtf(LAST_RELEASE, Arc::clone(&last) as Arc<dyn TableFunctionImpl>);
+        let (ctx, last) = catalog_context(&info, rels)?;
         Ok(Catalog { ctx, info, last })
     }
 
@@ -2819,6 +2128,9 @@ impl Catalog {
             return Err(err("not a catalog query"));
         }
         let Statement::Query(mut query) = stmt else { return Err(err("not a query")) };
+        if let Some(name) = missing_relation(&query)? {
+            return Err(DataFusionError::External(Box::new(UndefinedTable(name))));
+        }
         let mut limits = LimitCheck::default();
         let _ = query.visit(&mut limits);
         if let Some(e) = limits.error {
@@ -3329,7 +2641,7 @@ ORDER BY 1,2"#;
             ("b", "16", "boolean", "f"),
             ("day", "1082", "date", "f"),
             ("ts", "1114", "timestamp without time zone", "f"),
-            ("blob", "25", "text", "f"),
+            ("blob", "17", "bytea", "f"),
         ];
         let expect: Vec<Vec<String>> = expect.iter().map(|(a, b, c, d)| row(&[a, b, c, d])).collect();
         assert_eq!(rows, expect);

@@ -29,6 +29,7 @@ pub mod auth;
 mod catalog;
 pub mod conn;
 pub mod scram;
+mod types;
 mod wire;
 
 use dpfusion::accounting::LedgerDb;

@@ -21,10 +21,11 @@
 
 use super::Shared;
 use super::catalog::Catalog;
+use super::types::{pg_type, sendable};
 use async_trait::async_trait;
-use datafusion::arrow::array::{Array, ArrayRef, AsArray, RecordBatch};
+use datafusion::arrow::array::RecordBatch;
 use datafusion::arrow::compute::cast;
-use datafusion::arrow::datatypes::{DataType, Float64Type, Int16Type, Int32Type, Int64Type, SchemaRef};
+use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::common::{DataFusionError, ScalarValue};
 use dpfusion::error::DpError;
 use dpfusion::release::{Accuracy, Release};
@@ -33,7 +34,7 @@ use futures::{Sink, SinkExt, stream};
 use pgwire::api::portal::{Format, Portal};
 use pgwire::api::query::{ExtendedQueryHandler, SimpleQueryHandler};
 use pgwire::api::results::{
-    DataRowEncoder, DescribePortalResponse, DescribeStatementResponse, FieldInfo, QueryResponse, Response, Tag,
+    DescribePortalResponse, DescribeStatementResponse, FieldInfo, QueryResponse, Response, Tag,
 };
 use pgwire::api::stmt::{QueryParser, StoredStatement};
 use pgwire::api::store::PortalStore;
@@ -77,16 +78,9 @@ impl Analyst {
             )
         })?;
         let (schema, batches) = answered.map_err(|e| {
-            let message = without_suggestion(&e.strip_backtrace());
-            let code = match e.find_root() {
-                DataFusionError::ResourcesExhausted(m) if m.starts_with("catalog query over a limit") => "54000",
-                DataFusionError::ResourcesExhausted(_) => "53200",
-                _ if message.contains("does not exist") || message.contains("not found") => "42P01",
-                _ => "0A000",
-            };
             wire_error(
-                code,
-                format!("catalog query: {message}"),
+                super::catalog::sqlstate(&e),
+                format!("catalog query: {}", without_suggestion(&e.strip_backtrace())),
                 Some("dpfusion answers catalog queries from an emulated pg_catalog with only the tables granted to you; \\dt lists them".into()),
             )
         })?;
@@ -121,20 +115,19 @@ fn wire_error(code: &str, message: impl Into<String>, hint: Option<String>) -> P
     PgWireError::UserError(Box::new(e))
 }
 
-/// A dpfusion error as an ErrorResponse: a SQLSTATE that fits (see `docs/serving.md`, "Refusals and SQLSTATEs"), the
-/// message, and the fix in the HINT field.
-pub(crate) fn dp_error(e: &DpError) -> PgWireError {
-    let code = match e {
-        DpError::Refused(r) => match r.code() {
-            "syntax_error" | "empty_statement" => "42601",
-            "too_many_operators" | "too_deeply_nested" => "54001",
-            "unknown_name" => "42703",
-            "no_table" | "not_a_private_table" => "42P01",
-            "set_unreadable" | "no_such_option" | "set_not_available" => "42704",
-            "bad_option_value" | "rho_over_total" | "empty_request_id" => "22023",
-            "request_id_reused" | "request_id_lost" | "policy_changed" => "55000",
-            _ => "42501",
-        },
+/// The SQLSTATE of each refusal code that is not 42501 (`data/sqlstate.txt`).
+const REFUSAL_SQLSTATES: &str = include_str!("../data/sqlstate.txt");
+
+/// The SQLSTATE of a dpfusion error: by its kind, and a refusal by its stable code ([`DpError::code`]) through
+/// `data/sqlstate.txt`; never by its text.
+pub(crate) fn sqlstate(e: &DpError) -> &'static str {
+    match e {
+        DpError::Refused(_) => REFUSAL_SQLSTATES
+            .lines()
+            .filter(|l| !l.starts_with('#'))
+            .filter_map(|l| l.split_once('|'))
+            .find(|(code, _)| code.trim() == e.code())
+            .map_or("42501", |(_, state)| state.trim()),
         DpError::OverBudget { .. } | DpError::TableCap { .. } => "53400",
         DpError::Access(_) => "42501",
         DpError::InvalidParameter { .. } => "22023",
@@ -143,21 +136,23 @@ pub(crate) fn dp_error(e: &DpError) -> PgWireError {
         DpError::Engine(_) => "42000",
         DpError::PrivateExecution { .. } | DpError::Io { .. } => "58030",
         DpError::Internal(_) => "XX000",
+    }
+}
+
+/// A dpfusion error as an ErrorResponse: its SQLSTATE ([`sqlstate`]; see `docs/serving.md`, "Refusals and
+/// SQLSTATEs"), the message, and the fix in the HINT field (the engine's [`DpError::hint`], numbers rounded).
+pub(crate) fn dp_error(e: &DpError) -> PgWireError {
+    let message = match e {
+        DpError::Refused(r) => format!("query refused: {r}"),
+        other => other.headline(),
     };
-    let (message, hint) = match e {
-        DpError::Refused(r) => (format!("query refused: {r}"), Some(r.hint())),
-        DpError::OverBudget { remaining, .. } => (
-            e.to_string().split(". Nothing was spent").next().unwrap_or_default().to_string(),
-            Some(format!(
-                "Nothing was spent. Ask for less (e.g. SET dp.rho = {remaining}), or ask the data owner for a larger budget"
-            )),
-        ),
-        DpError::TableCap { .. } => {
-            (e.to_string(), Some("SET dp.rho to a smaller value, or ask the data owner to raise the cap".into()))
-        }
-        other => (other.to_string(), None),
-    };
-    wire_error(code, message, hint)
+    wire_error(sqlstate(e), message, e.hint())
+}
+
+/// A budget figure as a person reads it (6 significant digits, as the engine prints them: `SHOW dp.budget` shows
+/// 0.95, not 0.9500000000000011). The exact figures are in the ledger and in `dpfusion budget --format json`.
+fn readable(x: f64) -> f64 {
+    dpfusion::format::fmt_num(x).parse().unwrap_or(x)
 }
 
 /// What the server answers a statement with.
@@ -415,10 +410,10 @@ impl Analyst {
                     schema.clone(),
                     vec![
                         Arc::new(StringArray::from(vec![self.name.clone()])),
-                        Arc::new(Float64Array::from(vec![b.status.rho_total])),
-                        Arc::new(Float64Array::from(vec![b.status.rho_spent])),
-                        Arc::new(Float64Array::from(vec![b.status.rho_remaining])),
-                        Arc::new(Float64Array::from(vec![b.epsilon.epsilon])),
+                        Arc::new(Float64Array::from(vec![readable(b.status.rho_total)])),
+                        Arc::new(Float64Array::from(vec![readable(b.status.rho_spent)])),
+                        Arc::new(Float64Array::from(vec![readable(b.status.rho_remaining)])),
+                        Arc::new(Float64Array::from(vec![readable(b.epsilon.epsilon)])),
                         Arc::new(Float64Array::from(vec![b.epsilon.delta])),
                         Arc::new(Int64Array::from(vec![b.charges.len() as i64])),
                     ],
@@ -483,33 +478,18 @@ fn release_rows(r: &Release) -> Result<RecordBatch, datafusion::arrow::error::Ar
     )
 }
 
-/// The wire type of an Arrow column, and the Arrow type it is sent as.
-fn wire_type(dt: &DataType) -> (Type, DataType) {
-    match dt {
-        DataType::Int8 | DataType::Int16 | DataType::UInt8 => (Type::INT2, DataType::Int16),
-        DataType::Int32 | DataType::UInt16 => (Type::INT4, DataType::Int32),
-        DataType::Int64 | DataType::UInt32 => (Type::INT8, DataType::Int64),
-        DataType::Float16 | DataType::Float32 | DataType::Float64 | DataType::UInt64 => {
-            (Type::FLOAT8, DataType::Float64)
-        }
-        DataType::Decimal32(..) | DataType::Decimal64(..) | DataType::Decimal128(..) | DataType::Decimal256(..) => {
-            (Type::FLOAT8, DataType::Float64)
-        }
-        DataType::Boolean => (Type::BOOL, DataType::Boolean),
-        _ => (Type::TEXT, DataType::Utf8),
-    }
-}
-
+/// RowDescription fields of `schema` in `format`, typed by the one type map ([`super::types`]).
 fn fields(schema: &SchemaRef, format: &Format) -> Vec<FieldInfo> {
     schema
         .fields()
         .iter()
         .enumerate()
-        .map(|(i, f)| FieldInfo::new(f.name().clone(), None, None, wire_type(f.data_type()).0, format.format_for(i)))
+        .map(|(i, f)| FieldInfo::new(f.name().clone(), None, None, pg_type(f.data_type()), format.format_for(i)))
         .collect()
 }
 
-/// Encodes `batches` as data rows in `format`.
+/// Encodes `batches` as data rows in `format` (arrow-pg's encoder, after casting each column to the type
+/// [`super::types::sendable`] sends it as).
 fn encode(schema: &SchemaRef, batches: &[RecordBatch], format: &Format) -> PgWireResult<QueryResponse> {
     let info = Arc::new(fields(schema, format));
     let mut rows = Vec::new();
@@ -518,64 +498,24 @@ fn encode(schema: &SchemaRef, batches: &[RecordBatch], format: &Format) -> PgWir
         let columns = batch
             .columns()
             .iter()
-            .map(|c| match c.data_type() {
-                DataType::List(_) | DataType::LargeList(_) => pg_array_text(c),
-                dt => cast(c, &wire_type(dt).1),
-            })
+            .map(|c| cast(c, &sendable(c.data_type())))
             .collect::<Result<Vec<_>, _>>()
             .map_err(fail)?;
-        let mut enc = DataRowEncoder::new(info.clone());
-        for row in 0..batch.num_rows() {
-            for c in &columns {
-                let valid = c.is_valid(row);
-                match c.data_type() {
-                    DataType::Int16 => enc.encode_field(&valid.then(|| c.as_primitive::<Int16Type>().value(row)))?,
-                    DataType::Int32 => enc.encode_field(&valid.then(|| c.as_primitive::<Int32Type>().value(row)))?,
-                    DataType::Int64 => enc.encode_field(&valid.then(|| c.as_primitive::<Int64Type>().value(row)))?,
-                    DataType::Float64 => {
-                        enc.encode_field(&valid.then(|| c.as_primitive::<Float64Type>().value(row)))?
-                    }
-                    DataType::Boolean => enc.encode_field(&valid.then(|| c.as_boolean().value(row)))?,
-                    _ => enc.encode_field(&valid.then(|| c.as_string::<i32>().value(row)))?,
-                }
-            }
-            rows.push(Ok(enc.take_row()));
+        let sent = Arc::new(Schema::new(
+            schema
+                .fields()
+                .iter()
+                .zip(&columns)
+                .map(|(f, c)| Field::new(f.name(), c.data_type().clone(), true))
+                .collect::<Vec<_>>(),
+        ));
+        if columns.len() != info.len() {
+            return Err(wire_error("XX000", "encoding the result: columns do not match the description", None));
         }
+        let batch = RecordBatch::try_new(sent, columns).map_err(fail)?;
+        rows.extend(arrow_pg::datatypes::encode_recordbatch(info.clone(), batch));
     }
     Ok(QueryResponse::new(info, stream::iter(rows)))
-}
-
-/// A list column as PostgreSQL's array text (`{a,"b c",NULL}`), one string per row.
-fn pg_array_text(c: &dyn Array) -> Result<ArrayRef, datafusion::arrow::error::ArrowError> {
-    use datafusion::arrow::array::StringArray;
-    let element = |values: &ArrayRef| -> Result<String, datafusion::arrow::error::ArrowError> {
-        let text = cast(values, &DataType::Utf8)?;
-        let text = text.as_string::<i32>();
-        let items = (0..text.len()).map(|i| {
-            if text.is_null(i) {
-                return "NULL".to_string();
-            }
-            let v = text.value(i);
-            let plain = !v.is_empty()
-                && !v.eq_ignore_ascii_case("null")
-                && !v.chars().any(|ch| matches!(ch, '{' | '}' | ',' | '"' | '\\') || ch.is_whitespace());
-            if plain { v.to_string() } else { format!("\"{}\"", v.replace('\\', "\\\\").replace('"', "\\\"")) }
-        });
-        Ok(format!("{{{}}}", items.collect::<Vec<_>>().join(",")))
-    };
-    let rows = (0..c.len())
-        .map(|row| {
-            if c.is_null(row) {
-                return Ok(None);
-            }
-            let values = match c.data_type() {
-                DataType::LargeList(_) => c.as_list::<i64>().value(row),
-                _ => c.as_list::<i32>().value(row),
-            };
-            element(&values).map(Some)
-        })
-        .collect::<Result<Vec<_>, _>>()?;
-    Ok(Arc::new(StringArray::from(rows)))
 }
 
 fn to_response(answer: Answer, format: &Format) -> PgWireResult<Response> {
@@ -752,7 +692,7 @@ impl QueryParser for Parser {
         let params = (0..count)
             .map(|i| {
                 types.get(i).cloned().flatten().unwrap_or_else(|| match inferred.get(i).cloned().flatten() {
-                    Some(dt) => wire_type(&dt).0,
+                    Some(dt) => pg_type(&dt),
                     None => Type::TEXT,
                 })
             })
@@ -1019,25 +959,6 @@ mod tests {
         assert_eq!(out, "SELECT COUNT(*) FROM t WHERE a > 5 AND b = '$1' AND c = 'it''s' -- $3\n AND d = 5");
         assert!(substitute("SELECT $2", &["1".into()]).is_err(), "a missing value is an error");
         assert_eq!(substitute("SELECT 'é', $1", &["7".into()]).unwrap(), "SELECT 'é', 7");
-    }
-
-    #[test]
-    fn lists_go_out_as_postgresql_array_text() {
-        use datafusion::arrow::array::{ListBuilder, StringBuilder};
-        let mut b = ListBuilder::new(StringBuilder::new());
-        b.values().append_value("a");
-        b.values().append_value("b c");
-        b.values().append_null();
-        b.values().append_value("say \"x\"");
-        b.values().append_value("");
-        b.append(true);
-        b.append_null();
-        b.append(true);
-        let text = pg_array_text(&b.finish()).unwrap();
-        let text = text.as_string::<i32>();
-        assert_eq!(text.value(0), r#"{a,"b c",NULL,"say \"x\"",""}"#);
-        assert!(text.is_null(1));
-        assert_eq!(text.value(2), "{}");
     }
 
     #[test]
