@@ -20,6 +20,9 @@ mod marginals;
 mod noise_dist;
 /// Neighbouring-dataset audits of the whole query path: shifts match the claimed sensitivities.
 mod privacy_audit;
+/// The Python package (`import dpfusion`, crates/python): built with maturin into a virtual environment under the
+/// target directory, its pytest suite run.
+mod python;
 /// `dpfusion serve` over tokio-postgres: protocols, logins, isolation of analysts, budgets under contention.
 mod server;
 /// `dpfusion serve`'s catalog (issue 35): one type map for `\d` and results, SQLAlchemy's reflection, a SQLSTATE

@@ -1,0 +1,69 @@
+//! The exception classes and how each engine error becomes one. The messages are the engine's: they describe the
+//! query, the policy or the budget, never the data (a refusal never depends on it, and the text of a failure
+//! inside a private plan is withheld by the engine).
+
+use dpfusion::DpError;
+use pyo3::create_exception;
+use pyo3::exceptions::PyException;
+use pyo3::prelude::*;
+
+create_exception!(
+    dpfusion,
+    Error,
+    PyException,
+    "Any dpfusion error. `.code` is a stable identifier of its kind (`config_error`, `ledger_error`, ...), \
+     `.hint` what to change (may be empty)."
+);
+create_exception!(
+    dpfusion,
+    Refused,
+    Error,
+    "The query cannot be answered under the privacy policy; nothing was spent. `.code` names the rule \
+     (e.g. `no_aggregate`), `.hint` says how to write a query that is answered. Carries no private value."
+);
+create_exception!(
+    dpfusion,
+    BudgetExhausted,
+    Refused,
+    "The query costs more than what remains of the budget (or of a table's cap); nothing was spent. \
+     A subclass of Refused."
+);
+
+/// Adds the exception classes to the module.
+pub(crate) fn add(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    let py = m.py();
+    m.add("Error", py.get_type::<Error>())?;
+    m.add("Refused", py.get_type::<Refused>())?;
+    m.add("BudgetExhausted", py.get_type::<BudgetExhausted>())?;
+    Ok(())
+}
+
+/// The Python exception for an engine error: its class by kind, its message, `.code` and `.hint`.
+pub(crate) fn to_py(e: DpError) -> PyErr {
+    let code = e.code();
+    let (err, hint) = match &e {
+        DpError::Refused(r) => (Refused::new_err(e.to_string()), r.hint()),
+        DpError::OverBudget { .. } | DpError::TableCap { .. } => (
+            BudgetExhausted::new_err(e.to_string()),
+            "ask for less (`SET dp.rho = ...` or a smaller `rho=`), or ask the data owner for a larger budget".into(),
+        ),
+        _ => (Error::new_err(e.to_string()), String::new()),
+    };
+    Python::attach(|py| {
+        let value = err.value(py);
+        // Setting an attribute on a fresh exception instance cannot fail but for memory; the message stays.
+        let _ = value.setattr("code", code);
+        let _ = value.setattr("hint", hint);
+    });
+    err
+}
+
+/// A `dpfusion.Error` for a mistake in the Python call itself (a bad argument), with `code` and `hint`.
+pub(crate) fn usage(code: &'static str, message: String) -> PyErr {
+    let err = Error::new_err(message);
+    Python::attach(|py| {
+        let _ = err.value(py).setattr("code", code);
+        let _ = err.value(py).setattr("hint", "");
+    });
+    err
+}

@@ -1,0 +1,32 @@
+//! # dpfusion for Python
+//!
+//! `import dpfusion`: the engine's [`dpfusion::DpSession`] through PyO3, no second engine. Every number a Python
+//! caller gets from a query is a release of the engine (debited first, then noised); Python never sees a private
+//! row, only the engine's releases, refusals and the ledger's public records.
+//!
+//! **Neighbouring relation.** Two datasets are neighbours when one is the other with all rows of one privacy unit
+//! added or removed; every guarantee of the engine is stated under it, and so is this module's.
+//!
+//! Layout: `session.rs` (the `Session` class: opening, queries, budget, registering data), `release.rs` (the
+//! `Release`, `Explanation` and `MarginalRelease` classes), `errors.rs` (the exception classes and how each engine
+//! error maps to one), `run.rs` (the Tokio runtime, the GIL released while a query runs, Ctrl-C).
+
+mod errors;
+mod release;
+mod run;
+mod session;
+
+use pyo3::prelude::*;
+
+/// The `dpfusion` Python module.
+#[pymodule]
+#[pyo3(name = "dpfusion")]
+fn dpfusion_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<session::Session>()?;
+    m.add_class::<release::Release>()?;
+    m.add_class::<release::Explanation>()?;
+    m.add_class::<release::MarginalRelease>()?;
+    errors::add(m)?;
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    Ok(())
+}

@@ -1,0 +1,300 @@
+//! What a query gives back to Python: a `Release` (the engine's noisy answer, its accuracy and its charge), an
+//! `Explanation` (EXPLAIN DP, nothing spent) and a `MarginalRelease`. All of it is the engine's release, already
+//! debited and noised; converting it (to pyarrow, pandas, polars, HTML) is post-processing.
+
+use arrow_pyarrow::IntoPyArrow;
+use dpfusion::Accuracy;
+use dpfusion::release::fmt_num;
+use pyo3::prelude::*;
+use serde_json::{Value, json};
+use std::fmt::Write as _;
+
+/// A JSON value as the Python object `json.loads` makes of it.
+pub(crate) fn to_python(py: Python<'_>, v: &Value) -> PyResult<Py<PyAny>> {
+    Ok(py.import("json")?.call_method1("loads", (v.to_string(),))?.unbind())
+}
+
+/// The noisy answer to one query: its table (`to_arrow`, `to_pandas`, `to_polars`), how far off each column may be
+/// (`accuracy`) and what it cost (`charge`). Made only by the engine, after the debit.
+///
+/// >>> r = s.sql("SELECT COUNT(*) AS n FROM pums")
+/// >>> r.to_arrow()["n"][0], r.accuracy["n"]["ci_half_width"], r.charge["rho"]
+#[pyclass(frozen, module = "dpfusion")]
+pub(crate) struct Release {
+    inner: dpfusion::Release,
+}
+
+impl Release {
+    pub(crate) fn new(inner: dpfusion::Release) -> Self {
+        Release { inner }
+    }
+
+    /// Per column name: its accuracy as a dict.
+    fn accuracy_json(&self) -> Value {
+        let mut out = serde_json::Map::new();
+        for c in self.inner.accuracy() {
+            out.insert(c.column.clone(), accuracy_json(&c.accuracy));
+        }
+        Value::Object(out)
+    }
+}
+
+fn accuracy_json(a: &Accuracy) -> Value {
+    match a {
+        Accuracy::Public => json!({"kind": "public"}),
+        Accuracy::Noisy { mechanism, sigma_or_scale, std, ci_half_width, confidence } => json!({
+            "kind": "noisy", "mechanism": mechanism.report_name(), "sigma_or_scale": sigma_or_scale, "std": std,
+            "ci_half_width": ci_half_width, "confidence": confidence,
+        }),
+        Accuracy::Combined { ci_half_width, confidence, measurements } => json!({
+            "kind": "combined", "ci_half_width": ci_half_width, "confidence": confidence,
+            "measurements": measurements,
+        }),
+        Accuracy::PerRow { confidence, intervals } => {
+            json!({"kind": "per_row", "confidence": confidence, "intervals": intervals})
+        }
+        Accuracy::NoInterval { reason } => json!({"kind": "no_interval", "reason": reason}),
+    }
+}
+
+/// One cell of the HTML table: the value, and its ± half-width or interval when the column has one.
+fn cell_html(value: &Value, accuracy: &Accuracy, row: usize) -> String {
+    let v = match value {
+        Value::Number(n) => n.as_f64().map(fmt_num).unwrap_or_else(|| n.to_string()),
+        Value::Null => "NULL".into(),
+        Value::String(s) => html_escape(s),
+        other => html_escape(&other.to_string()),
+    };
+    match accuracy {
+        Accuracy::Noisy { ci_half_width: h, .. } | Accuracy::Combined { ci_half_width: h, .. } => {
+            format!("{v} <small>± {}</small>", fmt_num(*h))
+        }
+        Accuracy::PerRow { intervals, .. } => match intervals.get(row) {
+            Some([lo, hi]) => format!("{v} <small>[{}, {}]</small>", fmt_num(*lo), fmt_num(*hi)),
+            None => v,
+        },
+        Accuracy::Public | Accuracy::NoInterval { .. } => v,
+    }
+}
+
+fn html_escape(s: &str) -> String {
+    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
+}
+
+#[pymethods]
+impl Release {
+    /// The result as a `pyarrow.Table`, through the Arrow C stream interface: pyarrow reads the engine's buffers
+    /// in place (no copy).
+    fn to_arrow<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let table = arrow_pyarrow::Table::try_new(self.inner.batches().to_vec(), self.inner.schema().clone())
+            .map_err(|e| crate::errors::usage("internal_error", e.to_string()))?;
+        table.into_pyarrow(py)
+    }
+
+    /// The result as a pandas DataFrame (needs pandas).
+    fn to_pandas<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        self.to_arrow(py)?.call_method0("to_pandas")
+    }
+
+    /// The result as a polars DataFrame (needs polars).
+    fn to_polars<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        py.import("polars")?.call_method1("from_arrow", (self.to_arrow(py)?,))
+    }
+
+    /// Per output column: `kind` (`public`, `noisy`, `combined`, `per_row`, `no_interval`) and, for a noisy
+    /// column, `mechanism`, `std`, `ci_half_width` and `confidence` (the value and the bounded query's exact
+    /// answer differ by at most the half-width with at least that probability).
+    #[getter]
+    fn accuracy(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        to_python(py, &self.accuracy_json())
+    }
+
+    /// What the query cost: `id` (the ledger's charge number), `rho`, and `epsilon` at `delta` of this query.
+    #[getter]
+    fn charge(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        to_python(py, &self.inner.to_json()["charge"])
+    }
+
+    /// The budget after this query: `rho_total`, `rho_spent`, `rho_remaining`, `epsilon`, `delta`.
+    #[getter]
+    fn budget(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        to_python(py, &self.inner.to_json()["budget"])
+    }
+
+    /// The SQL text.
+    #[getter]
+    fn sql(&self) -> &str {
+        self.inner.sql()
+    }
+
+    /// Why the table holds the noisy aggregates rather than the query's own expression, if it does.
+    #[getter]
+    fn note(&self) -> Option<&str> {
+        self.inner.note()
+    }
+
+    /// The output column names.
+    #[getter]
+    fn columns(&self) -> Vec<String> {
+        self.inner.schema().fields().iter().map(|f| f.name().clone()).collect()
+    }
+
+    fn __len__(&self) -> usize {
+        self.inner.num_rows()
+    }
+
+    fn __repr__(&self) -> String {
+        self.inner.to_pretty_string()
+    }
+
+    /// The release as an HTML table for notebooks: each noisy cell with its ± half-width (or its interval), and
+    /// the cost.
+    fn _repr_html_(&self) -> String {
+        let j = self.inner.to_json();
+        let mut h = String::from("<table><thead><tr>");
+        for c in self.inner.schema().fields() {
+            let _ = write!(h, "<th>{}</th>", html_escape(c.name()));
+        }
+        h.push_str("</tr></thead><tbody>");
+        let public = Accuracy::Public;
+        let acc: Vec<&Accuracy> = self
+            .inner
+            .schema()
+            .fields()
+            .iter()
+            .map(|f| self.inner.accuracy().iter().find(|c| c.column == *f.name()).map_or(&public, |c| &c.accuracy))
+            .collect();
+        for (i, row) in j["rows"].as_array().into_iter().flatten().enumerate() {
+            h.push_str("<tr>");
+            for (k, v) in row.as_array().into_iter().flatten().enumerate() {
+                let _ = write!(h, "<td>{}</td>", cell_html(v, acc.get(k).copied().unwrap_or(&public), i));
+            }
+            h.push_str("</tr>");
+        }
+        let confidence = self.inner.accuracy().iter().find_map(|c| match c.accuracy {
+            Accuracy::Noisy { confidence, .. } | Accuracy::Combined { confidence, .. } => Some(confidence),
+            Accuracy::PerRow { confidence, .. } => Some(confidence),
+            _ => None,
+        });
+        let level = confidence.map(|c| format!(" (intervals at {}%)", fmt_num(c * 100.0))).unwrap_or_default();
+        let _ = write!(
+            h,
+            "</tbody></table><p><small>charge {}: {}{level}</small></p>",
+            self.inner.charge().id(),
+            html_escape(&self.inner.cost_line())
+        );
+        if let Some(note) = self.inner.note() {
+            let _ = write!(h, "<p><small>note: {}</small></p>", html_escape(note));
+        }
+        h
+    }
+
+    /// Tests only (zero-copy): the address of each column's first values buffer in the engine, per batch.
+    fn _buffer_addresses(&self) -> Vec<Vec<usize>> {
+        self.inner
+            .batches()
+            .iter()
+            .map(|b| {
+                b.columns().iter().map(|c| c.to_data().buffers().first().map_or(0, |x| x.as_ptr() as usize)).collect()
+            })
+            .collect()
+    }
+}
+
+/// `EXPLAIN DP`: what a query would do and cost. Nothing was read or spent. `str()` is the full report.
+#[pyclass(frozen, module = "dpfusion")]
+pub(crate) struct Explanation {
+    inner: dpfusion::session::Explanation,
+}
+
+impl Explanation {
+    pub(crate) fn new(inner: dpfusion::session::Explanation) -> Self {
+        Explanation { inner }
+    }
+}
+
+#[pymethods]
+impl Explanation {
+    /// The ρ the query would cost.
+    #[getter]
+    fn rho(&self) -> f64 {
+        self.inner.rho
+    }
+
+    /// Its ε at `delta`.
+    #[getter]
+    fn epsilon(&self) -> f64 {
+        self.inner.epsilon.epsilon
+    }
+
+    /// The δ of `epsilon`.
+    #[getter]
+    fn delta(&self) -> f64 {
+        self.inner.epsilon.delta
+    }
+
+    /// Per output column, how far off its values will be (or why no interval can be given).
+    #[getter]
+    fn outputs(&self) -> Vec<(String, String)> {
+        self.inner.outputs.clone()
+    }
+
+    fn __str__(&self) -> String {
+        self.inner.to_string()
+    }
+
+    fn __repr__(&self) -> String {
+        self.inner.to_string()
+    }
+}
+
+/// One-way marginals released at once: per column, a noisy count per key of its public domain.
+#[pyclass(frozen, module = "dpfusion")]
+pub(crate) struct MarginalRelease {
+    inner: dpfusion::marginals::MarginalRelease,
+}
+
+impl MarginalRelease {
+    pub(crate) fn new(inner: dpfusion::marginals::MarginalRelease) -> Self {
+        MarginalRelease { inner }
+    }
+}
+
+#[pymethods]
+impl MarginalRelease {
+    /// A long `pyarrow.Table`: `column`, `key`, `noisy_count`, `count` (after consistency) and `frequency`.
+    fn to_arrow<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let batch = self.inner.to_record_batch().map_err(crate::errors::to_py)?;
+        let schema = batch.schema();
+        let table = arrow_pyarrow::Table::try_new(vec![batch], schema)
+            .map_err(|e| crate::errors::usage("internal_error", e.to_string()))?;
+        table.into_pyarrow(py)
+    }
+
+    /// The same as a pandas DataFrame.
+    fn to_pandas<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        self.to_arrow(py)?.call_method0("to_pandas")
+    }
+
+    /// The noise and accuracy: `sigma`, `std`, `ci_half_width` (each cell), `max_error` (all cells at once),
+    /// `confidence`, `rho`, `epsilon`.
+    #[getter]
+    fn plan(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        let v = serde_json::to_value(self.inner.plan())
+            .map_err(|e| crate::errors::usage("internal_error", e.to_string()))?;
+        to_python(py, &v)
+    }
+
+    /// The noisy common total.
+    #[getter]
+    fn total(&self) -> f64 {
+        self.inner.total()
+    }
+
+    /// What it cost: `id` and `rho`.
+    #[getter]
+    fn charge(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        let c = self.inner.charge();
+        to_python(py, &json!({"id": c.id(), "rho": c.rho().get()}))
+    }
+}

@@ -1,0 +1,244 @@
+//! `dpfusion.Session`: one engine session (its tables, policies and budget ledger), shared safely by threads.
+
+use crate::errors::{to_py, usage};
+use crate::release::{Explanation, MarginalRelease, Release, to_python};
+use crate::run::run;
+use arrow_array::ffi_stream::ArrowArrayStreamReader;
+use arrow_pyarrow::FromPyArrow;
+use datafusion::arrow::array::RecordBatch;
+use datafusion::arrow::datatypes::{Field, Schema};
+use dpfusion::marginals::{MarginalBudget, MarginalSpec};
+use dpfusion::{DpSession, Response, SessionConfig};
+use pyo3::prelude::*;
+use serde_json::{Value, json};
+use std::sync::Arc;
+use tokio::sync::RwLock;
+
+/// A differentially private SQL session over private tables, with its privacy budget.
+///
+/// Open one from a configuration file (`Session("config/pums.toml")`) or from the same configuration as a dict
+/// (`Session.from_policy({...})`). Every query is checked against the tables' policies, its cost debited from the
+/// budget **before** any private row is read, and its answer noised; a refused query spends nothing. Two datasets
+/// are neighbours when they differ by all rows of one privacy unit (added or removed).
+///
+/// A session is safe to share between threads: the ledger debits one query at a time, so concurrent queries
+/// never spend more than the budget. The GIL is released while a query runs; Ctrl-C cancels it (its charge stays).
+///
+/// >>> import dpfusion
+/// >>> s = dpfusion.Session("config/pums.toml")
+/// >>> r = s.sql("SELECT sex, COUNT(*) AS n FROM pums GROUP BY sex")
+/// >>> r.to_pandas()          # noisy counts; r.accuracy says how far off each may be
+#[pyclass(frozen, module = "dpfusion")]
+pub(crate) struct Session {
+    /// Queries share it; registering a table takes it alone.
+    inner: RwLock<DpSession>,
+}
+
+/// `value` (a dict) as configuration text: the engine parses and checks it exactly as it does a file.
+fn toml_text(py: Python<'_>, value: &Bound<'_, PyAny>, what: &str) -> PyResult<Value> {
+    let json: String = py.import("json")?.call_method1("dumps", (value,))?.extract()?;
+    serde_json::from_str(&json).map_err(|e| usage("config_error", format!("{what}: {e}")))
+}
+
+fn to_toml(v: &Value, what: &str) -> PyResult<String> {
+    toml::to_string(v).map_err(|e| {
+        usage("config_error", format!("{what} cannot be written as a configuration (no None values, string keys): {e}"))
+    })
+}
+
+#[pymethods]
+impl Session {
+    /// Opens the session a configuration file describes (its tables, their policies, the budget and the ledger).
+    #[new]
+    fn new(py: Python<'_>, config: std::path::PathBuf) -> PyResult<Self> {
+        let s = run(py, || DpSession::open(config))?;
+        Ok(Session { inner: RwLock::new(s) })
+    }
+
+    /// Opens a session from a dict with the configuration file's structure, e.g.
+    /// `{"session": {"rho": 1.0, "default_query_rho": 0.05}, "tables": {...}}`; relative paths resolve against the
+    /// current directory. Tables held in memory are added with `register`.
+    #[staticmethod]
+    fn from_policy(py: Python<'_>, policy: &Bound<'_, PyAny>) -> PyResult<Self> {
+        let text = to_toml(&toml_text(py, policy, "the policy")?, "the policy")?;
+        let base = std::env::current_dir().unwrap_or_default();
+        let cfg = SessionConfig::from_toml_str(&text, &base).map_err(to_py)?;
+        let s = run(py, || async move { DpSession::from_config(&cfg).await })?;
+        Ok(Session { inner: RwLock::new(s) })
+    }
+
+    /// Runs one statement: a query returns a `Release` (noisy, debited, with its accuracy and charge);
+    /// `EXPLAIN DP <query>` an `Explanation` (nothing spent); `SET dp.<option> = <value>` returns None.
+    ///
+    /// `request_id`: an idempotency key. A query whose id was released before returns the same release again
+    /// (the same noisy numbers) and is not charged again; the same id with another query is refused.
+    #[pyo3(signature = (sql, request_id = None))]
+    fn sql(&self, py: Python<'_>, sql: &str, request_id: Option<&str>) -> PyResult<Py<PyAny>> {
+        let response = run(py, || async move { self.inner.read().await.sql_with_request_id(sql, request_id).await })?;
+        match response {
+            Response::Release(r) => Ok(Py::new(py, Release::new(*r))?.into_any()),
+            Response::Explain(e) => Ok(Py::new(py, Explanation::new(*e))?.into_any()),
+            Response::Set { .. } => Ok(py.None()),
+        }
+    }
+
+    /// What `sql` would do and cost (private plan, sensitivities, noise, accuracy of each column), without
+    /// reading or spending anything; raises `Refused` exactly when the query would be refused.
+    fn explain(&self, py: Python<'_>, sql: &str) -> PyResult<Explanation> {
+        let e = run(py, || async move { self.inner.read().await.explain(sql).await })?;
+        Ok(Explanation::new(e))
+    }
+
+    /// The budget: `rho_total`, `rho_spent`, `rho_remaining`, and `epsilon` of everything spent at `delta`.
+    fn budget(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        let b = py.detach(|| self.inner.blocking_read().budget()).map_err(to_py)?;
+        let v = json!({
+            "rho_total": b.status.rho_total, "rho_spent": b.status.rho_spent, "rho_remaining": b.status.rho_remaining,
+            "epsilon": b.epsilon.epsilon, "delta": b.epsilon.delta, "charges": b.charges.len(),
+        });
+        to_python(py, &v)
+    }
+
+    /// Every charge of the budget, oldest first: `id`, `label` (the SQL), `rho`, `measurements`.
+    fn history(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        let charges = py.detach(|| self.inner.blocking_read().ledger().charges()).map_err(to_py)?;
+        let v: Vec<Value> = charges
+            .iter()
+            .map(|c| json!({"id": c.id(), "label": c.label(), "rho": c.rho().get(), "measurements": c.measurements().len()}))
+            .collect();
+        to_python(py, &Value::Array(v))
+    }
+
+    /// The tables this session may query, with their column names.
+    fn tables(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        let schemas = run(py, || async move { self.inner.read().await.table_schemas().await })?;
+        let v: serde_json::Map<String, Value> = schemas
+            .iter()
+            .map(|(n, s)| (n.clone(), json!(s.fields().iter().map(|f| f.name().clone()).collect::<Vec<_>>())))
+            .collect();
+        to_python(py, &Value::Object(v))
+    }
+
+    /// Registers in-memory data as the private table `name`: a pyarrow Table, a pandas or polars DataFrame (or
+    /// anything with `__arrow_c_stream__`). `policy` is the table's policy as in a configuration file, **with the
+    /// type of every column** (`{"privacy_unit": "pid", "max_rows_per_unit": 2, "columns": {"pid": {"type":
+    /// "int64"}, "age": {"type": "int64", "bounds": [0, 100]}}}`): types are never inferred from the data. Only
+    /// the columns the policy lists are visible; a column whose data type differs from its declared type is an
+    /// error (convert it first).
+    fn register(&self, py: Python<'_>, name: &str, data: &Bound<'_, PyAny>, policy: &Bound<'_, PyAny>) -> PyResult<()> {
+        let (columns, table_policy) = parse_table_policy(py, name, policy)?;
+        let reader = ArrowArrayStreamReader::from_pyarrow_bound(data)?;
+        let batches = declared_batches(name, reader, &columns)?;
+        py.detach(|| self.inner.blocking_write().register_batches(name, batches, table_policy)).map_err(to_py)
+    }
+
+    /// Releases the one-way marginals (histograms) of `columns` of `table` in one debit: each cell a noisy count,
+    /// with one Gaussian σ for all. Give `rho` (the cost) or `target_std` (the noise wanted, in counts);
+    /// `consistency` makes every histogram non-negative with one common total (post-processing, free).
+    #[allow(clippy::too_many_arguments)] // the keyword arguments of the Python method
+    #[pyo3(signature = (table, columns, *, rho = None, target_std = None, consistency = true, confidence = None))]
+    fn marginals(
+        &self,
+        py: Python<'_>,
+        table: &str,
+        columns: Vec<String>,
+        rho: Option<f64>,
+        target_std: Option<f64>,
+        consistency: bool,
+        confidence: Option<f64>,
+    ) -> PyResult<MarginalRelease> {
+        let budget = match (rho, target_std) {
+            (Some(r), None) => MarginalBudget::Rho(r),
+            (None, Some(s)) => MarginalBudget::TargetStd(s),
+            _ => return Err(usage("invalid_parameter", "give exactly one of rho= and target_std=".into())),
+        };
+        let spec = MarginalSpec { budget, consistency, confidence };
+        let m = run(py, || async move { self.inner.read().await.marginals(table, &columns, &spec).await })?;
+        Ok(MarginalRelease::new(m))
+    }
+
+    fn __repr__(&self) -> String {
+        match self.inner.try_read() {
+            Ok(s) => format!("dpfusion.Session(tables={:?})", s.tables().keys().collect::<Vec<_>>()),
+            Err(_) => "dpfusion.Session(<busy>)".into(),
+        }
+    }
+}
+
+/// The declared column types and the policy of an in-memory table, parsed and checked by the engine's
+/// configuration code (as a table of a configuration file whose data would be elsewhere).
+fn parse_table_policy(
+    py: Python<'_>,
+    name: &str,
+    policy: &Bound<'_, PyAny>,
+) -> PyResult<(Vec<(String, datafusion::arrow::datatypes::DataType)>, dpfusion::TablePolicy)> {
+    let what = format!("the policy of table {name}");
+    let mut table = toml_text(py, policy, &what)?;
+    let Some(obj) = table.as_object_mut() else {
+        return Err(usage("config_error", format!("{what} must be a dict (privacy_unit, columns, ...)")));
+    };
+    for key in ["path", "format"] {
+        if obj.contains_key(key) {
+            return Err(usage("config_error", format!("{what}: `{key}` is for files; the data is what you register")));
+        }
+    }
+    obj.insert("path".into(), json!("in-memory"));
+    obj.insert("format".into(), json!("parquet"));
+    let cfg = json!({"session": {"rho": 1.0, "default_query_rho": 1.0}, "tables": {name: table}});
+    let parsed = SessionConfig::from_toml_str(&to_toml(&cfg, &what)?, std::path::Path::new(".")).map_err(to_py)?;
+    let source =
+        parsed.tables.get(name).ok_or_else(|| usage("config_error", format!("{what}: give the table a plain name")))?;
+    let columns = source.columns.iter().map(|(c, t)| (c.clone(), t.data_type().clone())).collect();
+    Ok((columns, source.policy.clone()))
+}
+
+/// The data's batches with only the declared columns, in the policy's order, cast to their declared types (within
+/// one family: any string type to `string`); a column missing or of another type is an error that names it.
+fn declared_batches(
+    name: &str,
+    reader: ArrowArrayStreamReader,
+    columns: &[(String, datafusion::arrow::datatypes::DataType)],
+) -> PyResult<Vec<RecordBatch>> {
+    use datafusion::arrow::array::RecordBatchReader;
+    use datafusion::arrow::compute::cast;
+    use dpfusion::policy::ColumnType;
+    let source = reader.schema();
+    let mut picks = Vec::with_capacity(columns.len());
+    for (c, ty) in columns {
+        let Ok(i) = source.index_of(c) else {
+            return Err(usage("config_error", format!("table {name}: the policy lists `{c}`, which the data has not")));
+        };
+        let found = source.field(i).data_type();
+        if ColumnType::name_of(found) != ColumnType::name_of(ty) {
+            return Err(usage(
+                "config_error",
+                format!(
+                    "table {name}: column `{c}` is {found} in the data but the policy declares {}; convert the \
+                     column (e.g. `astype`) or change its declared type",
+                    ColumnType::name_of(ty).unwrap_or("another type")
+                ),
+            ));
+        }
+        picks.push(i);
+    }
+    let schema =
+        Arc::new(Schema::new(columns.iter().map(|(c, ty)| Field::new(c, ty.clone(), true)).collect::<Vec<_>>()));
+    let mut out = Vec::new();
+    for batch in reader {
+        let batch = batch.map_err(|e| usage("config_error", format!("table {name}: reading the data: {e}")))?;
+        let arrays = picks
+            .iter()
+            .zip(columns)
+            .map(|(&i, (_, ty))| cast(batch.column(i), ty))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| usage("config_error", format!("table {name}: {e}")))?;
+        out.push(
+            RecordBatch::try_new(schema.clone(), arrays)
+                .map_err(|e| usage("config_error", format!("table {name}: {e}")))?,
+        );
+    }
+    if out.is_empty() {
+        out.push(RecordBatch::new_empty(schema));
+    }
+    Ok(out)
+}

@@ -1,0 +1,20 @@
+"""Shared fixtures: the repository's demo configuration (real PUMS microdata, one privacy unit per person)."""
+
+from pathlib import Path
+
+import pytest
+
+import dpfusion
+
+ROOT = Path(__file__).resolve().parents[3]
+CONFIG = ROOT / "config" / "pums.toml"
+
+
+@pytest.fixture
+def session():
+    """A fresh session over the demo table `pums` (in-memory ledger: rho = 1.0, 0.05 per query)."""
+    return dpfusion.Session(str(CONFIG))
+
+
+def spent(s):
+    return s.budget()["rho_spent"]

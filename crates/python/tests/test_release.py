@@ -1,0 +1,158 @@
+"""Queries from Python: releases, their accuracy and charge, conversions, explain, refusals, the budget."""
+
+import pandas
+import polars
+import pyarrow
+import pytest
+
+import dpfusion
+from conftest import CONFIG, spent
+
+COUNT_BY_SEX = "SELECT sex, COUNT(*) AS n FROM pums GROUP BY sex ORDER BY sex"
+
+
+def test_release_is_noisy_debited_and_described(session):
+    r = session.sql(COUNT_BY_SEX)
+    assert isinstance(r, dpfusion.Release)
+    t = r.to_arrow()
+    assert isinstance(t, pyarrow.Table)
+    assert t.column_names == ["sex", "n"] == r.columns
+    assert t.column("sex").to_pylist() == [0, 1]  # the public domain, from the policy
+    assert len(r) == 2
+    n = r.accuracy["n"]
+    assert n["kind"] == "noisy"
+    assert n["mechanism"] == "discrete_gaussian"
+    assert n["confidence"] == 0.95
+    assert n["std"] > 0 and n["ci_half_width"] > n["std"]
+    assert r.accuracy["sex"] == {"kind": "public"}
+    c = r.charge
+    assert c["id"] == 1
+    assert c["rho"] == pytest.approx(0.05)
+    assert 0 < c["epsilon"] and c["delta"] == 1e-6
+    assert spent(session) == pytest.approx(0.05)
+    assert r.budget["rho_remaining"] == pytest.approx(0.95)
+    hist = session.history()
+    assert [h["id"] for h in hist] == [1]
+    assert hist[0]["label"].startswith("SELECT sex")
+
+
+def test_to_arrow_is_zero_copy(session):
+    r = session.sql("SELECT COUNT(*) AS n, SUM(income) AS total FROM pums")
+    t = r.to_arrow()
+    rust = r._buffer_addresses()
+    for i in range(t.num_columns):
+        for b, chunk in enumerate(t.column(i).chunks):
+            # pyarrow's buffers of a primitive array: [validity, values]; the values are the engine's bytes.
+            assert chunk.buffers()[1].address == rust[b][i]
+
+
+def test_pandas_and_polars_hold_the_same_numbers(session):
+    r = session.sql(COUNT_BY_SEX)
+    expected = r.to_arrow().to_pydict()
+    df = r.to_pandas()
+    assert isinstance(df, pandas.DataFrame)
+    assert df.to_dict(orient="list") == expected
+    pl = r.to_polars()
+    assert isinstance(pl, polars.DataFrame)
+    assert pl.to_dict(as_series=False) == expected
+    assert spent(session) == pytest.approx(0.05)  # converting is post-processing: one charge
+
+
+def test_explain_spends_nothing(session):
+    e = session.explain(COUNT_BY_SEX)
+    assert isinstance(e, dpfusion.Explanation)
+    assert e.rho == pytest.approx(0.05)
+    assert "nothing was spent" in str(e)
+    assert [c for c, _ in e.outputs] == ["sex", "n"]
+    e2 = session.sql("EXPLAIN DP " + COUNT_BY_SEX)
+    assert isinstance(e2, dpfusion.Explanation)
+    assert spent(session) == 0
+    assert session.history() == []
+
+
+def test_refusal_raises_refused_with_code_and_hint_and_spends_nothing(session):
+    with pytest.raises(dpfusion.Refused) as info:
+        session.sql("SELECT age FROM pums")
+    e = info.value
+    assert isinstance(e, dpfusion.Error)
+    assert not isinstance(e, dpfusion.BudgetExhausted)
+    assert e.code == "raw_rows"
+    assert e.hint and e.hint in str(e)
+    with pytest.raises(dpfusion.Refused) as info:
+        session.explain("SELECT age FROM pums")
+    assert info.value.code == "raw_rows"
+    assert spent(session) == 0
+    assert session.history() == []
+
+
+def test_budget_exhausted_spends_nothing(session):
+    assert session.sql("SET dp.rho = 0.6") is None
+    session.sql("SELECT COUNT(*) AS n FROM pums")
+    with pytest.raises(dpfusion.BudgetExhausted) as info:
+        session.sql("SELECT COUNT(*) AS n FROM pums")
+    e = info.value
+    assert isinstance(e, dpfusion.Refused)
+    assert e.code == "over_budget"
+    assert "Nothing was spent" in str(e)
+    assert spent(session) == pytest.approx(0.6)
+    assert len(session.history()) == 1
+
+
+def test_request_id_retry_is_the_same_release_charged_once(session):
+    a = session.sql(COUNT_BY_SEX, request_id="job-42")
+    b = session.sql(COUNT_BY_SEX, request_id="job-42")
+    assert a.to_arrow().equals(b.to_arrow())
+    assert a.charge == b.charge
+    assert spent(session) == pytest.approx(0.05)
+    assert len(session.history()) == 1
+    c = session.sql(COUNT_BY_SEX, request_id="job-43")
+    assert c.charge["id"] == 2
+    assert spent(session) == pytest.approx(0.10)
+    with pytest.raises(dpfusion.Refused):
+        session.sql(COUNT_BY_SEX, request_id="  ")
+
+
+def test_html_shows_intervals_and_the_charge(session):
+    r = session.sql(COUNT_BY_SEX)
+    h = r._repr_html_()
+    assert h.startswith("<table>")
+    assert h.count("±") == 2  # one per noisy cell; the keys are public
+    assert "charge 1" in h and "ρ spent 0.05" in h
+
+
+def test_from_policy_is_the_configuration_as_a_dict():
+    s = dpfusion.Session.from_policy(
+        {
+            "session": {"rho": 0.5, "default_query_rho": 0.1},
+            "tables": {
+                "pums": {
+                    "path": str(CONFIG.parent / ".." / "examples" / "data" / "pums_dup.csv"),
+                    "format": "csv",
+                    "privacy_unit": "pid",
+                    "max_rows_per_unit": 2,
+                    "columns": {"pid": {"type": "int64"}, "age": {"type": "int64", "bounds": [0, 100]}},
+                }
+            },
+        }
+    )
+    r = s.sql("SELECT AVG(age) AS a FROM pums")
+    assert r.charge["rho"] == pytest.approx(0.1)
+    assert s.budget()["rho_total"] == pytest.approx(0.5)
+    with pytest.raises(dpfusion.Error) as info:
+        dpfusion.Session.from_policy({"session": {"rho": 1.0}})
+    assert info.value.code == "config_error"
+    assert "default_query_rho" in str(info.value)
+
+
+def test_marginals_release_every_histogram_in_one_charge(session):
+    m = session.marginals("pums", ["sex", "race"], rho=0.05)
+    t = m.to_arrow()
+    assert t.num_rows == 2 + 6
+    assert set(t.column("column").to_pylist()) == {"sex", "race"}
+    assert m.charge["rho"] == pytest.approx(0.05)
+    assert m.plan["ci_half_width"] > 0
+    assert spent(session) == pytest.approx(0.05)
+    with pytest.raises(dpfusion.Refused) as info:
+        session.marginals("pums", ["age"], rho=0.05)
+    assert info.value.code == "marginal_no_domain"
+    assert spent(session) == pytest.approx(0.05)

@@ -1,0 +1,128 @@
+//! Runs the Python package's tests (crates/python/tests/*.py) from `cargo test`: a virtual environment under the
+//! cargo target directory (made once; its packages installed from the requirements file with pip, again only when
+//! that file changes), the extension built by `maturin develop` into the same target directory with the dev profile
+//! (so DataFusion is the build `cargo test` already made: this test fails if maturin compiles it again), then
+//! pytest, whose output is the failure message if any Python test fails.
+//!
+//! `DPFUSION_PYTHON` picks the interpreter (default `python3`); `DPFUSION_SKIP_PYTHON=1` skips this test on a
+//! machine without Python (it says so).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// The longest each step may take (a cold pip install, or maturin compiling the engine without `test-util`).
+const STEP_LIMIT: Duration = Duration::from_secs(1800);
+
+/// The cargo target directory this test binary was built in (`<target>/debug/deps/main-…`).
+fn target_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("the test binary's path");
+    exe.ancestors().nth(3).expect("the test binary lives in <target>/<profile>/deps").to_path_buf()
+}
+
+/// Runs `cmd` to completion within [`STEP_LIMIT`], its output in `log`; returns whether it succeeded and the
+/// output.
+fn run_logged(what: &str, cmd: &mut Command, log: &Path) -> (bool, String) {
+    let out = std::fs::File::create(log).expect("a log file in the target directory");
+    let err = out.try_clone().expect("the log file again");
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(out)
+        .stderr(err)
+        .spawn()
+        .unwrap_or_else(|e| panic!("{what}: cannot start {cmd:?}: {e}"));
+    let start = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("the child's status") {
+            break status;
+        }
+        if start.elapsed() > STEP_LIMIT {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("{what} took more than {STEP_LIMIT:?}; its output is in {}", log.display());
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    (status.success(), std::fs::read_to_string(log).unwrap_or_default())
+}
+
+fn must(what: &str, cmd: &mut Command, log: &Path) -> String {
+    let (ok, output) = run_logged(what, cmd, log);
+    assert!(ok, "{what} failed:\n{output}");
+    output
+}
+
+/// The virtual environment with the requirements installed (made or updated only when needed).
+fn venv(target: &Path, requirements: &Path) -> PathBuf {
+    let venv = target.join("python-venv");
+    let python = venv.join("bin").join("python");
+    if !python.exists() {
+        let interpreter = std::env::var("DPFUSION_PYTHON").unwrap_or_else(|_| "python3".into());
+        must(
+            "creating the virtual environment",
+            Command::new(interpreter).arg("-m").arg("venv").arg(&venv),
+            &target.join("python-venv.log"),
+        );
+    }
+    let wanted = std::fs::read_to_string(requirements).expect("crates/python/requirements-test.txt");
+    let stamp = venv.join("requirements-installed.txt");
+    if std::fs::read_to_string(&stamp).ok().as_deref() != Some(wanted.as_str()) {
+        must(
+            "pip install -r crates/python/requirements-test.txt",
+            Command::new(&python)
+                .args(["-m", "pip", "install", "--disable-pip-version-check", "-q", "-r"])
+                .arg(requirements),
+            &target.join("python-pip.log"),
+        );
+        std::fs::write(&stamp, wanted).expect("the venv's stamp file");
+    }
+    venv
+}
+
+#[test]
+fn python_package_tests_pass() {
+    if std::env::var("DPFUSION_SKIP_PYTHON").is_ok_and(|v| v == "1") {
+        eprintln!("DPFUSION_SKIP_PYTHON=1: the Python package's tests are skipped");
+        return;
+    }
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let crate_dir = root.join("crates").join("python");
+    let target = target_dir();
+    let venv = venv(&target, &crate_dir.join("requirements-test.txt"));
+    let bin = venv.join("bin");
+    let path = std::env::join_paths(
+        std::iter::once(bin.clone()).chain(std::env::var_os("PATH").iter().flat_map(std::env::split_paths)),
+    )
+    .expect("a PATH");
+
+    // One build at a time in this target directory: maturin waits for cargo's lock like any cargo command.
+    let build = must(
+        "maturin develop",
+        Command::new(bin.join("maturin"))
+            .args(["develop", "--manifest-path"])
+            .arg(crate_dir.join("Cargo.toml"))
+            .env("VIRTUAL_ENV", &venv)
+            .env("PATH", &path)
+            .env("CARGO_TARGET_DIR", &target)
+            .env_remove("CARGO_BUILD_TARGET"),
+        &target.join("python-maturin.log"),
+    );
+    assert!(
+        !build.lines().any(|l| l.trim_start().starts_with("Compiling datafusion ")),
+        "maturin compiled DataFusion again: the Python crate's features differ from the root build's; align the \
+         feature-unification dependencies of crates/python/Cargo.toml (compare `cargo tree -e features`):\n{build}"
+    );
+
+    let (ok, output) = run_logged(
+        "pytest",
+        Command::new(bin.join("python"))
+            .args(["-m", "pytest", "-q", "-p", "no:cacheprovider"])
+            .arg(crate_dir.join("tests"))
+            .current_dir(root)
+            .env("PATH", &path)
+            .env("PYTHONDONTWRITEBYTECODE", "1"),
+        &target.join("python-pytest.log"),
+    );
+    assert!(ok, "the Python tests failed:\n{output}");
+    assert!(output.contains(" passed"), "pytest ran no test:\n{output}");
+}
