@@ -4,7 +4,7 @@
 
 use arrow_pyarrow::IntoPyArrow;
 use dpfusion::Accuracy;
-use dpfusion::release::fmt_num;
+use dpfusion::format::fmt_num;
 use pyo3::prelude::*;
 use serde_json::{Value, json};
 use std::fmt::Write as _;
