@@ -5,6 +5,10 @@ from typing import Any, Optional, Sequence, Union
 
 __version__: str
 
+def split_statements(text: str) -> list[str]:
+    """The statements of a SQL script, split on `;` outside quotes and comments (as `dpfusion query -f` does)."""
+    ...
+
 class Error(Exception):
     """Any dpfusion error: `.code` names its kind, `.hint` says what to change (may be empty)."""
 

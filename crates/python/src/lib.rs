@@ -19,9 +19,17 @@ mod session;
 use pyo3::prelude::*;
 
 /// The `dpfusion` Python module.
+/// The statements of a SQL script, split on `;` outside quotes and comments, as the `dpfusion` command splits a
+/// file (`dpfusion query -f`): each one can be given to `Session.sql`.
+#[pyfunction]
+fn split_statements(text: &str) -> Vec<String> {
+    dpfusion::split_statements(text)
+}
+
 #[pymodule]
 #[pyo3(name = "dpfusion")]
 fn dpfusion_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(split_statements, m)?)?;
     m.add_class::<session::Session>()?;
     m.add_class::<release::Release>()?;
     m.add_class::<release::Explanation>()?;
