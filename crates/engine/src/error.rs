@@ -166,10 +166,15 @@ pub fn engine(e: datafusion::error::DataFusionError) -> DpError {
 /// it anyway (its noise would be ~10⁴·√total times that of a query of the whole budget).
 const DUST: f64 = 1e-9;
 
+/// Whether what `remaining` of `total` is left counts as spent ([`DUST`]).
+fn is_dust(remaining: f64, total: f64) -> bool {
+    remaining <= total * DUST
+}
+
 /// The first sentence of [`DpError::OverBudget`]'s message (figures rounded for reading; the exact values are in
 /// the error's fields).
 fn over_budget(requested: f64, remaining: f64, total: f64, spent: f64) -> String {
-    let dust = remaining <= total * DUST;
+    let dust = is_dust(remaining, total);
     let (requested, total, spent) = (fmt_num(requested), fmt_num(total), fmt_num(spent));
     if dust {
         format!(
@@ -186,7 +191,7 @@ fn over_budget(requested: f64, remaining: f64, total: f64, spent: f64) -> String
 /// How to fit the budget: a ρ that fits (what remains, rounded down to 3 significant digits), unless what remains
 /// is rounding dust.
 fn budget_hint(remaining: f64, total: f64) -> String {
-    if remaining <= total * DUST {
+    if is_dust(remaining, total) {
         return "Ask the data owner for a larger budget (what remains is rounding left over from adding the charges)"
             .into();
     }

@@ -162,9 +162,7 @@ impl DpSession {
 
     /// Opens a session from a validated configuration, registering every table it declares.
     pub async fn from_config(cfg: &SessionConfig) -> Result<Self> {
-        let mut s = Self::empty(cfg.total_rho, cfg.default_query_rho, Mechanism::Gaussian, cfg.delta, cfg.confidence)?;
-        s.defaults.accounting = cfg.accounting;
-        s.defaults.mechanism = cfg.mechanism;
+        let mut s = Self::with_defaults(cfg)?;
         if let Some(l) = &cfg.ledger {
             s.ledger = Box::new(SqliteLedger::open(&l.path, &l.budget, cfg.total_rho, l.busy_timeout)?);
             if cfg.accounting == Accounting::Gdp {
@@ -177,6 +175,14 @@ impl DpSession {
         for (name, src) in &cfg.tables {
             s.register_source(name, src)?;
         }
+        Ok(s)
+    }
+
+    /// A session with the configuration's budget (in memory), accounting and defaults, and no tables yet.
+    pub(crate) fn with_defaults(cfg: &SessionConfig) -> Result<Self> {
+        let mut s = Self::empty(cfg.total_rho, cfg.default_query_rho, Mechanism::Gaussian, cfg.delta, cfg.confidence)?;
+        s.defaults.accounting = cfg.accounting;
+        s.defaults.mechanism = cfg.mechanism;
         Ok(s)
     }
 

@@ -119,7 +119,12 @@ impl DpSession {
     /// Refuses `SUM(column)` or `AVG(column)` of a column that a private table declares non-numeric, with the
     /// refusal the bounding would give ([`Refusal::NotNumeric`]), before DataFusion's planner fails on it with a
     /// list of function signatures. (Only a bare column argument is looked at; anything else is typed later.)
-    async fn check_summed_types(&self, statement: &datafusion::sql::parser::Statement) -> Result<()> {
+    /// `tables` are the private tables the query names: a column of the same name in another table is not looked at.
+    async fn check_summed_types(
+        &self,
+        statement: &datafusion::sql::parser::Statement,
+        tables: &[String],
+    ) -> Result<()> {
         use datafusion::sql::sqlparser::ast::{
             Expr, FunctionArg, FunctionArgExpr, FunctionArguments, visit_expressions,
         };
@@ -146,7 +151,7 @@ impl DpSession {
             std::ops::ControlFlow::<()>::Continue(())
         });
         for column in summed {
-            for table in self.policies.keys() {
+            for table in tables {
                 let Some(schema) = self.tables.schema(table).await else { continue };
                 let Ok(field) = schema.field_with_name(&column) else { continue };
                 if !field.data_type().is_numeric() {
@@ -175,14 +180,14 @@ impl DpSession {
         // Every table a query names must be a private table of the session: checked before planning, so the
         // refusal names the table rather than quoting the planner. (Other statements are refused by their kind.)
         if is_query(&statement) {
+            let mut named = Vec::new();
             for t in state.resolve_table_references(&statement).map_err(planning_error)? {
                 if self.private_table(&t).is_none() {
                     return Err(DpError::Refused(Refusal::NotPrivateTable { table: t.to_string() }));
                 }
+                named.push(t.table().to_string());
             }
-        }
-        if is_query(&statement) {
-            self.check_summed_types(&statement).await?;
+            self.check_summed_types(&statement, &named).await?;
         }
         let logical = state.statement_to_plan(statement).await.map_err(planning_error)?;
         // Bound parameters are values, never SQL text: each `$n` becomes a typed literal in the plan, before the
@@ -210,5 +215,33 @@ impl DpSession {
         let (private, physical) = self.tables.plan(&dp.private).await?;
         self.check_post_processing(&dp).await?;
         Ok(Prepared { dp, private, physical })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::accounting::Rho;
+    use crate::noise::Mechanism;
+    use crate::policy::{ColumnPolicy, TablePolicy};
+    use crate::{DpSession, Response};
+    use datafusion::arrow::array::{ArrayRef, Int64Array, RecordBatch, StringArray};
+    use std::sync::Arc;
+
+    /// SUM of a column declared non-numeric is refused as not numeric; the same name in a table the query does not
+    /// read changes nothing.
+    #[tokio::test]
+    async fn a_summed_column_is_typed_by_the_tables_the_query_reads() {
+        let rho = |r| Rho::new(r).unwrap();
+        let mut s = DpSession::empty(rho(1.0), rho(0.1), Mechanism::Gaussian, 1e-6, 0.95).unwrap();
+        let numbers: ArrayRef = Arc::new(Int64Array::from(vec![1, 2]));
+        let texts: ArrayRef = Arc::new(StringArray::from(vec!["a", "b"]));
+        let bounded =
+            TablePolicy::row_level([("x".into(), ColumnPolicy::Bounds { lo: 0.0, hi: 10.0 })].into()).unwrap();
+        let plain = TablePolicy::row_level(Default::default()).unwrap();
+        s.register_batches("n", vec![RecordBatch::try_from_iter([("x", numbers)]).unwrap()], bounded).unwrap();
+        s.register_batches("t", vec![RecordBatch::try_from_iter([("x", texts)]).unwrap()], plain).unwrap();
+        assert!(matches!(s.sql("SELECT SUM(x) FROM n").await, Ok(Response::Release(_))));
+        let e = s.sql("SELECT SUM(x) FROM t").await.unwrap_err();
+        assert_eq!(e.code(), "not_numeric", "{e}");
     }
 }

@@ -2,7 +2,6 @@
 
 use crate::config::{SessionConfig, TableSource};
 use crate::error::{DpError, Result};
-use crate::noise::Mechanism;
 use crate::policy::TablePolicy;
 use crate::refusal::Refusal;
 use crate::session::DpSession;
@@ -27,9 +26,7 @@ impl DpSession {
     /// refusal, a plan, a price) is what it answers over the real data, since neither depends on the data; this is
     /// how `dpfusion check` asks the planner what each table allows, without reading a file.
     pub fn schema_only(cfg: &SessionConfig) -> Result<Self> {
-        let mut s = Self::empty(cfg.total_rho, cfg.default_query_rho, Mechanism::Gaussian, cfg.delta, cfg.confidence)?;
-        s.defaults.accounting = cfg.accounting;
-        s.defaults.mechanism = cfg.mechanism;
+        let mut s = Self::with_defaults(cfg)?;
         for (name, src) in &cfg.tables {
             let fields: Vec<Field> =
                 src.columns.iter().map(|(c, t)| Field::new(c, t.data_type().clone(), true)).collect();
