@@ -173,7 +173,7 @@ impl DpSession {
             s.owner_log = Some(Arc::new(OwnerLog::open(p)?));
         }
         for (name, src) in &cfg.tables {
-            s.register_source(name, src)?;
+            s.register_source(name, src).await?;
         }
         Ok(s)
     }
