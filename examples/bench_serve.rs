@@ -39,7 +39,7 @@ fn config_text(dir: &Path, port: u16, in_memory: bool) -> Res<String> {
         base = base.replace("format = \"csv\"", "format = \"csv\"\nin_memory = true");
     }
     Ok(format!(
-        "{base}\n[ledger]\npath = \"{}\"\n\n[server]\nlisten = \"127.0.0.1:{port}\"\nmax_connections = 256\n",
+        "{base}\n[ledger]\npath = \"{}\"\n\n[server]\nlisten = \"127.0.0.1:{port}\"\nmax_connections = 256\nmax_connections_per_analyst = 128\n",
         dir.join("ledger.sqlite").display()
     ))
 }

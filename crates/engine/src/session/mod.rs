@@ -35,8 +35,8 @@ mod statement;
 
 pub use explain::{ExplainedMeasure, Explanation};
 pub use post::POST_MEMORY;
-pub use prepare::PLANNING_STACK;
 pub use prepare::grow_stack;
+pub use prepare::{PLANNING_STACK, WORKER_STACK};
 pub(crate) use private::SealedScanExec;
 #[cfg(test)]
 pub(crate) use private::private_context;
