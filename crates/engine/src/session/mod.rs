@@ -116,6 +116,8 @@ pub struct DpSession {
     progress: crate::progress::Progress,
     /// The ε of the query shapes this session priced last.
     quotes: crate::accounting::convert::QuoteMemo,
+    /// The checked plans of the statements this session prepared last.
+    plans: prepare::PlanMemo,
 }
 
 impl DpSession {
@@ -237,6 +239,7 @@ impl DpSession {
             owner_log: None,
             progress: Default::default(),
             quotes: Default::default(),
+            plans: Default::default(),
         })
     }
 }
@@ -273,6 +276,7 @@ impl DpSession {
             owner_log: self.owner_log.clone(),
             progress: Default::default(),
             quotes: Default::default(),
+            plans: Default::default(),
         })
     }
 

@@ -21,6 +21,7 @@ impl DpSession {
         }
         check_policy_columns(name, provider.schema().as_ref(), &src.policy)?;
         self.tables.register(name, provider)?;
+        self.plans.clear();
         self.policies.insert(name.to_string(), src.policy.clone());
         Ok(())
     }
@@ -58,6 +59,7 @@ impl DpSession {
         policy.validate(name)?;
         check_policy_columns(name, provider.schema().as_ref(), &policy)?;
         self.tables.register(name, provider)?;
+        self.plans.clear();
         self.policies.insert(name.to_string(), policy);
         Ok(())
     }
