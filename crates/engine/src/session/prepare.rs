@@ -61,7 +61,10 @@ const RECENT_PLANS: usize = 32;
 /// `SET dp.*`). Only what passed every check is remembered; a refusal is worked out again. The physical plan is
 /// made anew for every run, from the remembered logical plan. One per session, so that how fast a statement is
 /// prepared never tells one analyst what another asked.
-pub(crate) struct PlanMemo(Mutex<LruCache<String, (Arc<DpPlan>, Arc<LogicalPlan>)>>);
+pub(crate) struct PlanMemo(Mutex<LruCache<String, Checked>>);
+
+/// A statement's bounded plan and optimized private plan, both checked.
+type Checked = (Arc<DpPlan>, Arc<LogicalPlan>);
 
 impl Default for PlanMemo {
     fn default() -> Self {
@@ -70,12 +73,12 @@ impl Default for PlanMemo {
 }
 
 impl PlanMemo {
-    fn get(&self, key: &str) -> Option<(Arc<DpPlan>, Arc<LogicalPlan>)> {
+    fn get(&self, key: &str) -> Option<Checked> {
         // A poisoned lock only loses the memory: the statement is checked again.
         self.0.lock().ok()?.get(key).cloned()
     }
 
-    fn insert(&self, key: String, checked: (Arc<DpPlan>, Arc<LogicalPlan>)) {
+    fn insert(&self, key: String, checked: Checked) {
         if let Ok(mut m) = self.0.lock() {
             m.insert(key, checked);
         }
@@ -256,7 +259,7 @@ impl DpSession {
 
     /// Everything in the module's diagram but the physical plan: the bounded plan and the optimized private plan,
     /// both checked.
-    async fn check(&self, sql: &str, params: &[ScalarValue]) -> Result<(Arc<DpPlan>, Arc<LogicalPlan>)> {
+    async fn check(&self, sql: &str, params: &[ScalarValue]) -> Result<Checked> {
         let state = self.tables.state();
         let dialect = state.config().options().sql_parser.dialect;
         let statement = state.sql_to_statement(sql, &dialect).map_err(planning_error)?;
