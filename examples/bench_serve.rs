@@ -64,16 +64,29 @@ async fn connect(port: u16, user: &str) -> Res<Client> {
     Ok(client)
 }
 
+/// CPU time the process `pid` has used so far (user + system), in seconds.
+fn cpu_secs(pid: u32) -> Res<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    // Fields after the command name (which is in parentheses and may hold spaces): utime and stime are the
+    // 12th and 13th of them, in clock ticks (100 a second on Linux).
+    let rest = stat.rsplit_once(')').ok_or("unreadable /proc stat")?.1;
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: f64 = f.get(11).ok_or("utime")?.parse::<f64>()? + f.get(12).ok_or("stime")?.parse::<f64>()?;
+    Ok(ticks / 100.0)
+}
+
 fn percentile(sorted: &[f64], p: f64) -> f64 {
     let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
     sorted.get(i).copied().unwrap_or(f64::NAN)
 }
 
-/// One table row: clients, queries, q/s, p50 and p99 in ms.
-fn report(side: &str, clients: usize, secs: f64, mut lat: Vec<f64>) {
+/// One table row: clients, queries, q/s, p50 and p99 in ms, and the server's CPU time per query in ms (`cpu`:
+/// the CPU seconds the server used over the row, when known).
+fn report(side: &str, clients: usize, secs: f64, mut lat: Vec<f64>, cpu: Option<f64>) {
     lat.sort_by(|a, b| a.total_cmp(b));
+    let per_query = cpu.map_or("".to_string(), |c| format!("{:.2}", c * 1e3 / lat.len().max(1) as f64));
     println!(
-        "| {side} | {clients} | {} | {:.0} | {:.2} | {:.2} |",
+        "| {side} | {clients} | {} | {:.0} | {:.2} | {:.2} | {per_query} |",
         lat.len(),
         lat.len() as f64 / secs,
         percentile(&lat, 0.5) * 1e3,
@@ -188,10 +201,13 @@ async fn main() -> Res<()> {
     );
     drop(idle);
 
-    println!("\n| side | clients | queries | queries/s | p50 ms | p99 ms |\n|---|---:|---:|---:|---:|---:|");
+    println!(
+        "\n| side | clients | queries | queries/s | p50 ms | p99 ms | server CPU ms/query |\n|---|---:|---:|---:|---:|---:|---:|"
+    );
     for &n in &clients {
+        let before = cpu_secs(pid)?;
         let lat = storm(port, n, secs).await?;
-        report("wire", n, secs, lat);
+        report("wire", n, secs, lat, Some(cpu_secs(pid)? - before));
     }
 
     // The same query in-process: a DpSession with its own durable ledger.
@@ -205,7 +221,7 @@ async fn main() -> Res<()> {
         std::hint::black_box(s.sql(QUERY).await?);
         lat.push(t.elapsed().as_secs_f64());
     }
-    report("in-process", 1, secs, lat);
+    report("in-process", 1, secs, lat, None);
     drop(server);
     let _ = std::fs::remove_dir_all(&dir);
     Ok(())
