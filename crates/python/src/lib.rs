@@ -18,14 +18,29 @@ mod session;
 
 use pyo3::prelude::*;
 
-/// The `dpfusion` Python module.
 /// The statements of a SQL script, split on `;` outside quotes and comments, as the `dpfusion` command splits a
 /// file (`dpfusion query -f`): each one can be given to `Session.sql`.
+///
+/// >>> dpfusion.split_statements("SELECT COUNT(*) FROM pums; SELECT 'a;b' AS x")
+/// ['SELECT COUNT(*) FROM pums', "SELECT 'a;b' AS x"]
 #[pyfunction]
 fn split_statements(text: &str) -> Vec<String> {
     dpfusion::split_statements(text)
 }
 
+/// Differentially private SQL on Apache DataFusion: `Session` opens private tables under their policies and a
+/// privacy budget; `Session.sql` answers a query with a noisy `Release` (Arrow, pandas, polars), debited before any
+/// private row is read. Two datasets are neighbours when one is the other with all rows of one privacy unit added
+/// or removed; every guarantee is stated under that relation.
+///
+/// The examples of this package's docstrings run from the root of the dpfusion checkout (its demo configuration
+/// `config/pums.toml`: real PUMS microdata, ρ = 1.0 in all, 0.05 per query), each in a fresh session `s`:
+///
+/// >>> import dpfusion
+/// >>> s = dpfusion.Session("config/pums.toml")
+/// >>> r = s.sql("SELECT sex, COUNT(*) AS n FROM pums GROUP BY sex ORDER BY sex")
+/// >>> r.columns, len(r)
+/// (['sex', 'n'], 2)
 #[pymodule]
 #[pyo3(name = "dpfusion")]
 fn dpfusion_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
