@@ -162,6 +162,18 @@ class Release:
         (['sex', 'n'], [0, 1])
         """
         ...
+    def chart(self) -> Chart:
+        """The release drawn as bar charts (a `Chart`): one panel per noisy numeric column, one bar per row labelled by
+        its one public column (a GROUP BY key), each with its interval. A release without exactly one key among its
+        columns raises `dpfusion.Error` (`invalid_parameter`). Post-processing: nothing is spent.
+
+        >>> r = s.sql("SELECT race, COUNT(*) AS n, AVG(income) AS income FROM pums GROUP BY race ORDER BY race")
+        >>> r.chart()
+        dpfusion.Chart(panels=['n', 'income'], bars=12)
+        >>> round(s.budget()["rho_spent"], 9)
+        0.05
+        """
+        ...
     def __len__(self) -> int: ...
     def _repr_html_(self) -> str: ...
 
@@ -258,6 +270,57 @@ class MarginalRelease:
         {'race': 6, 'sex': 2}
         """
         ...
+    def chart(self) -> Chart:
+        """The histograms drawn as bar charts (a `Chart`): one panel per column, one bar per key, each with its
+        interval `± ci_half_width`. Post-processing: nothing is spent.
+
+        >>> s.marginals("pums", ["sex", "race"], rho=0.05).chart()
+        dpfusion.Chart(panels=['sex', 'race'], bars=8)
+        """
+        ...
+
+class Chart:
+    """Bar charts of a release (`Release.chart()`, `MarginalRelease.chart()`): one panel per noisy column, one bar per
+    released cell labelled by its public key, each with its confidence interval as an error bar, and a caption with
+    σ, ρ and the confidence level. Drawn from the released numbers only (post-processing: it costs nothing). A
+    notebook shows it inline (`_repr_svg_`).
+
+    >>> c = s.sql("SELECT sex, COUNT(*) AS n FROM pums GROUP BY sex ORDER BY sex").chart()
+    >>> c
+    dpfusion.Chart(panels=['n'], bars=2)
+    >>> c.svg.startswith("<svg")
+    True
+    """
+
+    @property
+    def svg(self) -> str:
+        """The chart as an SVG document (text). Its fonts are the viewer's `sans-serif`.
+
+        >>> svg = s.marginals("pums", ["sex"], rho=0.05).chart().svg
+        >>> import xml.etree.ElementTree as ET
+        >>> ET.fromstring(svg).tag
+        '{http://www.w3.org/2000/svg}svg'
+        """
+        ...
+    def to_png(self) -> bytes:
+        """The chart as a PNG image (bytes), its text set in the bundled DejaVu Sans.
+
+        >>> png = s.sql("SELECT sex, COUNT(*) AS n FROM pums GROUP BY sex").chart().to_png()
+        >>> png[1:4]
+        b'PNG'
+        """
+        ...
+    def save(self, path: Union[str, PathLike[str]]) -> None:
+        """Writes the chart to `path`, as SVG or PNG by its extension (`.svg`, `.png`); an existing file is replaced.
+
+        >>> import os, tempfile
+        >>> path = os.path.join(tempfile.mkdtemp(), "by-sex.svg")
+        >>> s.sql("SELECT sex, COUNT(*) AS n FROM pums GROUP BY sex").chart().save(path)
+        >>> open(path).read(4)
+        '<svg'
+        """
+        ...
+    def _repr_svg_(self) -> str: ...
 
 class Session:
     """A differentially private SQL session over private tables, with its privacy budget.

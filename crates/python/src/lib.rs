@@ -8,9 +8,10 @@
 //! added or removed; every guarantee of the engine is stated under it, and so is this module's.
 //!
 //! Layout: `session.rs` (the `Session` class: opening, queries, budget, registering data), `release.rs` (the
-//! `Release`, `Explanation` and `MarginalRelease` classes), `errors.rs` (the exception classes and how each engine
+//! `Release`, `Explanation` and `MarginalRelease` classes), `chart.rs` (the `Chart` class), `errors.rs` (the exception classes and how each engine
 //! error maps to one), `run.rs` (the Tokio runtime, the GIL released while a query runs, Ctrl-C).
 
+mod chart;
 mod errors;
 mod release;
 mod run;
@@ -49,6 +50,7 @@ fn dpfusion_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<release::Release>()?;
     m.add_class::<release::Explanation>()?;
     m.add_class::<release::MarginalRelease>()?;
+    m.add_class::<chart::Chart>()?;
     errors::add(m)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
