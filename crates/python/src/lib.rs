@@ -9,13 +9,16 @@
 //!
 //! Layout: `session.rs` (the `Session` class: opening, queries, budget, registering data), `release.rs` (the
 //! `Release`, `Explanation` and `MarginalRelease` classes), `chart.rs` (the `Chart` class), `errors.rs` (the exception classes and how each engine
-//! error maps to one), `run.rs` (the Tokio runtime, the GIL released while a query runs, Ctrl-C).
+//! error maps to one), `run.rs` (the Tokio runtime, the GIL released while a query runs, Ctrl-C), `testing.rs` (tests only: the
+//! `test-util` feature, never in a wheel built without it).
 
 mod chart;
 mod errors;
 mod release;
 mod run;
 mod session;
+#[cfg(feature = "test-util")]
+mod testing;
 
 use pyo3::prelude::*;
 
@@ -52,6 +55,8 @@ fn dpfusion_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<release::MarginalRelease>()?;
     m.add_class::<chart::Chart>()?;
     errors::add(m)?;
+    #[cfg(feature = "test-util")]
+    testing::add(m)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

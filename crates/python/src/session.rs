@@ -53,6 +53,14 @@ fn to_toml(v: &Value, what: &str) -> PyResult<String> {
     })
 }
 
+impl Session {
+    /// The engine session (tests only: the `test-util` functions reach it).
+    #[cfg(feature = "test-util")]
+    pub(crate) fn inner(&self) -> &RwLock<DpSession> {
+        &self.inner
+    }
+}
+
 #[pymethods]
 impl Session {
     // Opens the session a configuration file describes (Python shows the class's docstring for it).
