@@ -4,8 +4,8 @@
 //! (so DataFusion is the build `cargo test` already made: this test fails if maturin compiles it again), then
 //! pytest, whose output is the failure message if any Python test fails (or is skipped).
 //!
-//! The extension is built with the package's `test-util` feature (the engine's predictable noise, for the
-//! neighbouring audit); a build without the feature has none, which
+//! The extension is built with the package's `test-util` feature (the engine's predictable noise and a table whose
+//! scan waits, for the neighbouring audit and the Ctrl-C test); a build without the feature has neither, which
 //! [`the_default_python_build_has_no_test_util`] checks.
 //!
 //! The neighbouring audit through Python (tests/test_audit.py) must give the numbers the Rust audit gives:
