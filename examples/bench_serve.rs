@@ -5,7 +5,9 @@
 //! ```text
 //! cargo build --release --bin dpfusion --example bench_serve
 //! $CARGO_TARGET_DIR/release/examples/bench_serve [--secs 10] [--bin $CARGO_TARGET_DIR/release/dpfusion]
+//!     [--in-memory] [--clients 1,8,32]
 //! ```
+//! `--in-memory` serves the table from memory (`in_memory = true`) instead of reading its CSV on every query.
 //! The server runs as its own process (the `dpfusion serve` binary) over the bundled PUMS demo with a durable
 //! ledger; every client is its own analyst (own budget, so one analyst's accounting does not serialise the
 //! others), and every query is a real release: validated, priced, debited durably, run and noised. The
@@ -28,13 +30,16 @@ fn arg(args: &[String], name: &str) -> Option<String> {
 }
 
 /// The demo configuration with a large budget and a durable ledger in `dir`, serving on `port`.
-fn config_text(dir: &Path, port: u16) -> Res<String> {
+fn config_text(dir: &Path, port: u16, in_memory: bool) -> Res<String> {
     let root = env!("CARGO_MANIFEST_DIR");
-    let base = std::fs::read_to_string(format!("{root}/config/pums.toml"))?
+    let mut base = std::fs::read_to_string(format!("{root}/config/pums.toml"))?
         .replace("../examples", &format!("{root}/examples"))
         .replace("rho = 1.0 ", "rho = 1000000.0 ");
+    if in_memory {
+        base = base.replace("format = \"csv\"", "format = \"csv\"\nin_memory = true");
+    }
     Ok(format!(
-        "{base}\n[ledger]\npath = \"{}\"\n\n[server]\nlisten = \"127.0.0.1:{port}\"\nmax_connections = 256\n",
+        "{base}\n[ledger]\npath = \"{}\"\n\n[server]\nlisten = \"127.0.0.1:{port}\"\nmax_connections = 256\nmax_connections_per_analyst = 128\n",
         dir.join("ledger.sqlite").display()
     ))
 }
@@ -113,6 +118,12 @@ impl Drop for Stop {
 async fn main() -> Res<()> {
     let args: Vec<String> = std::env::args().collect();
     let secs: f64 = arg(&args, "--secs").and_then(|s| s.parse().ok()).unwrap_or(10.0);
+    let in_memory = args.iter().any(|a| a == "--in-memory");
+    let clients: Vec<usize> = arg(&args, "--clients")
+        .unwrap_or_else(|| "1,8,32".into())
+        .split(',')
+        .map(|c| c.trim().parse())
+        .collect::<Result<_, _>>()?;
     let bin = match arg(&args, "--bin") {
         Some(b) => PathBuf::from(b),
         None => std::env::current_exe()?.parent().and_then(Path::parent).ok_or("no target dir")?.join("dpfusion"),
@@ -121,11 +132,14 @@ async fn main() -> Res<()> {
     std::fs::create_dir_all(&dir)?;
     let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
     let config = dir.join("server.toml");
-    std::fs::write(&config, config_text(&dir, port)?)?;
+    std::fs::write(&config, config_text(&dir, port, in_memory)?)?;
 
     let db = LedgerDb::open(&dir.join("ledger.sqlite"), Duration::from_secs(30))?;
     let verifier = dpfusion_server::scram::verifier(PASSWORD);
-    for i in 0..33 {
+    // Analysts bench0… for the storms, and one more (`spare`) for the login and idle-connection measures.
+    let most = clients.iter().copied().max().unwrap_or(1).max(32);
+    let spare = format!("bench{most}");
+    for i in 0..=most {
         db.add_analyst(&format!("bench{i}"), &verifier, Rho::new(1e6)?, None, "benchmark")?;
     }
     drop(db);
@@ -140,14 +154,15 @@ async fn main() -> Res<()> {
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    println!("server: {} (pid {pid}), {secs} s per row, query `{QUERY}`\n", bin.display());
+    let source = if in_memory { "table in memory" } else { "CSV read per query" };
+    println!("server: {} (pid {pid}), {secs} s per row, query `{QUERY}`, {source}\n", bin.display());
 
     // SCRAM login: TCP connect, startup, SCRAM-SHA-256 (4096 iterations of PBKDF2 on the client), the analyst's
     // session and catalog built, ReadyForQuery.
     let mut logins = Vec::new();
     for _ in 0..50 {
         let t = Instant::now();
-        let c = connect(port, "bench32").await?;
+        let c = connect(port, &spare).await?;
         logins.push(t.elapsed().as_secs_f64());
         drop(c);
     }
@@ -163,7 +178,7 @@ async fn main() -> Res<()> {
     let before = rss_kib(pid)?;
     let mut idle = Vec::new();
     for _ in 0..100 {
-        idle.push(connect(port, "bench32").await?);
+        idle.push(connect(port, &spare).await?);
     }
     tokio::time::sleep(Duration::from_millis(500)).await;
     let after = rss_kib(pid)?;
@@ -174,13 +189,13 @@ async fn main() -> Res<()> {
     drop(idle);
 
     println!("\n| side | clients | queries | queries/s | p50 ms | p99 ms |\n|---|---:|---:|---:|---:|---:|");
-    for clients in [1, 8, 32] {
-        let lat = storm(port, clients, secs).await?;
-        report("wire", clients, secs, lat);
+    for &n in &clients {
+        let lat = storm(port, n, secs).await?;
+        report("wire", n, secs, lat);
     }
 
     // The same query in-process: a DpSession with its own durable ledger.
-    let text = config_text(&dir, 0)?.replace("ledger.sqlite", "inprocess.sqlite");
+    let text = config_text(&dir, 0, in_memory)?.replace("ledger.sqlite", "inprocess.sqlite");
     let s = DpSession::from_config(&SessionConfig::from_toml_str(&text, Path::new("."))?).await?;
     s.sql(QUERY).await?;
     let end = Instant::now() + Duration::from_secs_f64(secs);

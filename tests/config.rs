@@ -105,3 +105,29 @@ async fn missing_or_broken_data_is_a_config_error() {
     let e = dpfusion::DpSession::open(root().join("config/nope.toml")).await.err().expect("must fail");
     assert!(matches!(e, DpError::Io { .. }), "{e}");
 }
+
+/// `in_memory = true` reads the files once, at start: the same seeded answers as reading the files on every query,
+/// and the files are not read again (emptying the file changes the file-backed table's answers, not the other's).
+#[tokio::test]
+async fn an_in_memory_table_answers_as_its_files_did_at_start() {
+    let dir = crate::support::TempDir::new("in-memory");
+    let csv = dir.join("pums.csv");
+    std::fs::copy(root().join("examples/data/pums_dup.csv"), &csv).unwrap();
+    let text = crate::support::pums_config("pums_dup.csv", 100.0, 2, 1)
+        .replace("examples/data/pums_dup.csv", &csv.to_string_lossy());
+    let memory =
+        crate::support::session_from(&text.replace("format = \"csv\"", "format = \"csv\"\nin_memory = true")).await;
+    let files = crate::support::session_from(&text).await;
+    async fn answer(s: &dpfusion::DpSession, seed: u64) -> Vec<Vec<f64>> {
+        s.insecure_reseed_for_tests(seed).unwrap();
+        let sql = "SELECT sex, COUNT(*), SUM(income), AVG(age) FROM pums GROUP BY sex ORDER BY sex";
+        let r = crate::support::release(s, sql).await;
+        (1..4).map(|c| crate::support::column_f64(&r, c)).collect()
+    }
+    let before = answer(&memory, 11).await;
+    assert_eq!(before, answer(&files, 11).await);
+    let header = std::fs::read_to_string(&csv).unwrap().lines().next().unwrap().to_string();
+    std::fs::write(&csv, format!("{header}\n")).unwrap();
+    assert_eq!(answer(&memory, 11).await, before);
+    assert_ne!(answer(&files, 11).await, before);
+}

@@ -312,3 +312,37 @@ fn the_handles_of_one_budget_share_what_they_read() {
     let fresh = SqliteLedger::open(&path, "b", rho(1.0), Duration::from_secs(5)).unwrap().epsilon(1e-6).unwrap();
     assert!(e2 > e1 && e2 == fresh.epsilon, "{e1} {e2} {}", fresh.epsilon);
 }
+
+/// A ledger of format 3 (no stored ordinals: each charge's number was counted over the whole history on every
+/// charge) is upgraded when opened: every existing charge keeps its number within its own budget, and the next
+/// charge of each budget follows on.
+#[test]
+fn a_format_3_ledger_gets_each_charges_number_per_budget() {
+    let dir = TempDir::new("v3");
+    let path = dir.join("ledger.db");
+    let open = |b: &str| SqliteLedger::open(&path, b, rho(1.0), Duration::from_secs(5)).unwrap();
+    let cal = || vec![calibrate::gaussian(2.0, rho(0.01)).unwrap()];
+    {
+        let (a, b) = (open("a"), open("b"));
+        for (l, id) in [(&a, "a1"), (&b, "b1"), (&a, "a2"), (&b, "b2"), (&a, "a3")] {
+            l.claim("SELECT COUNT(*) FROM pums", id, &[], cal()).unwrap();
+        }
+    }
+    let conn = rusqlite::Connection::open(&path).unwrap();
+    conn.execute_batch(
+        "DROP INDEX charges_ordinal; ALTER TABLE charges DROP COLUMN ordinal;
+         UPDATE meta SET value = '3' WHERE key = 'format';",
+    )
+    .unwrap();
+    drop(conn);
+    let (a, b) = (open("a"), open("b"));
+    let number = |l: &SqliteLedger, id: &str| match l.prior(id).unwrap() {
+        dpfusion::accounting::ledger::Prior::Charged(c) => c.id(),
+        other => panic!("{id}: {other:?}"),
+    };
+    let numbers: Vec<u64> =
+        [(&a, "a1"), (&a, "a2"), (&a, "a3"), (&b, "b1"), (&b, "b2")].iter().map(|(l, id)| number(l, id)).collect();
+    assert_eq!(numbers, [1, 2, 3, 1, 2]);
+    assert_eq!(a.charge("next", &[], cal()).unwrap().charge().id(), 4);
+    assert_eq!(b.charge("next", &[], cal()).unwrap().charge().id(), 3);
+}

@@ -396,16 +396,14 @@ async fn run(cli: Cli) -> Result<bool, DpError> {
     }
 }
 
-/// Stack of the runtime's threads (bytes).
-const WORKER_STACK: usize = 16 << 20;
-
 /// Entry point of the binary: parses arguments, runs, returns the exit status (0: every statement answered).
 pub(crate) fn main() -> i32 {
     let cli = Cli::parse();
-    // Worker and blocking threads get 16 MiB stacks (tokio's default is 2 MiB): DataFusion runs a plan's
-    // partitions as tasks on them, outside the planning stack of the statement that spawned them. Statements are
-    // bounded (MAX_OPERATORS, MAX_NESTING) so that 2 MiB suffices; this is the margin. Reserved, not committed.
-    let rt = match tokio::runtime::Builder::new_multi_thread().thread_stack_size(WORKER_STACK).enable_all().build() {
+    // Worker and blocking threads get WORKER_STACK (tokio's default is 2 MiB): the server's statements run on
+    // them, and with this much a statement's planning stack is the thread's own (no segment mapped per poll);
+    // DataFusion also runs a plan's partitions as tasks on them. Reserved address space, not committed memory.
+    let stack = dpfusion::session::WORKER_STACK;
+    let rt = match tokio::runtime::Builder::new_multi_thread().thread_stack_size(stack).enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("error: cannot start the async runtime: {e}");

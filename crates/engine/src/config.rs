@@ -261,6 +261,10 @@ pub struct TableConfig {
     /// record never affects another line; with true, the data owner answers for the file's quoting).
     #[serde(default)]
     pub multiline_fields: bool,
+    /// Read the table's files once, when the session (or server) starts, and answer every query from memory
+    /// (default false: every query reads the files). Changes to the files are seen after a restart.
+    #[serde(default)]
+    pub in_memory: bool,
     /// The privacy-unit column; absent means every row is its own unit.
     pub privacy_unit: Option<String>,
     /// Most rows one unit may contribute (per group in a GROUP BY).
@@ -323,6 +327,8 @@ pub struct TableSource {
     pub columns: BTreeMap<String, ColumnType>,
     /// Privacy policy.
     pub policy: TablePolicy,
+    /// Read once into memory at start ([`TableConfig::in_memory`]).
+    pub in_memory: bool,
 }
 
 /// The validated session configuration.
@@ -559,5 +565,5 @@ fn table_source(name: &str, t: TableConfig, base_dir: &Path) -> Result<TableSour
         columns,
     };
     policy.validate(name)?;
-    Ok(TableSource { path: resolve(base_dir, &t.path), format, columns: types, policy })
+    Ok(TableSource { path: resolve(base_dir, &t.path), format, columns: types, policy, in_memory: t.in_memory })
 }

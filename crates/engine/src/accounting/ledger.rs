@@ -209,9 +209,10 @@ impl Ledger for MemoryLedger {
 }
 
 /// The on-disk format version this build reads and writes. Version 2 added the stored draws; version 3 the
-/// analysts, the tables' global caps and the tables each charge read. Older files are upgraded when opened
-/// (see [`LedgerDb::open`]).
-pub const FORMAT_VERSION: i64 = 3;
+/// analysts, the tables' global caps and the tables each charge read; version 4 each charge's ordinal within its
+/// budget (indexed, so a charge costs O(log n) whatever the history). Older files are upgraded when opened (see
+/// [`LedgerDb::open`]).
+pub const FORMAT_VERSION: i64 = 4;
 const APPLICATION: &str = "dpfusion-ledger";
 
 /// A ledger file: its budgets, its analysts and the tables' global caps. One connection, shared by every budget
@@ -353,6 +354,21 @@ impl LedgerDb {
             )
             .map_err(|e| write_error(display, e))?;
         }
+        let has_ordinal: i64 = tx
+            .query_row("SELECT count(*) FROM pragma_table_info('charges') WHERE name = 'ordinal'", [], |r| r.get(0))
+            .map_err(|e| sql_error(display, e))?;
+        if has_ordinal == 0 {
+            // Before version 4 a charge's ordinal was counted on every charge (O(n) in the whole history).
+            tx.execute_batch(
+                "ALTER TABLE charges ADD COLUMN ordinal INTEGER;
+                 UPDATE charges SET ordinal = o.n FROM
+                   (SELECT id, row_number() OVER (PARTITION BY budget ORDER BY id) AS n FROM charges) AS o
+                 WHERE o.id = charges.id;",
+            )
+            .map_err(|e| write_error(display, e))?;
+        }
+        tx.execute("CREATE INDEX IF NOT EXISTS charges_ordinal ON charges (budget, ordinal)", [])
+            .map_err(|e| write_error(display, e))?;
         tx.execute("INSERT OR REPLACE INTO meta VALUES ('format', ?1)", params![FORMAT_VERSION.to_string()])
             .map_err(|e| write_error(display, e))?;
         tx.commit().map_err(|e| write_error(display, e))
@@ -433,7 +449,7 @@ impl SqliteLedger {
 
     /// The budget's (total, spent), read on `conn` (inside a transaction when the caller holds one).
     fn read_budget(&self, conn: &Connection) -> Result<(f64, f64)> {
-        conn.query_row("SELECT total, spent FROM budgets WHERE name = ?1", params![self.budget], |r| {
+        row(conn, "SELECT total, spent FROM budgets WHERE name = ?1", params![self.budget], |r| {
             Ok((r.get(0)?, r.get(1)?))
         })
         .map_err(|e| sql_error(&self.display(), e))
@@ -447,7 +463,9 @@ impl SqliteLedger {
             // The file's connection is shared by every budget of a server: held for the read only.
             let conn = self.conn()?;
             let mut st = conn
-                .prepare("SELECT id, label, rho, measurements FROM charges WHERE budget = ?1 AND id > ?2 ORDER BY id")
+                .prepare_cached(
+                    "SELECT id, label, rho, measurements FROM charges WHERE budget = ?1 AND id > ?2 ORDER BY id",
+                )
                 .map_err(|e| sql_error(&self.display(), e))?;
             st.query_map(params![self.budget, read.0], Self::read_charge)
                 .map_err(|e| sql_error(&self.display(), e))?
@@ -479,11 +497,9 @@ impl SqliteLedger {
     /// The number a charge shows ([`Charge::id`]): its place among this budget's charges, from 1. The file's row
     /// id is global across budgets; shown to an analyst it would count the other analysts' queries.
     fn ordinal(&self, conn: &Connection, row_id: i64) -> Result<u64> {
-        conn.query_row(
-            "SELECT count(*) FROM charges WHERE budget = ?1 AND id <= ?2",
-            params![self.budget, row_id],
-            |r| r.get::<_, i64>(0),
-        )
+        row(conn, "SELECT ordinal FROM charges WHERE budget = ?1 AND id = ?2", params![self.budget, row_id], |r| {
+            r.get::<_, i64>(0)
+        })
         .map(|n| n.max(0) as u64)
         .map_err(|e| sql_error(&self.display(), e))
     }
@@ -517,8 +533,8 @@ impl SqliteLedger {
                 return Ok(Claim::known(prior));
             }
         }
-        let analyst: Option<(String, i64, Option<String>)> = tx
-            .query_row("SELECT name, disabled, tables FROM analysts WHERE budget = ?1", params![self.budget], |r| {
+        let analyst: Option<(String, i64, Option<String>)> =
+            row(&tx, "SELECT name, disabled, tables FROM analysts WHERE budget = ?1", params![self.budget], |r| {
                 Ok((r.get(0)?, r.get(1)?, r.get(2)?))
             })
             .optional()
@@ -543,8 +559,8 @@ impl SqliteLedger {
         let new_spent = filter.check(rho)?;
         let mut capped = Vec::new();
         for t in tables {
-            let cap: Option<(f64, f64)> = tx
-                .query_row("SELECT cap, spent FROM table_caps WHERE name = ?1", params![t], |r| {
+            let cap: Option<(f64, f64)> =
+                row(&tx, "SELECT cap, spent FROM table_caps WHERE name = ?1", params![t], |r| {
                     Ok((r.get(0)?, r.get(1)?))
                 })
                 .optional()
@@ -556,22 +572,24 @@ impl SqliteLedger {
                 capped.push((t, after));
             }
         }
-        tx.execute(
-            "INSERT INTO charges (budget, at, label, request_id, rho, measurements) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+        exec(
+            &tx,
+            "INSERT INTO charges (budget, at, label, request_id, rho, measurements, ordinal)
+             SELECT ?1, ?2, ?3, ?4, ?5, ?6, coalesce(max(ordinal), 0) + 1 FROM charges WHERE budget = ?1",
             params![self.budget, now(), label, request_id, rho.get(), text],
         )
         .map_err(|e| sql_error(&display, e))?;
         let id = tx.last_insert_rowid();
         let ordinal = self.ordinal(&tx, id)?;
         for t in tables {
-            tx.execute("INSERT OR IGNORE INTO charge_tables (charge, name) VALUES (?1, ?2)", params![id, t])
+            exec(&tx, "INSERT OR IGNORE INTO charge_tables (charge, name) VALUES (?1, ?2)", params![id, t])
                 .map_err(|e| sql_error(&display, e))?;
         }
         for (t, after) in capped {
-            tx.execute("UPDATE table_caps SET spent = ?1 WHERE name = ?2", params![after.get(), t])
+            exec(&tx, "UPDATE table_caps SET spent = ?1 WHERE name = ?2", params![after.get(), t])
                 .map_err(|e| sql_error(&display, e))?;
         }
-        tx.execute("UPDATE budgets SET spent = ?1 WHERE name = ?2", params![new_spent.get(), self.budget])
+        exec(&tx, "UPDATE budgets SET spent = ?1 WHERE name = ?2", params![new_spent.get(), self.budget])
             .map_err(|e| sql_error(&display, e))?;
         tx.commit().map_err(|e| sql_error(&display, e))?;
         Ok(Claim::New(Debit::new(Charge::new(ordinal, label.to_string(), measurements, rho))))
@@ -580,17 +598,18 @@ impl SqliteLedger {
     /// What is stored for `request_id`, read on `conn` (inside a transaction when the caller holds one).
     fn read_prior(&self, conn: &Connection, request_id: &str) -> Result<Prior> {
         let display = self.display();
-        let row = conn
-            .query_row(
-                "SELECT id, label, rho, measurements FROM charges WHERE budget = ?1 AND request_id = ?2",
-                params![self.budget, request_id],
-                Self::read_charge,
-            )
-            .optional()
-            .map_err(|e| sql_error(&display, e))?;
-        let Some(row) = row else { return Ok(Prior::None) };
+        let found = row(
+            conn,
+            "SELECT id, label, rho, measurements FROM charges WHERE budget = ?1 AND request_id = ?2",
+            params![self.budget, request_id],
+            Self::read_charge,
+        )
+        .optional()
+        .map_err(|e| sql_error(&display, e))?;
+        let Some(found) = found else { return Ok(Prior::None) };
         let body = |table: &str| -> Result<Option<Vec<u8>>> {
-            conn.query_row(
+            row(
+                conn,
                 &format!("SELECT body FROM {table} WHERE budget = ?1 AND request_id = ?2"),
                 params![self.budget, request_id],
                 |r| r.get(0),
@@ -599,13 +618,29 @@ impl SqliteLedger {
             .map_err(|e| sql_error(&display, e))
         };
         let (release, draw) = (body("releases")?, body("draws")?);
-        let charge = self.decode(self.ordinal(conn, row.0)?, row)?;
+        let charge = self.decode(self.ordinal(conn, found.0)?, found)?;
         Ok(match (release, draw) {
             (Some(r), _) => Prior::Released(charge, r),
             (None, Some(d)) => Prior::Drawn(charge, d),
             (None, None) => Prior::Charged(charge),
         })
     }
+}
+
+/// `conn.query_row(sql, …)` with the statement prepared once per connection and cached: the ledger runs the same
+/// few statements on every charge, and preparing them again cost more than running them.
+fn row<T, P: rusqlite::Params>(
+    conn: &Connection,
+    sql: &str,
+    params: P,
+    f: impl FnOnce(&rusqlite::Row<'_>) -> rusqlite::Result<T>,
+) -> rusqlite::Result<T> {
+    conn.prepare_cached(sql)?.query_row(params, f)
+}
+
+/// `conn.execute(sql, …)` with the statement cached, as [`row`].
+fn exec<P: rusqlite::Params>(conn: &Connection, sql: &str, params: P) -> rusqlite::Result<usize> {
+    conn.prepare_cached(sql)?.execute(params)
 }
 
 fn open_error(path: &str, e: rusqlite::Error) -> DpError {

@@ -35,8 +35,8 @@ mod statement;
 
 pub use explain::{ExplainedMeasure, Explanation};
 pub use post::POST_MEMORY;
-pub use prepare::PLANNING_STACK;
 pub use prepare::grow_stack;
+pub use prepare::{PLANNING_STACK, WORKER_STACK};
 pub(crate) use private::SealedScanExec;
 #[cfg(test)]
 pub(crate) use private::private_context;
@@ -116,6 +116,8 @@ pub struct DpSession {
     progress: crate::progress::Progress,
     /// The ε of the query shapes this session priced last.
     quotes: crate::accounting::convert::QuoteMemo,
+    /// The checked plans of the statements this session prepared last.
+    plans: prepare::PlanMemo,
 }
 
 impl DpSession {
@@ -173,7 +175,7 @@ impl DpSession {
             s.owner_log = Some(Arc::new(OwnerLog::open(p)?));
         }
         for (name, src) in &cfg.tables {
-            s.register_source(name, src)?;
+            s.register_source(name, src).await?;
         }
         Ok(s)
     }
@@ -237,6 +239,7 @@ impl DpSession {
             owner_log: None,
             progress: Default::default(),
             quotes: Default::default(),
+            plans: Default::default(),
         })
     }
 }
@@ -273,6 +276,7 @@ impl DpSession {
             owner_log: self.owner_log.clone(),
             progress: Default::default(),
             quotes: Default::default(),
+            plans: Default::default(),
         })
     }
 

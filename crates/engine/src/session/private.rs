@@ -132,18 +132,32 @@ impl PrivateTables {
         Some(sealed.inner.downcast_ref::<crate::source::text::TextTable>()?.bytes())
     }
 
-    /// Optimizes a bounded private plan, checks the plan that will run (every constant evaluates, every expression
-    /// is total) and plans it physically: what this returns is exactly what runs after the debit. Reads nothing.
-    pub(crate) async fn plan(&self, bounded: &LogicalPlan) -> Result<(LogicalPlan, PrivatePlan)> {
-        let state = self.ctx.state();
-        let private = state.optimize(bounded).map_err(|e| refused("optimized", e))?;
+    /// Optimizes a bounded private plan and checks the plan that will run (every constant evaluates, every
+    /// expression is total): what this returns is exactly what runs after the debit, once planned physically
+    /// ([`PrivateTables::physical`]). Reads nothing.
+    pub(crate) fn optimize(&self, bounded: &LogicalPlan) -> Result<LogicalPlan> {
+        let private = self.ctx.state().optimize(bounded).map_err(|e| refused("optimized", e))?;
         // The optimizer folds what it can and keeps what fails for run time: check the plan that runs, again.
         size::check_constant_sizes(&private)?;
         safety::check_constants(&private)?;
         safety::check_total(&private)?;
+        Ok(private)
+    }
+
+    /// [`PrivateTables::optimize`], then [`PrivateTables::physical`].
+    pub(crate) async fn plan(&self, bounded: &LogicalPlan) -> Result<(LogicalPlan, PrivatePlan)> {
+        let private = self.optimize(bounded)?;
+        let physical = self.physical(&private).await?;
+        Ok((private, physical))
+    }
+
+    /// The physical plan of an optimized and checked private plan ([`PrivateTables::optimize`]): a fresh one on
+    /// every call (an executed plan may keep state), of exactly that logical plan. Reads nothing.
+    pub(crate) async fn physical(&self, private: &LogicalPlan) -> Result<PrivatePlan> {
+        let state = self.ctx.state();
         let physical =
-            state.query_planner().create_physical_plan(&private, &state).await.map_err(|e| refused("planned", e))?;
-        Ok((private, PrivatePlan { physical }))
+            state.query_planner().create_physical_plan(private, &state).await.map_err(|e| refused("planned", e))?;
+        Ok(PrivatePlan { physical })
     }
 
     /// Opens the tables for the release `debit` pays for: the returned handle runs private plans until it is

@@ -13,10 +13,15 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 impl DpSession {
-    pub(crate) fn register_source(&mut self, name: &str, src: &TableSource) -> Result<()> {
-        let provider = crate::source::provider(name, src, self.owner_log.clone())?;
+    pub(crate) async fn register_source(&mut self, name: &str, src: &TableSource) -> Result<()> {
+        let mut provider = crate::source::provider(name, src, self.owner_log.clone())?;
+        if src.in_memory {
+            let partitions = self.tables.state().config().target_partitions();
+            provider = crate::source::into_memory(name, provider, partitions).await?;
+        }
         check_policy_columns(name, provider.schema().as_ref(), &src.policy)?;
         self.tables.register(name, provider)?;
+        self.plans.clear();
         self.policies.insert(name.to_string(), src.policy.clone());
         Ok(())
     }
@@ -54,6 +59,7 @@ impl DpSession {
         policy.validate(name)?;
         check_policy_columns(name, provider.schema().as_ref(), &policy)?;
         self.tables.register(name, provider)?;
+        self.plans.clear();
         self.policies.insert(name.to_string(), policy);
         Ok(())
     }

@@ -101,6 +101,34 @@ pub fn provider(name: &str, src: &TableSource, log: Option<Arc<OwnerLog>>) -> Re
     })
 }
 
+/// `provider`'s rows read once into an in-memory table of the same schema, in `partitions` partitions (batches
+/// dealt round-robin, so scans run in parallel): what a table with `in_memory = true` answers every query from.
+///
+/// This is the data owner's load at start, like reading a table's metadata: no analyst statement triggers it, and
+/// the rows go straight into the private tables' sealed context. A read that fails is a configuration error for
+/// the owner (the text reader turns unparseable values into NULL, so only I/O fails).
+pub async fn into_memory(
+    name: &str,
+    provider: Arc<dyn TableProvider>,
+    partitions: usize,
+) -> Result<Arc<dyn TableProvider>> {
+    use datafusion::datasource::MemTable;
+    let fail = |e: datafusion::error::DataFusionError| {
+        DpError::Config(format!("[tables.{name}] cannot read the table into memory: {e}"))
+    };
+    let ctx = datafusion::prelude::SessionContext::new();
+    let state = ctx.state();
+    let scan = provider.scan(&state, None, &[], None).await.map_err(fail)?;
+    let batches = datafusion::physical_plan::collect(scan, ctx.task_ctx()).await.map_err(fail)?;
+    let n = partitions.max(1);
+    let mut parts = vec![Vec::new(); n];
+    for (i, b) in batches.into_iter().filter(|b| b.num_rows() > 0).enumerate() {
+        parts[i % n].push(b);
+    }
+    let table = MemTable::try_new(provider.schema(), parts).map_err(fail)?;
+    Ok(Arc::new(table))
+}
+
 /// A Parquet table: every file's metadata is read now (a file that is not valid Parquet is a configuration
 /// error, even one that makes the Parquet reader panic) and its types checked against the declaration.
 fn parquet(
