@@ -1,8 +1,7 @@
 //! The `dpfusion` command: a thin front-end over the engine library (`dpfusion`) and the server
 //! (`dpfusion-server`). Every privacy decision is the engine's; this crate only parses arguments, reads files,
-//! prints and draws.
+//! prints and draws (the charts are `dpfusion-charts`).
 
-mod chart;
 mod cli;
 
 fn main() {

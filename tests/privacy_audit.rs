@@ -52,7 +52,9 @@ fn dataset(with_x: bool) -> RecordBatch {
     .unwrap()
 }
 
-fn session(with_x: bool, rho: f64) -> DpSession {
+/// The audit's session: table `people` over D (with X) or D′ (without), ρ per query. The Python package's
+/// neighbouring audit (crates/python/tests/test_audit.py, checked by tests/python.rs) uses it too.
+pub(crate) fn session(with_x: bool, rho: f64) -> DpSession {
     let mut cols = BTreeMap::new();
     cols.insert("income".into(), ColumnPolicy::Bounds { lo: 0.0, hi: 500_000.0 });
     cols.insert("sex".into(), ColumnPolicy::Domain(vec![DomainValue::Int(0), DomainValue::Int(1)]));

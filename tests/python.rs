@@ -2,7 +2,15 @@
 //! cargo target directory (made once; its packages installed from the requirements file with pip, again only when
 //! that file changes), the extension built by `maturin develop` into the same target directory with the dev profile
 //! (so DataFusion is the build `cargo test` already made: this test fails if maturin compiles it again), then
-//! pytest, whose output is the failure message if any Python test fails.
+//! pytest, whose output is the failure message if any Python test fails (or is skipped).
+//!
+//! The extension is built with the package's `test-util` feature (the engine's predictable noise and a table whose
+//! scan waits, for the neighbouring audit and the Ctrl-C test); a build without the feature has neither, which
+//! [`the_default_python_build_has_no_test_util`] checks.
+//!
+//! The neighbouring audit through Python (tests/test_audit.py) must give the numbers the Rust audit gives:
+//! [`rust_audit`] computes them here, with the Rust audit's own sessions (`privacy_audit::session`), and hands them
+//! to pytest in `DPFUSION_RUST_AUDIT`.
 //!
 //! `DPFUSION_PYTHON` picks the interpreter (default `python3`); `DPFUSION_SKIP_PYTHON=1` skips this test on a
 //! machine without Python (it says so).
@@ -99,7 +107,7 @@ fn python_package_tests_pass() {
     let build = must(
         "maturin develop",
         Command::new(bin.join("maturin"))
-            .args(["develop", "--manifest-path"])
+            .args(["develop", "--features", "test-util", "--manifest-path"])
             .arg(crate_dir.join("Cargo.toml"))
             .env("VIRTUAL_ENV", &venv)
             .env("PATH", &path)
@@ -119,10 +127,61 @@ fn python_package_tests_pass() {
             .args(["-m", "pytest", "-q", "-p", "no:cacheprovider"])
             .arg(crate_dir.join("tests"))
             .current_dir(root)
+            .env("DPFUSION_RUST_AUDIT", rust_audit())
             .env("PATH", &path)
             .env("PYTHONDONTWRITEBYTECODE", "1"),
         &target.join("python-pytest.log"),
     );
     assert!(ok, "the Python tests failed:\n{output}");
     assert!(output.contains(" passed"), "pytest ran no test:\n{output}");
+    assert!(!output.contains(" skipped"), "a Python test was skipped:\n{output}");
+}
+
+/// The seeds of the neighbouring audit through Python.
+const AUDIT_SEEDS: std::ops::Range<u64> = 0..20;
+
+/// The Rust audit's numbers for one query shape, `SELECT sex, COUNT(*) FROM people GROUP BY sex` at ρ = 0.5 (as
+/// `privacy_audit::group_by_audit`), on D and on D′ = D without the unit X, each run with the noise seeded by each
+/// of [`AUDIT_SEEDS`]: `{"seeds": [...], "d": [[n0, n1], ...], "d_prime": [...]}`. With the same seed both
+/// datasets draw the same noise, so the answers differ by exactly X's bounded contribution: 2 in X's cell (its 4
+/// rows truncated to k = 2, the sensitivity), 0 in the other; checked here, and by the Python test on its own.
+fn rust_audit() -> String {
+    let sql = "SELECT sex, COUNT(*) FROM people GROUP BY sex";
+    let rt = tokio::runtime::Runtime::new().expect("a Tokio runtime");
+    let (d, d_prime) = (crate::privacy_audit::session(true, 0.5), crate::privacy_audit::session(false, 0.5));
+    let mut out = serde_json::Map::new();
+    out.insert("seeds".into(), AUDIT_SEEDS.collect());
+    for (name, s) in [("d", &d), ("d_prime", &d_prime)] {
+        let runs: Vec<Vec<f64>> = AUDIT_SEEDS
+            .map(|seed| {
+                s.insecure_reseed_for_tests(seed).expect("reseeded");
+                let r = rt.block_on(crate::support::release(s, sql));
+                assert_eq!(crate::support::column_f64(&r, 0), [0.0, 1.0], "the domain's keys, in order");
+                crate::support::column_f64(&r, 1)
+            })
+            .collect();
+        out.insert(name.into(), serde_json::json!(runs));
+    }
+    for (a, b) in out["d"].as_array().into_iter().flatten().zip(out["d_prime"].as_array().into_iter().flatten()) {
+        assert_eq!((a[0].as_f64(), a[1].as_f64()), (b[0].as_f64(), b[1].as_f64().map(|n| n + 2.0)), "{a} vs {b}");
+    }
+    serde_json::Value::Object(out).to_string()
+}
+
+/// The `test-util` feature of the Python package (and through it the engine's) is off unless asked for: a wheel
+/// built by `pip install ./crates/python` or `maturin develop` without `--features` has no reseeding.
+#[test]
+fn the_default_python_build_has_no_test_util() {
+    let tree = |extra: &[&str]| {
+        let out = Command::new(env!("CARGO"))
+            .args(["tree", "-p", "dpfusion-python", "-e", "features", "-i", "dpfusion"])
+            .args(extra)
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .output()
+            .expect("cargo tree");
+        assert!(out.status.success(), "cargo tree: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).contains("dpfusion feature \"test-util\"")
+    };
+    assert!(!tree(&[]), "the default build of dpfusion-python turns on the engine's test-util");
+    assert!(tree(&["-F", "dpfusion-python/test-util"]), "the check sees the feature when it is on");
 }

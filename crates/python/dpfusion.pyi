@@ -1,4 +1,17 @@
-"""Type stubs of the `dpfusion` extension module (maturin ships them with py.typed). See README.md."""
+"""Differentially private SQL on Apache DataFusion: `Session` opens private tables under their policies and a
+privacy budget; `Session.sql` answers a query with a noisy `Release` (Arrow, pandas, polars), debited before any
+private row is read. Two datasets are neighbours when one is the other with all rows of one privacy unit added
+or removed; every guarantee is stated under that relation.
+
+The examples of this package's docstrings run from the root of the dpfusion checkout (its demo configuration
+`config/pums.toml`: real PUMS microdata, ρ = 1.0 in all, 0.05 per query), each in a fresh session `s`:
+
+>>> import dpfusion
+>>> s = dpfusion.Session("config/pums.toml")
+>>> r = s.sql("SELECT sex, COUNT(*) AS n FROM pums GROUP BY sex ORDER BY sex")
+>>> r.columns, len(r)
+(['sex', 'n'], 2)
+"""
 
 from os import PathLike
 from typing import Any, Optional, Sequence, Union
@@ -6,65 +19,424 @@ from typing import Any, Optional, Sequence, Union
 __version__: str
 
 def split_statements(text: str) -> list[str]:
-    """The statements of a SQL script, split on `;` outside quotes and comments (as `dpfusion query -f` does)."""
+    """The statements of a SQL script, split on `;` outside quotes and comments, as the `dpfusion` command splits a
+    file (`dpfusion query -f`): each one can be given to `Session.sql`.
+
+    >>> dpfusion.split_statements("SELECT COUNT(*) FROM pums; SELECT 'a;b' AS x")
+    ['SELECT COUNT(*) FROM pums', "SELECT 'a;b' AS x"]
+    """
     ...
 
 class Error(Exception):
-    """Any dpfusion error: `.code` names its kind, `.hint` says what to change (may be empty)."""
+    """Any dpfusion error. `.code` is a stable identifier of its kind (`config_error`, `io_error`,
+    `ledger_error`, ...), `.hint` what to change (may be empty). Its message describes the call, the policy or
+    the budget, never the private data.
+
+    >>> try:
+    ...     dpfusion.Session("no/such.toml")
+    ... except dpfusion.Error as e:
+    ...     print(e.code)
+    io_error
+    """
 
     code: str
     hint: str
 
 class Refused(Error):
-    """The query cannot be answered under the policy; nothing was spent. Carries no private value."""
+    """The query cannot be answered under the privacy policy; nothing was spent. `.code` names the rule
+    (e.g. `raw_rows`), `.hint` says how to write a query that is answered. Whether a query is refused never
+    depends on the data, and a refusal carries no private value.
+
+    >>> try:
+    ...     s.sql("SELECT age FROM pums")
+    ... except dpfusion.Refused as e:
+    ...     print(e.code, s.budget()["rho_spent"])
+    raw_rows 0.0
+    """
 
 class BudgetExhausted(Refused):
-    """The query costs more than what remains (of the budget or a table's cap); nothing was spent."""
+    """The query costs more than what remains of the budget (or of a table's cap); nothing was spent.
+    A subclass of Refused; `.code` is `over_budget` or `table_cap`.
+
+    >>> _ = s.sql("SET dp.rho = 0.6")
+    >>> _ = s.sql("SELECT COUNT(*) AS n FROM pums")
+    >>> try:
+    ...     s.sql("SELECT COUNT(*) AS n FROM pums")
+    ... except dpfusion.BudgetExhausted as e:
+    ...     print(e.code, round(s.budget()["rho_spent"], 9))
+    over_budget 0.6
+    """
 
 class Release:
-    """The noisy answer to one query, debited before it was computed."""
+    """The noisy answer to one query: its table (`to_arrow`, `to_pandas`, `to_polars`), how far off each column may be
+    (`accuracy`) and what it cost (`charge`). Made only by the engine, after the debit. In a notebook it shows as a
+    table with each noisy cell's ± half-width, and the charge.
 
-    accuracy: dict[str, dict[str, Any]]
-    charge: dict[str, Any]
-    budget: dict[str, float]
-    sql: str
-    note: Optional[str]
-    columns: list[str]
-    def to_arrow(self) -> Any: ...
-    def to_pandas(self) -> Any: ...
-    def to_polars(self) -> Any: ...
+    >>> r = s.sql("SELECT sex, COUNT(*) AS n FROM pums GROUP BY sex ORDER BY sex")
+    >>> len(r), r.columns
+    (2, ['sex', 'n'])
+    >>> r.to_arrow().column("sex").to_pylist()     # the keys: the policy's public domain
+    [0, 1]
+    >>> r.accuracy["n"]["ci_half_width"]          # each count is within ±12 of the exact one, at 95%
+    12.0
+    """
+
+    @property
+    def accuracy(self) -> dict[str, dict[str, Any]]:
+        """Per output column: `kind` (`public`, `noisy`, `combined`, `per_row`, `no_interval`) and, for a noisy
+        column, `mechanism`, `std`, `ci_half_width` and `confidence` (the value and the bounded query's exact
+        answer differ by at most the half-width with at least that probability).
+
+        >>> r = s.sql("SELECT sex, COUNT(*) AS n FROM pums GROUP BY sex")
+        >>> a = r.accuracy["n"]
+        >>> a["kind"], a["mechanism"], a["ci_half_width"], a["confidence"]
+        ('noisy', 'discrete_gaussian', 12.0, 0.95)
+        >>> r.accuracy["sex"]
+        {'kind': 'public'}
+        """
+        ...
+    @property
+    def charge(self) -> dict[str, Any]:
+        """What the query cost: `id` (the ledger's charge number), `rho`, and `epsilon` at `delta` of this query.
+
+        >>> c = s.sql("SELECT COUNT(*) AS n FROM pums").charge
+        >>> c["id"], round(c["rho"], 9), round(c["epsilon"], 3), c["delta"]
+        (1, 0.05, 1.369, 1e-06)
+        """
+        ...
+    @property
+    def budget(self) -> dict[str, float]:
+        """The budget after this query: `rho_total`, `rho_spent`, `rho_remaining`, `epsilon`, `delta`.
+
+        >>> b = s.sql("SELECT COUNT(*) AS n FROM pums").budget
+        >>> round(b["rho_spent"], 9), round(b["rho_remaining"], 9)
+        (0.05, 0.95)
+        """
+        ...
+    @property
+    def sql(self) -> str:
+        """The SQL text.
+
+        >>> s.sql("SELECT COUNT(*) AS n FROM pums").sql
+        'SELECT COUNT(*) AS n FROM pums'
+        """
+        ...
+    @property
+    def note(self) -> Optional[str]:
+        """Why the table holds the noisy aggregates rather than the query's own expression, if it does; else None.
+
+        >>> s.sql("SELECT COUNT(*) AS n FROM pums").note is None
+        True
+        """
+        ...
+    @property
+    def columns(self) -> list[str]:
+        """The output column names.
+
+        >>> s.sql("SELECT COUNT(*) AS n, AVG(age) AS mean_age FROM pums").columns
+        ['n', 'mean_age']
+        """
+        ...
+    def to_arrow(self) -> Any:
+        """The result as a `pyarrow.Table`, through the Arrow C stream interface: pyarrow reads the engine's buffers
+        in place (no copy).
+
+        >>> t = s.sql("SELECT sex, COUNT(*) AS n FROM pums GROUP BY sex ORDER BY sex").to_arrow()
+        >>> t.column_names, t.num_rows
+        (['sex', 'n'], 2)
+        """
+        ...
+    def to_pandas(self) -> Any:
+        """The result as a pandas DataFrame (needs pandas).
+
+        >>> df = s.sql("SELECT sex, COUNT(*) AS n FROM pums GROUP BY sex ORDER BY sex").to_pandas()
+        >>> list(df.columns), df["sex"].tolist()
+        (['sex', 'n'], [0, 1])
+        """
+        ...
+    def to_polars(self) -> Any:
+        """The result as a polars DataFrame (needs polars).
+
+        >>> df = s.sql("SELECT sex, COUNT(*) AS n FROM pums GROUP BY sex ORDER BY sex").to_polars()
+        >>> df.columns, df["sex"].to_list()
+        (['sex', 'n'], [0, 1])
+        """
+        ...
+    def chart(self) -> Chart:
+        """The release drawn as bar charts (a `Chart`): one panel per noisy numeric column, one bar per row labelled by
+        its one public column (a GROUP BY key), each with its interval. A release without exactly one key among its
+        columns raises `dpfusion.Error` (`invalid_parameter`). Post-processing: nothing is spent.
+
+        >>> r = s.sql("SELECT race, COUNT(*) AS n, AVG(income) AS income FROM pums GROUP BY race ORDER BY race")
+        >>> r.chart()
+        dpfusion.Chart(panels=['n', 'income'], bars=12)
+        >>> round(s.budget()["rho_spent"], 9)
+        0.05
+        """
+        ...
     def __len__(self) -> int: ...
     def _repr_html_(self) -> str: ...
 
 class Explanation:
-    """EXPLAIN DP: what a query would do and cost; nothing read or spent. `str()` is the report."""
+    """`EXPLAIN DP`: what a query would do and cost. Nothing was read or spent. `str()` is the full report.
 
-    rho: float
-    epsilon: float
-    delta: float
-    outputs: list[tuple[str, str]]
+    >>> e = s.explain("SELECT sex, COUNT(*) AS n FROM pums GROUP BY sex")
+    >>> "nothing was spent" in str(e), s.budget()["rho_spent"]
+    (True, 0.0)
+    """
+
+    @property
+    def rho(self) -> float:
+        """The ρ the query would cost.
+
+        >>> round(s.explain("SELECT COUNT(*) AS n FROM pums").rho, 9)
+        0.05
+        """
+        ...
+    @property
+    def epsilon(self) -> float:
+        """Its ε at `delta`.
+
+        >>> round(s.explain("SELECT COUNT(*) AS n FROM pums").epsilon, 3)
+        1.369
+        """
+        ...
+    @property
+    def delta(self) -> float:
+        """The δ of `epsilon` (the session's `delta`).
+
+        >>> s.explain("SELECT COUNT(*) AS n FROM pums").delta
+        1e-06
+        """
+        ...
+    @property
+    def outputs(self) -> list[tuple[str, str]]:
+        """Per output column, how far off its values will be (or why no interval can be given).
+
+        >>> s.explain("SELECT sex, COUNT(*) AS n FROM pums GROUP BY sex").outputs
+        [('sex', 'public (keys and constants: exact)'), ('n', '± 12 at 95% (discrete_gaussian, std 6.3246)')]
+        """
+        ...
 
 class MarginalRelease:
-    """One-way marginals released in one debit."""
+    """One-way marginals released at once (`Session.marginals`): per column, a noisy count per key of its public
+    domain, all with one Gaussian σ and paid for by one debit.
 
-    plan: dict[str, Any]
-    total: float
-    charge: dict[str, Any]
-    def to_arrow(self) -> Any: ...
-    def to_pandas(self) -> Any: ...
+    >>> m = s.marginals("pums", ["sex", "race"], rho=0.05)
+    >>> m.to_arrow().column("key").to_pylist()
+    ['0', '1', '1', '2', '3', '4', '5', '6']
+    """
+
+    @property
+    def plan(self) -> dict[str, Any]:
+        """The noise and accuracy: `sigma`, `std`, `ci_half_width` (each cell), `max_error` (all cells at once),
+        `confidence`, `rho`, `epsilon`.
+
+        >>> p = s.marginals("pums", ["sex", "race"], target_std=10).plan
+        >>> round(p["std"], 6), p["confidence"], p["ci_half_width"] < p["max_error"]
+        (10.0, 0.95, True)
+        """
+        ...
+    @property
+    def total(self) -> float:
+        """The noisy common total (every histogram sums to it when the release is consistent).
+
+        >>> m = s.marginals("pums", ["sex", "race"], rho=0.05)
+        >>> t = m.to_pandas()
+        >>> bool(abs(t[t.column == "sex"]["count"].sum() - m.total) < 1e-6)
+        True
+        """
+        ...
+    @property
+    def charge(self) -> dict[str, Any]:
+        """What it cost: `id` and `rho`.
+
+        >>> c = s.marginals("pums", ["sex", "race"], rho=0.05).charge
+        >>> c["id"], round(c["rho"], 9)
+        (1, 0.05)
+        """
+        ...
+    def to_arrow(self) -> Any:
+        """A long `pyarrow.Table`: `column`, `key`, `noisy_count`, `count` (after consistency) and `frequency`.
+
+        >>> s.marginals("pums", ["sex"], rho=0.05).to_arrow().column_names
+        ['column', 'key', 'noisy_count', 'count', 'frequency']
+        """
+        ...
+    def to_pandas(self) -> Any:
+        """The same as a pandas DataFrame.
+
+        >>> s.marginals("pums", ["sex", "race"], rho=0.05).to_pandas().groupby("column").size().to_dict()
+        {'race': 6, 'sex': 2}
+        """
+        ...
+    def chart(self) -> Chart:
+        """The histograms drawn as bar charts (a `Chart`): one panel per column, one bar per key, each with its
+        interval `± ci_half_width`. Post-processing: nothing is spent.
+
+        >>> s.marginals("pums", ["sex", "race"], rho=0.05).chart()
+        dpfusion.Chart(panels=['sex', 'race'], bars=8)
+        """
+        ...
+
+class Chart:
+    """Bar charts of a release (`Release.chart()`, `MarginalRelease.chart()`): one panel per noisy column, one bar per
+    released cell labelled by its public key, each with its confidence interval as an error bar, and a caption with
+    σ, ρ and the confidence level. Drawn from the released numbers only (post-processing: it costs nothing). A
+    notebook shows it inline (`_repr_svg_`).
+
+    >>> c = s.sql("SELECT sex, COUNT(*) AS n FROM pums GROUP BY sex ORDER BY sex").chart()
+    >>> c
+    dpfusion.Chart(panels=['n'], bars=2)
+    >>> c.svg.startswith("<svg")
+    True
+    """
+
+    @property
+    def svg(self) -> str:
+        """The chart as an SVG document (text). Its fonts are the viewer's `sans-serif`.
+
+        >>> svg = s.marginals("pums", ["sex"], rho=0.05).chart().svg
+        >>> import xml.etree.ElementTree as ET
+        >>> ET.fromstring(svg).tag
+        '{http://www.w3.org/2000/svg}svg'
+        """
+        ...
+    def to_png(self) -> bytes:
+        """The chart as a PNG image (bytes), its text set in the bundled DejaVu Sans.
+
+        >>> png = s.sql("SELECT sex, COUNT(*) AS n FROM pums GROUP BY sex").chart().to_png()
+        >>> png[1:4]
+        b'PNG'
+        """
+        ...
+    def save(self, path: Union[str, PathLike[str]]) -> None:
+        """Writes the chart to `path`, as SVG or PNG by its extension (`.svg`, `.png`); an existing file is replaced.
+
+        >>> import os, tempfile
+        >>> path = os.path.join(tempfile.mkdtemp(), "by-sex.svg")
+        >>> s.sql("SELECT sex, COUNT(*) AS n FROM pums GROUP BY sex").chart().save(path)
+        >>> open(path).read(4)
+        '<svg'
+        """
+        ...
+    def _repr_svg_(self) -> str: ...
 
 class Session:
-    """A differentially private SQL session over private tables, with its budget. Thread-safe."""
+    """A differentially private SQL session over private tables, with its privacy budget.
+
+    `Session(config)` opens the session a configuration file describes (its tables, their policies, the budget
+    and the ledger); `Session.from_policy(dict)` the same configuration given as a dict. Every query is checked
+    against the tables' policies, its cost debited from the budget **before** any private row is read, and its
+    answer noised; a refused query spends nothing. Two datasets are neighbours when they differ by all rows of one
+    privacy unit (added or removed).
+
+    A session is safe to share between threads: the ledger debits one query at a time, so concurrent queries
+    never spend more than the budget. The GIL is released while a query runs; Ctrl-C (`KeyboardInterrupt`)
+    cancels it, and its charge stays (the debit came first).
+
+    >>> import dpfusion
+    >>> s = dpfusion.Session("config/pums.toml")
+    >>> s
+    dpfusion.Session(tables=["pums"])
+    >>> r = s.sql("SELECT sex, COUNT(*) AS n FROM pums GROUP BY sex ORDER BY sex")
+    >>> r.to_pandas()          # doctest: +ELLIPSIS
+       sex    n
+    0    0  ...
+    1    1  ...
+    """
 
     def __init__(self, config: Union[str, PathLike[str]]) -> None: ...
     @staticmethod
-    def from_policy(policy: dict[str, Any]) -> Session: ...
-    def sql(self, sql: str, request_id: Optional[str] = None) -> Union[Release, Explanation, None]: ...
-    def explain(self, sql: str) -> Explanation: ...
-    def budget(self) -> dict[str, float]: ...
-    def history(self) -> list[dict[str, Any]]: ...
-    def tables(self) -> dict[str, list[str]]: ...
-    def register(self, name: str, data: Any, policy: dict[str, Any]) -> None: ...
+    def from_policy(policy: dict[str, Any]) -> Session:
+        """Opens a session from a dict with the configuration file's structure (`session`, `tables`, `ledger`, ...),
+        checked exactly as a file is; relative paths resolve against the current directory. Tables held in memory
+        are added with `register`.
+
+        >>> s2 = dpfusion.Session.from_policy({
+        ...     "session": {"rho": 0.5, "default_query_rho": 0.1},
+        ...     "tables": {"people": {
+        ...         "path": "examples/data/pums_dup.csv", "format": "csv",
+        ...         "privacy_unit": "pid", "max_rows_per_unit": 2,
+        ...         "columns": {"pid": {"type": "int64"}, "age": {"type": "int64", "bounds": [0, 100]}},
+        ...     }},
+        ... })
+        >>> s2.tables()
+        {'people': ['age', 'pid']}
+        >>> round(s2.sql("SELECT AVG(age) AS a FROM people").charge["rho"], 9)
+        0.1
+        """
+        ...
+    def sql(self, sql: str, request_id: Optional[str] = None) -> Union[Release, Explanation, None]:
+        """Runs one statement: a query returns a `Release` (noisy, debited, with its accuracy and charge);
+        `EXPLAIN DP <query>` an `Explanation` (nothing spent); `SET dp.<option> = <value>` returns None.
+
+        `request_id`: an idempotency key. A query whose id was released before returns the same release again
+        (the same noisy numbers) and is not charged again; the same id with another query is refused.
+
+        >>> r = s.sql("SELECT COUNT(*) AS n FROM pums", request_id="nightly-1")
+        >>> again = s.sql("SELECT COUNT(*) AS n FROM pums", request_id="nightly-1")   # a retry
+        >>> again.to_arrow().equals(r.to_arrow()), again.charge["id"], len(s.history())
+        (True, 1, 1)
+        >>> s.sql("SET dp.rho = 0.1") is None
+        True
+        >>> round(s.sql("SELECT AVG(age) AS a FROM pums").charge["rho"], 9)
+        0.1
+        """
+        ...
+    def explain(self, sql: str) -> Explanation:
+        """What `sql` would do and cost (private plan, sensitivities, noise, accuracy of each column), without
+        reading or spending anything; raises `Refused` exactly when the query would be refused.
+
+        >>> e = s.explain("SELECT AVG(age) AS a FROM pums")
+        >>> round(e.rho, 9), s.budget()["rho_spent"]
+        (0.05, 0.0)
+        """
+        ...
+    def budget(self) -> dict[str, float]:
+        """The budget: `rho_total`, `rho_spent`, `rho_remaining`, `epsilon` of everything spent at `delta`, and
+        how many `charges` were made.
+
+        >>> s.budget()
+        {'charges': 0, 'delta': 1e-06, 'epsilon': 0.0, 'rho_remaining': 1.0, 'rho_spent': 0.0, 'rho_total': 1.0}
+        """
+        ...
+    def history(self) -> list[dict[str, Any]]:
+        """Every charge of the budget, oldest first: `id`, `label` (the SQL), `rho`, `measurements` (how many noisy
+        measurements it paid for).
+
+        >>> _ = s.sql("SELECT COUNT(*) AS n FROM pums")
+        >>> [(h["id"], h["label"], h["measurements"]) for h in s.history()]
+        [(1, 'SELECT COUNT(*) AS n FROM pums', 1)]
+        """
+        ...
+    def tables(self) -> dict[str, list[str]]:
+        """The tables this session may query, with their column names (those the policy declares).
+
+        >>> s.tables()
+        {'pums': ['age', 'sex', 'educ', 'race', 'income', 'married', 'pid']}
+        """
+        ...
+    def register(self, name: str, data: Any, policy: dict[str, Any]) -> None:
+        """Registers in-memory data as the private table `name`: a pyarrow Table, a pandas or polars DataFrame (or
+        anything with `__arrow_c_stream__`). `policy` is the table's policy as in a configuration file, **with the
+        type of every column** (`{"privacy_unit": "pid", "max_rows_per_unit": 2, "columns": {"pid": {"type":
+        "int64"}, "age": {"type": "int64", "bounds": [0, 100]}}}`): types are never inferred from the data. Only
+        the columns the policy lists are visible; a column whose data type differs from its declared type is an
+        error (convert it first).
+
+        >>> import pyarrow as pa
+        >>> people = pa.table({"person": [1, 2, 3], "age": [34, 51, 27], "secret": [7, 7, 7]})
+        >>> s.register("people", people, {
+        ...     "privacy_unit": "person",
+        ...     "columns": {"person": {"type": "int64"}, "age": {"type": "int64", "bounds": [0, 100]}},
+        ... })
+        >>> s.tables()["people"]
+        ['age', 'person']
+        >>> s.sql("SELECT AVG(age) AS mean_age FROM people").columns
+        ['mean_age']
+        """
+        ...
     def marginals(
         self,
         table: str,
@@ -74,4 +446,16 @@ class Session:
         target_std: Optional[float] = None,
         consistency: bool = True,
         confidence: Optional[float] = None,
-    ) -> MarginalRelease: ...
+    ) -> MarginalRelease:
+        """Releases the one-way marginals (histograms) of `columns` of `table` in one debit: each cell a noisy count,
+        with one Gaussian σ for all. Give `rho` (the cost) or `target_std` (the noise wanted, in counts);
+        `consistency` makes every histogram non-negative with one common total (post-processing, free);
+        `confidence` is the level of the intervals (the session's by default). A column needs a public domain.
+
+        >>> m = s.marginals("pums", ["sex", "race"], rho=0.05)
+        >>> m.to_arrow().num_rows          # 2 sexes and 6 races, each a noisy count
+        8
+        >>> round(s.budget()["rho_spent"], 9)
+        0.05
+        """
+        ...

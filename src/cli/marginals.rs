@@ -1,9 +1,9 @@
 //! `dpfusion marginals`: all one-way marginals of a table in one release, or the plan of one (`--plan`).
 
-use crate::chart::{Chart, ChartFormat};
 use dpfusion::marginals::{MarginalBudget, MarginalLayout, MarginalPlan, MarginalRelease, MarginalSpec};
 use dpfusion::session::DpSession;
 use dpfusion::{DpError, Refusal};
+use dpfusion_charts::{Chart, ChartFormat};
 use std::path::{Path, PathBuf};
 
 /// Output format of a marginal release.

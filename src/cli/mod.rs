@@ -34,10 +34,10 @@ pub(crate) mod pin;
 pub(crate) mod progress;
 pub(crate) mod repl;
 
-use crate::chart::{Chart, ChartFormat};
 use clap::{Parser, Subcommand};
 use dpfusion::DpError;
 use dpfusion::session::DpSession;
+use dpfusion_charts::{Chart, ChartFormat};
 use output::Format;
 use std::path::{Path, PathBuf};
 
@@ -357,7 +357,7 @@ async fn run(cli: Cli) -> Result<bool, DpError> {
                     };
                     check_output(&p, force, &protected_paths(&path, &cfg))?;
                     ChartFormat::of_path(&p)?;
-                    crate::chart::check_query(&s, sql).await?;
+                    dpfusion_charts::check_query(&s, sql).await?;
                     let run = s.sql_with_request_id(sql, request_id.as_deref());
                     let outcome = Ok(progress::with_progress(&s, "running", run).await?);
                     outln!("{}", output::render(sql, &outcome, format));

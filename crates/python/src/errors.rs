@@ -11,22 +11,44 @@ create_exception!(
     dpfusion,
     Error,
     PyException,
-    "Any dpfusion error. `.code` is a stable identifier of its kind (`config_error`, `ledger_error`, ...), \
-     `.hint` what to change (may be empty)."
+    "Any dpfusion error. `.code` is a stable identifier of its kind (`config_error`, `io_error`,\n\
+     `ledger_error`, ...), `.hint` what to change (may be empty). Its message describes the call, the policy or\n\
+     the budget, never the private data.\n\
+     \n\
+     >>> try:\n\
+     ...     dpfusion.Session(\"no/such.toml\")\n\
+     ... except dpfusion.Error as e:\n\
+     ...     print(e.code)\n\
+     io_error"
 );
 create_exception!(
     dpfusion,
     Refused,
     Error,
-    "The query cannot be answered under the privacy policy; nothing was spent. `.code` names the rule \
-     (e.g. `no_aggregate`), `.hint` says how to write a query that is answered. Carries no private value."
+    "The query cannot be answered under the privacy policy; nothing was spent. `.code` names the rule\n\
+     (e.g. `raw_rows`), `.hint` says how to write a query that is answered. Whether a query is refused never\n\
+     depends on the data, and a refusal carries no private value.\n\
+     \n\
+     >>> try:\n\
+     ...     s.sql(\"SELECT age FROM pums\")\n\
+     ... except dpfusion.Refused as e:\n\
+     ...     print(e.code, s.budget()[\"rho_spent\"])\n\
+     raw_rows 0.0"
 );
 create_exception!(
     dpfusion,
     BudgetExhausted,
     Refused,
-    "The query costs more than what remains of the budget (or of a table's cap); nothing was spent. \
-     A subclass of Refused."
+    "The query costs more than what remains of the budget (or of a table's cap); nothing was spent.\n\
+     A subclass of Refused; `.code` is `over_budget` or `table_cap`.\n\
+     \n\
+     >>> _ = s.sql(\"SET dp.rho = 0.6\")\n\
+     >>> _ = s.sql(\"SELECT COUNT(*) AS n FROM pums\")\n\
+     >>> try:\n\
+     ...     s.sql(\"SELECT COUNT(*) AS n FROM pums\")\n\
+     ... except dpfusion.BudgetExhausted as e:\n\
+     ...     print(e.code, round(s.budget()[\"rho_spent\"], 9))\n\
+     over_budget 0.6"
 );
 
 /// Adds the exception classes to the module.

@@ -8,24 +8,43 @@
 //! added or removed; every guarantee of the engine is stated under it, and so is this module's.
 //!
 //! Layout: `session.rs` (the `Session` class: opening, queries, budget, registering data), `release.rs` (the
-//! `Release`, `Explanation` and `MarginalRelease` classes), `errors.rs` (the exception classes and how each engine
-//! error maps to one), `run.rs` (the Tokio runtime, the GIL released while a query runs, Ctrl-C).
+//! `Release`, `Explanation` and `MarginalRelease` classes), `chart.rs` (the `Chart` class), `errors.rs` (the exception classes and how each engine
+//! error maps to one), `run.rs` (the Tokio runtime, the GIL released while a query runs, Ctrl-C), `testing.rs` (tests only: the
+//! `test-util` feature, never in a wheel built without it).
 
+mod chart;
 mod errors;
 mod release;
 mod run;
 mod session;
+#[cfg(feature = "test-util")]
+mod testing;
 
 use pyo3::prelude::*;
 
-/// The `dpfusion` Python module.
 /// The statements of a SQL script, split on `;` outside quotes and comments, as the `dpfusion` command splits a
 /// file (`dpfusion query -f`): each one can be given to `Session.sql`.
+///
+/// >>> dpfusion.split_statements("SELECT COUNT(*) FROM pums; SELECT 'a;b' AS x")
+/// ['SELECT COUNT(*) FROM pums', "SELECT 'a;b' AS x"]
 #[pyfunction]
 fn split_statements(text: &str) -> Vec<String> {
     dpfusion::split_statements(text)
 }
 
+/// Differentially private SQL on Apache DataFusion: `Session` opens private tables under their policies and a
+/// privacy budget; `Session.sql` answers a query with a noisy `Release` (Arrow, pandas, polars), debited before any
+/// private row is read. Two datasets are neighbours when one is the other with all rows of one privacy unit added
+/// or removed; every guarantee is stated under that relation.
+///
+/// The examples of this package's docstrings run from the root of the dpfusion checkout (its demo configuration
+/// `config/pums.toml`: real PUMS microdata, ρ = 1.0 in all, 0.05 per query), each in a fresh session `s`:
+///
+/// >>> import dpfusion
+/// >>> s = dpfusion.Session("config/pums.toml")
+/// >>> r = s.sql("SELECT sex, COUNT(*) AS n FROM pums GROUP BY sex ORDER BY sex")
+/// >>> r.columns, len(r)
+/// (['sex', 'n'], 2)
 #[pymodule]
 #[pyo3(name = "dpfusion")]
 fn dpfusion_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -34,7 +53,10 @@ fn dpfusion_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<release::Release>()?;
     m.add_class::<release::Explanation>()?;
     m.add_class::<release::MarginalRelease>()?;
+    m.add_class::<chart::Chart>()?;
     errors::add(m)?;
+    #[cfg(feature = "test-util")]
+    testing::add(m)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

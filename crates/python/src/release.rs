@@ -2,9 +2,11 @@
 //! `Explanation` (EXPLAIN DP, nothing spent) and a `MarginalRelease`. All of it is the engine's release, already
 //! debited and noised; converting it (to pyarrow, pandas, polars, HTML) is post-processing.
 
+use crate::chart::Chart;
 use arrow_pyarrow::IntoPyArrow;
 use dpfusion::Accuracy;
 use dpfusion::format::fmt_num;
+use dpfusion_charts::Chart as Drawing;
 use pyo3::prelude::*;
 use serde_json::{Value, json};
 use std::fmt::Write as _;
@@ -15,10 +17,16 @@ pub(crate) fn to_python(py: Python<'_>, v: &Value) -> PyResult<Py<PyAny>> {
 }
 
 /// The noisy answer to one query: its table (`to_arrow`, `to_pandas`, `to_polars`), how far off each column may be
-/// (`accuracy`) and what it cost (`charge`). Made only by the engine, after the debit.
+/// (`accuracy`) and what it cost (`charge`). Made only by the engine, after the debit. In a notebook it shows as a
+/// table with each noisy cell's ± half-width, and the charge.
 ///
-/// >>> r = s.sql("SELECT COUNT(*) AS n FROM pums")
-/// >>> r.to_arrow()["n"][0], r.accuracy["n"]["ci_half_width"], r.charge["rho"]
+/// >>> r = s.sql("SELECT sex, COUNT(*) AS n FROM pums GROUP BY sex ORDER BY sex")
+/// >>> len(r), r.columns
+/// (2, ['sex', 'n'])
+/// >>> r.to_arrow().column("sex").to_pylist()     # the keys: the policy's public domain
+/// [0, 1]
+/// >>> r.accuracy["n"]["ci_half_width"]          # each count is within ±12 of the exact one, at 95%
+/// 12.0
 #[pyclass(frozen, module = "dpfusion")]
 pub(crate) struct Release {
     inner: dpfusion::Release,
@@ -85,6 +93,10 @@ fn html_escape(s: &str) -> String {
 impl Release {
     /// The result as a `pyarrow.Table`, through the Arrow C stream interface: pyarrow reads the engine's buffers
     /// in place (no copy).
+    ///
+    /// >>> t = s.sql("SELECT sex, COUNT(*) AS n FROM pums GROUP BY sex ORDER BY sex").to_arrow()
+    /// >>> t.column_names, t.num_rows
+    /// (['sex', 'n'], 2)
     fn to_arrow<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let table = arrow_pyarrow::Table::try_new(self.inner.batches().to_vec(), self.inner.schema().clone())
             .map_err(|e| crate::errors::usage("internal_error", e.to_string()))?;
@@ -92,11 +104,19 @@ impl Release {
     }
 
     /// The result as a pandas DataFrame (needs pandas).
+    ///
+    /// >>> df = s.sql("SELECT sex, COUNT(*) AS n FROM pums GROUP BY sex ORDER BY sex").to_pandas()
+    /// >>> list(df.columns), df["sex"].tolist()
+    /// (['sex', 'n'], [0, 1])
     fn to_pandas<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         self.to_arrow(py)?.call_method0("to_pandas")
     }
 
     /// The result as a polars DataFrame (needs polars).
+    ///
+    /// >>> df = s.sql("SELECT sex, COUNT(*) AS n FROM pums GROUP BY sex ORDER BY sex").to_polars()
+    /// >>> df.columns, df["sex"].to_list()
+    /// (['sex', 'n'], [0, 1])
     fn to_polars<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         py.import("polars")?.call_method1("from_arrow", (self.to_arrow(py)?,))
     }
@@ -104,36 +124,60 @@ impl Release {
     /// Per output column: `kind` (`public`, `noisy`, `combined`, `per_row`, `no_interval`) and, for a noisy
     /// column, `mechanism`, `std`, `ci_half_width` and `confidence` (the value and the bounded query's exact
     /// answer differ by at most the half-width with at least that probability).
+    ///
+    /// >>> r = s.sql("SELECT sex, COUNT(*) AS n FROM pums GROUP BY sex")
+    /// >>> a = r.accuracy["n"]
+    /// >>> a["kind"], a["mechanism"], a["ci_half_width"], a["confidence"]
+    /// ('noisy', 'discrete_gaussian', 12.0, 0.95)
+    /// >>> r.accuracy["sex"]
+    /// {'kind': 'public'}
     #[getter]
     fn accuracy(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
         to_python(py, &self.accuracy_json())
     }
 
     /// What the query cost: `id` (the ledger's charge number), `rho`, and `epsilon` at `delta` of this query.
+    ///
+    /// >>> c = s.sql("SELECT COUNT(*) AS n FROM pums").charge
+    /// >>> c["id"], round(c["rho"], 9), round(c["epsilon"], 3), c["delta"]
+    /// (1, 0.05, 1.369, 1e-06)
     #[getter]
     fn charge(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
         to_python(py, &self.inner.to_json()["charge"])
     }
 
     /// The budget after this query: `rho_total`, `rho_spent`, `rho_remaining`, `epsilon`, `delta`.
+    ///
+    /// >>> b = s.sql("SELECT COUNT(*) AS n FROM pums").budget
+    /// >>> round(b["rho_spent"], 9), round(b["rho_remaining"], 9)
+    /// (0.05, 0.95)
     #[getter]
     fn budget(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
         to_python(py, &self.inner.to_json()["budget"])
     }
 
     /// The SQL text.
+    ///
+    /// >>> s.sql("SELECT COUNT(*) AS n FROM pums").sql
+    /// 'SELECT COUNT(*) AS n FROM pums'
     #[getter]
     fn sql(&self) -> &str {
         self.inner.sql()
     }
 
-    /// Why the table holds the noisy aggregates rather than the query's own expression, if it does.
+    /// Why the table holds the noisy aggregates rather than the query's own expression, if it does; else None.
+    ///
+    /// >>> s.sql("SELECT COUNT(*) AS n FROM pums").note is None
+    /// True
     #[getter]
     fn note(&self) -> Option<&str> {
         self.inner.note()
     }
 
     /// The output column names.
+    ///
+    /// >>> s.sql("SELECT COUNT(*) AS n, AVG(age) AS mean_age FROM pums").columns
+    /// ['n', 'mean_age']
     #[getter]
     fn columns(&self) -> Vec<String> {
         self.inner.schema().fields().iter().map(|f| f.name().clone()).collect()
@@ -189,6 +233,19 @@ impl Release {
         h
     }
 
+    /// The release drawn as bar charts (a `Chart`): one panel per noisy numeric column, one bar per row labelled by
+    /// its one public column (a GROUP BY key), each with its interval. A release without exactly one key among its
+    /// columns raises `dpfusion.Error` (`invalid_parameter`). Post-processing: nothing is spent.
+    ///
+    /// >>> r = s.sql("SELECT race, COUNT(*) AS n, AVG(income) AS income FROM pums GROUP BY race ORDER BY race")
+    /// >>> r.chart()
+    /// dpfusion.Chart(panels=['n', 'income'], bars=12)
+    /// >>> round(s.budget()["rho_spent"], 9)
+    /// 0.05
+    fn chart(&self, py: Python<'_>) -> PyResult<Chart> {
+        Chart::new(py, Drawing::of_release(&self.inner).map_err(crate::errors::to_py)?)
+    }
+
     /// Tests only (zero-copy): the address of each column's first values buffer in the engine, per batch.
     fn _buffer_addresses(&self) -> Vec<Vec<usize>> {
         self.inner
@@ -202,6 +259,10 @@ impl Release {
 }
 
 /// `EXPLAIN DP`: what a query would do and cost. Nothing was read or spent. `str()` is the full report.
+///
+/// >>> e = s.explain("SELECT sex, COUNT(*) AS n FROM pums GROUP BY sex")
+/// >>> "nothing was spent" in str(e), s.budget()["rho_spent"]
+/// (True, 0.0)
 #[pyclass(frozen, module = "dpfusion")]
 pub(crate) struct Explanation {
     inner: dpfusion::session::Explanation,
@@ -216,24 +277,36 @@ impl Explanation {
 #[pymethods]
 impl Explanation {
     /// The ρ the query would cost.
+    ///
+    /// >>> round(s.explain("SELECT COUNT(*) AS n FROM pums").rho, 9)
+    /// 0.05
     #[getter]
     fn rho(&self) -> f64 {
         self.inner.rho
     }
 
     /// Its ε at `delta`.
+    ///
+    /// >>> round(s.explain("SELECT COUNT(*) AS n FROM pums").epsilon, 3)
+    /// 1.369
     #[getter]
     fn epsilon(&self) -> f64 {
         self.inner.epsilon.epsilon
     }
 
-    /// The δ of `epsilon`.
+    /// The δ of `epsilon` (the session's `delta`).
+    ///
+    /// >>> s.explain("SELECT COUNT(*) AS n FROM pums").delta
+    /// 1e-06
     #[getter]
     fn delta(&self) -> f64 {
         self.inner.epsilon.delta
     }
 
     /// Per output column, how far off its values will be (or why no interval can be given).
+    ///
+    /// >>> s.explain("SELECT sex, COUNT(*) AS n FROM pums GROUP BY sex").outputs
+    /// [('sex', 'public (keys and constants: exact)'), ('n', '± 12 at 95% (discrete_gaussian, std 6.3246)')]
     #[getter]
     fn outputs(&self) -> Vec<(String, String)> {
         self.inner.outputs.clone()
@@ -248,7 +321,12 @@ impl Explanation {
     }
 }
 
-/// One-way marginals released at once: per column, a noisy count per key of its public domain.
+/// One-way marginals released at once (`Session.marginals`): per column, a noisy count per key of its public
+/// domain, all with one Gaussian σ and paid for by one debit.
+///
+/// >>> m = s.marginals("pums", ["sex", "race"], rho=0.05)
+/// >>> m.to_arrow().column("key").to_pylist()
+/// ['0', '1', '1', '2', '3', '4', '5', '6']
 #[pyclass(frozen, module = "dpfusion")]
 pub(crate) struct MarginalRelease {
     inner: dpfusion::marginals::MarginalRelease,
@@ -263,6 +341,9 @@ impl MarginalRelease {
 #[pymethods]
 impl MarginalRelease {
     /// A long `pyarrow.Table`: `column`, `key`, `noisy_count`, `count` (after consistency) and `frequency`.
+    ///
+    /// >>> s.marginals("pums", ["sex"], rho=0.05).to_arrow().column_names
+    /// ['column', 'key', 'noisy_count', 'count', 'frequency']
     fn to_arrow<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let batch = self.inner.to_record_batch().map_err(crate::errors::to_py)?;
         let schema = batch.schema();
@@ -272,12 +353,19 @@ impl MarginalRelease {
     }
 
     /// The same as a pandas DataFrame.
+    ///
+    /// >>> s.marginals("pums", ["sex", "race"], rho=0.05).to_pandas().groupby("column").size().to_dict()
+    /// {'race': 6, 'sex': 2}
     fn to_pandas<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         self.to_arrow(py)?.call_method0("to_pandas")
     }
 
     /// The noise and accuracy: `sigma`, `std`, `ci_half_width` (each cell), `max_error` (all cells at once),
     /// `confidence`, `rho`, `epsilon`.
+    ///
+    /// >>> p = s.marginals("pums", ["sex", "race"], target_std=10).plan
+    /// >>> round(p["std"], 6), p["confidence"], p["ci_half_width"] < p["max_error"]
+    /// (10.0, 0.95, True)
     #[getter]
     fn plan(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
         let v = serde_json::to_value(self.inner.plan())
@@ -285,13 +373,31 @@ impl MarginalRelease {
         to_python(py, &v)
     }
 
-    /// The noisy common total.
+    /// The noisy common total (every histogram sums to it when the release is consistent).
+    ///
+    /// >>> m = s.marginals("pums", ["sex", "race"], rho=0.05)
+    /// >>> t = m.to_pandas()
+    /// >>> bool(abs(t[t.column == "sex"]["count"].sum() - m.total) < 1e-6)
+    /// True
     #[getter]
     fn total(&self) -> f64 {
         self.inner.total()
     }
 
+    /// The histograms drawn as bar charts (a `Chart`): one panel per column, one bar per key, each with its
+    /// interval `± ci_half_width`. Post-processing: nothing is spent.
+    ///
+    /// >>> s.marginals("pums", ["sex", "race"], rho=0.05).chart()
+    /// dpfusion.Chart(panels=['sex', 'race'], bars=8)
+    fn chart(&self, py: Python<'_>) -> PyResult<Chart> {
+        Chart::new(py, Drawing::of_marginals(&self.inner))
+    }
+
     /// What it cost: `id` and `rho`.
+    ///
+    /// >>> c = s.marginals("pums", ["sex", "race"], rho=0.05).charge
+    /// >>> c["id"], round(c["rho"], 9)
+    /// (1, 0.05)
     #[getter]
     fn charge(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
         let c = self.inner.charge();

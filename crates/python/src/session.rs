@@ -16,18 +16,25 @@ use tokio::sync::RwLock;
 
 /// A differentially private SQL session over private tables, with its privacy budget.
 ///
-/// Open one from a configuration file (`Session("config/pums.toml")`) or from the same configuration as a dict
-/// (`Session.from_policy({...})`). Every query is checked against the tables' policies, its cost debited from the
-/// budget **before** any private row is read, and its answer noised; a refused query spends nothing. Two datasets
-/// are neighbours when they differ by all rows of one privacy unit (added or removed).
+/// `Session(config)` opens the session a configuration file describes (its tables, their policies, the budget
+/// and the ledger); `Session.from_policy(dict)` the same configuration given as a dict. Every query is checked
+/// against the tables' policies, its cost debited from the budget **before** any private row is read, and its
+/// answer noised; a refused query spends nothing. Two datasets are neighbours when they differ by all rows of one
+/// privacy unit (added or removed).
 ///
 /// A session is safe to share between threads: the ledger debits one query at a time, so concurrent queries
-/// never spend more than the budget. The GIL is released while a query runs; Ctrl-C cancels it (its charge stays).
+/// never spend more than the budget. The GIL is released while a query runs; Ctrl-C (`KeyboardInterrupt`)
+/// cancels it, and its charge stays (the debit came first).
 ///
 /// >>> import dpfusion
 /// >>> s = dpfusion.Session("config/pums.toml")
-/// >>> r = s.sql("SELECT sex, COUNT(*) AS n FROM pums GROUP BY sex")
-/// >>> r.to_pandas()          # noisy counts; r.accuracy says how far off each may be
+/// >>> s
+/// dpfusion.Session(tables=["pums"])
+/// >>> r = s.sql("SELECT sex, COUNT(*) AS n FROM pums GROUP BY sex ORDER BY sex")
+/// >>> r.to_pandas()          # doctest: +ELLIPSIS
+///    sex    n
+/// 0    0  ...
+/// 1    1  ...
 #[pyclass(frozen, module = "dpfusion")]
 pub(crate) struct Session {
     /// Queries share it; registering a table takes it alone.
@@ -46,18 +53,39 @@ fn to_toml(v: &Value, what: &str) -> PyResult<String> {
     })
 }
 
+impl Session {
+    /// The engine session (tests only: the `test-util` functions reach it).
+    #[cfg(feature = "test-util")]
+    pub(crate) fn inner(&self) -> &RwLock<DpSession> {
+        &self.inner
+    }
+}
+
 #[pymethods]
 impl Session {
-    /// Opens the session a configuration file describes (its tables, their policies, the budget and the ledger).
+    // Opens the session a configuration file describes (Python shows the class's docstring for it).
     #[new]
     fn new(py: Python<'_>, config: std::path::PathBuf) -> PyResult<Self> {
         let s = run(py, || DpSession::open(config))?;
         Ok(Session { inner: RwLock::new(s) })
     }
 
-    /// Opens a session from a dict with the configuration file's structure, e.g.
-    /// `{"session": {"rho": 1.0, "default_query_rho": 0.05}, "tables": {...}}`; relative paths resolve against the
-    /// current directory. Tables held in memory are added with `register`.
+    /// Opens a session from a dict with the configuration file's structure (`session`, `tables`, `ledger`, ...),
+    /// checked exactly as a file is; relative paths resolve against the current directory. Tables held in memory
+    /// are added with `register`.
+    ///
+    /// >>> s2 = dpfusion.Session.from_policy({
+    /// ...     "session": {"rho": 0.5, "default_query_rho": 0.1},
+    /// ...     "tables": {"people": {
+    /// ...         "path": "examples/data/pums_dup.csv", "format": "csv",
+    /// ...         "privacy_unit": "pid", "max_rows_per_unit": 2,
+    /// ...         "columns": {"pid": {"type": "int64"}, "age": {"type": "int64", "bounds": [0, 100]}},
+    /// ...     }},
+    /// ... })
+    /// >>> s2.tables()
+    /// {'people': ['age', 'pid']}
+    /// >>> round(s2.sql("SELECT AVG(age) AS a FROM people").charge["rho"], 9)
+    /// 0.1
     #[staticmethod]
     fn from_policy(py: Python<'_>, policy: &Bound<'_, PyAny>) -> PyResult<Self> {
         let text = to_toml(&toml_text(py, policy, "the policy")?, "the policy")?;
@@ -72,6 +100,15 @@ impl Session {
     ///
     /// `request_id`: an idempotency key. A query whose id was released before returns the same release again
     /// (the same noisy numbers) and is not charged again; the same id with another query is refused.
+    ///
+    /// >>> r = s.sql("SELECT COUNT(*) AS n FROM pums", request_id="nightly-1")
+    /// >>> again = s.sql("SELECT COUNT(*) AS n FROM pums", request_id="nightly-1")   # a retry
+    /// >>> again.to_arrow().equals(r.to_arrow()), again.charge["id"], len(s.history())
+    /// (True, 1, 1)
+    /// >>> s.sql("SET dp.rho = 0.1") is None
+    /// True
+    /// >>> round(s.sql("SELECT AVG(age) AS a FROM pums").charge["rho"], 9)
+    /// 0.1
     #[pyo3(signature = (sql, request_id = None))]
     fn sql(&self, py: Python<'_>, sql: &str, request_id: Option<&str>) -> PyResult<Py<PyAny>> {
         let response = run(py, || async move { self.inner.read().await.sql_with_request_id(sql, request_id).await })?;
@@ -84,12 +121,20 @@ impl Session {
 
     /// What `sql` would do and cost (private plan, sensitivities, noise, accuracy of each column), without
     /// reading or spending anything; raises `Refused` exactly when the query would be refused.
+    ///
+    /// >>> e = s.explain("SELECT AVG(age) AS a FROM pums")
+    /// >>> round(e.rho, 9), s.budget()["rho_spent"]
+    /// (0.05, 0.0)
     fn explain(&self, py: Python<'_>, sql: &str) -> PyResult<Explanation> {
         let e = run(py, || async move { self.inner.read().await.explain(sql).await })?;
         Ok(Explanation::new(e))
     }
 
-    /// The budget: `rho_total`, `rho_spent`, `rho_remaining`, and `epsilon` of everything spent at `delta`.
+    /// The budget: `rho_total`, `rho_spent`, `rho_remaining`, `epsilon` of everything spent at `delta`, and
+    /// how many `charges` were made.
+    ///
+    /// >>> s.budget()
+    /// {'charges': 0, 'delta': 1e-06, 'epsilon': 0.0, 'rho_remaining': 1.0, 'rho_spent': 0.0, 'rho_total': 1.0}
     fn budget(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
         let b = py.detach(|| self.inner.blocking_read().budget()).map_err(to_py)?;
         let v = json!({
@@ -99,7 +144,12 @@ impl Session {
         to_python(py, &v)
     }
 
-    /// Every charge of the budget, oldest first: `id`, `label` (the SQL), `rho`, `measurements`.
+    /// Every charge of the budget, oldest first: `id`, `label` (the SQL), `rho`, `measurements` (how many noisy
+    /// measurements it paid for).
+    ///
+    /// >>> _ = s.sql("SELECT COUNT(*) AS n FROM pums")
+    /// >>> [(h["id"], h["label"], h["measurements"]) for h in s.history()]
+    /// [(1, 'SELECT COUNT(*) AS n FROM pums', 1)]
     fn history(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
         let charges = py.detach(|| self.inner.blocking_read().ledger().charges()).map_err(to_py)?;
         let v: Vec<Value> = charges
@@ -109,7 +159,10 @@ impl Session {
         to_python(py, &Value::Array(v))
     }
 
-    /// The tables this session may query, with their column names.
+    /// The tables this session may query, with their column names (those the policy declares).
+    ///
+    /// >>> s.tables()
+    /// {'pums': ['age', 'sex', 'educ', 'race', 'income', 'married', 'pid']}
     fn tables(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
         let schemas = run(py, || async move { self.inner.read().await.table_schemas().await })?;
         let v: serde_json::Map<String, Value> = schemas
@@ -125,6 +178,17 @@ impl Session {
     /// "int64"}, "age": {"type": "int64", "bounds": [0, 100]}}}`): types are never inferred from the data. Only
     /// the columns the policy lists are visible; a column whose data type differs from its declared type is an
     /// error (convert it first).
+    ///
+    /// >>> import pyarrow as pa
+    /// >>> people = pa.table({"person": [1, 2, 3], "age": [34, 51, 27], "secret": [7, 7, 7]})
+    /// >>> s.register("people", people, {
+    /// ...     "privacy_unit": "person",
+    /// ...     "columns": {"person": {"type": "int64"}, "age": {"type": "int64", "bounds": [0, 100]}},
+    /// ... })
+    /// >>> s.tables()["people"]
+    /// ['age', 'person']
+    /// >>> s.sql("SELECT AVG(age) AS mean_age FROM people").columns
+    /// ['mean_age']
     fn register(&self, py: Python<'_>, name: &str, data: &Bound<'_, PyAny>, policy: &Bound<'_, PyAny>) -> PyResult<()> {
         let (columns, table_policy) = parse_table_policy(py, name, policy)?;
         let reader = ArrowArrayStreamReader::from_pyarrow_bound(data)?;
@@ -134,7 +198,14 @@ impl Session {
 
     /// Releases the one-way marginals (histograms) of `columns` of `table` in one debit: each cell a noisy count,
     /// with one Gaussian σ for all. Give `rho` (the cost) or `target_std` (the noise wanted, in counts);
-    /// `consistency` makes every histogram non-negative with one common total (post-processing, free).
+    /// `consistency` makes every histogram non-negative with one common total (post-processing, free);
+    /// `confidence` is the level of the intervals (the session's by default). A column needs a public domain.
+    ///
+    /// >>> m = s.marginals("pums", ["sex", "race"], rho=0.05)
+    /// >>> m.to_arrow().num_rows          # 2 sexes and 6 races, each a noisy count
+    /// 8
+    /// >>> round(s.budget()["rho_spent"], 9)
+    /// 0.05
     #[allow(clippy::too_many_arguments)] // the keyword arguments of the Python method
     #[pyo3(signature = (table, columns, *, rho = None, target_std = None, consistency = true, confidence = None))]
     fn marginals(

@@ -1,4 +1,9 @@
-//! Bar charts of released numbers, each bar with its confidence interval as an error bar, as SVG or PNG.
+//! # dpfusion-charts
+//!
+//! Bar charts of released numbers, each bar with its confidence interval as an error bar, as SVG or PNG: a query's
+//! [`Release`] ([`Chart::of_release`]) or a [`MarginalRelease`] ([`Chart::of_marginals`]), then
+//! [`Chart::render`]. The `dpfusion` command (`--plot`) and the Python package (`Release.chart()`) draw with it;
+//! the engine does not depend on it (nor on plotters).
 //!
 //! # Privacy
 //! A chart is drawn from what was released and nothing else: the noisy values, their intervals, the public keys,
@@ -7,7 +12,7 @@
 //!
 //! # Drawing
 //! [`plotters`] draws both formats from the same code. The PNG's text is set in DejaVu Sans, bundled in the binary
-//! (`assets/fonts`, Bitstream Vera licence), so nothing depends on the fonts of the machine; an SVG names the
+//! (`crates/charts/assets/fonts`, Bitstream Vera licence), so nothing depends on the fonts of the machine; an SVG names the
 //! family `sans-serif` and leaves the glyphs to the viewer. Each panel has a y axis with ticks and values, its
 //! category labels under the bars (rotated when they do not fit side by side, thinned when even rotated they do
 //! not), and a title; the figure has a caption with σ, ρ and the confidence level.
@@ -27,7 +32,7 @@ use plotters::style::{FontStyle, FontTransform};
 use std::path::Path;
 use std::sync::OnceLock;
 
-/// DejaVu Sans (Bitstream Vera licence, `assets/fonts/LICENSE-DejaVu.txt`).
+/// DejaVu Sans (Bitstream Vera licence, `crates/charts/assets/fonts/LICENSE-DejaVu.txt`).
 const FONT: &[u8] = include_bytes!("../assets/fonts/DejaVuSans.ttf");
 const FAMILY: &str = "sans-serif";
 const BAR: RGBColor = RGBColor(0x4c, 0x78, 0xa8);
@@ -35,7 +40,7 @@ const ERR: RGBColor = RGBColor(0xd6, 0x27, 0x28);
 const INK: RGBColor = RGBColor(0x33, 0x33, 0x33);
 
 /// At most this many panels are drawn (a marginal release of more columns shows the first ones and says so).
-pub(crate) const MAX_PANELS: usize = 120;
+pub const MAX_PANELS: usize = 120;
 /// Labels longer than this many characters are shortened with `…`.
 const LABEL_CHARS: usize = 18;
 const PANEL_H: u32 = 290;
@@ -49,7 +54,7 @@ const CAPTION_SIZE: f64 = 14.0;
 
 /// A chart file format.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum ChartFormat {
+pub enum ChartFormat {
     /// Scalable vector graphics.
     Svg,
     /// A PNG raster.
@@ -58,7 +63,7 @@ pub(crate) enum ChartFormat {
 
 impl ChartFormat {
     /// The format a file name asks for: `.svg` or `.png` (any case).
-    pub(crate) fn of_path(path: &Path) -> Result<ChartFormat> {
+    pub fn of_path(path: &Path) -> Result<ChartFormat> {
         match path.extension().and_then(|e| e.to_str()).map(str::to_ascii_lowercase).as_deref() {
             Some("svg") => Ok(ChartFormat::Svg),
             Some("png") => Ok(ChartFormat::Png),
@@ -72,39 +77,39 @@ impl ChartFormat {
 
 /// One bar: its label, the released value (none for a NULL) and the interval drawn as its error bar.
 #[derive(Clone, Debug, PartialEq)]
-pub(crate) struct Bar {
+pub struct Bar {
     /// The category (a public key).
-    pub(crate) label: String,
+    pub label: String,
     /// The released value.
-    pub(crate) value: Option<f64>,
+    pub value: Option<f64>,
     /// `[low, high]` at the chart's confidence level, when one can be stated.
-    pub(crate) interval: Option<[f64; 2]>,
+    pub interval: Option<[f64; 2]>,
 }
 
 /// One panel: a title over its bars.
 #[derive(Clone, Debug, PartialEq)]
-pub(crate) struct Panel {
+pub struct Panel {
     /// Usually the column's name.
-    pub(crate) title: String,
+    pub title: String,
     /// The bars, left to right.
-    pub(crate) bars: Vec<Bar>,
+    pub bars: Vec<Bar>,
 }
 
 /// A figure: a title, panels in a grid, and a caption (σ, ρ, confidence).
 #[derive(Clone, Debug, PartialEq)]
-pub(crate) struct Chart {
+pub struct Chart {
     /// Over the whole figure.
-    pub(crate) title: String,
+    pub title: String,
     /// The panels, in reading order.
-    pub(crate) panels: Vec<Panel>,
+    pub panels: Vec<Panel>,
     /// Under the figure; wrapped to its width.
-    pub(crate) caption: String,
+    pub caption: String,
 }
 
 /// Which output columns of a query can be charted: the one public column, whose values label the bars, and the
 /// numeric columns that are not public (one panel each). `public[i]` says whether column `i` is public (a GROUP
 /// BY key or a constant). Known before the debit (from `EXPLAIN DP`), so `query --plot` refuses for free.
-pub(crate) fn chart_columns(schema: &Schema, public: &[bool]) -> Result<(usize, Vec<usize>)> {
+pub fn chart_columns(schema: &Schema, public: &[bool]) -> Result<(usize, Vec<usize>)> {
     let bad = |reason: String| DpError::InvalidParameter { name: "plot", reason };
     let keys: Vec<usize> = (0..schema.fields().len()).filter(|&i| public.get(i).copied().unwrap_or(false)).collect();
     let [key] = keys[..] else {
@@ -128,7 +133,7 @@ pub(crate) fn chart_columns(schema: &Schema, public: &[bool]) -> Result<(usize, 
 /// Checks, before anything is spent, that the answer to `sql` can be charted (see [`chart_columns`]): refuses
 /// whatever the query itself would refuse, and a query whose output has no single key to label the bars or no
 /// noisy number to draw. Reads no data.
-pub(crate) async fn check_query(session: &dpfusion::DpSession, sql: &str) -> Result<()> {
+pub async fn check_query(session: &dpfusion::DpSession, sql: &str) -> Result<()> {
     let e = session.explain(sql).await?;
     chart_columns(&e.schema, &e.public).map(|_| ())
 }
@@ -136,7 +141,7 @@ pub(crate) async fn check_query(session: &dpfusion::DpSession, sql: &str) -> Res
 impl Chart {
     /// One panel per column of a marginal release (the first [`MAX_PANELS`]), each cell with its interval
     /// `± ci_half_width` at the release's confidence.
-    pub(crate) fn of_marginals(r: &MarginalRelease) -> Chart {
+    pub fn of_marginals(r: &MarginalRelease) -> Chart {
         let p = r.plan();
         let panels = r
             .columns()
@@ -178,7 +183,7 @@ impl Chart {
 
     /// One panel per noisy numeric column of a query's release, one bar per row labelled by its one public
     /// column (see [`chart_columns`]), each with the column's interval.
-    pub(crate) fn of_release(r: &Release) -> Result<Chart> {
+    pub fn of_release(r: &Release) -> Result<Chart> {
         let schema = r.schema();
         let public: Vec<bool> = r.accuracy().iter().map(|a| a.accuracy == Accuracy::Public).collect();
         let (key, values) = chart_columns(schema, &public)?;
@@ -242,7 +247,7 @@ impl Chart {
     }
 
     /// Draws the chart.
-    pub(crate) fn render(&self, format: ChartFormat) -> Result<Vec<u8>> {
+    pub fn render(&self, format: ChartFormat) -> Result<Vec<u8>> {
         register_font()?;
         let layout = Layout::of(self);
         let failed = |e: String| DpError::Internal(format!("drawing the chart failed: {e}"));
