@@ -38,7 +38,8 @@ pub const PLANNING_STACK: usize = 64 << 20;
 
 /// Stack size for the threads of a runtime that runs statements (bytes): with this much, a statement's poll finds
 /// at least half of [`PLANNING_STACK`] free and runs in place, instead of mapping (and unmapping) a fresh planning
-/// segment on every poll, which cost a small query about a fifth of its time in page faults and TLB flushes.
+/// segment on every poll (page faults, then a TLB shootdown when it is unmapped): a small COUNT over the server
+/// ran at 156 queries/s for one client with that, 274 without.
 /// Reserved address space, not memory: only the pages a deep statement touches are committed.
 pub const WORKER_STACK: usize = PLANNING_STACK + (16 << 20);
 
