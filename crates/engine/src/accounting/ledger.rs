@@ -572,15 +572,16 @@ impl SqliteLedger {
                 capped.push((t, after));
             }
         }
-        exec(
+        let (id, ordinal): (i64, i64) = row(
             &tx,
             "INSERT INTO charges (budget, at, label, request_id, rho, measurements, ordinal)
-             SELECT ?1, ?2, ?3, ?4, ?5, ?6, coalesce(max(ordinal), 0) + 1 FROM charges WHERE budget = ?1",
+             SELECT ?1, ?2, ?3, ?4, ?5, ?6, coalesce(max(ordinal), 0) + 1 FROM charges WHERE budget = ?1
+             RETURNING id, ordinal",
             params![self.budget, now(), label, request_id, rho.get(), text],
+            |r| Ok((r.get(0)?, r.get(1)?)),
         )
         .map_err(|e| sql_error(&display, e))?;
-        let id = tx.last_insert_rowid();
-        let ordinal = self.ordinal(&tx, id)?;
+        let ordinal = ordinal.max(0) as u64;
         for t in tables {
             exec(&tx, "INSERT OR IGNORE INTO charge_tables (charge, name) VALUES (?1, ?2)", params![id, t])
                 .map_err(|e| sql_error(&display, e))?;
