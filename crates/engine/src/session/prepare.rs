@@ -156,23 +156,11 @@ fn check_reserved_names(plan: &LogicalPlan) -> Result<()> {
 /// Whether every function of `plan` is immutable: a plan with `now()` (folded to a constant by the optimizer) or
 /// `random()` is prepared afresh every time, never remembered.
 fn immutable(plan: &LogicalPlan) -> bool {
-    use datafusion::common::tree_node::TreeNode;
     use datafusion::logical_expr::{Expr, Volatility};
-    let mut immutable = true;
-    let _ = plan.apply_with_subqueries(|node| {
-        for e in node.expressions() {
-            let _ = e.apply(|e| {
-                if let Expr::ScalarFunction(f) = e
-                    && f.func.signature().volatility != Volatility::Immutable
-                {
-                    immutable = false;
-                }
-                Ok(if immutable { TreeNodeRecursion::Continue } else { TreeNodeRecursion::Stop })
-            });
-        }
-        Ok(if immutable { TreeNodeRecursion::Continue } else { TreeNodeRecursion::Stop })
-    });
-    immutable
+    let changing =
+        |e: &Expr| matches!(e, Expr::ScalarFunction(f) if f.func.signature().volatility != Volatility::Immutable);
+    // The walk stops at the first such function, with a stand-in error that is never shown.
+    safety::visit_expressions(plan, |e| changing(e).then(|| Err(DpError::Internal(String::new())))).is_ok()
 }
 
 impl DpSession {
