@@ -19,11 +19,7 @@ impl DpSession {
             let partitions = self.tables.state().config().target_partitions();
             provider = crate::source::into_memory(name, provider, partitions).await?;
         }
-        check_policy_columns(name, provider.schema().as_ref(), &src.policy)?;
-        self.tables.register(name, provider)?;
-        self.plans.clear();
-        self.policies.insert(name.to_string(), src.policy.clone());
-        Ok(())
+        self.register_table(name, provider, src.policy.clone())
     }
 
     /// A session over the tables of `cfg` as their policies declare them, with **no data**: each table is an empty
