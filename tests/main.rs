@@ -4,6 +4,9 @@
 mod accounting;
 /// The `dpfusion` binary end to end: commands, formats, exit codes, the REPL, closed pipes.
 mod cli;
+/// Private plans on a Ballista cluster in this process (issue 36): the same releases as one machine.
+#[cfg(feature = "cluster")]
+mod cluster;
 /// The configuration file: the example loads, mistakes are reported with their fix.
 mod config;
 /// Differential fuzzing of the guarantee: generated queries on neighbouring tables.

@@ -11,7 +11,7 @@ use dpfusion::Accuracy;
 use std::collections::HashMap;
 
 /// Queries whose noisy columns are compared with the exact answer: keys first, then aggregates.
-const CHECKED: &[&str] = &[
+pub(crate) const CHECKED: &[&str] = &[
     "SELECT COUNT(*) FROM pums",
     "SELECT COUNT(*) AS n FROM pums WHERE age >= 18",
     "SELECT COUNT(income) FROM pums",

@@ -4,7 +4,7 @@ use crate::support::{pums_config, session_from};
 use dpfusion::DpError;
 
 /// (query, the code of its refusal).
-const REFUSED: &[(&str, &str)] = &[
+pub(crate) const REFUSED: &[(&str, &str)] = &[
     ("SELECT * FROM pums", "raw_rows"),
     ("SELECT age FROM pums", "raw_rows"),
     ("SELECT age, income FROM pums WHERE sex = 1 ORDER BY age LIMIT 3", "raw_rows"),

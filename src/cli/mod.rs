@@ -27,6 +27,8 @@ pub(crate) fn write_out(args: std::fmt::Arguments) {
 }
 
 pub(crate) mod admin;
+#[cfg(feature = "cluster")]
+mod cluster;
 pub(crate) mod init;
 pub(crate) mod marginals;
 pub(crate) mod output;
@@ -48,7 +50,14 @@ use std::path::{Path, PathBuf};
 pub(crate) struct Cli {
     #[command(subcommand)]
     command: Option<Command>,
+    /// Run private plans on this Ballista scheduler (df://host:port) instead of in this process: overrides
+    /// `[engine] scheduler` (the configuration names the cluster key file). See docs/cluster.md.
+    #[arg(long, global = true)]
+    scheduler: Option<String>,
 }
+
+/// `--scheduler`, for every session the command opens.
+static SCHEDULER: std::sync::OnceLock<String> = std::sync::OnceLock::new();
 
 #[derive(Debug, Subcommand)]
 enum Command {
@@ -114,6 +123,18 @@ enum Command {
         /// Configuration file (TOML) with [server] and [ledger].
         #[arg(long, short)]
         config: Option<PathBuf>,
+    },
+    /// Cluster: run a Ballista scheduler for dpfusion's private plans (see docs/cluster.md).
+    #[cfg(feature = "cluster")]
+    Scheduler(cluster::SchedulerArgs),
+    /// Cluster: run a Ballista executor that reads private tables only for debited plans (see docs/cluster.md).
+    #[cfg(feature = "cluster")]
+    Executor(cluster::ExecutorArgs),
+    /// Cluster: write a new key shared by the sessions and the executors (a new file, mode 600).
+    #[cfg(feature = "cluster")]
+    ClusterKey {
+        /// The file to create.
+        file: PathBuf,
     },
     /// Data owner: the analysts of a server (add, list, set-budget, passwd, grant, disable, enable, log).
     Analyst(admin::AnalystArgs),
@@ -242,7 +263,16 @@ pub(crate) async fn open_with_config(
     config: Option<PathBuf>,
 ) -> Result<(DpSession, PathBuf, dpfusion::SessionConfig), DpError> {
     let path = config.unwrap_or_else(default_config);
-    let cfg = dpfusion::SessionConfig::from_file(&path)?;
+    let mut cfg = dpfusion::SessionConfig::from_file(&path)?;
+    if let Some(scheduler) = SCHEDULER.get() {
+        let Some(cluster) = &mut cfg.cluster else {
+            return Err(DpError::Config(format!(
+                "--scheduler replaces [engine] scheduler, which {} does not set (with its cluster_key_file)",
+                path.display()
+            )));
+        };
+        cluster.scheduler = scheduler.clone();
+    }
     let s = DpSession::from_config(&cfg).await?;
     Ok((s, path, cfg))
 }
@@ -331,6 +361,9 @@ pub(crate) fn print_budget(session: &DpSession, history: bool) -> Result<(), DpE
 }
 
 async fn run(cli: Cli) -> Result<bool, DpError> {
+    if let Some(scheduler) = cli.scheduler {
+        let _ = SCHEDULER.set(scheduler);
+    }
     match cli.command.unwrap_or(Command::Repl { config: None }) {
         Command::Repl { config } => {
             let (s, path) = open(config).await?;
@@ -372,6 +405,12 @@ async fn run(cli: Cli) -> Result<bool, DpError> {
         }
         Command::Marginals(a) => marginals::run(a).await,
         Command::Serve { config } => admin::serve(config).await,
+        #[cfg(feature = "cluster")]
+        Command::Scheduler(a) => cluster::scheduler(a).await,
+        #[cfg(feature = "cluster")]
+        Command::Executor(a) => cluster::executor(a).await,
+        #[cfg(feature = "cluster")]
+        Command::ClusterKey { file } => cluster::cluster_key(&file),
         Command::Analyst(a) => admin::analyst(a),
         Command::Cap(a) => admin::cap(a),
         Command::Pin(a) => pin::run(a).await,

@@ -23,6 +23,68 @@ pub struct Config {
     pub ledger: Option<LedgerConfig>,
     /// `dpfusion serve`: where and how analysts connect.
     pub server: Option<ServerConfig>,
+    /// Where private plans run: here, or on a Ballista cluster.
+    pub engine: Option<EngineConfig>,
+}
+
+/// `[engine]`: where private plans run.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EngineConfig {
+    /// A Ballista scheduler, `df://host:port`: private plans run on its cluster (`docs/cluster.md`).
+    pub scheduler: Option<String>,
+    /// Partitions of every private plan on the cluster (about the executors' cores in all; 16 by default).
+    pub cluster_partitions: Option<usize>,
+    /// The cluster key shared with the executors (`dpfusion cluster-key FILE` writes one).
+    pub cluster_key_file: Option<String>,
+}
+
+/// The validated `[engine] scheduler` and what goes with it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ClusterSettings {
+    /// The scheduler, `df://host:port`.
+    pub scheduler: String,
+    /// Partitions of every private plan (the parallelism of each stage across the executors).
+    pub partitions: usize,
+    /// The file holding the cluster key.
+    pub key_file: PathBuf,
+}
+
+/// Partitions of a private plan on a cluster unless `[engine] cluster_partitions` says otherwise.
+pub const DEFAULT_CLUSTER_PARTITIONS: usize = 16;
+
+fn cluster_settings(
+    e: EngineConfig,
+    tables: &BTreeMap<String, TableSource>,
+    base_dir: &Path,
+) -> Result<Option<ClusterSettings>> {
+    let Some(scheduler) = e.scheduler else {
+        if e.cluster_partitions.is_some() || e.cluster_key_file.is_some() {
+            return Err(DpError::Config(
+                "[engine] cluster_partitions and cluster_key_file apply to a cluster: add scheduler = \"df://host:50050\""
+                    .into(),
+            ));
+        }
+        return Ok(None);
+    };
+    let key_file = e.cluster_key_file.ok_or_else(|| {
+        DpError::Config(
+            "[engine] scheduler needs cluster_key_file, the key shared with the executors (write one with \
+             `dpfusion cluster-key FILE`)"
+                .into(),
+        )
+    })?;
+    let partitions = e.cluster_partitions.unwrap_or(DEFAULT_CLUSTER_PARTITIONS);
+    if !(1..=4096).contains(&partitions) {
+        return Err(DpError::Config(format!("[engine] cluster_partitions = {partitions} must be in 1..=4096")));
+    }
+    if let Some((name, _)) = tables.iter().find(|(_, t)| t.in_memory) {
+        return Err(DpError::Config(format!(
+            "[tables.{name}] in_memory = true cannot run on a cluster ([engine] scheduler): its rows would travel \
+             inside every plan. Remove in_memory, or the scheduler"
+        )));
+    }
+    Ok(Some(ClusterSettings { scheduler, partitions, key_file: resolve(base_dir, &key_file) }))
 }
 
 /// `[server]`: the PostgreSQL-wire server (`dpfusion serve`).
@@ -354,6 +416,8 @@ pub struct SessionConfig {
     pub owner_log: Option<PathBuf>,
     /// `[server]`, if configured.
     pub server: Option<ServerSettings>,
+    /// `[engine] scheduler`, if configured: private plans run on that cluster.
+    pub cluster: Option<ClusterSettings>,
 }
 
 fn cfg_err(e: DpError, key: &str) -> DpError {
@@ -461,8 +525,13 @@ impl SessionConfig {
         };
         let owner_log = s.owner_log.as_deref().map(|p| resolve(base_dir, p));
         let server = raw.server.map(|c| server_settings(c, base_dir)).transpose()?;
+        let cluster = match raw.engine {
+            Some(e) => cluster_settings(e, &tables, base_dir)?,
+            None => None,
+        };
         Ok(SessionConfig {
             server,
+            cluster,
             accounting,
             total_rho,
             default_query_rho,

@@ -59,6 +59,8 @@
 //! ```
 
 pub mod accounting;
+#[cfg(feature = "cluster")]
+pub mod cluster;
 pub mod config;
 pub mod error;
 pub mod format;

@@ -117,9 +117,16 @@ pub(crate) struct ByUnitExec {
 }
 
 impl ByUnitExec {
-    fn new(input: Arc<dyn ExecutionPlan>, unit: Arc<dyn PhysicalExpr>) -> Self {
+    /// `input`, to be hash-partitioned by `unit`.
+    pub(crate) fn new(input: Arc<dyn ExecutionPlan>, unit: Arc<dyn PhysicalExpr>) -> Self {
         let props = Arc::clone(input.properties());
         ByUnitExec { input, unit, props }
+    }
+
+    #[cfg(feature = "cluster")]
+    /// The unit expression the rows are partitioned by.
+    pub(crate) fn unit(&self) -> &Arc<dyn PhysicalExpr> {
+        &self.unit
     }
 }
 

@@ -263,12 +263,23 @@ fn strides(keys: &[GroupKey]) -> Result<Vec<i64>> {
 impl CellIndex {
     /// `dp_cell(keys…) ` over the key columns.
     pub fn call(keys: &[GroupKey]) -> Result<Expr> {
-        let index = strides(keys)?.into_iter().zip(keys).map(|(s, k)| KeyIndex::new(&k.domain, s)).collect();
-        let udf = ScalarUDF::new_from_impl(CellIndex {
-            keys: index,
-            signature: Signature::any(keys.len(), Volatility::Volatile),
-        });
-        Ok(udf.call(keys.iter().map(|k| Expr::Column(k.column.clone())).collect()))
+        let parts = strides(keys)?.into_iter().zip(keys).map(|(s, k)| (k.domain.clone(), s)).collect();
+        Ok(Self::from_parts(parts).call(keys.iter().map(|k| Expr::Column(k.column.clone())).collect()))
+    }
+}
+
+impl CellIndex {
+    #[cfg(feature = "cluster")]
+    /// Each key's domain and stride (for a plan sent to a cluster).
+    pub(crate) fn parts(&self) -> Vec<(&[ScalarValue], i64)> {
+        self.keys.iter().map(|k| (k.domain.as_slice(), k.stride)).collect()
+    }
+
+    /// The function of [`CellIndex::parts`].
+    pub(crate) fn from_parts(parts: Vec<(Vec<ScalarValue>, i64)>) -> ScalarUDF {
+        let signature = Signature::any(parts.len(), Volatility::Volatile);
+        let keys = parts.iter().map(|(domain, stride)| KeyIndex::new(domain, *stride)).collect();
+        ScalarUDF::new_from_impl(CellIndex { keys, signature })
     }
 }
 
@@ -310,6 +321,18 @@ pub struct CellKey {
 }
 
 impl CellKey {
+    #[cfg(feature = "cluster")]
+    /// The domain, stride, number of cells and type (for a plan sent to a cluster).
+    pub(crate) fn parts(&self) -> (&[ScalarValue], i64, i64, &DataType) {
+        (&self.domain, self.stride, self.cells, &self.data_type)
+    }
+
+    /// The function of [`CellKey::parts`].
+    pub(crate) fn from_parts(domain: Vec<ScalarValue>, stride: i64, cells: i64, data_type: DataType) -> ScalarUDF {
+        let signature = Signature::exact(vec![DataType::Int64], Volatility::Immutable);
+        ScalarUDF::new_from_impl(CellKey { domain, stride, cells, data_type, signature })
+    }
+
     /// The value of key `i` of `keys` in the cell `cell` (an index made by [`CellIndex`] over the same keys).
     pub fn call(keys: &[GroupKey], i: usize, cell: Expr) -> Result<Expr> {
         let strides = strides(keys)?;
@@ -317,14 +340,7 @@ impl CellKey {
         let cells = strides[0].saturating_mul(keys[0].domain.len() as i64);
         let domain = keys[i].domain.clone();
         let data_type = domain.first().map(ScalarValue::data_type).unwrap_or(DataType::Null);
-        let udf = ScalarUDF::new_from_impl(CellKey {
-            domain,
-            stride,
-            cells,
-            data_type,
-            signature: Signature::exact(vec![DataType::Int64], Volatility::Immutable),
-        });
-        Ok(udf.call(vec![cell]))
+        Ok(Self::from_parts(domain, stride, cells, data_type).call(vec![cell]))
     }
 }
 

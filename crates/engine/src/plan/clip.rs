@@ -66,6 +66,18 @@ impl Clip {
         Clip { k, range }
     }
 
+    #[cfg(feature = "cluster")]
+    /// The row limit and the sum range (for a plan sent to a cluster).
+    pub(crate) fn parts(&self) -> (i64, Option<(i128, i128)>) {
+        (self.k, self.range)
+    }
+
+    #[cfg(feature = "cluster")]
+    /// The rule of [`Clip::parts`].
+    pub(crate) fn from_parts(k: i64, range: Option<(i128, i128)>) -> Self {
+        Clip { k, range }
+    }
+
     /// The clipped contribution of a unit with `n` rows and aggregate `v`.
     pub(crate) fn clip(&self, v: i128, n: i64) -> i128 {
         if n <= self.k || n <= 0 {
@@ -125,8 +137,23 @@ impl Clipped {
             args.push(lit(1i64)); // COUNT(*) alone reads nothing; an aggregate takes at least one argument
         }
         let measures = measures.iter().map(|(v, _, range)| (*v, Clip::rule(k, *range))).collect();
-        let signature = Signature::any(args.len(), Volatility::Immutable);
-        AggregateUDF::new_from_impl(Clipped { measures, pick, signature }).call(args)
+        Self::from_parts(measures, pick, args.len()).call(args)
+    }
+
+    #[cfg(feature = "cluster")]
+    /// The measurements, the pick, and the number of arguments (for a plan sent to a cluster).
+    pub(crate) fn parts(&self) -> (&[(RowValue, Clip)], Option<usize>, usize) {
+        let args = match self.signature.type_signature {
+            datafusion::logical_expr::TypeSignature::Any(n) => n,
+            _ => 0,
+        };
+        (&self.measures, self.pick, args)
+    }
+
+    /// The function of [`Clipped::parts`].
+    pub(crate) fn from_parts(measures: Vec<(RowValue, Clip)>, pick: Option<usize>, args: usize) -> AggregateUDF {
+        let signature = Signature::any(args, Volatility::Immutable);
+        AggregateUDF::new_from_impl(Clipped { measures, pick, signature })
     }
 
     /// Field `name` (`cell`, or `x{i}` for measurement i) of the struct `s`.

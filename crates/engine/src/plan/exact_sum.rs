@@ -204,6 +204,16 @@ impl BoundedSum {
     pub(crate) fn grid(&self) -> Grid {
         self.grid
     }
+
+    #[cfg(feature = "cluster")]
+    /// The sum on `grid` (Int64 input for an integer grid, Float64 for a float one), as [`BoundedSum::int`] and
+    /// [`BoundedSum::float`] make it.
+    pub(crate) fn on_grid(grid: Grid) -> Self {
+        match grid {
+            Grid::Int { .. } => Self::new(grid, DataType::Int64),
+            Grid::Float { .. } => Self::new(grid, DataType::Float64),
+        }
+    }
 }
 
 /// Calls `f(row, grid value)` for every non-NULL row of `values` (Int64 or Float64, as the sum's argument) that

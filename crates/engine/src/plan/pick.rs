@@ -44,9 +44,18 @@ pub(crate) struct Priority {
 impl Priority {
     /// The expression, with a fresh key.
     pub(crate) fn call(unit: Expr, cell: Expr) -> Expr {
-        let key = rand::rng().random();
+        Self::udf(rand::rng().random()).call(vec![unit, cell])
+    }
+
+    /// The function with `key` (a plan sent to a cluster carries its key, so every executor ranks alike).
+    pub(crate) fn udf(key: u64) -> ScalarUDF {
         ScalarUDF::new_from_impl(Priority { key, signature: Signature::any(2, Volatility::Immutable) })
-            .call(vec![unit, cell])
+    }
+
+    #[cfg(feature = "cluster")]
+    /// The key of the hash.
+    pub(crate) fn key(&self) -> u64 {
+        self.key
     }
 }
 

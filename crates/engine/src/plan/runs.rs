@@ -174,9 +174,15 @@ impl UserDefinedLogicalNodeCore for UnitRuns {
     }
 }
 
-/// Plans [`UnitRuns`] as [`UnitRunsExec`].
+/// Plans [`UnitRuns`] as [`UnitRunsExec`], or as its fallback alone when the session's config carries
+/// [`RunsOnCluster`].
 #[derive(Debug)]
 pub(crate) struct UnitRunsPlanner;
+
+/// Marks a private context whose plans run on a cluster: there the pass is not used (it reads every partition of
+/// its input in one task), and the hash plan of the same bounding runs, split into stages by unit.
+#[derive(Debug)]
+pub(crate) struct RunsOnCluster;
 
 #[async_trait::async_trait]
 impl datafusion::physical_planner::ExtensionPlanner for UnitRunsPlanner {
@@ -186,11 +192,14 @@ impl datafusion::physical_planner::ExtensionPlanner for UnitRunsPlanner {
         node: &dyn datafusion::logical_expr::UserDefinedLogicalNode,
         _logical_inputs: &[&LogicalPlan],
         physical_inputs: &[Arc<dyn ExecutionPlan>],
-        _session: &dyn datafusion::catalog::Session,
+        session: &dyn datafusion::catalog::Session,
         _ctx: &datafusion::logical_expr::physical_planning_context::PhysicalPlanningContext,
     ) -> Result<Option<Arc<dyn ExecutionPlan>>> {
         let Some(node) = node.as_any().downcast_ref::<UnitRuns>() else { return Ok(None) };
         let [rows, fallback] = physical_inputs else { return internal_err!("DpUnitRuns has two inputs") };
+        if session.config().get_extension::<RunsOnCluster>().is_some() {
+            return Ok(Some(Arc::clone(fallback)));
+        }
         Ok(Some(Arc::new(UnitRunsExec::try_new(Arc::clone(rows), Arc::clone(fallback), node.spec.clone())?)))
     }
 }

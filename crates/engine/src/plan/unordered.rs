@@ -78,7 +78,8 @@ pub(crate) struct UnorderedExec {
 }
 
 impl UnorderedExec {
-    fn new(input: Arc<dyn ExecutionPlan>) -> Self {
+    /// `input`'s batches, with nothing declared about them.
+    pub(crate) fn new(input: Arc<dyn ExecutionPlan>) -> Self {
         let partitions = input.output_partitioning().partition_count();
         let props = PlanProperties::new(
             EquivalenceProperties::new(input.schema()),

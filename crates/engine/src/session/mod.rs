@@ -28,7 +28,7 @@ mod explain;
 mod marginals;
 mod post;
 mod prepare;
-mod private;
+pub(crate) mod private;
 mod quote;
 mod register;
 mod statement;
@@ -174,10 +174,31 @@ impl DpSession {
         if let Some(p) = &cfg.owner_log {
             s.owner_log = Some(Arc::new(OwnerLog::open(p)?));
         }
+        if let Some(c) = &cfg.cluster {
+            s.use_cluster(c).await?;
+        }
         for (name, src) in &cfg.tables {
             s.register_source(name, src).await?;
         }
         Ok(s)
+    }
+
+    /// Runs every private plan of this session on the Ballista cluster of `settings` ([`crate::cluster`]).
+    #[cfg(feature = "cluster")]
+    async fn use_cluster(&mut self, settings: &crate::config::ClusterSettings) -> Result<()> {
+        let cluster = crate::cluster::Cluster::connect(settings).await?;
+        self.tables.use_cluster(Arc::new(cluster));
+        Ok(())
+    }
+
+    /// Without the `cluster` feature, a configured scheduler is a configuration error.
+    #[cfg(not(feature = "cluster"))]
+    async fn use_cluster(&mut self, settings: &crate::config::ClusterSettings) -> Result<()> {
+        Err(DpError::Config(format!(
+            "[engine] scheduler = \"{}\": this dpfusion was built without the `cluster` feature; build it with \
+             `--features cluster` (the dpfusion command has it by default)",
+            settings.scheduler
+        )))
     }
 
     /// A session with the configuration's budget (in memory), accounting and defaults, and no tables yet.

@@ -43,6 +43,7 @@ use crate::error::{DpError, Result};
 use crate::plan::{safety, size};
 use crate::refusal::Refusal;
 use crate::session::DpOptions;
+use crate::source::text::TextScan;
 use async_trait::async_trait;
 use datafusion::arrow::array::RecordBatch;
 use datafusion::arrow::datatypes::SchemaRef;
@@ -67,6 +68,9 @@ use std::sync::atomic::AtomicU64;
 /// Its fields are private and it has no accessor; rows are read only through [`PrivateTables::open`].
 pub struct PrivateTables {
     ctx: SessionContext,
+    /// Where private plans run when not here: a Ballista cluster ([`crate::cluster`]).
+    #[cfg(feature = "cluster")]
+    cluster: Option<Arc<crate::cluster::Cluster>>,
 }
 
 /// The proof, inside a task context, that a debit opened the tables. Only [`PrivateTables::open`] makes one.
@@ -76,7 +80,28 @@ struct Unlock(());
 impl PrivateTables {
     /// No tables yet: a private context ([`private_context`]).
     pub(crate) fn new() -> Self {
-        PrivateTables { ctx: private_context() }
+        PrivateTables {
+            ctx: private_context(),
+            #[cfg(feature = "cluster")]
+            cluster: None,
+        }
+    }
+
+    /// Runs every private plan on `cluster` from now on: plans are made for its partitions and without the
+    /// streaming pass ([`crate::plan::runs::RunsOnCluster`]); the debit, the noise and the release stay here.
+    #[cfg(feature = "cluster")]
+    pub(crate) fn use_cluster(&mut self, cluster: Arc<crate::cluster::Cluster>) {
+        let state = self.ctx.state_ref();
+        let mut st = state.write();
+        let config = st.config_mut();
+        config.options_mut().execution.target_partitions = cluster.partitions();
+        // A round-robin repartition inside a stage would be run by each of its tasks separately, and each task
+        // keeps its share of a split that depends on the order batches arrive in: rows could be read twice or not
+        // at all (one person's rows could move another's count). Ballista's own sessions turn it off too.
+        config.options_mut().optimizer.enable_round_robin_repartition = false;
+        *config = std::mem::take(config).with_extension(Arc::new(crate::plan::runs::RunsOnCluster));
+        drop(st);
+        self.cluster = Some(cluster);
     }
 
     /// Registers `provider` as the private table `name`, sealed.
@@ -88,7 +113,12 @@ impl PrivateTables {
 
     /// New private tables (a new context, with its own options) holding the same sealed tables `names`.
     pub(crate) async fn share<'a>(&self, names: impl IntoIterator<Item = &'a String>) -> Result<PrivateTables> {
-        let out = PrivateTables::new();
+        #[allow(unused_mut)]
+        let mut out = PrivateTables::new();
+        #[cfg(feature = "cluster")]
+        if let Some(cluster) = &self.cluster {
+            out.use_cluster(Arc::clone(cluster));
+        }
         for name in names {
             let sealed = self.ctx.table_provider(name.as_str()).await.map_err(crate::error::engine)?;
             out.ctx.register_table(name.as_str(), sealed).map_err(crate::error::engine)?;
@@ -203,13 +233,22 @@ pub struct Unlocked<'a> {
 }
 
 impl Unlocked<'_> {
-    /// Runs `plan` to completion.
+    /// Runs `plan` to completion (here, or on the cluster the tables use).
     pub async fn collect(&self, plan: &PrivatePlan) -> datafusion::error::Result<Vec<RecordBatch>> {
+        #[cfg(feature = "cluster")]
+        if self._tables.cluster.is_some() {
+            return futures::TryStreamExt::try_collect(self.stream(plan)?).await;
+        }
         datafusion::physical_plan::collect(Arc::clone(&plan.physical), Arc::clone(&self.task)).await
     }
 
-    /// Runs `plan` as a stream of batches.
+    /// Runs `plan` as a stream of batches (here, or on the cluster the tables use: then every sealed scan of
+    /// the plan carries a capability for this debit's charge, [`crate::cluster`]).
     pub fn stream(&self, plan: &PrivatePlan) -> datafusion::error::Result<SendableRecordBatchStream> {
+        #[cfg(feature = "cluster")]
+        if let Some(cluster) = &self._tables.cluster {
+            return cluster.stream(&plan.physical, self.debit.charge());
+        }
         datafusion::physical_plan::execute_stream(Arc::clone(&plan.physical), Arc::clone(&self.task))
     }
 
@@ -255,7 +294,11 @@ impl TableProvider for SealedTable {
         limit: Option<usize>,
     ) -> datafusion::error::Result<Arc<dyn ExecutionPlan>> {
         let inner = self.inner.scan(state, projection, filters, limit).await?;
-        Ok(Arc::new(SealedScanExec::new(inner)))
+        let text = match self.inner.downcast_ref::<crate::source::text::TextTable>() {
+            Some(t) => Some(Arc::new(t.describe(projection, limit)?)),
+            None => None,
+        };
+        Ok(Arc::new(SealedScanExec::new(inner, text)))
     }
 }
 
@@ -264,18 +307,71 @@ impl TableProvider for SealedTable {
 #[derive(Debug)]
 pub(crate) struct SealedScanExec {
     inner: Arc<dyn ExecutionPlan>,
+    /// What `inner` reads, when it is a text table's scan (to read it again on a cluster's executor).
+    #[cfg_attr(not(feature = "cluster"), allow(dead_code))]
+    text: Option<Arc<TextScan>>,
     props: Arc<PlanProperties>,
+    /// On a cluster: the scan as sent, with the capability that lets an executor read it ([`crate::cluster`]).
+    #[cfg(feature = "cluster")]
+    remote: Option<Arc<crate::cluster::Remote>>,
 }
 
 impl SealedScanExec {
-    fn new(inner: Arc<dyn ExecutionPlan>) -> Self {
+    pub(crate) fn new(inner: Arc<dyn ExecutionPlan>, text: Option<Arc<TextScan>>) -> Self {
         let props = PlanProperties::new(
             EquivalenceProperties::new(inner.schema()),
             Partitioning::UnknownPartitioning(inner.output_partitioning().partition_count()),
             inner.pipeline_behavior(),
             inner.boundedness(),
         );
-        SealedScanExec { inner, props: Arc::new(props) }
+        SealedScanExec {
+            inner,
+            text,
+            props: Arc::new(props),
+            #[cfg(feature = "cluster")]
+            remote: None,
+        }
+    }
+
+    /// The reader, and what it reads when it is a text scan (for the cluster's codec).
+    #[cfg(feature = "cluster")]
+    pub(crate) fn source(&self) -> (&Arc<dyn ExecutionPlan>, Option<&TextScan>) {
+        (&self.inner, self.text.as_deref())
+    }
+
+    /// The scan as sent to a cluster, if it was.
+    #[cfg(feature = "cluster")]
+    pub(crate) fn remote(&self) -> Option<&Arc<crate::cluster::Remote>> {
+        self.remote.as_ref()
+    }
+
+    /// A scan sent to (or received from) a cluster: `inner` reads what `remote` describes, as **one** partition.
+    ///
+    /// Ballista runs a stage as several tasks, each restricted to its share of the stage's partitions by rewriting
+    /// the leaves it knows (file groups, shuffle readers); a leaf it does not know is left whole, so every task
+    /// would read every partition of it and each row would be counted once per task. One partition makes the scan
+    /// stage a single task that reads each row once; the stages after the shuffle by unit stay parallel.
+    #[cfg(feature = "cluster")]
+    pub(crate) fn with_remote(inner: Arc<dyn ExecutionPlan>, remote: Arc<crate::cluster::Remote>) -> Self {
+        let inner: Arc<dyn ExecutionPlan> = if inner.output_partitioning().partition_count() > 1 {
+            Arc::new(datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec::new(inner))
+        } else {
+            inner
+        };
+        SealedScanExec { remote: Some(remote), ..SealedScanExec::new(inner, None) }
+    }
+
+    /// Whether `context` may read the rows: it was opened by a debit here, or (on a cluster's executor) the scan
+    /// carries a capability that verifies under the executor's cluster key.
+    fn may_read(&self, context: &TaskContext) -> bool {
+        if context.session_config().get_extension::<Unlock>().is_some() {
+            return true;
+        }
+        #[cfg(feature = "cluster")]
+        if let Some(remote) = &self.remote {
+            return remote.verify(context);
+        }
+        false
     }
 
     /// The exact number of rows the scan will read, when its source knows it (Parquet metadata, in-memory
@@ -327,15 +423,21 @@ impl ExecutionPlan for SealedScanExec {
     }
 
     /// The source read in `target_partitions` partitions when it can be (files split into ranges), still sealed.
+    /// Not once sent to a cluster: the scan must stay the one its capability names.
     fn repartitioned(
         &self,
         target_partitions: usize,
         config: &ConfigOptions,
     ) -> datafusion::error::Result<Option<Arc<dyn ExecutionPlan>>> {
+        #[cfg(feature = "cluster")]
+        if self.remote.is_some() {
+            return Ok(None);
+        }
         Ok(self
             .inner
             .repartitioned(target_partitions, config)?
-            .map(|inner| Arc::new(SealedScanExec::new(inner)) as Arc<dyn ExecutionPlan>))
+            // (A text scan is never split: its descriptor names whole files.)
+            .map(|inner| Arc::new(SealedScanExec::new(inner, None)) as Arc<dyn ExecutionPlan>))
     }
 
     /// Nothing about the rows: a plan never rests on a private table's size.
@@ -353,7 +455,7 @@ impl ExecutionPlan for SealedScanExec {
         partition: usize,
         context: Arc<TaskContext>,
     ) -> datafusion::error::Result<SendableRecordBatchStream> {
-        if context.session_config().get_extension::<Unlock>().is_none() {
+        if !self.may_read(&context) {
             return internal_err!("a private table was read without a debit");
         }
         self.inner.execute(partition, context)

@@ -106,26 +106,56 @@ impl TableProvider for TextTable {
         _filters: &[Expr],
         limit: Option<usize>,
     ) -> Result<Arc<dyn ExecutionPlan>> {
+        self.describe(projection, limit)?.exec(self.log.clone(), self.read.clone())
+    }
+}
+
+/// What a scan of a [`TextTable`] reads: enough to read it again elsewhere (on a cluster's executor, which has
+/// the same files at the same paths).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct TextScan {
+    /// The table's name (for the owner's log).
+    pub(crate) table: String,
+    /// The projected columns, as the scan outputs them.
+    pub(crate) schema: SchemaRef,
+    /// The files, one partition each.
+    pub(crate) files: Vec<PathBuf>,
+    /// How they are written.
+    pub(crate) format: TextFormat,
+    /// At most this many rows.
+    pub(crate) limit: Option<usize>,
+}
+
+impl TextTable {
+    /// The scan of `projection` (all columns: None), with `limit`.
+    pub(crate) fn describe(&self, projection: Option<&Vec<usize>>, limit: Option<usize>) -> Result<TextScan> {
         // Each partition parses only the projected columns.
         let schema = match projection {
             Some(p) => Arc::new(self.schema.project(p)?),
             None => self.schema.clone(),
         };
+        Ok(TextScan { table: self.name.clone(), schema, files: self.files.clone(), format: self.format.clone(), limit })
+    }
+}
+
+impl TextScan {
+    /// The scan's plan: one partition per file, counting unreadable values into `log` and bytes into `read`.
+    pub(crate) fn exec(&self, log: Option<Arc<OwnerLog>>, read: Arc<AtomicU64>) -> Result<Arc<dyn ExecutionPlan>> {
         let partitions: Vec<Arc<dyn PartitionStream>> = self
             .files
             .iter()
             .map(|f| {
                 Arc::new(FilePartition {
-                    table: self.name.clone(),
+                    table: self.table.clone(),
                     file: f.clone(),
                     format: self.format.clone(),
-                    schema: schema.clone(),
-                    log: self.log.clone(),
-                    read: self.read.clone(),
+                    schema: self.schema.clone(),
+                    log: log.clone(),
+                    read: read.clone(),
                 }) as Arc<dyn PartitionStream>
             })
             .collect();
-        Ok(Arc::new(StreamingTableExec::try_new(schema, partitions, None, vec![], false, limit)?))
+        Ok(Arc::new(StreamingTableExec::try_new(self.schema.clone(), partitions, None, vec![], false, self.limit)?))
     }
 }
 

@@ -1,0 +1,154 @@
+//! dpfusion on Apache DataFusion Ballista: the scheduler and executor processes that run dpfusion's private
+//! plans (`dpfusion scheduler`, `dpfusion executor`), and an in-process cluster for tests.
+//!
+//! Both processes are Ballista's own, with dpfusion's plan codec ([`dpfusion::cluster::DpPhysicalCodec`]), which
+//! knows the sealed scans, the bounding's operators and functions. Executors also hold the cluster key: they read
+//! a private table only for a scan whose capability, minted by the dpfusion process when it debited the query,
+//! verifies under that key ([`dpfusion::cluster`]). The scheduler has no key and reads nothing.
+//!
+//! No noise, budget or ledger is on any of these processes: a dpfusion session (`[engine] scheduler`) debits,
+//! submits the plan it checked, and adds the noise to the exact aggregates that come back.
+
+use ballista_core::extension::SessionConfigExt;
+use ballista_core::serde::{BallistaCodec, BallistaLogicalExtensionCodec};
+use ballista_executor::executor_process::{ExecutorProcessConfig, start_executor_process};
+use ballista_scheduler::cluster::BallistaCluster;
+use ballista_scheduler::config::SchedulerConfig;
+use datafusion::execution::SessionStateBuilder;
+use datafusion::prelude::SessionConfig;
+use dpfusion::cluster::{ClusterKey, DpPhysicalCodec};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+/// What can go wrong starting or running a process of the cluster.
+#[derive(Debug, thiserror::Error)]
+pub enum ClusterError {
+    /// Ballista's error (binding a port, reaching the scheduler, …).
+    #[error("{0}")]
+    Ballista(#[from] ballista_core::error::BallistaError),
+    /// A setting that cannot work, with what to change.
+    #[error("{0}")]
+    Config(String),
+}
+
+/// `dpfusion scheduler`'s settings.
+#[derive(Clone, Debug)]
+pub struct SchedulerOptions {
+    /// Where it listens for executors and dpfusion sessions (Ballista's default port is 50050).
+    pub bind: SocketAddr,
+    /// Seconds without a heartbeat after which an executor is lost and its tasks run elsewhere.
+    pub executor_timeout_secs: u64,
+}
+
+impl Default for SchedulerOptions {
+    fn default() -> Self {
+        SchedulerOptions { bind: SocketAddr::from(([127, 0, 0, 1], 50050)), executor_timeout_secs: 180 }
+    }
+}
+
+/// Ballista's scheduler config with dpfusion's codec; the job data of finished jobs (exact aggregates, per-unit
+/// shuffle files on the executors) is cleaned up after 60 s instead of Ballista's 300.
+fn scheduler_config(opts: &SchedulerOptions) -> SchedulerConfig {
+    SchedulerConfig {
+        bind_host: opts.bind.ip().to_string(),
+        external_host: opts.bind.ip().to_string(),
+        bind_port: opts.bind.port(),
+        executor_timeout_seconds: opts.executor_timeout_secs,
+        finished_job_data_clean_up_interval_seconds: 60,
+        override_physical_codec: Some(Arc::new(DpPhysicalCodec::default())),
+        ..SchedulerConfig::default()
+    }
+}
+
+/// Runs the scheduler until the process ends.
+pub async fn run_scheduler(opts: &SchedulerOptions) -> Result<(), ClusterError> {
+    let config = scheduler_config(opts);
+    let cluster = BallistaCluster::new_from_config(&config).await?;
+    ballista_scheduler::scheduler_process::start_server(cluster, opts.bind, Arc::new(config)).await?;
+    Ok(())
+}
+
+/// `dpfusion executor`'s settings.
+#[derive(Clone, Debug)]
+pub struct ExecutorOptions {
+    /// The scheduler, `host:port`.
+    pub scheduler: String,
+    /// The address it listens on (Flight, for shuffle and results).
+    pub bind_host: String,
+    /// The name other processes reach it by (default: `bind_host`).
+    pub external_host: Option<String>,
+    /// The Flight port (Ballista's default 50051).
+    pub port: u16,
+    /// The gRPC port (Ballista's default 50052).
+    pub grpc_port: u16,
+    /// Tasks it runs at once (default: its cores).
+    pub vcores: Option<usize>,
+    /// Where shuffle files go (default: a temporary directory).
+    pub work_dir: Option<PathBuf>,
+    /// The cluster key file (the same as the dpfusion sessions').
+    pub key_file: PathBuf,
+    /// Seconds between heartbeats to the scheduler (keep it well below the scheduler's executor timeout).
+    pub heartbeat_secs: u64,
+}
+
+/// The config producer of an executor: Ballista's, with the cluster key.
+fn executor_config_producer(key: Arc<ClusterKey>) -> ballista_core::ConfigProducer {
+    Arc::new(move || key.executor_config(SessionConfig::new_with_ballista()))
+}
+
+/// Runs an executor until the process ends (or the scheduler tells it to stop).
+pub async fn run_executor(opts: &ExecutorOptions) -> Result<(), ClusterError> {
+    let key = Arc::new(ClusterKey::from_file(&opts.key_file).map_err(|e| ClusterError::Config(e.to_string()))?);
+    let (scheduler_host, scheduler_port) = opts
+        .scheduler
+        .trim_start_matches("df://")
+        .rsplit_once(':')
+        .and_then(|(h, p)| Some((h.to_string(), p.parse::<u16>().ok()?)))
+        .ok_or_else(|| ClusterError::Config(format!("--scheduler `{}` is not host:port", opts.scheduler)))?;
+    let mut config = ExecutorProcessConfig {
+        bind_host: opts.bind_host.clone(),
+        external_host: opts.external_host.clone(),
+        port: opts.port,
+        grpc_port: opts.grpc_port,
+        scheduler_host,
+        scheduler_port,
+        work_dir: opts.work_dir.as_ref().map(|d| d.to_string_lossy().into_owned()),
+        override_physical_codec: Some(Arc::new(DpPhysicalCodec::default())),
+        override_config_producer: Some(executor_config_producer(key)),
+        executor_heartbeat_interval_seconds: opts.heartbeat_secs,
+        ..ExecutorProcessConfig::default()
+    };
+    if let Some(v) = opts.vcores {
+        config.vcores = v;
+    }
+    start_executor_process(Arc::new(config)).await?;
+    Ok(())
+}
+
+/// A cluster inside this process, for tests: a scheduler on a free port of localhost and `executors` executors of
+/// `vcores` task slots each, all with dpfusion's codec, the executors with `key`. Returns the scheduler's
+/// address (`[engine] scheduler = "df://<it>"`). They run on the caller's tokio runtime until it ends.
+pub async fn standalone(key: Arc<ClusterKey>, executors: usize, vcores: usize) -> Result<SocketAddr, ClusterError> {
+    use ballista_core::serde::protobuf::scheduler_grpc_client::SchedulerGrpcClient;
+    let codec =
+        || BallistaCodec::new(Arc::new(BallistaLogicalExtensionCodec::default()), Arc::new(DpPhysicalCodec::default()));
+    let session_builder: ballista_scheduler::scheduler_server::SessionBuilder = Arc::new(|config: SessionConfig| {
+        Ok(SessionStateBuilder::new().with_config(config).with_default_features().build())
+    });
+    let plain: ballista_core::ConfigProducer = Arc::new(SessionConfig::new_with_ballista);
+    let addr =
+        ballista_scheduler::standalone::new_standalone_scheduler_with_builder(session_builder, plain, codec()).await?;
+    for _ in 0..executors {
+        let scheduler = SchedulerGrpcClient::connect(format!("http://{addr}"))
+            .await
+            .map_err(|e| ClusterError::Config(format!("the standalone scheduler at {addr}: {e}")))?;
+        let config = executor_config_producer(Arc::clone(&key));
+        let runtime: ballista_core::RuntimeProducer =
+            Arc::new(|_: &SessionConfig| Ok(Arc::new(datafusion::execution::runtime_env::RuntimeEnv::default())));
+        let registry = ballista_core::registry::BallistaFunctionRegistry::default();
+        ballista_executor::new_standalone_executor_from_builder(scheduler, vcores, config, runtime, codec(), registry)
+            .await?;
+    }
+    Ok(addr)
+}

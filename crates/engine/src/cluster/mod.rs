@@ -1,0 +1,273 @@
+//! Private plans on an Apache DataFusion Ballista cluster (`[engine] scheduler`, feature `cluster`).
+//!
+//! Everything that decides what is released stays in the dpfusion process that holds the ledger: the plan is
+//! checked, bounded and quoted here, the charge is committed here **before** the job is submitted, and the noise
+//! is drawn here from the exact aggregates that come back. The cluster only computes those exact aggregates: the
+//! physical plan made here ([`crate::session::PrivatePlan`], the same plan that would run locally, made for the
+//! cluster's partitions and without the streaming pass) is sent to the scheduler with
+//! [`ballista_core::execution_plans::execute_physical_plan`], which splits it into stages at its repartitions and
+//! runs them on the executors. No noise, no budget and no randomness of a release is ever on an executor.
+//!
+//! # Why the guarantee is unchanged
+//! * **Same function of the data.** The plan is the local one. The bounding groups each unit's rows with a hash
+//!   repartition by unit, which Ballista turns into a shuffle: every row and partial state of one unit reaches
+//!   one task of the stage that clips it, whichever files or executors its rows came from, so the per-unit
+//!   bound holds exactly as locally. The per-unit random choice of cells is a keyed hash whose key travels inside
+//!   the plan (`dp_priority`), so a task that Ballista runs again (a retry, a lost executor) computes the same
+//!   values. Two-sided neighbours (add or remove one privacy unit with all its rows) therefore get exactly the
+//!   distribution of released numbers they get locally; sensitivities are unchanged.
+//! * **Rows only after a debit.** Locally a sealed scan reads only under a task context opened by a
+//!   [`crate::accounting::Debit`]. An executor builds its own task context, so that proof cannot travel; instead
+//!   each sealed scan of a submitted plan carries a [`Capability`]: a keyed BLAKE3 MAC, under the cluster key
+//!   that this process and the executors share (the scheduler does not have it), over the scan's exact encoded
+//!   description, the charge that paid for it and an expiry. It is minted only in [`Cluster::stream`], which
+//!   only [`crate::session::Unlocked`] calls, which only a debit opens. An executor reads a private table only for
+//!   a scan whose capability verifies. What this does not protect against is said in `docs/cluster.md`: anyone
+//!   holding the storage, an executor host or the key, and a capability replayed within its lifetime by someone
+//!   who saw the plan's bytes on an unencrypted network.
+//! * **Failures.** A job that fails (an executor lost beyond Ballista's retries, a file unreadable on an executor)
+//!   fails after the debit: the charge stays spent and the error reaches the analyst without its text (which
+//!   could quote a value; the owner's log keeps it), as for any failure while reading. A retry with the same
+//!   request id resumes the claimed charge and draws its noise once.
+
+mod codec;
+
+pub use codec::DpPhysicalCodec;
+
+use crate::accounting::Charge;
+use crate::config::ClusterSettings;
+use crate::error::{DpError, Result};
+use crate::session::private::SealedScanExec;
+use ballista_core::extension::SessionConfigExt;
+use datafusion::common::tree_node::{Transformed, TreeNode};
+use datafusion::execution::{SendableRecordBatchStream, TaskContext};
+use datafusion::physical_plan::ExecutionPlan;
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use datafusion::prelude::SessionConfig;
+use datafusion_proto::protobuf::PhysicalPlanNode;
+use futures::TryStreamExt;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// How long a capability lets executors read its scan: longer than any job should run (a task retried after it
+/// fails to read, after the debit: the job's error then reaches the analyst and the charge stays spent).
+const CAPABILITY_LIFETIME: Duration = Duration::from_secs(24 * 3600);
+
+/// The domain of the capability MAC (a new layout gets a new string).
+const MAC_DOMAIN: &[u8] = b"dpfusion-scan-capability-v1";
+
+/// The secret shared by the dpfusion process that debits and the executors that read: 32 random bytes. Written
+/// by `dpfusion cluster-key` as 64 hexadecimal digits in a file only its owner may read.
+#[derive(Clone)]
+pub struct ClusterKey([u8; 32]);
+
+impl std::fmt::Debug for ClusterKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ClusterKey(…)")
+    }
+}
+
+impl ClusterKey {
+    /// A new key from the operating system's CSPRNG.
+    pub fn generate() -> Result<Self> {
+        use rand::TryRngCore;
+        let mut key = [0u8; 32];
+        rand::rngs::OsRng
+            .try_fill_bytes(&mut key)
+            .map_err(|e| DpError::Config(format!("no randomness from the operating system for a cluster key: {e}")))?;
+        Ok(ClusterKey(key))
+    }
+
+    /// Writes a new key to `path`, which must not exist yet; the file is readable by its owner only.
+    pub fn write_new(path: &Path) -> Result<()> {
+        use std::io::Write;
+        let key = Self::generate()?;
+        let hex: String = key.0.iter().map(|b| format!("{b:02x}")).collect();
+        let mut options = std::fs::OpenOptions::new();
+        options.write(true).create_new(true);
+        #[cfg(unix)]
+        std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+        let fail = |e: std::io::Error| DpError::Config(format!("cluster key {}: {e}", path.display()));
+        let mut file = options.open(path).map_err(fail)?;
+        file.write_all(format!("{hex}\n").as_bytes()).map_err(fail)?;
+        file.sync_all().map_err(fail)
+    }
+
+    /// Reads the key in `path` (64 hexadecimal digits). Refused when others may read the file.
+    pub fn from_file(path: &Path) -> Result<Self> {
+        let fail = |msg: String| DpError::Config(format!("cluster key {}: {msg}", path.display()));
+        let meta = std::fs::metadata(path).map_err(|e| fail(e.to_string()))?;
+        #[cfg(unix)]
+        if std::os::unix::fs::PermissionsExt::mode(&meta.permissions()) & 0o077 != 0 {
+            return Err(fail("others may read it; make it private with `chmod 600`".into()));
+        }
+        let _ = meta;
+        let text = std::fs::read_to_string(path).map_err(|e| fail(e.to_string()))?;
+        let text = text.trim();
+        let bytes: Option<Vec<u8>> = (text.len() == 64)
+            .then(|| (0..32).map(|i| u8::from_str_radix(&text[2 * i..2 * i + 2], 16).ok()).collect())
+            .flatten();
+        match bytes.and_then(|b| <[u8; 32]>::try_from(b).ok()) {
+            Some(key) => Ok(ClusterKey(key)),
+            None => Err(fail("expected 64 hexadecimal digits (write one with `dpfusion cluster-key FILE`)".into())),
+        }
+    }
+
+    /// An executor's session config, carrying the key: the scans of tasks run under it verify their
+    /// capabilities with it. (Extensions stay in the process: Ballista never sends them anywhere.)
+    pub fn executor_config(self: &Arc<Self>, config: SessionConfig) -> SessionConfig {
+        config.with_extension(Arc::clone(self))
+    }
+
+    fn mac(&self, charge: u64, not_after: u64, source: &[u8]) -> blake3::Hash {
+        let mut h = blake3::Hasher::new_keyed(&self.0);
+        h.update(MAC_DOMAIN);
+        h.update(&charge.to_le_bytes());
+        h.update(&not_after.to_le_bytes());
+        h.update(blake3::hash(source).as_bytes());
+        h.finalize()
+    }
+}
+
+/// What lets an executor read one sealed scan: the charge that paid for it, until when, and the MAC binding both
+/// to the scan's encoded description.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Capability {
+    /// The charge (its id in the ledger of the process that submitted the job).
+    pub charge: u64,
+    /// Seconds since the Unix epoch after which executors refuse the scan.
+    pub not_after: u64,
+    /// The keyed BLAKE3 MAC.
+    pub mac: [u8; 32],
+}
+
+/// A sealed scan as sent to the cluster: its encoded description (the exact bytes the capability signs, sent
+/// as they are every time the plan is encoded again) and its capability.
+#[derive(Debug)]
+pub struct Remote {
+    pub(crate) source: Vec<u8>,
+    pub(crate) capability: Option<Capability>,
+}
+
+fn now_secs() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+}
+
+impl Remote {
+    /// Whether `context` (an executor's task) may read this scan: its config carries the cluster key, the
+    /// capability verifies under it (a constant-time comparison), and it has not expired.
+    pub(crate) fn verify(&self, context: &TaskContext) -> bool {
+        let (Some(key), Some(cap)) = (context.session_config().get_extension::<ClusterKey>(), &self.capability) else {
+            return false;
+        };
+        now_secs() <= cap.not_after && key.mac(cap.charge, cap.not_after, &self.source) == blake3::Hash::from(cap.mac)
+    }
+}
+
+/// A Ballista cluster that runs private plans: the scheduler's address, the key capabilities are minted with, and
+/// the codec.
+#[derive(Debug)]
+pub struct Cluster {
+    url: String,
+    key: Arc<ClusterKey>,
+    partitions: usize,
+    codec: Arc<DpPhysicalCodec>,
+}
+
+impl Cluster {
+    /// The cluster of `settings`: reads the key, and checks that the scheduler accepts connections (so that an
+    /// unreachable scheduler is a configuration error at start, not a failure after a debit).
+    pub async fn connect(settings: &ClusterSettings) -> Result<Self> {
+        let key = Arc::new(ClusterKey::from_file(&settings.key_file)?);
+        let url = scheduler_url(&settings.scheduler)?;
+        reachable(url.trim_start_matches("http://"))
+            .map_err(|e| DpError::Config(format!("[engine] scheduler {}: {e}", settings.scheduler)))?;
+        if settings.partitions == 0 {
+            return Err(DpError::invalid("[engine] cluster_partitions", "must be at least 1"));
+        }
+        Ok(Cluster { url, key, partitions: settings.partitions, codec: Arc::default() })
+    }
+
+    /// Partitions of every private plan.
+    pub(crate) fn partitions(&self) -> usize {
+        self.partitions
+    }
+
+    /// Runs `plan` on the cluster for `charge`: every sealed scan gets a capability for it ([`Capability`]), the
+    /// plan is submitted as it is, and its output comes back as a stream. Only [`crate::session::Unlocked`] calls
+    /// this, so only a debit mints capabilities.
+    pub(crate) fn stream(
+        &self,
+        plan: &Arc<dyn ExecutionPlan>,
+        charge: &Charge,
+    ) -> datafusion::error::Result<SendableRecordBatchStream> {
+        let not_after = now_secs().saturating_add(CAPABILITY_LIFETIME.as_secs());
+        let minted = self.mint(plan, charge.id(), not_after)?;
+        let (url, codec, schema) = (self.url.clone(), Arc::clone(&self.codec), plan.schema());
+        let config = SessionConfig::new_with_ballista().with_target_partitions(self.partitions);
+        let job = format!("dpfusion-charge-{}-{:016x}", charge.id(), rand::random::<u64>());
+        let submitted = async move {
+            let ballista = config.ballista_config();
+            ballista_core::execution_plans::execute_physical_plan::<PhysicalPlanNode>(
+                url,
+                &ballista,
+                minted,
+                codec.as_ref(),
+                job,
+                config,
+            )
+            .await
+        };
+        let batches = futures::stream::once(submitted).try_flatten();
+        Ok(Box::pin(RecordBatchStreamAdapter::new(schema, batches)))
+    }
+
+    /// `plan` with a capability for `charge` on every sealed scan.
+    fn mint(
+        &self,
+        plan: &Arc<dyn ExecutionPlan>,
+        charge: u64,
+        not_after: u64,
+    ) -> datafusion::error::Result<Arc<dyn ExecutionPlan>> {
+        let minted = Arc::clone(plan).transform_up(|node| {
+            let Some(scan) = node.downcast_ref::<SealedScanExec>() else { return Ok(Transformed::no(node)) };
+            let source = self.codec.encode_source(scan)?;
+            let mac = *self.key.mac(charge, not_after, &source).as_bytes();
+            let capability = Some(Capability { charge, not_after, mac });
+            let inner = Arc::clone(scan.source().0);
+            let sealed = SealedScanExec::with_remote(inner, Arc::new(Remote { source, capability }));
+            Ok(Transformed::yes(Arc::new(sealed) as Arc<dyn ExecutionPlan>))
+        })?;
+        Ok(minted.data)
+    }
+}
+
+/// Whether some address of `authority` (`host:port`) accepts a TCP connection within 10 s.
+fn reachable(authority: &str) -> std::io::Result<()> {
+    use std::net::ToSocketAddrs;
+    let mut last = std::io::Error::new(std::io::ErrorKind::NotFound, "the host name resolves to no address");
+    for addr in authority.to_socket_addrs()? {
+        match std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(10)) {
+            Ok(_) => return Ok(()),
+            Err(e) => last = e,
+        }
+    }
+    Err(last)
+}
+
+/// `df://host:port` or `http://host:port` (port 50050 when absent) as the `http://host:port` Ballista dials.
+fn scheduler_url(s: &str) -> Result<String> {
+    let rest = s.strip_prefix("df://").or_else(|| s.strip_prefix("http://")).ok_or_else(|| {
+        DpError::invalid("[engine] scheduler", format!("`{s}` is not df://host:port (e.g. df://localhost:50050)"))
+    })?;
+    let rest = rest.trim_end_matches('/');
+    if rest.is_empty() || rest.contains('/') {
+        return Err(DpError::invalid("[engine] scheduler", format!("`{s}` is not df://host:port")));
+    }
+    let has_port = rest.rsplit_once(':').is_some_and(|(_, p)| p.parse::<u16>().is_ok());
+    Ok(if has_port { format!("http://{rest}") } else { format!("http://{rest}:50050") })
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,126 @@
+//! The codec's round trips and the capability's checks, without a cluster (the integration tests run one).
+
+use super::*;
+use crate::source::text::{TextFormat, TextTable};
+use datafusion::arrow::datatypes::{DataType, Field, Schema};
+use datafusion::physical_plan::collect;
+use datafusion::prelude::SessionConfig;
+use datafusion_proto::physical_plan::AsExecutionPlan;
+
+/// A sealed scan of the demo's pums.csv (age, sex), as a session would plan it.
+fn pums_scan() -> Arc<dyn ExecutionPlan> {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/data/pums.csv");
+    let schema =
+        Arc::new(Schema::new(vec![Field::new("age", DataType::Int64, true), Field::new("sex", DataType::Int64, true)]));
+    let format = TextFormat::Csv { has_header: true, delimiter: b',', multiline_fields: false };
+    let table = TextTable::new("pums", schema, vec![path.into()], format, None);
+    let text = table.describe(None, None).unwrap();
+    let inner = text.exec(None, Arc::default()).unwrap();
+    Arc::new(SealedScanExec::new(inner, Some(Arc::new(text))))
+}
+
+fn cluster(key: ClusterKey) -> Cluster {
+    Cluster { url: "http://localhost:1".into(), key: Arc::new(key), partitions: 2, codec: Arc::default() }
+}
+
+fn encode(plan: &Arc<dyn ExecutionPlan>, codec: &DpPhysicalCodec) -> Vec<u8> {
+    let node = PhysicalPlanNode::try_from_physical_plan(Arc::clone(plan), codec).unwrap();
+    prost::Message::encode_to_vec(&node)
+}
+
+fn decode(bytes: &[u8], codec: &DpPhysicalCodec) -> Arc<dyn ExecutionPlan> {
+    let node: PhysicalPlanNode = prost::Message::decode(bytes).unwrap();
+    node.try_into_physical_plan(&TaskContext::default(), codec).unwrap()
+}
+
+/// An executor's task context: its cluster key, or none.
+fn executor(key: Option<&ClusterKey>) -> Arc<TaskContext> {
+    let config = match key {
+        Some(k) => Arc::new(k.clone()).executor_config(SessionConfig::new()),
+        None => SessionConfig::new(),
+    };
+    Arc::new(TaskContext::default().with_session_config(config))
+}
+
+async fn rows(plan: &Arc<dyn ExecutionPlan>, task: Arc<TaskContext>) -> datafusion::error::Result<usize> {
+    Ok(collect(Arc::clone(plan), task).await?.iter().map(|b| b.num_rows()).sum())
+}
+
+/// A minted scan survives encode → decode → encode byte for byte (the scheduler re-encodes stages), and an
+/// executor holding the key reads it once decoded; without the key, with another key, or after the expiry it
+/// reads nothing.
+#[tokio::test]
+async fn a_minted_scan_reads_only_under_the_cluster_key() {
+    let key = ClusterKey::generate().unwrap();
+    let c = cluster(key.clone());
+    let scan = pums_scan();
+    let minted = c.mint(&scan, 7, now_secs() + 60).unwrap();
+    let bytes = encode(&minted, &c.codec);
+    let decoded = decode(&bytes, &c.codec);
+    assert_eq!(encode(&decoded, &c.codec), bytes, "the scheduler's re-encoding must not change a byte");
+    assert_eq!(rows(&decoded, executor(Some(&key))).await.unwrap(), 1000);
+    for task in [executor(None), executor(Some(&ClusterKey::generate().unwrap()))] {
+        let e = rows(&decoded, task).await.unwrap_err();
+        assert!(e.to_string().contains("without a debit"), "{e}");
+    }
+    let expired = decode(&encode(&c.mint(&scan, 7, now_secs() - 1).unwrap(), &c.codec), &c.codec);
+    assert!(rows(&expired, executor(Some(&key))).await.is_err());
+    // A scan encoded without minting (no debit) carries no capability: nobody reads it.
+    let unminted = decode(&encode(&scan, &c.codec), &c.codec);
+    assert!(rows(&unminted, executor(Some(&key))).await.is_err());
+}
+
+/// Changing what a minted scan reads (another file) breaks its capability.
+#[tokio::test]
+async fn a_capability_covers_exactly_its_scan() {
+    let key = ClusterKey::generate().unwrap();
+    let c = cluster(key.clone());
+    let bytes = encode(&c.mint(&pums_scan(), 7, now_secs() + 60).unwrap(), &c.codec);
+    let from = b"pums.csv";
+    let at = bytes.windows(from.len()).position(|w| w == from).expect("the file name is in the plan");
+    let mut other = bytes.clone();
+    other[at..at + from.len()].copy_from_slice(b"pumX.csv");
+    let tampered = decode(&other, &c.codec);
+    let e = rows(&tampered, executor(Some(&key))).await.unwrap_err();
+    assert!(e.to_string().contains("without a debit"), "{e}");
+}
+
+/// Bytes of another version of the codec are refused with what to do; Ballista's own messages still decode.
+#[test]
+fn another_plan_format_is_refused() {
+    let e = codec::read_for_tests(b"DPF2\x0a\x00").unwrap_err();
+    assert!(e.to_string().contains("same dpfusion version everywhere"), "{e}");
+    assert!(codec::read_for_tests(b"\x0a\x00").unwrap().is_none());
+}
+
+/// A key file: 64 hex digits, private to its owner; written once.
+#[test]
+fn key_files_are_private_and_checked() {
+    let dir = std::env::temp_dir().join(format!("dpfusion-key-{}-{}", std::process::id(), rand::random::<u64>()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let f = dir.join("k");
+    ClusterKey::write_new(&f).unwrap();
+    assert!(ClusterKey::write_new(&f).is_err(), "an existing key is never overwritten");
+    let k = ClusterKey::from_file(&f).unwrap();
+    assert_eq!(format!("{k:?}"), "ClusterKey(…)", "the key never prints");
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let e = ClusterKey::from_file(&f).unwrap_err();
+        assert!(e.to_string().contains("chmod 600"), "{e}");
+        std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o600)).unwrap();
+    }
+    std::fs::write(&f, "not hex\n").unwrap();
+    assert!(ClusterKey::from_file(&f).unwrap_err().to_string().contains("64 hexadecimal digits"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn scheduler_addresses() {
+    assert_eq!(scheduler_url("df://h:1234").unwrap(), "http://h:1234");
+    assert_eq!(scheduler_url("df://h").unwrap(), "http://h:50050");
+    assert_eq!(scheduler_url("http://10.0.0.1:50050/").unwrap(), "http://10.0.0.1:50050");
+    assert!(scheduler_url("h:50050").is_err());
+    assert!(scheduler_url("df://h/x").is_err());
+}

@@ -1,0 +1,267 @@
+//! Issue 36: the same private queries on a Ballista cluster, in this process (a scheduler and two executors of
+//! `dpfusion_cluster::standalone`, talking gRPC and Flight over localhost).
+//!
+//! The cluster's table is pums_dup.csv cut into three files with each person's two rows in different files, so
+//! every unit's rows are read by different tasks (and executors) and must meet in one task of the bounding's
+//! stage. A local session reads the uncut file. With the same noise seed both must release exactly the same
+//! numbers: the exact aggregates are equal (per-unit bounding exact across partitions) and the noise is drawn
+//! in the session, the same way.
+
+use crate::sql_accept::CHECKED;
+use crate::sql_refuse::REFUSED;
+use crate::support::{ROOT, TempDir, column_f64, pums_config, release, session_from};
+use dpfusion::DpSession;
+use dpfusion::cluster::ClusterKey;
+use std::sync::Arc;
+
+/// pums_dup.csv in `parts` files, row i in file i mod `parts`.
+fn split_pums(dir: &TempDir, parts: usize) -> String {
+    let text = std::fs::read_to_string(format!("{ROOT}/examples/data/pums_dup.csv")).unwrap();
+    let mut lines = text.lines();
+    let header = lines.next().unwrap();
+    let mut files = vec![format!("{header}\n"); parts];
+    for (i, line) in lines.enumerate() {
+        files[i % parts].push_str(line);
+        files[i % parts].push('\n');
+    }
+    for (i, f) in files.iter().enumerate() {
+        std::fs::write(dir.join(format!("part-{i}.csv")), f).unwrap();
+    }
+    dir.join("part-*.csv").display().to_string()
+}
+
+/// A cluster of two executors (two task slots each) and the `[engine]` section that sends plans to it.
+async fn start_cluster(dir: &TempDir) -> String {
+    let key_file = dir.join("cluster.key");
+    ClusterKey::write_new(&key_file).unwrap();
+    let key = Arc::new(ClusterKey::from_file(&key_file).unwrap());
+    let addr = dpfusion_cluster::standalone(key, 2, 2).await.unwrap();
+    format!(
+        "\n[engine]\nscheduler = \"df://{addr}\"\ncluster_key_file = \"{}\"\ncluster_partitions = 4\n",
+        key_file.display()
+    )
+}
+
+/// A local session over pums_dup.csv and a cluster session over the same rows cut into three files, both with a
+/// budget of `rho`, at most `g` groups per person.
+async fn sessions(dir: &TempDir, rho: f64, g: u64) -> (DpSession, DpSession) {
+    let engine = start_cluster(dir).await;
+    let local = session_from(&pums_config("pums_dup.csv", rho, 2, g)).await;
+    let split = split_pums(dir, 3);
+    let cluster_cfg = pums_config("pums_dup.csv", rho, 2, g).replace("examples/data/pums_dup.csv", &split) + &engine;
+    (local, session_from(&cluster_cfg).await)
+}
+
+/// Every query of the acceptance corpus releases the same numbers on the cluster as locally, for the same seed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_cluster_releases_what_one_machine_releases() {
+    let dir = TempDir::new("cluster-same");
+    let (local, cluster) = sessions(&dir, 100.0, 1).await;
+    for (i, sql) in CHECKED.iter().enumerate() {
+        local.insecure_reseed_for_tests(i as u64).unwrap();
+        cluster.insecure_reseed_for_tests(i as u64).unwrap();
+        let (a, b) = (release(&local, sql).await, release(&cluster, sql).await);
+        assert_eq!(a.schema(), b.schema(), "{sql}");
+        for c in 0..a.schema().fields().len() {
+            let (x, y) = (column_f64(&a, c), column_f64(&b, c));
+            let same = x.len() == y.len() && x.iter().zip(&y).all(|(p, q)| p == q || (p.is_nan() && q.is_nan()));
+            assert!(same, "{sql}: column {c} differs: local {x:?}, cluster {y:?}");
+        }
+    }
+    let spent = |s: &DpSession| s.budget().unwrap().status.rho_spent;
+    assert_eq!(spent(&local), spent(&cluster));
+}
+
+/// Refusals are the same on a cluster and spend nothing there either.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn refusals_on_a_cluster_are_the_same_and_free() {
+    let dir = TempDir::new("cluster-refuse");
+    let (local, cluster) = sessions(&dir, 1.0, 1).await;
+    for (sql, code) in REFUSED {
+        let (a, b) = (local.sql(sql).await.unwrap_err(), cluster.sql(sql).await.unwrap_err());
+        assert_eq!((a.code(), b.code()), (*code, *code), "{sql}");
+    }
+    assert_eq!(cluster.budget().unwrap().charges.len(), 0);
+}
+
+/// A table held in memory, or a scheduler nobody answers at, is a configuration error at start (nothing can be
+/// spent on a query that would fail).
+#[tokio::test]
+async fn a_cluster_that_cannot_work_is_refused_at_start() {
+    let dir = TempDir::new("cluster-config");
+    let key_file = dir.join("k");
+    ClusterKey::write_new(&key_file).unwrap();
+    let engine = |addr: &str| {
+        format!("\n[engine]\nscheduler = \"df://{addr}\"\ncluster_key_file = \"{}\"\n", key_file.display())
+    };
+    let base = pums_config("pums_dup.csv", 1.0, 2, 1);
+    let in_memory = base.replace("format = \"csv\"", "format = \"csv\"\nin_memory = true") + &engine("localhost:1");
+    let e = dpfusion::SessionConfig::from_toml_str(&in_memory, std::path::Path::new(ROOT)).unwrap_err();
+    assert!(e.to_string().contains("in_memory = true cannot run on a cluster"), "{e}");
+    // A port nobody listens on.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    let cfg =
+        dpfusion::SessionConfig::from_toml_str(&(base + &engine(&closed.to_string())), std::path::Path::new(ROOT));
+    let e = DpSession::from_config(&cfg.unwrap()).await.err().expect("refused");
+    assert!(e.to_string().contains("[engine] scheduler"), "{e}");
+}
+
+/// Prints a file (the owner's log, with the causes of failures the analyst does not see) if the test panics.
+struct ShowOnPanic(std::path::PathBuf);
+
+impl Drop for ShowOnPanic {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("{}:\n{}", self.0.display(), std::fs::read_to_string(&self.0).unwrap_or_default());
+        }
+    }
+}
+
+/// A process of the test, killed (SIGKILL) when dropped.
+struct Proc(std::process::Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// Starts `dpfusion <args>` and waits (at most 60 s) until it listens on `port`.
+fn spawn_listening(args: &[&str], port: u16, log: std::path::PathBuf) -> Proc {
+    let log = std::fs::File::create(log).unwrap();
+    let child = std::process::Command::new(crate::support::BIN)
+        .args(args)
+        .stdout(log.try_clone().unwrap())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    let p = Proc(child);
+    for _ in 0..600 {
+        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            return p;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    panic!("dpfusion {args:?} did not listen on {port} within 60 s");
+}
+
+/// An executor process of the cluster at `scheduler`.
+fn executor(dir: &TempDir, scheduler: u16, key: &str, name: &str) -> Proc {
+    let (port, grpc) = (free_port(), free_port());
+    let (port_s, grpc_s, sched) = (port.to_string(), grpc.to_string(), format!("127.0.0.1:{scheduler}"));
+    let work = dir.join(format!("work-{name}"));
+    std::fs::create_dir_all(&work).unwrap();
+    let args = [
+        "executor",
+        "--scheduler",
+        &sched,
+        "--key-file",
+        key,
+        "--port",
+        &port_s,
+        "--grpc-port",
+        &grpc_s,
+        "--vcores",
+        "2",
+        "--work-dir",
+        work.to_str().unwrap(),
+        "--heartbeat-secs",
+        "1",
+    ];
+    spawn_listening(&args, port, dir.join(format!("{name}.log")))
+}
+
+/// pums_dup.csv as Parquet (its rows in two row groups' worth of files), for the Parquet table of the cluster.
+async fn pums_parquet(dir: &TempDir) -> String {
+    use datafusion::prelude::{CsvReadOptions, SessionContext};
+    let ctx = SessionContext::new();
+    ctx.register_csv("p", &format!("{ROOT}/examples/data/pums_dup.csv"), CsvReadOptions::new()).await.unwrap();
+    let out = dir.join("pums.parquet");
+    let df = ctx.sql("SELECT pid, age, income, sex, race, married, educ FROM p").await.unwrap();
+    df.write_parquet(out.to_str().unwrap(), Default::default(), None).await.unwrap();
+    out.display().to_string()
+}
+
+/// One scheduler and two executors as separate processes on 127.0.0.1, a durable ledger, a CSV and a Parquet
+/// table: 20 queries answered as locally; then one executor is killed (SIGKILL) during a query. Either the job
+/// recovers on the other executor or the error reaches the analyst; either way the ledger holds exactly one charge
+/// for it, a retry with its request id draws no new noise, and the next query is answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_cluster_of_processes_survives_a_lost_executor() {
+    let dir = TempDir::new("cluster-procs");
+    let key = dir.join("cluster.key");
+    let key_s = key.to_str().unwrap().to_string();
+    assert!(std::process::Command::new(crate::support::BIN).args(["cluster-key", &key_s]).status().unwrap().success());
+    let sched = free_port();
+    let bind = format!("127.0.0.1:{sched}");
+    let _scheduler =
+        spawn_listening(&["scheduler", "--bind", &bind, "--executor-timeout-secs", "5"], sched, dir.join("s.log"));
+    let mut first = Some(executor(&dir, sched, &key_s, "e1"));
+    let _second = executor(&dir, sched, &key_s, "e2");
+    let parquet = pums_parquet(&dir).await;
+    let split = split_pums(&dir, 3);
+    let base = pums_config("pums_dup.csv", 100.0, 2, 1);
+    let parquet_table = base[base.find("[tables.pums]").unwrap()..]
+        .replace("[tables.pums", "[tables.pq")
+        .replace("examples/data/pums_dup.csv", &parquet)
+        .replace("format = \"csv\"", "format = \"parquet\"");
+    let ledger = dir.join("ledger.db");
+    let owner_log = dir.join("owner.log");
+    let cfg = format!(
+        "{}{parquet_table}\n[ledger]\npath = \"{}\"\nbudget = \"b\"\n\n[engine]\nscheduler = \"df://{bind}\"\n\
+         cluster_key_file = \"{key_s}\"\ncluster_partitions = 4\n",
+        base.replace("examples/data/pums_dup.csv", &split)
+            .replace("[session]\n", &format!("[session]\nowner_log = \"{}\"\n", owner_log.display())),
+        ledger.display()
+    );
+    let local = session_from(&pums_config("pums_dup.csv", 100.0, 2, 1)).await;
+    let cluster = session_from(&cfg).await;
+    let _show_log = ShowOnPanic(owner_log.clone());
+    for (i, sql) in CHECKED.iter().enumerate() {
+        for table in ["pums", "pq"].iter().take(1 + i % 2) {
+            local.insecure_reseed_for_tests(i as u64).unwrap();
+            cluster.insecure_reseed_for_tests(i as u64).unwrap();
+            let a = release(&local, sql).await;
+            let b = release(&cluster, &sql.replace("pums", table).replace("PUMS", table)).await;
+            assert_eq!(column_f64(&a, a.schema().fields().len() - 1), column_f64(&b, b.schema().fields().len() - 1));
+        }
+    }
+    let charges = |s: &DpSession| s.budget().unwrap().charges.len();
+    let before = charges(&cluster);
+    let sql = "SELECT educ, sex, COUNT(*), SUM(income) FROM pums GROUP BY educ, sex";
+    local.insecure_reseed_for_tests(99).unwrap();
+    cluster.insecure_reseed_for_tests(99).unwrap();
+    let expected = release(&local, sql).await;
+    let killed = {
+        let run = cluster.sql_with_request_id(sql, Some("lost-executor"));
+        let kill = async {
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            drop(first.take());
+        };
+        let (outcome, ()) = tokio::join!(run, kill);
+        outcome
+    };
+    eprintln!("the query during the kill: {}", if killed.is_ok() { "answered" } else { "failed" });
+    assert_eq!(charges(&cluster), before + 1, "one charge for the query, whatever happened to it: {killed:?}");
+    let retried = cluster.sql_with_request_id(sql, Some("lost-executor")).await;
+    match (&killed, &retried) {
+        (Ok(dpfusion::Response::Release(a)), Ok(dpfusion::Response::Release(b))) => {
+            // Recovered on the executor left: the same numbers as one machine's, so every unit's rows were
+            // counted exactly once although tasks ran again.
+            for c in 2..4 {
+                assert_eq!(column_f64(a, c), column_f64(&expected, c), "recovered job, column {c}");
+                assert_eq!(column_f64(a, c), column_f64(b, c), "a retry returns the same release");
+            }
+        }
+        // The job failed after its debit: the retry resumes the same charge on the executor left.
+        (Err(_), Ok(dpfusion::Response::Release(_))) => {}
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(charges(&cluster), before + 1, "a retry with the request id is never charged again");
+    release(&cluster, "SELECT COUNT(*) FROM pq").await;
+}
