@@ -1,7 +1,7 @@
 //! `dpfusion serve` under hostile connections (issue 34, audit 2026-11-26 N3, N4, N7, L-N1..L-N3): slots taken
 //! after login, a non-sleeping login throttle, a per-analyst cap, small messages before login, an idle timeout, a
-//! shutdown that closes waiting connections, grants checked at each debit, a decoy salt kept in the ledger, and
-//! charge numbers per analyst. All on 127.0.0.1, every wait bounded.
+//! shutdown that closes waiting connections, a statement stopped when its client leaves, grants checked at each
+//! debit, a decoy salt kept in the ledger, and charge numbers per analyst. All on 127.0.0.1, every wait bounded.
 
 use crate::server::{PASSWORD, code, connect_as, frontend, raw_login, read_message, server_config, spent};
 use crate::support::TempDir;
@@ -400,4 +400,24 @@ async fn an_analysts_charge_numbers_count_only_their_own_charges() {
     assert_eq!(ids(&mut bob_notices), [1, 2, 3]);
     let last: i64 = alice.query_one("SELECT DISTINCT charge_id FROM dp_last_release()", &[]).await.unwrap().get(0);
     assert_eq!(last, 3);
+}
+
+/// A catalog query that is allowed and never ends: a recursive CTE without a stop, counted (one row per step, so
+/// no memory grows).
+pub(crate) const ENDLESS_CATALOG_QUERY: &str = "WITH RECURSIVE r(n) AS (SELECT oid FROM pg_namespace WHERE nspname = 'public' UNION ALL SELECT n + 1 FROM r) \
+     SELECT count(*) FROM r";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_catalog_query_stops_when_its_client_leaves() {
+    let dir = TempDir::new("conn-left");
+    // One slot, and a statement timeout far beyond the test: only the query's end can free the slot.
+    let s = serve(&dir, "max_connections = 1\nstatement_timeout_secs = 3600").await;
+    let mut sock = raw_login(s.addr, "alice").await;
+    sock.write_all(&frontend(b'Q', format!("{ENDLESS_CATALOG_QUERY}\0").as_bytes())).await.unwrap();
+    // The query holds the one slot while it runs.
+    let Err(e) = connect_as(s.addr, "bob", PASSWORD).await else { panic!("a second connection in one slot") };
+    assert_eq!(code(&e), "53300", "{e:?}");
+    // The client leaves without a word: the query stops and the slot is free again.
+    drop(sock);
+    login_within(s.addr, "bob", Duration::from_secs(20)).await.simple_query("SHOW dp.rho").await.unwrap();
 }

@@ -9,6 +9,12 @@
 //!   of the `max_pending_logins` pre-login places until then, never a connection slot (taken after the password
 //!   checked out, see [`super::auth`]).
 //! * **Idle timeout** after the login: no message for `idle_timeout_secs` closes the connection (57P05).
+//! * **A client that leaves stops its statement.** pgwire reads nothing from the socket while a statement runs, so
+//!   a second descriptor on the same socket (`watched`) waits for the kernel's read-closed signal (the client's
+//!   FIN or reset, `EPOLLRDHUP`), which comes whether or not messages it sent before are still unread; the statement
+//!   under way (a catalog query, or a private plan, which after its debit stays charged) is then dropped at its next
+//!   await and the connection's slot given back, instead of running on to the statement timeout. As PostgreSQL's
+//!   `client_connection_check_interval`, this takes a client that shuts down its sending side for gone.
 //! * **Shutdown.** A connection waiting for its next message is closed (57P01) as soon as the server stops; one
 //!   running a statement is closed after it (or aborted by [`super::Server::run`] after the grace period).
 
@@ -26,7 +32,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::io::{AsyncRead, AsyncWrite, Interest, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::sync::OwnedSemaphorePermit;
 use tokio_util::codec::{Framed, FramedParts};
@@ -309,6 +315,29 @@ fn logged_in(socket: &Socket) -> bool {
     socket.session_extensions().get::<super::auth::Slot>().is_some()
 }
 
+/// The socket, and a second handle on it (a duplicated descriptor, registered with the reactor on its own) that
+/// only [`client_left`] uses: it never reads, so the connection's bytes all go to pgwire.
+fn watched(tcp: TcpStream) -> io::Result<(TcpStream, TcpStream)> {
+    let tcp = tcp.into_std()?;
+    let watch = tcp.try_clone()?;
+    Ok((TcpStream::from_std(tcp)?, TcpStream::from_std(watch)?))
+}
+
+/// Completes once the client has closed its end of the connection (or the socket failed): the read-closed
+/// readiness, which the kernel reports whether or not bytes the client sent before are still unread.
+async fn client_left(watch: &TcpStream) {
+    loop {
+        match watch.ready(Interest::READABLE).await {
+            Ok(ready) if !ready.is_read_closed() => {
+                // Only more bytes (pipelined messages, read later by pgwire): forget this readiness and wait for the
+                // socket's next event. Read-closed is never forgotten, so a close in between is not missed.
+                let _ = watch.try_io(Interest::READABLE, || Err::<(), _>(io::ErrorKind::WouldBlock.into()));
+            }
+            _ => return,
+        }
+    }
+}
+
 /// Serves one accepted socket until it closes. `pending` is its pre-login place, released at login.
 pub(crate) async fn serve(
     tcp: TcpStream,
@@ -320,6 +349,7 @@ pub(crate) async fn serve(
 ) -> io::Result<()> {
     let login_deadline = tokio::time::sleep(shared.settings.login_timeout);
     tokio::pin!(login_deadline);
+    let (tcp, watch) = watched(tcp)?;
     let negotiated = tokio::select! {
         _ = &mut login_deadline => return Ok(()),
         s = negotiate_tls::<WireStatement>(tcp, tls) => s?,
@@ -398,7 +428,7 @@ pub(crate) async fn serve(
             PgWireConnectionState::CopyInProgress(e) => e,
             _ => message.is_extended_query(),
         };
-        let result = process_message(
+        let processed = process_message(
             message,
             &mut socket,
             handler.clone(),
@@ -406,8 +436,14 @@ pub(crate) async fn serve(
             handler.clone(),
             copy.clone(),
             cancel.clone(),
-        )
-        .await;
+        );
+        let result = tokio::select! {
+            r = processed => r,
+            () = client_left(&watch) => {
+                log(&format!("connection from {}: the client left during a statement; stopped it", handler.peer));
+                break;
+            }
+        };
         if let Err(e) = result {
             let is_fatal = matches!(&e, PgWireError::UserError(info) if info.is_fatal());
             process_error(&mut socket, e, extended_query).await?;

@@ -18,9 +18,10 @@
 //!   `max_pending_logins` places for at most `login_timeout_secs`, and may send only small messages. Failed logins
 //!   make later attempts on the same user or address wait, refused at once ("try again in N s"), never queued.
 //!   Messages after the login are bounded by `max_query_bytes`; an idle connection is closed after
-//!   `idle_timeout_secs`. A statement timeout, a memory pool per connection, PostgreSQL cancel requests, and a
-//!   shutdown that ends within its grace period. A query stopped (cancelled, timed out, disconnected) after its debit stays
-//!   charged: the debit is made before any data is read, and a charge is never refunded.
+//!   `idle_timeout_secs`. A statement timeout, a memory pool per connection, PostgreSQL cancel requests, a
+//!   statement stopped when its client leaves ([`conn`]), and a shutdown that ends within its grace period. A
+//!   query stopped (cancelled, timed out, disconnected) after its debit stays charged: the debit is made before any
+//!   data is read, and a charge is never refunded.
 //!
 //! Neighbouring relation: add/remove all rows of one privacy unit; each analyst's budget and each table's cap
 //! bound what one unit can lose to that analyst, and to all of them together.
