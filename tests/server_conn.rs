@@ -4,7 +4,7 @@
 //! debit, a decoy salt kept in the ledger, and charge numbers per analyst. All on 127.0.0.1, every wait bounded.
 
 use crate::server::{PASSWORD, code, connect_as, frontend, raw_login, read_message, server_config, spent};
-use crate::support::TempDir;
+use crate::support::{BIN, TempDir, pums_config};
 use dpfusion::accounting::{LedgerDb, Rho};
 use dpfusion_server::{Server, scram};
 use std::net::SocketAddr;
@@ -420,4 +420,82 @@ async fn a_catalog_query_stops_when_its_client_leaves() {
     // The client leaves without a word: the query stops and the slot is free again.
     drop(sock);
     login_within(s.addr, "bob", Duration::from_secs(20)).await.simple_query("SHOW dp.rho").await.unwrap();
+}
+
+/// A `dpfusion serve` process, killed if still running when dropped.
+struct Child(std::process::Child);
+
+impl Drop for Child {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sigterm_ends_the_binary_after_the_grace_period_even_with_every_worker_stuck() {
+    let dir = TempDir::new("conn-sigterm");
+    let root = std::env::var("CARGO_MANIFEST_DIR").unwrap_or_else(|_| env!("CARGO_MANIFEST_DIR").to_owned());
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let base = pums_config("pums_dup.csv", 1.0, 2, 1).replace("examples/data/", &format!("{root}/examples/data/"));
+    let ledger = dir.join("ledger.sqlite");
+    // A grace period (the statement timeout) of 2 s; a debit waits up to an hour for the ledger's lock.
+    let text = format!(
+        "{base}\n[ledger]\npath = \"{}\"\nbusy_timeout_ms = 3600000\n\n[server]\nlisten = \"127.0.0.1:{port}\"\n\
+         statement_timeout_secs = 2\n",
+        ledger.display()
+    );
+    std::fs::write(dir.join("server.toml"), text).unwrap();
+    let db = LedgerDb::open(&ledger, Duration::from_secs(30)).unwrap();
+    db.add_analyst("alice", &scram::verifier(PASSWORD), Rho::new(10.0).unwrap(), None, "test").unwrap();
+    drop(db);
+    // One worker thread: one statement stuck in a blocking call holds all of them.
+    let mut child = Child(
+        std::process::Command::new(BIN)
+            .args(["serve", "-c"])
+            .arg(dir.join("server.toml"))
+            .env("TOKIO_WORKER_THREADS", "1")
+            .stderr(std::fs::File::create(dir.join("serve.log")).unwrap())
+            .spawn()
+            .unwrap(),
+    );
+    let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let login = || tokio::time::timeout(Duration::from_secs(2), connect_as(addr, "alice", PASSWORD));
+    let mut client = None;
+    for _ in 0..300 {
+        if let Ok(Ok((c, _))) = login().await {
+            client = Some(c);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let client = client.expect("the server did not come up");
+    // Another process holds the ledger's write lock: the query's debit waits in SQLite, on the one worker.
+    let lock = rusqlite::Connection::open(&ledger).unwrap();
+    lock.execute_batch("BEGIN IMMEDIATE").unwrap();
+    let query = tokio::spawn(async move { client.simple_query("SELECT COUNT(*) FROM pums").await.is_ok() });
+    let mut stuck = false;
+    for _ in 0..50 {
+        if login().await.is_err() {
+            stuck = true; // no login completes any more: the worker is busy in the debit
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(stuck, "the server never got stuck in the debit");
+    let pid = child.0.id().to_string();
+    assert!(std::process::Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
+    let mut ended = None;
+    for _ in 0..300 {
+        if let Some(status) = child.0.try_wait().unwrap() {
+            ended = Some(status);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let log = std::fs::read_to_string(dir.join("serve.log")).unwrap_or_default();
+    assert!(ended.is_some(), "still running 30 s after SIGTERM with a grace period of 2 s:\n{log}");
+    assert!(log.contains("after the stop signal: exiting now"), "{log}");
+    drop(lock);
+    assert!(!query.await.unwrap(), "the query stuck in the debit was answered");
 }
