@@ -236,6 +236,57 @@ async fn one_analyst_cannot_hold_every_slot() {
     login_within(s.addr, "alice", Duration::from_secs(5)).await;
 }
 
+/// The messages and the SQLSTATE that a login as `user` gets, up to the end (the SCRAM exchange by hand, with
+/// `password`): the type bytes (with the authentication codes) of every message before the error.
+async fn login_transcript(addr: SocketAddr, user: &str, password: &str) -> (Vec<String>, Option<String>) {
+    use postgres_protocol::authentication::sasl::{ChannelBinding, ScramSha256};
+    let mut sock = TcpStream::connect(addr).await.unwrap();
+    sock.write_all(&startup(user)).await.unwrap();
+    let mut scram = ScramSha256::new(password.as_bytes(), ChannelBinding::unsupported());
+    let mut seen = Vec::new();
+    loop {
+        let Ok(Ok((tag, payload))) = tokio::time::timeout(Duration::from_secs(10), read_message(&mut sock)).await
+        else {
+            return (seen, None);
+        };
+        let code = payload.get(..4).map(|c| i32::from_be_bytes([c[0], c[1], c[2], c[3]]));
+        match (tag, code) {
+            (b'R', Some(10)) => {
+                let mut p = b"SCRAM-SHA-256\0".to_vec();
+                p.extend_from_slice(&(scram.message().len() as i32).to_be_bytes());
+                p.extend_from_slice(scram.message());
+                sock.write_all(&frontend(b'p', &p)).await.unwrap();
+            }
+            (b'R', Some(11)) => {
+                scram.update(&payload[4..]).unwrap();
+                sock.write_all(&frontend(b'p', scram.message())).await.unwrap();
+            }
+            (b'E', _) => {
+                let at = payload.iter().position(|b| *b == b'C').unwrap();
+                return (seen, Some(String::from_utf8_lossy(&payload[at + 1..at + 6]).into_owned()));
+            }
+            _ => {}
+        }
+        seen.push(format!("{}{}", tag as char, code.map(|c| c.to_string()).unwrap_or_default()));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_capped_analyst_is_refused_only_after_the_proof_so_the_cap_tells_no_names() {
+    let dir = TempDir::new("conn-cap-oracle");
+    let s = serve(&dir, "max_connections_per_analyst = 1").await;
+    let _held = login_within(s.addr, "alice", Duration::from_secs(2)).await;
+    // Before the proof, alice (at her cap) and a name that does not exist get the same exchange, and a wrong
+    // password the same refusal: nothing tells that alice exists and is connected.
+    let capped = login_transcript(s.addr, "alice", "wrong").await;
+    let unknown = login_transcript(s.addr, "mallory", "wrong").await;
+    assert_eq!(capped, (vec!["R10".to_string(), "R11".to_string()], Some("28P01".to_string())));
+    assert_eq!(unknown, capped);
+    // With her password she learns she is at her cap.
+    let refused = login_transcript(s.addr, "alice", PASSWORD).await;
+    assert_eq!(refused, (vec!["R10".to_string(), "R11".to_string()], Some("53300".to_string())));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_huge_message_before_login_is_cut_off_after_a_few_kilobytes() {
     let dir = TempDir::new("conn-prelogin");
