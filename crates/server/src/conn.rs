@@ -9,12 +9,13 @@
 //!   of the `max_pending_logins` pre-login places until then, never a connection slot (taken after the password
 //!   checked out, see [`super::auth`]).
 //! * **Idle timeout** after the login: no message for `idle_timeout_secs` closes the connection (57P05).
-//! * **A client that leaves stops its statement.** pgwire reads nothing from the socket while a statement runs, so
-//!   a second descriptor on the same socket (`watched`) waits for the kernel's read-closed signal (the client's
-//!   FIN or reset, `EPOLLRDHUP`), which comes whether or not messages it sent before are still unread; the statement
-//!   under way (a catalog query, or a private plan, which after its debit stays charged) is then dropped at its next
-//!   await and the connection's slot given back, instead of running on to the statement timeout. As PostgreSQL's
-//!   `client_connection_check_interval`, this takes a client that shuts down its sending side for gone.
+//! * **A client that leaves stops its statement.** pgwire reads nothing from the socket while a logged-in
+//!   connection's statement runs, so a second descriptor on the same socket (`watched`) waits for the kernel's
+//!   read-closed signal (the client's FIN or reset, `EPOLLRDHUP`), which comes whether or not messages it sent
+//!   before are still unread; the statement under way (a catalog query, or a private plan, which after its debit
+//!   stays charged) is then dropped at its next await and the connection's slot given back, instead of running on
+//!   to the statement timeout. As PostgreSQL's `client_connection_check_interval`, this takes a client that shuts
+//!   down its sending side for gone. (Not before the login: a cancel request comes on a connection closed at once.)
 //! * **Shutdown.** A connection waiting for its next message is closed (57P01) as soon as the server stops; one
 //!   running a statement is closed after it (or aborted by [`super::Server::run`] after the grace period).
 
@@ -437,11 +438,17 @@ pub(crate) async fn serve(
             copy.clone(),
             cancel.clone(),
         );
-        let result = tokio::select! {
-            r = processed => r,
-            () = client_left(&watch) => {
-                log(&format!("connection from {}: the client left during a statement; stopped it", handler.peer));
-                break;
+        // Only a logged-in connection's statements are stopped when the client leaves: before the login, a client
+        // sends a cancel request (or its last login message) and closes at once, and that must still be handled.
+        let result = if pending.is_some() {
+            processed.await
+        } else {
+            tokio::select! {
+                r = processed => r,
+                () = client_left(&watch) => {
+                    log(&format!("connection from {}: the client left during a statement; stopped it", handler.peer));
+                    break;
+                }
             }
         };
         if let Err(e) = result {
