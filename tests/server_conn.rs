@@ -8,6 +8,7 @@ use crate::support::{BIN, TempDir, pums_config};
 use dpfusion::accounting::{LedgerDb, Rho};
 use dpfusion_server::{Server, scram};
 use std::net::SocketAddr;
+use std::path::Path;
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -156,6 +157,40 @@ async fn silent_sockets_neither_take_slots_nor_lock_an_analyst_out() {
         .await;
         assert!(closed.is_ok(), "a silent socket was kept past the login timeout");
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn one_address_cannot_hold_every_place_before_login() {
+    let dir = TempDir::new("conn-per-address");
+    let s = serve(&dir, "max_pending_logins = 8\nmax_pending_logins_per_address = 2\nlogin_timeout_secs = 30").await;
+    // Two connections from 127.0.0.1 that never log in hold its two places, not the eight.
+    let silent = [TcpStream::connect(s.addr).await.unwrap(), TcpStream::connect(s.addr).await.unwrap()];
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let Err(e) = connect_as(s.addr, "alice", PASSWORD).await else { panic!("a third login from one address") };
+    assert_eq!(code(&e), "53300", "{e:?}");
+    assert!(e.as_db_error().unwrap().message().contains("from your address"), "{e:?}");
+    // Once they are gone, the address logs in again.
+    drop(silent);
+    login_within(s.addr, "alice", Duration::from_secs(10)).await.simple_query("SHOW dp.rho").await.unwrap();
+}
+
+#[test]
+fn the_per_address_default_spares_loopback_and_a_setting_covers_every_address() {
+    let dir = TempDir::new("conn-per-address-default");
+    let remote: std::net::IpAddr = "192.0.2.7".parse().unwrap();
+    let local: std::net::IpAddr = "127.0.0.1".parse().unwrap();
+    let settings = |lines: &str| server_config(&dir, "", lines).server.unwrap();
+    let default = settings("max_pending_logins = 32");
+    assert_eq!((default.pending_logins_per_address(remote), default.pending_logins_per_address(local)), (24, 32));
+    let set = settings("max_pending_logins = 32\nmax_pending_logins_per_address = 5");
+    assert_eq!((set.pending_logins_per_address(remote), set.pending_logins_per_address(local)), (5, 5));
+    let wrong = "[server]\nlisten = \"127.0.0.1:0\"\nmax_pending_logins_per_address = 0\n";
+    let e = dpfusion::SessionConfig::from_toml_str(
+        &format!("[session]\nrho = 1.0\ndefault_query_rho = 0.05\n{wrong}"),
+        Path::new("."),
+    );
+    let e = e.map(|_| ()).unwrap_err().to_string();
+    assert!(e.contains("max_pending_logins_per_address = 0"), "{e}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

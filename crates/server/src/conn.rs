@@ -6,8 +6,8 @@
 //!   buffered: [`PRE_LOGIN_MESSAGE`] bytes until the login completes (and [`PRE_LOGIN_TOTAL`] in all), then
 //!   `max_query_bytes` plus [`MESSAGE_OVERHEAD`]. (pgwire itself accepts messages of up to 1 GiB in any state.)
 //! * **Login timeout.** TLS, startup and SCRAM must complete within `login_timeout_secs`; the connection holds one
-//!   of the `max_pending_logins` pre-login places until then, never a connection slot (taken after the password
-//!   checked out, see [`super::auth`]).
+//!   of the `max_pending_logins` pre-login places until then (at most `max_pending_logins_per_address` of them for
+//!   one client address), never a connection slot (taken after the password checked out, see [`super::auth`]).
 //! * **Idle timeout** after the login: no message for `idle_timeout_secs` closes the connection (57P05).
 //! * **A client that leaves stops its statement.** pgwire reads nothing from the socket while a logged-in
 //!   connection's statement runs, so a second descriptor on the same socket (`watched`) waits for the kernel's
@@ -28,7 +28,9 @@ use pgwire::error::{ErrorInfo, PgWireError};
 use pgwire::messages::{PgWireBackendMessage, PgWireFrontendMessage};
 use pgwire::tokio::TlsAcceptor;
 use pgwire::tokio::server::{MaybeTls, PgWireMessageServerCodec, negotiate_tls, process_error, process_message};
+use std::collections::HashMap;
 use std::io;
+use std::net::IpAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -287,16 +289,58 @@ async fn close_with(socket: &mut Socket, message: PgWireBackendMessage) {
     .await;
 }
 
-/// Refuses a connection accepted over `max_pending_logins`: a FATAL error written without waiting (the socket's
-/// buffer is empty), then closed.
-pub(crate) fn refuse_now(socket: TcpStream, limit: usize) {
-    let message = fatal(
-        "53300",
-        format!(
-            "too many connections are logging in (this server accepts {limit} at once); try again in a few seconds"
-        ),
-        None,
-    );
+/// Pre-login places taken per client address (see [`PendingPlace`]).
+pub(crate) type PendingPerAddress = Arc<std::sync::Mutex<HashMap<IpAddr, usize>>>;
+
+/// A connection's pre-login place: one of `max_pending_logins`, and one of its address's
+/// `max_pending_logins_per_address`; both given back when it is dropped (at login, or when the connection ends).
+pub(crate) struct PendingPlace {
+    _permit: OwnedSemaphorePermit,
+    address: IpAddr,
+    per_address: PendingPerAddress,
+}
+
+impl PendingPlace {
+    /// Takes a place for a connection from `address`, or says why there is none (the message for the client).
+    pub(crate) fn take(
+        all: &Arc<tokio::sync::Semaphore>,
+        per_address: &PendingPerAddress,
+        address: IpAddr,
+        settings: &dpfusion::config::ServerSettings,
+    ) -> Result<PendingPlace, String> {
+        let busy = |what: String| format!("too many connections {what}; try again in a few seconds");
+        let mut counts = per_address.lock().map_err(|_| busy("are logging in".into()))?;
+        let mine = counts.get(&address).copied().unwrap_or(0);
+        let most = settings.pending_logins_per_address(address);
+        if mine >= most {
+            return Err(busy(format!("from your address are logging in (this server accepts {most} at once)")));
+        }
+        let Ok(permit) = all.clone().try_acquire_owned() else {
+            let most = settings.max_pending_logins;
+            return Err(busy(format!("are logging in (this server accepts {most} at once)")));
+        };
+        counts.insert(address, mine + 1);
+        Ok(PendingPlace { _permit: permit, address, per_address: per_address.clone() })
+    }
+}
+
+impl Drop for PendingPlace {
+    fn drop(&mut self) {
+        if let Ok(mut counts) = self.per_address.lock()
+            && let Some(n) = counts.get_mut(&self.address)
+        {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                counts.remove(&self.address);
+            }
+        }
+    }
+}
+
+/// Refuses a connection accepted over `max_pending_logins` (or its address's share): a FATAL error written without
+/// waiting (the socket's buffer is empty), then closed.
+pub(crate) fn refuse_now(socket: TcpStream, why: String) {
+    let message = fatal("53300", why, None);
     let mut bytes = Default::default();
     if message.encode(&mut bytes).is_ok() {
         let _ = socket.try_write(&bytes);
@@ -345,7 +389,7 @@ pub(crate) async fn serve(
     tls: Option<TlsAcceptor>,
     handler: Arc<Connection>,
     shared: Arc<Shared>,
-    pending: OwnedSemaphorePermit,
+    pending: PendingPlace,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) -> io::Result<()> {
     let login_deadline = tokio::time::sleep(shared.settings.login_timeout);

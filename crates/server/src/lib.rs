@@ -15,9 +15,9 @@
 //!   ([`dpfusion::accounting::admin`]); nothing over the wire can change a total, a grant or a password.
 //! * **Limits** ([`conn`], [`auth`]). A connection slot is taken only after the password checked out
 //!   (`max_connections`, at most `max_connections_per_analyst` per analyst); before that a connection holds one of
-//!   `max_pending_logins` places for at most `login_timeout_secs`, and may send only small messages. Failed logins
-//!   make later attempts on the same user or address wait, refused at once ("try again in N s"), never queued.
-//!   Messages after the login are bounded by `max_query_bytes`; an idle connection is closed after
+//!   `max_pending_logins` places (`max_pending_logins_per_address` from one address) for at most
+//!   `login_timeout_secs`, and may send only small messages. Failed logins make later attempts on the same user or
+//!   address wait, refused at once ("try again in N s"), never queued. Messages after the login are bounded by `max_query_bytes`; an idle connection is closed after
 //!   `idle_timeout_secs`. A statement timeout, a memory pool per connection, PostgreSQL cancel requests, a
 //!   statement stopped when its client leaves ([`conn`]), and a shutdown that ends within its grace period, by a
 //!   deadline kept outside the server's runtime ([`Server::stop_on_signal`]). A query stopped (cancelled, timed
@@ -230,6 +230,7 @@ impl Server {
     pub async fn run(self, shutdown: impl Future<Output = ()>) -> Result<()> {
         let Server { shared, listener, tls } = self;
         let pending = Arc::new(Semaphore::new(shared.settings.max_pending_logins));
+        let pending_per_address = conn::PendingPerAddress::default();
         let (stop, stopped) = tokio::sync::watch::channel(false);
         let mut tasks = tokio::task::JoinSet::new();
         tokio::pin!(shutdown);
@@ -245,9 +246,13 @@ impl Server {
                             continue;
                         }
                     };
-                    let Ok(place) = pending.clone().try_acquire_owned() else {
-                        conn::refuse_now(socket, shared.settings.max_pending_logins);
-                        continue;
+                    let taken = conn::PendingPlace::take(&pending, &pending_per_address, peer.ip(), &shared.settings);
+                    let place = match taken {
+                        Ok(place) => place,
+                        Err(why) => {
+                            conn::refuse_now(socket, why);
+                            continue;
+                        }
                     };
                     let _ = socket.set_nodelay(true);
                     let handler = Arc::new(wire::Connection::new(shared.clone(), peer));
