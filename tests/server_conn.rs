@@ -1,13 +1,14 @@
 //! `dpfusion serve` under hostile connections (issue 34, audit 2026-11-26 N3, N4, N7, L-N1..L-N3): slots taken
 //! after login, a non-sleeping login throttle, a per-analyst cap, small messages before login, an idle timeout, a
-//! shutdown that closes waiting connections, grants checked at each debit, a decoy salt kept in the ledger, and
-//! charge numbers per analyst. All on 127.0.0.1, every wait bounded.
+//! shutdown that closes waiting connections, a statement stopped when its client leaves, grants checked at each
+//! debit, a decoy salt kept in the ledger, and charge numbers per analyst. All on 127.0.0.1, every wait bounded.
 
 use crate::server::{PASSWORD, code, connect_as, frontend, raw_login, read_message, server_config, spent};
-use crate::support::TempDir;
+use crate::support::{BIN, TempDir, pums_config};
 use dpfusion::accounting::{LedgerDb, Rho};
 use dpfusion_server::{Server, scram};
 use std::net::SocketAddr;
+use std::path::Path;
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -159,6 +160,40 @@ async fn silent_sockets_neither_take_slots_nor_lock_an_analyst_out() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn one_address_cannot_hold_every_place_before_login() {
+    let dir = TempDir::new("conn-per-address");
+    let s = serve(&dir, "max_pending_logins = 8\nmax_pending_logins_per_address = 2\nlogin_timeout_secs = 30").await;
+    // Two connections from 127.0.0.1 that never log in hold its two places, not the eight.
+    let silent = [TcpStream::connect(s.addr).await.unwrap(), TcpStream::connect(s.addr).await.unwrap()];
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let Err(e) = connect_as(s.addr, "alice", PASSWORD).await else { panic!("a third login from one address") };
+    assert_eq!(code(&e), "53300", "{e:?}");
+    assert!(e.as_db_error().unwrap().message().contains("from your address"), "{e:?}");
+    // Once they are gone, the address logs in again.
+    drop(silent);
+    login_within(s.addr, "alice", Duration::from_secs(10)).await.simple_query("SHOW dp.rho").await.unwrap();
+}
+
+#[test]
+fn the_per_address_default_spares_loopback_and_a_setting_covers_every_address() {
+    let dir = TempDir::new("conn-per-address-default");
+    let remote: std::net::IpAddr = "192.0.2.7".parse().unwrap();
+    let local: std::net::IpAddr = "127.0.0.1".parse().unwrap();
+    let settings = |lines: &str| server_config(&dir, "", lines).server.unwrap();
+    let default = settings("max_pending_logins = 32");
+    assert_eq!((default.pending_logins_per_address(remote), default.pending_logins_per_address(local)), (24, 32));
+    let set = settings("max_pending_logins = 32\nmax_pending_logins_per_address = 5");
+    assert_eq!((set.pending_logins_per_address(remote), set.pending_logins_per_address(local)), (5, 5));
+    let wrong = "[server]\nlisten = \"127.0.0.1:0\"\nmax_pending_logins_per_address = 0\n";
+    let e = dpfusion::SessionConfig::from_toml_str(
+        &format!("[session]\nrho = 1.0\ndefault_query_rho = 0.05\n{wrong}"),
+        Path::new("."),
+    );
+    let e = e.map(|_| ()).unwrap_err().to_string();
+    assert!(e.contains("max_pending_logins_per_address = 0"), "{e}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn abandoned_sasl_attempts_neither_delay_a_login_nor_take_slots() {
     let dir = TempDir::new("conn-abandoned");
     let s = serve(&dir, "max_connections = 8\nmax_pending_logins = 64").await;
@@ -234,6 +269,57 @@ async fn one_analyst_cannot_hold_every_slot() {
     login_within(s.addr, "bob", Duration::from_secs(2)).await.simple_query("SHOW dp.budget").await.unwrap();
     drop(mine.pop());
     login_within(s.addr, "alice", Duration::from_secs(5)).await;
+}
+
+/// The messages and the SQLSTATE that a login as `user` gets, up to the end (the SCRAM exchange by hand, with
+/// `password`): the type bytes (with the authentication codes) of every message before the error.
+async fn login_transcript(addr: SocketAddr, user: &str, password: &str) -> (Vec<String>, Option<String>) {
+    use postgres_protocol::authentication::sasl::{ChannelBinding, ScramSha256};
+    let mut sock = TcpStream::connect(addr).await.unwrap();
+    sock.write_all(&startup(user)).await.unwrap();
+    let mut scram = ScramSha256::new(password.as_bytes(), ChannelBinding::unsupported());
+    let mut seen = Vec::new();
+    loop {
+        let Ok(Ok((tag, payload))) = tokio::time::timeout(Duration::from_secs(10), read_message(&mut sock)).await
+        else {
+            return (seen, None);
+        };
+        let code = payload.get(..4).map(|c| i32::from_be_bytes([c[0], c[1], c[2], c[3]]));
+        match (tag, code) {
+            (b'R', Some(10)) => {
+                let mut p = b"SCRAM-SHA-256\0".to_vec();
+                p.extend_from_slice(&(scram.message().len() as i32).to_be_bytes());
+                p.extend_from_slice(scram.message());
+                sock.write_all(&frontend(b'p', &p)).await.unwrap();
+            }
+            (b'R', Some(11)) => {
+                scram.update(&payload[4..]).unwrap();
+                sock.write_all(&frontend(b'p', scram.message())).await.unwrap();
+            }
+            (b'E', _) => {
+                let at = payload.iter().position(|b| *b == b'C').unwrap();
+                return (seen, Some(String::from_utf8_lossy(&payload[at + 1..at + 6]).into_owned()));
+            }
+            _ => {}
+        }
+        seen.push(format!("{}{}", tag as char, code.map(|c| c.to_string()).unwrap_or_default()));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_capped_analyst_is_refused_only_after_the_proof_so_the_cap_tells_no_names() {
+    let dir = TempDir::new("conn-cap-oracle");
+    let s = serve(&dir, "max_connections_per_analyst = 1").await;
+    let _held = login_within(s.addr, "alice", Duration::from_secs(2)).await;
+    // Before the proof, alice (at her cap) and a name that does not exist get the same exchange, and a wrong
+    // password the same refusal: nothing tells that alice exists and is connected.
+    let capped = login_transcript(s.addr, "alice", "wrong").await;
+    let unknown = login_transcript(s.addr, "mallory", "wrong").await;
+    assert_eq!(capped, (vec!["R10".to_string(), "R11".to_string()], Some("28P01".to_string())));
+    assert_eq!(unknown, capped);
+    // With her password she learns she is at her cap.
+    let refused = login_transcript(s.addr, "alice", PASSWORD).await;
+    assert_eq!(refused, (vec!["R10".to_string(), "R11".to_string()], Some("53300".to_string())));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -400,4 +486,102 @@ async fn an_analysts_charge_numbers_count_only_their_own_charges() {
     assert_eq!(ids(&mut bob_notices), [1, 2, 3]);
     let last: i64 = alice.query_one("SELECT DISTINCT charge_id FROM dp_last_release()", &[]).await.unwrap().get(0);
     assert_eq!(last, 3);
+}
+
+/// A catalog query that is allowed and never ends: a recursive CTE without a stop, counted (one row per step, so
+/// no memory grows).
+pub(crate) const ENDLESS_CATALOG_QUERY: &str = "WITH RECURSIVE r(n) AS (SELECT oid FROM pg_namespace WHERE nspname = 'public' UNION ALL SELECT n + 1 FROM r) \
+     SELECT count(*) FROM r";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_catalog_query_stops_when_its_client_leaves() {
+    let dir = TempDir::new("conn-left");
+    // One slot, and a statement timeout far beyond the test: only the query's end can free the slot.
+    let s = serve(&dir, "max_connections = 1\nstatement_timeout_secs = 3600").await;
+    let mut sock = raw_login(s.addr, "alice").await;
+    sock.write_all(&frontend(b'Q', format!("{ENDLESS_CATALOG_QUERY}\0").as_bytes())).await.unwrap();
+    // The query holds the one slot while it runs.
+    let Err(e) = connect_as(s.addr, "bob", PASSWORD).await else { panic!("a second connection in one slot") };
+    assert_eq!(code(&e), "53300", "{e:?}");
+    // The client leaves without a word: the query stops and the slot is free again.
+    drop(sock);
+    login_within(s.addr, "bob", Duration::from_secs(20)).await.simple_query("SHOW dp.rho").await.unwrap();
+}
+
+/// A `dpfusion serve` process, killed if still running when dropped.
+struct Child(std::process::Child);
+
+impl Drop for Child {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sigterm_ends_the_binary_after_the_grace_period_even_with_every_worker_stuck() {
+    let dir = TempDir::new("conn-sigterm");
+    let root = std::env::var("CARGO_MANIFEST_DIR").unwrap_or_else(|_| env!("CARGO_MANIFEST_DIR").to_owned());
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let base = pums_config("pums_dup.csv", 1.0, 2, 1).replace("examples/data/", &format!("{root}/examples/data/"));
+    let ledger = dir.join("ledger.sqlite");
+    // A grace period (the statement timeout) of 2 s; a debit waits up to an hour for the ledger's lock.
+    let text = format!(
+        "{base}\n[ledger]\npath = \"{}\"\nbusy_timeout_ms = 3600000\n\n[server]\nlisten = \"127.0.0.1:{port}\"\n\
+         statement_timeout_secs = 2\n",
+        ledger.display()
+    );
+    std::fs::write(dir.join("server.toml"), text).unwrap();
+    let db = LedgerDb::open(&ledger, Duration::from_secs(30)).unwrap();
+    db.add_analyst("alice", &scram::verifier(PASSWORD), Rho::new(10.0).unwrap(), None, "test").unwrap();
+    drop(db);
+    // One worker thread: one statement stuck in a blocking call holds all of them.
+    let mut child = Child(
+        std::process::Command::new(BIN)
+            .args(["serve", "-c"])
+            .arg(dir.join("server.toml"))
+            .env("TOKIO_WORKER_THREADS", "1")
+            .stderr(std::fs::File::create(dir.join("serve.log")).unwrap())
+            .spawn()
+            .unwrap(),
+    );
+    let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let login = || tokio::time::timeout(Duration::from_secs(2), connect_as(addr, "alice", PASSWORD));
+    let mut client = None;
+    for _ in 0..300 {
+        if let Ok(Ok((c, _))) = login().await {
+            client = Some(c);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let client = client.expect("the server did not come up");
+    // Another process holds the ledger's write lock: the query's debit waits in SQLite, on the one worker.
+    let lock = rusqlite::Connection::open(&ledger).unwrap();
+    lock.execute_batch("BEGIN IMMEDIATE").unwrap();
+    let query = tokio::spawn(async move { client.simple_query("SELECT COUNT(*) FROM pums").await.is_ok() });
+    let mut stuck = false;
+    for _ in 0..50 {
+        if login().await.is_err() {
+            stuck = true; // no login completes any more: the worker is busy in the debit
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(stuck, "the server never got stuck in the debit");
+    let pid = child.0.id().to_string();
+    assert!(std::process::Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
+    let mut ended = None;
+    for _ in 0..300 {
+        if let Some(status) = child.0.try_wait().unwrap() {
+            ended = Some(status);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let log = std::fs::read_to_string(dir.join("serve.log")).unwrap_or_default();
+    assert!(ended.is_some(), "still running 30 s after SIGTERM with a grace period of 2 s:\n{log}");
+    assert!(log.contains("after the stop signal: exiting now"), "{log}");
+    drop(lock);
+    assert!(!query.await.unwrap(), "the query stuck in the debit was answered");
 }

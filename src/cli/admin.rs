@@ -237,27 +237,10 @@ pub(crate) async fn serve(config: Option<PathBuf>) -> Result<bool, DpError> {
     let server = dpfusion_server::Server::bind(&cfg).await?;
     let addr = server.local_addr()?;
     let tls = if cfg.server.as_ref().is_some_and(|s| s.tls.is_some()) { "TLS" } else { "no TLS" };
+    // Ctrl-C or SIGTERM; the process ends at the grace period's end whatever the server's runtime is doing.
+    let stop = server.stop_on_signal()?;
     eprintln!("dpfusion serve: listening on {addr} ({tls}); stop with Ctrl-C or SIGTERM");
-    server.run(shutdown_signal()).await?;
+    server.run(stop).await?;
     eprintln!("dpfusion serve: stopped");
     Ok(true)
-}
-
-/// Ctrl-C or SIGTERM.
-async fn shutdown_signal() {
-    #[cfg(unix)]
-    {
-        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(t) => t,
-            Err(_) => return std::future::pending().await,
-        };
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
-            _ = term.recv() => {}
-        }
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = tokio::signal::ctrl_c().await;
-    }
 }

@@ -114,6 +114,10 @@ pub struct ServerConfig {
     /// once with 53300. Separate from `max_connections`, so clients that never log in cannot take their slots.
     #[serde(default = "default_max_pending_logins")]
     pub max_pending_logins: usize,
+    /// Most of those places held by connections from one client address; more from it are closed at once with
+    /// 53300, so one address cannot hold every place. Default: three quarters of `max_pending_logins` for every
+    /// address but a loopback one (a local proxy or tunnel brings every client from it); when set, for all.
+    pub max_pending_logins_per_address: Option<usize>,
     /// Seconds a connection has to complete its login (TLS, startup, SCRAM) before it is closed.
     #[serde(default = "default_login_timeout")]
     pub login_timeout_secs: u64,
@@ -174,6 +178,9 @@ pub struct ServerSettings {
     pub max_connections_per_analyst: usize,
     /// Most connections logging in at once.
     pub max_pending_logins: usize,
+    /// Most connections logging in at once from one client address, if set (see
+    /// [`ServerSettings::pending_logins_per_address`]).
+    pub max_pending_logins_per_address: Option<usize>,
     /// Time to complete a login.
     pub login_timeout: std::time::Duration,
     /// Time a logged-in connection may stay silent.
@@ -184,6 +191,18 @@ pub struct ServerSettings {
     pub memory_limit: usize,
     /// Longest SQL text, in bytes.
     pub max_query_bytes: usize,
+}
+
+impl ServerSettings {
+    /// The most connections from `address` that may be logging in at once: `max_pending_logins_per_address` if
+    /// set; else three quarters of `max_pending_logins`, and no limit of its own for a loopback address.
+    pub fn pending_logins_per_address(&self, address: std::net::IpAddr) -> usize {
+        match self.max_pending_logins_per_address {
+            Some(most) => most,
+            None if address.is_loopback() => self.max_pending_logins,
+            None => (self.max_pending_logins - self.max_pending_logins / 4).max(1),
+        }
+    }
 }
 
 fn server_settings(c: ServerConfig, base_dir: &Path) -> Result<ServerSettings> {
@@ -211,9 +230,11 @@ fn server_settings(c: ServerConfig, base_dir: &Path) -> Result<ServerSettings> {
                 .into(),
         ));
     }
+    let per_address = c.max_pending_logins_per_address.unwrap_or(1);
     let bounded = [
         ("max_connections_per_analyst", c.max_connections_per_analyst as u64, 100_000),
         ("max_pending_logins", c.max_pending_logins as u64, 100_000),
+        ("max_pending_logins_per_address", per_address as u64, 100_000),
         ("login_timeout_secs", c.login_timeout_secs, 3600),
         ("idle_timeout_secs", c.idle_timeout_secs, 30 * 24 * 3600),
     ];
@@ -229,6 +250,7 @@ fn server_settings(c: ServerConfig, base_dir: &Path) -> Result<ServerSettings> {
         max_connections: c.max_connections,
         max_connections_per_analyst: c.max_connections_per_analyst,
         max_pending_logins: c.max_pending_logins,
+        max_pending_logins_per_address: c.max_pending_logins_per_address,
         login_timeout: std::time::Duration::from_secs(c.login_timeout_secs),
         idle_timeout: std::time::Duration::from_secs(c.idle_timeout_secs),
         statement_timeout: std::time::Duration::from_secs(c.statement_timeout_secs),

@@ -5,6 +5,12 @@
 //! An unknown user gets a decoy challenge (a salt derived from the name and a secret kept in the ledger file, so
 //! the same across restarts) and fails at the proof exactly like a wrong password, so the exchange does not tell
 //! which names exist. A disabled analyst is told so only after proving their password.
+//!
+//! The per-analyst connection cap is checked there too, right after the proof and before anything costly (the
+//! analyst's session and catalog), never earlier: before the proof a capped analyst's name must be answered exactly
+//! like an unknown one, which never has connections open, or the refusal would tell anyone that the name belongs to
+//! an analyst who is connected right now (a user-enumeration oracle). What the refusal costs the server is small:
+//! the verifier is stored, so checking a proof is a few HMACs; the client's part (4 096 PBKDF2 rounds) is its own.
 
 use super::catalog::Catalog;
 use super::scram::{self, ScramError, Verifier};
@@ -156,7 +162,8 @@ impl Drop for Slot {
 }
 
 impl Connection {
-    /// Takes a connection slot for `user`, or says why there is none.
+    /// Takes a connection slot for `user`, or says why there is none. Called only once `user` has proved their
+    /// password (see the module docs: an earlier refusal at the cap would be a user-enumeration oracle).
     fn take_slot(&self, user: &str) -> PgWireResult<Slot> {
         let shared = &self.shared;
         let settings = &shared.settings;

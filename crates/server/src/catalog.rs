@@ -6,6 +6,8 @@
 //!
 //! Routing is decided by parsing ([`Catalog::handles`]): a query goes here iff every relation it names is a catalog
 //! relation, or it has no relation at all and calls only catalog functions (`version()`, `current_schema()`, ...).
+//! A catalog query may call only the functions on an allowlist (the emulated ones and the DataFusion functions of
+//! `data/catalog_functions.txt`, each with the client that needs it); any other is refused, by name.
 //!
 //! The client SQL is parsed with sqlparser's PostgreSQL dialect and rewritten on the AST before DataFusion plans it:
 //! `OPERATOR(pg_catalog.~)` becomes `~`, `COLLATE` is dropped, `pg_catalog.f(...)` becomes `f(...)`, `'t'::regclass`
@@ -223,22 +225,6 @@ const MAX_CROSS_ROWS: usize = 1_000_000;
 pub(crate) const CATALOG_MEMORY: usize = 64 << 20;
 /// Rows per batch: keeps what one scalar function makes at once small.
 const CATALOG_BATCH_ROWS: usize = 256;
-/// Functions a catalog query may not call: each makes values (or rows) far larger than its arguments, and no
-/// client's catalog query uses them.
-const DENIED_FUNCTIONS: &[&str] = &[
-    "generate_series",
-    "range",
-    "gen_series",
-    "repeat",
-    "lpad",
-    "rpad",
-    "array_repeat",
-    "list_repeat",
-    "array_resize",
-    "list_resize",
-    "regexp_replace",
-];
-
 /// A catalog query over a limit (SQLSTATE 54000).
 #[derive(Debug)]
 struct OverLimit(String);
@@ -283,7 +269,8 @@ pub(crate) fn sqlstate(e: &DataFusionError) -> &'static str {
     }
 }
 
-/// Checks the functions and literals of a catalog query against the limits above (before it is planned).
+/// Checks the functions and literals of a catalog query against the limits above (before it is planned): every
+/// function it calls must be on the allowlist ([`ALLOWED_FUNCTIONS`]), `replace` only with short literals.
 #[derive(Default)]
 struct LimitCheck {
     error: Option<DataFusionError>,
@@ -293,9 +280,11 @@ impl LimitCheck {
     fn check_function(&mut self, f: &Function) {
         let Some(parts) = name_parts(&f.name) else { return };
         let Some(name) = parts.last() else { return };
-        if DENIED_FUNCTIONS.contains(&name.as_str()) {
+        if !ALLOWED_FUNCTIONS.contains(name.as_str()) {
             self.error = Some(err(format!(
-                "{name}() is not available in catalog queries (they read the few rows of pg_catalog)"
+                "function {name}() is not available in catalog queries: they may call only the functions PostgreSQL \
+                 clients use to read the catalog (PostgreSQL's catalog functions, count, string_agg, lower, \
+                 array_to_string, ...)"
             )));
             return;
         }
@@ -1113,9 +1102,10 @@ fn size_pretty(bytes: i64) -> String {
     format!("{v} PB")
 }
 
-fn functions(info: &Arc<Info>) -> Vec<PgFunc> {
+/// The PostgreSQL functions the catalog emulates: name, what it does, its arities, its return type.
+fn function_table() -> Vec<(&'static str, Kind, &'static [usize], DataType)> {
     let t = DataType::Utf8;
-    let list: Vec<(&'static str, Kind, &[usize], DataType)> = vec![
+    vec![
         ("version", Kind::Version, &[0], t.clone()),
         ("current_schema", Kind::CurrentSchema, &[0], t.clone()),
         (
@@ -1166,11 +1156,22 @@ fn functions(info: &Arc<Info>) -> Vec<PgFunc> {
         // SQLAlchemy's column reflection (identity and collation options).
         ("pg_collation_is_visible", Kind::True, &[1], DataType::Boolean),
         ("json_build_object", Kind::JsonBuildObject, &[2, 4, 6, 8, 10, 12, 14, 16], t),
-    ];
-    list.into_iter()
+    ]
+}
+
+fn functions(info: &Arc<Info>) -> Vec<PgFunc> {
+    function_table()
+        .into_iter()
         .map(|(name, kind, ar, ret)| PgFunc { name, kind, signature: arities(ar), ret, info: Arc::clone(info) })
         .collect()
 }
+
+/// Every function a catalog query may call: the emulated ones (not the rewrites' own `__dpf_` helpers), the names
+/// rewritten to them, and the DataFusion functions of `data/catalog_functions.txt`.
+static ALLOWED_FUNCTIONS: std::sync::LazyLock<HashSet<&'static str>> = std::sync::LazyLock::new(|| {
+    let emulated = function_table().into_iter().map(|(name, ..)| name).filter(|n| !n.starts_with("__dpf_"));
+    emulated.chain(CATALOG_FUNCTIONS.iter().copied()).chain(data::allowed_functions()).collect()
+});
 
 const REGCLASS_OUT: &str = "__dpf_regclass_out";
 const REGTYPE_OUT: &str = "__dpf_regtype_out";
@@ -2110,11 +2111,11 @@ impl Catalog {
 
     /// Runs a catalog query: the result schema and batches. Errors are returned (not panics) with a short message.
     ///
-    /// Limits: at most [`MAX_CATALOG_BYTES`] of SQL, no function that makes values far larger than its arguments,
-    /// series of at most [`MAX_SERIES_ROWS`] rows, no cross product over [`MAX_CROSS_ROWS`] pairs, a pool of
-    /// [`CATALOG_MEMORY`] bytes without spilling, and at most [`MAX_CATALOG_ROWS`] rows answered. The caller
-    /// bounds its time (dropping the future stops the query: it runs in the caller's task) and counts the
-    /// statement's operators before this parses it.
+    /// Limits: at most [`MAX_CATALOG_BYTES`] of SQL, only the functions of [`ALLOWED_FUNCTIONS`] (none makes
+    /// values far larger than its arguments), series of at most [`MAX_SERIES_ROWS`] rows, no cross product over
+    /// [`MAX_CROSS_ROWS`] pairs, a pool of [`CATALOG_MEMORY`] bytes without spilling, and at most
+    /// [`MAX_CATALOG_ROWS`] rows answered. The caller bounds its time (dropping the future stops the query: it runs
+    /// in the caller's task) and counts the statement's operators before this parses it.
     pub(crate) async fn query(&self, sql: &str) -> Result<(SchemaRef, Vec<RecordBatch>)> {
         if sql.len() > MAX_CATALOG_BYTES {
             return Err(over_limit(format!("{} bytes of SQL (at most {MAX_CATALOG_BYTES})", sql.len())));
@@ -2906,6 +2907,60 @@ ORDER BY 1,2"#;
             let _ = c.query(&bind(q, &[None])).await;
         }
         assert!(c.query("SELECT '{'::int8[]").await.is_err());
+    }
+
+    #[tokio::test]
+    async fn functions_off_the_allowlist_are_refused_by_name() {
+        let c = pums();
+        // DataFusion functions no client's catalog query calls (all of them callable here before the allowlist).
+        for name in ["to_hex", "concat", "concat_ws", "regexp_like", "string_to_array", "random", "uuid", "reverse"] {
+            let args = match name {
+                "random" | "uuid" => "",
+                "to_hex" => "oid",
+                "concat" | "concat_ws" | "regexp_like" | "string_to_array" => "relname, relname",
+                _ => "relname",
+            };
+            let sql = format!("SELECT {name}({args}) FROM pg_class");
+            let e = c.query(&sql).await.expect_err(&sql);
+            let text = e.to_string();
+            assert!(text.contains(&format!("function {name}() is not available in catalog queries")), "{sql}: {text}");
+            assert_eq!(sqlstate(&e), "0A000", "{sql}");
+        }
+        // Also as a qualified name, in a FROM-less query, and nested inside an allowed one.
+        for sql in [
+            "SELECT pg_catalog.reverse(relname) FROM pg_class",
+            "SELECT pg_sleep(1)",
+            "SELECT lower(reverse(relname)) FROM pg_class",
+        ] {
+            let e = c.query(sql).await.expect_err(sql);
+            assert!(e.to_string().contains("() is not available in catalog queries"), "{sql}: {e}");
+        }
+        // What clients call is still answered.
+        let (_, rows) = run(
+            &c,
+            "SELECT count(*), lower(max(relname)), array_to_string(array_agg(relname), ',') \
+                                 FROM pg_class WHERE relname = 'pums'",
+        )
+        .await;
+        assert_eq!(rows, vec![row(&["1", "pums", "pums"])]);
+    }
+
+    #[tokio::test]
+    async fn every_function_on_the_allowlist_is_one_the_catalog_has() {
+        let c = pums();
+        let state = c.ctx.state();
+        let unknown: Vec<&str> = data::allowed_functions()
+            .filter(|name| {
+                !state.scalar_functions().contains_key(*name)
+                    && !state.aggregate_functions().contains_key(*name)
+                    && !state.window_functions().contains_key(*name)
+            })
+            .collect();
+        // `array(subquery)` and `unnest` are planned as syntax; psql's `\d` calls `array_upper`, which DataFusion
+        // does not have: those queries are answered by the fallbacks (the lossy rewrite, the always-empty answer).
+        assert_eq!(unknown, ["array", "array_upper", "unnest"], "not functions of the catalog's context");
+        assert!(ALLOWED_FUNCTIONS.contains("pg_get_expr") && ALLOWED_FUNCTIONS.contains("user"));
+        assert!(!ALLOWED_FUNCTIONS.contains(REGCLASS_OUT), "the rewrites' helpers are not for clients");
     }
 
     #[test]

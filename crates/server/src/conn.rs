@@ -6,9 +6,16 @@
 //!   buffered: [`PRE_LOGIN_MESSAGE`] bytes until the login completes (and [`PRE_LOGIN_TOTAL`] in all), then
 //!   `max_query_bytes` plus [`MESSAGE_OVERHEAD`]. (pgwire itself accepts messages of up to 1 GiB in any state.)
 //! * **Login timeout.** TLS, startup and SCRAM must complete within `login_timeout_secs`; the connection holds one
-//!   of the `max_pending_logins` pre-login places until then, never a connection slot (taken after the password
-//!   checked out, see [`super::auth`]).
+//!   of the `max_pending_logins` pre-login places until then (at most `max_pending_logins_per_address` of them for
+//!   one client address), never a connection slot (taken after the password checked out, see [`super::auth`]).
 //! * **Idle timeout** after the login: no message for `idle_timeout_secs` closes the connection (57P05).
+//! * **A client that leaves stops its statement.** pgwire reads nothing from the socket while a logged-in
+//!   connection's statement runs, so a second descriptor on the same socket (`watched`) waits for the kernel's
+//!   read-closed signal (the client's FIN or reset, `EPOLLRDHUP`), which comes whether or not messages it sent
+//!   before are still unread; the statement under way (a catalog query, or a private plan, which after its debit
+//!   stays charged) is then dropped at its next await and the connection's slot given back, instead of running on
+//!   to the statement timeout. As PostgreSQL's `client_connection_check_interval`, this takes a client that shuts
+//!   down its sending side for gone. (Not before the login: a cancel request comes on a connection closed at once.)
 //! * **Shutdown.** A connection waiting for its next message is closed (57P01) as soon as the server stops; one
 //!   running a statement is closed after it (or aborted by [`super::Server::run`] after the grace period).
 
@@ -21,12 +28,14 @@ use pgwire::error::{ErrorInfo, PgWireError};
 use pgwire::messages::{PgWireBackendMessage, PgWireFrontendMessage};
 use pgwire::tokio::TlsAcceptor;
 use pgwire::tokio::server::{MaybeTls, PgWireMessageServerCodec, negotiate_tls, process_error, process_message};
+use std::collections::HashMap;
 use std::io;
+use std::net::IpAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::io::{AsyncRead, AsyncWrite, Interest, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::sync::OwnedSemaphorePermit;
 use tokio_util::codec::{Framed, FramedParts};
@@ -280,16 +289,58 @@ async fn close_with(socket: &mut Socket, message: PgWireBackendMessage) {
     .await;
 }
 
-/// Refuses a connection accepted over `max_pending_logins`: a FATAL error written without waiting (the socket's
-/// buffer is empty), then closed.
-pub(crate) fn refuse_now(socket: TcpStream, limit: usize) {
-    let message = fatal(
-        "53300",
-        format!(
-            "too many connections are logging in (this server accepts {limit} at once); try again in a few seconds"
-        ),
-        None,
-    );
+/// Pre-login places taken per client address (see [`PendingPlace`]).
+pub(crate) type PendingPerAddress = Arc<std::sync::Mutex<HashMap<IpAddr, usize>>>;
+
+/// A connection's pre-login place: one of `max_pending_logins`, and one of its address's
+/// `max_pending_logins_per_address`; both given back when it is dropped (at login, or when the connection ends).
+pub(crate) struct PendingPlace {
+    _permit: OwnedSemaphorePermit,
+    address: IpAddr,
+    per_address: PendingPerAddress,
+}
+
+impl PendingPlace {
+    /// Takes a place for a connection from `address`, or says why there is none (the message for the client).
+    pub(crate) fn take(
+        all: &Arc<tokio::sync::Semaphore>,
+        per_address: &PendingPerAddress,
+        address: IpAddr,
+        settings: &dpfusion::config::ServerSettings,
+    ) -> Result<PendingPlace, String> {
+        let busy = |what: String| format!("too many connections {what}; try again in a few seconds");
+        let mut counts = per_address.lock().map_err(|_| busy("are logging in".into()))?;
+        let mine = counts.get(&address).copied().unwrap_or(0);
+        let most = settings.pending_logins_per_address(address);
+        if mine >= most {
+            return Err(busy(format!("from your address are logging in (this server accepts {most} at once)")));
+        }
+        let Ok(permit) = all.clone().try_acquire_owned() else {
+            let most = settings.max_pending_logins;
+            return Err(busy(format!("are logging in (this server accepts {most} at once)")));
+        };
+        counts.insert(address, mine + 1);
+        Ok(PendingPlace { _permit: permit, address, per_address: per_address.clone() })
+    }
+}
+
+impl Drop for PendingPlace {
+    fn drop(&mut self) {
+        if let Ok(mut counts) = self.per_address.lock()
+            && let Some(n) = counts.get_mut(&self.address)
+        {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                counts.remove(&self.address);
+            }
+        }
+    }
+}
+
+/// Refuses a connection accepted over `max_pending_logins` (or its address's share): a FATAL error written without
+/// waiting (the socket's buffer is empty), then closed.
+pub(crate) fn refuse_now(socket: TcpStream, why: String) {
+    let message = fatal("53300", why, None);
     let mut bytes = Default::default();
     if message.encode(&mut bytes).is_ok() {
         let _ = socket.try_write(&bytes);
@@ -309,17 +360,41 @@ fn logged_in(socket: &Socket) -> bool {
     socket.session_extensions().get::<super::auth::Slot>().is_some()
 }
 
+/// The socket, and a second handle on it (a duplicated descriptor, registered with the reactor on its own) that
+/// only [`client_left`] uses: it never reads, so the connection's bytes all go to pgwire.
+fn watched(tcp: TcpStream) -> io::Result<(TcpStream, TcpStream)> {
+    let tcp = tcp.into_std()?;
+    let watch = tcp.try_clone()?;
+    Ok((TcpStream::from_std(tcp)?, TcpStream::from_std(watch)?))
+}
+
+/// Completes once the client has closed its end of the connection (or the socket failed): the read-closed
+/// readiness, which the kernel reports whether or not bytes the client sent before are still unread.
+async fn client_left(watch: &TcpStream) {
+    loop {
+        match watch.ready(Interest::READABLE).await {
+            Ok(ready) if !ready.is_read_closed() => {
+                // Only more bytes (pipelined messages, read later by pgwire): forget this readiness and wait for the
+                // socket's next event. Read-closed is never forgotten, so a close in between is not missed.
+                let _ = watch.try_io(Interest::READABLE, || Err::<(), _>(io::ErrorKind::WouldBlock.into()));
+            }
+            _ => return,
+        }
+    }
+}
+
 /// Serves one accepted socket until it closes. `pending` is its pre-login place, released at login.
 pub(crate) async fn serve(
     tcp: TcpStream,
     tls: Option<TlsAcceptor>,
     handler: Arc<Connection>,
     shared: Arc<Shared>,
-    pending: OwnedSemaphorePermit,
+    pending: PendingPlace,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) -> io::Result<()> {
     let login_deadline = tokio::time::sleep(shared.settings.login_timeout);
     tokio::pin!(login_deadline);
+    let (tcp, watch) = watched(tcp)?;
     let negotiated = tokio::select! {
         _ = &mut login_deadline => return Ok(()),
         s = negotiate_tls::<WireStatement>(tcp, tls) => s?,
@@ -398,7 +473,7 @@ pub(crate) async fn serve(
             PgWireConnectionState::CopyInProgress(e) => e,
             _ => message.is_extended_query(),
         };
-        let result = process_message(
+        let processed = process_message(
             message,
             &mut socket,
             handler.clone(),
@@ -406,8 +481,20 @@ pub(crate) async fn serve(
             handler.clone(),
             copy.clone(),
             cancel.clone(),
-        )
-        .await;
+        );
+        // Only a logged-in connection's statements are stopped when the client leaves: before the login, a client
+        // sends a cancel request (or its last login message) and closes at once, and that must still be handled.
+        let result = if pending.is_some() {
+            processed.await
+        } else {
+            tokio::select! {
+                r = processed => r,
+                () = client_left(&watch) => {
+                    log(&format!("connection from {}: the client left during a statement; stopped it", handler.peer));
+                    break;
+                }
+            }
+        };
         if let Err(e) = result {
             let is_fatal = matches!(&e, PgWireError::UserError(info) if info.is_fatal());
             process_error(&mut socket, e, extended_query).await?;

@@ -15,12 +15,14 @@
 //!   ([`dpfusion::accounting::admin`]); nothing over the wire can change a total, a grant or a password.
 //! * **Limits** ([`conn`], [`auth`]). A connection slot is taken only after the password checked out
 //!   (`max_connections`, at most `max_connections_per_analyst` per analyst); before that a connection holds one of
-//!   `max_pending_logins` places for at most `login_timeout_secs`, and may send only small messages. Failed logins
-//!   make later attempts on the same user or address wait, refused at once ("try again in N s"), never queued.
-//!   Messages after the login are bounded by `max_query_bytes`; an idle connection is closed after
-//!   `idle_timeout_secs`. A statement timeout, a memory pool per connection, PostgreSQL cancel requests, and a
-//!   shutdown that ends within its grace period. A query stopped (cancelled, timed out, disconnected) after its debit stays
-//!   charged: the debit is made before any data is read, and a charge is never refunded.
+//!   `max_pending_logins` places (`max_pending_logins_per_address` from one address) for at most
+//!   `login_timeout_secs`, and may send only small messages. Failed logins make later attempts on the same user or
+//!   address wait, refused at once ("try again in N s"), never queued. Messages after the login are bounded by `max_query_bytes`; an idle connection is closed after
+//!   `idle_timeout_secs`. A statement timeout, a memory pool per connection, PostgreSQL cancel requests, a
+//!   statement stopped when its client leaves ([`conn`]), and a shutdown that ends within its grace period, by a
+//!   deadline kept outside the server's runtime ([`Server::stop_on_signal`]). A query stopped (cancelled, timed
+//!   out, disconnected) after its debit stays charged: the debit is made before any data is read, and a charge is
+//!   never refunded.
 //!
 //! Neighbouring relation: add/remove all rows of one privacy unit; each analyst's budget and each table's cap
 //! bound what one unit can lose to that analyst, and to all of them together.
@@ -175,13 +177,60 @@ impl Server {
         self.listener.local_addr().map_err(|e| DpError::Internal(format!("listening socket: {e}")))
     }
 
+    /// How long a shutdown lets running statements finish: the statement timeout.
+    pub fn grace(&self) -> Duration {
+        self.shared.settings.statement_timeout
+    }
+
+    /// Ctrl-C or SIGTERM, for [`Server::run`], with a **hard deadline**: the signals are awaited on a thread of
+    /// their own with its own small runtime, and if the process is still running [`Server::grace`] plus
+    /// [`HARD_STOP_MARGIN`] after the first one, that thread ends the process (status 0, after a line in the
+    /// log). The server's own runtime takes no part in it, so the deadline holds even when every one of its
+    /// workers is stuck in one long poll (a statement in a blocking call, say), where no timer of that runtime
+    /// fires and no signal reaches it. Every debit already made is on disk; a statement cut off there has either
+    /// not been charged or stays charged.
+    ///
+    /// For a program that owns the process (the `dpfusion` binary): the deadline exits it.
+    pub fn stop_on_signal(&self) -> Result<impl Future<Output = ()> + Send + 'static> {
+        let deadline = self.grace() + HARD_STOP_MARGIN;
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let (ready, listening) = std::sync::mpsc::channel::<std::io::Result<()>>();
+        let watcher = move || {
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build();
+            let signalled = runtime.and_then(|rt| rt.block_on(wait_for_signal(ready.clone())));
+            if let Err(e) = signalled {
+                let _ = ready.send(Err(e));
+                return;
+            }
+            let _ = stop.send(());
+            std::thread::sleep(deadline);
+            log(&format!(
+                "still running {deadline:?} after the stop signal: exiting now (statements still running are cut \
+                 off; every debit made is on disk)"
+            ));
+            std::process::exit(0);
+        };
+        let cannot = |e: std::io::Error| DpError::Internal(format!("cannot watch for Ctrl-C and SIGTERM: {e}"));
+        std::thread::Builder::new().name("dpfusion-signals".into()).spawn(watcher).map_err(cannot)?;
+        listening.recv().map_err(|_| DpError::Internal("the signal thread ended".into()))?.map_err(cannot)?;
+        Ok(async move {
+            if stopped.await.is_err() {
+                // The watcher never ends without sending; should it, the server serves on.
+                std::future::pending::<()>().await;
+            }
+        })
+    }
+
     /// Serves until `shutdown` completes; then accepts no new connection, closes the connections waiting for a
     /// message, and gives those running a statement up to the statement timeout to finish. After that their
     /// tasks are aborted and this returns within a second more, whatever they are doing (every debit is already
-    /// durable). A task busy on a blocking thread is left behind: the binary ends its runtime with a timeout.
+    /// durable). A task busy on a blocking thread is left behind: the binary ends its runtime with a timeout. If
+    /// the runtime's workers are all stuck, this never gets to run again: [`Server::stop_on_signal`]'s deadline
+    /// ends the process then.
     pub async fn run(self, shutdown: impl Future<Output = ()>) -> Result<()> {
         let Server { shared, listener, tls } = self;
         let pending = Arc::new(Semaphore::new(shared.settings.max_pending_logins));
+        let pending_per_address = conn::PendingPerAddress::default();
         let (stop, stopped) = tokio::sync::watch::channel(false);
         let mut tasks = tokio::task::JoinSet::new();
         tokio::pin!(shutdown);
@@ -197,9 +246,13 @@ impl Server {
                             continue;
                         }
                     };
-                    let Ok(place) = pending.clone().try_acquire_owned() else {
-                        conn::refuse_now(socket, shared.settings.max_pending_logins);
-                        continue;
+                    let taken = conn::PendingPlace::take(&pending, &pending_per_address, peer.ip(), &shared.settings);
+                    let place = match taken {
+                        Ok(place) => place,
+                        Err(why) => {
+                            conn::refuse_now(socket, why);
+                            continue;
+                        }
                     };
                     let _ = socket.set_nodelay(true);
                     let handler = Arc::new(wire::Connection::new(shared.clone(), peer));
@@ -226,6 +279,32 @@ impl Server {
         }
         Ok(())
     }
+}
+
+/// How long after [`Server::grace`] a stop signal ends the process whatever it is doing: [`Server::run`]'s wait
+/// for aborted tasks (1 s), the binary's runtime shutdown (1 s), and a second more.
+pub const HARD_STOP_MARGIN: Duration = Duration::from_secs(3);
+
+/// Registers for Ctrl-C and SIGTERM, says so on `ready` (or why not, returned), and waits for the first of them.
+async fn wait_for_signal(ready: std::sync::mpsc::Sender<std::io::Result<()>>) -> std::io::Result<()> {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        let mut term = signal(SignalKind::terminate())?;
+        let mut interrupt = signal(SignalKind::interrupt())?;
+        let _ = ready.send(Ok(()));
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = interrupt.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let ctrl_c = tokio::signal::ctrl_c();
+        let _ = ready.send(Ok(()));
+        ctrl_c.await?;
+    }
+    Ok(())
 }
 
 fn tls_acceptor(cert: &std::path::Path, key: &std::path::Path) -> Result<TlsAcceptor> {

@@ -1,5 +1,6 @@
 //! The catalog's contents as data: the relations and their columns (`data/relations.txt`), their fixed rows
-//! (`data/rows.txt`) and the base types of `pg_type` (`data/pg_type.txt`), read once from files compiled in.
+//! (`data/rows.txt`), the base types of `pg_type` (`data/pg_type.txt`) and the DataFusion functions a catalog query
+//! may call (`data/catalog_functions.txt`), read once from files compiled in.
 //! A line that does not read is an error of [`Catalog::new`](super::Catalog::new) (and of this module's test).
 
 use super::{Ct, NS_INFORMATION_SCHEMA, NS_PG_CATALOG, V};
@@ -10,6 +11,7 @@ use std::sync::LazyLock;
 const RELATIONS: &str = include_str!("../../data/relations.txt");
 const ROWS: &str = include_str!("../../data/rows.txt");
 const PG_TYPES: &str = include_str!("../../data/pg_type.txt");
+const FUNCTIONS: &str = include_str!("../../data/catalog_functions.txt");
 
 /// One relation of `data/relations.txt`.
 #[derive(Debug)]
@@ -120,9 +122,18 @@ pub(super) fn types() -> &'static [PgType] {
     PG_TYPE_ROWS.as_deref().unwrap_or(&[])
 }
 
+/// The DataFusion functions a catalog query may call (`data/catalog_functions.txt`: the first word of each line,
+/// lower case).
+pub(super) fn allowed_functions() -> impl Iterator<Item = &'static str> {
+    lines(FUNCTIONS).filter_map(|l| l.split_whitespace().next())
+}
+
 /// Whether every data file reads.
 pub(super) fn check() -> Result<()> {
     relations()?;
+    if let Some(name) = allowed_functions().find(|n| n.chars().any(|c| !c.is_ascii_lowercase() && c != '_')) {
+        return Err(bad("catalog_functions.txt", name, "a function name is lower-case letters and `_`"));
+    }
     PG_TYPE_ROWS.as_ref().map_err(|e| DataFusionError::Internal(e.clone()))?;
     fixed_rows("", "", "").map(|_| ())
 }
