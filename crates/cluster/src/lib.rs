@@ -11,10 +11,15 @@
 
 use ballista_core::extension::SessionConfigExt;
 use ballista_core::serde::{BallistaCodec, BallistaLogicalExtensionCodec};
+use ballista_executor::execution_engine::{DefaultExecutionEngine, ExecutionEngine, QueryStageExecutor};
 use ballista_executor::executor_process::{ExecutorProcessConfig, start_executor_process};
 use ballista_scheduler::cluster::BallistaCluster;
 use ballista_scheduler::config::SchedulerConfig;
+use datafusion::common::DataFusionError;
+use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
+use datafusion::datasource::source::DataSourceExec;
 use datafusion::execution::SessionStateBuilder;
+use datafusion::physical_plan::ExecutionPlan;
 use datafusion::prelude::SessionConfig;
 use dpfusion::cluster::{ClusterKey, DpPhysicalCodec};
 use std::net::SocketAddr;
@@ -97,6 +102,50 @@ fn executor_config_producer(key: Arc<ClusterKey>) -> ballista_core::ConfigProduc
     Arc::new(move || key.executor_config(SessionConfig::new_with_ballista()))
 }
 
+/// The execution engine of dpfusion's executors: Ballista's, behind a check that a task reads data only through
+/// dpfusion's sealed scans (whose capabilities they verify). A task that would read files any other way (a
+/// Parquet, CSV or JSON scan of DataFusion's own, which anyone able to submit jobs to the scheduler could send) is
+/// refused before it starts: the executors of a dpfusion cluster run dpfusion's plans only.
+struct SealedReadsOnly(Arc<dyn ExecutionEngine>);
+
+/// The first node of `plan` that reads files outside a sealed scan, by name (a sealed scan is a leaf that shows
+/// no reader, so any reader a walk of the plan finds is someone else's).
+fn foreign_reader(plan: &Arc<dyn ExecutionPlan>) -> Option<String> {
+    let mut found = None;
+    let _ = plan.apply(|node| {
+        let reads_files = node
+            .downcast_ref::<DataSourceExec>()
+            .is_some_and(|d| d.data_source().is::<datafusion::datasource::physical_plan::FileScanConfig>());
+        if reads_files || node.is::<datafusion::physical_plan::streaming::StreamingTableExec>() {
+            found = Some(node.name().to_string());
+            return Ok(TreeNodeRecursion::Stop);
+        }
+        Ok(TreeNodeRecursion::Continue)
+    });
+    found
+}
+
+impl ExecutionEngine for SealedReadsOnly {
+    fn create_query_stage_exec(
+        &self,
+        job_id: ballista_core::JobId,
+        stage_id: usize,
+        task_id: usize,
+        global_output_partition_ids: Vec<usize>,
+        plan: Arc<dyn ExecutionPlan>,
+        work_dir: &str,
+        config: &SessionConfig,
+    ) -> datafusion::error::Result<Arc<dyn QueryStageExecutor>> {
+        if let Some(reader) = foreign_reader(&plan) {
+            return Err(DataFusionError::Plan(format!(
+                "this dpfusion executor runs only dpfusion's plans, whose private tables are read through sealed \
+                 scans; the task reads data with {reader}"
+            )));
+        }
+        self.0.create_query_stage_exec(job_id, stage_id, task_id, global_output_partition_ids, plan, work_dir, config)
+    }
+}
+
 /// Runs an executor until the process ends (or the scheduler tells it to stop).
 pub async fn run_executor(opts: &ExecutorOptions) -> Result<(), ClusterError> {
     let key = Arc::new(ClusterKey::from_file(&opts.key_file).map_err(|e| ClusterError::Config(e.to_string()))?);
@@ -119,6 +168,10 @@ pub async fn run_executor(opts: &ExecutorOptions) -> Result<(), ClusterError> {
         executor_heartbeat_interval_seconds: opts.heartbeat_secs,
         ..ExecutorProcessConfig::default()
     };
+    // Ballista's engine behind the check. (Without its pool of clients to the other executors, which Ballista does
+    // not export: a shuffle fetch opens its own connection.)
+    let engine: Arc<dyn ExecutionEngine> = Arc::new(DefaultExecutionEngine::new());
+    config.override_execution_engine = Some(Arc::new(SealedReadsOnly(engine)));
     if let Some(v) = opts.vcores {
         config.vcores = v;
     }
@@ -151,4 +204,27 @@ pub async fn standalone(key: Arc<ClusterKey>, executors: usize, vcores: usize) -
             .await?;
     }
     Ok(addr)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A task reading a file with DataFusion's own CSV scan is refused by a dpfusion executor; a plan that reads
+    /// no file passes the check.
+    #[tokio::test]
+    async fn executors_refuse_tasks_that_read_files_outside_sealed_scans() {
+        let ctx = datafusion::prelude::SessionContext::new();
+        let csv = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/data/pums.csv");
+        let df = ctx.read_csv(csv, Default::default()).await.unwrap();
+        let plan = df.create_physical_plan().await.unwrap();
+        assert_eq!(foreign_reader(&plan).as_deref(), Some("DataSourceExec"));
+        let engine = SealedReadsOnly(Arc::new(DefaultExecutionEngine::new()));
+        let job = ballista_core::JobId::new("j".to_string());
+        let refused = engine.create_query_stage_exec(job.clone(), 1, 1, vec![0], plan, "/tmp", &SessionConfig::new());
+        let e = refused.expect_err("refused");
+        assert!(e.to_string().contains("runs only dpfusion's plans"), "{e}");
+        let empty = ctx.sql("SELECT 1 AS x").await.unwrap().create_physical_plan().await.unwrap();
+        assert_eq!(foreign_reader(&empty), None);
+    }
 }
