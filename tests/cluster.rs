@@ -125,6 +125,14 @@ async fn a_cluster_that_cannot_work_is_refused_at_start() {
     assert!(e.to_string().contains("in_memory = true cannot run on a cluster"), "{e}");
     // A port nobody listens on.
     let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    // A table given as Arrow batches (the library's and Python's in-memory tables) on a cluster session: refused
+    // when registered, so no query over it is ever charged.
+    let running = start_cluster(&dir).await;
+    let mut s = session_from(&(base.clone() + &running)).await;
+    let batch = crate::support::people(10, false);
+    let policy = dpfusion::TablePolicy::with_unit("pid", 2, 1, Default::default()).unwrap();
+    let e = s.register_batches("people", vec![batch], policy).unwrap_err();
+    assert!(e.to_string().contains("cannot run there"), "{e}");
     let cfg =
         dpfusion::SessionConfig::from_toml_str(&(base + &engine(&closed.to_string())), std::path::Path::new(ROOT));
     let e = DpSession::from_config(&cfg.unwrap()).await.err().expect("refused");

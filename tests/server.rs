@@ -546,6 +546,27 @@ pub(crate) fn frontend(tag: u8, payload: &[u8]) -> Vec<u8> {
     m
 }
 
+/// Answers the server's SCRAM-SHA-256 request (authentication code 10: the client's first message) or challenge
+/// (11: the client's proof) on a raw login.
+pub(crate) async fn scram_reply(
+    sock: &mut tokio::net::TcpStream,
+    scram: &mut postgres_protocol::authentication::sasl::ScramSha256,
+    code: Option<i32>,
+    payload: &[u8],
+) {
+    use tokio::io::AsyncWriteExt;
+    let message = if code == Some(10) {
+        let mut p = b"SCRAM-SHA-256\0".to_vec();
+        p.extend_from_slice(&(scram.message().len() as i32).to_be_bytes());
+        p.extend_from_slice(scram.message());
+        p
+    } else {
+        scram.update(&payload[4..]).unwrap();
+        scram.message().to_vec()
+    };
+    sock.write_all(&frontend(b'p', &message)).await.unwrap();
+}
+
 /// A raw socket logged in as `user` (startup and SCRAM-SHA-256 by hand, with postgres-protocol's client side),
 /// ready for a query: for sending what no client library would.
 pub(crate) async fn raw_login(addr: SocketAddr, user: &str) -> tokio::net::TcpStream {
@@ -562,16 +583,7 @@ pub(crate) async fn raw_login(addr: SocketAddr, user: &str) -> tokio::net::TcpSt
         let (tag, payload) = read_message(&mut sock).await.unwrap();
         let code = payload.get(..4).map(|c| i32::from_be_bytes([c[0], c[1], c[2], c[3]]));
         match (tag, code) {
-            (b'R', Some(10)) => {
-                let mut p = b"SCRAM-SHA-256\0".to_vec();
-                p.extend_from_slice(&(scram.message().len() as i32).to_be_bytes());
-                p.extend_from_slice(scram.message());
-                sock.write_all(&frontend(b'p', &p)).await.unwrap();
-            }
-            (b'R', Some(11)) => {
-                scram.update(&payload[4..]).unwrap();
-                sock.write_all(&frontend(b'p', scram.message())).await.unwrap();
-            }
+            (b'R', Some(10 | 11)) => scram_reply(&mut sock, &mut scram, code, &payload).await,
             (b'R', Some(12)) => scram.finish(&payload[4..]).unwrap(),
             (b'Z', _) => return sock,
             (b'E', _) => panic!("login refused: {}", String::from_utf8_lossy(&payload)),

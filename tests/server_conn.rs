@@ -286,16 +286,7 @@ async fn login_transcript(addr: SocketAddr, user: &str, password: &str) -> (Vec<
         };
         let code = payload.get(..4).map(|c| i32::from_be_bytes([c[0], c[1], c[2], c[3]]));
         match (tag, code) {
-            (b'R', Some(10)) => {
-                let mut p = b"SCRAM-SHA-256\0".to_vec();
-                p.extend_from_slice(&(scram.message().len() as i32).to_be_bytes());
-                p.extend_from_slice(scram.message());
-                sock.write_all(&frontend(b'p', &p)).await.unwrap();
-            }
-            (b'R', Some(11)) => {
-                scram.update(&payload[4..]).unwrap();
-                sock.write_all(&frontend(b'p', scram.message())).await.unwrap();
-            }
+            (b'R', Some(10 | 11)) => crate::server::scram_reply(&mut sock, &mut scram, code, &payload).await,
             (b'E', _) => {
                 let at = payload.iter().position(|b| *b == b'C').unwrap();
                 return (seen, Some(String::from_utf8_lossy(&payload[at + 1..at + 6]).into_owned()));

@@ -243,6 +243,14 @@ impl Cluster {
     }
 }
 
+/// Whether a cluster's executors can read `provider`'s scans: text files and Parquet listings (at paths every
+/// executor must see); not a table held in memory, whose rows would travel inside the plan, nor any other kind,
+/// whose scans the codec cannot describe. Checked when a table is registered, so such a query is never charged.
+pub(crate) fn readable_by_executors(provider: &dyn datafusion::catalog::TableProvider) -> bool {
+    provider.downcast_ref::<crate::source::text::TextTable>().is_some()
+        || provider.downcast_ref::<datafusion::datasource::listing::ListingTable>().is_some()
+}
+
 /// Whether some address of `authority` (`host:port`) accepts a TCP connection within 10 s.
 fn reachable(authority: &str) -> std::io::Result<()> {
     use std::net::ToSocketAddrs;

@@ -106,6 +106,15 @@ impl PrivateTables {
 
     /// Registers `provider` as the private table `name`, sealed.
     pub(crate) fn register(&self, name: &str, provider: Arc<dyn TableProvider>) -> Result<()> {
+        #[cfg(feature = "cluster")]
+        if self.cluster.is_some() && !crate::cluster::readable_by_executors(provider.as_ref()) {
+            return Err(DpError::Config(format!(
+                "table {name}: this session runs its private plans on a cluster ([engine] scheduler), whose \
+                 executors read CSV, JSON and Parquet files only; a table held in memory (its rows would travel \
+                 inside every plan) or another kind of table cannot run there. Give it as files on storage every \
+                 executor reads, or open a session without a scheduler"
+            )));
+        }
         let sealed = Arc::new(SealedTable { inner: provider });
         self.ctx.register_table(name, sealed).map_err(|e| DpError::Config(format!("table {name}: {e}")))?;
         Ok(())
