@@ -298,3 +298,20 @@ async fn a_cluster_of_processes_survives_a_lost_executor() {
     assert_eq!(charges(&cluster), before + 1, "a retry with the request id is never charged again");
     release(&cluster, "SELECT COUNT(*) FROM pq").await;
 }
+
+/// `--scheduler` replaces a configured scheduler; without one in the configuration, or on a command that runs no
+/// query, it is refused with what to do instead of being ignored.
+#[test]
+fn the_scheduler_flag_never_does_nothing() {
+    let run = |args: &[&str]| {
+        let out = std::process::Command::new(crate::support::BIN).args(args).output().unwrap();
+        (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    let config = format!("{ROOT}/config/pums.toml");
+    let (code, err) = run(&["query", "--scheduler", "df://127.0.0.1:1", "-c", &config, "SELECT COUNT(*) FROM pums"]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("does not set"), "{err}");
+    let (code, err) = run(&["cluster-key", "--scheduler", "df://127.0.0.1:1", "/nonexistent/k"]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("applies to the commands that run queries"), "{err}");
+}

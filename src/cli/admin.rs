@@ -233,7 +233,7 @@ pub(crate) fn cap(a: CapArgs) -> Result<bool, DpError> {
 
 pub(crate) async fn serve(config: Option<PathBuf>) -> Result<bool, DpError> {
     let path = config.unwrap_or_else(super::default_config);
-    let cfg = dpfusion::SessionConfig::from_file(&path)?;
+    let cfg = super::load_config(&path)?;
     let server = dpfusion_server::Server::bind(&cfg).await?;
     let addr = server.local_addr()?;
     let tls = if cfg.server.as_ref().is_some_and(|s| s.tls.is_some()) { "TLS" } else { "no TLS" };

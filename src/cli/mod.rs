@@ -258,12 +258,9 @@ async fn open(config: Option<PathBuf>) -> Result<(DpSession, PathBuf), DpError> 
     open_with_config(config).await.map(|(s, p, _)| (s, p))
 }
 
-/// Opens the session and keeps the configuration (for the paths it names).
-pub(crate) async fn open_with_config(
-    config: Option<PathBuf>,
-) -> Result<(DpSession, PathBuf, dpfusion::SessionConfig), DpError> {
-    let path = config.unwrap_or_else(default_config);
-    let mut cfg = dpfusion::SessionConfig::from_file(&path)?;
+/// Loads a configuration for a command that runs queries, with `--scheduler` in place of `[engine] scheduler`.
+pub(crate) fn load_config(path: &Path) -> Result<dpfusion::SessionConfig, DpError> {
+    let mut cfg = dpfusion::SessionConfig::from_file(path)?;
     if let Some(scheduler) = SCHEDULER.get() {
         let Some(cluster) = &mut cfg.cluster else {
             return Err(DpError::Config(format!(
@@ -273,6 +270,15 @@ pub(crate) async fn open_with_config(
         };
         cluster.scheduler = scheduler.clone();
     }
+    Ok(cfg)
+}
+
+/// Opens the session and keeps the configuration (for the paths it names).
+pub(crate) async fn open_with_config(
+    config: Option<PathBuf>,
+) -> Result<(DpSession, PathBuf, dpfusion::SessionConfig), DpError> {
+    let path = config.unwrap_or_else(default_config);
+    let cfg = load_config(&path)?;
     let s = DpSession::from_config(&cfg).await?;
     Ok((s, path, cfg))
 }
@@ -362,6 +368,18 @@ pub(crate) fn print_budget(session: &DpSession, history: bool) -> Result<(), DpE
 
 async fn run(cli: Cli) -> Result<bool, DpError> {
     if let Some(scheduler) = cli.scheduler {
+        // Only commands that run queries have a scheduler to replace; anywhere else the flag would do nothing.
+        let runs_queries = match &cli.command {
+            None | Some(Command::Repl { .. } | Command::Query { .. } | Command::Explain { .. }) => true,
+            Some(Command::Marginals(_) | Command::Serve { .. } | Command::Budget { .. }) => true,
+            Some(_) => false,
+        };
+        if !runs_queries {
+            return Err(DpError::Config(
+                "--scheduler applies to the commands that run queries (repl, query, explain, marginals, serve, budget)"
+                    .into(),
+            ));
+        }
         let _ = SCHEDULER.set(scheduler);
     }
     match cli.command.unwrap_or(Command::Repl { config: None }) {
