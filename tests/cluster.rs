@@ -164,49 +164,67 @@ fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
-/// Starts `dpfusion <args>` and waits (at most 60 s) until it listens on `port`.
-fn spawn_listening(args: &[&str], port: u16, log: std::path::PathBuf) -> Proc {
-    let log = std::fs::File::create(log).unwrap();
+/// Starts `dpfusion <args>` and waits (at most 60 s) until it listens on `port`; if it exits first (its port
+/// taken by another test in the meantime, say) or never listens, says why with its log.
+fn try_spawn_listening(args: &[&str], port: u16, log: &std::path::Path) -> Result<Proc, String> {
+    let file = std::fs::File::create(log).unwrap();
     let child = std::process::Command::new(crate::support::BIN)
         .args(args)
-        .stdout(log.try_clone().unwrap())
-        .stderr(log)
+        .stdout(file.try_clone().unwrap())
+        .stderr(file)
         .spawn()
         .unwrap();
-    let p = Proc(child);
+    let mut p = Proc(child);
     for _ in 0..600 {
         if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-            return p;
+            return Ok(p);
+        }
+        if let Ok(Some(status)) = p.0.try_wait() {
+            let log = std::fs::read_to_string(log).unwrap_or_default();
+            return Err(format!("dpfusion {args:?} exited ({status}) before listening on {port}:\n{log}"));
         }
         std::thread::sleep(std::time::Duration::from_millis(100));
     }
-    panic!("dpfusion {args:?} did not listen on {port} within 60 s");
+    let log = std::fs::read_to_string(log).unwrap_or_default();
+    Err(format!("dpfusion {args:?} did not listen on {port} within 60 s:\n{log}"))
 }
 
-/// An executor process of the cluster at `scheduler`.
+fn spawn_listening(args: &[&str], port: u16, log: std::path::PathBuf) -> Proc {
+    try_spawn_listening(args, port, &log).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// An executor process of the cluster at `scheduler` (on free ports: up to three tries, since a port found free
+/// can be taken by another test before the executor binds it).
 fn executor(dir: &TempDir, scheduler: u16, key: &str, name: &str) -> Proc {
-    let (port, grpc) = (free_port(), free_port());
-    let (port_s, grpc_s, sched) = (port.to_string(), grpc.to_string(), format!("127.0.0.1:{scheduler}"));
     let work = dir.join(format!("work-{name}"));
     std::fs::create_dir_all(&work).unwrap();
-    let args = [
-        "executor",
-        "--scheduler",
-        &sched,
-        "--key-file",
-        key,
-        "--port",
-        &port_s,
-        "--grpc-port",
-        &grpc_s,
-        "--vcores",
-        "2",
-        "--work-dir",
-        work.to_str().unwrap(),
-        "--heartbeat-secs",
-        "1",
-    ];
-    spawn_listening(&args, port, dir.join(format!("{name}.log")))
+    let mut failures = vec![];
+    for _ in 0..3 {
+        let (port, grpc) = (free_port(), free_port());
+        let (port_s, grpc_s, sched) = (port.to_string(), grpc.to_string(), format!("127.0.0.1:{scheduler}"));
+        let args = [
+            "executor",
+            "--scheduler",
+            &sched,
+            "--key-file",
+            key,
+            "--port",
+            &port_s,
+            "--grpc-port",
+            &grpc_s,
+            "--vcores",
+            "2",
+            "--work-dir",
+            work.to_str().unwrap(),
+            "--heartbeat-secs",
+            "1",
+        ];
+        match try_spawn_listening(&args, port, &dir.join(format!("{name}.log"))) {
+            Ok(p) => return p,
+            Err(e) => failures.push(e),
+        }
+    }
+    panic!("no executor {name} started: {failures:#?}");
 }
 
 /// pums_dup.csv as Parquet (its rows in two row groups' worth of files), for the Parquet table of the cluster.
@@ -314,4 +332,8 @@ fn the_scheduler_flag_never_does_nothing() {
     let (code, err) = run(&["cluster-key", "--scheduler", "df://127.0.0.1:1", "/nonexistent/k"]);
     assert_eq!(code, Some(2), "{err}");
     assert!(err.contains("applies to the commands that run queries"), "{err}");
+    // An executor's --scheduler is the one it serves: accepted (it then fails on the missing key file).
+    let (code, err) = run(&["executor", "--scheduler", "df://127.0.0.1:1", "--key-file", "/nonexistent/k"]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("cluster key /nonexistent/k"), "{err}");
 }

@@ -19,9 +19,6 @@ pub(crate) struct SchedulerArgs {
 /// `dpfusion executor`.
 #[derive(Debug, clap::Args)]
 pub(crate) struct ExecutorArgs {
-    /// The scheduler, host:port.
-    #[arg(long, default_value = "127.0.0.1:50050")]
-    scheduler: String,
     /// The cluster key file (the same as the sessions' `[engine] cluster_key_file`).
     #[arg(long)]
     key_file: PathBuf,
@@ -61,10 +58,11 @@ pub(crate) async fn scheduler(a: SchedulerArgs) -> Result<bool, DpError> {
     Ok(true)
 }
 
-/// Runs an executor until the process ends.
-pub(crate) async fn executor(a: ExecutorArgs) -> Result<bool, DpError> {
+/// Runs an executor of the scheduler at `scheduler` (`--scheduler`, host:port or df://host:port; by default
+/// 127.0.0.1:50050) until the process ends.
+pub(crate) async fn executor(a: ExecutorArgs, scheduler: Option<String>) -> Result<bool, DpError> {
     let opts = dpfusion_cluster::ExecutorOptions {
-        scheduler: a.scheduler,
+        scheduler: scheduler.unwrap_or_else(|| "127.0.0.1:50050".into()),
         bind_host: a.bind_host,
         external_host: a.external_host,
         port: a.port,

@@ -51,7 +51,8 @@ pub(crate) struct Cli {
     #[command(subcommand)]
     command: Option<Command>,
     /// Run private plans on this Ballista scheduler (df://host:port) instead of in this process: overrides
-    /// `[engine] scheduler` (the configuration names the cluster key file). See docs/cluster.md.
+    /// `[engine] scheduler` (the configuration names the cluster key file). For `dpfusion executor`: the
+    /// scheduler to serve (default 127.0.0.1:50050). See docs/cluster.md.
     #[arg(long, global = true)]
     scheduler: Option<String>,
 }
@@ -367,20 +368,23 @@ pub(crate) fn print_budget(session: &DpSession, history: bool) -> Result<(), DpE
 }
 
 async fn run(cli: Cli) -> Result<bool, DpError> {
-    if let Some(scheduler) = cli.scheduler {
-        // Only commands that run queries have a scheduler to replace; anywhere else the flag would do nothing.
-        let runs_queries = match &cli.command {
-            None | Some(Command::Repl { .. } | Command::Query { .. } | Command::Explain { .. }) => true,
-            Some(Command::Marginals(_) | Command::Serve { .. } | Command::Budget { .. }) => true,
-            Some(_) => false,
-        };
-        if !runs_queries {
-            return Err(DpError::Config(
-                "--scheduler applies to the commands that run queries (repl, query, explain, marginals, serve, budget)"
-                    .into(),
-            ));
+    if let Some(scheduler) = &cli.scheduler {
+        // Commands that run queries replace their configuration's scheduler; an executor serves it; anywhere else
+        // the flag would do nothing.
+        match &cli.command {
+            None | Some(Command::Repl { .. } | Command::Query { .. } | Command::Explain { .. }) => {}
+            Some(Command::Marginals(_) | Command::Serve { .. } | Command::Budget { .. }) => {}
+            #[cfg(feature = "cluster")]
+            Some(Command::Executor(_)) => {}
+            Some(_) => {
+                return Err(DpError::Config(
+                    "--scheduler applies to the commands that run queries (repl, query, explain, marginals, serve, \
+                     budget) and to executor"
+                        .into(),
+                ));
+            }
         }
-        let _ = SCHEDULER.set(scheduler);
+        let _ = SCHEDULER.set(scheduler.clone());
     }
     match cli.command.unwrap_or(Command::Repl { config: None }) {
         Command::Repl { config } => {
@@ -426,7 +430,7 @@ async fn run(cli: Cli) -> Result<bool, DpError> {
         #[cfg(feature = "cluster")]
         Command::Scheduler(a) => cluster::scheduler(a).await,
         #[cfg(feature = "cluster")]
-        Command::Executor(a) => cluster::executor(a).await,
+        Command::Executor(a) => cluster::executor(a, SCHEDULER.get().cloned()).await,
         #[cfg(feature = "cluster")]
         Command::ClusterKey { file } => cluster::cluster_key(&file),
         Command::Analyst(a) => admin::analyst(a),
