@@ -310,7 +310,7 @@ impl DpSession {
         let open = self.tables.open(debit);
         let text = self.text_bytes(&histograms.table, 1 + over_limit.is_some() as u64).await;
         let plans: Vec<_> = over_limit.iter().chain([&rows]).map(|p| p.physical()).collect();
-        let _running = self.progress.start(&plans, text);
+        let _running = self.progress.start(if self.tables.runs_here() { &plans } else { &[] }, text);
         let mut sampler = match &over_limit {
             None => None,
             Some(over) => {
@@ -353,7 +353,8 @@ impl DpSession {
     async fn run_private(&self, prepared: &Prepared, debit: Debit) -> Result<(Charge, Vec<Vec<i128>>)> {
         let open = self.tables.open(debit);
         let text = self.text_bytes(prepared.dp.table.table(), 1).await;
-        let running = self.progress.start(&[prepared.physical.physical()], text);
+        let plans = if self.tables.runs_here() { vec![prepared.physical.physical()] } else { vec![] };
+        let running = self.progress.start(&plans, text);
         let exact = open.collect(&prepared.physical).await.map_err(|e| self.private_failure(e))?;
         drop(running);
         let charge = open.close();

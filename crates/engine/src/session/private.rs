@@ -164,8 +164,22 @@ impl PrivateTables {
         Some(self.ctx.table_provider(name).await.ok()?.schema())
     }
 
-    /// The byte counter and file size of a CSV or JSON table, for the progress bar.
+    /// Whether private plans run in this process (not on a cluster, whose executors report no progress back: the
+    /// progress bar is then a spinner).
+    pub(crate) fn runs_here(&self) -> bool {
+        #[cfg(feature = "cluster")]
+        if self.cluster.is_some() {
+            return false;
+        }
+        true
+    }
+
+    /// The byte counter and file size of a CSV or JSON table, for the progress bar. None on a cluster
+    /// ([`PrivateTables::runs_here`]): this process's counter would stand still.
     pub(crate) async fn text_bytes(&self, name: &str) -> Option<(Arc<AtomicU64>, u64)> {
+        if !self.runs_here() {
+            return None;
+        }
         let provider = self.ctx.table_provider(name).await.ok()?;
         let sealed = provider.downcast_ref::<SealedTable>()?;
         Some(sealed.inner.downcast_ref::<crate::source::text::TextTable>()?.bytes())
