@@ -308,9 +308,9 @@ impl DpSession {
         let debit =
             self.ledger.charge(&histograms.label(), std::slice::from_ref(&histograms.table), quote.measurements)?;
         let open = self.tables.open(debit);
-        let text = self.text_bytes(&histograms.table, 1 + over_limit.is_some() as u64).await;
         let plans: Vec<_> = over_limit.iter().chain([&rows]).map(|p| p.physical()).collect();
-        let _running = self.progress.start(if self.tables.runs_here() { &plans } else { &[] }, text);
+        let passes = 1 + over_limit.is_some() as u64;
+        let _running = self.start_progress(&plans, &histograms.table, passes).await;
         let mut sampler = match &over_limit {
             None => None,
             Some(over) => {
@@ -352,9 +352,7 @@ impl DpSession {
     /// quote a private value): the engine's error stays in the `source` for the data owner.
     async fn run_private(&self, prepared: &Prepared, debit: Debit) -> Result<(Charge, Vec<Vec<i128>>)> {
         let open = self.tables.open(debit);
-        let text = self.text_bytes(prepared.dp.table.table(), 1).await;
-        let plans = if self.tables.runs_here() { vec![prepared.physical.physical()] } else { vec![] };
-        let running = self.progress.start(&plans, text);
+        let running = self.start_progress(&[prepared.physical.physical()], prepared.dp.table.table(), 1).await;
         let exact = open.collect(&prepared.physical).await.map_err(|e| self.private_failure(e))?;
         drop(running);
         let charge = open.close();

@@ -135,6 +135,20 @@ impl DpSession {
         self.progress.clone()
     }
 
+    /// Starts measuring the progress of `plans` over `table` (read `passes` times), until the guard is dropped,
+    /// if progress was asked for. Not on a cluster: its executors report nothing back, so the bar is a spinner.
+    pub(crate) async fn start_progress(
+        &self,
+        plans: &[&Arc<dyn datafusion::physical_plan::ExecutionPlan>],
+        table: &str,
+        passes: u64,
+    ) -> crate::progress::Running<'_> {
+        if !self.tables.runs_here() {
+            return self.progress.start(&[], None);
+        }
+        self.progress.start(plans, self.text_bytes(table, passes).await)
+    }
+
     /// The byte counter of `table` if it is a CSV or JSON table and progress is measured, for
     /// [`crate::progress::Progress::start`]; `passes` is how many times the plan reads it.
     pub(crate) async fn text_bytes(&self, table: &str, passes: u64) -> Option<crate::progress::TextBytes> {

@@ -174,12 +174,8 @@ impl PrivateTables {
         true
     }
 
-    /// The byte counter and file size of a CSV or JSON table, for the progress bar. None on a cluster
-    /// ([`PrivateTables::runs_here`]): this process's counter would stand still.
+    /// The byte counter and file size of a CSV or JSON table, for the progress bar.
     pub(crate) async fn text_bytes(&self, name: &str) -> Option<(Arc<AtomicU64>, u64)> {
-        if !self.runs_here() {
-            return None;
-        }
         let provider = self.ctx.table_provider(name).await.ok()?;
         let sealed = provider.downcast_ref::<SealedTable>()?;
         Some(sealed.inner.downcast_ref::<crate::source::text::TextTable>()?.bytes())
