@@ -312,12 +312,14 @@ impl TableProvider for SealedTable {
         filters: &[Expr],
         limit: Option<usize>,
     ) -> datafusion::error::Result<Arc<dyn ExecutionPlan>> {
+        // A text table's scan is described once: the description both makes the reader and travels to a cluster.
+        if let Some(t) = self.inner.downcast_ref::<crate::source::text::TextTable>() {
+            let text = t.describe(projection, limit)?;
+            let inner = t.reader(&text)?;
+            return Ok(Arc::new(SealedScanExec::new(inner, Some(Arc::new(text)))));
+        }
         let inner = self.inner.scan(state, projection, filters, limit).await?;
-        let text = match self.inner.downcast_ref::<crate::source::text::TextTable>() {
-            Some(t) => Some(Arc::new(t.describe(projection, limit)?)),
-            None => None,
-        };
-        Ok(Arc::new(SealedScanExec::new(inner, text)))
+        Ok(Arc::new(SealedScanExec::new(inner, None)))
     }
 }
 

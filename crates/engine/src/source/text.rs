@@ -106,7 +106,7 @@ impl TableProvider for TextTable {
         _filters: &[Expr],
         limit: Option<usize>,
     ) -> Result<Arc<dyn ExecutionPlan>> {
-        self.describe(projection, limit)?.exec(self.log.clone(), self.read.clone())
+        self.reader(&self.describe(projection, limit)?)
     }
 }
 
@@ -135,6 +135,12 @@ impl TextTable {
             None => self.schema.clone(),
         };
         Ok(TextScan { table: self.name.clone(), schema, files: self.files.clone(), format: self.format.clone(), limit })
+    }
+
+    /// The plan of `scan` (one of this table's), counting unreadable values into its owner's log and the bytes it
+    /// reads into its counter.
+    pub(crate) fn reader(&self, scan: &TextScan) -> Result<Arc<dyn ExecutionPlan>> {
+        scan.exec(self.log.clone(), self.read.clone())
     }
 }
 
