@@ -178,7 +178,7 @@ pub struct Cluster {
 impl Cluster {
     /// The cluster of `settings`: reads the key, and checks that the scheduler accepts connections (so that an
     /// unreachable scheduler is a configuration error at start, not a failure after a debit).
-    pub async fn connect(settings: &ClusterSettings) -> Result<Self> {
+    pub fn connect(settings: &ClusterSettings) -> Result<Self> {
         let key = Arc::new(ClusterKey::from_file(&settings.key_file)?);
         let url = scheduler_url(&settings.scheduler)?;
         reachable(url.trim_start_matches("http://"))

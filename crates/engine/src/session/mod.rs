@@ -189,7 +189,7 @@ impl DpSession {
             s.owner_log = Some(Arc::new(OwnerLog::open(p)?));
         }
         if let Some(c) = &cfg.cluster {
-            s.use_cluster(c).await?;
+            s.use_cluster(c)?;
         }
         for (name, src) in &cfg.tables {
             s.register_source(name, src).await?;
@@ -199,15 +199,15 @@ impl DpSession {
 
     /// Runs every private plan of this session on the Ballista cluster of `settings` ([`crate::cluster`]).
     #[cfg(feature = "cluster")]
-    async fn use_cluster(&mut self, settings: &crate::config::ClusterSettings) -> Result<()> {
-        let cluster = crate::cluster::Cluster::connect(settings).await?;
+    fn use_cluster(&mut self, settings: &crate::config::ClusterSettings) -> Result<()> {
+        let cluster = crate::cluster::Cluster::connect(settings)?;
         self.tables.use_cluster(Arc::new(cluster));
         Ok(())
     }
 
     /// Without the `cluster` feature, a configured scheduler is a configuration error.
     #[cfg(not(feature = "cluster"))]
-    async fn use_cluster(&mut self, settings: &crate::config::ClusterSettings) -> Result<()> {
+    fn use_cluster(&mut self, settings: &crate::config::ClusterSettings) -> Result<()> {
         Err(DpError::Config(format!(
             "[engine] scheduler = \"{}\": this dpfusion was built without the `cluster` feature; build it with \
              `--features cluster` (the dpfusion command has it by default)",
