@@ -7,6 +7,7 @@
 //!   ([`super::Remote`]), either a text scan (table, files, format, projected schema, limit: the executor reads the
 //!   same files at the same paths) or DataFusion's own encoding of the reader (Parquet). The bytes are sent
 //!   again as they were received, so a capability never goes stale when the scheduler re-encodes a stage.
+//!   Its one input is the carrier of its slice ([`super::Slice`]), which the scheduler restricts per task.
 //!   A table held in memory is refused: its rows would travel inside the plan.
 //! * `DpByUnitExec` (its unit expression) and `DpUnorderedExec` (nothing); their inputs travel as DataFusion's.
 //! * The functions `dp_priority` (its key), `dp_cell`, `dp_cell_key` (domains and strides), `dp_bounded_sum` (its
@@ -33,7 +34,7 @@ use datafusion::datasource::memory::MemorySourceConfig;
 use datafusion::datasource::source::DataSourceExec;
 use datafusion::execution::TaskContext;
 use datafusion::logical_expr::{AggregateUDF, ScalarUDF};
-use datafusion::physical_plan::ExecutionPlan;
+use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties};
 use datafusion_proto::physical_plan::{
     PhysicalExtensionCodec, PhysicalPlanDecodeContext, PhysicalProtoConverterExtension,
 };
@@ -394,7 +395,15 @@ impl DpPhysicalCodec {
                     not_after: c.not_after,
                     mac: <[u8; 32]>::try_from(c.mac.as_slice()).unwrap_or([0; 32]),
                 });
-                Arc::new(SealedScanExec::with_remote(inner, Arc::new(Remote { source: s.source, capability })))
+                let remote = Arc::new(Remote { source: s.source, capability });
+                let partitions = inner.output_partitioning().partition_count();
+                let slice = match inputs {
+                    // Not sent by a dpfusion process (which always sends the slice): the whole reader.
+                    [] => super::Slice::new((0..partitions).collect(), partitions)?,
+                    [carrier] => super::Slice::from_carrier(carrier, partitions)?,
+                    _ => return Err(err("a sealed scan has one input, its slice")),
+                };
+                Arc::new(SealedScanExec::sent(inner, remote, slice))
             }
             Node::ByUnit(b) => {
                 let input = one_input()?;

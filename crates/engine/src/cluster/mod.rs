@@ -39,10 +39,11 @@ use crate::config::ClusterSettings;
 use crate::error::{DpError, Result};
 use crate::session::private::SealedScanExec;
 use ballista_core::extension::SessionConfigExt;
+use datafusion::common::DataFusionError;
 use datafusion::common::tree_node::{Transformed, TreeNode};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
-use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties};
 use datafusion::prelude::SessionConfig;
 use datafusion_proto::protobuf::PhysicalPlanNode;
 use futures::TryStreamExt;
@@ -165,6 +166,95 @@ impl Remote {
     }
 }
 
+/// Which partitions of a sealed scan's reader one task reads: the scan's share of a stage.
+///
+/// Ballista runs a stage as tasks, each restricted to some of the stage's partitions by rewriting the leaves it
+/// knows, and it does not know a sealed scan (whose reader is hidden). So a scan sent to a cluster shows one
+/// child, a **carrier**: a leaf Ballista knows how to restrict (an in-memory source whose partition `i` holds the
+/// single number `i`). The scheduler restricts the carrier like any leaf, and the scan reads exactly the
+/// partitions of its reader that the restricted carrier names. The reader itself is the one the capability signs
+/// ([`Remote`]): a changed carrier can only choose among the signed reader's partitions (each at most once), never
+/// make the scan read anything else.
+#[derive(Debug)]
+pub(crate) struct Slice {
+    parts: Vec<usize>,
+    carrier: Arc<dyn ExecutionPlan>,
+}
+
+/// The carrier's one column.
+const SLICE_COLUMN: &str = "dp_partition";
+
+impl Slice {
+    /// The partitions `parts` of a reader of `partitions` partitions: each known and named once.
+    pub(crate) fn new(parts: Vec<usize>, partitions: usize) -> datafusion::error::Result<Self> {
+        use datafusion::arrow::array::{RecordBatch, UInt64Array};
+        use datafusion::arrow::datatypes::{DataType, Field, Schema};
+        let mut seen = vec![false; partitions];
+        for &p in &parts {
+            match seen.get_mut(p) {
+                Some(s) if !*s => *s = true,
+                _ => {
+                    return datafusion::common::plan_err!(
+                        "a sealed scan's slice names partition {p} twice or out of {partitions}"
+                    );
+                }
+            }
+        }
+        let schema = Arc::new(Schema::new(vec![Field::new(SLICE_COLUMN, DataType::UInt64, false)]));
+        let batches = parts
+            .iter()
+            .map(|&p| {
+                let column = Arc::new(UInt64Array::from(vec![p as u64]));
+                Ok(vec![RecordBatch::try_new(Arc::clone(&schema), vec![column])?])
+            })
+            .collect::<datafusion::error::Result<Vec<_>>>()?;
+        let carrier = datafusion::datasource::memory::MemorySourceConfig::try_new_exec(&batches, schema, None)?;
+        Ok(Slice { parts, carrier })
+    }
+
+    /// The slice a (possibly restricted) carrier names, of a reader of `partitions` partitions.
+    pub(crate) fn from_carrier(carrier: &Arc<dyn ExecutionPlan>, partitions: usize) -> datafusion::error::Result<Self> {
+        use datafusion::arrow::array::{Array, UInt64Array};
+        use datafusion::datasource::memory::MemorySourceConfig;
+        use datafusion::datasource::source::DataSourceExec;
+        let source =
+            carrier.downcast_ref::<DataSourceExec>().and_then(|d| d.data_source().downcast_ref::<MemorySourceConfig>());
+        let Some(source) = source else {
+            return datafusion::common::plan_err!("a sealed scan's child is not its slice ({})", carrier.name());
+        };
+        let parts = source
+            .partitions()
+            .iter()
+            .map(|batches| {
+                let value = match batches.as_slice() {
+                    [b] if b.num_rows() == 1 => {
+                        b.column(0).as_any().downcast_ref::<UInt64Array>().filter(|a| a.null_count() == 0)
+                    }
+                    _ => None,
+                };
+                let p = value.map(|a| a.value(0)).and_then(|p| usize::try_from(p).ok());
+                p.ok_or_else(|| DataFusionError::Plan("a sealed scan's slice is malformed".into()))
+            })
+            .collect::<datafusion::error::Result<Vec<_>>>()?;
+        Slice::new(parts, partitions)
+    }
+
+    /// How many partitions the task reads.
+    pub(crate) fn len(&self) -> usize {
+        self.parts.len()
+    }
+
+    /// The reader's partition that the scan's partition `p` reads.
+    pub(crate) fn part(&self, p: usize) -> Option<usize> {
+        self.parts.get(p).copied()
+    }
+
+    /// The carrier, the scan's one child on a cluster.
+    pub(crate) fn carrier(&self) -> &Arc<dyn ExecutionPlan> {
+        &self.carrier
+    }
+}
+
 /// A Ballista cluster that runs private plans: the scheduler's address, the key capabilities are minted with, and
 /// the codec.
 #[derive(Debug)]
@@ -236,7 +326,9 @@ impl Cluster {
             let mac = *self.key.mac(charge, not_after, &source).as_bytes();
             let capability = Some(Capability { charge, not_after, mac });
             let inner = Arc::clone(scan.source().0);
-            let sealed = SealedScanExec::with_remote(inner, Arc::new(Remote { source, capability }));
+            let partitions = inner.output_partitioning().partition_count();
+            let slice = Slice::new((0..partitions).collect(), partitions)?;
+            let sealed = SealedScanExec::sent(inner, Arc::new(Remote { source, capability }), slice);
             Ok(Transformed::yes(Arc::new(sealed) as Arc<dyn ExecutionPlan>))
         })?;
         Ok(minted.data)

@@ -9,11 +9,16 @@ use datafusion_proto::physical_plan::AsExecutionPlan;
 
 /// A sealed scan of the demo's pums.csv (age, sex), as a session would plan it.
 fn pums_scan() -> Arc<dyn ExecutionPlan> {
+    pums_scan_of(1)
+}
+
+/// A sealed scan of the demo's pums.csv read as `files` files (one partition of 1 000 rows each).
+fn pums_scan_of(files: usize) -> Arc<dyn ExecutionPlan> {
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/data/pums.csv");
     let schema =
         Arc::new(Schema::new(vec![Field::new("age", DataType::Int64, true), Field::new("sex", DataType::Int64, true)]));
     let format = TextFormat::Csv { has_header: true, delimiter: b',', multiline_fields: false };
-    let table = TextTable::new("pums", schema, vec![path.into()], format, None);
+    let table = TextTable::new("pums", schema, vec![path.into(); files], format, None);
     let text = table.describe(None, None).unwrap();
     let inner = text.exec(None, Arc::default()).unwrap();
     Arc::new(SealedScanExec::new(inner, Some(Arc::new(text))))
@@ -68,6 +73,51 @@ async fn a_minted_scan_reads_only_under_the_cluster_key() {
     // A scan encoded without minting (no debit) carries no capability: nobody reads it.
     let unminted = decode(&encode(&scan, &c.codec), &c.codec);
     assert!(rows(&unminted, executor(Some(&key))).await.is_err());
+}
+
+/// What Ballista's scheduler does to a stage's plan for a task that runs `partitions` of it
+/// (`ballista_scheduler::state::task_builder::restrict_plan_to_partitions` on an in-memory leaf): keeps those
+/// partitions of the leaf, in that order.
+fn restrict(plan: &Arc<dyn ExecutionPlan>, partitions: &[usize]) -> Arc<dyn ExecutionPlan> {
+    use datafusion::datasource::memory::MemorySourceConfig;
+    use datafusion::datasource::source::DataSourceExec;
+    let [carrier] = plan.children()[..] else { panic!("a sent scan shows one child") };
+    let config = carrier.downcast_ref::<DataSourceExec>().unwrap().data_source().downcast_ref::<MemorySourceConfig>();
+    let config = config.expect("the child is an in-memory leaf Ballista restricts");
+    let kept: Vec<_> = partitions.iter().map(|&p| config.partitions()[p].clone()).collect();
+    let restricted = MemorySourceConfig::try_new(&kept, config.original_schema(), config.projection().clone()).unwrap();
+    #[allow(deprecated)]
+    Arc::clone(plan).with_new_children(vec![DataSourceExec::from_data_source(restricted)]).unwrap()
+}
+
+/// A sent scan is split among tasks the way Ballista splits a file scan: each task reads its share of the
+/// reader's partitions and no other, every row once over all tasks; a restricted scan survives the trip to the
+/// executor; a slice naming a partition twice or one the signed reader does not have is refused.
+#[tokio::test]
+async fn a_sent_scan_is_read_once_over_the_tasks_that_share_it() {
+    let key = ClusterKey::generate().unwrap();
+    let c = cluster(key.clone());
+    let minted = c.mint(&pums_scan_of(3), 7, now_secs() + 60).unwrap();
+    let at_scheduler = decode(&encode(&minted, &c.codec), &c.codec);
+    assert_eq!(at_scheduler.output_partitioning().partition_count(), 3);
+    let mut total = 0;
+    for (task, want) in [(vec![1], 1000), (vec![2, 0], 2000)] {
+        let restricted = restrict(&at_scheduler, &task);
+        assert_eq!(restricted.output_partitioning().partition_count(), task.len());
+        let at_executor = decode(&encode(&restricted, &c.codec), &c.codec);
+        let n = rows(&at_executor, executor(Some(&key))).await.unwrap();
+        assert_eq!(n, want, "task {task:?}");
+        total += n;
+    }
+    assert_eq!(total, 3000, "every row once over the tasks");
+    // Under a collect, Ballista leaves the leaf whole: the task reads everything.
+    assert_eq!(rows(&at_scheduler, executor(Some(&key))).await.unwrap(), 3000);
+    let twice = Slice::new(vec![1, 1], 3).unwrap_err();
+    assert!(twice.to_string().contains("twice"), "{twice}");
+    let carrier = Arc::clone(Slice::new(vec![0, 1, 2, 3], 4).unwrap().carrier());
+    #[allow(deprecated)]
+    let e = Arc::clone(&at_scheduler).with_new_children(vec![carrier]).unwrap_err();
+    assert!(e.to_string().contains("out of 3"), "{e}");
 }
 
 /// Changing what a minted scan reads (another file) breaks its capability.

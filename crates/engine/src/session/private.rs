@@ -332,23 +332,29 @@ pub(crate) struct SealedScanExec {
     #[cfg_attr(not(feature = "cluster"), allow(dead_code))]
     text: Option<Arc<TextScan>>,
     props: Arc<PlanProperties>,
-    /// On a cluster: the scan as sent, with the capability that lets an executor read it ([`crate::cluster`]).
+    /// On a cluster: the scan as sent, with the capability that lets an executor read it, and the partitions of
+    /// `inner` this task reads ([`crate::cluster`]).
     #[cfg(feature = "cluster")]
-    remote: Option<Arc<crate::cluster::Remote>>,
+    remote: Option<(Arc<crate::cluster::Remote>, crate::cluster::Slice)>,
+}
+
+/// A leaf's properties that say nothing about its rows: `partitions` partitions, no order, no keys.
+fn unknown_rows(inner: &Arc<dyn ExecutionPlan>, partitions: usize) -> Arc<PlanProperties> {
+    Arc::new(PlanProperties::new(
+        EquivalenceProperties::new(inner.schema()),
+        Partitioning::UnknownPartitioning(partitions),
+        inner.pipeline_behavior(),
+        inner.boundedness(),
+    ))
 }
 
 impl SealedScanExec {
     pub(crate) fn new(inner: Arc<dyn ExecutionPlan>, text: Option<Arc<TextScan>>) -> Self {
-        let props = PlanProperties::new(
-            EquivalenceProperties::new(inner.schema()),
-            Partitioning::UnknownPartitioning(inner.output_partitioning().partition_count()),
-            inner.pipeline_behavior(),
-            inner.boundedness(),
-        );
+        let props = unknown_rows(&inner, inner.output_partitioning().partition_count());
         SealedScanExec {
             inner,
             text,
-            props: Arc::new(props),
+            props,
             #[cfg(feature = "cluster")]
             remote: None,
         }
@@ -363,23 +369,20 @@ impl SealedScanExec {
     /// The scan as sent to a cluster, if it was.
     #[cfg(feature = "cluster")]
     pub(crate) fn remote(&self) -> Option<&Arc<crate::cluster::Remote>> {
-        self.remote.as_ref()
+        self.remote.as_ref().map(|(remote, _)| remote)
     }
 
-    /// A scan sent to (or received from) a cluster: `inner` reads what `remote` describes, as **one** partition.
-    ///
-    /// Ballista runs a stage as several tasks, each restricted to its share of the stage's partitions by rewriting
-    /// the leaves it knows (file groups, shuffle readers); a leaf it does not know is left whole, so every task
-    /// would read every partition of it and each row would be counted once per task. One partition makes the scan
-    /// stage a single task that reads each row once; the stages after the shuffle by unit stay parallel.
+    /// A scan sent to (or received from) a cluster: `inner` reads what `remote` describes, and this scan the
+    /// partitions of it that `slice` names (all of them when sent; the scheduler restricts them to each task's
+    /// share through the scan's one child, [`crate::cluster::Slice`]).
     #[cfg(feature = "cluster")]
-    pub(crate) fn with_remote(inner: Arc<dyn ExecutionPlan>, remote: Arc<crate::cluster::Remote>) -> Self {
-        let inner: Arc<dyn ExecutionPlan> = if inner.output_partitioning().partition_count() > 1 {
-            Arc::new(datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec::new(inner))
-        } else {
-            inner
-        };
-        SealedScanExec { remote: Some(remote), ..SealedScanExec::new(inner, None) }
+    pub(crate) fn sent(
+        inner: Arc<dyn ExecutionPlan>,
+        remote: Arc<crate::cluster::Remote>,
+        slice: crate::cluster::Slice,
+    ) -> Self {
+        let props = unknown_rows(&inner, slice.len());
+        SealedScanExec { inner, text: None, props, remote: Some((remote, slice)) }
     }
 
     /// Whether `context` may read the rows: it was opened by a debit here, or (on a cluster's executor) the scan
@@ -389,7 +392,7 @@ impl SealedScanExec {
             return true;
         }
         #[cfg(feature = "cluster")]
-        if let Some(remote) = &self.remote {
+        if let Some((remote, _)) = &self.remote {
             return remote.verify(context);
         }
         false
@@ -422,7 +425,12 @@ impl ExecutionPlan for SealedScanExec {
         &self.props
     }
 
+    /// None here; on a cluster, the carrier of its slice ([`crate::cluster::Slice`]), never read.
     fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        #[cfg(feature = "cluster")]
+        if let Some((_, slice)) = &self.remote {
+            return vec![slice.carrier()];
+        }
         vec![]
     }
 
@@ -437,8 +445,14 @@ impl ExecutionPlan for SealedScanExec {
         self: Arc<Self>,
         children: Vec<Arc<dyn ExecutionPlan>>,
     ) -> datafusion::error::Result<Arc<dyn ExecutionPlan>> {
-        if !children.is_empty() {
-            return internal_err!("DpSealedScan has no inputs");
+        #[cfg(feature = "cluster")]
+        if let (Some((remote, _)), [carrier]) = (&self.remote, children.as_slice()) {
+            let slice =
+                crate::cluster::Slice::from_carrier(carrier, self.inner.output_partitioning().partition_count())?;
+            return Ok(Arc::new(SealedScanExec::sent(Arc::clone(&self.inner), Arc::clone(remote), slice)));
+        }
+        if children.len() != self.children().len() {
+            return internal_err!("DpSealedScan got {} inputs", children.len());
         }
         Ok(self)
     }
@@ -478,6 +492,13 @@ impl ExecutionPlan for SealedScanExec {
     ) -> datafusion::error::Result<SendableRecordBatchStream> {
         if !self.may_read(&context) {
             return internal_err!("a private table was read without a debit");
+        }
+        #[cfg(feature = "cluster")]
+        if let Some((_, slice)) = &self.remote {
+            let Some(part) = slice.part(partition) else {
+                return internal_err!("DpSealedScan has no partition {partition}");
+            };
+            return self.inner.execute(part, context);
         }
         self.inner.execute(partition, context)
     }
