@@ -12,6 +12,8 @@
 //! cargo run --release --example bench -- wide   --rows 100000 --cols 1000 --out bench-data
 //! cargo run --release --example bench -- marginals --data bench-data/wide_100000x1000.parquet [--reps 5]
 //! cargo run --release --example bench -- ledger --out bench-data [--n 2000]
+//! target/release/examples/bench cluster --data bench-data/people_10000000.parquet [--reps 3] [--partitions 16]
+//!                       # on two Ballista clusters of processes here (see cluster.rs; build the dpfusion binary too)
 //! cargo run --release --example bench -- accounting
 //! ```
 //! The generator is deterministic (seeded): `people` has person_id (1–5 rows per person), age 0–99, sex 0/1,
@@ -31,6 +33,9 @@ use rand_distr::{Distribution, LogNormal};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
+
+#[cfg(feature = "cluster")]
+mod cluster;
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
 
@@ -519,11 +524,18 @@ async fn main() -> Res<()> {
             let sel = Select { only: arg(&args, "--only"), unit: arg(&args, "--unit"), side: arg(&args, "--side") };
             bench_sql(Path::new(&arg(&args, "--data").ok_or("--data FILE")?), reps, &sel).await?
         }
+        #[cfg(feature = "cluster")]
+        Some("cluster") => {
+            let sel = Select { only: arg(&args, "--only"), unit: arg(&args, "--unit"), side: None };
+            cluster::bench(&args, Path::new(&arg(&args, "--data").ok_or("--data FILE")?), reps, &sel).await?
+        }
+        #[cfg(feature = "cluster")]
+        Some("cluster-executor") => cluster::plain_executor(&args).await?,
         Some("marginals") => bench_marginals(Path::new(&arg(&args, "--data").ok_or("--data FILE")?), reps).await?,
         Some("ledger") => bench_ledger(&out, arg(&args, "--n").and_then(|n| n.parse().ok()).unwrap_or(2000))?,
         Some("accounting") => bench_accounting()?,
         Some("ledger-child") => ledger_child(args.get(2).ok_or("path")?, args.get(3).ok_or("n")?.parse()?)?,
-        _ => return Err("usage: bench gen|wide|sql|marginals|ledger|accounting (see the file's docs)".into()),
+        _ => return Err("usage: bench gen|wide|sql|cluster|marginals|ledger|accounting (see the file's docs)".into()),
     }
     Ok(())
 }
