@@ -6,6 +6,8 @@
 //! * [`rng`]: the only randomness source, a ChaCha20 CSPRNG seeded by the operating system.
 //! * [`ratio`]: exact rational parameters (σ², scale), so no floating-point number is on the sampling path.
 //! * [`bernoulli`], [`laplace`], [`gaussian`]: the CKS20 samplers.
+//! * [`exponential`]: the exponential mechanism over public candidates, sampled exactly by rejection with CKS20's
+//!   Bernoulli(e^{−γ}); the quantile score over a public grid.
 //! * [`mechanism`]: the two mechanisms and their exact parameters (how they are calibrated to a sensitivity and a
 //!   budget is [`crate::accounting::calibrate`], which depends on this module; nothing here depends on it).
 //! * [`accuracy`]: standard deviation and confidence-interval half-width of the exact discrete distributions.
@@ -15,6 +17,7 @@
 
 pub mod accuracy;
 pub mod bernoulli;
+pub mod exponential;
 pub mod gaussian;
 pub mod laplace;
 pub mod mechanism;

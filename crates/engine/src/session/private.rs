@@ -434,6 +434,11 @@ impl ExecutionPlan for SealedScanExec {
         vec![]
     }
 
+    /// The carrier is never read: nothing may be inserted between it and the scan.
+    fn benefits_from_input_partitioning(&self) -> Vec<bool> {
+        vec![false; self.children().len()]
+    }
+
     fn apply_expressions(
         &self,
         _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> datafusion::error::Result<TreeNodeRecursion>,
