@@ -162,7 +162,7 @@ impl QuantileScores {
     /// The scores `u_j = −|(b−a)·L_j − a·G_j|` of the `m` candidates for `q = a/b`, from the counts of the
     /// `2m + 1` slots ([`QuantileScores::slot`]).
     pub fn scores(slots: &[u64], q: Ratio) -> Result<Vec<i128>> {
-        if slots.len() % 2 == 0 {
+        if slots.len().is_multiple_of(2) {
             return Err(DpError::invalid("quantile", "a histogram over a grid has an odd number of slots"));
         }
         let m = slots.len() / 2;
