@@ -15,7 +15,7 @@
 //! ```text
 //! cargo build --release --bin dpfusion --example bench
 //! target/release/examples/bench cluster --data bench-data/people_10000000.parquet [--reps 3] [--partitions 16]
-//!     [--only W2] [--unit row|person]
+//!     [--only W2] [--unit row|person] [--keep: keep the processes' logs]
 //! ```
 
 use super::{Res, Select, Took, WORKLOADS, arg, median, people_config, summary, time_dp, timed};
@@ -99,6 +99,13 @@ pub(crate) async fn plain_executor(args: &[String]) -> Res<()> {
         scheduler_port: port.parse()?,
         work_dir: Some(need("--work-dir")?),
         override_physical_codec: Some(Arc::new(DpPhysicalCodec::default())),
+        override_config_producer: match arg(args, "--key-file") {
+            Some(k) => {
+                let key = Arc::new(ClusterKey::from_file(Path::new(&k))?);
+                Some(Arc::new(move || key.executor_config(SessionConfig::new_with_ballista())))
+            }
+            None => None,
+        },
         executor_heartbeat_interval_seconds: 1,
         ..ExecutorProcessConfig::default()
     };
@@ -150,6 +157,9 @@ pub(crate) async fn bench(args: &[String], data: &Path, reps: usize, sel: &Selec
         let mut c = Command::new(&exe);
         c.args(["cluster-executor", "--scheduler", scheduler, "--port", &flight.to_string()]);
         c.args(["--grpc-port", &grpc.to_string(), "--work-dir"]).arg(work);
+        if std::env::var_os("DP_ON_PLAIN").is_some() {
+            c.arg("--key-file").arg(&key);
+        }
         c
     })?;
     let plain_url = format!("http://127.0.0.1:{plain_port}");
@@ -163,7 +173,8 @@ pub(crate) async fn bench(args: &[String], data: &Path, reps: usize, sel: &Selec
     let strings =
         schema.field_with_name("state").is_ok_and(|f| f.data_type() != &datafusion::arrow::datatypes::DataType::Int64);
     let engine = format!(
-        "\n[engine]\nscheduler = \"df://127.0.0.1:{dp_port}\"\ncluster_key_file = \"{}\"\ncluster_partitions = {partitions}\n",
+        "\n[engine]\nscheduler = \"df://127.0.0.1:{}\"\ncluster_key_file = \"{}\"\ncluster_partitions = {partitions}\n",
+        if std::env::var_os("DP_ON_PLAIN").is_some() { plain_port } else { dp_port },
         key.display()
     );
     println!(
@@ -207,6 +218,10 @@ pub(crate) async fn bench(args: &[String], data: &Path, reps: usize, sel: &Selec
         }
     }
     drop(procs);
-    let _ = std::fs::remove_dir_all(&dir);
+    if args.iter().any(|a| a == "--keep") {
+        println!("logs kept in {}", dir.display());
+    } else {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
     Ok(())
 }

@@ -396,11 +396,10 @@ impl DpPhysicalCodec {
                     mac: <[u8; 32]>::try_from(c.mac.as_slice()).unwrap_or([0; 32]),
                 });
                 let remote = Arc::new(Remote { source: s.source, capability });
-                let partitions = inner.output_partitioning().partition_count();
                 let slice = match inputs {
                     // Not sent by a dpfusion process (which always sends the slice): the whole reader.
-                    [] => super::Slice::new((0..partitions).collect(), partitions)?,
-                    [carrier] => super::Slice::from_carrier(carrier, partitions)?,
+                    [] => super::Slice::new((0..inner.output_partitioning().partition_count()).collect(), &inner)?,
+                    [carrier] => super::Slice::from_carrier(carrier, &inner)?,
                     _ => return Err(err("a sealed scan has one input, its slice")),
                 };
                 Arc::new(SealedScanExec::sent(inner, remote, slice))

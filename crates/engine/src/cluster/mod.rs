@@ -166,7 +166,8 @@ impl Remote {
     }
 }
 
-/// Which partitions of a sealed scan's reader one task reads: the scan's share of a stage.
+/// Which partitions of a sealed scan's reader one task reads: the scan's share of a stage, and the reader of
+/// that share.
 ///
 /// Ballista runs a stage as tasks, each restricted to some of the stage's partitions by rewriting the leaves it
 /// knows, and it does not know a sealed scan (whose reader is hidden). So a scan sent to a cluster shows one
@@ -175,20 +176,31 @@ impl Remote {
 /// partitions of its reader that the restricted carrier names. The reader itself is the one the capability signs
 /// ([`Remote`]): a changed carrier can only choose among the signed reader's partitions (each at most once), never
 /// make the scan read anything else.
+///
+/// A file scan's partitions are not independent: DataFusion's file scans share the work of all their partitions
+/// among the partitions that run (one reads ahead what another would have), so a task running 2 of 16 partitions
+/// of the whole scan would read the whole table. The reader of a share is therefore the file scan **restricted to
+/// the share's file groups** (as Ballista restricts its own file scans), not the whole scan with the other
+/// partitions left unread.
 #[derive(Debug)]
 pub(crate) struct Slice {
     parts: Vec<usize>,
     carrier: Arc<dyn ExecutionPlan>,
+    /// Reads the share: partition `j` of it is partition `parts[j]` of the whole reader.
+    reader: Arc<dyn ExecutionPlan>,
+    /// Whether `reader` is the whole reader (then partition `j` is read as `parts[j]`).
+    whole: bool,
 }
 
 /// The carrier's one column.
 const SLICE_COLUMN: &str = "dp_partition";
 
 impl Slice {
-    /// The partitions `parts` of a reader of `partitions` partitions: each known and named once.
-    pub(crate) fn new(parts: Vec<usize>, partitions: usize) -> datafusion::error::Result<Self> {
+    /// The partitions `parts` of `inner`, a sealed scan's whole reader: each known and named once.
+    pub(crate) fn new(parts: Vec<usize>, inner: &Arc<dyn ExecutionPlan>) -> datafusion::error::Result<Self> {
         use datafusion::arrow::array::{RecordBatch, UInt64Array};
         use datafusion::arrow::datatypes::{DataType, Field, Schema};
+        let partitions = inner.output_partitioning().partition_count();
         let mut seen = vec![false; partitions];
         for &p in &parts {
             match seen.get_mut(p) {
@@ -209,11 +221,18 @@ impl Slice {
             })
             .collect::<datafusion::error::Result<Vec<_>>>()?;
         let carrier = datafusion::datasource::memory::MemorySourceConfig::try_new_exec(&batches, schema, None)?;
-        Ok(Slice { parts, carrier })
+        let (reader, whole) = match file_groups(inner, &parts) {
+            Some(restricted) => (restricted, false),
+            None => (Arc::clone(inner), true),
+        };
+        Ok(Slice { parts, carrier, reader, whole })
     }
 
-    /// The slice a (possibly restricted) carrier names, of a reader of `partitions` partitions.
-    pub(crate) fn from_carrier(carrier: &Arc<dyn ExecutionPlan>, partitions: usize) -> datafusion::error::Result<Self> {
+    /// The slice a (possibly restricted) carrier names, of `inner`.
+    pub(crate) fn from_carrier(
+        carrier: &Arc<dyn ExecutionPlan>,
+        inner: &Arc<dyn ExecutionPlan>,
+    ) -> datafusion::error::Result<Self> {
         use datafusion::arrow::array::{Array, UInt64Array};
         use datafusion::datasource::memory::MemorySourceConfig;
         use datafusion::datasource::source::DataSourceExec;
@@ -236,7 +255,7 @@ impl Slice {
                 p.ok_or_else(|| DataFusionError::Plan("a sealed scan's slice is malformed".into()))
             })
             .collect::<datafusion::error::Result<Vec<_>>>()?;
-        Slice::new(parts, partitions)
+        Slice::new(parts, inner)
     }
 
     /// How many partitions the task reads.
@@ -244,15 +263,39 @@ impl Slice {
         self.parts.len()
     }
 
-    /// The reader's partition that the scan's partition `p` reads.
-    pub(crate) fn part(&self, p: usize) -> Option<usize> {
-        self.parts.get(p).copied()
-    }
-
     /// The carrier, the scan's one child on a cluster.
     pub(crate) fn carrier(&self) -> &Arc<dyn ExecutionPlan> {
         &self.carrier
     }
+
+    /// Partition `p` of the share.
+    pub(crate) fn execute(
+        &self,
+        p: usize,
+        context: Arc<TaskContext>,
+    ) -> datafusion::error::Result<SendableRecordBatchStream> {
+        match (self.whole, self.parts.get(p)) {
+            (_, None) => datafusion::common::internal_err!("DpSealedScan has no partition {p}"),
+            (true, Some(&part)) => self.reader.execute(part, context),
+            (false, Some(_)) => self.reader.execute(p, context),
+        }
+    }
+
+    /// The reader's metrics (rows read so far).
+    pub(crate) fn metrics(&self) -> Option<datafusion::physical_plan::metrics::MetricsSet> {
+        self.reader.metrics()
+    }
+}
+
+/// `inner` restricted to its file groups `parts`, in that order, when it is a file scan (one file group per
+/// partition); None for another reader, whose partitions are read independently.
+fn file_groups(inner: &Arc<dyn ExecutionPlan>, parts: &[usize]) -> Option<Arc<dyn ExecutionPlan>> {
+    use datafusion::datasource::physical_plan::{FileScanConfig, FileScanConfigBuilder};
+    use datafusion::datasource::source::DataSourceExec;
+    let config = inner.downcast_ref::<DataSourceExec>()?.data_source().downcast_ref::<FileScanConfig>()?;
+    let groups = parts.iter().map(|&p| config.file_groups.get(p).cloned()).collect::<Option<Vec<_>>>()?;
+    let restricted = FileScanConfigBuilder::from(config.clone()).with_file_groups(groups).build();
+    Some(DataSourceExec::from_data_source(restricted))
 }
 
 /// A Ballista cluster that runs private plans: the scheduler's address, the key capabilities are minted with, and
@@ -326,8 +369,7 @@ impl Cluster {
             let mac = *self.key.mac(charge, not_after, &source).as_bytes();
             let capability = Some(Capability { charge, not_after, mac });
             let inner = Arc::clone(scan.source().0);
-            let partitions = inner.output_partitioning().partition_count();
-            let slice = Slice::new((0..partitions).collect(), partitions)?;
+            let slice = Slice::new((0..inner.output_partitioning().partition_count()).collect(), &inner)?;
             let sealed = SealedScanExec::sent(inner, Arc::new(Remote { source, capability }), slice);
             Ok(Transformed::yes(Arc::new(sealed) as Arc<dyn ExecutionPlan>))
         })?;

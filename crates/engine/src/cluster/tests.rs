@@ -90,34 +90,68 @@ fn restrict(plan: &Arc<dyn ExecutionPlan>, partitions: &[usize]) -> Arc<dyn Exec
     Arc::clone(plan).with_new_children(vec![DataSourceExec::from_data_source(restricted)]).unwrap()
 }
 
+/// A sealed Parquet scan of 1 000 rows in 10 row groups, split into 4 partitions by byte ranges (as a session on
+/// a cluster plans it: `cluster_partitions`).
+async fn parquet_scan(dir: &Path) -> Arc<dyn ExecutionPlan> {
+    use datafusion::arrow::array::{Int64Array, RecordBatch};
+    use datafusion::parquet::arrow::ArrowWriter;
+    use datafusion::parquet::file::properties::WriterProperties;
+    let path = dir.join("t.parquet");
+    let batch = RecordBatch::try_from_iter([("x", Arc::new(Int64Array::from_iter_values(0..1000)) as _)]).unwrap();
+    let props = WriterProperties::builder().set_max_row_group_row_count(Some(100)).build();
+    let mut w = ArrowWriter::try_new(std::fs::File::create(&path).unwrap(), batch.schema(), Some(props)).unwrap();
+    w.write(&batch).unwrap();
+    w.close().unwrap();
+    let ctx = datafusion::prelude::SessionContext::new();
+    let plan = ctx.read_parquet(path.to_str().unwrap(), Default::default()).await.unwrap();
+    let plan = plan.create_physical_plan().await.unwrap();
+    let mut config = datafusion::common::config::ConfigOptions::new();
+    config.optimizer.repartition_file_min_size = 0;
+    let split = plan.repartitioned(4, &config).unwrap().expect("a Parquet scan splits into ranges");
+    assert_eq!(split.output_partitioning().partition_count(), 4);
+    Arc::new(SealedScanExec::new(split, None))
+}
+
 /// A sent scan is split among tasks the way Ballista splits a file scan: each task reads its share of the
-/// reader's partitions and no other, every row once over all tasks; a restricted scan survives the trip to the
-/// executor; a slice naming a partition twice or one the signed reader does not have is refused.
+/// reader's partitions and no other, every row once over all tasks (also for a Parquet file split into byte
+/// ranges, whose partitions share their work when run together: a task reading 2 of 4 partitions of the whole scan
+/// read every row group); a restricted scan survives the trip to the executor; a slice naming a partition twice or
+/// one the signed reader does not have is refused.
 #[tokio::test]
 async fn a_sent_scan_is_read_once_over_the_tasks_that_share_it() {
     let key = ClusterKey::generate().unwrap();
     let c = cluster(key.clone());
-    let minted = c.mint(&pums_scan_of(3), 7, now_secs() + 60).unwrap();
-    let at_scheduler = decode(&encode(&minted, &c.codec), &c.codec);
-    assert_eq!(at_scheduler.output_partitioning().partition_count(), 3);
-    let mut total = 0;
-    for (task, want) in [(vec![1], 1000), (vec![2, 0], 2000)] {
-        let restricted = restrict(&at_scheduler, &task);
-        assert_eq!(restricted.output_partitioning().partition_count(), task.len());
-        let at_executor = decode(&encode(&restricted, &c.codec), &c.codec);
-        let n = rows(&at_executor, executor(Some(&key))).await.unwrap();
-        assert_eq!(n, want, "task {task:?}");
-        total += n;
+    let dir = std::env::temp_dir().join(format!("dpfusion-slice-{}-{}", std::process::id(), rand::random::<u64>()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let cases = [
+        (pums_scan_of(3), vec![vec![1], vec![2, 0]], 3000),
+        (parquet_scan(&dir).await, vec![vec![1, 2], vec![3], vec![0]], 1000),
+    ];
+    for (scan, tasks, all) in cases {
+        let minted = c.mint(&scan, 7, now_secs() + 60).unwrap();
+        let at_scheduler = decode(&encode(&minted, &c.codec), &c.codec);
+        assert_eq!(at_scheduler.output_partitioning().partition_count(), scan.output_partitioning().partition_count());
+        let mut total = 0;
+        for task in tasks {
+            let restricted = restrict(&at_scheduler, &task);
+            assert_eq!(restricted.output_partitioning().partition_count(), task.len());
+            let at_executor = decode(&encode(&restricted, &c.codec), &c.codec);
+            total += rows(&at_executor, executor(Some(&key))).await.unwrap();
+        }
+        assert_eq!(total, all, "every row once over the tasks");
+        // Under a collect, Ballista leaves the leaf whole: the task reads everything.
+        assert_eq!(rows(&at_scheduler, executor(Some(&key))).await.unwrap(), all);
     }
-    assert_eq!(total, 3000, "every row once over the tasks");
-    // Under a collect, Ballista leaves the leaf whole: the task reads everything.
-    assert_eq!(rows(&at_scheduler, executor(Some(&key))).await.unwrap(), 3000);
-    let twice = Slice::new(vec![1, 1], 3).unwrap_err();
+    let _ = std::fs::remove_dir_all(&dir);
+    let scan = pums_scan_of(3);
+    let inner = Arc::clone(scan.downcast_ref::<SealedScanExec>().unwrap().source().0);
+    let twice = Slice::new(vec![1, 1], &inner).unwrap_err();
     assert!(twice.to_string().contains("twice"), "{twice}");
-    let carrier = Arc::clone(Slice::new(vec![0, 1, 2, 3], 4).unwrap().carrier());
+    let carrier = Arc::clone(Slice::new(vec![0, 1, 2], &inner).unwrap().carrier());
+    let two = c.mint(&pums_scan_of(2), 7, now_secs() + 60).unwrap();
     #[allow(deprecated)]
-    let e = Arc::clone(&at_scheduler).with_new_children(vec![carrier]).unwrap_err();
-    assert!(e.to_string().contains("out of 3"), "{e}");
+    let e = two.with_new_children(vec![carrier]).unwrap_err();
+    assert!(e.to_string().contains("out of 2"), "{e}");
 }
 
 /// Changing what a minted scan reads (another file) breaks its capability.

@@ -452,8 +452,7 @@ impl ExecutionPlan for SealedScanExec {
     ) -> datafusion::error::Result<Arc<dyn ExecutionPlan>> {
         #[cfg(feature = "cluster")]
         if let (Some((remote, _)), [carrier]) = (&self.remote, children.as_slice()) {
-            let slice =
-                crate::cluster::Slice::from_carrier(carrier, self.inner.output_partitioning().partition_count())?;
+            let slice = crate::cluster::Slice::from_carrier(carrier, &self.inner)?;
             return Ok(Arc::new(SealedScanExec::sent(Arc::clone(&self.inner), Arc::clone(remote), slice)));
         }
         if children.len() != self.children().len() {
@@ -487,6 +486,10 @@ impl ExecutionPlan for SealedScanExec {
 
     /// The reader's metrics (rows read so far), for the progress bar.
     fn metrics(&self) -> Option<MetricsSet> {
+        #[cfg(feature = "cluster")]
+        if let Some((_, slice)) = &self.remote {
+            return slice.metrics();
+        }
         self.inner.metrics()
     }
 
@@ -500,10 +503,7 @@ impl ExecutionPlan for SealedScanExec {
         }
         #[cfg(feature = "cluster")]
         if let Some((_, slice)) = &self.remote {
-            let Some(part) = slice.part(partition) else {
-                return internal_err!("DpSealedScan has no partition {partition}");
-            };
-            return self.inner.execute(part, context);
+            return slice.execute(partition, context);
         }
         self.inner.execute(partition, context)
     }
