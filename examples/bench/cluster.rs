@@ -15,7 +15,8 @@
 //! ```text
 //! cargo build --release --bin dpfusion --example bench
 //! target/release/examples/bench cluster --data bench-data/people_10000000.parquet [--reps 3] [--partitions 16]
-//!     [--only W2] [--unit row|person] [--keep: keep the processes' logs]
+//!     [--only W2] [--unit row|person] [--keep: keep the processes' logs] [--dp-on-plain: dpfusion's sessions
+//!     on the plain executors, given the key]
 //! ```
 
 use super::{Res, Select, Took, WORKLOADS, arg, median, people_config, summary, time_dp, timed};
@@ -137,6 +138,8 @@ async fn time_ballista(ctx: &SessionContext, url: &str, sql: &str) -> Res<Took> 
 /// `bench cluster`.
 pub(crate) async fn bench(args: &[String], data: &Path, reps: usize, sel: &Select) -> Res<()> {
     let partitions: usize = arg(args, "--partitions").and_then(|p| p.parse().ok()).unwrap_or(16);
+    // dpfusion's sessions on the plain executors too (given the key): tells the executors' share from the plan's.
+    let dp_on_plain = args.iter().any(|a| a == "--dp-on-plain");
     let exe = std::env::current_exe()?;
     // target/release/examples/bench → target/release/dpfusion
     let dpfusion = exe.parent().and_then(Path::parent).map(|d| d.join("dpfusion")).ok_or("no dpfusion binary")?;
@@ -157,7 +160,7 @@ pub(crate) async fn bench(args: &[String], data: &Path, reps: usize, sel: &Selec
         let mut c = Command::new(&exe);
         c.args(["cluster-executor", "--scheduler", scheduler, "--port", &flight.to_string()]);
         c.args(["--grpc-port", &grpc.to_string(), "--work-dir"]).arg(work);
-        if std::env::var_os("DP_ON_PLAIN").is_some() {
+        if dp_on_plain {
             c.arg("--key-file").arg(&key);
         }
         c
@@ -174,7 +177,7 @@ pub(crate) async fn bench(args: &[String], data: &Path, reps: usize, sel: &Selec
         schema.field_with_name("state").is_ok_and(|f| f.data_type() != &datafusion::arrow::datatypes::DataType::Int64);
     let engine = format!(
         "\n[engine]\nscheduler = \"df://127.0.0.1:{}\"\ncluster_key_file = \"{}\"\ncluster_partitions = {partitions}\n",
-        if std::env::var_os("DP_ON_PLAIN").is_some() { plain_port } else { dp_port },
+        if dp_on_plain { plain_port } else { dp_port },
         key.display()
     );
     println!(
