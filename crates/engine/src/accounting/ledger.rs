@@ -163,6 +163,10 @@ impl Ledger for MemoryLedger {
     fn charges(&self) -> Result<Vec<Charge>> {
         Ok(self.filter.lock().map_err(poisoned)?.charges().to_vec())
     }
+    /// (ε, δ) of everything spent, composed from the charges in place (no copy of the history).
+    fn epsilon(&self, delta: f64) -> Result<EpsilonBound> {
+        epsilon_with_cache(self.filter.lock().map_err(poisoned)?.charges(), delta, &self.pld)
+    }
     /// The in-memory ledger has no table caps (they live in a ledger file): `tables` is not used.
     fn charge(&self, label: &str, _tables: &[String], measurements: Vec<Calibration>) -> Result<Debit> {
         self.filter.lock().map_err(poisoned)?.charge(label, measurements).map(Debit::new)
