@@ -500,7 +500,8 @@ mod tests {
             out
         };
         // Session 0 mixes everything, 1 is Laplace only (pure composition), 2 GDP only.
-        let mut sessions: Vec<(ZcdpFilter, PldCache, Option<(usize, Option<Pld>)>)> =
+        type Session = (ZcdpFilter, PldCache, Option<(usize, Option<Pld>)>);
+        let mut sessions: Vec<Session> =
             (0..3).map(|_| (ZcdpFilter::new(rho(1e6)), PldCache::default(), None)).collect();
         let mut kinds = std::collections::BTreeSet::new();
         for step in 0..600 {
