@@ -296,3 +296,37 @@ async fn every_released_number_has_an_interval_or_a_reason() {
     let r = release(&s, "SELECT DISTINCT a FROM (SELECT sex, AVG(age) AS a FROM pums GROUP BY sex) t").await;
     assert!(matches!(&r.accuracy()[0].accuracy, Accuracy::NoInterval { reason } if reason.contains("DISTINCT")));
 }
+
+/// The post-processing shortcut (a query with nothing computed above its aggregates gets the noisy table as its
+/// answer, without DataFusion) gives exactly what DataFusion gives: the same schema (names, types, nullability)
+/// and the same batches, over every query of the acceptance corpus it applies to, on stand-in noisy values from
+/// fixed seeds. It applies to every CHECKED query (nothing above their aggregates), to an AVG (hidden interval
+/// columns), to keys after or between the aggregates, aliases and subquery aliases, and never to a query that
+/// computes, filters, sorts or limits above its aggregates.
+#[tokio::test]
+async fn the_post_processing_shortcut_equals_datafusion_over_the_corpus() {
+    let s = session_from(&pums_config("pums_dup.csv", 100.0, 2, 1)).await;
+    let more = [
+        "SELECT AVG(age) FROM pums",
+        "SELECT married, AVG(income) FROM pums GROUP BY married",
+        "SELECT COUNT(*) AS n, sex FROM pums GROUP BY sex",
+        "SELECT SUM(age) AS s, race AS r, COUNT(*) AS n, sex FROM pums GROUP BY sex, race",
+        "SELECT t.n FROM (SELECT COUNT(*) AS n FROM pums) t",
+        "SELECT n AS m, n FROM (SELECT COUNT(*) AS n FROM pums) AS t",
+        "SELECT sex, AVG(age) AS a, COUNT(*) AS c FROM pums GROUP BY sex",
+    ];
+    let applies = CHECKED.iter().chain(&more);
+    for (sql, seed) in applies.zip(1u64..) {
+        for seed in [seed, seed + 1000] {
+            let (short, full) = s.post_paths_for_tests(sql, seed).await.unwrap();
+            let short = short.unwrap_or_else(|| panic!("{sql}: the shortcut should apply"));
+            assert_eq!(short.0, full.0, "{sql}: schema");
+            assert_eq!(short.1, full.1, "{sql}: batches (seed {seed})");
+            assert!(short.1.iter().all(|b| b.schema() == full.0), "{sql}: the batches carry the schema");
+        }
+    }
+    for (sql, _) in POST.iter().filter(|(sql, _)| !sql.starts_with("SELECT AVG") && !sql.contains("AVG(income)")) {
+        let (short, _) = s.post_paths_for_tests(sql, 7).await.unwrap();
+        assert!(short.is_none(), "{sql}: computes above its aggregates, the shortcut must not apply");
+    }
+}

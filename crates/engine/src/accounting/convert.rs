@@ -261,24 +261,65 @@ pub fn epsilon_for_charges(charges: &[Charge], delta: f64) -> Result<EpsilonBoun
     epsilon_with_cache(charges, delta, &PldCache::default())
 }
 
-/// The composed PLD of a ledger's first `n` charges (`None` when one of them has none), so that each new charge
-/// costs one convolution instead of the whole history's: charges are only ever appended.
+/// What a ledger's first `n` charges compose to, kept so that each new charge costs one convolution and a few
+/// additions instead of a pass over the whole history (charges are only ever appended): the composed PLD (`None`
+/// when one of them has none), and the running totals of ρ, of the pure ε's and of the GDP μ²'s (each added in
+/// the order of the charges, so exactly the sums a pass over the whole history makes).
 #[derive(Debug, Default)]
-pub struct PldCache(std::sync::Mutex<Option<(usize, Option<Pld>)>>);
+pub struct PldCache(std::sync::Mutex<Option<Composed>>);
+
+/// The state of a [`PldCache`].
+#[derive(Debug)]
+struct Composed {
+    /// How many charges are in.
+    charges: usize,
+    pld: Option<Pld>,
+    rho: crate::accounting::Rho,
+    /// Σεᵢ while every measurement so far is pure-DP.
+    pure: Option<f64>,
+    /// Σμᵢ² (rounded up) while every measurement so far carries a certified μᵢ.
+    gdp: Option<f64>,
+}
+
+impl Composed {
+    fn empty() -> Self {
+        Composed {
+            charges: 0,
+            pld: Some(Pld::identity()),
+            rho: crate::accounting::Rho::ZERO,
+            pure: Some(0.0),
+            gdp: Some(0.0),
+        }
+    }
+
+    /// Adds the charges after the first `self.charges` of `charges`.
+    fn extend(&mut self, charges: &[Charge]) -> Result<()> {
+        let new = charges.get(self.charges..).unwrap_or_default();
+        for c in new {
+            self.rho = self.rho.add_up(c.rho())?;
+            for m in c.measurements() {
+                self.pure = self.pure.and_then(|acc| m.pure_epsilon().map(|e| up_sum(acc, e)));
+                self.gdp = self.gdp.and_then(|acc| m.gdp_mu().map(|mu| up_sum(acc, mu * mu * UP)));
+            }
+        }
+        self.pld = self.pld.take().and_then(|p| compose(new.iter().flat_map(|c| c.measurements()), p));
+        self.charges = charges.len();
+        Ok(())
+    }
+}
 
 /// [`epsilon_for_charges`], reusing and extending `cache` when `charges` extends what it composed.
 pub fn epsilon_with_cache(charges: &[Charge], delta: f64, cache: &PldCache) -> Result<EpsilonBound> {
-    let measurements: Vec<&Calibration> = charges.iter().flat_map(|c| c.measurements()).collect();
-    let rho = charges.iter().try_fold(crate::accounting::Rho::ZERO, |acc, c| acc.add_up(c.rho()))?.get();
     let mut guard = cache.0.lock().map_err(|_| DpError::Internal("the PLD cache is unavailable".into()))?;
-    let (done, start) = match guard.take() {
-        Some((n, pld)) if n <= charges.len() => (n, pld),
-        _ => (0, Some(Pld::identity())),
+    let mut state = match guard.take() {
+        Some(s) if s.charges <= charges.len() => s,
+        _ => Composed::empty(),
     };
-    let pld = start.and_then(|p| compose(charges[done..].iter().flat_map(|c| c.measurements()), p));
-    *guard = Some((charges.len(), pld.clone()));
-    drop(guard);
-    best_epsilon(rho, delta, pure_composition(&measurements), pld.as_ref(), gdp_composition(&measurements))
+    state.extend(charges)?;
+    let gdp = state.gdp.map(|sum| sum.sqrt() * UP);
+    let out = best_epsilon(state.rho.get(), delta, state.pure, state.pld.as_ref(), gdp);
+    *guard = Some(state);
+    out
 }
 
 /// How many measurement lists a [`QuoteMemo`] remembers.
@@ -414,5 +455,69 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// The ε of a history as it was computed before the running totals: ρ, Σεᵢ and Σμᵢ² summed over the whole
+    /// history on every call, the PLD extended from the cached one (`cache`: composed charges and their PLD).
+    fn whole_history(charges: &[Charge], delta: f64, cache: &mut Option<(usize, Option<Pld>)>) -> EpsilonBound {
+        let measurements: Vec<&Calibration> = charges.iter().flat_map(|c| c.measurements()).collect();
+        let rho = charges.iter().try_fold(Rho::ZERO, |acc, c| acc.add_up(c.rho())).unwrap().get();
+        let (done, start) = match cache.take() {
+            Some((n, pld)) if n <= charges.len() => (n, pld),
+            _ => (0, Some(Pld::identity())),
+        };
+        let pld = start.and_then(|p| compose(charges[done..].iter().flat_map(|c| c.measurements()), p));
+        *cache = Some((charges.len(), pld.clone()));
+        best_epsilon(rho, delta, pure_composition(&measurements), pld.as_ref(), gdp_composition(&measurements)).unwrap()
+    }
+
+    /// The session's ε kept with running totals is exactly the ε summed over the whole history, after every
+    /// charge of random sequences (Gaussian and Laplace, with and without a PLD, zCDP and GDP prices) of three
+    /// sessions asked at random δ's, also after a "reopen" (a cache forgotten: the whole history composed again).
+    #[test]
+    fn running_totals_equal_the_whole_history() {
+        use crate::accounting::ZcdpFilter;
+        use crate::accounting::calibrate::{Shape, gaussian, gaussian_for_sigma_gdp, laplace, laplace_gdp};
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(34);
+        let rho = |r: f64| Rho::new(r).unwrap();
+        let shaped = |c: Calibration, linf: u64| c.with_shape(Shape { linf, cells: 1 }).unwrap();
+        let draw = |rng: &mut rand_chacha::ChaCha8Rng, kind: u32| -> Vec<Calibration> {
+            let r = rho(rng.random_range(0.001..0.05));
+            let one = match (kind, rng.random_range(0..5)) {
+                (0, 0) => gaussian(1.0, r).unwrap(),
+                (0, 1 | 2) => shaped(gaussian(2.0, r).unwrap(), 2),
+                (0, _) => shaped(laplace(1.0, r).unwrap(), 1),
+                (1, 0 | 1) => shaped(laplace(1.0, r).unwrap(), 1),
+                (1, _) => laplace(3.0, r).unwrap(),
+                (_, 0 | 1) => gaussian_for_sigma_gdp(1.0, rng.random_range(5.0..50.0)).unwrap(),
+                (_, _) => laplace_gdp(1.0, r).unwrap(),
+            };
+            let mut out = vec![one.clone()];
+            if rng.random_bool(0.3) {
+                out.push(one);
+            }
+            out
+        };
+        // Session 0 mixes everything, 1 is Laplace only (pure composition), 2 GDP only.
+        type Session = (ZcdpFilter, PldCache, Option<(usize, Option<Pld>)>);
+        let mut sessions: Vec<Session> =
+            (0..3).map(|_| (ZcdpFilter::new(rho(1e6)), PldCache::default(), None)).collect();
+        let mut kinds = std::collections::BTreeSet::new();
+        for step in 0..600 {
+            let s = rng.random_range(0..3);
+            let (filter, cache, old) = &mut sessions[s];
+            filter.charge("q", draw(&mut rng, s as u32)).unwrap();
+            if rng.random_bool(0.02) {
+                (*cache, *old) = (PldCache::default(), None);
+            }
+            if rng.random_bool(0.5) {
+                let delta = [1e-5, 1e-6, 1e-9][rng.random_range(0..3)];
+                let got = epsilon_with_cache(filter.charges(), delta, cache).unwrap();
+                assert_eq!(got, whole_history(filter.charges(), delta, old), "step {step}, session {s}");
+                kinds.insert(format!("{:?}", got.kind));
+            }
+        }
+        assert!(kinds.len() >= 3, "the sequences exercise several bounds: {kinds:?}");
     }
 }

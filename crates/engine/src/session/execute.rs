@@ -23,7 +23,7 @@ use crate::release::{Parts, Release};
 use crate::session::DpSession;
 use crate::session::accuracy::{column_accuracy, is_interval_column, noise_accuracy, selection_note};
 use crate::session::marginals::PreparedMarginals;
-use crate::session::post::{PostFailure, domain_product, named_aggregates, noisy_batch};
+use crate::session::post::{PostFailure, domain_product, named_aggregates, noisy_batch, passthrough};
 use crate::session::prepare::Prepared;
 use crate::session::quote::Quote;
 use datafusion::arrow::array::{Array, AsArray, Decimal128Array, Int64Array, RecordBatch};
@@ -171,7 +171,13 @@ impl DpSession {
         let noisy = noisy_batch(dp, domain_product(dp), &values, &half)?;
         // Post-processing sees only noisy values; if it fails on them, the release holds those values (paid for),
         // never an error that would lose them.
-        let (post, note) = match self.run_post(dp, noisy.clone()).await {
+        // Nothing computed above the aggregate: the noisy table is the answer (chosen and named columns), as
+        // DataFusion would have returned it.
+        let post = match passthrough(dp, &noisy) {
+            Some(out) => Ok(out),
+            None => self.run_post(dp, noisy.clone()).await,
+        };
+        let (post, note) = match post {
             Ok(out) => (out, None),
             Err(failure) => {
                 let why = match failure {

@@ -258,6 +258,66 @@ pub(crate) fn post_plan(dp: &DpPlan, noisy: RecordBatch) -> Result<LogicalPlan> 
     Ok(out)
 }
 
+/// The post-processed result when nothing is computed above the aggregate: the analyst's plan is, from its root
+/// down to the aggregate, only projections of plain columns (with or without an alias) and subquery aliases. The
+/// result is then the noisy table's columns, chosen and named as that plan says, with the hidden interval columns
+/// after them, exactly as [`DpSession::run_post`] would return it (same schema: names, types, nullability; same
+/// values), without planning or running anything. `None` for any other plan (its post-processing runs on
+/// DataFusion). Depends on the plan only, never on a value.
+pub(crate) fn passthrough(dp: &DpPlan, noisy: &RecordBatch) -> Option<(SchemaRef, Vec<RecordBatch>)> {
+    let columns = chosen_columns(&dp.original, dp.agg_schema.fields().len())?;
+    let source = noisy.schema();
+    let names = dp.original.schema().fields().iter().map(|f| f.name().clone());
+    let mut fields = Vec::with_capacity(columns.len());
+    let mut arrays = Vec::with_capacity(columns.len());
+    for (name, i) in names.zip(&columns) {
+        let f = source.fields().get(*i)?;
+        // Neither a key nor an aggregate is ever a hidden column; a plan naming one is left to DataFusion.
+        if is_interval_column(f.name()) {
+            return None;
+        }
+        fields.push(Field::new(name, f.data_type().clone(), f.is_nullable()));
+        arrays.push(Arc::clone(noisy.column(*i)));
+    }
+    // The hidden interval columns, carried through every projection to the end (see `post_plan`).
+    for (f, a) in source.fields().iter().zip(noisy.columns()).filter(|(f, _)| is_interval_column(f.name())) {
+        fields.push(f.as_ref().clone());
+        arrays.push(Arc::clone(a));
+    }
+    let schema = Arc::new(Schema::new(fields));
+    let batch = RecordBatch::try_new(Arc::clone(&schema), arrays).ok()?;
+    Some((schema, vec![batch]))
+}
+
+/// For a plan that is only projections of columns and subquery aliases down to an aggregate over no other
+/// aggregate (the aggregate [`post_plan`] replaces), the aggregate's column (`0..width`) behind each output
+/// column; `None` for any other plan.
+fn chosen_columns(plan: &LogicalPlan, width: usize) -> Option<Vec<usize>> {
+    match plan {
+        LogicalPlan::Aggregate(a) => {
+            let nested = a.input.exists(|n| Ok(matches!(n, LogicalPlan::Aggregate(_)))).ok()?;
+            (!nested && plan.schema().fields().len() == width).then(|| (0..width).collect())
+        }
+        LogicalPlan::SubqueryAlias(s) => chosen_columns(&s.input, width),
+        LogicalPlan::Projection(p) => {
+            let below = chosen_columns(&p.input, width)?;
+            let input = p.input.schema();
+            p.expr
+                .iter()
+                .map(|mut e| {
+                    // A column under any number of aliases (the analyzer names `COUNT(*) AS n` twice).
+                    while let Expr::Alias(a) = e {
+                        e = a.expr.as_ref();
+                    }
+                    let Expr::Column(column) = e else { return None };
+                    below.get(input.index_of_column(column).ok()?).copied()
+                })
+                .collect()
+        }
+        _ => None,
+    }
+}
+
 /// Why post-processing did not produce a result.
 pub(crate) enum PostFailure {
     /// It cannot be planned (whatever the values): refused before the debit.
@@ -341,4 +401,33 @@ fn cannot_fail(plan: &LogicalPlan) -> bool {
 
 fn post_planning(e: datafusion::error::DataFusionError) -> DpError {
     DpError::Refused(Refusal::PostProcessingPlan { message: crate::refusal::engine_message(&e) })
+}
+
+/// A post-processed result: its schema and batches.
+#[cfg(any(test, feature = "test-util"))]
+pub(crate) type PostResult = (SchemaRef, Vec<RecordBatch>);
+
+#[cfg(any(test, feature = "test-util"))]
+impl DpSession {
+    /// **Tests only.** Prepares `sql` (nothing spent, nothing read), makes a stand-in noisy table for it (every
+    /// cell of its domain, values drawn from a generator seeded with `seed`, not from any data), and
+    /// post-processes it both ways: the shortcut of a plan with nothing above its aggregate ([`passthrough`],
+    /// `None` when it does not apply) and DataFusion ([`DpSession::run_post`]).
+    pub async fn post_paths_for_tests(&self, sql: &str, seed: u64) -> Result<(Option<PostResult>, PostResult)> {
+        use rand::{Rng, SeedableRng};
+        let prepared = self.prepare(sql, &[]).await?;
+        let dp = &prepared.dp;
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+        let keys = domain_product(dp);
+        let values: Vec<Vec<i128>> =
+            keys.iter().map(|_| dp.measures.iter().map(|_| rng.random_range(-1000..100_000)).collect()).collect();
+        let half: Vec<f64> = dp.measures.iter().map(|_| rng.random_range(0.5..50.0)).collect();
+        let noisy = noisy_batch(dp, keys, &values, &half)?;
+        let short = passthrough(dp, &noisy);
+        let full = self.run_post(dp, noisy).await.map_err(|e| match e {
+            PostFailure::Planning(e) => e,
+            PostFailure::Running(e) => engine(e),
+        })?;
+        Ok((short, full))
+    }
 }

@@ -19,6 +19,7 @@
 //! [`crate::plan::safety::MAX_OPERATORS`] operators, which keeps even execution within a default thread stack.
 
 use crate::error::{DpError, Result};
+use crate::plan::pick::Priority;
 use crate::plan::{self, DpPlan, RESERVED_PREFIX, safety, size};
 use crate::policy::TablePolicy;
 use crate::refusal::Refusal;
@@ -163,6 +164,36 @@ fn immutable(plan: &LogicalPlan) -> bool {
     safety::visit_expressions(plan, |e| changing(e).then(|| Err(DpError::Internal(String::new())))).is_ok()
 }
 
+/// `plan` with a new random key in every `dp_priority` (the random choice of at most g cells per unit,
+/// [`crate::plan::pick`]): a remembered plan keeps the key it was compiled with, and a statement asked again must
+/// not pick the same cells for every unit as the last time. The plan itself unchanged (the same `Arc`) when it
+/// has no such choice.
+fn fresh_priority_keys(plan: Arc<LogicalPlan>) -> Result<Arc<LogicalPlan>> {
+    use datafusion::common::tree_node::{Transformed, TreeNode};
+    use datafusion::logical_expr::Expr;
+    use datafusion::logical_expr::expr::ScalarFunction;
+    let keyed = |e: &Expr| matches!(e, Expr::ScalarFunction(f) if f.func.inner().is::<Priority>());
+    if safety::visit_expressions(&plan, |e| keyed(e).then(|| Err(DpError::Internal(String::new())))).is_ok() {
+        return Ok(plan);
+    }
+    let rekeyed = plan
+        .as_ref()
+        .clone()
+        .transform_up_with_subqueries(|node| {
+            node.map_expressions(|e| {
+                e.transform_up(|e| match e {
+                    Expr::ScalarFunction(f) if f.func.inner().is::<Priority>() => {
+                        let udf = Arc::new(Priority::udf(rand::random()));
+                        Ok(Transformed::yes(Expr::ScalarFunction(ScalarFunction::new_udf(udf, f.args))))
+                    }
+                    other => Ok(Transformed::no(other)),
+                })
+            })
+        })
+        .map_err(crate::error::engine)?;
+    Ok(Arc::new(rekeyed.data))
+}
+
 impl DpSession {
     /// The policy of a private table named by a query: only bare names are registered, and a qualified name
     /// (catalog.schema.table) must name the default catalog and schema.
@@ -233,7 +264,8 @@ impl DpSession {
         safety::check_statement_size(sql)?;
         let key = super::execute::labelled(sql, params);
         let (dp, private) = match self.plans.get(&key) {
-            Some(checked) => checked,
+            // The random choice of cells per unit is keyed afresh for every query, remembered plan or not.
+            Some((dp, private)) => (dp, fresh_priority_keys(private)?),
             None => {
                 let checked = grow_stack(self.check(sql, params)).await?;
                 if immutable(&checked.0.original) {
@@ -366,5 +398,34 @@ mod tests {
         let y: ArrayRef = Arc::new(Int64Array::from(vec![1]));
         s.register_batches("m", vec![RecordBatch::try_from_iter([("y", y)]).unwrap()], policy).unwrap();
         assert!(!Arc::ptr_eq(&first.dp, &s.prepare(sql, &[]).await.unwrap().dp), "forgotten on register");
+    }
+
+    /// A remembered statement whose bounding picks at most g cells per unit at random gets a new key for that
+    /// choice every time it is prepared (the remembered plan keeps the key it was compiled with), and is answered;
+    /// a statement without such a choice reuses its plan as it is.
+    #[tokio::test]
+    async fn a_remembered_plan_picks_cells_with_a_fresh_key_every_time() {
+        use crate::policy::DomainValue;
+        let rho = |r| Rho::new(r).unwrap();
+        let s = {
+            let mut s = DpSession::empty(rho(100.0), rho(0.1), Mechanism::Gaussian, 1e-6, 0.95).unwrap();
+            let u: ArrayRef = Arc::new(Int64Array::from((0..100).map(|i| i % 10).collect::<Vec<i64>>()));
+            let g: ArrayRef = Arc::new(Int64Array::from((0..100).map(|i| i % 3).collect::<Vec<i64>>()));
+            let domain = ColumnPolicy::Domain((0..3).map(DomainValue::Int).collect());
+            let policy = TablePolicy::with_unit("u", 5, 1, [("g".into(), domain)].into()).unwrap();
+            let batch = RecordBatch::try_from_iter([("u", u), ("g", g)]).unwrap();
+            s.register_batches("t", vec![batch], policy).unwrap();
+            s
+        };
+        let sql = "SELECT g, COUNT(*) FROM t GROUP BY g";
+        let first = s.prepare(sql, &[]).await.unwrap();
+        assert!(format!("{:?}", first.private).contains("Priority { key"), "the plan picks cells by priority");
+        let again = s.prepare(sql, &[]).await.unwrap();
+        assert!(Arc::ptr_eq(&first.dp, &again.dp), "remembered");
+        assert_ne!(format!("{:?}", first.private), format!("{:?}", again.private), "the same key again");
+        assert_eq!(released(&s, sql, 1).await[0].num_rows(), 3, "answered over the domain");
+        let plain = "SELECT COUNT(*) FROM t";
+        let a = s.prepare(plain, &[]).await.unwrap();
+        assert!(Arc::ptr_eq(&a.private, &s.prepare(plain, &[]).await.unwrap().private), "nothing to key: reused");
     }
 }

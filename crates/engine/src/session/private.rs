@@ -212,9 +212,12 @@ impl PrivateTables {
     /// Opens the tables for the release `debit` pays for: the returned handle runs private plans until it is
     /// closed. The debit is consumed; its charge comes back with [`Unlocked::close`].
     pub fn open(&self, debit: Debit) -> Unlocked<'_> {
-        let state = self.ctx.state();
+        // Read in place: `ctx.state()` would copy the whole session state (every function registry) per query.
+        let state = self.ctx.state_ref();
+        let state = state.read();
         let config = state.config().clone().with_extension(Arc::new(Unlock(())));
-        let task = TaskContext::from(&state).with_session_config(config);
+        let task = TaskContext::from(&*state).with_session_config(config);
+        drop(state);
         Unlocked { task: Arc::new(task), debit, _tables: self }
     }
 }
