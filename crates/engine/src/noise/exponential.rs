@@ -39,8 +39,9 @@
 //! score by at most `Δ = k·max(a, b−a)` ([`quantile_sensitivity`]). The values a unit contributes are bounded by
 //! the plan (`max_rows_per_unit`) before the scores are computed.
 //!
-//! The scores come from a histogram of the values over the grid ([`QuantileScores`]): each value falls in one of
-//! `2m + 1` slots (strictly between two candidates, or on one), from which every `L_j` and `G_j` is a prefix sum.
+//! The scores come from a histogram of the values over the grid ([`QuantileGrid`], [`QuantileScores`]): each value
+//! falls in one of `2m + 1` slots (strictly between two candidates, or on one), from which every `L_j` and `G_j`
+//! is a prefix sum. The grid is public: it depends on the column's bounds and the number of points only.
 
 use crate::error::{DpError, Result};
 use crate::noise::bernoulli::{bernoulli_exp_neg_big, bernoulli_exp_neg_parts};
@@ -145,6 +146,51 @@ pub fn quantile_sensitivity(q: Ratio, rows: u128) -> Result<u128> {
         return Err(DpError::invalid("quantile", format!("{q} is not between 0 and 1")));
     }
     rows.checked_mul(a.max(b - a)).ok_or_else(|| DpError::invalid("quantile", "the score's sensitivity overflows"))
+}
+
+/// A public grid of quantile candidates: `m ≥ 2` points from `lo` to `hi` inclusive, evenly spaced (as `f64`s,
+/// computed from the bounds alone, so the same on every machine), and the slot of a value among them
+/// ([`QuantileScores::slot`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct QuantileGrid {
+    candidates: Vec<f64>,
+}
+
+impl QuantileGrid {
+    /// The grid of `points` candidates over `[lo, hi]`. Refused for non-finite or reversed bounds, fewer than 2
+    /// points, or bounds so close that two candidates would be equal.
+    pub fn new(lo: f64, hi: f64, points: usize) -> Result<Self> {
+        if !(lo.is_finite() && hi.is_finite() && lo < hi) || points < 2 {
+            return Err(DpError::invalid("quantile grid", format!("[{lo}, {hi}] with {points} points")));
+        }
+        let last = (points - 1) as f64;
+        let candidates: Vec<f64> =
+            (0..points).map(|j| if j + 1 == points { hi } else { lo + (hi - lo) * (j as f64 / last) }).collect();
+        if candidates.windows(2).any(|w| w[0] >= w[1]) {
+            return Err(DpError::invalid(
+                "quantile grid",
+                format!("[{lo}, {hi}] is too narrow for {points} distinct candidates"),
+            ));
+        }
+        Ok(QuantileGrid { candidates })
+    }
+
+    /// The candidates, increasing.
+    pub fn candidates(&self) -> &[f64] {
+        &self.candidates
+    }
+
+    /// The number of slots of a histogram over the grid: `2m + 1`.
+    pub fn slots(&self) -> usize {
+        2 * self.candidates.len() + 1
+    }
+
+    /// The slot of `x` ([`QuantileScores::slot`]). A NaN is below every candidate (slot 0): the plan clamps values
+    /// into the bounds first, so none reaches here from data.
+    pub fn slot_of(&self, x: f64) -> usize {
+        let below = self.candidates.partition_point(|&c| c < x);
+        QuantileScores::slot(below, self.candidates.get(below) == Some(&x))
+    }
 }
 
 /// The scores of the candidates of a grid for one quantile, from a histogram of the values over its slots.
@@ -281,6 +327,31 @@ mod tests {
         }
         assert!(QuantileScores::scores(&[1, 2], r(1, 2)).is_err());
         assert!(QuantileScores::scores(&[1], r(3, 2)).is_err());
+    }
+
+    /// A grid's candidates run from lo to hi exactly, increase strictly, and put every value in the slot its
+    /// definition gives (between two candidates: even; on one: odd).
+    #[test]
+    fn grid_slots_follow_their_definition() {
+        let g = QuantileGrid::new(0.0, 100.0, 5).unwrap();
+        assert_eq!(g.candidates(), &[0.0, 25.0, 50.0, 75.0, 100.0]);
+        assert_eq!(g.slots(), 11);
+        let cases = [(-1.0, 0), (0.0, 1), (10.0, 2), (25.0, 3), (99.9, 8), (100.0, 9), (100.5, 10), (f64::NAN, 0)];
+        for (x, slot) in cases {
+            assert_eq!(g.slot_of(x), slot, "{x}");
+        }
+        let fine = QuantileGrid::new(-0.1, 0.3, 1000).unwrap();
+        assert_eq!((fine.candidates()[0], fine.candidates()[999]), (-0.1, 0.3));
+        assert!(fine.candidates().windows(2).all(|w| w[0] < w[1]));
+        for x in [-0.1, 0.0, 0.2999, 0.3] {
+            let slot = fine.slot_of(x);
+            let below = fine.candidates().iter().filter(|&&c| c < x).count();
+            assert_eq!(slot, 2 * below + usize::from(fine.candidates().contains(&x)), "{x}");
+        }
+        assert!(QuantileGrid::new(1.0, 1.0, 3).is_err());
+        assert!(QuantileGrid::new(0.0, f64::INFINITY, 3).is_err());
+        assert!(QuantileGrid::new(0.0, 1.0, 1).is_err());
+        assert!(QuantileGrid::new(1.0, 1.0 + f64::EPSILON, 1000).is_err(), "too narrow for distinct candidates");
     }
 
     /// The sensitivity bound holds: adding up to k values anywhere moves every score by at most k·max(a, b−a).
