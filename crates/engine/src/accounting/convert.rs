@@ -297,10 +297,8 @@ impl Composed {
         let new = charges.get(self.charges..).unwrap_or_default();
         for c in new {
             self.rho = self.rho.add_up(c.rho())?;
-            for m in c.measurements() {
-                self.pure = self.pure.and_then(|acc| m.pure_epsilon().map(|e| up_sum(acc, e)));
-                self.gdp = self.gdp.and_then(|acc| m.gdp_mu().map(|mu| up_sum(acc, mu * mu * UP)));
-            }
+            self.pure = self.pure.and_then(|acc| add_pure(acc, c.measurements()));
+            self.gdp = self.gdp.and_then(|acc| add_gdp_squares(acc, c.measurements()));
         }
         self.pld = self.pld.take().and_then(|p| compose(new.iter().flat_map(|c| c.measurements()), p));
         self.charges = charges.len();
@@ -316,7 +314,7 @@ pub fn epsilon_with_cache(charges: &[Charge], delta: f64, cache: &PldCache) -> R
         _ => Composed::empty(),
     };
     state.extend(charges)?;
-    let gdp = state.gdp.map(|sum| sum.sqrt() * UP);
+    let gdp = state.gdp.map(gdp_root);
     let out = best_epsilon(state.rho.get(), delta, state.pure, state.pld.as_ref(), gdp);
     *guard = Some(state);
     out
@@ -373,13 +371,27 @@ pub fn epsilon_for_rho(rho: f64, delta: f64) -> Result<EpsilonBound> {
 
 /// √(Σμᵢ²) (rounded up) when every measurement carries a certified GDP parameter.
 fn gdp_composition(measurements: &[&Calibration]) -> Option<f64> {
-    let sum = measurements.iter().try_fold(0.0, |acc, m| m.gdp_mu().map(|mu| up_sum(acc, mu * mu * UP)))?;
-    Some(sum.sqrt() * UP)
+    add_gdp_squares(0.0, measurements.iter().copied()).map(gdp_root)
 }
 
 /// Σεᵢ (rounded up) when every measurement is pure-DP.
 fn pure_composition(measurements: &[&Calibration]) -> Option<f64> {
-    measurements.iter().try_fold(0.0, |acc, m| m.pure_epsilon().map(|e| up_sum(acc, e)))
+    add_pure(0.0, measurements.iter().copied())
+}
+
+/// `start` plus each measurement's ε, in order (rounded up), when every one is pure-DP.
+fn add_pure<'a>(start: f64, measurements: impl IntoIterator<Item = &'a Calibration>) -> Option<f64> {
+    measurements.into_iter().try_fold(start, |acc, m| m.pure_epsilon().map(|e| up_sum(acc, e)))
+}
+
+/// `start` plus each measurement's μ², in order (rounded up), when every one carries a certified μ.
+fn add_gdp_squares<'a>(start: f64, measurements: impl IntoIterator<Item = &'a Calibration>) -> Option<f64> {
+    measurements.into_iter().try_fold(start, |acc, m| m.gdp_mu().map(|mu| up_sum(acc, mu * mu * UP)))
+}
+
+/// The composed μ of a Σμᵢ²: its square root, rounded up.
+fn gdp_root(sum: f64) -> f64 {
+    sum.sqrt() * UP
 }
 
 /// `start` composed with the PLD of every measurement, or `None` if one has no recorded shape. Identical
