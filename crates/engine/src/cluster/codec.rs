@@ -34,7 +34,7 @@ use datafusion::datasource::memory::MemorySourceConfig;
 use datafusion::datasource::source::DataSourceExec;
 use datafusion::execution::TaskContext;
 use datafusion::logical_expr::{AggregateUDF, ScalarUDF};
-use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties};
+use datafusion::physical_plan::ExecutionPlan;
 use datafusion_proto::physical_plan::{
     PhysicalExtensionCodec, PhysicalPlanDecodeContext, PhysicalProtoConverterExtension,
 };
@@ -398,7 +398,7 @@ impl DpPhysicalCodec {
                 let remote = Arc::new(Remote { source: s.source, capability });
                 let slice = match inputs {
                     // Not sent by a dpfusion process (which always sends the slice): the whole reader.
-                    [] => super::Slice::new((0..inner.output_partitioning().partition_count()).collect(), &inner)?,
+                    [] => super::Slice::all(&inner)?,
                     [carrier] => super::Slice::from_carrier(carrier, &inner)?,
                     _ => return Err(err("a sealed scan has one input, its slice")),
                 };

@@ -228,6 +228,11 @@ impl Slice {
         Ok(Slice { parts, carrier, reader, whole })
     }
 
+    /// Every partition of `inner`: the scan as sent, before the scheduler shares it out.
+    pub(crate) fn all(inner: &Arc<dyn ExecutionPlan>) -> datafusion::error::Result<Self> {
+        Slice::new((0..inner.output_partitioning().partition_count()).collect(), inner)
+    }
+
     /// The slice a (possibly restricted) carrier names, of `inner`.
     pub(crate) fn from_carrier(
         carrier: &Arc<dyn ExecutionPlan>,
@@ -369,7 +374,7 @@ impl Cluster {
             let mac = *self.key.mac(charge, not_after, &source).as_bytes();
             let capability = Some(Capability { charge, not_after, mac });
             let inner = Arc::clone(scan.source().0);
-            let slice = Slice::new((0..inner.output_partitioning().partition_count()).collect(), &inner)?;
+            let slice = Slice::all(&inner)?;
             let sealed = SealedScanExec::sent(inner, Arc::new(Remote { source, capability }), slice);
             Ok(Transformed::yes(Arc::new(sealed) as Arc<dyn ExecutionPlan>))
         })?;
