@@ -300,7 +300,8 @@ fn check_prints_what_each_table_allows_and_refuses_as_queries_do() {
     let o = dpfusion(&["check", "-c", "config/pums.toml"]);
     assert!(o.status.success(), "{}", text(&o.stderr));
     let out = text(&o.stdout);
-    assert!(out.contains("SUM and AVG: age [0, 100], income [0, 500000]"), "{out}");
+    assert!(out.contains("SUM, AVG, MEDIAN and other quantiles: age [0, 100], income [0, 500000]"), "{out}");
+    assert!(out.contains("MIN and MAX: as the 0.01 and 0.99 quantiles"), "{out}");
     assert!(out.contains("GROUP BY: educ (16 values), married (2 values), race (6 values), sex (2 values)"), "{out}");
     // The refusal of a GROUP BY on a column without a domain, word for word as the query gets it.
     let q = dpfusion(&["query", "-c", "config/pums.toml", "SELECT age, COUNT(*) FROM pums GROUP BY age"]);

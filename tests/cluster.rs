@@ -7,6 +7,7 @@
 //! numbers: the exact aggregates are equal (per-unit bounding exact across partitions) and the noise is drawn
 //! in the session, the same way.
 
+use crate::quantiles::QUANTILES;
 use crate::sql_accept::CHECKED;
 use crate::sql_refuse::REFUSED;
 use crate::support::{ROOT, TempDir, column_f64, pums_config, release, session_from};
@@ -52,7 +53,7 @@ async fn sessions(dir: &TempDir, rho: f64, g: u64) -> (DpSession, DpSession) {
     (local, session_from(&cluster_cfg).await)
 }
 
-/// Every query of the acceptance corpus releases the same numbers on the cluster as locally, for the same seed,
+/// Every query of the acceptance corpus and of the quantile corpus releases the same numbers on the cluster as locally, for the same seed,
 /// with one group per person (`dp_clipped` by unit) and with two (`DpByUnitExec`, kept cells as lists). A
 /// marginal release runs there too (its per-row sample depends on the order rows arrive in, so only its charge and
 /// shape are compared).
@@ -66,7 +67,9 @@ async fn the_cluster_releases_what_one_machine_releases() {
 async fn releases_match(g: u64) {
     let dir = TempDir::new("cluster-same");
     let (local, cluster) = sessions(&dir, 100.0, g).await;
-    for (i, sql) in CHECKED.iter().enumerate() {
+    // Quantiles too: every person of pums_dup.csv has at most k = 2 rows, so both keep all rows and the same seed
+    // draws the same candidates.
+    for (i, sql) in CHECKED.iter().chain(QUANTILES).enumerate() {
         local.insecure_reseed_for_tests(i as u64).unwrap();
         cluster.insecure_reseed_for_tests(i as u64).unwrap();
         let (a, b) = (release(&local, sql).await, release(&cluster, sql).await);

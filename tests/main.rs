@@ -26,6 +26,8 @@ mod privacy_audit;
 /// The Python package (`import dpfusion`, crates/python): built with maturin into a virtual environment under the
 /// target directory, its pytest suite run.
 mod python;
+/// Quantiles and MIN/MAX by the exponential mechanism (issue 37): the corpus, a neighbouring audit, accuracy.
+mod quantiles;
 /// `dpfusion serve` over tokio-postgres: protocols, logins, isolation of analysts, budgets under contention.
 mod server;
 /// `dpfusion serve`'s catalog (issue 35): one type map for `\d` and results, SQLAlchemy's reflection, a SQLSTATE

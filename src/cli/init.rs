@@ -8,6 +8,7 @@
 //! it allows and what it refuses (with the refusal queries would give), without opening any data file.
 
 use dpfusion::config::SessionConfig;
+use dpfusion::format::fmt_num;
 use dpfusion::policy::{ColumnPolicy, ColumnType};
 use dpfusion::{DpError, DpSession};
 use std::fmt::Write as _;
@@ -225,7 +226,9 @@ pub(crate) async fn check(config: &Path) -> Result<bool, DpError> {
         }
         let list = |v: &[String]| if v.is_empty() { "none".to_string() } else { v.join(", ") };
         outln!("  COUNT(*), and COUNT(column) of: {}", list(&counts));
-        outln!("  SUM and AVG: {}", list(&sums));
+        outln!("  SUM, AVG, MEDIAN and other quantiles: {}", list(&sums));
+        let q = p.quantiles.min_max_quantile;
+        outln!("  MIN and MAX: as the {} and {} quantiles of those columns", fmt_num(q), fmt_num(1.0 - q));
         outln!("  GROUP BY: {}", list(&keys));
         refused.dedup();
         if !refused.is_empty() {

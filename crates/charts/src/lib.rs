@@ -215,13 +215,15 @@ impl Chart {
                         let what = match mechanism {
                             dpfusion::noise::Mechanism::Gaussian => "discrete Gaussian σ",
                             dpfusion::noise::Mechanism::Laplace => "discrete Laplace scale",
+                            dpfusion::noise::Mechanism::Exponential => "exponential mechanism η",
                         };
                         sigmas.push(format!("{name}: {what} = {}", fmt_num(*sigma_or_scale)));
                     }
                     Accuracy::Combined { confidence: l, .. } | Accuracy::PerRow { confidence: l, .. } => {
                         confidence = Some(*l)
                     }
-                    Accuracy::Public | Accuracy::NoInterval { .. } => {}
+                    // A rank interval has no error bar on the value axis.
+                    Accuracy::Public | Accuracy::NoInterval { .. } | Accuracy::Rank { .. } => {}
                 }
                 let bars = vals
                     .iter()
@@ -283,7 +285,7 @@ fn interval(acc: &Accuracy, row: usize, value: Option<f64>) -> Option<[f64; 2]> 
         Accuracy::PerRow { intervals, .. } => {
             intervals.get(row).copied().filter(|[lo, hi]| lo.is_finite() && hi.is_finite())
         }
-        Accuracy::Public | Accuracy::NoInterval { .. } => None,
+        Accuracy::Public | Accuracy::NoInterval { .. } | Accuracy::Rank { .. } => None,
     }
 }
 

@@ -358,6 +358,8 @@ pub struct TableConfig {
     /// Per-column policy: `bounds` or `domain`.
     #[serde(default)]
     pub columns: BTreeMap<String, ColumnConfig>,
+    /// The quantile MIN answers (MAX answers one minus it), in (0, 0.5); 0.01 when absent.
+    pub min_max_quantile: Option<f64>,
 }
 
 fn default_true() -> bool {
@@ -379,6 +381,8 @@ pub struct ColumnConfig {
     pub bounds: Option<Vec<f64>>,
     /// The public set of values a GROUP BY key can take.
     pub domain: Option<Vec<DomainValue>>,
+    /// With `bounds`: the number of candidates of a quantile's grid over them (1000 when absent).
+    pub grid: Option<usize>,
 }
 
 /// Where a table's data lives.
@@ -603,6 +607,7 @@ fn table_source(name: &str, t: TableConfig, base_dir: &Path) -> Result<TableSour
     };
     let mut columns = BTreeMap::new();
     let mut types = BTreeMap::new();
+    let mut grid = BTreeMap::new();
     for (col, c) in t.columns {
         if col.to_ascii_lowercase().starts_with(crate::policy::RESERVED_PREFIX) {
             return Err(DpError::Config(format!(
@@ -638,6 +643,9 @@ fn table_source(name: &str, t: TableConfig, base_dir: &Path) -> Result<TableSour
             }
             (None, None) => None,
         };
+        if let Some(n) = c.grid {
+            grid.insert(col.clone(), n);
+        }
         if let Some(p) = p {
             columns.insert(col, p);
         }
@@ -654,6 +662,10 @@ fn table_source(name: &str, t: TableConfig, base_dir: &Path) -> Result<TableSour
         max_groups_per_unit: t.max_groups_per_unit.unwrap_or(1),
         privacy_unit: t.privacy_unit,
         columns,
+        quantiles: crate::policy::QuantilePolicy {
+            grid,
+            min_max_quantile: t.min_max_quantile.unwrap_or(crate::policy::QuantilePolicy::default().min_max_quantile),
+        },
     };
     policy.validate(name)?;
     Ok(TableSource { path: resolve(base_dir, &t.path), format, columns: types, policy, in_memory: t.in_memory })

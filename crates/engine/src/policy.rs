@@ -154,6 +154,37 @@ pub struct TablePolicy {
     pub max_groups_per_unit: u64,
     /// Column policies by column name.
     pub columns: BTreeMap<String, ColumnPolicy>,
+    /// How quantiles (and MIN/MAX, answered as quantiles) of this table's bounded columns are answered.
+    pub quantiles: QuantilePolicy,
+}
+
+/// How quantiles of a table's bounded columns are answered: each over a public grid of candidates between the
+/// column's bounds ([`crate::noise::exponential::QuantileGrid`]), and MIN/MAX as a low and a high quantile (an exact
+/// minimum or maximum is not private: one unit decides it).
+#[derive(Clone, Debug, PartialEq)]
+pub struct QuantilePolicy {
+    /// Candidates per column (`[tables.NAME.columns] COL = { ..., grid = N }`); [`DEFAULT_GRID`] otherwise.
+    pub grid: BTreeMap<String, usize>,
+    /// The quantile MIN answers (MAX answers 1 minus it): `[tables.NAME] min_max_quantile`, by default 0.01.
+    pub min_max_quantile: f64,
+}
+
+/// Candidates of a quantile's grid unless the policy says otherwise.
+pub const DEFAULT_GRID: usize = 1000;
+/// Most candidates a quantile's grid may have.
+pub const MAX_GRID: usize = 100_000;
+
+impl Default for QuantilePolicy {
+    fn default() -> Self {
+        QuantilePolicy { grid: BTreeMap::new(), min_max_quantile: 0.01 }
+    }
+}
+
+impl QuantilePolicy {
+    /// The number of candidates of `column`'s grid.
+    pub fn grid_of(&self, column: &str) -> usize {
+        self.grid.get(column).copied().unwrap_or(DEFAULT_GRID)
+    }
 }
 
 /// Largest accepted contribution limit (keeps sensitivities far inside the exact samplers' range).
@@ -162,7 +193,13 @@ pub const MAX_CONTRIBUTION: u64 = 1 << 20;
 impl TablePolicy {
     /// A row-level policy (each row its own unit) with the given column policies.
     pub fn row_level(columns: BTreeMap<String, ColumnPolicy>) -> Result<Self> {
-        let p = TablePolicy { privacy_unit: None, max_rows_per_unit: 1, max_groups_per_unit: 1, columns };
+        let p = TablePolicy {
+            privacy_unit: None,
+            max_rows_per_unit: 1,
+            max_groups_per_unit: 1,
+            columns,
+            quantiles: QuantilePolicy::default(),
+        };
         p.validate("table")?;
         Ok(p)
     }
@@ -174,7 +211,13 @@ impl TablePolicy {
         max_groups_per_unit: u64,
         columns: BTreeMap<String, ColumnPolicy>,
     ) -> Result<Self> {
-        let p = TablePolicy { privacy_unit: Some(unit.into()), max_rows_per_unit, max_groups_per_unit, columns };
+        let p = TablePolicy {
+            privacy_unit: Some(unit.into()),
+            max_rows_per_unit,
+            max_groups_per_unit,
+            columns,
+            quantiles: QuantilePolicy::default(),
+        };
         p.validate("table")?;
         Ok(p)
     }
@@ -229,6 +272,25 @@ impl TablePolicy {
                         )));
                     }
                 }
+            }
+        }
+        let q = self.quantiles.min_max_quantile;
+        if !(q > 0.0 && q < 0.5) {
+            return Err(DpError::Config(format!(
+                "[tables.{table}] min_max_quantile = {q} must be above 0 and below 0.5 (MIN answers that quantile, \
+                 MAX one minus it; an exact minimum or maximum is not private)"
+            )));
+        }
+        for (col, &n) in &self.quantiles.grid {
+            if !(2..=MAX_GRID).contains(&n) {
+                return Err(DpError::Config(format!(
+                    "[tables.{table}.columns] {col}: grid = {n} must be between 2 and {MAX_GRID}"
+                )));
+            }
+            if self.bounds(col).is_none() {
+                return Err(DpError::Config(format!(
+                    "[tables.{table}.columns] {col}: a grid needs bounds (its candidates lie between them)"
+                )));
             }
         }
         if let Some(pu) = &self.privacy_unit

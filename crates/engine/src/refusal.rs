@@ -344,6 +344,26 @@ pub enum Refusal {
         /// Its type.
         data_type: String,
     },
+    /// A quantile whose fraction is not a constant between 0 and 1 with at most 6 decimals.
+    #[error("{aggregate}: the quantile must be a constant between 0 and 1 with at most 6 decimals, not {given}")]
+    BadQuantile {
+        /// The aggregate.
+        aggregate: &'static str,
+        /// What was given.
+        given: String,
+    },
+    /// Quantile histograms over more slots than one query may hold.
+    #[error(
+        "{cells} GROUP BY cells × {slots} histogram slots of a quantile's grid exceed the {limit} one query may hold"
+    )]
+    QuantileTooLarge {
+        /// Cells of the GROUP BY.
+        cells: u64,
+        /// Slots of the grid (2 per candidate, plus 1).
+        slots: u64,
+        /// The limit.
+        limit: u64,
+    },
     /// An aggregate dpfusion does not answer.
     #[error("the aggregate {name} is not supported yet")]
     UnsupportedAggregate {
@@ -568,7 +588,11 @@ impl Refusal {
             NotNumeric { .. } => {
                 "use COUNT on non-numeric columns, or GROUP BY them if they have a public domain".into()
             }
-            UnsupportedAggregate { .. } => "dpfusion answers COUNT, SUM and AVG".into(),
+            UnsupportedAggregate { .. } => "dpfusion answers COUNT, SUM, AVG, MEDIAN, PERCENTILE_CONT, \
+                                            APPROX_PERCENTILE_CONT, MIN and MAX"
+                .into(),
+            BadQuantile { .. } => "write the quantile as a literal such as 0.5 or 0.95".into(),
+            QuantileTooLarge { .. } => "group by fewer keys, or give the column a coarser `grid` in the policy".into(),
             NoAggregate => {
                 "add an aggregate such as COUNT(*); the keys of a public domain are known without a query".into()
             }
@@ -653,6 +677,8 @@ impl Refusal {
             EmptyIntegerBounds { .. } => "empty_integer_bounds",
             NotNumeric { .. } => "not_numeric",
             UnsupportedAggregate { .. } => "unsupported_aggregate",
+            BadQuantile { .. } => "bad_quantile",
+            QuantileTooLarge { .. } => "quantile_too_large",
             NoAggregate => "no_aggregate",
             RhoSplit { .. } => "rho_split",
             Calibration { .. } => "cannot_calibrate",

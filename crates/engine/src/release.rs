@@ -52,6 +52,26 @@ pub enum Accuracy {
         /// Per row of the result, in order: the interval `[low, high]`.
         intervals: Vec<[f64; 2]>,
     },
+    /// A quantile drawn by the exponential mechanism among a public grid of candidates: an interval on its
+    /// **rank**, not its value. If the released value `c` has `L` of the bounded values (the rows kept per unit)
+    /// below it and `G` above, its rank error `|(1 − q)·L − q·G|` (which is `|L − q·n|` when no value equals
+    /// `c`) exceeds the smallest rank error any candidate of the grid has by at most `rank_half_width` values,
+    /// with probability ≥ `confidence`, in each cell. How close the best candidate comes depends on the data and
+    /// the grid (`candidates` points, `spacing` apart): where values are sparse between candidates, no better
+    /// can be said. (For the exponential mechanism with weight η over m candidates, a score below the best by t
+    /// has probability ≤ m·e^{−ηt}: McSherry & Talwar 2007, Thm 6.)
+    Rank {
+        /// At most this many values of rank error beyond the best candidate's.
+        rank_half_width: f64,
+        /// Confidence of the statement, per cell.
+        confidence: f64,
+        /// The quantile, as a fraction.
+        quantile: f64,
+        /// Candidates of the grid.
+        candidates: usize,
+        /// Distance between neighbouring candidates (the value resolution).
+        spacing: f64,
+    },
     /// No interval can be stated; the reason says why (a non-linear function of noisy values, say).
     NoInterval {
         /// Why.
@@ -89,6 +109,14 @@ impl ColumnAccuracy {
                 let more = if intervals.len() > ROWS_SHOWN { ", …" } else { "" };
                 format!("per row at {} (ratio of noisy SUM and COUNT): {}{more}", pct(*confidence), shown.join(", "))
             }
+            Accuracy::Rank { rank_half_width, confidence, quantile, candidates, spacing } => format!(
+                "rank within ± {} values of the best candidate's for the {} quantile ({candidates} candidates, {} \
+                 apart) at {} (exponential mechanism)",
+                fmt_num(*rank_half_width),
+                fmt_num(*quantile),
+                fmt_num(*spacing),
+                pct(*confidence)
+            ),
             Accuracy::NoInterval { reason } => format!("no interval: {reason}"),
         })
     }
@@ -358,6 +386,10 @@ fn release_json(r: &Release) -> Value {
             })),
             Accuracy::PerRow { confidence, intervals } => Some(json!({
                 "column": c.column, "kind": "per_row", "confidence": confidence, "intervals": intervals,
+            })),
+            Accuracy::Rank { rank_half_width, confidence, quantile, candidates, spacing } => Some(json!({
+                "column": c.column, "kind": "rank", "mechanism": "exponential", "rank_half_width": rank_half_width,
+                "confidence": confidence, "quantile": quantile, "candidates": candidates, "spacing": spacing,
             })),
             Accuracy::NoInterval { reason } => {
                 Some(json!({"column": c.column, "kind": "no_interval", "reason": reason}))

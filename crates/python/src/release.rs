@@ -61,6 +61,10 @@ fn accuracy_json(a: &Accuracy) -> Value {
         Accuracy::PerRow { confidence, intervals } => {
             json!({"kind": "per_row", "confidence": confidence, "intervals": intervals})
         }
+        Accuracy::Rank { rank_half_width, confidence, quantile, candidates, spacing } => json!({
+            "kind": "rank", "mechanism": "exponential", "rank_half_width": rank_half_width,
+            "confidence": confidence, "quantile": quantile, "candidates": candidates, "spacing": spacing,
+        }),
         Accuracy::NoInterval { reason } => json!({"kind": "no_interval", "reason": reason}),
     }
 }
@@ -81,6 +85,7 @@ fn cell_html(value: &Value, accuracy: &Accuracy, row: usize) -> String {
             Some([lo, hi]) => format!("{v} <small>[{}, {}]</small>", fmt_num(*lo), fmt_num(*hi)),
             None => v,
         },
+        Accuracy::Rank { rank_half_width: r, .. } => format!("{v} <small>rank ± {}</small>", fmt_num(*r)),
         Accuracy::Public | Accuracy::NoInterval { .. } => v,
     }
 }

@@ -454,7 +454,8 @@ fn release_rows(r: &Release) -> Result<RecordBatch, datafusion::arrow::error::Ar
                 (Some(*std), Some(*ci_half_width), Some(*confidence))
             }
             Accuracy::Combined { ci_half_width, confidence, .. } => (None, Some(*ci_half_width), Some(*confidence)),
-            Accuracy::PerRow { confidence, .. } => (None, None, Some(*confidence)),
+            // The rank interval is stated in the `accuracy` text: it is not a half-width in the column's units.
+            Accuracy::PerRow { confidence, .. } | Accuracy::Rank { confidence, .. } => (None, None, Some(*confidence)),
             Accuracy::Public | Accuracy::NoInterval { .. } => (None, None, None),
         };
         std.push(s);

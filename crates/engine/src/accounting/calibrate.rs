@@ -124,6 +124,7 @@ impl Calibration {
         let implied = match self.mechanism() {
             Mechanism::Gaussian => shape.linf as f64 * (shape.cells as f64).sqrt(),
             Mechanism::Laplace => shape.linf as f64 * shape.cells as f64,
+            Mechanism::Exponential => f64::NAN, // no additive noise: refused below
         };
         if shape.linf == 0 || shape.cells == 0 || (implied - self.sensitivity).abs() > 1e-9 * self.sensitivity {
             return Err(DpError::Internal(format!(
@@ -145,6 +146,7 @@ impl Calibration {
         let one = match self.params {
             NoiseParams::Gaussian { sigma_sq } => Pld::discrete_gaussian(sigma_sq.to_f64().next_down(), shape.linf),
             NoiseParams::Laplace { scale } => Pld::discrete_laplace(scale.to_f64().next_down(), shape.linf),
+            NoiseParams::Exponential { .. } => return None,
         };
         one.ok().map(|p| p.self_compose(shape.cells))
     }
@@ -380,6 +382,62 @@ pub fn laplace_gdp(l1: f64, rho: Rho) -> Result<Calibration> {
     })
 }
 
+/// The exponential mechanism for `cells` independent draws (one per GROUP BY cell a unit can be in), each over
+/// integer scores of sensitivity `score_sensitivity` (add/remove of one privacy unit), priced for `rho` as the
+/// session's `accounting` says. The recorded sensitivity is the score sensitivity Δ; the pure ε is that of all
+/// `cells` draws together.
+///
+/// # Privacy
+/// With weight `η` per unit of score, one draw is `2ηΔ`-DP and `2ηΔ`-bounded-range (McSherry & Talwar 2007;
+/// Durfee & Rogers 2019), hence `(2ηΔ)²/8 = η²Δ²/2`-zCDP (Cesar & Rogers 2021, Lemma 3.2 and Prop. 3.3: an ε-BR
+/// mechanism is ε²/8-zCDP); a unit moves the scores of at most `cells` draws, which compose to `cells·η²Δ²/2`
+/// (BS16 Lemma 2.3) and to pure `cells·2ηΔ`-DP. Under zCDP accounting, `η` is the largest dyadic rational with
+/// `cells·η²Δ²/2 ≤ ρ` ([`crate::noise::exponential::eta_for`], checked exactly), and the recorded cost is
+/// min(ρ asked, that cost rounded up). Under an (ε, δ) budget, each draw's pure ε is certified μ₁-GDP
+/// ([`crate::accounting::gdp::mu_of_pure_epsilon`], as for the Laplace mechanism), `cells` of them √cells·μ₁-GDP
+/// (DRS19 Cor. 3.3), costing μ²/2.
+pub fn exponential(score_sensitivity: u128, cells: u64, rho: Rho, accounting: Accounting) -> Result<Calibration> {
+    use crate::accounting::gdp::{mu_of_pure_epsilon, pure_epsilon_for_mu};
+    use crate::noise::exponential::eta_for;
+    let delta = score_sensitivity as f64;
+    check_sensitivity(delta, "score")?;
+    if rho.get() <= 0.0 || cells == 0 {
+        return Err(DpError::invalid("rho", "must be > 0 for a quantile"));
+    }
+    let g = cells as f64;
+    let (eta, gdp_mu) = match accounting {
+        Accounting::Zcdp => (eta_for(rho.get(), score_sensitivity, cells)?, None),
+        Accounting::Gdp => {
+            let target = (2.0 * rho.get()).sqrt();
+            // Each draw's ε, a little below what its share of μ allows, so that the certified μ stays within.
+            let eps = pure_epsilon_for_mu(target / g.sqrt()) * (1.0 - 1e-9);
+            if eps.is_nan() || eps <= 0.0 {
+                return Err(DpError::invalid("rho", format!("{rho} is too small for a quantile")));
+            }
+            let eta = eta_for(eps * eps / 8.0, score_sensitivity, 1)?;
+            let one = 2.0 * eta.to_f64() * delta * MARGIN;
+            let mu = mu_of_pure_epsilon(one)
+                .map(|m| m * g.sqrt() * MARGIN)
+                .filter(|m| *m <= target)
+                .ok_or_else(|| DpError::Internal(format!("exponential mechanism for rho = {rho} not certified")))?;
+            (eta, Some(mu))
+        }
+    };
+    let e = eta.to_f64();
+    let cost = match gdp_mu {
+        Some(mu) => gdp_cost(mu)?,
+        None => Rho::new(g * e * e * delta * delta / 2.0 * MARGIN)?,
+    };
+    Ok(Calibration {
+        params: NoiseParams::Exponential { eta },
+        sensitivity: delta,
+        rho: min_rho(rho, cost),
+        pure_epsilon: Some(g * 2.0 * e * delta * MARGIN),
+        shape: None,
+        gdp_mu,
+    })
+}
+
 /// Which mechanism a query's measurements use: a fixed one, or `auto`: per measurement, whichever has the smaller
 /// noise standard deviation at the same price under the session's accounting (a choice made from the sensitivity
 /// and the budget alone, never from data).
@@ -460,6 +518,12 @@ pub fn calibrate(
         (Mechanism::Laplace, Accounting::Zcdp) => laplace(l1, rho)?,
         (Mechanism::Gaussian, Accounting::Gdp) => gaussian_gdp(l2, rho)?,
         (Mechanism::Laplace, Accounting::Gdp) => laplace_gdp(l1, rho)?,
+        (Mechanism::Exponential, _) => {
+            return Err(DpError::invalid(
+                "mechanism",
+                "the exponential mechanism answers quantiles only; counts and sums use 'gaussian' or 'laplace'",
+            ));
+        }
     };
     match shape {
         Some(s) => c.with_shape(s),
@@ -524,5 +588,24 @@ mod tests {
         assert_eq!("Gaussian".parse::<Mechanism>().unwrap(), Mechanism::Gaussian);
         assert_eq!("laplace".parse::<Mechanism>().unwrap(), Mechanism::Laplace);
         assert!("exponential".parse::<Mechanism>().is_err());
+    }
+
+    /// The exponential mechanism's recorded cost is its true cost cells·η²Δ²/2 (≤ the ρ asked, within rounding
+    /// of it), its pure ε is cells·2ηΔ, and an (ε, δ) budget's certificate stays within the ρ asked.
+    #[test]
+    fn exponential_costs_what_its_eta_spends() {
+        for (delta, cells, r) in [(1u128, 1u64, 0.5), (5, 1, 0.01), (3, 7, 0.2)] {
+            let c = exponential(delta, cells, rho(r), Accounting::Zcdp).unwrap();
+            let NoiseParams::Exponential { eta } = c.params else { panic!() };
+            let (e, d, g) = (eta.to_f64(), delta as f64, cells as f64);
+            let true_cost = g * e * e * d * d / 2.0;
+            assert!(true_cost <= c.rho.get() && c.rho.get() <= r, "{true_cost} {} {r}", c.rho.get());
+            assert!((c.rho.get() / r - 1.0).abs() < 1e-9, "η is the largest that fits");
+            assert!((c.pure_epsilon.unwrap() - g * 2.0 * e * d).abs() < 1e-9 * g * 2.0 * e * d);
+            let gdp = exponential(delta, cells, rho(r), Accounting::Gdp).unwrap();
+            assert!(gdp.rho.get() <= r && gdp.gdp_mu.is_some());
+        }
+        assert!(exponential(0, 1, rho(0.1), Accounting::Zcdp).is_err());
+        assert!(calibrate(Mechanism::Exponential, Accounting::Zcdp, 1.0, 1.0, None, rho(0.1)).is_err());
     }
 }

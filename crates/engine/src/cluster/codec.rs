@@ -23,6 +23,7 @@ use crate::plan::cells::{CellIndex, CellKey};
 use crate::plan::clip::{Clip, Clipped};
 use crate::plan::exact_sum::{BoundedSum, Grid};
 use crate::plan::pick::Priority;
+use crate::plan::quantile::{GridSpec, KeepRows, Kept, QuantileSlot, SlotHistogram};
 use crate::plan::runs::RowValue;
 use crate::plan::unordered::UnorderedExec;
 use crate::session::private::SealedScanExec;
@@ -142,7 +143,7 @@ struct UnorderedMsg {}
 
 #[derive(Clone, PartialEq, Message)]
 struct FnMsg {
-    #[prost(oneof = "Function", tags = "1, 2, 3, 4, 5")]
+    #[prost(oneof = "Function", tags = "1, 2, 3, 4, 5, 6, 7, 8")]
     function: Option<Function>,
 }
 
@@ -158,6 +159,45 @@ enum Function {
     BoundedSum(GridMsg),
     #[prost(message, tag = "5")]
     Clipped(ClippedMsg),
+    #[prost(message, tag = "6")]
+    QuantileSlot(QuantileGridMsg),
+    #[prost(uint64, tag = "7")]
+    SlotHistogram(u64),
+    #[prost(message, tag = "8")]
+    KeepRows(KeepRowsMsg),
+}
+
+/// A quantile's grid: bounds (bit patterns), points, and whether its candidates are integers.
+#[derive(Clone, PartialEq, Message)]
+struct QuantileGridMsg {
+    #[prost(fixed64, tag = "1")]
+    lo: u64,
+    #[prost(fixed64, tag = "2")]
+    hi: u64,
+    #[prost(uint64, tag = "3")]
+    points: u64,
+    #[prost(bool, tag = "4")]
+    integer: bool,
+}
+
+/// `dp_keep_rows`: rows per cell, cells per unit, and what each measurement reads (0 rows, 1 values, 2 a sum on
+/// `grid`, 3 slots).
+#[derive(Clone, PartialEq, Message)]
+struct KeepRowsMsg {
+    #[prost(uint64, tag = "1")]
+    k: u64,
+    #[prost(uint64, optional, tag = "2")]
+    groups: Option<u64>,
+    #[prost(message, repeated, tag = "3")]
+    kinds: Vec<KeptMsg>,
+}
+
+#[derive(Clone, PartialEq, Message)]
+struct KeptMsg {
+    #[prost(uint32, tag = "1")]
+    value: u32,
+    #[prost(message, optional, tag = "2")]
+    grid: Option<GridMsg>,
 }
 
 #[derive(Clone, PartialEq, Message)]
@@ -464,6 +504,11 @@ impl PhysicalExtensionCodec for DpPhysicalCodec {
                 let data_type = c.data_type.as_ref().ok_or_else(|| err("dp_cell_key without its type"))?;
                 CellKey::from_parts(domain, stride, c.cells, DataType::try_from(data_type).map_err(err)?)
             }
+            Some(Function::QuantileSlot(g)) => {
+                let (lo, hi) = (f64::from_bits(g.lo), f64::from_bits(g.hi));
+                let points = usize::try_from(g.points).map_err(err)?;
+                QuantileSlot::udf(GridSpec::new(lo, hi, points, g.integer).map_err(err)?)
+            }
             _ => return Err(err(format!("`{name}` is not a scalar function of dpfusion"))),
         }))
     }
@@ -479,6 +524,9 @@ impl PhysicalExtensionCodec for DpPhysicalCodec {
             let (domain, stride, cells, data_type) = c.parts();
             let data_type = Some(protobuf::ArrowType::try_from(data_type).map_err(err)?);
             Function::CellKey(CellKeyMsg { key: Some(key_to(domain, stride)?), cells, data_type })
+        } else if let Some(q) = inner.downcast_ref::<QuantileSlot>() {
+            let (lo, hi, points, integer) = q.spec().parts();
+            Function::QuantileSlot(QuantileGridMsg { lo: lo.to_bits(), hi: hi.to_bits(), points, integer })
         } else {
             return self.ballista.try_encode_udf(node, buf);
         };
@@ -495,6 +543,21 @@ impl PhysicalExtensionCodec for DpPhysicalCodec {
                 let pick = c.pick.map(|p| usize::try_from(p).map_err(err)).transpose()?;
                 Clipped::from_parts(measures, pick, usize::try_from(c.args).map_err(err)?)
             }
+            Some(Function::SlotHistogram(n)) => SlotHistogram::udaf(usize::try_from(n).map_err(err)?),
+            Some(Function::KeepRows(m)) => {
+                let kinds = m
+                    .kinds
+                    .iter()
+                    .map(|k| match (k.value, &k.grid) {
+                        (0, _) => Ok(Kept::Rows),
+                        (1, _) => Ok(Kept::Values),
+                        (2, Some(g)) => Ok(Kept::Sum(grid_from(g))),
+                        (3, _) => Ok(Kept::Slots),
+                        (v, _) => Err(err(format!("dp_keep_rows: unknown measurement kind {v}"))),
+                    })
+                    .collect::<Result<_>>()?;
+                KeepRows::udaf(m.k, m.groups, kinds)
+            }
             _ => return Err(err(format!("`{name}` is not an aggregate function of dpfusion"))),
         }))
     }
@@ -510,6 +573,20 @@ impl PhysicalExtensionCodec for DpPhysicalCodec {
                 pick: pick.map(|p| p as u64),
                 args: args as u64,
             })
+        } else if let Some(h) = inner.downcast_ref::<SlotHistogram>() {
+            Function::SlotHistogram(h.slots() as u64)
+        } else if let Some(keep) = inner.downcast_ref::<KeepRows>() {
+            let (k, groups, kinds) = keep.parts();
+            let kinds = kinds
+                .iter()
+                .map(|kind| match kind {
+                    Kept::Rows => KeptMsg { value: 0, grid: None },
+                    Kept::Values => KeptMsg { value: 1, grid: None },
+                    Kept::Sum(g) => KeptMsg { value: 2, grid: Some(grid_to(*g)) },
+                    Kept::Slots => KeptMsg { value: 3, grid: None },
+                })
+                .collect();
+            Function::KeepRows(KeepRowsMsg { k, groups, kinds })
         } else {
             return self.ballista.try_encode_udaf(node, buf);
         };

@@ -92,22 +92,23 @@ impl Exponential {
     }
 }
 
-/// The largest `η = n / 2^40` with `η²·Δ²/2 ≤ ρ` (checked in exact arithmetic): the exponential mechanism with it
-/// is `ρ`-zCDP for scores of sensitivity `Δ` (module docs). Refused when no positive such `η` exists on that
-/// grid (a `ρ` far too small for `Δ`).
-pub fn eta_for(rho: f64, sensitivity: u128) -> Result<Ratio> {
+/// The largest `η = n / 2^40` with `cells·η²·Δ²/2 ≤ ρ` (checked in exact arithmetic): `cells` independent
+/// exponential mechanisms with it, each over scores of sensitivity `Δ`, of which one privacy unit can move at most
+/// `cells` (one per GROUP BY cell it is in), are `ρ`-zCDP together (module docs, and BS16 Lemma 2.3 for the
+/// composition). Refused when no positive such `η` exists on that grid (a `ρ` far too small for `Δ`).
+pub fn eta_for(rho: f64, sensitivity: u128, cells: u64) -> Result<Ratio> {
     const BITS: u32 = 40;
-    if !(rho.is_finite() && rho > 0.0) || sensitivity == 0 {
-        return Err(DpError::invalid("exponential mechanism", "ρ and the sensitivity must be positive"));
+    if !(rho.is_finite() && rho > 0.0) || sensitivity == 0 || cells == 0 {
+        return Err(DpError::invalid("exponential mechanism", "ρ, the sensitivity and the cells must be positive"));
     }
     let den = 1u128 << BITS;
-    let guess = (2.0 * rho).sqrt() / sensitivity as f64 * den as f64;
+    let guess = (2.0 * rho / cells as f64).sqrt() / sensitivity as f64 * den as f64;
     if !guess.is_finite() || guess >= 2f64.powi(100) {
         return Err(DpError::invalid("exponential mechanism", format!("ρ = {rho} is too large")));
     }
     // The f64 guess may be a little high: step down until the exact check holds (a step or two at most).
     let mut num = guess.floor() as u128;
-    while num > 0 && !within(num, den, sensitivity, rho) {
+    while num > 0 && !within(num, den, sensitivity, cells, rho) {
         num -= 1;
     }
     if num == 0 {
@@ -116,11 +117,11 @@ pub fn eta_for(rho: f64, sensitivity: u128) -> Result<Ratio> {
     Ratio::new(num, den)
 }
 
-/// Whether `(num/den)²·Δ²/2 ≤ ρ` exactly: `ρ` is an `f64`, so `ρ = mantissa·2^exp` exactly.
-fn within(num: u128, den: u128, delta: u128, rho: f64) -> bool {
+/// Whether `cells·(num/den)²·Δ²/2 ≤ ρ` exactly: `ρ` is an `f64`, so `ρ = mantissa·2^exp` exactly.
+fn within(num: u128, den: u128, delta: u128, cells: u64, rho: f64) -> bool {
     let (mantissa, exp) = decompose(rho);
-    // num²Δ²/(2 den²) ≤ mantissa·2^exp  ⟺  num²Δ²·2^{−exp} ≤ 2·den²·mantissa (sides scaled to integers).
-    let mut lhs = BigUint::from(num).pow(2) * BigUint::from(delta).pow(2);
+    // cells·num²Δ²/(2 den²) ≤ mantissa·2^exp  ⟺  cells·num²Δ²·2^{−exp} ≤ 2·den²·mantissa (scaled to integers).
+    let mut lhs = BigUint::from(num).pow(2) * BigUint::from(delta).pow(2) * BigUint::from(cells);
     let mut rhs = BigUint::from(den).pow(2) * BigUint::from(mantissa) * 2u8;
     if exp < 0 {
         lhs <<= exp.unsigned_abs() as usize;
@@ -171,6 +172,27 @@ impl QuantileGrid {
                 "quantile grid",
                 format!("[{lo}, {hi}] is too narrow for {points} distinct candidates"),
             ));
+        }
+        Ok(QuantileGrid { candidates })
+    }
+
+    /// The grid of an integer column: at most `points` integers from `⌈lo⌉` to `⌊hi⌋` inclusive, evenly spaced and
+    /// rounded to integers (every integer between the bounds when there are no more than `points` of them), so
+    /// that every candidate is a value the column can hold. Refused when the bounds hold fewer than 2 integers.
+    pub fn integers(lo: f64, hi: f64, points: usize) -> Result<Self> {
+        let (ilo, ihi) = (lo.ceil(), hi.floor());
+        if !(ilo.is_finite() && ihi.is_finite() && ilo < ihi) || points < 2 {
+            return Err(DpError::invalid("quantile grid", format!("[{lo}, {hi}] holds fewer than 2 integers")));
+        }
+        // Bounds are at most 2^50 in magnitude (policy), so every integer here is exact in f64.
+        let n = (points as f64).min(ihi - ilo + 1.0) as usize;
+        let last = (n - 1) as f64;
+        // Spacing ≥ 1 and x ↦ ⌊x + ½⌋ monotone with ⌊x + 1 + ½⌋ = ⌊x + ½⌋ + 1: the rounded points stay increasing.
+        let candidates = (0..n)
+            .map(|j| if j + 1 == n { ihi } else { (ilo + (ihi - ilo) * (j as f64 / last) + 0.5).floor() })
+            .collect::<Vec<f64>>();
+        if candidates.windows(2).any(|w| w[0] >= w[1]) {
+            return Err(DpError::Internal(format!("the integer grid over [{lo}, {hi}] repeats a candidate")));
         }
         Ok(QuantileGrid { candidates })
     }
@@ -280,16 +302,17 @@ mod tests {
     /// η is the largest grid point with η²Δ²/2 ≤ ρ: the next one up breaks the inequality.
     #[test]
     fn eta_is_the_largest_that_fits_rho() {
-        for (rho, delta) in [(0.5, 1u128), (0.01, 3), (1e-6, 1000), (2.0, 7), (0.125, 2)] {
-            let eta = eta_for(rho, delta).unwrap();
-            assert!(within(eta.num(), eta.den(), delta, rho), "ρ = {rho}, Δ = {delta}");
+        for (rho, delta, cells) in [(0.5, 1u128, 1u64), (0.01, 3, 1), (1e-6, 1000, 4), (2.0, 7, 1), (0.125, 2, 9)] {
+            let eta = eta_for(rho, delta, cells).unwrap();
+            assert!(within(eta.num(), eta.den(), delta, cells, rho), "ρ = {rho}, Δ = {delta}");
             let next = eta.num() * ((1u128 << 40) / eta.den()) + 1; // the next grid point up
-            assert!(!within(next, 1 << 40, delta, rho), "ρ = {rho}, Δ = {delta}: not the largest");
+            assert!(!within(next, 1 << 40, delta, cells, rho), "ρ = {rho}, Δ = {delta}: not the largest");
             let f = eta.to_f64();
-            assert!(f * f * (delta * delta) as f64 / 2.0 <= rho * (1.0 + 1e-12));
+            assert!(cells as f64 * f * f * (delta * delta) as f64 / 2.0 <= rho * (1.0 + 1e-12));
         }
-        assert!(eta_for(1e-30, 1 << 60).is_err(), "no positive η on the grid");
-        assert!(eta_for(0.0, 1).is_err() && eta_for(1.0, 0).is_err() && eta_for(f64::NAN, 1).is_err());
+        assert!(eta_for(1e-30, 1 << 60, 1).is_err(), "no positive η on the grid");
+        assert!(eta_for(0.0, 1, 1).is_err() && eta_for(1.0, 0, 1).is_err() && eta_for(f64::NAN, 1, 1).is_err());
+        assert!(eta_for(1.0, 1, 0).is_err());
     }
 
     #[test]
@@ -354,6 +377,21 @@ mod tests {
         assert!(QuantileGrid::new(1.0, 1.0 + f64::EPSILON, 1000).is_err(), "too narrow for distinct candidates");
     }
 
+    /// An integer column's grid holds integers only: every one of them when the bounds hold few, else evenly
+    /// spaced ones from the first to the last.
+    #[test]
+    fn integer_grids_hold_integers() {
+        assert_eq!(QuantileGrid::integers(-0.5, 3.7, 1000).unwrap().candidates(), &[0.0, 1.0, 2.0, 3.0]);
+        let g = QuantileGrid::integers(0.0, 10_000.0, 1000).unwrap();
+        let c = g.candidates();
+        assert_eq!((c.len(), c[0], c[999]), (1000, 0.0, 10_000.0));
+        assert!(c.iter().all(|x| x.fract() == 0.0) && c.windows(2).all(|w| w[0] < w[1]));
+        let tight = QuantileGrid::integers(-1000.0, 1000.0, 2001).unwrap();
+        assert!(tight.candidates().iter().zip(-1000..=1000).all(|(&x, i)| x == i as f64));
+        assert!(QuantileGrid::integers(0.2, 0.8, 10).is_err(), "no integer between the bounds");
+        assert!(QuantileGrid::integers(1.0, 1.0, 10).is_err());
+    }
+
     /// The sensitivity bound holds: adding up to k values anywhere moves every score by at most k·max(a, b−a).
     #[test]
     fn one_unit_moves_scores_by_at_most_the_sensitivity() {
@@ -385,7 +423,7 @@ mod tests {
         let mut slots_n = slots_d;
         slots_n[8] += 2; // a unit with two values above the grid
         let delta = quantile_sensitivity(q, 2).unwrap();
-        let eta = eta_for(0.5, delta).unwrap().to_f64();
+        let eta = eta_for(0.5, delta, 1).unwrap().to_f64();
         let probs = |s: &[u64]| {
             let u = QuantileScores::scores(s, q).unwrap();
             let w: Vec<f64> = u.iter().map(|&x| (eta * x as f64).exp()).collect();

@@ -15,6 +15,10 @@ pub enum Mechanism {
     Gaussian,
     /// Discrete Laplace (CKS20 Alg. 2), calibrated to the L1 sensitivity.
     Laplace,
+    /// The exponential mechanism over a public grid of candidates (quantiles: [`crate::noise::exponential`]),
+    /// calibrated to the sensitivity of its integer scores. Never chosen by `SET dp.mechanism`: a quantile uses it,
+    /// a count or a sum never does.
+    Exponential,
 }
 
 impl Mechanism {
@@ -23,6 +27,7 @@ impl Mechanism {
         match self {
             Mechanism::Gaussian => "discrete_gaussian",
             Mechanism::Laplace => "discrete_laplace",
+            Mechanism::Exponential => "exponential",
         }
     }
 }
@@ -43,6 +48,7 @@ impl std::fmt::Display for Mechanism {
         f.write_str(match self {
             Mechanism::Gaussian => "gaussian",
             Mechanism::Laplace => "laplace",
+            Mechanism::Exponential => "exponential",
         })
     }
 }
@@ -61,6 +67,11 @@ pub enum NoiseParams {
         /// The scale b.
         scale: Ratio,
     },
+    /// The exponential mechanism with weights exp(η·score) over a public grid of candidates.
+    Exponential {
+        /// η, the weight per unit of score.
+        eta: Ratio,
+    },
 }
 
 impl NoiseParams {
@@ -69,6 +80,7 @@ impl NoiseParams {
         match self {
             NoiseParams::Gaussian { .. } => Mechanism::Gaussian,
             NoiseParams::Laplace { .. } => Mechanism::Laplace,
+            NoiseParams::Exponential { .. } => Mechanism::Exponential,
         }
     }
 
@@ -77,14 +89,17 @@ impl NoiseParams {
         match *self {
             NoiseParams::Gaussian { sigma_sq } => crate::noise::accuracy::discrete_gaussian_std(sigma_sq),
             NoiseParams::Laplace { scale } => crate::noise::accuracy::discrete_laplace_std(scale),
+            // A draw among candidates has no additive noise: its accuracy is a rank interval (release::Accuracy::Rank).
+            NoiseParams::Exponential { .. } => f64::NAN,
         }
     }
 
-    /// σ for the Gaussian, the scale b for the Laplace (for display).
+    /// σ for the Gaussian, the scale b for the Laplace, η for the exponential mechanism (for display).
     pub fn sigma_or_scale(&self) -> f64 {
         match self {
             NoiseParams::Gaussian { sigma_sq } => sigma_sq.to_f64().sqrt(),
             NoiseParams::Laplace { scale } => scale.to_f64(),
+            NoiseParams::Exponential { eta } => eta.to_f64(),
         }
     }
 }

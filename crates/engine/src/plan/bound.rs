@@ -177,19 +177,25 @@ pub fn bounded_aggregate(
             measured.exprs.iter().enumerate().map(|(i, e)| e.clone().alias(format!("__dp_m{i}"))).collect();
         return LogicalPlanBuilder::from(scoped).aggregate(group_exprs, exprs).and_then(|b| b.build()).map_err(engine);
     }
+    let groups = (contribution.groups < cells && !keys.is_empty()).then_some(contribution.groups);
+    if measured.measures.iter().any(|m| matches!(m.kind, MeasureKind::Quantile { .. })) {
+        // A quantile counts values: each unit keeps k rows per cell, and every measurement reads those.
+        let kinds: Vec<MeasureKind> = measured.measures.iter().map(|m| m.kind.clone()).collect();
+        return crate::plan::quantile::kept_aggregate(scoped, keys, contribution.rows, groups, &kinds, &measured.exprs);
+    }
     let clips: Vec<Clip> = measured
         .measures
         .iter()
         .map(|m| match &m.kind {
-            MeasureKind::CountRows => Clip::Rows,
-            MeasureKind::CountValues => Clip::Values,
+            MeasureKind::CountRows => Ok(Clip::Rows),
+            MeasureKind::CountValues => Ok(Clip::Values),
             MeasureKind::Sum { scale_bits, lo, hi } => {
                 let s = 2f64.powi(*scale_bits);
-                Clip::Sum { lo: (lo * s).floor(), hi: (hi * s).ceil() }
+                Ok(Clip::Sum { lo: (lo * s).floor(), hi: (hi * s).ceil() })
             }
+            MeasureKind::Quantile { .. } => Err(DpError::Internal("a quantile reached the clipping".into())),
         })
-        .collect();
-    let groups = (contribution.groups < cells && !keys.is_empty()).then_some(contribution.groups);
+        .collect::<Result<_>>()?;
     per_unit(scoped, keys, contribution.rows, groups, &clips, measured.exprs.clone())
 }
 
@@ -283,20 +289,25 @@ pub fn per_unit(
         let node = runs::UnitRuns::new(rows, fallback, spec);
         b = LogicalPlanBuilder::from(LogicalPlan::Extension(Extension { node: Arc::new(node) }));
     }
-    if !group_keys.is_empty() {
-        // The keys from the cell, under their own names: one row per cell that has rows.
-        let mut decoded = group_keys
-            .iter()
-            .enumerate()
-            .map(|(i, k)| {
-                Ok(cells::CellKey::call(group_keys, i, col(Column::from_name(cells::CELL)))?
-                    .alias_qualified(k.column.relation.clone(), k.column.name()))
-            })
-            .collect::<Result<Vec<_>>>()?;
-        decoded.extend((0..clips.len()).map(|i| col(format!("__dp_m{i}"))));
-        b = b.project(decoded).map_err(engine)?;
+    decode_keys(b, group_keys, clips.len())?.build().map_err(engine)
+}
+
+/// Above an aggregation per cell (`__dp_cell`, then `__dp_m0..m`), the keys decoded from the cell under their own
+/// names, then the measurements: one row per cell that has rows. Nothing to do without keys.
+pub(crate) fn decode_keys(b: LogicalPlanBuilder, group_keys: &[GroupKey], m: usize) -> Result<LogicalPlanBuilder> {
+    if group_keys.is_empty() {
+        return Ok(b);
     }
-    b.build().map_err(engine)
+    let mut decoded = group_keys
+        .iter()
+        .enumerate()
+        .map(|(i, k)| {
+            Ok(cells::CellKey::call(group_keys, i, col(Column::from_name(cells::CELL)))?
+                .alias_qualified(k.column.relation.clone(), k.column.name()))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    decoded.extend((0..m).map(|i| col(format!("__dp_m{i}"))));
+    b.project(decoded).map_err(engine)
 }
 
 /// The rows of `b`, hash-partitioned by `unit` for the aggregation by unit above them, so that it runs in one

@@ -13,7 +13,7 @@ use datafusion::functions_aggregate::count::Count;
 use datafusion::functions_aggregate::expr_fn::count;
 use datafusion::functions_aggregate::sum::Sum;
 use datafusion::logical_expr::expr::AggregateFunction;
-use datafusion::logical_expr::{Aggregate, Expr, lit};
+use datafusion::logical_expr::{Aggregate, Expr, ExprSchemable, lit};
 
 /// The measurements of one query.
 #[derive(Debug)]
@@ -54,8 +54,14 @@ pub fn measurements(
         let Expr::AggregateFunction(af) = validate::strip_aliases(a).clone() else {
             return Err(DpError::Refused(Refusal::NotAnAggregate { expr: a.to_string() }));
         };
-        plain(&af)?;
         let inner = af.func.inner();
+        if let Some(asked) = quantile_name(&af) {
+            let (m, e) = quantile(agg, &af, asked, scoped, policy, table, contribution)?;
+            let i = out.add(m, e);
+            out.outputs.push(OutputKind::Measure(i));
+            continue;
+        }
+        plain(&af)?;
         let output = if inner.is::<Count>() {
             let (column, expr) = match count_argument(agg, &af)? {
                 None => (None, count(lit(1i64))),
@@ -66,7 +72,7 @@ pub fn measurements(
             OutputKind::Measure(out.add(Measure { kind, column, sensitivity: s }, expr))
         } else if inner.is::<Sum>() || inner.is::<Avg>() {
             let what = if inner.is::<Sum>() { "SUM" } else { "AVG" };
-            let (c, base) = argument(agg, &af, what)?;
+            let (c, base) = only_argument(agg, &af, what)?;
             if policy.privacy_unit.as_deref() == Some(base.as_str()) {
                 return Err(DpError::Refused(Refusal::UnitAggregated { aggregate: what, column: base }));
             }
@@ -104,11 +110,124 @@ pub fn measurements(
     Ok(out)
 }
 
+/// The name of a quantile aggregate (MIN and MAX are answered as quantiles), None for any other.
+fn quantile_name(af: &AggregateFunction) -> Option<&'static str> {
+    use datafusion::functions_aggregate::{approx_median, approx_percentile_cont, median, min_max, percentile_cont};
+    let inner = af.func.inner();
+    [
+        (inner.is::<median::Median>(), "MEDIAN"),
+        (inner.is::<approx_median::ApproxMedian>(), "APPROX_MEDIAN"),
+        (inner.is::<percentile_cont::PercentileCont>(), "PERCENTILE_CONT"),
+        (inner.is::<approx_percentile_cont::ApproxPercentileCont>(), "APPROX_PERCENTILE_CONT"),
+        (inner.is::<min_max::Min>(), "MIN"),
+        (inner.is::<min_max::Max>(), "MAX"),
+    ]
+    .into_iter()
+    .find_map(|(is, name)| is.then_some(name))
+}
+
+/// A quantile aggregate as a measurement: its column (bare, bounded, numeric), its fraction `q` (a literal; 1 − q
+/// for `WITHIN GROUP (ORDER BY x DESC)`; the policy's `min_max_quantile` for MIN, one minus it for MAX), the grid
+/// over the column's bounds, and the score's sensitivity under the query's contribution limits; with its row
+/// aggregate, the histogram of the column's slots.
+fn quantile(
+    agg: &Aggregate,
+    af: &AggregateFunction,
+    asked: &'static str,
+    scoped: &DFSchema,
+    policy: &TablePolicy,
+    table: &TableReference,
+    contribution: Contribution,
+) -> Result<(Measure, Expr)> {
+    use crate::noise::Ratio;
+    let p = &af.params;
+    if p.distinct {
+        return Err(DpError::Refused(Refusal::DistinctAggregate { name: asked.to_string() }));
+    }
+    if p.filter.is_some() {
+        return Err(DpError::Refused(Refusal::FilteredAggregate { name: asked.to_string() }));
+    }
+    // The value is the one argument that is not a constant; the first constant is the fraction (a second one,
+    // APPROX_PERCENTILE_CONT's number of centroids, is an accuracy setting of an exact algorithm: not needed).
+    let (values, constants): (Vec<&Expr>, Vec<&Expr>) = p.args.iter().partition(|a| a.any_column_refs());
+    let [value] = values.as_slice() else { return Err(DpError::Refused(Refusal::ArgumentCount { aggregate: asked })) };
+    let descending = match p.order_by.as_slice() {
+        [] => false,
+        [s] if validate::strip_total_casts(&s.expr, agg.input.schema())
+            == validate::strip_total_casts(value, agg.input.schema()) =>
+        {
+            !s.asc
+        }
+        _ => return Err(DpError::Refused(Refusal::OrderedAggregate { name: asked.to_string() })),
+    };
+    let (c, base) = argument(agg, value, asked)?;
+    if policy.privacy_unit.as_deref() == Some(base.as_str()) {
+        return Err(DpError::Refused(Refusal::UnitAggregated { aggregate: asked, column: base }));
+    }
+    let Some((lo, hi)) = policy.bounds(&base) else {
+        return Err(DpError::Refused(Refusal::NoBounds { aggregate: asked, table: table.to_string(), column: base }));
+    };
+    let bad = |given: String| DpError::Refused(Refusal::BadQuantile { aggregate: asked, given });
+    let fraction = match (asked, constants.first()) {
+        ("MIN", _) => fraction_of(policy.quantiles.min_max_quantile).map_err(bad)?,
+        ("MAX", _) => fraction_of(policy.quantiles.min_max_quantile).map_err(bad).map(|(a, b)| (b - a, b))?,
+        ("MEDIAN" | "APPROX_MEDIAN", _) => (1, 2),
+        (_, Some(e)) => {
+            let v = crate::plan::safety::evaluate_constant(e).map_err(|_| bad(e.to_string()))?;
+            match v.cast_to(&datafusion::arrow::datatypes::DataType::Float64) {
+                Ok(datafusion::common::ScalarValue::Float64(Some(x))) => fraction_of(x).map_err(bad)?,
+                _ => return Err(bad(e.to_string())),
+            }
+        }
+        (_, None) => return Err(DpError::Refused(Refusal::ArgumentCount { aggregate: asked })),
+    };
+    let (a, b) = if descending { (fraction.1 - fraction.0, fraction.1) } else { fraction };
+    let q = Ratio::new(a, b).map_err(|e| bad(e.to_string()))?;
+    let dt = Expr::Column(c.clone()).get_type(scoped).map_err(crate::error::engine)?;
+    if !dt.is_numeric() {
+        return Err(DpError::Refused(Refusal::NotNumeric {
+            column: base,
+            data_type: crate::policy::ColumnType::name_of(&dt).map_or_else(|| dt.to_string(), str::to_string),
+        }));
+    }
+    let integer = dt.is_integer();
+    if integer && lo.ceil() >= hi.floor() {
+        return Err(DpError::Refused(Refusal::EmptyIntegerBounds { column: base, lo, hi }));
+    }
+    let points = policy.quantiles.grid_of(&base);
+    let grid = crate::plan::quantile::GridSpec::new(lo, hi, points, integer)?;
+    let unit = policy.privacy_unit.clone().unwrap_or_else(|| "row".into());
+    let score_sensitivity = crate::noise::exponential::quantile_sensitivity(q, u128::from(contribution.rows))?;
+    let sensitivity = sensitivity::quantile(contribution, &unit, q, score_sensitivity, grid);
+    let kind = MeasureKind::Quantile { q, grid, score_sensitivity, cells: contribution.groups, asked };
+    let expr = crate::plan::quantile::histogram_expr(Expr::Column(c), grid)?;
+    Ok((Measure { kind, column: Some(base), sensitivity }, expr))
+}
+
+/// A fraction in [0, 1] with at most 6 decimals as `(a, b)` in lowest terms (`0.95` → 19/20); the text of the
+/// value otherwise.
+fn fraction_of(x: f64) -> std::result::Result<(u128, u128), String> {
+    // Display of an f64 is its shortest round-trip decimal, never in exponent form.
+    let text = format!("{x}");
+    let (int, frac) = text.split_once('.').unwrap_or((&text, ""));
+    if !(0.0..=1.0).contains(&x) || frac.len() > 6 || !int.bytes().all(|c| c.is_ascii_digit()) {
+        return Err(text);
+    }
+    let b = 10u128.pow(frac.len() as u32);
+    let a: u128 = format!("{int}{frac}").parse().map_err(|_| text.clone())?;
+    let g = gcd(a, b);
+    Ok((a / g, b / g))
+}
+
+fn gcd(a: u128, b: u128) -> u128 {
+    if b == 0 { a.max(1) } else { gcd(b, a % b) }
+}
+
 /// COUNT's argument: `None` for COUNT(*) (no argument, or a non-NULL literal), else the column.
 fn count_argument(agg: &Aggregate, af: &AggregateFunction) -> Result<Option<(Column, String)>> {
     let args = af.params.args.as_slice();
     let star = matches!(args, []) || matches!(args, [Expr::Literal(v, _)] if !v.is_null());
-    if star { Ok(None) } else { argument(agg, af, "COUNT").map(Some) }
+    if star { Ok(None) } else { only_argument(agg, af, "COUNT").map(Some) }
 }
 
 /// Refuses an aggregate with DISTINCT, FILTER or ORDER BY.
@@ -128,11 +247,16 @@ fn plain(af: &AggregateFunction) -> Result<()> {
 
 /// The one argument of an aggregate: a bare column of the private table (through casts that cannot fail), with
 /// its base column's name.
-fn argument(agg: &Aggregate, af: &AggregateFunction, what: &'static str) -> Result<(Column, String)> {
-    let (p, input) = (&af.params, agg.input.as_ref());
-    let [arg] = p.args.as_slice() else {
+fn only_argument(agg: &Aggregate, af: &AggregateFunction, what: &'static str) -> Result<(Column, String)> {
+    let [arg] = af.params.args.as_slice() else {
         return Err(DpError::Refused(Refusal::ArgumentCount { aggregate: what }));
     };
+    argument(agg, arg, what)
+}
+
+/// `arg` as a bare column of the private table (through casts that cannot fail), with its base column's name.
+fn argument(agg: &Aggregate, arg: &Expr, what: &'static str) -> Result<(Column, String)> {
+    let input = agg.input.as_ref();
     let Expr::Column(c) = validate::strip_total_casts(arg, input.schema()).clone() else {
         return Err(DpError::Refused(Refusal::ComputedArgument { aggregate: what, arg: arg.to_string() }));
     };
@@ -140,4 +264,21 @@ fn argument(agg: &Aggregate, af: &AggregateFunction, what: &'static str) -> Resu
         return Err(DpError::Refused(Refusal::ArgumentNotColumn { column: c.to_string() }));
     };
     Ok((c, base))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fraction_of;
+
+    #[test]
+    fn fractions_are_exact_decimals() {
+        assert_eq!(fraction_of(0.5), Ok((1, 2)));
+        assert_eq!(fraction_of(0.95), Ok((19, 20)));
+        assert_eq!(fraction_of(0.01), Ok((1, 100)));
+        assert_eq!(fraction_of(0.123456), Ok((1929, 15625)));
+        assert_eq!(fraction_of(0.0), Ok((0, 1)));
+        assert_eq!(fraction_of(1.0), Ok((1, 1)));
+        assert!(fraction_of(0.1234567).is_err());
+        assert!(fraction_of(1.5).is_err() && fraction_of(-0.5).is_err() && fraction_of(f64::NAN).is_err());
+    }
 }

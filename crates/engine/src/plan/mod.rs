@@ -17,6 +17,7 @@ pub mod exact_sum;
 pub mod keys;
 pub mod measures;
 pub mod pick;
+pub mod quantile;
 pub(crate) mod runs;
 pub mod safety;
 pub mod sensitivity;
@@ -53,6 +54,20 @@ pub enum MeasureKind {
         /// Upper clamp bound.
         hi: f64,
     },
+    /// The quantile `q` of the column, drawn by the exponential mechanism among `grid`'s candidates
+    /// ([`crate::noise::exponential`]); the exact aggregate is the histogram of the values over the grid's slots.
+    Quantile {
+        /// The quantile, a rational in [0, 1].
+        q: crate::noise::Ratio,
+        /// The public grid of candidates.
+        grid: quantile::GridSpec,
+        /// How far one unit moves each score ([`crate::noise::exponential::quantile_sensitivity`]).
+        score_sensitivity: u128,
+        /// How many cells (draws) one unit can be in.
+        cells: u64,
+        /// What the analyst asked for (`MEDIAN`, `PERCENTILE_CONT`, `MIN`, ...), for labels.
+        asked: &'static str,
+    },
 }
 
 /// One noisy measurement: an exact integer aggregate per GROUP BY cell, and its sensitivity.
@@ -73,6 +88,7 @@ impl Measure {
             (MeasureKind::CountRows, _) => "COUNT(*)".into(),
             (MeasureKind::CountValues, Some(c)) => format!("COUNT({c})"),
             (MeasureKind::Sum { .. }, Some(c)) => format!("SUM({c})"),
+            (MeasureKind::Quantile { q, asked, .. }, Some(c)) => format!("{asked}({c}) as the quantile {q}"),
             (k, c) => format!("{k:?}({c:?})"),
         }
     }
@@ -164,6 +180,29 @@ pub use crate::policy::RESERVED_PREFIX;
 /// Largest number of GROUP BY cells one query may release.
 pub const MAX_CELLS: u64 = 1_000_000;
 
+/// Most histogram slots (cells × slots, over a query's quantiles) one query may hold: the exact histograms take
+/// 8 bytes a slot, in each partition that aggregates them, so this keeps them to a few hundred megabytes.
+pub const MAX_QUANTILE_SLOTS: u64 = 20_000_000;
+
+/// Refuses, before anything runs, a query whose quantile histograms would exceed [`MAX_QUANTILE_SLOTS`] (the
+/// count is public: the cells of the GROUP BY and the grids).
+fn check_histograms(measures: &[Measure], cells: u64) -> Result<()> {
+    let mut slots = 0u64;
+    for m in measures {
+        if let MeasureKind::Quantile { grid, .. } = &m.kind {
+            slots = slots.saturating_add(grid.grid()?.slots() as u64);
+        }
+    }
+    if slots > 0 && cells.saturating_mul(slots) > MAX_QUANTILE_SLOTS {
+        return Err(DpError::Refused(crate::refusal::Refusal::QuantileTooLarge {
+            cells,
+            slots,
+            limit: MAX_QUANTILE_SLOTS,
+        }));
+    }
+    Ok(())
+}
+
 /// Compiles an analyst's plan against the policies, in named phases that can each be tested alone:
 ///
 /// 1. [`validate::locate`]: the one Aggregate and the private table it reads (the rest is post-processing);
@@ -183,6 +222,7 @@ pub fn compile(plan: &LogicalPlan, policy_of: &dyn Fn(&TableReference) -> Option
     let contribution = Contribution::of(&policy, (!keys.is_empty()).then_some(cells));
     let scoped = keys::scope(agg.input.as_ref(), &policy, &keys)?;
     let measured = measures::measurements(agg, scoped.schema(), &policy, &table, contribution)?;
+    check_histograms(&measured.measures, if keys.is_empty() { 1 } else { cells })?;
     let private = bound::bounded_aggregate(scoped, &policy, &keys, cells, contribution, &measured)?;
     let measures::Measured { measures, outputs, .. } = measured;
     Ok(DpPlan { private, keys, measures, outputs, original: plan.clone(), table, agg_schema: agg.schema.clone() })

@@ -466,6 +466,7 @@ pub fn total(e: &Expr, schema: &DFSchema) -> std::result::Result<(), String> {
                 || inner.is::<RandomFunc>()
                 || inner.is::<CellIndex>()
                 || inner.is::<CellKey>()
+                || inner.is::<crate::plan::quantile::QuantileSlot>()
                 || field_by_name
             {
                 f.args.iter().try_for_each(|a| total(a, schema))
@@ -476,7 +477,12 @@ pub fn total(e: &Expr, schema: &DFSchema) -> std::result::Result<(), String> {
         Expr::AggregateFunction(a) => {
             let inner = a.func.inner();
             let p = &a.params;
-            let known = inner.is::<Count>() || inner.is::<Sum>() || inner.is::<BoundedSum>() || inner.is::<Clipped>();
+            let known = inner.is::<Count>()
+                || inner.is::<Sum>()
+                || inner.is::<BoundedSum>()
+                || inner.is::<Clipped>()
+                || inner.is::<crate::plan::quantile::SlotHistogram>()
+                || inner.is::<crate::plan::quantile::KeepRows>();
             if !known || p.distinct || p.filter.is_some() || !p.order_by.is_empty() {
                 return Err(format!("the aggregate `{e}`"));
             }

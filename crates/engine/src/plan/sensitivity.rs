@@ -74,3 +74,27 @@ pub fn sum(c: Contribution, unit: &str, m: f64, bound_text: &str) -> Sensitivity
         derivation: format!("SUM: {}, each clamped to {bound_text}", c.describe(unit)),
     }
 }
+
+/// A quantile's scores (one draw per cell): each of ≤ g cells' scores moves by at most
+/// `score_sensitivity` = k·max(a, b − a) for q = a/b ([`crate::noise::exponential`]). The L1/L2 fields give the
+/// same in the score's units (g·Δ and √g·Δ), for display; the calibration uses Δ and g.
+pub fn quantile(
+    c: Contribution,
+    unit: &str,
+    q: crate::noise::Ratio,
+    score_sensitivity: u128,
+    grid: crate::plan::quantile::GridSpec,
+) -> Sensitivity {
+    let (d, g) = (score_sensitivity as f64, c.groups as f64);
+    let (lo, hi, points, _) = grid.parts();
+    Sensitivity {
+        l1: d * g,
+        l2: d * g.sqrt(),
+        shape: None,
+        derivation: format!(
+            "quantile {q}: {}; each score −|(b−a)·below − a·above| moves by ≤ {score_sensitivity}, over a grid of \
+             {points} candidates in [{lo}, {hi}]",
+            c.describe(unit)
+        ),
+    }
+}

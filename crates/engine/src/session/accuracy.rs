@@ -28,13 +28,42 @@ use datafusion::arrow::datatypes::{DataType, Float64Type, Schema};
 use datafusion::common::tree_node::TreeNode;
 use datafusion::logical_expr::{Expr, ExprSchemable, LogicalPlan, Operator};
 
-/// Standard deviation and CI half-width (grid units) of a calibrated mechanism.
+/// Standard deviation and CI half-width (grid units) of a calibrated mechanism; NaN for the exponential
+/// mechanism, which adds no noise to a value (its accuracy is a rank interval: [`rank_accuracy`]).
 pub(crate) fn noise_accuracy(c: &Calibration, confidence: f64) -> Result<(f64, f64)> {
     let half = match c.params() {
         NoiseParams::Gaussian { sigma_sq } => accuracy::discrete_gaussian_ci_half_width(sigma_sq, confidence)?,
         NoiseParams::Laplace { scale } => accuracy::discrete_laplace_ci_half_width(scale, confidence)?,
+        NoiseParams::Exponential { .. } => f64::NAN,
     };
     Ok((c.params().std(), half))
+}
+
+/// The rank interval of a quantile measurement (see [`Accuracy::Rank`]): with weight η per unit of score over m
+/// candidates, the draw's score is below the best by more than t = ln(m/β)/η with probability ≤ β = 1 − c
+/// (McSherry & Talwar 2007, Thm 6: each worse candidate has weight ≤ e^{−ηt} of the best's); the score counts b
+/// times the rank error for q = a/b, so the rank error exceeds the best candidate's by at most t/b values.
+/// Computed from public parameters only. `None` for a measurement that is not a quantile.
+pub(crate) fn rank_accuracy(dp: &DpPlan, cals: &[Calibration], m: usize, confidence: f64) -> Result<Option<Accuracy>> {
+    let (Some(measure), Some(c)) = (dp.measures.get(m), cals.get(m)) else {
+        return Err(DpError::Internal("a measurement without its calibration".into()));
+    };
+    let (crate::plan::MeasureKind::Quantile { q, grid, .. }, NoiseParams::Exponential { eta }) =
+        (&measure.kind, c.params())
+    else {
+        return Ok(None);
+    };
+    let candidates = grid.grid()?.candidates().to_vec();
+    let n = candidates.len();
+    let t = (n as f64 / (1.0 - confidence)).ln() / eta.to_f64();
+    let spacing = candidates.windows(2).map(|w| w[1] - w[0]).fold(0.0, f64::max);
+    Ok(Some(Accuracy::Rank {
+        rank_half_width: t / q.den() as f64,
+        confidence,
+        quantile: q.to_f64(),
+        candidates: n,
+        spacing,
+    }))
 }
 
 /// The interval of an average from its noisy sum `s` and noisy count `n` (value units and counts), given
@@ -233,7 +262,36 @@ pub(crate) fn plan_accuracy(dp: &DpPlan, cals: &[Calibration], i: usize, confide
     match form_of(&dp.original, i) {
         Form::Exact => Ok(Planned::Ready(Accuracy::Public)),
         Form::Other(reason) => Ok(Planned::Ready(Accuracy::NoInterval { reason })),
-        Form::Linear(terms) => linear_accuracy(dp, cals, terms, confidence),
+        Form::Linear(terms) => {
+            let quantile = |j: &usize| {
+                matches!(dp.outputs.get(*j), Some(OutputKind::Measure(m))
+                    if matches!(dp.measures.get(*m).map(|x| &x.kind), Some(crate::plan::MeasureKind::Quantile { .. })))
+            };
+            if terms.iter().any(|(j, _)| quantile(j)) && output_itself(&dp.original, i).is_none() {
+                let reason = "a function of a quantile: the quantile's own interval is on its rank, not its value";
+                return Ok(Planned::Ready(Accuracy::NoInterval { reason: reason.into() }));
+            }
+            linear_accuracy(dp, cals, terms, confidence)
+        }
+    }
+}
+
+/// The aggregate output that output column `i` of `plan` is, unchanged (through aliases, filters, sorts, limits),
+/// or None when it is computed.
+fn output_itself(plan: &LogicalPlan, i: usize) -> Option<usize> {
+    match plan {
+        LogicalPlan::Aggregate(a) => i.checked_sub(a.schema.fields().len() - a.aggr_expr.len()),
+        LogicalPlan::Projection(p) => match p.expr.get(i)?.clone().unalias_nested().data {
+            Expr::Column(c) => output_itself(&p.input, p.input.schema().index_of_column(&c).ok()?),
+            _ => None,
+        },
+        LogicalPlan::Filter(_)
+        | LogicalPlan::Sort(_)
+        | LogicalPlan::Limit(_)
+        | LogicalPlan::SubqueryAlias(_)
+        | LogicalPlan::Distinct(_) => output_itself(plan.inputs().first()?, i),
+        LogicalPlan::Window(w) if i < w.input.schema().fields().len() => output_itself(&w.input, i),
+        _ => None,
     }
 }
 
@@ -255,6 +313,11 @@ fn linear_accuracy(dp: &DpPlan, cals: &[Calibration], terms: Vec<(usize, f64)>, 
     measures.retain(|(_, a)| *a != 0.0);
     Ok(Planned::Ready(match (measures.as_slice(), avgs.as_slice()) {
         ([], []) => Accuracy::Public,
+        // A quantile's interval is on its rank: for the quantile itself ([`plan_accuracy`] sends nothing else).
+        ([(m, _)], []) if let Some(rank) = rank_accuracy(dp, cals, *m, confidence)? => rank,
+        (ms, _) if ms.iter().any(|(m, _)| rank_accuracy(dp, cals, *m, confidence).is_ok_and(|r| r.is_some())) => {
+            Accuracy::NoInterval { reason: "it combines a quantile with other noisy values".into() }
+        }
         ([(m, a)], []) => {
             let (c, unit) = measure(dp, cals, *m)?;
             let (std, ci) = noise_accuracy(c, confidence)?;

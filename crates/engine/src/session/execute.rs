@@ -15,9 +15,11 @@ use crate::accounting::{Charge, Debit};
 use crate::error::{DpError, Result, engine};
 use crate::marginals::{Counter, MarginalRelease, RowSampler};
 use crate::noise::NoiseParams;
+use crate::noise::Ratio;
+use crate::noise::exponential::{Exponential, QuantileScores};
 use crate::noise::gaussian::DiscreteGaussian;
 use crate::noise::laplace::DiscreteLaplace;
-use crate::plan::DpPlan;
+use crate::plan::{DpPlan, MeasureKind};
 use crate::refusal::Refusal;
 use crate::release::{Parts, Release};
 use crate::session::DpSession;
@@ -365,39 +367,23 @@ impl DpSession {
         let cals = charge.measurements();
         let dp = &prepared.dp;
         let cells = exact_cells(dp, &exact)?;
-        enum Sampler {
-            Gaussian(DiscreteGaussian),
-            Laplace(DiscreteLaplace),
-        }
-        let samplers = cals
-            .iter()
-            .map(|c| match c.params() {
-                NoiseParams::Gaussian { sigma_sq } => DiscreteGaussian::new(sigma_sq).map(Sampler::Gaussian),
-                NoiseParams::Laplace { scale } => DiscreteLaplace::new(scale).map(Sampler::Laplace),
-            })
-            .collect::<Result<Vec<_>>>()?;
+        let samplers =
+            cals.iter().zip(&dp.measures).map(|(c, m)| Sampler::new(c, &m.kind)).collect::<Result<Vec<_>>>()?;
         if samplers.len() != dp.measures.len() {
             return Err(DpError::Internal("the charge does not have one calibration per measurement".into()));
         }
         let mut rng = self.lock_rng()?;
-        let zero = vec![0; dp.measures.len()];
         let noisy = domain_product(dp)
             .iter()
             .map(|key| {
-                let exact = cells.get(key).unwrap_or(&zero);
-                exact
+                let exact = cells.get(key);
+                samplers
                     .iter()
-                    .zip(&samplers)
-                    .map(|(x, s)| {
-                        let z = match s {
-                            Sampler::Gaussian(g) => g.sample(&mut rng),
-                            Sampler::Laplace(l) => l.sample(&mut rng),
-                        };
-                        x.saturating_add(z)
-                    })
-                    .collect()
+                    .enumerate()
+                    .map(|(i, s)| s.draw(&mut rng, exact.and_then(|e| e.get(i))))
+                    .collect::<Result<Vec<i128>>>()
             })
-            .collect();
+            .collect::<Result<Vec<_>>>()?;
         Ok((charge, noisy))
     }
 }
@@ -440,8 +426,69 @@ fn split_hidden(
     Ok((Arc::new(schema.project(&shown).map_err(|e| DpError::Internal(e.to_string()))?), out, values))
 }
 
-/// Reads the exact aggregates: key → one integer per measurement (grid units).
-fn exact_cells(dp: &DpPlan, batches: &[RecordBatch]) -> Result<HashMap<Vec<ScalarValue>, Vec<i128>>> {
+/// One measurement's exact aggregate in one cell.
+#[derive(Debug)]
+enum Exact {
+    /// A count or a sum, in grid units.
+    Int(i128),
+    /// A quantile's histogram over its grid's slots.
+    Slots(Vec<u64>),
+}
+
+/// What draws one measurement's released value from its exact aggregate.
+enum Sampler {
+    Gaussian(DiscreteGaussian),
+    Laplace(DiscreteLaplace),
+    /// The exponential mechanism over a quantile's grid: the quantile and the number of slots.
+    Exponential(Exponential, Ratio, usize),
+}
+
+impl Sampler {
+    fn new(c: &Calibration, kind: &MeasureKind) -> Result<Sampler> {
+        match (c.params(), kind) {
+            (NoiseParams::Gaussian { sigma_sq }, _) => DiscreteGaussian::new(sigma_sq).map(Sampler::Gaussian),
+            (NoiseParams::Laplace { scale }, _) => DiscreteLaplace::new(scale).map(Sampler::Laplace),
+            (NoiseParams::Exponential { eta }, MeasureKind::Quantile { q, grid, .. }) => {
+                Ok(Sampler::Exponential(Exponential::new(eta)?, *q, grid.grid()?.slots()))
+            }
+            (NoiseParams::Exponential { .. }, _) => {
+                Err(DpError::Internal("the exponential mechanism calibrated for a count or a sum".into()))
+            }
+        }
+    }
+
+    /// The released value of a cell whose exact aggregate is `exact` (None: the cell has no rows): the exact value
+    /// plus noise (grid units), or the index of the candidate the exponential mechanism draws.
+    fn draw(&self, rng: &mut crate::noise::NoiseRng, exact: Option<&Exact>) -> Result<i128> {
+        let int = || match exact {
+            None => Ok(0),
+            Some(Exact::Int(x)) => Ok(*x),
+            Some(Exact::Slots(_)) => Err(DpError::Internal("a histogram where a count or a sum was expected".into())),
+        };
+        Ok(match self {
+            Sampler::Gaussian(g) => int()?.saturating_add(g.sample(rng)),
+            Sampler::Laplace(l) => int()?.saturating_add(l.sample(rng)),
+            Sampler::Exponential(mech, q, slots) => {
+                let empty = vec![0; *slots];
+                let histogram = match exact {
+                    None => &empty,
+                    Some(Exact::Slots(h)) if h.is_empty() => &empty,
+                    Some(Exact::Slots(h)) if h.len() == *slots => h,
+                    Some(_) => {
+                        return Err(DpError::Internal("a quantile's exact aggregate is not its histogram".into()));
+                    }
+                };
+                let scores = QuantileScores::scores(histogram, *q)?;
+                let drawn =
+                    mech.sample(rng, &scores).ok_or_else(|| DpError::Internal("a grid without candidates".into()))?;
+                drawn as i128
+            }
+        })
+    }
+}
+
+/// Reads the exact aggregates: key → one value per measurement (grid units, or a quantile's histogram).
+fn exact_cells(dp: &DpPlan, batches: &[RecordBatch]) -> Result<HashMap<Vec<ScalarValue>, Vec<Exact>>> {
     let nk = dp.keys.len();
     let mut out = HashMap::new();
     for b in batches {
@@ -449,13 +496,37 @@ fn exact_cells(dp: &DpPlan, batches: &[RecordBatch]) -> Result<HashMap<Vec<Scala
             let key = (0..nk)
                 .map(|c| ScalarValue::try_from_array(b.column(c), row).map_err(engine))
                 .collect::<Result<Vec<_>>>()?;
-            let vals = (0..dp.measures.len())
-                .map(|m| exact_integer(b.column(nk + m).as_ref(), row))
+            let vals = dp
+                .measures
+                .iter()
+                .enumerate()
+                .map(|(m, measure)| {
+                    let column = b.column(nk + m).as_ref();
+                    match measure.kind {
+                        MeasureKind::Quantile { .. } => exact_histogram(column, row).map(Exact::Slots),
+                        _ => exact_integer(column, row).map(Exact::Int),
+                    }
+                })
                 .collect::<Result<Vec<_>>>()?;
             out.insert(key, vals);
         }
     }
     Ok(out)
+}
+
+/// A histogram `List<Int64>` of the private plan (empty for NULL: no values).
+fn exact_histogram(a: &dyn Array, row: usize) -> Result<Vec<u64>> {
+    let Some(lists) = a.as_list_opt::<i32>() else {
+        return Err(DpError::Internal(format!("a quantile's histogram is {}", a.data_type())));
+    };
+    if lists.is_null(row) {
+        return Ok(vec![]);
+    }
+    let counts = lists.value(row);
+    let counts = counts
+        .as_primitive_opt::<datafusion::arrow::datatypes::Int64Type>()
+        .ok_or_else(|| DpError::Internal("a histogram of other than Int64 counts".into()))?;
+    Ok(counts.iter().map(|c| c.unwrap_or(0).max(0) as u64).collect())
 }
 
 fn exact_integer(a: &dyn Array, row: usize) -> Result<i128> {

@@ -23,9 +23,10 @@ pub struct ExplainedMeasure {
     pub derivation: String,
     /// The calibrated mechanism and cost.
     pub calibration: Calibration,
-    /// Noise standard deviation in the column's units.
+    /// Noise standard deviation in the column's units (NaN for a quantile: no noise is added to a value).
     pub std: f64,
-    /// CI half-width in the column's units.
+    /// CI half-width in the column's units; for a quantile, the rank half-width in values
+    /// ([`crate::release::Accuracy::Rank`]).
     pub ci_half_width: f64,
     /// Grid unit (2^-s) of the measurement: 1 for counts and integer sums.
     pub unit: f64,
@@ -71,6 +72,7 @@ impl std::fmt::Display for Explanation {
             let (what, param) = match c.params() {
                 NoiseParams::Gaussian { sigma_sq } => ("σ", sigma_sq.to_f64().sqrt() * m.unit),
                 NoiseParams::Laplace { scale } => ("scale", scale.to_f64() * m.unit),
+                NoiseParams::Exponential { eta } => ("η", eta.to_f64()),
             };
             writeln!(f, "  {}", m.label)?;
             writeln!(
@@ -87,13 +89,22 @@ impl std::fmt::Display for Explanation {
                 fmt_num(param),
                 fmt_num(c.rho().get())
             )?;
-            writeln!(
-                f,
-                "    accuracy: std {}, ± {} at {}% confidence",
-                fmt_num(m.std),
-                fmt_num(m.ci_half_width),
-                self.confidence * 100.0
-            )?;
+            if c.mechanism() == crate::noise::Mechanism::Exponential {
+                writeln!(
+                    f,
+                    "    accuracy: rank within ± {} values of the best candidate's at {}% confidence (per cell)",
+                    fmt_num(m.ci_half_width),
+                    self.confidence * 100.0
+                )?;
+            } else {
+                writeln!(
+                    f,
+                    "    accuracy: std {}, ± {} at {}% confidence",
+                    fmt_num(m.std),
+                    fmt_num(m.ci_half_width),
+                    self.confidence * 100.0
+                )?;
+            }
         }
         writeln!(f, "Output columns:")?;
         for (column, accuracy) in &self.outputs {
@@ -127,9 +138,12 @@ impl DpSession {
             let dp = &prepared.dp;
             let quote = self.quote(dp)?;
             let mut measures = Vec::new();
-            for (m, c) in dp.measures.iter().zip(&quote.measurements) {
+            for (i, (m, c)) in dp.measures.iter().zip(&quote.measurements).enumerate() {
                 let unit = post::unit_of(&m.kind);
-                let (std, ci) = accuracy::noise_accuracy(c, quote.confidence)?;
+                let (std, ci) = match accuracy::rank_accuracy(dp, &quote.measurements, i, quote.confidence)? {
+                    Some(crate::release::Accuracy::Rank { rank_half_width, .. }) => (f64::NAN, rank_half_width),
+                    _ => accuracy::noise_accuracy(c, quote.confidence)?,
+                };
                 measures.push(ExplainedMeasure {
                     label: m.label(),
                     l1: m.sensitivity.l1,

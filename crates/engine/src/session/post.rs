@@ -98,7 +98,16 @@ pub(crate) fn noisy_batch(
         for (j, o) in dp.outputs.iter().enumerate() {
             let dt = fields[j].data_type();
             let value = match o {
-                OutputKind::Measure(i) => noisy[*i].scalar(dt)?,
+                OutputKind::Measure(i) => match &dp.measures[*i].kind {
+                    // The drawn candidate's index, as the candidate's value.
+                    MeasureKind::Quantile { grid, .. } => {
+                        let grid = grid.grid()?;
+                        let c = usize::try_from(noisy[*i].grid).ok().and_then(|j| grid.candidates().get(j));
+                        let c = c.ok_or_else(|| DpError::Internal("a drawn candidate outside its grid".into()))?;
+                        ScalarValue::Float64(Some(*c)).cast_to(dt).map_err(engine)?
+                    }
+                    _ => noisy[*i].scalar(dt)?,
+                },
                 OutputKind::Avg { sum, count } => {
                     let (lo, hi) = match &dp.measures[*sum].kind {
                         MeasureKind::Sum { lo, hi, .. } => (*lo, *hi),

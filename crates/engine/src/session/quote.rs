@@ -5,7 +5,7 @@ use crate::accounting::Rho;
 use crate::accounting::calibrate::{self, Accounting, Calibration, MechanismChoice};
 use crate::accounting::convert::QuoteMemo;
 use crate::error::{DpError, Result};
-use crate::plan::DpPlan;
+use crate::plan::{DpPlan, MeasureKind};
 use crate::refusal::Refusal;
 use crate::session::DpSession;
 
@@ -50,6 +50,11 @@ fn calibrate_each(dp: &DpPlan, rho: Rho, mech: MechanismChoice, accounting: Acco
     dp.measures
         .iter()
         .map(|ms| {
+            if let MeasureKind::Quantile { score_sensitivity, cells, .. } = ms.kind {
+                return calibrate::exponential(score_sensitivity, cells, share, accounting).map_err(|e| {
+                    DpError::Refused(Refusal::Calibration { measure: ms.label(), reason: e.to_string() })
+                });
+            }
             calibrate::calibrate_choice(
                 mech,
                 accounting,
