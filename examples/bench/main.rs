@@ -285,6 +285,21 @@ const WORKLOADS: &[(&str, &str, &str, &str)] = &[
          FROM people_g2 GROUP BY person_id, quarter) t GROUP BY quarter",
         "SELECT quarter, COUNT(*), SUM(income) FROM people_g2 WHERE person_id >= 0 GROUP BY quarter",
     ),
+    // Quantiles (issue 37): against DataFusion's exact MEDIAN / PERCENTILE_CONT, which has no per-person step
+    // (the plain query stands in for the person-level floor too).
+    (
+        "W8",
+        "SELECT MEDIAN(income) FROM people",
+        "SELECT MEDIAN(income) FROM people",
+        "SELECT MEDIAN(income) FROM people WHERE person_id >= 0",
+    ),
+    (
+        "W9",
+        "SELECT sex, MEDIAN(age), percentile_cont(0.9) WITHIN GROUP (ORDER BY income) FROM people GROUP BY sex",
+        "SELECT sex, MEDIAN(age), percentile_cont(0.9) WITHIN GROUP (ORDER BY income) FROM people GROUP BY sex",
+        "SELECT sex, MEDIAN(age), percentile_cont(0.9) WITHIN GROUP (ORDER BY income) FROM people \
+         WHERE person_id >= 0 GROUP BY sex",
+    ),
 ];
 
 /// Which part of the SQL benchmark to run (`--only W2`, `--unit row|person`, `--side dp|plain` for profiling).
