@@ -42,6 +42,8 @@ mod server_soak;
 /// The server's limits on every message (deep chains, sizes, statements per message, catalog queries) and bound
 /// parameters as values.
 mod server_wire;
+/// VAR_POP/VAR_SAMP/STDDEV (issue 37): three noisy sums, post-processed, with an interval per row.
+mod spread;
 /// Answered queries: full domains, honest intervals (coverage), post-processing, accuracy of every column.
 mod sql_accept;
 /// Refused queries: their codes, their fixes, nothing spent; SET only narrows.

@@ -511,7 +511,9 @@ impl Refusal {
             NotPrivateTable { .. } => {
                 "query one of the tables listed by the configuration (\\tables in the REPL)".into()
             }
-            Planning { .. } => "rewrite the query as COUNT/SUM/AVG over one private table".into(),
+            Planning { .. } => "rewrite the query as aggregates (COUNT, SUM, AVG, quantiles, VAR/STDDEV) over one \
+                                 private table"
+                .into(),
             TypeCheck { .. } => {
                 "compare values of compatible types, and use functions with the argument types they take".into()
             }
@@ -589,7 +591,8 @@ impl Refusal {
                 "use COUNT on non-numeric columns, or GROUP BY them if they have a public domain".into()
             }
             UnsupportedAggregate { .. } => "dpfusion answers COUNT, SUM, AVG, MEDIAN, PERCENTILE_CONT, \
-                                            APPROX_PERCENTILE_CONT, MIN and MAX"
+                                            APPROX_PERCENTILE_CONT, MIN, MAX, VAR_POP, VAR_SAMP, STDDEV_POP and \
+                                            STDDEV_SAMP"
                 .into(),
             BadQuantile { .. } => "write the quantile as a literal such as 0.5 or 0.95".into(),
             QuantileTooLarge { .. } => "group by fewer keys, or give the column a coarser `grid` in the policy".into(),

@@ -107,7 +107,8 @@ impl ColumnAccuracy {
                     .map(|[lo, hi]| format!("[{}, {}]", fmt_num(*lo), fmt_num(*hi)))
                     .collect();
                 let more = if intervals.len() > ROWS_SHOWN { ", …" } else { "" };
-                format!("per row at {} (ratio of noisy SUM and COUNT): {}{more}", pct(*confidence), shown.join(", "))
+                let how = "from its noisy measurements: AVG's SUM and COUNT, VAR/STDDEV's COUNT and sums";
+                format!("per row at {} ({how}): {}{more}", pct(*confidence), shown.join(", "))
             }
             Accuracy::Rank { rank_half_width, confidence, quantile, candidates, spacing } => format!(
                 "rank within ± {} values of the best candidate's for the {} quantile ({candidates} candidates, {} \

@@ -189,7 +189,7 @@ pub fn bounded_aggregate(
         .map(|m| match &m.kind {
             MeasureKind::CountRows => Ok(Clip::Rows),
             MeasureKind::CountValues => Ok(Clip::Values),
-            MeasureKind::Sum { scale_bits, lo, hi } => {
+            MeasureKind::Sum { scale_bits, lo, hi, .. } => {
                 let s = 2f64.powi(*scale_bits);
                 Ok(Clip::Sum { lo: (lo * s).floor(), hi: (hi * s).ceil() })
             }

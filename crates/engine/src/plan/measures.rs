@@ -4,7 +4,7 @@
 
 use crate::error::{DpError, Result};
 use crate::plan::sensitivity::{self, Contribution};
-use crate::plan::{Measure, MeasureKind, OutputKind, bound, validate};
+use crate::plan::{Measure, MeasureKind, OutputKind, SumOf, bound, validate};
 use crate::policy::TablePolicy;
 use crate::refusal::Refusal;
 use datafusion::common::{Column, DFSchema, TableReference};
@@ -62,6 +62,11 @@ pub fn measurements(
             continue;
         }
         plain(&af)?;
+        if let Some((what, sample, root)) = spread_name(&af) {
+            let output = spread(agg, &af, what, (sample, root), scoped, policy, table, contribution, &mut out)?;
+            out.outputs.push(output);
+            continue;
+        }
         let output = if inner.is::<Count>() {
             let (column, expr) = match count_argument(agg, &af)? {
                 None => (None, count(lit(1i64))),
@@ -90,7 +95,7 @@ pub fn measurements(
                 format!("[{}, {}] on the grid 2^-{}", bv.lo, bv.hi, bv.scale_bits)
             };
             let s = sensitivity::sum(contribution, &unit, bv.max_abs, &bound_text);
-            let kind = MeasureKind::Sum { scale_bits: bv.scale_bits, lo: bv.lo, hi: bv.hi };
+            let kind = MeasureKind::Sum { scale_bits: bv.scale_bits, lo: bv.lo, hi: bv.hi, of: SumOf::Value };
             let sum = out.add(Measure { kind, column: Some(base.clone()), sensitivity: s }, bv.sum);
             if what == "SUM" {
                 OutputKind::Measure(sum)
@@ -108,6 +113,74 @@ pub fn measurements(
         return Err(DpError::Refused(Refusal::NoAggregate));
     }
     Ok(out)
+}
+
+/// VAR_SAMP, VAR_POP, STDDEV_SAMP or STDDEV_POP, as (name, sample, root); None for any other aggregate.
+fn spread_name(af: &AggregateFunction) -> Option<(&'static str, bool, bool)> {
+    // By name: `VARIANCE` is DataFusion's `var` registered again under that alias (`session::private`), whose
+    // implementation is then a wrapper of it.
+    match af.func.name() {
+        "var" => Some(("VAR_SAMP", true, false)),
+        "var_pop" => Some(("VAR_POP", false, false)),
+        "stddev" => Some(("STDDEV_SAMP", true, true)),
+        "stddev_pop" => Some(("STDDEV_POP", false, true)),
+        _ => None,
+    }
+}
+
+/// A variance or standard deviation as three measurements of the column `x` clamped to its bounds `[lo, hi]`, with
+/// `c = (lo + hi)/2` and `h = (hi − lo)/2`: COUNT(x), SUM(x − c) (each row in `[−h, h]`) and SUM((x − c)²) (each
+/// in `[0, h²]`). Centring makes the squares' bound `h²` rather than `max(lo², hi²)`. The clamp is a CASE over
+/// the value as Float64 (total: a NaN passes through and takes the sum's upper bound there, as everywhere).
+#[allow(clippy::too_many_arguments)]
+fn spread(
+    agg: &Aggregate,
+    af: &AggregateFunction,
+    what: &'static str,
+    (sample, root): (bool, bool),
+    scoped: &DFSchema,
+    policy: &TablePolicy,
+    table: &TableReference,
+    contribution: Contribution,
+    out: &mut Measured,
+) -> Result<OutputKind> {
+    use datafusion::arrow::datatypes::DataType;
+    use datafusion::logical_expr::{cast, when};
+    let (c, base) = only_argument(agg, af, what)?;
+    if policy.privacy_unit.as_deref() == Some(base.as_str()) {
+        return Err(DpError::Refused(Refusal::UnitAggregated { aggregate: what, column: base }));
+    }
+    let Some((lo, hi)) = policy.bounds(&base) else {
+        return Err(DpError::Refused(Refusal::NoBounds { aggregate: what, table: table.to_string(), column: base }));
+    };
+    let dt = Expr::Column(c.clone()).get_type(scoped).map_err(crate::error::engine)?;
+    if !dt.is_numeric() {
+        return Err(DpError::Refused(Refusal::NotNumeric {
+            column: base,
+            data_type: crate::policy::ColumnType::name_of(&dt).map_or_else(|| dt.to_string(), str::to_string),
+        }));
+    }
+    let (centre, h) = ((lo + hi) / 2.0, (hi - lo) / 2.0);
+    let x = cast(Expr::Column(c.clone()), DataType::Float64);
+    let clamped = when(x.clone().lt(lit(lo)), lit(lo))
+        .when(x.clone().gt(lit(hi)), lit(hi))
+        .otherwise(x)
+        .map_err(crate::error::engine)?;
+    let y = clamped - lit(centre);
+    let unit = policy.privacy_unit.clone().unwrap_or_else(|| "row".into());
+    let mut sum_of = |value: Expr, lo: f64, hi: f64, of: SumOf| -> Result<usize> {
+        let bv = bound::bounded_value(value, scoped, lo, hi, &base)?;
+        let text = format!("[{}, {}] on the grid 2^-{}", bv.lo, bv.hi, bv.scale_bits);
+        let s = sensitivity::sum(contribution, &unit, bv.max_abs, &text);
+        let kind = MeasureKind::Sum { scale_bits: bv.scale_bits, lo: bv.lo, hi: bv.hi, of };
+        Ok(out.add(Measure { kind, column: Some(base.clone()), sensitivity: s }, bv.sum))
+    };
+    let sum = sum_of(y.clone(), -h, h, SumOf::Centred { centre })?;
+    let squares = sum_of(y.clone() * y, 0.0, h * h, SumOf::Squared { centre })?;
+    let s = sensitivity::count(contribution, &unit);
+    let m = Measure { kind: MeasureKind::CountValues, column: Some(base.clone()), sensitivity: s };
+    let count = out.add(m, count(Expr::Column(c)));
+    Ok(OutputKind::Spread { count, sum, squares, half_range: h, sample, root })
 }
 
 /// The name of a quantile aggregate (MIN and MAX are answered as quantiles), None for any other.

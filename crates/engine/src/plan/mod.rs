@@ -53,6 +53,9 @@ pub enum MeasureKind {
         lo: f64,
         /// Upper clamp bound.
         hi: f64,
+        /// What is summed: the clamped value, or (for VARIANCE/STDDEV) its distance from the bounds' centre or the
+        /// square of it.
+        of: SumOf,
     },
     /// The quantile `q` of the column, drawn by the exponential mechanism among `grid`'s candidates
     /// ([`crate::noise::exponential`]); the exact aggregate is the histogram of the values over the grid's slots.
@@ -67,6 +70,23 @@ pub enum MeasureKind {
         cells: u64,
         /// What the analyst asked for (`MEDIAN`, `PERCENTILE_CONT`, `MIN`, ...), for labels.
         asked: &'static str,
+    },
+}
+
+/// What a SUM measurement sums, per row, of a column clamped to its bounds `[lo, hi]`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum SumOf {
+    /// The clamped value.
+    Value,
+    /// The clamped value minus `centre` = (lo + hi)/2 (the measured bounds are then ±(hi − lo)/2).
+    Centred {
+        /// The centre subtracted.
+        centre: f64,
+    },
+    /// The square of the clamped value minus `centre` (measured bounds `[0, ((hi − lo)/2)²]`).
+    Squared {
+        /// The centre subtracted before squaring.
+        centre: f64,
     },
 }
 
@@ -87,7 +107,9 @@ impl Measure {
         match (&self.kind, &self.column) {
             (MeasureKind::CountRows, _) => "COUNT(*)".into(),
             (MeasureKind::CountValues, Some(c)) => format!("COUNT({c})"),
-            (MeasureKind::Sum { .. }, Some(c)) => format!("SUM({c})"),
+            (MeasureKind::Sum { of: SumOf::Value, .. }, Some(c)) => format!("SUM({c})"),
+            (MeasureKind::Sum { of: SumOf::Centred { centre }, .. }, Some(c)) => format!("SUM({c} - {centre})"),
+            (MeasureKind::Sum { of: SumOf::Squared { centre }, .. }, Some(c)) => format!("SUM(({c} - {centre})^2)"),
             (MeasureKind::Quantile { q, asked, .. }, Some(c)) => format!("{asked}({c}) as the quantile {q}"),
             (k, c) => format!("{k:?}({c:?})"),
         }
@@ -105,6 +127,22 @@ pub enum OutputKind {
         sum: usize,
         /// Index of the COUNT measurement.
         count: usize,
+    },
+    /// VAR_POP / VAR_SAMP / STDDEV_POP / STDDEV_SAMP from a noisy COUNT, a noisy SUM of the centred values and a
+    /// noisy SUM of their squares (post-processing: [`crate::session::accuracy::spread_interval`]).
+    Spread {
+        /// Index of the COUNT(column) measurement.
+        count: usize,
+        /// Index of the SUM of centred values.
+        sum: usize,
+        /// Index of the SUM of squared centred values.
+        squares: usize,
+        /// Half the width of the bounds, (hi − lo)/2: the largest distance of a value from the centre.
+        half_range: f64,
+        /// The sample variance (n − 1 in the denominator) rather than the population's.
+        sample: bool,
+        /// The standard deviation (the square root) rather than the variance.
+        root: bool,
     },
 }
 

@@ -152,7 +152,7 @@ async fn measurements_are_shared_and_carry_their_sensitivities() {
         ("SELECT SUM(income + 1) FROM t", "computed_argument"),
         ("SELECT SUM(age) FROM t", "no_bounds"),
         ("SELECT SUM(pid) FROM t", "unit_aggregated"),
-        ("SELECT VAR_POP(income) FROM t", "unsupported_aggregate"),
+        ("SELECT first_value(income) FROM t", "unsupported_aggregate"),
         ("SELECT MAX(DISTINCT income) FROM t", "distinct_aggregate"),
     ] {
         assert_eq!(refused(sql, &p).await, code, "{sql}");

@@ -88,6 +88,78 @@ pub(crate) fn avg_interval(s: f64, n: f64, hs: f64, hn: f64, lo: f64, hi: f64) -
     (v, low.min(v), high.max(v))
 }
 
+/// A measurement's noise half-widths (grid units) at the levels a per-row interval combines them at: √c for the
+/// two of an AVG, ∛c for the three of a VARIANCE/STDDEV (independent noises: all hold with probability ≥ c).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Halves {
+    /// At level √c.
+    pub(crate) sqrt: f64,
+    /// At level ∛c.
+    pub(crate) cbrt: f64,
+}
+
+impl Halves {
+    /// The half-widths of calibration `c` for confidence `confidence`.
+    pub(crate) fn of(c: &Calibration, confidence: f64) -> Result<Halves> {
+        Ok(Halves { sqrt: noise_accuracy(c, confidence.sqrt())?.1, cbrt: noise_accuracy(c, confidence.cbrt())?.1 })
+    }
+}
+
+/// One noisy input of [`spread_interval`]: the released value and its half-width (value units).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Spread3 {
+    /// The noisy value.
+    pub(crate) value: f64,
+    /// Half-width of its interval.
+    pub(crate) half: f64,
+}
+
+/// A variance (or standard deviation) from a noisy count `n`, a noisy sum `s` of centred values and a noisy sum
+/// `q` of their squares (values within `h` of the centre), with its interval. Returns (value, low, high).
+///
+/// The released value: with `n' = max(n, 1)` (`max(n, 2)` for the sample variance), `V = q/n' − (s/n')²`, times
+/// `n'/(n' − 1)` for the sample variance, clamped to `[0, h²]` (the population variance of values in an interval
+/// of half-width `h` is at most `h²`; `h²·n'/(n' − 1)` for the sample variance), and its square root for STDDEV.
+///
+/// # Why the interval holds with probability ≥ c
+/// The three noises are independent and each half-width holds at level ∛c, so with probability ≥ c the exact
+/// bounded count N, sum S and sum of squares Q lie in the box `[n ± hn] × [s ± hs] × [q ± hq]`. If `n − hn` is
+/// above 0 (1 for the sample variance), then over the box `Q/N` lies between its values at the corners (monotone
+/// in Q and in N), `S²/N²` between the smallest and largest `S²` (0 when the box's S-range contains 0) over the
+/// largest and smallest `N²`, so `Q/N − S²/N²` lies between the extremes' differences; the factor `N/(N − 1)` is
+/// positive and decreasing in N. The exact variance of the bounded values also lies in `[0, h²]` (the sample
+/// variance in `[0, h²·N/(N − 1)]`, at most `2h²`). Otherwise only that range is known. The square root is monotone. Post-processing of the noisy values:
+/// free (BS16 Lemma 1.8).
+pub(crate) fn spread_interval([n, s, q]: [Spread3; 3], h: f64, sample: bool, root: bool) -> (f64, f64, f64) {
+    let floor = if sample { 2.0 } else { 1.0 };
+    let n_eff = n.value.max(floor);
+    let factor = |n: f64| if sample { n / (n - 1.0) } else { 1.0 };
+    let max = h * h * factor(n_eff);
+    let v = ((q.value / n_eff - (s.value / n_eff).powi(2)) * factor(n_eff)).clamp(0.0, max);
+    let (low, high) = if n.value - n.half > floor - 1.0 {
+        let (n_lo, n_hi) = (n.value - n.half, n.value + n.half);
+        let qs = [
+            (q.value - q.half) / n_lo,
+            (q.value - q.half) / n_hi,
+            (q.value + q.half) / n_lo,
+            (q.value + q.half) / n_hi,
+        ];
+        let (qn_lo, qn_hi) =
+            (qs.iter().copied().fold(f64::INFINITY, f64::min), qs.iter().copied().fold(f64::NEG_INFINITY, f64::max));
+        let (s_lo, s_hi) = (s.value - s.half, s.value + s.half);
+        let s2_min = if s_lo <= 0.0 && s_hi >= 0.0 { 0.0 } else { s_lo.powi(2).min(s_hi.powi(2)) };
+        let s2_max = s_lo.powi(2).max(s_hi.powi(2));
+        let (lo, hi) = (qn_lo - s2_max / (n_lo * n_lo), qn_hi - s2_min / (n_hi * n_hi));
+        // The exact variance of N values within h of the centre is at most h²·N/(N − 1) (sample) or h².
+        let bound = h * h * factor(n_lo.max(floor));
+        let (lo, hi) = (lo.max(0.0) * factor(n_hi), hi.max(0.0) * factor(n_lo));
+        (lo.clamp(0.0, bound).min(v), hi.clamp(0.0, bound).max(v))
+    } else {
+        (0.0, (h * h * factor(floor)).max(v))
+    };
+    if root { (v.sqrt(), low.sqrt(), high.sqrt()) } else { (v, low, high) }
+}
+
 /// Names of the hidden columns that carry an AVG's per-row interval (`v − low`, `high − v`) through
 /// post-processing, for the aggregate's output `j`.
 pub(crate) fn interval_columns(j: usize) -> [String; 2] {
@@ -306,7 +378,7 @@ fn linear_accuracy(dp: &DpPlan, cals: &[Calibration], terms: Vec<(usize, f64)>, 
                 Some((_, s)) => *s += a,
                 None => measures.push((*m, a)),
             },
-            Some(OutputKind::Avg { .. }) => avgs.push((j, a)),
+            Some(OutputKind::Avg { .. } | OutputKind::Spread { .. }) => avgs.push((j, a)),
             None => return Err(DpError::Internal("an output traced to no aggregate".into())),
         }
     }
@@ -438,22 +510,35 @@ pub(crate) fn explain_output(dp: &DpPlan, cals: &[Calibration], i: usize, confid
         Planned::Ready(Accuracy::Public) => "public (keys and constants: exact)".into(),
         Planned::Ready(a) => ColumnAccuracy { column: String::new(), accuracy: a }.describe().unwrap_or_default(),
         Planned::Average { output, scale } => {
-            let Some(OutputKind::Avg { sum, count }) = dp.outputs.get(output) else {
-                return Err(DpError::Internal("an average without its measurements".into()));
-            };
-            let half = |m: usize| -> Result<f64> {
+            let half = |m: usize, level: f64| -> Result<String> {
                 let (c, unit) = measure(dp, cals, m)?;
-                Ok(noise_accuracy(c, confidence.sqrt())?.1 * unit)
+                Ok(crate::format::fmt_num(noise_accuracy(c, level)?.1 * unit))
             };
             let pct = |c: f64| crate::format::fmt_num(c * 100.0);
-            format!(
-                "an interval per row at {}%: the ratio of the noisy SUM ± {} and COUNT ± {} (each at {}%){}",
-                pct(confidence),
-                crate::format::fmt_num(half(*sum)?),
-                crate::format::fmt_num(half(*count)?),
-                pct(confidence.sqrt()),
-                if scale == 1.0 { String::new() } else { format!(", scaled by {}", crate::format::fmt_num(scale)) }
-            )
+            let scaled =
+                if scale == 1.0 { String::new() } else { format!(", scaled by {}", crate::format::fmt_num(scale)) };
+            match dp.outputs.get(output) {
+                Some(OutputKind::Avg { sum, count }) => format!(
+                    "an interval per row at {}%: the ratio of the noisy SUM ± {} and COUNT ± {} (each at {}%){scaled}",
+                    pct(confidence),
+                    half(*sum, confidence.sqrt())?,
+                    half(*count, confidence.sqrt())?,
+                    pct(confidence.sqrt()),
+                ),
+                Some(OutputKind::Spread { count, sum, squares, .. }) => {
+                    let level = confidence.cbrt();
+                    format!(
+                        "an interval per row at {}%: from the noisy COUNT ± {}, SUM of centred values ± {} and SUM of \
+                         their squares ± {} (each at {}%){scaled}",
+                        pct(confidence),
+                        half(*count, level)?,
+                        half(*sum, level)?,
+                        half(*squares, level)?,
+                        pct(level),
+                    )
+                }
+                _ => return Err(DpError::Internal("a per-row interval without its measurements".into())),
+            }
         }
     })
 }
@@ -491,5 +576,42 @@ mod tests {
         // Negative sums and clamping: v stays inside.
         let (v, lo, hi) = avg_interval(-500.0, 10.0, 20.0, 1.0, -10.0, 10.0);
         assert!(lo <= v && v <= hi && lo >= -10.0 && hi <= 10.0, "{v} {lo} {hi}");
+    }
+}
+
+#[cfg(test)]
+mod spread_tests {
+    use super::{Spread3, spread_interval};
+    use rand::{Rng, SeedableRng};
+
+    /// Whenever the exact count, sum and sum of squares lie within the half-widths of the noisy ones, the exact
+    /// variance (population and sample) and standard deviation lie in the interval: 20 000 random datasets of values
+    /// within h of the centre, each with noisy values anywhere in their boxes (fixed seed; a property, not a
+    /// statistical test: it fails only if the interval arithmetic is wrong).
+    #[test]
+    fn the_spread_interval_contains_the_exact_spread_whenever_the_boxes_do() {
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(9);
+        for _ in 0..20_000 {
+            let h = rng.random_range(0.5..100.0);
+            let n = rng.random_range(2..60usize);
+            let ys: Vec<f64> = (0..n).map(|_| rng.random_range(-h..=h)).collect();
+            let (nn, s, q) = (n as f64, ys.iter().sum::<f64>(), ys.iter().map(|y| y * y).sum::<f64>());
+            let pop = q / nn - (s / nn).powi(2);
+            let halves =
+                [rng.random_range(0.0..5.0), rng.random_range(0.0..3.0 * h), rng.random_range(0.0..3.0 * h * h)];
+            let noisy = |x: f64, half: f64, r: &mut rand_chacha::ChaCha8Rng| Spread3 {
+                value: x + r.random_range(-1.0..=1.0) * half,
+                half,
+            };
+            let boxes = [noisy(nn, halves[0], &mut rng), noisy(s, halves[1], &mut rng), noisy(q, halves[2], &mut rng)];
+            for (sample, exact) in [(false, pop), (true, pop * nn / (nn - 1.0))] {
+                let (v, lo, hi) = spread_interval(boxes, h, sample, false);
+                let tol = 1e-9 * (1.0 + h * h);
+                assert!(lo - tol <= exact && exact <= hi + tol, "{exact} not in [{lo}, {hi}] (n {n}, h {h})");
+                assert!(lo <= v && v <= hi, "the released value {v} lies in its interval [{lo}, {hi}]");
+                let (r, rlo, rhi) = spread_interval(boxes, h, sample, true);
+                assert!((r - v.sqrt()).abs() < 1e-12 && rlo - tol <= exact.sqrt() && exact.sqrt() <= rhi + tol);
+            }
+        }
     }
 }

@@ -23,7 +23,7 @@ use crate::plan::{DpPlan, MeasureKind};
 use crate::refusal::Refusal;
 use crate::release::{Parts, Release};
 use crate::session::DpSession;
-use crate::session::accuracy::{column_accuracy, is_interval_column, noise_accuracy, selection_note};
+use crate::session::accuracy::{Halves, column_accuracy, is_interval_column, selection_note};
 use crate::session::marginals::PreparedMarginals;
 use crate::session::post::{PostFailure, domain_product, named_aggregates, noisy_batch, passthrough};
 use crate::session::prepare::Prepared;
@@ -165,11 +165,7 @@ impl DpSession {
         };
         // Each measurement's half-width at level √c: an average's interval holds when both of its hold (p.
         // accuracy::avg_interval).
-        let half = charge
-            .measurements()
-            .iter()
-            .map(|c| noise_accuracy(c, confidence.sqrt()).map(|(_, h)| h))
-            .collect::<Result<Vec<_>>>()?;
+        let half = charge.measurements().iter().map(|c| Halves::of(c, confidence)).collect::<Result<Vec<_>>>()?;
         let noisy = noisy_batch(dp, domain_product(dp), &values, &half)?;
         // Post-processing sees only noisy values; if it fails on them, the release holds those values (paid for),
         // never an error that would lose them.

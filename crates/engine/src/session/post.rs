@@ -18,7 +18,7 @@ use crate::error::{DpError, Result, engine};
 use crate::plan::{DpPlan, MeasureKind, OutputKind, size};
 use crate::refusal::Refusal;
 use crate::session::DpSession;
-use crate::session::accuracy::{avg_interval, interval_columns, is_interval_column};
+use crate::session::accuracy::{Halves, Spread3, avg_interval, interval_columns, is_interval_column, spread_interval};
 use datafusion::arrow::array::{ArrayRef, Float64Array, RecordBatch};
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::common::ScalarValue;
@@ -67,14 +67,15 @@ pub(crate) fn domain_product(dp: &DpPlan) -> Vec<Vec<ScalarValue>> {
 
 /// The table the analyst's aggregate would have produced, from the noisy measurements: `values[c][m]` is
 /// measurement m of cell `keys[c]`, in grid units. Keys first, then one column per aggregate output in its
-/// original type (AVG = noisy SUM / noisy COUNT, clamped to the bounds), then, for each AVG output j, its per-row
-/// interval as two hidden columns ([`interval_columns`]), from the measurements' half-widths `half[m]` (grid
-/// units, at level √c each; see [`avg_interval`]).
+/// original type (AVG = noisy SUM / noisy COUNT, clamped to the bounds; VARIANCE/STDDEV from three noisy sums),
+/// then, for each such output j, its per-row interval as two hidden columns ([`interval_columns`]), from the
+/// measurements' half-widths `half[m]` (grid units: at level √c each for an AVG's two measurements, at ∛c each
+/// for a spread's three; see [`avg_interval`] and [`spread_interval`]).
 pub(crate) fn noisy_batch(
     dp: &DpPlan,
     keys: Vec<Vec<ScalarValue>>,
     values: &[Vec<i128>],
-    half: &[f64],
+    half: &[Halves],
 ) -> Result<RecordBatch> {
     let fields = dp.aggregate_fields();
     let mut key_cols: Vec<Vec<ScalarValue>> = vec![Vec::with_capacity(keys.len()); dp.keys.len()];
@@ -83,7 +84,7 @@ pub(crate) fn noisy_batch(
         .outputs
         .iter()
         .enumerate()
-        .filter(|(_, o)| matches!(o, OutputKind::Avg { .. }))
+        .filter(|(_, o)| matches!(o, OutputKind::Avg { .. } | OutputKind::Spread { .. }))
         .map(|(j, _)| (j, Vec::new(), Vec::new()))
         .collect();
     for (key, cell) in keys.into_iter().zip(values) {
@@ -99,12 +100,14 @@ pub(crate) fn noisy_batch(
             let dt = fields[j].data_type();
             let value = match o {
                 OutputKind::Measure(i) => match &dp.measures[*i].kind {
-                    // The drawn candidate's index, as the candidate's value.
+                    // The drawn candidate's index, as the candidate's value (a stand-in index beyond the grid, as
+                    // the checks before the debit use, as the last one).
                     MeasureKind::Quantile { grid, .. } => {
                         let grid = grid.grid()?;
-                        let c = usize::try_from(noisy[*i].grid).ok().and_then(|j| grid.candidates().get(j));
-                        let c = c.ok_or_else(|| DpError::Internal("a drawn candidate outside its grid".into()))?;
-                        ScalarValue::Float64(Some(*c)).cast_to(dt).map_err(engine)?
+                        let last = grid.candidates().len().saturating_sub(1);
+                        let j = usize::try_from(noisy[*i].grid.max(0)).unwrap_or(last).min(last);
+                        let c = grid.candidates().get(j).copied().unwrap_or(f64::NAN);
+                        ScalarValue::Float64(Some(c)).cast_to(dt).map_err(engine)?
                     }
                     _ => noisy[*i].scalar(dt)?,
                 },
@@ -113,11 +116,11 @@ pub(crate) fn noisy_batch(
                         MeasureKind::Sum { lo, hi, .. } => (*lo, *hi),
                         _ => (f64::NEG_INFINITY, f64::INFINITY),
                     };
-                    let half_of = |m: usize| half.get(m).copied().unwrap_or(0.0);
+                    let half_of = |m: usize| half.get(m).map_or(0.0, |h| h.sqrt) * noisy[m].unit;
                     let (avg, low, high) = avg_interval(
                         noisy[*sum].as_f64(),
                         noisy[*count].grid as f64,
-                        half_of(*sum) * noisy[*sum].unit,
+                        half_of(*sum),
                         half_of(*count),
                         lo,
                         hi,
@@ -127,6 +130,21 @@ pub(crate) fn noisy_batch(
                         up.push(high - avg);
                     }
                     ScalarValue::Float64(Some(avg)).cast_to(dt).map_err(engine)?
+                }
+                OutputKind::Spread { count, sum, squares, half_range, sample, root } => {
+                    let half_of = |m: usize| half.get(m).map_or(0.0, |h| h.cbrt) * noisy[m].unit;
+                    let noisy_of = |m: usize| Spread3 { value: noisy[m].as_f64(), half: half_of(m) };
+                    let (v, low, high) = spread_interval(
+                        [noisy_of(*count), noisy_of(*sum), noisy_of(*squares)],
+                        *half_range,
+                        *sample,
+                        *root,
+                    );
+                    if let Some((_, dn, up)) = interval_cols.iter_mut().find(|(k, ..)| *k == j) {
+                        dn.push(v - low);
+                        up.push(high - v);
+                    }
+                    ScalarValue::Float64(Some(v)).cast_to(dt).map_err(engine)?
                 }
             };
             out_cols[j].push(value);
@@ -430,7 +448,14 @@ impl DpSession {
         let keys = domain_product(dp);
         let values: Vec<Vec<i128>> =
             keys.iter().map(|_| dp.measures.iter().map(|_| rng.random_range(-1000..100_000)).collect()).collect();
-        let half: Vec<f64> = dp.measures.iter().map(|_| rng.random_range(0.5..50.0)).collect();
+        let half: Vec<Halves> = dp
+            .measures
+            .iter()
+            .map(|_| {
+                let h = rng.random_range(0.5..50.0);
+                Halves { sqrt: h, cbrt: h * 1.2 }
+            })
+            .collect();
         let noisy = noisy_batch(dp, keys, &values, &half)?;
         let short = passthrough(dp, &noisy);
         let full = self.run_post(dp, noisy).await.map_err(|e| match e {

@@ -529,7 +529,11 @@ pub(crate) fn private_context() -> SessionContext {
         .with_query_planner(Arc::new(PrivatePlanner))
         .with_physical_optimizer_rules(rules)
         .build();
-    SessionContext::new_with_state(state)
+    let ctx = SessionContext::new_with_state(state);
+    // `VARIANCE(x)` as PostgreSQL spells the sample variance (DataFusion knows `var`, `var_samp`).
+    let variance = datafusion::functions_aggregate::variance::var_samp_udaf().as_ref().clone();
+    ctx.register_udaf(variance.with_aliases(["variance"]));
+    ctx
 }
 
 /// The query planner of private contexts: DataFusion's, with the bounding's extension planner.

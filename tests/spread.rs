@@ -1,0 +1,62 @@
+//! VAR_POP, VAR_SAMP (VARIANCE), STDDEV_POP and STDDEV_SAMP (STDDEV) (issue 37): a noisy count, a noisy sum of the
+//! values' distances from the bounds' centre and a noisy sum of their squares, post-processed, with a per-row
+//! interval that holds at the stated confidence.
+//!
+//! Thresholds: see each test; a correct implementation fails this file with probability below 1e-6.
+
+use dpfusion::{Accuracy, Response};
+
+/// The people of [`crate::support::people`]: ages 18 + (7p mod 73), two identical rows per person (k = 2 keeps
+/// both), age bounds [0, 100].
+fn ages(n: i64) -> Vec<f64> {
+    (0..n).flat_map(|p| [(18 + (p * 7) % 73) as f64; 2]).collect()
+}
+
+async fn set(s: &dpfusion::DpSession, sql: &str) {
+    assert!(!matches!(s.sql(sql).await, Err(_) | Ok(Response::Release(_))), "{sql}");
+}
+
+/// With a large ρ, every spread lands in its interval, the interval is narrow, and the value is near the exact
+/// spread of the bounded rows. The interval is checked at confidence 1 − 1e-8 (20 runs × 4 columns share one
+/// level: each run's four intervals fail together with probability ≤ 4e-8; the whole test ≤ 8e-7).
+#[tokio::test]
+async fn spreads_land_in_their_intervals() {
+    let s = crate::support::people_session(400, false, 1e9, 2.0);
+    s.insecure_reseed_for_tests(3).unwrap();
+    set(&s, "SET dp.confidence = 0.99999999").await;
+    let a = ages(400);
+    let n = a.len() as f64;
+    let mean = a.iter().sum::<f64>() / n;
+    let pop = a.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / n;
+    let exact = [pop, pop * n / (n - 1.0), pop.sqrt(), (pop * n / (n - 1.0)).sqrt()];
+    for _ in 0..20 {
+        let sql = "SELECT VAR_POP(age), VARIANCE(age), STDDEV_POP(age), STDDEV(age) FROM people";
+        let r = crate::support::release(&s, sql).await;
+        for (c, want) in exact.iter().enumerate() {
+            let Accuracy::PerRow { intervals, confidence } = &r.accuracy()[c].accuracy else {
+                panic!("{:?}", r.accuracy())
+            };
+            assert_eq!(*confidence, 0.99999999);
+            let [lo, hi] = intervals[0];
+            let v = crate::support::column_f64(&r, c)[0];
+            assert!(lo <= *want && *want <= hi, "column {c}: exact {want} outside [{lo}, {hi}]");
+            assert!(lo <= v && v <= hi && (v - want).abs() <= 0.1 * want, "column {c}: {v} vs exact {want}");
+        }
+    }
+}
+
+/// The three measurements and their sensitivities: COUNT Δ = k, SUM of centred values k·h, SUM of squares k·h²
+/// (h = 50 for bounds [0, 100], k = 2), shared by every spread of one column; an interval per row in EXPLAIN DP.
+#[tokio::test]
+async fn explain_shows_three_measurements_shared_by_every_spread_of_a_column() {
+    let s = crate::support::people_session(10, false, 1e9, 1.0);
+    let e = s.explain("SELECT VAR_POP(age), STDDEV(age), AVG(age) FROM people").await.unwrap();
+    let labels: Vec<(String, f64)> = e.measures.iter().map(|m| (m.label.clone(), m.l2 * m.unit)).collect();
+    assert_eq!(labels.len(), 4, "COUNT(age) is shared with AVG: {labels:?}");
+    for (label, l2) in [("SUM(age - 50)", 100.0), ("SUM((age - 50)^2)", 5000.0), ("COUNT(age)", 2.0)] {
+        let got = labels.iter().find(|(l, _)| l == label).unwrap_or_else(|| panic!("{label} in {labels:?}"));
+        assert!((got.1 - l2).abs() <= 1e-9 * l2 + 0.5, "{label}: L2 {} (grid rounding aside), want {l2}", got.1);
+    }
+    let text = e.to_string();
+    assert!(text.contains("SUM of centred values ±") && text.contains("SUM of their squares ±"), "{text}");
+}
