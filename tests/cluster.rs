@@ -8,6 +8,7 @@
 //! in the session, the same way.
 
 use crate::quantiles::QUANTILES;
+use crate::spread::SPREADS;
 use crate::sql_accept::CHECKED;
 use crate::sql_refuse::REFUSED;
 use crate::support::{ROOT, TempDir, column_f64, pums_config, release, session_from};
@@ -53,7 +54,7 @@ async fn sessions(dir: &TempDir, rho: f64, g: u64) -> (DpSession, DpSession) {
     (local, session_from(&cluster_cfg).await)
 }
 
-/// Every query of the acceptance corpus and of the quantile corpus releases the same numbers on the cluster as locally, for the same seed,
+/// Every query of the acceptance corpus and of the quantile and spread corpora releases the same numbers on the cluster as locally, for the same seed,
 /// with one group per person (`dp_clipped` by unit) and with two (`DpByUnitExec`, kept cells as lists). A
 /// marginal release runs there too (its per-row sample depends on the order rows arrive in, so only its charge and
 /// shape are compared).
@@ -69,7 +70,7 @@ async fn releases_match(g: u64) {
     let (local, cluster) = sessions(&dir, 100.0, g).await;
     // Quantiles too: every person of pums_dup.csv has at most k = 2 rows, so both keep all rows and the same seed
     // draws the same candidates.
-    for (i, sql) in CHECKED.iter().chain(QUANTILES).enumerate() {
+    for (i, sql) in CHECKED.iter().chain(QUANTILES).chain(SPREADS).enumerate() {
         local.insecure_reseed_for_tests(i as u64).unwrap();
         cluster.insecure_reseed_for_tests(i as u64).unwrap();
         let (a, b) = (release(&local, sql).await, release(&cluster, sql).await);

@@ -57,6 +57,9 @@ async fn quantile_queries_are_answered_with_rank_intervals() {
         let text = r.accuracy().iter().filter_map(|a| a.describe()).collect::<Vec<_>>().join("\n");
         assert!(text.contains("rank within ±"), "{sql}: {text}");
     }
+    let r = crate::support::release(&s, "SELECT MEDIAN(age) AS m FROM pums").await;
+    let j = r.to_json().to_string();
+    assert!(j.contains(r#""kind":"rank""#) && j.contains(r#""rank_half_width""#), "{j}");
     // A function of a quantile has no interval of its own; EXPLAIN DP shows the mechanism and the rank interval.
     let r = crate::support::release(&s, "SELECT MEDIAN(age) + 1 AS older FROM pums").await;
     assert!(matches!(r.accuracy()[0].accuracy, Accuracy::NoInterval { .. }), "{:?}", r.accuracy());
@@ -193,6 +196,10 @@ async fn the_policy_sets_the_grid_and_the_min_max_quantile() {
     let e = s.explain("SELECT MIN(age), MAX(age), MEDIAN(income) FROM pums").await.unwrap().to_string();
     assert!(e.contains("MIN(age) as the quantile 1/20") && e.contains("MAX(age) as the quantile 19/20"), "{e}");
     assert!(e.contains("grid of 50 candidates in [0, 500000]"), "{e}");
+    // `[session] min_max_quantile` is the default of every table that sets none.
+    let s = crate::support::session_from(&base.replace("delta = 1e-6", "delta = 1e-6\nmin_max_quantile = 0.1")).await;
+    let e = s.explain("SELECT MIN(age) FROM pums").await.unwrap().to_string();
+    assert!(e.contains("MIN(age) as the quantile 1/10"), "{e}");
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
     for (bad, says) in [
         (base.replace("domain = [0, 1] }", "domain = [0, 1], grid = 10 }"), "a grid needs bounds"),

@@ -6,6 +6,30 @@
 
 use dpfusion::{Accuracy, Response};
 
+/// Spread queries over the PUMS demo that must be answered, each column after the keys with an interval per row
+/// (also run on a cluster: tests/cluster.rs).
+pub(crate) const SPREADS: &[&str] = &[
+    "SELECT VAR_POP(age), STDDEV(income) FROM pums",
+    "SELECT married, VAR_SAMP(income) AS v, STDDEV_POP(age) FROM pums WHERE age >= 18 GROUP BY married",
+    "SELECT sex, VARIANCE(age), AVG(age), MEDIAN(age) FROM pums GROUP BY sex",
+];
+
+#[tokio::test]
+async fn spread_queries_are_answered_with_an_interval_per_row() {
+    let s = crate::support::session_from(&crate::support::pums_config("pums_dup.csv", 100.0, 2, 1)).await;
+    for sql in SPREADS {
+        let r = crate::support::release(&s, sql).await;
+        let per_row = r.accuracy().iter().filter(|a| matches!(a.accuracy, Accuracy::PerRow { .. })).count();
+        assert!(per_row >= 1, "{sql}: {:?}", r.accuracy());
+        for (c, a) in r.accuracy().iter().enumerate() {
+            if let Accuracy::PerRow { intervals, .. } = &a.accuracy {
+                let values = crate::support::column_f64(&r, c);
+                assert!(values.iter().zip(intervals).all(|(v, [lo, hi])| lo <= v && v <= hi && *lo >= 0.0), "{sql}");
+            }
+        }
+    }
+}
+
 /// The people of [`crate::support::people`]: ages 18 + (7p mod 73), two identical rows per person (k = 2 keeps
 /// both), age bounds [0, 100].
 fn ages(n: i64) -> Vec<f64> {

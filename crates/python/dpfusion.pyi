@@ -83,9 +83,11 @@ class Release:
 
     @property
     def accuracy(self) -> dict[str, dict[str, Any]]:
-        """Per output column: `kind` (`public`, `noisy`, `combined`, `per_row`, `no_interval`) and, for a noisy
+        """Per output column: `kind` (`public`, `noisy`, `combined`, `per_row`, `rank`, `no_interval`) and, for a noisy
         column, `mechanism`, `std`, `ci_half_width` and `confidence` (the value and the bounded query's exact
-        answer differ by at most the half-width with at least that probability).
+        answer differ by at most the half-width with at least that probability); for a quantile (`rank`),
+        `rank_half_width` (how many values its rank may be off beyond the best grid candidate's), `confidence`,
+        `quantile`, `candidates` and `spacing`.
 
         >>> r = s.sql("SELECT sex, COUNT(*) AS n FROM pums GROUP BY sex")
         >>> a = r.accuracy["n"]

@@ -315,6 +315,9 @@ pub struct SessionSettings {
     /// A file only the data owner reads: how many values of each column did not parse (read as NULL), and the
     /// details of errors whose text is withheld from analysts. Relative to the configuration file.
     pub owner_log: Option<String>,
+    /// The quantile MIN answers (MAX answers one minus it) in every table that does not set its own; 0.01 when
+    /// absent.
+    pub min_max_quantile: Option<f64>,
 }
 
 fn default_mechanism() -> String {
@@ -527,7 +530,8 @@ impl SessionConfig {
         crate::noise::accuracy::check_confidence(s.confidence).map_err(|e| cfg_err(e, "confidence"))?;
         let confidence = s.confidence;
         let mut tables = BTreeMap::new();
-        for (name, t) in raw.tables {
+        for (name, mut t) in raw.tables {
+            t.min_max_quantile = t.min_max_quantile.or(s.min_max_quantile);
             tables.insert(name.clone(), table_source(&name, t, base_dir)?);
         }
         let ledger = match raw.ledger {

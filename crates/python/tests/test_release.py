@@ -156,3 +156,14 @@ def test_marginals_release_every_histogram_in_one_charge(session):
         session.marginals("pums", ["age"], rho=0.05)
     assert info.value.code == "marginal_no_domain"
     assert spent(session) == pytest.approx(0.05)
+
+
+def test_a_quantile_carries_its_rank_interval(session):
+    r = session.sql("SELECT sex, MEDIAN(age) AS m, STDDEV(age) AS sd FROM pums GROUP BY sex ORDER BY sex")
+    m = r.accuracy["m"]
+    assert m["kind"] == "rank" and m["mechanism"] == "exponential"
+    assert m["quantile"] == 0.5 and m["candidates"] == 101 and m["spacing"] == 1.0
+    assert m["rank_half_width"] > 0 and m["confidence"] == 0.95
+    assert all(0 <= v <= 100 and v == int(v) for v in r.to_arrow().column("m").to_pylist())
+    assert r.accuracy["sd"]["kind"] == "per_row"
+    assert "rank ±" in r._repr_html_()
