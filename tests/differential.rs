@@ -101,7 +101,19 @@ const RISKY: &[&str] = &[
     "TRY_CAST(name AS BIGINT) IS NULL",
     "age IN (SELECT age FROM people)",
 ];
-const AGGS: &[&str] = &["COUNT(*)", "SUM(income)", "AVG(age)", "COUNT(name)", "SUM(age)", "AVG(income)"];
+const AGGS: &[&str] = &[
+    "COUNT(*)",
+    "SUM(income)",
+    "AVG(age)",
+    "COUNT(name)",
+    "SUM(age)",
+    "AVG(income)",
+    "MEDIAN(age)",
+    "MAX(income)",
+    "percentile_cont(0.9) WITHIN GROUP (ORDER BY income)",
+    "VAR_POP(income)",
+    "STDDEV(age)",
+];
 
 impl Gen {
     fn pick<'a>(&mut self, xs: &'a [&'a str]) -> &'a str {
