@@ -146,20 +146,10 @@ fn spread(
 ) -> Result<OutputKind> {
     use datafusion::arrow::datatypes::DataType;
     use datafusion::logical_expr::{cast, when};
-    let (c, base) = only_argument(agg, af, what)?;
-    if policy.privacy_unit.as_deref() == Some(base.as_str()) {
-        return Err(DpError::Refused(Refusal::UnitAggregated { aggregate: what, column: base }));
-    }
-    let Some((lo, hi)) = policy.bounds(&base) else {
-        return Err(DpError::Refused(Refusal::NoBounds { aggregate: what, table: table.to_string(), column: base }));
+    let [arg] = af.params.args.as_slice() else {
+        return Err(DpError::Refused(Refusal::ArgumentCount { aggregate: what }));
     };
-    let dt = Expr::Column(c.clone()).get_type(scoped).map_err(crate::error::engine)?;
-    if !dt.is_numeric() {
-        return Err(DpError::Refused(Refusal::NotNumeric {
-            column: base,
-            data_type: crate::policy::ColumnType::name_of(&dt).map_or_else(|| dt.to_string(), str::to_string),
-        }));
-    }
+    let Bounded { column: c, base, lo, hi, .. } = bounded_column(agg, arg, what, scoped, policy, table)?;
     let (centre, h) = ((lo + hi) / 2.0, (hi - lo) / 2.0);
     let x = cast(Expr::Column(c.clone()), DataType::Float64);
     let clamped = when(x.clone().lt(lit(lo)), lit(lo))
@@ -181,6 +171,40 @@ fn spread(
     let m = Measure { kind: MeasureKind::CountValues, column: Some(base.clone()), sensitivity: s };
     let count = out.add(m, count(Expr::Column(c)));
     Ok(OutputKind::Spread { count, sum, squares, half_range: h, sample, root })
+}
+
+/// A numeric column of the private table with bounds, as an aggregate's argument.
+struct Bounded {
+    column: Column,
+    base: String,
+    lo: f64,
+    hi: f64,
+    data_type: datafusion::arrow::datatypes::DataType,
+}
+
+/// `arg` of aggregate `what` as a bare numeric column with bounds that is not the privacy unit; refused otherwise.
+fn bounded_column(
+    agg: &Aggregate,
+    arg: &Expr,
+    what: &'static str,
+    scoped: &DFSchema,
+    policy: &TablePolicy,
+    table: &TableReference,
+) -> Result<Bounded> {
+    let (column, base) = argument(agg, arg, what)?;
+    if policy.privacy_unit.as_deref() == Some(base.as_str()) {
+        return Err(DpError::Refused(Refusal::UnitAggregated { aggregate: what, column: base }));
+    }
+    let Some((lo, hi)) = policy.bounds(&base) else {
+        return Err(DpError::Refused(Refusal::NoBounds { aggregate: what, table: table.to_string(), column: base }));
+    };
+    let data_type = Expr::Column(column.clone()).get_type(scoped).map_err(crate::error::engine)?;
+    if !data_type.is_numeric() {
+        let shown =
+            crate::policy::ColumnType::name_of(&data_type).map_or_else(|| data_type.to_string(), str::to_string);
+        return Err(DpError::Refused(Refusal::NotNumeric { column: base, data_type: shown }));
+    }
+    Ok(Bounded { column, base, lo, hi, data_type })
 }
 
 /// The name of a quantile aggregate (MIN and MAX are answered as quantiles), None for any other.
@@ -233,13 +257,7 @@ fn quantile(
         }
         _ => return Err(DpError::Refused(Refusal::OrderedAggregate { name: asked.to_string() })),
     };
-    let (c, base) = argument(agg, value, asked)?;
-    if policy.privacy_unit.as_deref() == Some(base.as_str()) {
-        return Err(DpError::Refused(Refusal::UnitAggregated { aggregate: asked, column: base }));
-    }
-    let Some((lo, hi)) = policy.bounds(&base) else {
-        return Err(DpError::Refused(Refusal::NoBounds { aggregate: asked, table: table.to_string(), column: base }));
-    };
+    let Bounded { column: c, base, lo, hi, data_type: dt } = bounded_column(agg, value, asked, scoped, policy, table)?;
     let bad = |given: String| DpError::Refused(Refusal::BadQuantile { aggregate: asked, given });
     let fraction = match (asked, constants.first()) {
         ("MIN", _) => fraction_of(policy.quantiles.min_max_quantile).map_err(bad)?,
@@ -256,13 +274,6 @@ fn quantile(
     };
     let (a, b) = if descending { (fraction.1 - fraction.0, fraction.1) } else { fraction };
     let q = Ratio::new(a, b).map_err(|e| bad(e.to_string()))?;
-    let dt = Expr::Column(c.clone()).get_type(scoped).map_err(crate::error::engine)?;
-    if !dt.is_numeric() {
-        return Err(DpError::Refused(Refusal::NotNumeric {
-            column: base,
-            data_type: crate::policy::ColumnType::name_of(&dt).map_or_else(|| dt.to_string(), str::to_string),
-        }));
-    }
     let integer = dt.is_integer();
     if integer && lo.ceil() >= hi.floor() {
         return Err(DpError::Refused(Refusal::EmptyIntegerBounds { column: base, lo, hi }));
