@@ -23,7 +23,8 @@ use crate::plan::exact_sum::{Grid, each_grid_value};
 use crate::plan::pick::{Priority, cell_of};
 use crate::plan::{GroupKey, MeasureKind, bound, cells};
 use datafusion::arrow::array::{
-    Array, ArrayRef, AsArray, Int64Array, Int64Builder, ListArray, ListBuilder, StructArray,
+    Array, ArrayRef, AsArray, BinaryArray, BooleanArray, Int64Array, Int64Builder, ListArray, ListBuilder, StructArray,
+    UInt64Array,
 };
 use datafusion::arrow::buffer::OffsetBuffer;
 use datafusion::arrow::datatypes::{DataType, Field, FieldRef, Fields, Float64Type, Int64Type, UInt64Type};
@@ -31,8 +32,8 @@ use datafusion::common::{Column, ScalarValue, UnnestOptions, exec_err};
 use datafusion::logical_expr::function::{AccumulatorArgs, StateFieldsArgs};
 use datafusion::logical_expr::utils::format_state_name;
 use datafusion::logical_expr::{
-    Accumulator, AggregateUDF, AggregateUDFImpl, ColumnarValue, Expr, LogicalPlan, LogicalPlanBuilder,
-    ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl, Signature, Volatility, cast, col, lit,
+    Accumulator, AggregateUDF, AggregateUDFImpl, ColumnarValue, EmitTo, Expr, GroupsAccumulator, LogicalPlan,
+    LogicalPlanBuilder, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl, Signature, Volatility, cast, col, lit,
 };
 use rand::Rng;
 use std::collections::BTreeMap;
@@ -305,47 +306,67 @@ impl AggregateUDFImpl for KeepRows {
     }
 
     fn accumulator(&self, _: AccumulatorArgs) -> datafusion::common::Result<Box<dyn Accumulator>> {
-        Ok(Box::new(KeepAcc {
+        Ok(Box::new(KeepAcc { spec: self.spec(), unit: Unit::default() }))
+    }
+
+    fn groups_accumulator_supported(&self, _: AccumulatorArgs) -> bool {
+        true
+    }
+
+    fn create_groups_accumulator(&self, _: AccumulatorArgs) -> datafusion::common::Result<Box<dyn GroupsAccumulator>> {
+        Ok(Box::new(KeepGroups { spec: self.spec(), units: Vec::new() }))
+    }
+}
+
+impl KeepRows {
+    fn spec(&self) -> KeepSpec {
+        KeepSpec {
             k: self.k as usize,
             groups: self.groups.map(|g| g as usize),
             kinds: self.kinds.clone(),
             fields: self.fields(),
-            cells: BTreeMap::new(),
-        }))
+        }
     }
+}
+
+/// What every unit's choice follows: `k` rows per cell, at most `groups` cells, the measurements' kinds and the
+/// output's struct fields.
+#[derive(Clone, Debug)]
+struct KeepSpec {
+    k: usize,
+    groups: Option<usize>,
+    kinds: Vec<Kept>,
+    fields: Fields,
 }
 
 /// One kept row: its random priority and one value per measurement ([`NULL`] for none).
 type Row = (u64, Box<[i64]>);
 
-#[derive(Debug)]
-struct KeepAcc {
-    k: usize,
-    groups: Option<usize>,
-    kinds: Vec<Kept>,
-    fields: Fields,
-    /// Cell priority → the rows kept so far.
+/// One unit's kept rows: cell priority → the rows kept so far.
+#[derive(Debug, Default)]
+struct Unit {
     cells: BTreeMap<u64, Vec<Row>>,
 }
 
-impl KeepAcc {
+impl Unit {
     /// Keeps `row` in the cell of priority `cell`, then at most `groups` cells (the smallest priorities: a cell
     /// dropped here can never come back among them) and, now and then, the `k` rows of smallest priority.
-    fn keep(&mut self, cell: u64, row: Row) {
+    fn keep(&mut self, spec: &KeepSpec, cell: u64, row: Row) {
         let rows = self.cells.entry(cell).or_default();
         rows.push(row);
-        if rows.len() >= 2 * self.k + 16 {
-            trim(rows, self.k);
+        if rows.len() >= 2 * spec.k + 16 {
+            trim(rows, spec.k);
         }
-        if self.groups.is_some_and(|g| self.cells.len() > g) {
+        if spec.groups.is_some_and(|g| self.cells.len() > g) {
             self.cells.pop_last();
         }
     }
 
-    fn state_bytes(&mut self) -> Vec<u8> {
+    /// The state: for each cell its priority, its number of rows, then each row's priority and values (u64 words).
+    fn state_bytes(&mut self, k: usize) -> Vec<u8> {
         let mut out = Vec::new();
         for (cell, rows) in &mut self.cells {
-            trim(rows, self.k);
+            trim(rows, k);
             out.extend_from_slice(&cell.to_le_bytes());
             out.extend_from_slice(&(rows.len() as u64).to_le_bytes());
             for (p, v) in rows.iter() {
@@ -356,59 +377,23 @@ impl KeepAcc {
         out
     }
 
-    fn merge_bytes(&mut self, b: &[u8]) -> datafusion::common::Result<()> {
-        let m = self.kinds.len();
-        let mut words = b.chunks_exact(8).map(|w| <[u8; 8]>::try_from(w).map(u64::from_le_bytes));
+    fn merge_bytes(&mut self, spec: &KeepSpec, b: &[u8]) -> datafusion::common::Result<()> {
+        let m = spec.kinds.len();
         let damaged = || datafusion::error::DataFusionError::Internal("dp_keep_rows: a damaged state".into());
         if !b.len().is_multiple_of(8) {
             return Err(damaged());
         }
+        let mut words = b.chunks_exact(8).map(|w| <[u8; 8]>::try_from(w).map(u64::from_le_bytes));
         let mut word = || words.next().and_then(|w| w.ok()).ok_or_else(damaged);
         while let Ok(cell) = word() {
             let n = word()?;
             for _ in 0..n {
                 let p = word()?;
                 let v = (0..m).map(|_| word().map(|w| w as i64)).collect::<datafusion::common::Result<Box<[i64]>>>()?;
-                self.keep(cell, (p, v));
+                self.keep(spec, cell, (p, v));
             }
         }
         Ok(())
-    }
-
-    fn output(&mut self) -> datafusion::common::Result<ScalarValue> {
-        let n = self.cells.len();
-        let cells: Int64Array = self.cells.keys().map(|&p| cell_of(p)).collect();
-        let mut columns: Vec<ArrayRef> = vec![Arc::new(cells)];
-        for rows in self.cells.values_mut() {
-            trim(rows, self.k);
-        }
-        for (i, kind) in self.kinds.iter().enumerate() {
-            let values = |rows: &Vec<Row>| rows.iter().map(|(_, v)| v[i]).filter(|&x| x != NULL).collect::<Vec<_>>();
-            let column: ArrayRef = match kind {
-                Kept::Rows => Arc::new(self.cells.values().map(|r| r.len() as i64).collect::<Int64Array>()),
-                Kept::Values => Arc::new(self.cells.values().map(|r| values(r).len() as i64).collect::<Int64Array>()),
-                Kept::Sum(_) => Arc::new(
-                    self.cells
-                        .values()
-                        .map(|r| Some(values(r).iter().map(|&x| x as i128).sum::<i128>()))
-                        .collect::<datafusion::arrow::array::Decimal128Array>()
-                        .with_precision_and_scale(38, 0)?,
-                ),
-                Kept::Slots => {
-                    let mut b = ListBuilder::new(Int64Builder::new());
-                    for r in self.cells.values() {
-                        b.values().append_slice(&values(r));
-                        b.append(true);
-                    }
-                    Arc::new(b.finish())
-                }
-            };
-            columns.push(column);
-        }
-        let structs = StructArray::try_new(self.fields.clone(), columns, None)?;
-        let item = Arc::new(Field::new_list_field(DataType::Struct(self.fields.clone()), true));
-        let list = ListArray::try_new(item, OffsetBuffer::from_lengths([n]), Arc::new(structs), None)?;
-        Ok(ScalarValue::List(Arc::new(list)))
     }
 }
 
@@ -422,38 +407,100 @@ fn trim(rows: &mut Vec<Row>, k: usize) {
     }
 }
 
+/// The rows of a batch of `dp_keep_rows`'s arguments: the cell priorities, and each measurement's value per row
+/// ([`NULL`] where the row gives none).
+fn batch_rows<'a>(
+    spec: &KeepSpec,
+    values: &'a [ArrayRef],
+) -> datafusion::common::Result<(&'a UInt64Array, Vec<Vec<i64>>)> {
+    let Some((cells, args)) = values.split_first() else { return exec_err!("dp_keep_rows: no arguments") };
+    let Some(cells) = cells.as_primitive_opt::<UInt64Type>() else {
+        return exec_err!("dp_keep_rows: the cell priority is not UInt64");
+    };
+    if args.len() != spec.kinds.len() {
+        return exec_err!("dp_keep_rows: {} measurements, {} arguments", spec.kinds.len(), args.len());
+    }
+    let n = cells.len();
+    let mut per_measure: Vec<Vec<i64>> = Vec::with_capacity(args.len());
+    for (kind, a) in spec.kinds.iter().zip(args) {
+        per_measure.push(match kind {
+            Kept::Rows => vec![1; n],
+            Kept::Values => (0..n).map(|r| if a.is_valid(r) { 1 } else { NULL }).collect(),
+            Kept::Sum(grid) => {
+                let mut v = vec![NULL; n];
+                each_grid_value(*grid, a, None, |r, x| v[r] = x)?;
+                v
+            }
+            Kept::Slots => match a.as_primitive_opt::<Int64Type>() {
+                Some(s) => s.iter().map(|x| x.unwrap_or(NULL)).collect(),
+                None => return exec_err!("dp_keep_rows: a slot is not Int64"),
+            },
+        });
+    }
+    Ok((cells, per_measure))
+}
+
+/// Row `r` of a batch: a fresh random priority and its values. (The cell priority is never NULL: a hash, or the
+/// constant 0 without GROUP BY.)
+fn row_at(rng: &mut impl Rng, per_measure: &[Vec<i64>], r: usize) -> Row {
+    (rng.random(), per_measure.iter().map(|v| v[r]).collect())
+}
+
+/// The output of `units`, one list per unit: for each kept cell, `{cell, x0, …}` with each measurement's
+/// contribution over the kept rows ([`Kept`]).
+fn output<'a>(spec: &KeepSpec, units: impl Iterator<Item = &'a mut Unit>) -> datafusion::common::Result<ListArray> {
+    let mut lengths = Vec::new();
+    let mut cells: Vec<i64> = Vec::new();
+    let mut kept: Vec<Vec<Row>> = Vec::new();
+    for unit in units {
+        lengths.push(unit.cells.len());
+        for (cell, mut rows) in std::mem::take(&mut unit.cells) {
+            trim(&mut rows, spec.k);
+            cells.push(cell_of(cell));
+            kept.push(rows);
+        }
+    }
+    let mut columns: Vec<ArrayRef> = vec![Arc::new(Int64Array::from(cells))];
+    for (i, kind) in spec.kinds.iter().enumerate() {
+        let values = |rows: &Vec<Row>| rows.iter().map(|(_, v)| v[i]).filter(|&x| x != NULL).collect::<Vec<_>>();
+        let column: ArrayRef = match kind {
+            Kept::Rows => Arc::new(kept.iter().map(|r| r.len() as i64).collect::<Int64Array>()),
+            Kept::Values => Arc::new(kept.iter().map(|r| values(r).len() as i64).collect::<Int64Array>()),
+            Kept::Sum(_) => Arc::new(
+                kept.iter()
+                    .map(|r| Some(values(r).iter().map(|&x| x as i128).sum::<i128>()))
+                    .collect::<datafusion::arrow::array::Decimal128Array>()
+                    .with_precision_and_scale(38, 0)?,
+            ),
+            Kept::Slots => {
+                let mut b = ListBuilder::new(Int64Builder::new());
+                for r in &kept {
+                    b.values().append_slice(&values(r));
+                    b.append(true);
+                }
+                Arc::new(b.finish())
+            }
+        };
+        columns.push(column);
+    }
+    let structs = StructArray::try_new(spec.fields.clone(), columns, None)?;
+    let item = Arc::new(Field::new_list_field(DataType::Struct(spec.fields.clone()), true));
+    Ok(ListArray::try_new(item, OffsetBuffer::from_lengths(lengths), Arc::new(structs), None)?)
+}
+
+/// `dp_keep_rows` for one group (DataFusion's fallback; the plan uses [`KeepGroups`]).
+#[derive(Debug)]
+struct KeepAcc {
+    spec: KeepSpec,
+    unit: Unit,
+}
+
 impl Accumulator for KeepAcc {
     fn update_batch(&mut self, values: &[ArrayRef]) -> datafusion::common::Result<()> {
-        let Some((cells, args)) = values.split_first() else { return exec_err!("dp_keep_rows: no arguments") };
-        let Some(cells) = cells.as_primitive_opt::<UInt64Type>() else {
-            return exec_err!("dp_keep_rows: the cell priority is not UInt64");
-        };
-        if args.len() != self.kinds.len() {
-            return exec_err!("dp_keep_rows: {} measurements, {} arguments", self.kinds.len(), args.len());
-        }
-        let n = cells.len();
-        // Each measurement's value per row, NULL where the row gives none.
-        let mut per_measure: Vec<Vec<i64>> = Vec::with_capacity(args.len());
-        for (kind, a) in self.kinds.iter().zip(args) {
-            per_measure.push(match kind {
-                Kept::Rows => vec![1; n],
-                Kept::Values => (0..n).map(|r| if a.is_valid(r) { 1 } else { NULL }).collect(),
-                Kept::Sum(grid) => {
-                    let mut v = vec![NULL; n];
-                    each_grid_value(*grid, a, None, |r, x| v[r] = x)?;
-                    v
-                }
-                Kept::Slots => match a.as_primitive_opt::<Int64Type>() {
-                    Some(s) => s.iter().map(|x| x.unwrap_or(NULL)).collect(),
-                    None => return exec_err!("dp_keep_rows: a slot is not Int64"),
-                },
-            });
-        }
+        let (cells, per_measure) = batch_rows(&self.spec, values)?;
         let mut rng = rand::rng();
         for (r, cell) in cells.iter().enumerate() {
-            // The cell priority is never NULL (a hash, or the constant 0 without GROUP BY); treat one as 0.
-            let row: Box<[i64]> = per_measure.iter().map(|v| v[r]).collect();
-            self.keep(cell.unwrap_or(0), (rng.random(), row));
+            self.unit.keep(&self.spec, cell.unwrap_or(0), row_at(&mut rng, &per_measure, r));
         }
         Ok(())
     }
@@ -462,22 +509,107 @@ impl Accumulator for KeepAcc {
         let Some(s) = states.first() else { return exec_err!("dp_keep_rows has one state column") };
         let Some(b) = s.as_binary_opt::<i32>() else { return exec_err!("dp_keep_rows: the state is not Binary") };
         for bytes in b.iter().flatten() {
-            self.merge_bytes(bytes)?;
+            self.unit.merge_bytes(&self.spec, bytes)?;
         }
         Ok(())
     }
 
     fn evaluate(&mut self) -> datafusion::common::Result<ScalarValue> {
-        self.output()
+        Ok(ScalarValue::List(Arc::new(output(&self.spec, std::iter::once(&mut self.unit))?)))
     }
 
     fn state(&mut self) -> datafusion::common::Result<Vec<ScalarValue>> {
-        Ok(vec![ScalarValue::Binary(Some(self.state_bytes()))])
+        Ok(vec![ScalarValue::Binary(Some(self.unit.state_bytes(self.spec.k)))])
     }
 
     fn size(&self) -> usize {
-        let rows: usize = self.cells.values().map(|r| r.capacity() * (24 + 8 * self.kinds.len())).sum();
-        size_of::<Self>() + rows + self.cells.len() * 48
+        size_of::<Self>() + unit_size(&self.unit, self.spec.kinds.len())
+    }
+}
+
+fn unit_size(unit: &Unit, m: usize) -> usize {
+    unit.cells.values().map(|r| r.capacity() * (24 + 8 * m) + 48).sum()
+}
+
+/// `dp_keep_rows` over many units at once: one [`Unit`] per group.
+#[derive(Debug)]
+struct KeepGroups {
+    spec: KeepSpec,
+    units: Vec<Unit>,
+}
+
+impl GroupsAccumulator for KeepGroups {
+    fn update_batch(
+        &mut self,
+        values: &[ArrayRef],
+        groups: &[usize],
+        filter: Option<&BooleanArray>,
+        total: usize,
+    ) -> datafusion::common::Result<()> {
+        self.units.resize_with(total, Unit::default);
+        let (cells, per_measure) = batch_rows(&self.spec, values)?;
+        let mut rng = rand::rng();
+        for (r, (&g, cell)) in groups.iter().zip(cells.iter()).enumerate() {
+            if filter.is_some_and(|f| !f.is_valid(r) || !f.value(r)) {
+                continue;
+            }
+            let Some(unit) = self.units.get_mut(g) else { return exec_err!("dp_keep_rows: group {g} of {total}") };
+            unit.keep(&self.spec, cell.unwrap_or(0), row_at(&mut rng, &per_measure, r));
+        }
+        Ok(())
+    }
+
+    fn merge_batch(&mut self, states: &[ArrayRef], groups: &[usize], total: usize) -> datafusion::common::Result<()> {
+        self.units.resize_with(total, Unit::default);
+        let Some(s) = states.first() else { return exec_err!("dp_keep_rows has one state column") };
+        let Some(b) = s.as_binary_opt::<i32>() else { return exec_err!("dp_keep_rows: the state is not Binary") };
+        for (&g, bytes) in groups.iter().zip(b.iter()) {
+            let (Some(unit), Some(bytes)) = (self.units.get_mut(g), bytes) else { continue };
+            unit.merge_bytes(&self.spec, bytes)?;
+        }
+        Ok(())
+    }
+
+    /// Each row as its own group (DataFusion skips partial aggregation when it does not reduce the row count, as
+    /// with one group per privacy unit): its state keeps the row, with a fresh priority.
+    fn convert_to_state(
+        &self,
+        values: &[ArrayRef],
+        filter: Option<&BooleanArray>,
+    ) -> datafusion::common::Result<Vec<ArrayRef>> {
+        let (cells, per_measure) = batch_rows(&self.spec, values)?;
+        let mut rng = rand::rng();
+        let bytes: BinaryArray = cells
+            .iter()
+            .enumerate()
+            .map(|(r, cell)| {
+                let mut unit = Unit::default();
+                if !filter.is_some_and(|f| !f.is_valid(r) || !f.value(r)) {
+                    unit.keep(&self.spec, cell.unwrap_or(0), row_at(&mut rng, &per_measure, r));
+                }
+                Some(unit.state_bytes(self.spec.k))
+            })
+            .collect();
+        Ok(vec![Arc::new(bytes)])
+    }
+
+    fn evaluate(&mut self, emit_to: EmitTo) -> datafusion::common::Result<ArrayRef> {
+        let mut units = emit_to.take_needed(&mut self.units);
+        Ok(Arc::new(output(&self.spec, units.iter_mut())?))
+    }
+
+    fn state(&mut self, emit_to: EmitTo) -> datafusion::common::Result<Vec<ArrayRef>> {
+        let units = emit_to.take_needed(&mut self.units);
+        let k = self.spec.k;
+        let bytes: BinaryArray = units.into_iter().map(|mut u| Some(u.state_bytes(k))).collect();
+        Ok(vec![Arc::new(bytes)])
+    }
+
+    fn size(&self) -> usize {
+        let m = self.spec.kinds.len();
+        size_of::<Self>()
+            + self.units.capacity() * size_of::<Unit>()
+            + self.units.iter().map(|u| unit_size(u, m)).sum::<usize>()
     }
 }
 
@@ -569,8 +701,8 @@ mod tests {
     use datafusion::arrow::array::{Float64Array, StringArray, UInt64Array};
 
     fn keep(k: u64, groups: Option<u64>, kinds: Vec<Kept>) -> KeepAcc {
-        let f = KeepRows { k, groups, kinds: kinds.clone(), signature: Signature::variadic_any(Volatility::Immutable) };
-        KeepAcc { k: k as usize, groups: groups.map(|g| g as usize), kinds, fields: f.fields(), cells: BTreeMap::new() }
+        let f = KeepRows { k, groups, kinds, signature: Signature::variadic_any(Volatility::Immutable) };
+        KeepAcc { spec: f.spec(), unit: Unit::default() }
     }
 
     /// One unit's 10 rows in one cell give at most k = 3 of them, each row chosen with probability 3/10: over 20 000
@@ -641,6 +773,43 @@ mod tests {
         let sums = s.column(3).as_primitive::<datafusion::arrow::datatypes::Decimal128Type>();
         assert_eq!(sums.value(0), 4);
         assert!(sums.value(1) <= 20, "cell 5's values 1 and 100 clamp to 1 and 10");
+    }
+
+    /// The groups accumulator keeps each unit apart: two units' rows interleaved in one batch, a partial state
+    /// merged back, and rows converted to states one by one all give each unit at most k rows in at most g cells,
+    /// its own.
+    #[test]
+    fn groups_keep_each_unit_apart() {
+        let f = KeepRows {
+            k: 2,
+            groups: Some(1),
+            kinds: vec![Kept::Rows, Kept::Slots],
+            signature: Signature::variadic_any(Volatility::Immutable),
+        };
+        let mut acc = KeepGroups { spec: f.spec(), units: Vec::new() };
+        // Unit 0: 5 rows in cell 7 (slot 1) and 1 row in cell 9; unit 1: 3 rows in cell 4 (slot 2).
+        let cells: ArrayRef = Arc::new(UInt64Array::from(vec![7u64, 4, 7, 4, 7, 9, 7, 4, 7]));
+        let slots: ArrayRef = Arc::new(Int64Array::from(vec![1i64, 2, 1, 2, 1, 3, 1, 2, 1]));
+        let ones: ArrayRef = Arc::new(Int64Array::from(vec![1i64; 9]));
+        let groups = [0usize, 1, 0, 1, 0, 0, 0, 1, 0];
+        let args = [cells, ones, slots];
+        acc.update_batch(&args, &groups, None, 2).unwrap();
+        let state = acc.state(EmitTo::All).unwrap();
+        let converted = acc.convert_to_state(&args, None).unwrap();
+        let mut fin = KeepGroups { spec: f.spec(), units: Vec::new() };
+        fin.merge_batch(&state, &[0, 1], 2).unwrap();
+        fin.merge_batch(&converted, &groups, 2).unwrap();
+        let out = fin.evaluate(EmitTo::All).unwrap();
+        let lists = out.as_list::<i32>();
+        for (unit, (cell, slot)) in [(7i64, 1i64), (4, 2)].into_iter().enumerate() {
+            let l = lists.value(unit);
+            let s = l.as_struct();
+            assert_eq!(s.len(), 1, "g = 1 cell for unit {unit}");
+            assert_eq!(s.column(0).as_primitive::<Int64Type>().value(0), cell, "the cell of smallest priority");
+            assert_eq!(s.column(1).as_primitive::<Int64Type>().value(0), 2, "k = 2 rows");
+            let kept = s.column(2).as_list::<i32>().value(0);
+            assert!(kept.as_primitive::<Int64Type>().values().iter().all(|&x| x == slot), "unit {unit}'s own rows");
+        }
     }
 
     #[test]
