@@ -200,6 +200,11 @@ async fn the_policy_sets_the_grid_and_the_min_max_quantile() {
     let s = crate::support::session_from(&base.replace("delta = 1e-6", "delta = 1e-6\nmin_max_quantile = 0.1")).await;
     let e = s.explain("SELECT MIN(age) FROM pums").await.unwrap().to_string();
     assert!(e.contains("MIN(age) as the quantile 1/10"), "{e}");
+    // Bounds too narrow for two candidates: refused before anything is spent, with a code.
+    let s = crate::support::session_from(&base.replace("bounds = [0, 100] }", "bounds = [3, 3] }")).await;
+    let e = s.sql("SELECT MEDIAN(age) FROM pums").await.unwrap_err();
+    assert_eq!(e.code(), "cannot_calibrate", "{e}");
+    assert_eq!(s.budget().unwrap().status.rho_spent, 0.0);
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
     for (bad, says) in [
         (base.replace("domain = [0, 1] }", "domain = [0, 1], grid = 10 }"), "a grid needs bounds"),

@@ -275,11 +275,10 @@ fn quantile(
     let (a, b) = if descending { (fraction.1 - fraction.0, fraction.1) } else { fraction };
     let q = Ratio::new(a, b).map_err(|e| bad(e.to_string()))?;
     let integer = dt.is_integer();
-    if integer && lo.ceil() >= hi.floor() {
-        return Err(DpError::Refused(Refusal::EmptyIntegerBounds { column: base, lo, hi }));
-    }
     let points = policy.quantiles.grid_of(&base);
-    let grid = crate::plan::quantile::GridSpec::new(lo, hi, points, integer)?;
+    let grid = crate::plan::quantile::GridSpec::new(lo, hi, points, integer).map_err(|e| {
+        DpError::Refused(Refusal::Calibration { measure: format!("{asked}({base})"), reason: e.to_string() })
+    })?;
     let unit = policy.privacy_unit.clone().unwrap_or_else(|| "row".into());
     let score_sensitivity = crate::noise::exponential::quantile_sensitivity(q, u128::from(contribution.rows))?;
     let sensitivity = sensitivity::quantile(contribution, &unit, q, score_sensitivity, grid);
