@@ -16,7 +16,7 @@
 use datafusion::arrow::array::{Int64Array, RecordBatch};
 use datafusion::arrow::datatypes::{DataType, Field, Schema};
 use dpfusion::noise::NoiseParams;
-use dpfusion::{Accuracy, ColumnPolicy, DomainValue, DpSession, Response, TablePolicy};
+use dpfusion::{Accuracy, ColumnPolicy, DpSession, Response, TablePolicy};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -102,7 +102,6 @@ fn audit_session(with_x: bool) -> DpSession {
     let batch =
         RecordBatch::try_new(schema, vec![Arc::new(Int64Array::from(pid)), Arc::new(Int64Array::from(v))]).unwrap();
     let cols = BTreeMap::from([("v".to_string(), ColumnPolicy::Bounds { lo: 0.0, hi: 10.0 })]);
-    let _ = DomainValue::Int(0);
     crate::support::session_with(1e9, 0.02, "t", batch, TablePolicy::with_unit("pid", 2, 1, cols).unwrap())
 }
 

@@ -320,7 +320,8 @@ struct Scan {
 /// their groups' cache lines where the counts' loop brought them (32 KiB: 64-byte lines).
 const RUN: usize = 512;
 
-fn kept(filter: Option<&BooleanArray>, i: usize) -> bool {
+/// Whether row `i` passes an aggregate's optional filter (a NULL filter value drops the row).
+pub(crate) fn kept(filter: Option<&BooleanArray>, i: usize) -> bool {
     filter.is_none_or(|f| f.is_valid(i) && f.value(i))
 }
 

@@ -19,6 +19,7 @@
 
 use crate::error::{DpError, Result, engine};
 use crate::noise::exponential::QuantileGrid;
+use crate::plan::clip::kept;
 use crate::plan::exact_sum::{Grid, each_grid_value};
 use crate::plan::pick::{Priority, cell_of};
 use crate::plan::{GroupKey, MeasureKind, bound, cells};
@@ -138,7 +139,7 @@ impl SlotHistogram {
     }
 }
 
-/// The histogram's type.
+/// The type of a histogram, and of a unit's kept slots: a list of Int64.
 fn histogram_type() -> DataType {
     DataType::new_list(DataType::Int64, true)
 }
@@ -280,7 +281,7 @@ impl KeepRows {
             let dt = match k {
                 Kept::Rows | Kept::Values => DataType::Int64,
                 Kept::Sum(_) => DataType::Decimal128(38, 0),
-                Kept::Slots => DataType::new_list(DataType::Int64, true),
+                Kept::Slots => histogram_type(),
             };
             Field::new(format!("x{i}"), dt, true)
         }));
@@ -550,7 +551,7 @@ impl GroupsAccumulator for KeepGroups {
         let (cells, per_measure) = batch_rows(&self.spec, values)?;
         let mut rng = rand::rng();
         for (r, (&g, cell)) in groups.iter().zip(cells.iter()).enumerate() {
-            if filter.is_some_and(|f| !f.is_valid(r) || !f.value(r)) {
+            if !kept(filter, r) {
                 continue;
             }
             let Some(unit) = self.units.get_mut(g) else { return exec_err!("dp_keep_rows: group {g} of {total}") };
@@ -584,7 +585,7 @@ impl GroupsAccumulator for KeepGroups {
             .enumerate()
             .map(|(r, cell)| {
                 let mut unit = Unit::default();
-                if !filter.is_some_and(|f| !f.is_valid(r) || !f.value(r)) {
+                if kept(filter, r) {
                     unit.keep(&self.spec, cell.unwrap_or(0), row_at(&mut rng, &per_measure, r));
                 }
                 Some(unit.state_bytes(self.spec.k))

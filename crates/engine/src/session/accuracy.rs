@@ -39,6 +39,11 @@ pub(crate) fn noise_accuracy(c: &Calibration, confidence: f64) -> Result<(f64, f
     Ok((c.params().std(), half))
 }
 
+/// Whether measurement `m` of `dp` is a quantile.
+fn is_quantile(dp: &DpPlan, m: usize) -> bool {
+    matches!(dp.measures.get(m).map(|x| &x.kind), Some(crate::plan::MeasureKind::Quantile { .. }))
+}
+
 /// The rank interval of a quantile measurement (see [`Accuracy::Rank`]): with weight η per unit of score over m
 /// candidates, the draw's score is below the best by more than t = ln(m/β)/η with probability ≤ β = 1 − c
 /// (McSherry & Talwar 2007, Thm 6: each worse candidate has weight ≤ e^{−ηt} of the best's); the score counts b
@@ -335,10 +340,8 @@ pub(crate) fn plan_accuracy(dp: &DpPlan, cals: &[Calibration], i: usize, confide
         Form::Exact => Ok(Planned::Ready(Accuracy::Public)),
         Form::Other(reason) => Ok(Planned::Ready(Accuracy::NoInterval { reason })),
         Form::Linear(terms) => {
-            let quantile = |j: &usize| {
-                matches!(dp.outputs.get(*j), Some(OutputKind::Measure(m))
-                    if matches!(dp.measures.get(*m).map(|x| &x.kind), Some(crate::plan::MeasureKind::Quantile { .. })))
-            };
+            let quantile =
+                |j: &usize| matches!(dp.outputs.get(*j), Some(OutputKind::Measure(m)) if is_quantile(dp, *m));
             if terms.iter().any(|(j, _)| quantile(j)) && output_itself(&dp.original, i).is_none() {
                 let reason = "a function of a quantile: the quantile's own interval is on its rank, not its value";
                 return Ok(Planned::Ready(Accuracy::NoInterval { reason: reason.into() }));
@@ -387,7 +390,7 @@ fn linear_accuracy(dp: &DpPlan, cals: &[Calibration], terms: Vec<(usize, f64)>, 
         ([], []) => Accuracy::Public,
         // A quantile's interval is on its rank: for the quantile itself ([`plan_accuracy`] sends nothing else).
         ([(m, _)], []) if let Some(rank) = rank_accuracy(dp, cals, *m, confidence)? => rank,
-        (ms, _) if ms.iter().any(|(m, _)| rank_accuracy(dp, cals, *m, confidence).is_ok_and(|r| r.is_some())) => {
+        (ms, _) if ms.iter().any(|(m, _)| is_quantile(dp, *m)) => {
             Accuracy::NoInterval { reason: "it combines a quantile with other noisy values".into() }
         }
         ([(m, a)], []) => {

@@ -87,6 +87,15 @@ pub(crate) fn noisy_batch(
         .filter(|(_, o)| matches!(o, OutputKind::Avg { .. } | OutputKind::Spread { .. }))
         .map(|(j, _)| (j, Vec::new(), Vec::new()))
         .collect();
+    // Each quantile's candidates, built once for all cells.
+    let candidates = dp
+        .measures
+        .iter()
+        .map(|m| match &m.kind {
+            MeasureKind::Quantile { grid, .. } => grid.grid().map(|g| Some(g.candidates().to_vec())),
+            _ => Ok(None),
+        })
+        .collect::<Result<Vec<_>>>()?;
     for (key, cell) in keys.into_iter().zip(values) {
         let noisy: Vec<NoisyValue> =
             dp.measures.iter().zip(cell).map(|(m, v)| NoisyValue { grid: *v, unit: unit_of(&m.kind) }).collect();
@@ -99,17 +108,16 @@ pub(crate) fn noisy_batch(
         for (j, o) in dp.outputs.iter().enumerate() {
             let dt = fields[j].data_type();
             let value = match o {
-                OutputKind::Measure(i) => match &dp.measures[*i].kind {
+                OutputKind::Measure(i) => match &candidates[*i] {
                     // The drawn candidate's index, as the candidate's value (a stand-in index beyond the grid, as
                     // the checks before the debit use, as the last one).
-                    MeasureKind::Quantile { grid, .. } => {
-                        let grid = grid.grid()?;
-                        let last = grid.candidates().len().saturating_sub(1);
+                    Some(candidates) => {
+                        let last = candidates.len().saturating_sub(1);
                         let j = usize::try_from(noisy[*i].grid.max(0)).unwrap_or(last).min(last);
-                        let c = grid.candidates().get(j).copied().unwrap_or(f64::NAN);
+                        let c = candidates.get(j).copied().unwrap_or(f64::NAN);
                         ScalarValue::Float64(Some(c)).cast_to(dt).map_err(engine)?
                     }
-                    _ => noisy[*i].scalar(dt)?,
+                    None => noisy[*i].scalar(dt)?,
                 },
                 OutputKind::Avg { sum, count } => {
                     let (lo, hi) = match &dp.measures[*sum].kind {
