@@ -195,6 +195,8 @@ async fn the_policy_sets_the_grid_and_the_min_max_quantile() {
     let e = s.explain("SELECT MIN(age), MAX(age), MEDIAN(income) FROM pums").await.unwrap().to_string();
     assert!(e.contains("MIN(age) as the quantile 1/20") && e.contains("MAX(age) as the quantile 19/20"), "{e}");
     assert!(e.contains("grid of 50 candidates in [0, 500000]"), "{e}");
+    // An integer column with fewer integers than the grid's points: every integer, and EXPLAIN says how many.
+    assert!(e.contains("grid of 101 candidates in [0, 100]"), "{e}");
     // `[session] min_max_quantile` is the default of every table that sets none.
     let s = crate::support::session_from(&base.replace("delta = 1e-6", "delta = 1e-6\nmin_max_quantile = 0.1")).await;
     let e = s.explain("SELECT MIN(age) FROM pums").await.unwrap().to_string();

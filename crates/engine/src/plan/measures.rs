@@ -281,7 +281,7 @@ fn quantile(
     })?;
     let unit = policy.privacy_unit.clone().unwrap_or_else(|| "row".into());
     let score_sensitivity = crate::noise::exponential::quantile_sensitivity(q, u128::from(contribution.rows))?;
-    let sensitivity = sensitivity::quantile(contribution, &unit, q, score_sensitivity, grid);
+    let sensitivity = sensitivity::quantile(contribution, &unit, q, score_sensitivity, &grid.grid()?);
     let kind = MeasureKind::Quantile { q, grid, score_sensitivity, cells: contribution.groups, asked };
     let expr = crate::plan::quantile::histogram_expr(Expr::Column(c), grid)?;
     Ok((Measure { kind, column: Some(base), sensitivity }, expr))

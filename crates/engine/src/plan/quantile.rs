@@ -65,7 +65,8 @@ impl GridSpec {
         if self.integer { QuantileGrid::integers(lo, hi, n) } else { QuantileGrid::new(lo, hi, n) }
     }
 
-    /// The parts (for the cluster codec and explanations): bounds, points, integer.
+    #[cfg(feature = "cluster")]
+    /// The parts, for the cluster codec: bounds, points, integer.
     pub(crate) fn parts(&self) -> (f64, f64, u64, bool) {
         (f64::from_bits(self.lo), f64::from_bits(self.hi), self.points, self.integer)
     }

@@ -83,10 +83,12 @@ pub fn quantile(
     unit: &str,
     q: crate::noise::Ratio,
     score_sensitivity: u128,
-    grid: crate::plan::quantile::GridSpec,
+    grid: &crate::noise::exponential::QuantileGrid,
 ) -> Sensitivity {
     let (d, g) = (score_sensitivity as f64, c.groups as f64);
-    let (lo, hi, points, _) = grid.parts();
+    let candidates = grid.candidates();
+    let (points, lo, hi) = (candidates.len(), candidates.first().copied(), candidates.last().copied());
+    let (lo, hi) = (lo.unwrap_or(f64::NAN), hi.unwrap_or(f64::NAN));
     Sensitivity {
         l1: d * g,
         l2: d * g.sqrt(),
