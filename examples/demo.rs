@@ -38,6 +38,7 @@ async fn main() {
         println!("> {sql}");
         match session.sql(sql).await {
             Ok(Response::Release(r)) => println!("{}\n", r.to_pretty_string()),
+            Ok(Response::Public(p)) => println!("{}\n", p.to_pretty_string()),
             Ok(Response::Explain(e)) => println!("{e}\n"),
             Ok(Response::Set { option, value }) => println!("{option} = {value}\n"),
             Err(e) => {

@@ -7,6 +7,7 @@
 //! numbers: the exact aggregates are equal (per-unit bounding exact across partitions) and the noise is drawn
 //! in the session, the same way.
 
+use crate::public::JOINS;
 use crate::quantiles::QUANTILES;
 use crate::spread::SPREADS;
 use crate::sql_accept::CHECKED;
@@ -48,13 +49,15 @@ async fn start_cluster(dir: &TempDir) -> String {
 /// budget of `rho`, at most `g` groups per person.
 async fn sessions(dir: &TempDir, rho: f64, g: u64) -> (DpSession, DpSession) {
     let engine = start_cluster(dir).await;
-    let local = session_from(&pums_config("pums_dup.csv", rho, 2, g)).await;
+    let public = crate::public::educ_levels_config();
+    let local = session_from(&(pums_config("pums_dup.csv", rho, 2, g) + &public)).await;
     let split = split_pums(dir, 3);
-    let cluster_cfg = pums_config("pums_dup.csv", rho, 2, g).replace("examples/data/pums_dup.csv", &split) + &engine;
+    let cluster_cfg =
+        pums_config("pums_dup.csv", rho, 2, g).replace("examples/data/pums_dup.csv", &split) + &public + &engine;
     (local, session_from(&cluster_cfg).await)
 }
 
-/// Every query of the acceptance corpus and of the quantile and spread corpora releases the same numbers on the cluster as locally, for the same seed,
+/// Every query of the acceptance corpus and of the quantile, spread and public-join corpora releases the same numbers on the cluster as locally, for the same seed,
 /// with one group per person (`dp_clipped` by unit) and with two (`DpByUnitExec`, kept cells as lists). A
 /// marginal release runs there too (its per-row sample depends on the order rows arrive in, so only its charge and
 /// shape are compared).
@@ -70,7 +73,7 @@ async fn releases_match(g: u64) {
     let (local, cluster) = sessions(&dir, 100.0, g).await;
     // Quantiles too: every person of pums_dup.csv has at most k = 2 rows, so both keep all rows and the same seed
     // draws the same candidates.
-    for (i, sql) in CHECKED.iter().chain(QUANTILES).chain(SPREADS).enumerate() {
+    for (i, sql) in CHECKED.iter().chain(QUANTILES).chain(SPREADS).chain(JOINS).enumerate() {
         local.insecure_reseed_for_tests(i as u64).unwrap();
         cluster.insecure_reseed_for_tests(i as u64).unwrap();
         let (a, b) = (release(&local, sql).await, release(&cluster, sql).await);

@@ -4,7 +4,8 @@
 //! every other row: `age > 92`, `name = 'zed'`, ...) and combine that with pieces that can fail at run time
 //! (overflowing literals, divisions by zero, failing casts, huge LIKE patterns, invalid regexes, functions taken
 //! at random from DataFusion's own catalogue) behind AND / OR / NOT / CASE, plus post-processing expressions,
-//! HAVING, ORDER BY and LIMIT. Each query runs on D and on D′ = D plus the crafted unit, with the same noise seed:
+//! HAVING, ORDER BY and LIMIT, over the private table alone or joined with a public one (whose keys the crafted
+//! unit holds or not; GROUP BY a public column; joins that are refused). Each query runs on D and on D′ = D plus the crafted unit, with the same noise seed:
 //!
 //! * a refusal (decided before anything is read) must be the same on both, message included, and so must EXPLAIN DP;
 //! * an answer must have the same column names and types on both;
@@ -40,8 +41,37 @@ fn session(extra: bool, view: bool) -> DpSession {
             batch.columns().iter().map(|c| if c.data_type() == &DataType::Utf8 { cast(c) } else { Arc::clone(c) });
         batch = RecordBatch::try_new(schema, columns.collect()).unwrap();
     }
-    crate::support::people_session_of(batch, 1e12, 1e4)
+    let mut s = crate::support::people_session_of(batch, 1e12, 1e4);
+    s.register_public_batches("bands", vec![bands()]).unwrap();
+    s
 }
+
+/// A public table of age bands for ages 0–92: the crafted unit's age (95) has no row, so a join on it finds
+/// nothing for that unit (a key missing on one side).
+fn bands() -> RecordBatch {
+    use datafusion::arrow::array::{Int64Array, StringArray};
+    let years: Vec<i64> = (0..=92).collect();
+    let band: Vec<String> = years.iter().map(|y| format!("{}0s", y / 10)).collect();
+    RecordBatch::try_from_iter([
+        ("years", Arc::new(Int64Array::from(years)) as ArrayRef),
+        ("band", Arc::new(StringArray::from(band)) as ArrayRef),
+    ])
+    .unwrap()
+}
+
+/// The FROM clauses: the private table alone, or joined with the public one (answered, on keys that the crafted
+/// unit holds or not, or refused).
+const FROMS: &[&str] = &[
+    "people",
+    "people",
+    "people",
+    "people JOIN bands b ON people.age = b.years",
+    "people LEFT JOIN bands b ON people.age = b.years",
+    "bands b RIGHT JOIN people ON b.years = people.age",
+    "people JOIN bands b ON people.sex = b.years",
+    "people FULL JOIN bands b ON people.age = b.years",
+    "people JOIN bands b ON people.age > b.years",
+];
 
 /// What the analyst sees ([`crate::support::seen`]); panics on an error that must never happen.
 async fn outcome(s: &DpSession, sql: &str) -> String {
@@ -200,8 +230,10 @@ impl Gen {
                 format!("{} AS c{i}", self.post(&agg))
             })
             .collect();
+        let from = self.pick(FROMS);
+        let key = if from.contains("bands") && self.rng.random_bool(0.5) { "b.band" } else { "sex" };
         if grouped {
-            items.insert(0, "sex".into());
+            items.insert(0, key.into());
         }
         let depth = self.rng.random_range(0..4);
         // Half the time, the shape of the audit's oracle: a condition true on the crafted unit alone, guarding a
@@ -211,9 +243,9 @@ impl Gen {
             1 => format!("NOT ({}) OR {}", self.pick(SINGLES_OUT), self.pick(RISKY)),
             _ => self.predicate(depth),
         };
-        let mut q = format!("SELECT {} FROM people WHERE {predicate}", items.join(", "));
+        let mut q = format!("SELECT {} FROM {from} WHERE {predicate}", items.join(", "));
         if grouped {
-            q.push_str(" GROUP BY sex");
+            q.push_str(&format!(" GROUP BY {key}"));
             if self.rng.random_bool(0.3) {
                 let lit = self.literal();
                 q.push_str(&format!(" HAVING COUNT(*) > {lit}"));

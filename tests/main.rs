@@ -23,6 +23,8 @@ mod marginals;
 mod noise_dist;
 /// Neighbouring-dataset audits of the whole query path: shifts match the claimed sensitivities.
 mod privacy_audit;
+/// Public tables (issue 37): queried exactly for free, joined with private tables as lookups, other joins refused.
+mod public;
 /// The Python package (`import dpfusion`, crates/python): built with maturin into a virtual environment under the
 /// target directory, its pytest suite run.
 mod python;

@@ -175,7 +175,8 @@ pub(crate) async fn init(a: InitArgs) -> Result<bool, DpError> {
 /// Runs `dpfusion check`: validates the configuration and prints what each table allows, as the planner answers
 /// it: every column is tried in `COUNT`, `SUM` and `GROUP BY` with `EXPLAIN DP` over a session with each table's
 /// declared schema and no data ([`DpSession::schema_only`]), so a refusal here is word for word the one a query
-/// gets. Reads no data, spends nothing.
+/// gets. Reads no private data (public tables are read, to find the columns they can be joined on), spends
+/// nothing.
 pub(crate) async fn check(config: &Path) -> Result<bool, DpError> {
     let cfg = SessionConfig::from_file(config)?;
     outln!("{}: valid", config.display());
@@ -193,6 +194,19 @@ pub(crate) async fn check(config: &Path) -> Result<bool, DpError> {
     }
     let session = DpSession::schema_only(&cfg)?;
     for (name, t) in &cfg.tables {
+        if t.public {
+            // Public data: reading it is what the owner declared harmless, and the only way to know its keys.
+            let table = dpfusion::session::read_public_table(name, t, None).await?;
+            let unique: Vec<&str> = table.unique_columns().collect();
+            outln!("\ntable {name} ({}, {} columns): public", t.path.display(), t.columns.len());
+            outln!(
+                "  {} rows, read as they are: queried exactly and for free, no privacy unit, no noise",
+                table.rows().num_rows()
+            );
+            let keys = if unique.is_empty() { "none (no column has unique values)".into() } else { unique.join(", ") };
+            outln!("  a private table can join it (INNER or LEFT JOIN) on: {keys}");
+            continue;
+        }
         let p = &t.policy;
         outln!("\ntable {name} ({}, {} columns)", t.path.display(), t.columns.len());
         match &p.privacy_unit {

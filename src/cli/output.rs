@@ -74,12 +74,14 @@ pub(crate) fn render(sql: &str, outcome: &Result<Response, DpError>, format: For
     match format {
         Format::Table => match outcome {
             Ok(Response::Release(r)) => r.to_pretty_string(),
+            Ok(Response::Public(p)) => p.to_pretty_string(),
             Ok(Response::Explain(e)) => e.to_string(),
             Ok(Response::Set { option, value }) => format!("{option} = {value}"),
             Err(e) => format!("error: {e}"),
         },
         Format::Csv => match outcome {
             Ok(Response::Release(r)) => csv(r.batches()),
+            Ok(Response::Public(p)) => csv(&p.batches),
             Ok(Response::Explain(e)) => e.to_string(),
             Ok(Response::Set { option, value }) => format!("{option},{value}"),
             Err(e) => format!("error: {e}"),
@@ -87,6 +89,7 @@ pub(crate) fn render(sql: &str, outcome: &Result<Response, DpError>, format: For
         Format::Json | Format::Jsonl => {
             let v = match outcome {
                 Ok(Response::Release(r)) => r.to_json(),
+                Ok(Response::Public(p)) => p.to_json(),
                 Ok(Response::Explain(e)) => explain_json(e),
                 Ok(Response::Set { option, value }) => {
                     json!({"status": "ok", "sql": sql, "set": option, "value": value})

@@ -64,12 +64,12 @@ enum Meta {
 /// what it does. The one list the help, the completion and the dispatch read.
 const META: &[(Meta, &[&str], &str, &str)] = &[
     (Meta::Help, &["\\?", "\\h", "\\help"], "", "this help"),
-    (Meta::Tables, &["\\tables"], "", "the private tables"),
+    (Meta::Tables, &["\\tables", "\\dt"], "", "the tables: private (with their privacy unit) and public"),
     (
         Meta::Describe,
         &["\\describe", "\\d"],
         "TABLE",
-        "columns with their policy (bounds, domain, privacy unit, limits)",
+        "columns with their policy (bounds, domain, privacy unit, limits); a public table's join keys",
     ),
     (Meta::Budget, &["\\budget"], "", "total, spent, remaining, (ε, δ) and the charges"),
     (Meta::Explain, &["\\explain"], "SQL", "the same as EXPLAIN DP SQL"),
@@ -175,6 +175,18 @@ impl Shell {
     }
 
     async fn describe(&self, table: &str) -> Result<(), DpError> {
+        if let Some(t) = self.session.public_tables().find(|t| t.name() == table) {
+            outln!(
+                "table {table}: public ({} rows; no privacy unit, no noise: queried exactly, for free)",
+                t.rows().num_rows()
+            );
+            let unique: Vec<&str> = t.unique_columns().collect();
+            for f in t.rows().schema().fields() {
+                let p = if unique.contains(&f.name().as_str()) { "unique: a private table can join on it" } else { "" };
+                outln!("  {:<12} {:<10} {p}", f.name(), f.data_type().to_string());
+            }
+            return Ok(());
+        }
         let policy = self.session.policy(table)?;
         let schema = self.session.table_schema(table).await?;
         outln!("table {table}");
@@ -215,6 +227,9 @@ impl Shell {
                 for (name, p) in self.session.tables() {
                     let unit = p.privacy_unit.as_deref().unwrap_or("row");
                     outln!("{name} (privacy unit: {unit})");
+                }
+                for t in self.session.public_tables() {
+                    outln!("{} (public, {} rows)", t.name(), t.rows().num_rows());
                 }
             }
             Meta::Describe => {
@@ -261,7 +276,13 @@ pub(crate) async fn run(session: DpSession, config: &Path) -> Result<bool, DpErr
         dpfusion::format::fmt_num(b.status.rho_total),
         dpfusion::format::fmt_num(b.status.rho_spent),
         session.delta(),
-        session.tables().keys().cloned().collect::<Vec<_>>().join(", ")
+        session
+            .tables()
+            .keys()
+            .cloned()
+            .chain(session.public_tables().map(|t| format!("{} (public)", t.name())))
+            .collect::<Vec<_>>()
+            .join(", ")
     );
     let ledger = session.ledger();
     if ledger.is_durable() {
@@ -276,6 +297,10 @@ pub(crate) async fn run(session: DpSession, config: &Path) -> Result<bool, DpErr
         if let Ok(s) = session.table_schema(name).await {
             words.extend(s.fields().iter().map(|f| f.name().clone()));
         }
+    }
+    for t in session.public_tables() {
+        words.push(t.name().to_string());
+        words.extend(t.rows().schema().fields().iter().map(|f| f.name().clone()));
     }
     let mut rl: Editor<DpHelper, rustyline::history::DefaultHistory> =
         Editor::new().map_err(|e| DpError::Config(format!("cannot start the line editor: {e}")))?;

@@ -78,7 +78,7 @@ fn cluster_settings(
     if !(1..=4096).contains(&partitions) {
         return Err(DpError::Config(format!("[engine] cluster_partitions = {partitions} must be in 1..=4096")));
     }
-    if let Some((name, _)) = tables.iter().find(|(_, t)| t.in_memory) {
+    if let Some((name, _)) = tables.iter().find(|(_, t)| t.in_memory && !t.public) {
         return Err(DpError::Config(format!(
             "[tables.{name}] in_memory = true cannot run on a cluster ([engine] scheduler): its rows would travel \
              inside every plan. Remove in_memory, or the scheduler"
@@ -352,6 +352,10 @@ pub struct TableConfig {
     /// (default false: every query reads the files). Changes to the files are seen after a restart.
     #[serde(default)]
     pub in_memory: bool,
+    /// A public table (default false): no privacy unit, no noise, read as it is, queried directly for free and
+    /// joined with private tables ([`crate::plan::lookup`]). Only `type` may be given for its columns.
+    #[serde(default)]
+    pub public: bool,
     /// The privacy-unit column; absent means every row is its own unit.
     pub privacy_unit: Option<String>,
     /// Most rows one unit may contribute (per group in a GROUP BY).
@@ -420,6 +424,8 @@ pub struct TableSource {
     pub policy: TablePolicy,
     /// Read once into memory at start ([`TableConfig::in_memory`]).
     pub in_memory: bool,
+    /// A public table ([`TableConfig::public`]): its `policy` is unused.
+    pub public: bool,
 }
 
 /// The validated session configuration.
@@ -609,6 +615,9 @@ fn table_source(name: &str, t: TableConfig, base_dir: &Path) -> Result<TableSour
             )));
         }
     };
+    if t.public {
+        check_public(name, &t)?;
+    }
     let mut columns = BTreeMap::new();
     let mut types = BTreeMap::new();
     let mut grid = BTreeMap::new();
@@ -672,5 +681,42 @@ fn table_source(name: &str, t: TableConfig, base_dir: &Path) -> Result<TableSour
         },
     };
     policy.validate(name)?;
-    Ok(TableSource { path: resolve(base_dir, &t.path), format, columns: types, policy, in_memory: t.in_memory })
+    Ok(TableSource {
+        path: resolve(base_dir, &t.path),
+        format,
+        columns: types,
+        policy,
+        in_memory: t.in_memory,
+        public: t.public,
+    })
+}
+
+/// A public table has no privacy policy: refuses the settings that only a private table takes.
+fn check_public(name: &str, t: &TableConfig) -> Result<()> {
+    let mut set: Vec<String> = [
+        ("privacy_unit", t.privacy_unit.is_some()),
+        ("max_rows_per_unit", t.max_rows_per_unit.is_some()),
+        ("max_groups_per_unit", t.max_groups_per_unit.is_some()),
+        ("min_max_quantile", t.min_max_quantile.is_some()),
+    ]
+    .into_iter()
+    .filter(|(_, given)| *given)
+    .map(|(key, _)| key.to_string())
+    .collect();
+    for (col, c) in &t.columns {
+        for (key, given) in [("bounds", c.bounds.is_some()), ("domain", c.domain.is_some()), ("grid", c.grid.is_some())]
+        {
+            if given {
+                set.push(format!("{col}.{key}"));
+            }
+        }
+    }
+    match set.as_slice() {
+        [] => Ok(()),
+        _ => Err(DpError::Config(format!(
+            "[tables.{name}] a public table (public = true) is read as it is, without a privacy policy; remove {} \
+             (or make the table private: remove `public = true`)",
+            set.join(", ")
+        ))),
+    }
 }

@@ -162,9 +162,44 @@ pub enum Refusal {
         /// The expression.
         expr: String,
     },
-    /// A join below the aggregate.
-    #[error("joins are not supported (a join can multiply one unit's rows and break its contribution bound)")]
+    /// A join of two private tables (or of a private table with itself).
+    #[error(
+        "a join of two private tables is not supported (a join can multiply one unit's rows and break its \
+         contribution bound)"
+    )]
     Join,
+    /// A join with a public table that is not a lookup (INNER or LEFT from the private side, one equality with a
+    /// unique public column).
+    #[error("{what} is not supported")]
+    UnsupportedJoin {
+        /// What the join does.
+        what: String,
+    },
+    /// A join on a public column whose values are not unique.
+    #[error(
+        "the join key {table}.{column} is not unique in the public table {table}: a private row could match \
+         several public rows, multiplying its unit's contribution"
+    )]
+    PublicKeyNotUnique {
+        /// The public table.
+        table: String,
+        /// The key column.
+        column: String,
+        /// The columns of the public table that are unique.
+        unique: Vec<String>,
+    },
+    /// An aggregate of a public table's column.
+    #[error("`{column}` is a column of a public table; aggregates measure the private table's columns")]
+    PublicColumnMeasured {
+        /// The column.
+        column: String,
+    },
+    /// A query over public tables only that is not answered (EXPLAIN DP, or a shape refused for public tables).
+    #[error("{what}")]
+    PublicQuery {
+        /// Why.
+        what: String,
+    },
     /// Another node below the aggregate.
     #[error("{what} before the aggregation is not supported")]
     BeforeAggregate {
@@ -552,7 +587,24 @@ impl Refusal {
             ComputedBeforeAggregate { .. } => "aggregate table columns directly (SUM(income), not SUM(income * 2)); \
                                                arithmetic on the aggregates themselves is fine (SUM(income) * 2)"
                 .into(),
-            Join => "query one private table at a time".into(),
+            Join => "query one private table at a time, joined with public tables if needed (INNER or LEFT JOIN on \
+                     a column unique in the public table); joins of private tables on the privacy unit are not \
+                     available yet"
+                .into(),
+            UnsupportedJoin { .. } => "join the private table with a public table by INNER JOIN or LEFT JOIN (from \
+                                       the private table) ON private_column = public_key, where public_key is unique \
+                                       in the public table (\\describe shows which columns are)"
+                .into(),
+            PublicKeyNotUnique { unique, .. } if unique.is_empty() => {
+                "give the public table a column with unique values to join on".into()
+            }
+            PublicKeyNotUnique { unique, .. } => format!("join on a unique column: {}", unique.join(", ")),
+            PublicColumnMeasured { .. } => "GROUP BY or filter on public columns; aggregate the private table's \
+                                            columns"
+                .into(),
+            PublicQuery { .. } => "query one public table at a time (it is answered exactly, and costs nothing), \
+                                   or join it with a private table inside a DP query"
+                .into(),
             BeforeAggregate { .. } => "keep only WHERE conditions between the table and the aggregate".into(),
             UnsafeCondition { .. } | UnsafePlan { .. } => safe.into(),
             UnsafeNode { .. } => "simplify the query to one aggregate over one table with WHERE conditions".into(),
@@ -655,6 +707,10 @@ impl Refusal {
             NestedAggregate => "nested_aggregate",
             ComputedBeforeAggregate { .. } => "computed_before_aggregate",
             Join => "join",
+            UnsupportedJoin { .. } => "unsupported_join",
+            PublicKeyNotUnique { .. } => "public_key_not_unique",
+            PublicColumnMeasured { .. } => "public_column_measured",
+            PublicQuery { .. } => "public_query",
             BeforeAggregate { .. } => "before_aggregate",
             UnsafeCondition { .. } => "unsafe_condition",
             UnsafePlan { .. } => "unsafe_plan",

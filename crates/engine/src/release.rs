@@ -357,7 +357,7 @@ fn scalar_json(v: ScalarValue) -> Value {
     }
 }
 
-fn rows_json(batches: &[RecordBatch]) -> Vec<Value> {
+pub(crate) fn rows_json(batches: &[RecordBatch]) -> Vec<Value> {
     let mut rows = Vec::new();
     for b in batches {
         for r in 0..b.num_rows() {

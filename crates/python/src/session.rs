@@ -115,6 +115,12 @@ impl Session {
         match response {
             Response::Release(r) => Ok(Py::new(py, Release::new(*r))?.into_any()),
             Response::Explain(e) => Ok(Py::new(py, Explanation::new(*e))?.into_any()),
+            Response::Public(p) => {
+                use arrow_pyarrow::IntoPyArrow;
+                let table = arrow_pyarrow::Table::try_new(p.batches, p.schema)
+                    .map_err(|e| usage("internal_error", e.to_string()))?;
+                Ok(table.into_pyarrow(py)?.unbind())
+            }
             Response::Set { .. } => Ok(py.None()),
         }
     }

@@ -22,6 +22,7 @@ use crate::plan::by_unit::ByUnitExec;
 use crate::plan::cells::{CellIndex, CellKey};
 use crate::plan::clip::{Clip, Clipped};
 use crate::plan::exact_sum::{BoundedSum, Grid};
+use crate::plan::lookup::{KeyIndex, PublicLookup};
 use crate::plan::pick::Priority;
 use crate::plan::quantile::{GridSpec, KeepRows, Kept, QuantileSlot, SlotHistogram};
 use crate::plan::runs::RowValue;
@@ -29,6 +30,7 @@ use crate::plan::unordered::UnorderedExec;
 use crate::session::private::SealedScanExec;
 use crate::source::text::{TextFormat, TextScan};
 use ballista_core::serde::BallistaPhysicalExtensionCodec;
+use datafusion::arrow::array::{ArrayRef, RecordBatch};
 use datafusion::arrow::datatypes::{DataType, Schema};
 use datafusion::common::{DataFusionError, Result, ScalarValue};
 use datafusion::datasource::memory::MemorySourceConfig;
@@ -143,7 +145,7 @@ struct UnorderedMsg {}
 
 #[derive(Clone, PartialEq, Message)]
 struct FnMsg {
-    #[prost(oneof = "Function", tags = "1, 2, 3, 4, 5, 6, 7, 8")]
+    #[prost(oneof = "Function", tags = "1, 2, 3, 4, 5, 6, 7, 8, 9")]
     function: Option<Function>,
 }
 
@@ -165,6 +167,45 @@ enum Function {
     SlotHistogram(u64),
     #[prost(message, tag = "8")]
     KeepRows(KeepRowsMsg),
+    #[prost(message, tag = "9")]
+    Lookup(LookupMsg),
+}
+
+/// A public table's lookup: its function name, `table.column`, and the key and value columns (an Arrow IPC stream
+/// of one batch, columns `key` and `value`): public rows, travelling with the plan.
+#[derive(Clone, PartialEq, Message)]
+struct LookupMsg {
+    #[prost(string, tag = "1")]
+    name: String,
+    #[prost(string, tag = "2")]
+    label: String,
+    #[prost(bytes = "vec", tag = "3")]
+    columns: Vec<u8>,
+}
+
+/// The key and value columns of a lookup as one Arrow IPC stream.
+fn lookup_to(keys: &ArrayRef, values: &ArrayRef) -> Result<Vec<u8>> {
+    use datafusion::arrow::ipc::writer::StreamWriter;
+    let batch = RecordBatch::try_from_iter([("key", Arc::clone(keys)), ("value", Arc::clone(values))]).map_err(err)?;
+    let mut out = Vec::new();
+    let mut w = StreamWriter::try_new(&mut out, &batch.schema()).map_err(err)?;
+    w.write(&batch).map_err(err)?;
+    w.finish().map_err(err)?;
+    drop(w);
+    Ok(out)
+}
+
+/// The lookup `m` encodes.
+fn lookup_from(m: LookupMsg) -> Result<ScalarUDF> {
+    use datafusion::arrow::ipc::reader::StreamReader;
+    let reader = StreamReader::try_new(std::io::Cursor::new(m.columns), None).map_err(err)?;
+    let batches = reader.collect::<std::result::Result<Vec<_>, _>>().map_err(err)?;
+    let [batch] = batches.as_slice() else { return Err(err("a lookup's columns are one batch")) };
+    let [keys, values] = batch.columns() else { return Err(err("a lookup has a key and a value column")) };
+    let index = KeyIndex::build(keys, keys.data_type())
+        .map_err(err)?
+        .ok_or_else(|| err(format!("{}: the keys sent are not unique", m.label)))?;
+    Ok(PublicLookup::udf(m.name, m.label, Arc::new(index), Arc::clone(values)))
 }
 
 /// A quantile's grid: bounds (bit patterns), points, and whether its candidates are integers.
@@ -509,6 +550,7 @@ impl PhysicalExtensionCodec for DpPhysicalCodec {
                 let points = usize::try_from(g.points).map_err(err)?;
                 QuantileSlot::udf(GridSpec::new(lo, hi, points, g.integer).map_err(err)?)
             }
+            Some(Function::Lookup(m)) => lookup_from(m)?,
             _ => return Err(err(format!("`{name}` is not a scalar function of dpfusion"))),
         }))
     }
@@ -527,6 +569,9 @@ impl PhysicalExtensionCodec for DpPhysicalCodec {
         } else if let Some(q) = inner.downcast_ref::<QuantileSlot>() {
             let (lo, hi, points, integer) = q.spec().parts();
             Function::QuantileSlot(QuantileGridMsg { lo: lo.to_bits(), hi: hi.to_bits(), points, integer })
+        } else if let Some(l) = inner.downcast_ref::<PublicLookup>() {
+            let (name, label, keys, values) = l.parts();
+            Function::Lookup(LookupMsg { name: name.into(), label: label.into(), columns: lookup_to(keys, values)? })
         } else {
             return self.ballista.try_encode_udf(node, buf);
         };

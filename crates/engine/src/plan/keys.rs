@@ -1,12 +1,13 @@
 //! Phase 1 of [`crate::plan::compile`]: the GROUP BY keys, the cells they span, and the rows that can reach a
 //! cell.
 //!
-//! A key is a bare column with a public domain, never the privacy unit: the released cells are the product of the
-//! domains, whatever the data. Rows outside the domain (and NULL keys) are dropped before any bounding, so they
+//! A key is a bare column with a public domain, never the privacy unit, or a column of a public table joined in
+//! ([`crate::plan::lookup`]), whose domain is that column's distinct values: the released cells are the product of
+//! the domains, whatever the private data. Rows outside the domain (and NULL keys) are dropped before any bounding, so they
 //! never use up a unit's contribution limits.
 
 use crate::error::{DpError, Result, engine};
-use crate::plan::{GroupKey, MAX_CELLS, bound, cell_count, cells, validate};
+use crate::plan::{GroupKey, MAX_CELLS, bound, cell_count, cells, lookup, validate};
 use crate::policy::TablePolicy;
 use crate::refusal::Refusal;
 use datafusion::arrow::datatypes::DataType;
@@ -27,6 +28,10 @@ pub fn group_keys(agg: &Aggregate, policy: &TablePolicy, table: &TableReference)
                 return Err(DpError::Refused(Refusal::ComputedKey { expr: g.to_string() }));
             };
             let Some(base) = validate::base_column(input, &c) else {
+                // A column of a public table joined in: its domain is the public column's distinct values.
+                if let Some(lookup) = lookup::lookup_column(input, &c) {
+                    return Ok(GroupKey { column: c, base: lookup.label().to_string(), domain: lookup.domain()? });
+                }
                 return Err(DpError::Refused(Refusal::KeyNotColumn { column: c.to_string() }));
             };
             if policy.privacy_unit.as_deref() == Some(base.as_str()) {

@@ -344,6 +344,9 @@ fn argument(agg: &Aggregate, arg: &Expr, what: &'static str) -> Result<(Column, 
         return Err(DpError::Refused(Refusal::ComputedArgument { aggregate: what, arg: arg.to_string() }));
     };
     let Some(base) = validate::base_column(input, &c) else {
+        if let Some(l) = crate::plan::lookup::lookup_column(input, &c) {
+            return Err(DpError::Refused(Refusal::PublicColumnMeasured { column: l.label().to_string() }));
+        }
         return Err(DpError::Refused(Refusal::ArgumentNotColumn { column: c.to_string() }));
     };
     Ok((c, base))

@@ -15,6 +15,7 @@ pub mod cells;
 pub mod clip;
 pub mod exact_sum;
 pub mod keys;
+pub mod lookup;
 pub mod measures;
 pub mod pick;
 pub mod quantile;
@@ -151,7 +152,7 @@ pub enum OutputKind {
 pub struct GroupKey {
     /// The key column in the aggregate's input.
     pub column: Column,
-    /// The base table column.
+    /// The base table column (`table.column` for a column of a public table joined in).
     pub base: String,
     /// The domain, as literals of the column's type.
     pub domain: Vec<ScalarValue>,

@@ -467,6 +467,7 @@ pub fn total(e: &Expr, schema: &DFSchema) -> std::result::Result<(), String> {
                 || inner.is::<CellIndex>()
                 || inner.is::<CellKey>()
                 || inner.is::<crate::plan::quantile::QuantileSlot>()
+                || inner.is::<crate::plan::lookup::PublicLookup>()
                 || field_by_name
             {
                 f.args.iter().try_for_each(|a| total(a, schema))

@@ -2,8 +2,9 @@
 //!
 //! Accepted shape: post-processing nodes (Projection, Filter for HAVING, Sort, Limit, SubqueryAlias, Window,
 //! Distinct) above exactly **one** Aggregate, whose input is a linear chain of Filter (WHERE), bare-column
-//! Projection and SubqueryAlias nodes ending in a scan of one private table. Expression subqueries, joins,
-//! unions and every statement that reaches outside a read-only view are refused.
+//! Projection and SubqueryAlias nodes ending in a scan of one private table (joins with public tables are lookups
+//! in those projections by then: [`crate::plan::lookup`]). Expression subqueries, other joins, unions and every
+//! statement that reaches outside a read-only view are refused.
 
 use crate::error::{DpError, Result, engine};
 use crate::refusal::Refusal;
@@ -147,7 +148,8 @@ fn check_private_input(input: &LogicalPlan, is_private: &dyn Fn(&TableReference)
             LogicalPlan::SubqueryAlias(a) => node = &a.input,
             LogicalPlan::Projection(p) => {
                 for e in &p.expr {
-                    if !matches!(strip_aliases(e), Expr::Column(_)) {
+                    // Bare columns, and the lookups a join with a public table became (`plan::lookup`).
+                    if !matches!(strip_aliases(e), Expr::Column(_)) && crate::plan::lookup::as_lookup(e).is_none() {
                         return refuse(Refusal::ComputedBeforeAggregate { expr: e.to_string() });
                     }
                 }

@@ -29,6 +29,7 @@ mod marginals;
 mod post;
 mod prepare;
 pub(crate) mod private;
+mod public;
 mod quote;
 mod register;
 mod statement;
@@ -41,6 +42,7 @@ pub(crate) use private::SealedScanExec;
 #[cfg(test)]
 pub(crate) use private::private_context;
 pub use private::{PrivatePlan, PrivateTables, Unlocked};
+pub use public::{PublicRows, read_public_table};
 use statement::Statement;
 pub use statement::{DpOptions, split_statements};
 pub use statement::{set_parts, strip_leading_comments};
@@ -65,6 +67,8 @@ pub enum Response {
     Release(Box<Release>),
     /// `EXPLAIN DP`: the plan and its cost, nothing spent.
     Explain(Box<Explanation>),
+    /// A query over public tables only: exact rows, nothing spent.
+    Public(Box<PublicRows>),
     /// `SET dp.… = …` was applied.
     Set {
         /// Option name, e.g. `dp.rho`.
@@ -106,6 +110,8 @@ pub struct DpSession {
     tables: PrivateTables,
     /// Where post-processing runs: no tables, a limited memory pool ([`POST_MEMORY`]).
     post: datafusion::prelude::SessionContext,
+    /// The public tables, and where queries over them only run.
+    public: public::PublicTables,
     policies: BTreeMap<String, TablePolicy>,
     defaults: Defaults,
     ledger: Box<dyn Ledger>,
@@ -192,7 +198,11 @@ impl DpSession {
             s.use_cluster(c)?;
         }
         for (name, src) in &cfg.tables {
-            s.register_source(name, src).await?;
+            if src.public {
+                s.register_public_source(name, src).await?;
+            } else {
+                s.register_source(name, src).await?;
+            }
         }
         Ok(s)
     }
@@ -261,6 +271,7 @@ impl DpSession {
         Ok(DpSession {
             tables: PrivateTables::new(),
             post: post::post_context(POST_MEMORY)?,
+            public: public::PublicTables::new(POST_MEMORY)?,
             policies: BTreeMap::new(),
             defaults: Defaults {
                 accounting: Accounting::Zcdp,
@@ -301,9 +312,12 @@ impl DpSession {
             .filter(|(name, _)| granted.is_none_or(|g| g.iter().any(|t| t == *name)))
             .map(|(name, policy)| (name.clone(), policy.clone()))
             .collect();
+        let public = self.public.share(granted, memory_limit.min(POST_MEMORY))?;
+        let names: Vec<String> = policies.keys().chain(public.names()).cloned().collect();
         Ok(DpSession {
-            tables: self.tables.share(policies.keys()).await?,
+            tables: self.tables.share(&names).await?,
             post: post::post_context(memory_limit.min(POST_MEMORY))?,
+            public,
             policies,
             defaults: self.defaults.clone(),
             ledger,
@@ -316,7 +330,8 @@ impl DpSession {
     }
 
     /// Each table this session may query, with its Arrow schema: what a PostgreSQL client's catalog queries
-    /// describe (`\\d`, JDBC's `getColumns`). The schema is public (the policy pins it); no data is read.
+    /// describe (`\\d`, JDBC's `getColumns`). The private tables first, then the public ones. The schema is public
+    /// (the policy pins it); no data is read.
     pub async fn table_schemas(&self) -> Result<Vec<(String, datafusion::arrow::datatypes::SchemaRef)>> {
         let mut out = Vec::with_capacity(self.policies.len());
         for name in self.policies.keys() {
@@ -326,6 +341,7 @@ impl DpSession {
                 schema.ok_or_else(|| DpError::Internal(format!("table {name} is not registered")))?,
             ));
         }
+        out.extend(self.public_tables().map(|t| (t.name().to_string(), t.rows().schema())));
         Ok(out)
     }
 
@@ -368,6 +384,9 @@ impl DpSession {
         use datafusion::arrow::datatypes::{DataType, Field, Schema};
         match statement::classify(sql)? {
             Statement::Query(q) => {
+                if let Some(plan) = self.public_plan(q, params).await? {
+                    return Ok(Arc::new(plan.schema().as_arrow().clone()));
+                }
                 let prepared = self.prepare(q, params).await?;
                 self.quote(&prepared.dp)?;
                 Ok(Arc::new(prepared.dp.original.schema().as_arrow().clone()))
@@ -463,7 +482,10 @@ impl DpSession {
             Statement::Explain(q) => Ok(Response::Explain(Box::new(self.explain_with_params(q, params).await?))),
             Statement::Set(_) if !params.is_empty() => Err(DpError::Refused(Refusal::SetUnreadable)),
             Statement::Set(rest) => self.set(rest),
-            Statement::Query(q) => Ok(Response::Release(Box::new(self.query(q, params, request_id).await?))),
+            Statement::Query(q) => match self.public_query(q, params).await? {
+                Some(rows) => Ok(Response::Public(Box::new(rows))),
+                None => Ok(Response::Release(Box::new(self.query(q, params, request_id).await?))),
+            },
         }
     }
 }

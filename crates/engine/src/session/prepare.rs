@@ -115,7 +115,7 @@ pub fn grow_stack<F: Future>(f: F) -> impl Future<Output = F::Output> {
 
 /// A DataFusion error while the query is parsed or planned, as the refusal it is (by the error's kind, not its
 /// text): a syntax error, an unknown name, or another planning error.
-fn planning_error(e: datafusion::error::DataFusionError) -> DpError {
+pub(crate) fn planning_error(e: datafusion::error::DataFusionError) -> DpError {
     use datafusion::error::DataFusionError as E;
     let message = crate::refusal::engine_message(&e);
     DpError::Refused(match e.find_root() {
@@ -125,8 +125,18 @@ fn planning_error(e: datafusion::error::DataFusionError) -> DpError {
     })
 }
 
+/// Whether `t` names a table of the default catalog and schema, where the session's tables are registered: a bare
+/// name, or one qualified by `public` (and `datafusion`).
+pub(crate) fn default_schema(t: &TableReference) -> bool {
+    match t {
+        TableReference::Bare { .. } => true,
+        TableReference::Partial { schema, .. } => schema.as_ref() == "public",
+        TableReference::Full { catalog, schema, .. } => catalog.as_ref() == "datafusion" && schema.as_ref() == "public",
+    }
+}
+
 /// Whether a parsed statement is a plain query (`SELECT ...`, `WITH ...`).
-fn is_query(s: &datafusion::sql::parser::Statement) -> bool {
+pub(crate) fn is_query(s: &datafusion::sql::parser::Statement) -> bool {
     use datafusion::sql::parser::Statement as S;
     use datafusion::sql::sqlparser::ast::Statement as Sql;
     matches!(s, S::Statement(inner) if matches!(**inner, Sql::Query(_)))
@@ -198,14 +208,7 @@ impl DpSession {
     /// The policy of a private table named by a query: only bare names are registered, and a qualified name
     /// (catalog.schema.table) must name the default catalog and schema.
     fn private_table(&self, t: &TableReference) -> Option<TablePolicy> {
-        let ok = match t {
-            TableReference::Bare { .. } => true,
-            TableReference::Partial { schema, .. } => schema.as_ref() == "public",
-            TableReference::Full { catalog, schema, .. } => {
-                catalog.as_ref() == "datafusion" && schema.as_ref() == "public"
-            }
-        };
-        ok.then(|| self.policies.get(t.table()).cloned()).flatten()
+        default_schema(t).then(|| self.policies.get(t.table()).cloned()).flatten()
     }
 
     /// Refuses `SUM(column)` or `AVG(column)` of a column that a private table declares non-numeric, with the
@@ -287,12 +290,25 @@ impl DpSession {
         // Every table a query names must be a private table of the session: checked before planning, so the
         // refusal names the table rather than quoting the planner. (Other statements are refused by their kind.)
         if is_query(&statement) {
-            let mut named = Vec::new();
+            let (mut named, mut public) = (Vec::new(), Vec::new());
             for t in state.resolve_table_references(&statement).map_err(planning_error)? {
+                if self.public_table(&t).is_some() {
+                    public.push(t.to_string());
+                    continue;
+                }
                 if self.private_table(&t).is_none() {
                     return Err(DpError::Refused(Refusal::NotPrivateTable { table: t.to_string() }));
                 }
                 named.push(t.table().to_string());
+            }
+            if named.is_empty() && !public.is_empty() {
+                return Err(DpError::Refused(Refusal::PublicQuery {
+                    what: format!(
+                        "{} is public: a query that reads only public tables is answered exactly and costs nothing, \
+                         and EXPLAIN DP has nothing to explain",
+                        public.join(", ")
+                    ),
+                }));
             }
             self.check_summed_types(&statement, &named).await?;
         }
@@ -318,6 +334,7 @@ impl DpSession {
             .map_err(|e| DpError::Refused(Refusal::TypeCheck { message: crate::refusal::engine_message(&e) }))?;
         size::check_constant_sizes(&analyzed)?;
         safety::check_constants(&analyzed)?;
+        let analyzed = plan::lookup::inline_public_joins(analyzed, &|t| self.public_table(t))?;
         let dp = plan::compile(&analyzed, &|t| self.private_table(t))?;
         let private = self.tables.optimize(&dp.private)?;
         self.check_post_processing(&dp).await?;

@@ -104,6 +104,13 @@ impl PrivateTables {
         self.cluster = Some(cluster);
     }
 
+    /// Registers a public table's rows (not sealed: they are public) so that queries joining it plan; the join
+    /// is rewritten into lookups before anything runs ([`crate::plan::lookup`]), so no private plan scans it.
+    pub(crate) fn register_public(&self, name: &str, table: Arc<dyn TableProvider>) -> Result<()> {
+        self.ctx.register_table(name, table).map_err(|e| DpError::Config(format!("table {name}: {e}")))?;
+        Ok(())
+    }
+
     /// Registers `provider` as the private table `name`, sealed.
     pub(crate) fn register(&self, name: &str, provider: Arc<dyn TableProvider>) -> Result<()> {
         #[cfg(feature = "cluster")]

@@ -32,6 +32,12 @@ impl DpSession {
             let fields: Vec<Field> =
                 src.columns.iter().map(|(c, t)| Field::new(c, t.data_type().clone(), true)).collect();
             let schema = Arc::new(Schema::new(fields));
+            if src.public {
+                // A public table without its rows: every column counts as unique and every domain is empty, so what
+                // this session says of joins with it is what the real table allows at most.
+                s.register_public_batches(name, vec![RecordBatch::new_empty(schema)])?;
+                continue;
+            }
             let empty =
                 MemTable::try_new(schema, vec![vec![]]).map_err(|e| DpError::Config(format!("table {name}: {e}")))?;
             s.register_table(name, Arc::new(empty), src.policy.clone())?;
@@ -53,6 +59,9 @@ impl DpSession {
     /// Registers any DataFusion table provider as a private table with `policy`.
     pub fn register_table(&mut self, name: &str, provider: Arc<dyn TableProvider>, policy: TablePolicy) -> Result<()> {
         policy.validate(name)?;
+        if self.public_tables().any(|t| t.name() == name) {
+            return Err(DpError::Config(format!("table {name}: a public table of that name is registered already")));
+        }
         check_policy_columns(name, provider.schema().as_ref(), &policy)?;
         self.tables.register(name, provider)?;
         self.plans.clear();

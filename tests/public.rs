@@ -1,0 +1,212 @@
+//! Public tables (issue 37): queried directly (exact, free), joined with a private table as lookups (INNER and
+//! LEFT on a unique public key), GROUP BY a public column over its distinct values, the per-unit bound applied
+//! after the join, and the refusals of every other join, before anything is spent.
+
+use crate::support::{ROOT, column_f64, release, session_with};
+use datafusion::arrow::array::{ArrayRef, Float64Array, Int64Array, RecordBatch, StringArray};
+use dpfusion::{ColumnPolicy, DomainValue, DpSession, Response, SessionConfig, TablePolicy};
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+
+/// The demo's public code list, as a configuration section to append to [`crate::support::pums_config`].
+pub(crate) fn educ_levels_config() -> String {
+    format!(
+        "\n[tables.educ_levels]\npath = \"{ROOT}/examples/data/educ_levels.csv\"\nformat = \"csv\"\npublic = true\n\
+         [tables.educ_levels.columns]\neduc = {{ type = \"int64\" }}\nlabel = {{ type = \"string\" }}\n\
+         level = {{ type = \"string\" }}\n"
+    )
+}
+
+/// Joins of PUMS with its public code list, answered (the cluster runs them too).
+pub(crate) const JOINS: &[&str] = &[
+    "SELECT l.level, COUNT(*) AS n, AVG(p.income) AS a FROM pums p JOIN educ_levels l ON p.educ = l.educ \
+     GROUP BY l.level ORDER BY l.level",
+    "SELECT COUNT(*) FROM pums p LEFT JOIN educ_levels l ON p.educ = l.educ WHERE l.label LIKE '%degree%'",
+    "SELECT l.label, SUM(p.age) FROM educ_levels l RIGHT JOIN pums p ON l.educ = p.educ GROUP BY l.label",
+    "SELECT l.level, MEDIAN(p.income) FROM pums p JOIN educ_levels l ON p.educ = l.educ GROUP BY l.level",
+    "SELECT p.sex, l.level, VAR_POP(p.age) FROM pums p JOIN educ_levels l ON p.educ = l.educ \
+     WHERE p.age > 30 GROUP BY p.sex, l.level",
+];
+
+fn ints(v: Vec<i64>) -> ArrayRef {
+    Arc::new(Int64Array::from(v))
+}
+
+fn strings(v: &[&str]) -> ArrayRef {
+    Arc::new(StringArray::from(v.to_vec()))
+}
+
+/// Units 0..10 with one row each, `k` = unit % 3; unit 99 with 50 rows of k = 0 and x = 7. At most 2 rows per
+/// unit and 1 group. A public table `codes`: k 0..3 (3 has no private row) with a unique name and a shared group,
+/// and `dup`, whose `k` repeats.
+fn session(rho: f64) -> DpSession {
+    let (mut pid, mut k, mut x) = (vec![], vec![], vec![]);
+    for u in 0..10 {
+        pid.push(u);
+        k.push(u % 3);
+        x.push(u as f64);
+    }
+    for _ in 0..50 {
+        pid.push(99);
+        k.push(0);
+        x.push(7.0);
+    }
+    let batch = RecordBatch::try_from_iter([
+        ("pid", ints(pid)),
+        ("k", ints(k)),
+        ("x", Arc::new(Float64Array::from(x)) as ArrayRef),
+    ])
+    .unwrap();
+    let cols = BTreeMap::from([("x".to_string(), ColumnPolicy::Bounds { lo: 0.0, hi: 10.0 })]);
+    let policy = TablePolicy::with_unit("pid", 2, 1, cols).unwrap();
+    let mut s = session_with(1e12, rho, "t", batch, policy);
+    let codes = RecordBatch::try_from_iter([
+        ("k", ints(vec![0, 1, 2, 3])),
+        ("name", strings(&["zero", "one", "two", "three"])),
+        ("grp", strings(&["low", "low", "high", "high"])),
+        ("w", Arc::new(Float64Array::from(vec![0.5, 1.5, 2.5, 3.5])) as ArrayRef),
+    ])
+    .unwrap();
+    s.register_public_batches("codes", vec![codes]).unwrap();
+    let dup = RecordBatch::try_from_iter([("k", ints(vec![0, 0, 1])), ("id", ints(vec![1, 2, 3]))]).unwrap();
+    s.register_public_batches("dup", vec![dup]).unwrap();
+    s
+}
+
+/// A query over public tables only is answered exactly and spends nothing; it reads one table; EXPLAIN DP says
+/// there is nothing to explain.
+#[tokio::test]
+async fn a_public_table_is_answered_exactly_and_for_free() {
+    let s = session(1.0);
+    let Ok(Response::Public(p)) = s.sql("SELECT name FROM codes WHERE k >= 2 ORDER BY k").await else {
+        panic!("a public answer")
+    };
+    assert_eq!(p.tables, ["codes"]);
+    let names = p.batches[0].column(0).as_any().downcast_ref::<StringArray>().unwrap();
+    assert_eq!(names.iter().flatten().collect::<Vec<_>>(), ["two", "three"]);
+    assert!(p.to_pretty_string().contains("exact values, nothing spent"));
+    assert_eq!(p.to_json()["status"], "public");
+    assert_eq!(s.budget().unwrap().status.rho_spent, 0.0);
+    for (sql, code) in [
+        ("SELECT * FROM codes a, codes b", "public_query"),
+        ("SELECT * FROM codes UNION ALL SELECT * FROM codes", "public_query"),
+        ("EXPLAIN DP SELECT COUNT(*) FROM codes", "public_query"),
+    ] {
+        let e = s.sql(sql).await.expect_err(sql);
+        assert_eq!(e.code(), code, "{sql}: {e}");
+    }
+    assert_eq!(s.describe("SELECT name FROM codes").await.unwrap().field(0).name(), "name");
+    assert!(s.table_schemas().await.unwrap().iter().any(|(n, _)| n == "codes"));
+}
+
+/// INNER, LEFT (and RIGHT from the public table) joins are lookups: each private row gains its public row's
+/// columns. At a huge ρ the noise is negligible and the answers are the exact bounded aggregates: unit 99 counts
+/// 2 of its 50 rows (the bound holds after the join); GROUP BY a public column releases each of its distinct
+/// values, those no private row reaches included.
+#[tokio::test]
+async fn joins_with_a_public_table_are_lookups_bounded_per_unit_after_the_join() {
+    let s = session(1e8);
+    let count = |sql: &'static str| {
+        let s = &s;
+        async move { column_f64(&release(s, sql).await, 0)[0].round() }
+    };
+    // 10 units with a code, unit 99 bounded to 2 rows.
+    assert_eq!(count("SELECT COUNT(*) FROM t JOIN codes c ON t.k = c.k").await, 12.0);
+    assert_eq!(count("SELECT COUNT(*) FROM t LEFT JOIN codes c ON t.k = c.k").await, 12.0);
+    assert_eq!(count("SELECT COUNT(*) FROM codes c RIGHT JOIN t ON c.k = t.k").await, 12.0);
+    // WHERE on a public column: units with k = 0 (0, 3, 6, 9) and unit 99.
+    assert_eq!(count("SELECT COUNT(*) FROM t JOIN codes c ON t.k = c.k WHERE c.name = 'zero'").await, 6.0);
+    // A key the private rows hold only partly (dup's id: 1, 2, 3; no private k = 0 finds a row): units 1, 4, 7
+    // (k = 1) and 2, 5, 8 (k = 2).
+    assert_eq!(count("SELECT COUNT(*) FROM t JOIN dup d ON t.k = d.id").await, 6.0);
+    let r = release(
+        &s,
+        "SELECT c.grp, COUNT(*) AS n, SUM(t.x) AS s FROM t JOIN codes c ON t.k = c.k GROUP BY c.grp ORDER BY c.grp",
+    )
+    .await;
+    let groups = r.batches()[0].column(0).as_any().downcast_ref::<StringArray>().unwrap();
+    assert_eq!(groups.iter().flatten().collect::<Vec<_>>(), ["high", "low"]);
+    // high: k = 2 (units 2, 5, 8); low: k = 0, 1 (units 0, 1, 3, 4, 6, 7, 9, and 99 with 2 rows of x = 7).
+    assert_eq!(column_f64(&r, 1).iter().map(|v| v.round()).collect::<Vec<_>>(), [3.0, 9.0]);
+    assert_eq!(column_f64(&r, 2).iter().map(|v| v.round()).collect::<Vec<_>>(), [15.0, 44.0]);
+    let r =
+        release(&s, "SELECT c.name, COUNT(*) FROM t JOIN codes c ON t.k = c.k GROUP BY c.name ORDER BY c.name").await;
+    assert_eq!(r.num_rows(), 4, "every distinct name, `three` (no private row) included");
+    assert_eq!(column_f64(&r, 1).iter().map(|v| v.round()).collect::<Vec<_>>(), [3.0, 0.0, 3.0, 6.0]);
+}
+
+/// Every other join is refused before anything is spent, with a code and a hint.
+#[tokio::test]
+async fn other_joins_are_refused_before_the_debit() {
+    let s = session(1.0);
+    let cases = [
+        ("SELECT COUNT(*) FROM t JOIN dup d ON t.k = d.k", "public_key_not_unique"),
+        ("SELECT COUNT(*) FROM t FULL JOIN codes c ON t.k = c.k", "unsupported_join"),
+        ("SELECT COUNT(*) FROM codes c LEFT JOIN t ON c.k = t.k", "unsupported_join"),
+        ("SELECT COUNT(*) FROM t JOIN codes c ON t.k > c.k", "unsupported_join"),
+        ("SELECT COUNT(*) FROM t JOIN codes c ON t.k = c.k AND t.x > c.w", "unsupported_join"),
+        ("SELECT COUNT(*) FROM t JOIN codes c ON t.x = c.w", "unsupported_join"),
+        ("SELECT COUNT(*) FROM t JOIN (SELECT * FROM codes WHERE k > 0) c ON t.k = c.k", "unsupported_join"),
+        ("SELECT COUNT(*) FROM t JOIN codes c ON t.k = c.k JOIN dup d ON c.k = d.k", "public_key_not_unique"),
+        ("SELECT SUM(c.w) FROM t JOIN codes c ON t.k = c.k", "public_column_measured"),
+        ("SELECT COUNT(*) FROM t a JOIN t b ON a.pid = b.pid", "join"),
+        ("SELECT COUNT(*) FROM codes a JOIN codes b ON a.k = b.k", "public_query"),
+    ];
+    for (sql, code) in cases {
+        let e = s.sql(sql).await.expect_err(sql);
+        assert_eq!(e.code(), code, "{sql}: {e}");
+        assert!(!e.hint().unwrap_or_default().is_empty(), "{sql}: a hint");
+    }
+    let e = s.sql(cases[0].0).await.unwrap_err();
+    assert!(e.hint().unwrap_or_default().contains("id"), "the hint names the unique columns: {e}");
+    assert_eq!(s.budget().unwrap().status.rho_spent, 0.0);
+}
+
+/// A public table in the configuration: read at start, listed, and refused with any private-table setting.
+#[tokio::test]
+async fn the_configuration_declares_public_tables_without_a_policy() {
+    let cfg = SessionConfig::from_file(Path::new(ROOT).join("config/pums.toml")).unwrap();
+    assert!(cfg.tables["educ_levels"].public);
+    let s = DpSession::from_config(&cfg).await.unwrap();
+    let t = s.public_tables().find(|t| t.name() == "educ_levels").unwrap();
+    assert_eq!(t.rows().num_rows(), 16);
+    assert_eq!(t.unique_columns().collect::<Vec<_>>(), ["educ", "label"]);
+    let r = release(&s, "SELECT l.level, COUNT(*) FROM pums p JOIN educ_levels l ON p.educ = l.educ GROUP BY l.level")
+        .await;
+    assert_eq!(r.num_rows(), 5);
+    let base = "[tables.codes]\npath = \"examples/data/educ_levels.csv\"\nformat = \"csv\"\npublic = true\n";
+    for (extra, named) in [
+        ("privacy_unit = \"educ\"\n", "privacy_unit"),
+        ("max_rows_per_unit = 2\n", "max_rows_per_unit"),
+        ("[tables.codes.columns]\neduc = { type = \"int64\", domain = [1, 2] }\n", "educ.domain"),
+        ("[tables.codes.columns]\neduc = { type = \"int64\", bounds = [1, 2] }\n", "educ.bounds"),
+    ] {
+        let text = format!("[session]\nrho = 1\ndefault_query_rho = 0.1\n{base}{extra}");
+        let e = SessionConfig::from_toml_str(&text, Path::new(ROOT)).unwrap_err().to_string();
+        assert!(e.contains("public table") && e.contains(named), "{extra}: {e}");
+    }
+}
+
+/// A join on a key of another integer type is planned with the key cast (the public column's values are unique as
+/// the wider type too), and a public table may not take a private table's name.
+#[tokio::test]
+async fn keys_of_other_types_and_names_already_taken() {
+    let mut s = session(1e8);
+    let narrow = RecordBatch::try_from_iter([
+        ("k", Arc::new(datafusion::arrow::array::Int32Array::from(vec![0, 1])) as ArrayRef),
+        ("label", strings(&["a", "b"])),
+    ])
+    .unwrap();
+    s.register_public_batches("narrow", vec![narrow]).unwrap();
+    let r = release(&s, "SELECT COUNT(*) FROM t JOIN narrow n ON t.k = n.k").await;
+    // k = 0: units 0, 3, 6, 9 and 99 (2 rows); k = 1: units 1, 4, 7.
+    assert_eq!(column_f64(&r, 0)[0].round(), 9.0);
+    let e = s.register_public_batches("t", vec![RecordBatch::try_from_iter([("k", ints(vec![1]))]).unwrap()]);
+    assert!(e.unwrap_err().to_string().contains("already"));
+    let policy =
+        TablePolicy::row_level(BTreeMap::from([("k".to_string(), ColumnPolicy::Domain(vec![DomainValue::Int(1)]))]))
+            .unwrap();
+    let e = s.register_batches("codes", vec![RecordBatch::try_from_iter([("k", ints(vec![1]))]).unwrap()], policy);
+    assert!(e.unwrap_err().to_string().contains("already"));
+}
