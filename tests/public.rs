@@ -210,3 +210,28 @@ async fn keys_of_other_types_and_names_already_taken() {
     let e = s.register_batches("codes", vec![RecordBatch::try_from_iter([("k", ints(vec![1]))]).unwrap()], policy);
     assert!(e.unwrap_err().to_string().contains("already"));
 }
+
+/// Over the server: a public table is listed by `\dt` for the analysts granted it, answered exactly with a NOTICE
+/// and no charge (simple and extended protocol), joined in a charged query; an analyst not granted it does not see it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_server_lists_answers_and_joins_public_tables() {
+    use crate::server::{PSQL_DT, code, connect, connect_as, spent, start_with, text_rows};
+    let s = start_with(crate::support::TempDir::new("serve-public"), &educ_levels_config(), "").await;
+    let (alice, mut notices) = connect_as(s.addr, "alice", crate::server::PASSWORD).await.unwrap();
+    let dt = text_rows(&alice, PSQL_DT).await;
+    assert!(dt.iter().any(|r| r[1] == "educ_levels"), "{dt:?}");
+    let rows = text_rows(&alice, "SELECT label FROM educ_levels WHERE educ = 16").await;
+    assert_eq!(rows, [["Doctorate degree"]]);
+    let row = alice.query_one("SELECT label FROM educ_levels WHERE educ = $1", &[&16i64]).await.unwrap();
+    assert_eq!(row.get::<_, String>(0), "Doctorate degree");
+    let notice = notices.recv().await.unwrap();
+    assert!(notice.contains("public table educ_levels: exact values, nothing spent"), "{notice}");
+    assert_eq!(spent(&s.db, "alice"), (0.0, 0));
+    let joined = "SELECT l.level, COUNT(*) FROM pums p JOIN educ_levels l ON p.educ = l.educ GROUP BY l.level";
+    assert_eq!(text_rows(&alice, joined).await.len(), 5, "one row per level");
+    assert_eq!(spent(&s.db, "alice").1, 1, "a join with a private table is charged once");
+    let bob = connect(s.addr, "bob").await;
+    assert!(text_rows(&bob, PSQL_DT).await.iter().all(|r| r[1] != "educ_levels"));
+    let e = bob.simple_query("SELECT * FROM educ_levels").await.unwrap_err();
+    assert!(code(&e).starts_with("42"), "{e:?}");
+}

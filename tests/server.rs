@@ -356,7 +356,7 @@ async fn a_cancel_request_stops_a_running_query_which_stays_charged() {
 }
 
 /// psql's `\dt` (captured from psql 15 against PostgreSQL 15).
-const PSQL_DT: &str = r#"SELECT n.nspname as "Schema",
+pub(crate) const PSQL_DT: &str = r#"SELECT n.nspname as "Schema",
   c.relname as "Name",
   CASE c.relkind WHEN 'r' THEN 'table' WHEN 'v' THEN 'view' WHEN 'm' THEN 'materialized view' WHEN 'i' THEN 'index' WHEN 'S' THEN 'sequence' WHEN 't' THEN 'TOAST table' WHEN 'f' THEN 'foreign table' WHEN 'p' THEN 'partitioned table' WHEN 'I' THEN 'partitioned index' END as "Type",
   pg_catalog.pg_get_userbyid(c.relowner) as "Owner"

@@ -84,3 +84,23 @@ async fn explain_shows_three_measurements_shared_by_every_spread_of_a_column() {
     let text = e.to_string();
     assert!(text.contains("SUM of centred values ±") && text.contains("SUM of their squares ±"), "{text}");
 }
+
+/// A variance's three measurements share their part of ρ 1 : 2 : 1 (COUNT : SUM : SUM of squares, the minimax
+/// split of `session/quote.rs`); the query's other measurements keep equal shares, and the total is the query's ρ.
+#[tokio::test]
+async fn a_variance_shares_its_rho_one_two_one_beside_equal_shares() {
+    let s = crate::support::people_session(10, false, 1e9, 1.0);
+    let e = s.explain("SELECT VAR_POP(age), AVG(age), COUNT(*) FROM people").await.unwrap();
+    let rho = |label: &str| {
+        let m = e.measures.iter().find(|m| m.label == label).unwrap_or_else(|| panic!("{label}"));
+        m.calibration.rho().get()
+    };
+    let close = |a: f64, b: f64| (a - b).abs() <= 1e-12;
+    // Shares 1 (COUNT(*)), 1 (SUM(age), for AVG), ¾, 1½, ¾ of a total of 5.
+    assert!(close(rho("COUNT(*)"), 0.2) && close(rho("SUM(age)"), 0.2), "{e}");
+    assert!(close(rho("COUNT(age)"), 0.15) && close(rho("SUM((age - 50)^2)"), 0.15), "{e}");
+    assert!(close(rho("SUM(age - 50)"), 0.3), "{e}");
+    let total: f64 = e.measures.iter().map(|m| m.calibration.rho().get()).sum();
+    assert!(close(total, 1.0), "{total}");
+    assert!(e.to_string().contains("1 : 2 : 1"), "{e}");
+}

@@ -369,9 +369,10 @@ class Session:
         0.1
         """
         ...
-    def sql(self, sql: str, request_id: Optional[str] = None) -> Union[Release, Explanation, None]:
-        """Runs one statement: a query returns a `Release` (noisy, debited, with its accuracy and charge);
-        `EXPLAIN DP <query>` an `Explanation` (nothing spent); `SET dp.<option> = <value>` returns None.
+    def sql(self, sql: str, request_id: Optional[str] = None) -> Union[Release, Explanation, Any, None]:
+        """Runs one statement: a query returns a `Release` (noisy, debited, with its accuracy and charge); a query
+        over public tables only, a `pyarrow.Table` (exact, nothing spent); `EXPLAIN DP <query>` an `Explanation`
+        (nothing spent); `SET dp.<option> = <value>` returns None.
 
         `request_id`: an idempotency key. A query whose id was released before returns the same release again
         (the same noisy numbers) and is not charged again; the same id with another query is refused.
@@ -382,6 +383,8 @@ class Session:
         (True, 1, 1)
         >>> s.sql("SET dp.rho = 0.1") is None
         True
+        >>> s.sql("SELECT COUNT(*) AS n FROM educ_levels").to_pydict()   # a public table: exact, nothing spent
+        {'n': [16]}
         >>> round(s.sql("SELECT AVG(age) AS a FROM pums").charge["rho"], 9)
         0.1
         """
@@ -413,10 +416,10 @@ class Session:
         """
         ...
     def tables(self) -> dict[str, list[str]]:
-        """The tables this session may query, with their column names (those the policy declares).
+        """The tables this session may query, private and public, with their column names (those the policy declares).
 
         >>> s.tables()
-        {'pums': ['age', 'sex', 'educ', 'race', 'income', 'married', 'pid']}
+        {'educ_levels': ['educ', 'label', 'level'], 'pums': ['age', 'sex', 'educ', 'race', 'income', 'married', 'pid']}
         """
         ...
     def register(self, name: str, data: Any, policy: dict[str, Any]) -> None:
@@ -425,7 +428,8 @@ class Session:
         type of every column** (`{"privacy_unit": "pid", "max_rows_per_unit": 2, "columns": {"pid": {"type":
         "int64"}, "age": {"type": "int64", "bounds": [0, 100]}}}`): types are never inferred from the data. Only
         the columns the policy lists are visible; a column whose data type differs from its declared type is an
-        error (convert it first).
+        error (convert it first). `{"public": True, "columns": {...}}` registers a **public** table instead (no
+        privacy unit, no noise: queried exactly and joined with private tables on its unique columns).
 
         >>> import pyarrow as pa
         >>> people = pa.table({"person": [1, 2, 3], "age": [34, 51, 27], "secret": [7, 7, 7]})

@@ -95,8 +95,9 @@ impl Session {
         Ok(Session { inner: RwLock::new(s) })
     }
 
-    /// Runs one statement: a query returns a `Release` (noisy, debited, with its accuracy and charge);
-    /// `EXPLAIN DP <query>` an `Explanation` (nothing spent); `SET dp.<option> = <value>` returns None.
+    /// Runs one statement: a query returns a `Release` (noisy, debited, with its accuracy and charge); a query
+    /// over public tables only, a `pyarrow.Table` (exact, nothing spent); `EXPLAIN DP <query>` an `Explanation`
+    /// (nothing spent); `SET dp.<option> = <value>` returns None.
     ///
     /// `request_id`: an idempotency key. A query whose id was released before returns the same release again
     /// (the same noisy numbers) and is not charged again; the same id with another query is refused.
@@ -107,6 +108,8 @@ impl Session {
     /// (True, 1, 1)
     /// >>> s.sql("SET dp.rho = 0.1") is None
     /// True
+    /// >>> s.sql("SELECT COUNT(*) AS n FROM educ_levels").to_pydict()   # a public table: exact, nothing spent
+    /// {'n': [16]}
     /// >>> round(s.sql("SELECT AVG(age) AS a FROM pums").charge["rho"], 9)
     /// 0.1
     #[pyo3(signature = (sql, request_id = None))]
@@ -165,10 +168,10 @@ impl Session {
         to_python(py, &Value::Array(v))
     }
 
-    /// The tables this session may query, with their column names (those the policy declares).
+    /// The tables this session may query, private and public, with their column names (those the policy declares).
     ///
     /// >>> s.tables()
-    /// {'pums': ['age', 'sex', 'educ', 'race', 'income', 'married', 'pid']}
+    /// {'educ_levels': ['educ', 'label', 'level'], 'pums': ['age', 'sex', 'educ', 'race', 'income', 'married', 'pid']}
     fn tables(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
         let schemas = run(py, || async move { self.inner.read().await.table_schemas().await })?;
         let v: serde_json::Map<String, Value> = schemas
@@ -183,7 +186,8 @@ impl Session {
     /// type of every column** (`{"privacy_unit": "pid", "max_rows_per_unit": 2, "columns": {"pid": {"type":
     /// "int64"}, "age": {"type": "int64", "bounds": [0, 100]}}}`): types are never inferred from the data. Only
     /// the columns the policy lists are visible; a column whose data type differs from its declared type is an
-    /// error (convert it first).
+    /// error (convert it first). `{"public": True, "columns": {...}}` registers a **public** table instead (no
+    /// privacy unit, no noise: queried exactly and joined with private tables on its unique columns).
     ///
     /// >>> import pyarrow as pa
     /// >>> people = pa.table({"person": [1, 2, 3], "age": [34, 51, 27], "secret": [7, 7, 7]})
@@ -199,7 +203,14 @@ impl Session {
         let (columns, table_policy) = parse_table_policy(py, name, policy)?;
         let reader = ArrowArrayStreamReader::from_pyarrow_bound(data)?;
         let batches = declared_batches(name, reader, &columns)?;
-        py.detach(|| self.inner.blocking_write().register_batches(name, batches, table_policy)).map_err(to_py)
+        py.detach(|| {
+            let mut session = self.inner.blocking_write();
+            match table_policy {
+                Some(policy) => session.register_batches(name, batches, policy),
+                None => session.register_public_batches(name, batches),
+            }
+        })
+        .map_err(to_py)
     }
 
     /// Releases the one-way marginals (histograms) of `columns` of `table` in one debit: each cell a noisy count,
@@ -242,13 +253,16 @@ impl Session {
     }
 }
 
-/// The declared column types and the policy of an in-memory table, parsed and checked by the engine's
-/// configuration code (as a table of a configuration file whose data would be elsewhere).
+/// The declared columns of an in-memory table, with their types.
+type DeclaredColumns = Vec<(String, datafusion::arrow::datatypes::DataType)>;
+
+/// The declared column types and the policy of an in-memory table (`None` for a public table), parsed and checked
+/// by the engine's configuration code (as a table of a configuration file whose data would be elsewhere).
 fn parse_table_policy(
     py: Python<'_>,
     name: &str,
     policy: &Bound<'_, PyAny>,
-) -> PyResult<(Vec<(String, datafusion::arrow::datatypes::DataType)>, dpfusion::TablePolicy)> {
+) -> PyResult<(DeclaredColumns, Option<dpfusion::TablePolicy>)> {
     let what = format!("the policy of table {name}");
     let mut table = toml_text(py, policy, &what)?;
     let Some(obj) = table.as_object_mut() else {
@@ -266,7 +280,7 @@ fn parse_table_policy(
     let source =
         parsed.tables.get(name).ok_or_else(|| usage("config_error", format!("{what}: give the table a plain name")))?;
     let columns = source.columns.iter().map(|(c, t)| (c.clone(), t.data_type().clone())).collect();
-    Ok((columns, source.policy.clone()))
+    Ok((columns, (!source.public).then(|| source.policy.clone())))
 }
 
 /// The data's batches with only the declared columns, in the policy's order, cast to their declared types (within

@@ -66,7 +66,13 @@ impl std::fmt::Display for Explanation {
             writeln!(f, "  {line}")?;
         }
         writeln!(f, "Cells released: {}", self.cells)?;
-        writeln!(f, "Measurements (ρ split equally; neighbours differ by one privacy unit):")?;
+        let equal = self.measures.windows(2).all(|w| w[0].calibration.rho() == w[1].calibration.rho());
+        let split = if equal {
+            "ρ split equally"
+        } else {
+            "ρ split equally but for a variance's COUNT : SUM : SUM of squares, 1 : 2 : 1"
+        };
+        writeln!(f, "Measurements ({split}; neighbours differ by one privacy unit):")?;
         for m in &self.measures {
             let c = &m.calibration;
             let (what, param) = match c.params() {

@@ -184,6 +184,15 @@ impl DpSession {
     /// The plan of `sql` if it is a query that reads public tables only (`None` otherwise: the private path
     /// answers or refuses it), checked: read-only, one table, no subquery.
     pub(crate) async fn public_plan(&self, sql: &str, params: &[ScalarValue]) -> Result<Option<LogicalPlan>> {
+        if self.public.tables.is_empty() {
+            return Ok(None);
+        }
+        crate::plan::safety::check_statement_size(sql)?;
+        super::prepare::grow_stack(self.public_plan_checked(sql, params)).await
+    }
+
+    /// [`DpSession::public_plan`] of a statement whose size was checked, on a large stack.
+    async fn public_plan_checked(&self, sql: &str, params: &[ScalarValue]) -> Result<Option<LogicalPlan>> {
         let state = self.public.ctx.state();
         let dialect = state.config().options().sql_parser.dialect;
         let Ok(statement) = state.sql_to_statement(sql, &dialect) else { return Ok(None) };

@@ -41,15 +41,46 @@ impl Quote {
     }
 }
 
-/// Calibrates each measurement of `dp` with an equal share ρ/m of the query's ρ.
+/// How the query's ρ is shared between the measurements of `dp`, as weights (ρᵢ = ρ·wᵢ/Σw): 1 each, except the
+/// three measurements of a variance or standard deviation (`COUNT(x)`, `SUM(x − c)`, `SUM((x − c)²)`), which take
+/// ¾, 1½ and ¾ (the same total of 3, in the ratio 1 : 2 : 1).
+///
+/// That ratio minimises the worst case, over data within the bounds `c ± h`, of the first-order variance of the
+/// released variance `V = Q/n − (S/n)²`: `Var(V) ≈ [σ_Q² + (Q/n − 2S²/n²)²·σ_n² + (2S/n)²·σ_S²]/n²`, whose
+/// coefficients are at most `1`, `h⁴` and `4h²`, all three reached together when every value sits on one bound. With
+/// `σᵢ² ∝ Δᵢ²/ρᵢ` (Gaussian and Laplace noise alike under zCDP) and `Δ_Q = k·h²`, `Δ_n = k`, `Δ_S = k·h`, the bound
+/// is `∝ k²h⁴·(1/ρ_Q + 1/ρ_n + 4/ρ_S)`, least for `ρ_Q : ρ_n : ρ_S = 1 : 1 : 2` (Lagrange: `ρᵢ ∝ √cᵢ`). The standard
+/// deviation is a monotone function of V, whose first-order error scales all three terms alike.
+fn shares(dp: &DpPlan) -> Vec<f64> {
+    let mut w = vec![1.0; dp.measures.len()];
+    for o in &dp.outputs {
+        if let crate::plan::OutputKind::Spread { count, sum, squares, .. } = *o {
+            for (i, share) in [(count, 0.75), (sum, 1.5), (squares, 0.75)] {
+                if let Some(x) = w.get_mut(i) {
+                    *x = share;
+                }
+            }
+        }
+    }
+    w
+}
+
+/// Calibrates each measurement of `dp` with its share of the query's ρ ([`shares`]: equal shares ρ/m unless the
+/// query has a variance or a standard deviation).
 fn calibrate_each(dp: &DpPlan, rho: Rho, mech: MechanismChoice, accounting: Accounting) -> Result<Vec<Calibration>> {
-    let m = dp.measures.len() as f64;
-    let share = Rho::positive(rho.get() / m).map_err(|e| {
-        DpError::Refused(Refusal::RhoSplit { rho: rho.get(), measures: dp.measures.len(), reason: e.to_string() })
-    })?;
+    let weights = shares(dp);
+    let total: f64 = weights.iter().sum();
     dp.measures
         .iter()
-        .map(|ms| {
+        .zip(&weights)
+        .map(|(ms, w)| {
+            let share = Rho::positive(rho.get() * w / total).map_err(|e| {
+                DpError::Refused(Refusal::RhoSplit {
+                    rho: rho.get(),
+                    measures: dp.measures.len(),
+                    reason: e.to_string(),
+                })
+            })?;
             if let MeasureKind::Quantile { score_sensitivity, cells, .. } = ms.kind {
                 return calibrate::exponential(score_sensitivity, cells, share, accounting).map_err(|e| {
                     DpError::Refused(Refusal::Calibration { measure: ms.label(), reason: e.to_string() })
