@@ -4,8 +4,8 @@
 //! every other row: `age > 92`, `name = 'zed'`, ...) and combine that with pieces that can fail at run time
 //! (overflowing literals, divisions by zero, failing casts, huge LIKE patterns, invalid regexes, functions taken
 //! at random from DataFusion's own catalogue) behind AND / OR / NOT / CASE, plus post-processing expressions,
-//! HAVING, ORDER BY and LIMIT, over the private table alone or joined with a public one (whose keys the crafted
-//! unit holds or not; GROUP BY a public column; joins that are refused). Each query runs on D and on D′ = D plus the crafted unit, with the same noise seed:
+//! HAVING, ORDER BY and LIMIT, over the private table alone, joined with a public one (whose keys the crafted
+//! unit holds or not; GROUP BY a public column; joins that are refused) or with itself (on the unit, or refused). Each query runs on D and on D′ = D plus the crafted unit, with the same noise seed:
 //!
 //! * a refusal (decided before anything is read) must be the same on both, message included, and so must EXPLAIN DP;
 //! * an answer must have the same column names and types on both;
@@ -71,6 +71,9 @@ const FROMS: &[&str] = &[
     "people JOIN bands b ON people.sex = b.years",
     "people FULL JOIN bands b ON people.age = b.years",
     "people JOIN bands b ON people.age > b.years",
+    "people JOIN (SELECT pid AS qid, income AS qincome FROM people) q ON people.pid = q.qid",
+    "people LEFT JOIN (SELECT pid AS qid FROM people WHERE name = 'zed') q ON people.pid = q.qid",
+    "people JOIN (SELECT pid AS qid FROM people) q ON people.age = q.qid",
 ];
 
 /// What the analyst sees ([`crate::support::seen`]); panics on an error that must never happen.

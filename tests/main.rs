@@ -52,5 +52,7 @@ mod sql_accept;
 mod sql_refuse;
 /// Helpers shared by the other modules: configurations, sessions, temporary directories, outcomes.
 mod support;
+/// Joins of private tables on their privacy unit (issue 37): bounded after the join, other joins refused.
+mod unit_join;
 /// The numeric test vectors of the research notes (calibration, conversions, compositions).
 mod vectors;

@@ -29,6 +29,13 @@ pub(crate) const JOINS: &[&str] = &[
      WHERE p.age > 30 GROUP BY p.sex, l.level",
 ];
 
+/// Joins of PUMS with itself on the unit: answered on one machine, refused on a cluster (`join_on_cluster`).
+pub(crate) const UNIT_JOINS: &[&str] = &[
+    "SELECT a.sex, COUNT(*), SUM(b.income) FROM pums a JOIN pums b ON a.pid = b.pid GROUP BY a.sex",
+    "SELECT l.level, AVG(b.age) FROM pums a LEFT JOIN pums b ON a.pid = b.pid JOIN educ_levels l \
+     ON a.educ = l.educ GROUP BY l.level",
+];
+
 fn ints(v: Vec<i64>) -> ArrayRef {
     Arc::new(Int64Array::from(v))
 }
@@ -150,7 +157,7 @@ async fn other_joins_are_refused_before_the_debit() {
         ("SELECT COUNT(*) FROM t JOIN (SELECT * FROM codes WHERE k > 0) c ON t.k = c.k", "unsupported_join"),
         ("SELECT COUNT(*) FROM t JOIN codes c ON t.k = c.k JOIN dup d ON c.k = d.k", "public_key_not_unique"),
         ("SELECT SUM(c.w) FROM t JOIN codes c ON t.k = c.k", "public_column_measured"),
-        ("SELECT COUNT(*) FROM t a JOIN t b ON a.pid = b.pid", "join"),
+        ("SELECT COUNT(*) FROM t a JOIN t b ON a.k = b.k", "join"),
         ("SELECT COUNT(*) FROM codes a JOIN codes b ON a.k = b.k", "public_query"),
     ];
     for (sql, code) in cases {

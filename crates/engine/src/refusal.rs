@@ -162,12 +162,17 @@ pub enum Refusal {
         /// The expression.
         expr: String,
     },
-    /// A join of two private tables (or of a private table with itself).
+    /// A join of private tables that is not on their privacy units.
+    #[error("{what} is not supported (it could pair one unit's rows with another's)")]
+    Join {
+        /// What the join does.
+        what: String,
+    },
+    /// A join of private tables in a session whose private plans run on a cluster.
     #[error(
-        "a join of two private tables is not supported (a join can multiply one unit's rows and break its \
-         contribution bound)"
+        "a join of private tables does not run on a cluster yet (this session sends its plans to [engine] scheduler)"
     )]
-    Join,
+    JoinOnCluster,
     /// A join with a public table that is not a lookup (INNER or LEFT from the private side, one equality with a
     /// unique public column).
     #[error("{what} is not supported")]
@@ -587,9 +592,11 @@ impl Refusal {
             ComputedBeforeAggregate { .. } => "aggregate table columns directly (SUM(income), not SUM(income * 2)); \
                                                arithmetic on the aggregates themselves is fine (SUM(income) * 2)"
                 .into(),
-            Join => "query one private table at a time, joined with public tables if needed (INNER or LEFT JOIN on \
-                     a column unique in the public table); joins of private tables on the privacy unit are not \
-                     available yet"
+            Join { .. } => "join private tables only on their privacy units (INNER or LEFT JOIN ... ON a.unit = \
+                            b.unit, every table with a privacy unit), and public tables on a column unique in them"
+                .into(),
+            JoinOnCluster => "run the join in a session without `[engine] scheduler`; joins with public tables run on \
+                              a cluster"
                 .into(),
             UnsupportedJoin { .. } => "join the private table with a public table by INNER JOIN or LEFT JOIN (from \
                                        the private table) ON private_column = public_key, where public_key is unique \
@@ -706,7 +713,8 @@ impl Refusal {
             UnsupportedNode { .. } => "unsupported_node",
             NestedAggregate => "nested_aggregate",
             ComputedBeforeAggregate { .. } => "computed_before_aggregate",
-            Join => "join",
+            Join { .. } => "join",
+            JoinOnCluster => "join_on_cluster",
             UnsupportedJoin { .. } => "unsupported_join",
             PublicKeyNotUnique { .. } => "public_key_not_unique",
             PublicColumnMeasured { .. } => "public_column_measured",
@@ -803,7 +811,7 @@ mod tests {
         let samples = [
             Refusal::EmptyStatement,
             Refusal::Subquery,
-            Refusal::Join,
+            Refusal::Join { what: "a join".into() },
             Refusal::NoAggregate,
             Refusal::NoDomain { table: "t".into(), column: "c".into() },
             Refusal::NoBounds { aggregate: "SUM", table: "t".into(), column: "c".into() },

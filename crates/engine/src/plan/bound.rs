@@ -43,7 +43,8 @@ use std::sync::Arc;
 /// Name of the carried privacy-unit column.
 pub const UNIT: &str = "__dp_unit";
 
-/// Inserts `unit AS __dp_unit` right above the scan and carries it through every projection of the input chain.
+/// Inserts `unit AS __dp_unit` right above the scan (the leftmost one, for a join of private tables on their unit)
+/// and carries it through every projection of the input chain.
 pub fn carry_unit(input: LogicalPlan, unit: &str) -> Result<LogicalPlan> {
     let scans_unit = input
         .exists(|n| {
@@ -53,26 +54,44 @@ pub fn carry_unit(input: LogicalPlan, unit: &str) -> Result<LogicalPlan> {
     if !scans_unit {
         return Err(DpError::Config(format!("the privacy-unit column `{unit}` is missing from the table")));
     }
-    input
-        .transform_up(|node| match node {
-            LogicalPlan::TableScan(_) => {
-                let schema = node.schema().clone();
-                let (q, f) = schema.qualified_field_with_unqualified_name(unit)?;
-                let mut exprs: Vec<Expr> = schema.columns().into_iter().map(Expr::Column).collect();
-                exprs.push(Expr::Column(Column::new(q.cloned(), f.name())).alias(UNIT));
-                let p = Projection::try_new(exprs, Arc::new(node))?;
-                Ok(Transformed::yes(LogicalPlan::Projection(p)))
-            }
-            LogicalPlan::Projection(p) => {
-                let mut exprs = p.expr.clone();
-                let (q, _) = p.input.schema().qualified_field_with_unqualified_name(UNIT)?;
-                exprs.push(Expr::Column(Column::new(q.cloned(), UNIT)));
-                Ok(Transformed::yes(LogicalPlan::Projection(Projection::try_new(exprs, p.input.clone())?)))
-            }
-            other => Ok(Transformed::yes(other.recompute_schema()?)),
-        })
-        .map(|t| t.data)
-        .map_err(engine)
+    carry(input, unit).map_err(engine)
+}
+
+/// [`carry_unit`] below its check. A join of private tables on their unit ([`crate::plan::unit_join`]) carries
+/// the unit of its left input only: an INNER join's rows hold the same unit on both sides, and a LEFT join's rows
+/// all hold the left one (the right may be NULL).
+fn carry(node: LogicalPlan, unit: &str) -> datafusion::error::Result<LogicalPlan> {
+    match node {
+        LogicalPlan::TableScan(_) => {
+            let schema = node.schema().clone();
+            let (q, f) = schema.qualified_field_with_unqualified_name(unit)?;
+            let mut exprs: Vec<Expr> = schema.columns().into_iter().map(Expr::Column).collect();
+            exprs.push(Expr::Column(Column::new(q.cloned(), f.name())).alias(UNIT));
+            Ok(LogicalPlan::Projection(Projection::try_new(exprs, Arc::new(node))?))
+        }
+        LogicalPlan::Projection(p) => {
+            let input = Arc::new(carry(Arc::unwrap_or_clone(p.input), unit)?);
+            let mut exprs = p.expr;
+            let (q, _) = input.schema().qualified_field_with_unqualified_name(UNIT)?;
+            exprs.push(Expr::Column(Column::new(q.cloned(), UNIT)));
+            Ok(LogicalPlan::Projection(Projection::try_new(exprs, input)?))
+        }
+        LogicalPlan::Join(j) => {
+            let left = Arc::new(carry(Arc::unwrap_or_clone(j.left), unit)?);
+            let join = datafusion::logical_expr::Join::try_new(
+                left,
+                j.right,
+                j.on,
+                j.filter,
+                j.join_type,
+                j.join_constraint,
+                j.null_equality,
+                j.null_aware,
+            )?;
+            Ok(LogicalPlan::Join(join))
+        }
+        other => other.map_children(|c| carry(c, unit).map(Transformed::yes))?.data.recompute_schema(),
+    }
 }
 
 /// A domain value as a literal of the key column's type.

@@ -304,7 +304,11 @@ fn unsupported<T>(what: String) -> Result<T> {
 
 /// The one equality a join is on, as (expression of the private side, expression of the public side): the
 /// planner's `ON a = b` (a filter before the optimizer extracts it) or an extracted key pair, with nothing else.
-fn equality<'a>(join: &'a Join, private: &LogicalPlan, public: &LogicalPlan) -> Option<(&'a Expr, &'a Expr)> {
+pub(crate) fn equality<'a>(
+    join: &'a Join,
+    private: &LogicalPlan,
+    public: &LogicalPlan,
+) -> Option<(&'a Expr, &'a Expr)> {
     if join.null_equality != NullEquality::NullEqualsNothing || join.null_aware {
         return None;
     }
@@ -432,6 +436,10 @@ pub(crate) fn lookup_column<'a>(plan: &'a LogicalPlan, col: &Column) -> Option<&
                 Expr::Column(c) => lookup_column(&p.input, c),
                 _ => as_lookup(e),
             }
+        }
+        LogicalPlan::Join(j) => {
+            let (side, c) = validate::join_side(j, idx);
+            lookup_column(side, &c)
         }
         _ => None,
     }

@@ -23,6 +23,7 @@ pub(crate) mod runs;
 pub mod safety;
 pub mod sensitivity;
 pub mod size;
+pub mod unit_join;
 pub(crate) mod unordered;
 pub mod validate;
 
@@ -171,8 +172,10 @@ pub struct DpPlan {
     pub outputs: Vec<OutputKind>,
     /// The analyst's plan (post-processing runs its nodes above the aggregate over the noisy table).
     pub original: LogicalPlan,
-    /// The private table the plan reads (the only one: joins and unions are refused).
+    /// The private table the plan reads (the leftmost, when it joins several on their privacy unit).
     pub table: TableReference,
+    /// Every private table the plan reads, `table` first: a charge counts against each one's cap.
+    pub tables: Vec<TableReference>,
     /// Schema of the analyst's aggregate output (keys, then aggregates).
     pub agg_schema: DFSchemaRef,
 }
@@ -254,8 +257,8 @@ fn check_histograms(measures: &[Measure], cells: u64) -> Result<()> {
 pub fn compile(plan: &LogicalPlan, policy_of: &dyn Fn(&TableReference) -> Option<TablePolicy>) -> Result<DpPlan> {
     validate::check_statement_kind(plan)?;
     let located = validate::locate(plan, &|t| policy_of(t).is_some())?;
-    let (agg, table) = (located.aggregate, located.table);
-    let policy = policy_of(&table).ok_or_else(|| DpError::Internal(format!("no policy for {table}")))?;
+    let (agg, table, tables) = (located.aggregate, located.table, located.tables);
+    let policy = unit_join::policy_of_input(agg.input.as_ref(), &tables, policy_of)?;
     let keys = keys::group_keys(agg, &policy, &table)?;
     let cells = keys::cells(&keys)?;
     let contribution = Contribution::of(&policy, (!keys.is_empty()).then_some(cells));
@@ -264,5 +267,14 @@ pub fn compile(plan: &LogicalPlan, policy_of: &dyn Fn(&TableReference) -> Option
     check_histograms(&measured.measures, if keys.is_empty() { 1 } else { cells })?;
     let private = bound::bounded_aggregate(scoped, &policy, &keys, cells, contribution, &measured)?;
     let measures::Measured { measures, outputs, .. } = measured;
-    Ok(DpPlan { private, keys, measures, outputs, original: plan.clone(), table, agg_schema: agg.schema.clone() })
+    Ok(DpPlan {
+        private,
+        keys,
+        measures,
+        outputs,
+        original: plan.clone(),
+        table,
+        tables,
+        agg_schema: agg.schema.clone(),
+    })
 }

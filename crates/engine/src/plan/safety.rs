@@ -26,7 +26,7 @@ use crate::refusal::Refusal;
 use datafusion::arrow::array::{ArrayRef, RecordBatch, RecordBatchOptions, StringArray};
 use datafusion::arrow::datatypes::{DataType, Schema};
 use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
-use datafusion::common::{DFSchema, ScalarValue};
+use datafusion::common::{DFSchema, JoinType, ScalarValue};
 use datafusion::execution::context::ExecutionProps;
 use datafusion::functions::core::getfield::GetFieldFunc;
 use datafusion::functions::math::random::RandomFunc;
@@ -524,14 +524,17 @@ pub fn check_total(plan: &LogicalPlan) -> Result<()> {
                 | LogicalPlan::Unnest(_)
                 | LogicalPlan::SubqueryAlias(_)
                 | LogicalPlan::EmptyRelation(_)
-        ) || matches!(node, LogicalPlan::Extension(e)
+        ) || matches!(node, LogicalPlan::Join(j) if matches!(j.join_type, JoinType::Inner | JoinType::Left))
+            || matches!(node, LogicalPlan::Extension(e)
             if e.node.as_any().is::<UnitRuns>() || e.node.as_any().is::<ByUnit>());
         if !ok_node {
             failure = Some(DpError::Refused(Refusal::UnsafeNode { node: node.display().to_string() }));
             return Ok(TreeNodeRecursion::Stop);
         }
-        // Expressions are typed against the node's input (a scan's filters against the scan itself).
+        // Expressions are typed against the node's input (a scan's filters against the scan itself, a join's
+        // condition against both its inputs, which its own schema holds).
         let schema = match node.inputs().first() {
+            Some(_) if matches!(node, LogicalPlan::Join(_)) => node.schema().clone(),
             Some(input) => input.schema().clone(),
             None => node.schema().clone(),
         };

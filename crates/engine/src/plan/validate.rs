@@ -9,7 +9,7 @@
 use crate::error::{DpError, Result, engine};
 use crate::refusal::Refusal;
 use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
-use datafusion::common::{Column, TableReference};
+use datafusion::common::{Column, JoinType, TableReference};
 use datafusion::logical_expr::{Aggregate, Expr, LogicalPlan};
 
 fn refuse<T>(r: Refusal) -> Result<T> {
@@ -65,12 +65,14 @@ fn has_subquery(e: &Expr) -> bool {
     .unwrap_or(true)
 }
 
-/// The private part of an accepted plan: the single Aggregate and the table its input scans.
+/// The private part of an accepted plan: the single Aggregate and the tables its input scans.
 pub struct Located<'a> {
     /// The Aggregate node.
     pub aggregate: &'a Aggregate,
-    /// The private table it reads.
+    /// The private table it reads (the first, leftmost, when it joins several on their privacy unit).
     pub table: TableReference,
+    /// Every private table it reads, `table` first.
+    pub tables: Vec<TableReference>,
 }
 
 /// Finds the single Aggregate of `plan`, checks the shape above and below it, and names the private table.
@@ -94,8 +96,9 @@ pub fn locate<'a>(plan: &'a LogicalPlan, is_private: &dyn Fn(&TableReference) ->
     loop {
         match node {
             LogicalPlan::Aggregate(agg) => {
-                let table = check_private_input(&agg.input, is_private)?;
-                return Ok(Located { aggregate: agg, table });
+                let tables = check_private_input(&agg.input, is_private)?;
+                let table = tables.first().cloned().ok_or(DpError::Refused(Refusal::NoPrivateTable))?;
+                return Ok(Located { aggregate: agg, table, tables });
             }
             LogicalPlan::Projection(_)
             | LogicalPlan::Filter(_)
@@ -132,12 +135,22 @@ pub fn locate<'a>(plan: &'a LogicalPlan, is_private: &dyn Fn(&TableReference) ->
     }
 }
 
-/// Checks the input of the aggregate: WHERE filters, bare-column projections and aliases over one private scan.
-fn check_private_input(input: &LogicalPlan, is_private: &dyn Fn(&TableReference) -> bool) -> Result<TableReference> {
+/// Checks the input of the aggregate: WHERE filters, bare-column projections and aliases over one private scan,
+/// or over an INNER or LEFT join of such chains (which [`crate::plan::unit_join`] then checks is on the privacy
+/// unit); returns the private tables read, leftmost first.
+fn check_private_input(
+    input: &LogicalPlan,
+    is_private: &dyn Fn(&TableReference) -> bool,
+) -> Result<Vec<TableReference>> {
     let nested = input.exists(|n| Ok(matches!(n, LogicalPlan::Aggregate(_)))).map_err(engine)?;
     if nested {
         return refuse(Refusal::NestedAggregate);
     }
+    check_chain(input, is_private)
+}
+
+/// [`check_private_input`] below its check for nested aggregates.
+fn check_chain(input: &LogicalPlan, is_private: &dyn Fn(&TableReference) -> bool) -> Result<Vec<TableReference>> {
     let mut node = input;
     loop {
         match node {
@@ -159,10 +172,21 @@ fn check_private_input(input: &LogicalPlan, is_private: &dyn Fn(&TableReference)
                 if !is_private(&scan.table_name) {
                     return refuse(Refusal::NotPrivateTable { table: scan.table_name.to_string() });
                 }
-                return Ok(scan.table_name.clone());
+                return Ok(vec![scan.table_name.clone()]);
             }
-            LogicalPlan::Join(_) => {
-                return refuse(Refusal::Join);
+            LogicalPlan::Join(j) if matches!(j.join_type, JoinType::Inner | JoinType::Left) => {
+                let mut tables = check_chain(&j.left, is_private)?;
+                tables.extend(check_chain(&j.right, is_private)?);
+                return Ok(tables);
+            }
+            LogicalPlan::Join(j) => {
+                let kind = j.join_type.to_string().to_uppercase();
+                return refuse(Refusal::Join {
+                    what: format!(
+                        "a {kind} JOIN of private tables (INNER JOIN and LEFT JOIN are answered: write a RIGHT JOIN \
+                         as a LEFT JOIN from the other table)"
+                    ),
+                });
             }
             LogicalPlan::Aggregate(_) => {
                 return refuse(Refusal::NestedAggregate);
@@ -201,24 +225,41 @@ pub fn strip_total_casts<'a>(mut e: &'a Expr, schema: &datafusion::common::DFSch
     }
 }
 
-/// Follows `col` (a column of `plan`'s output) down through filters, aliases and bare-column projections to the
-/// base table's column name. `None` if the column is computed.
+/// Follows `col` (a column of `plan`'s output) down through filters, aliases, bare-column projections and joins to
+/// the base table's column name. `None` if the column is computed.
 pub fn base_column(plan: &LogicalPlan, col: &Column) -> Option<String> {
+    source_column(plan, col).map(|(_, c)| c)
+}
+
+/// [`base_column`] with the table it belongs to.
+pub(crate) fn source_column(plan: &LogicalPlan, col: &Column) -> Option<(TableReference, String)> {
     let schema = plan.schema();
     let idx = schema.index_of_column(col).ok()?;
     match plan {
-        LogicalPlan::TableScan(_) => Some(schema.field(idx).name().clone()),
-        LogicalPlan::Filter(f) => base_column(&f.input, col),
+        LogicalPlan::TableScan(s) => Some((s.table_name.clone(), schema.field(idx).name().clone())),
+        LogicalPlan::Filter(f) => source_column(&f.input, col),
         LogicalPlan::SubqueryAlias(a) => {
             let (q, f) = a.input.schema().qualified_field(idx);
-            base_column(&a.input, &Column::new(q.cloned(), f.name()))
+            source_column(&a.input, &Column::new(q.cloned(), f.name()))
         }
         LogicalPlan::Projection(p) => match strip_aliases(p.expr.get(idx)?) {
-            Expr::Column(c) => base_column(&p.input, c),
+            Expr::Column(c) => source_column(&p.input, c),
             _ => None,
         },
+        LogicalPlan::Join(j) => {
+            let (side, c) = join_side(j, idx);
+            source_column(side, &c)
+        }
         _ => None,
     }
+}
+
+/// The input of `join` that its output field `idx` comes from, and that field as a column of it.
+pub(crate) fn join_side(join: &datafusion::logical_expr::Join, idx: usize) -> (&LogicalPlan, Column) {
+    let left = join.left.schema().fields().len();
+    let (side, i) = if idx < left { (join.left.as_ref(), idx) } else { (join.right.as_ref(), idx - left) };
+    let (q, f) = side.schema().qualified_field(i);
+    (side, Column::new(q.cloned(), f.name()))
 }
 
 /// Checks that a WHERE condition cannot fail at run time on any data: a data-dependent error (division by zero,

@@ -112,7 +112,9 @@ impl DpSession {
         }
         let prepared = self.prepare(text, params).await?;
         let quote = self.quote(&prepared.dp)?;
-        let tables = [prepared.dp.table.table().to_string()];
+        let mut tables: Vec<String> = prepared.dp.tables.iter().map(|t| t.table().to_string()).collect();
+        tables.sort();
+        tables.dedup();
         let next = match request_id {
             None => Next::Run(self.ledger.charge(sql, &tables, quote.measurements.clone())?),
             Some(id) => match self.ledger.claim(sql, id, &tables, quote.measurements.clone())? {
