@@ -27,7 +27,7 @@ use datafusion::arrow::array::{Array, ArrayRef, RecordBatch, UInt32Array};
 use datafusion::arrow::compute::{cast, concat_batches, take};
 use datafusion::arrow::datatypes::{DataType, SchemaRef};
 use datafusion::arrow::row::{RowConverter, SortField};
-use datafusion::common::tree_node::{Transformed, TreeNode};
+use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
 use datafusion::common::{Column, JoinType, NullEquality, ScalarValue, TableReference, exec_err};
 use datafusion::logical_expr::{
     ColumnarValue, Expr, Filter, Join, LogicalPlan, Projection, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl,
@@ -253,29 +253,27 @@ pub fn inline_public_joins(
     plan: LogicalPlan,
     public: &dyn Fn(&TableReference) -> Option<Arc<PublicTable>>,
 ) -> Result<LogicalPlan> {
-    let mut rewrote = false;
+    let (mut rewrote, mut refusal) = (false, None);
     let out = plan
         .transform_up(|node| {
             let LogicalPlan::Join(join) = node else {
                 // Above a rewritten join, schemas are recomputed (a looked-up column may be NULL).
                 return Ok(if rewrote { Transformed::yes(node.recompute_schema()?) } else { Transformed::no(node) });
             };
-            match lookup_join(&join, public).map_err(|e| datafusion::error::DataFusionError::External(Box::new(e)))? {
-                Some(p) => {
+            match lookup_join(&join, public) {
+                Ok(Some(p)) => {
                     rewrote = true;
                     Ok(Transformed::yes(p))
                 }
-                None => Ok(Transformed::no(LogicalPlan::Join(join))),
+                Ok(None) => Ok(Transformed::no(LogicalPlan::Join(join))),
+                Err(e) => {
+                    refusal = Some(e);
+                    Ok(Transformed::new(LogicalPlan::Join(join), false, TreeNodeRecursion::Stop))
+                }
             }
         })
-        .map_err(|e| match e {
-            datafusion::error::DataFusionError::External(inner) => match inner.downcast::<DpError>() {
-                Ok(dp) => *dp,
-                Err(other) => DpError::Internal(other.to_string()),
-            },
-            other => engine(other),
-        })?;
-    Ok(out.data)
+        .map_err(engine)?;
+    refusal.map_or(Ok(out.data), Err)
 }
 
 /// The public table `plan` reads, if it is one read as it is (through aliases and projections of its columns).
@@ -302,13 +300,10 @@ fn unsupported<T>(what: String) -> Result<T> {
     Err(DpError::Refused(Refusal::UnsupportedJoin { what }))
 }
 
-/// The one equality a join is on, as (expression of the private side, expression of the public side): the
-/// planner's `ON a = b` (a filter before the optimizer extracts it) or an extracted key pair, with nothing else.
-pub(crate) fn equality<'a>(
-    join: &'a Join,
-    private: &LogicalPlan,
-    public: &LogicalPlan,
-) -> Option<(&'a Expr, &'a Expr)> {
+/// The one equality a join is on, as (expression over `first`, expression over `second`), where those are the
+/// join's two inputs in either order: the planner's `ON a = b` (a filter before the optimizer extracts it) or an
+/// extracted key pair, with nothing else.
+pub(crate) fn equality<'a>(join: &'a Join, first: &LogicalPlan, second: &LogicalPlan) -> Option<(&'a Expr, &'a Expr)> {
     if join.null_equality != NullEquality::NullEqualsNothing || join.null_aware {
         return None;
     }
@@ -321,9 +316,9 @@ pub(crate) fn equality<'a>(
         let refs = e.column_refs();
         !refs.is_empty() && refs.iter().all(|c| p.schema().has_column(c))
     };
-    if over(a, private) && over(b, public) {
+    if over(a, first) && over(b, second) {
         Some((a, b))
-    } else if over(b, private) && over(a, public) {
+    } else if over(b, first) && over(a, second) {
         Some((b, a))
     } else {
         None
