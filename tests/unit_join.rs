@@ -87,6 +87,7 @@ async fn other_joins_of_private_tables_are_refused_the_same_on_neighbours() {
     let e = d.explain("SELECT COUNT(*) FROM persons p JOIN visits v ON p.pid = v.pid").await.unwrap();
     let text = e.to_string();
     assert!(text.contains("Inner Join") && text.contains("≤ 3 row(s)' worth per pid"), "{text}");
+    assert!(text.contains("Join: persons ⋈ visits joined on the privacy unit: at most k = 1·3 = 3"), "{text}");
     for sql in [
         "SELECT COUNT(*) FROM persons p JOIN visits v ON p.sex = v.ward",
         "SELECT COUNT(*) FROM persons p JOIN visits v ON p.pid = v.ward",

@@ -64,7 +64,7 @@ fn explain_json(e: &Explanation) -> Value {
                    "rho": m.calibration.rho().get(), "std": m.std, "ci_half_width": m.ci_half_width})
         })
         .collect();
-    json!({"status": "explain", "sql": e.sql, "plan": e.private_plan, "cells": e.cells, "measurements": measures,
+    json!({"status": "explain", "sql": e.sql, "plan": e.private_plan, "cells": e.cells, "join": e.join, "measurements": measures,
            "outputs": e.outputs.iter().map(|(c, a)| json!({"column": c, "accuracy": a})).collect::<Vec<_>>(),
            "charge": {"rho": e.rho, "epsilon": e.epsilon.epsilon, "delta": e.epsilon.delta}, "spent": 0.0})
 }

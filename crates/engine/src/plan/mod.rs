@@ -176,6 +176,8 @@ pub struct DpPlan {
     pub table: TableReference,
     /// Every private table the plan reads, `table` first: a charge counts against each one's cap.
     pub tables: Vec<TableReference>,
+    /// How a join of private tables on their unit is bounded (the limits k and g it derives), if the plan has one.
+    pub join: Option<String>,
     /// Schema of the analyst's aggregate output (keys, then aggregates).
     pub agg_schema: DFSchemaRef,
 }
@@ -258,7 +260,7 @@ pub fn compile(plan: &LogicalPlan, policy_of: &dyn Fn(&TableReference) -> Option
     validate::check_statement_kind(plan)?;
     let located = validate::locate(plan, &|t| policy_of(t).is_some())?;
     let (agg, table, tables) = (located.aggregate, located.table, located.tables);
-    let policy = unit_join::policy_of_input(agg.input.as_ref(), &tables, policy_of)?;
+    let (policy, join) = unit_join::policy_of_input(agg.input.as_ref(), &tables, policy_of)?;
     let keys = keys::group_keys(agg, &policy, &table)?;
     let cells = keys::cells(&keys)?;
     let contribution = Contribution::of(&policy, (!keys.is_empty()).then_some(cells));
@@ -275,6 +277,7 @@ pub fn compile(plan: &LogicalPlan, policy_of: &dyn Fn(&TableReference) -> Option
         original: plan.clone(),
         table,
         tables,
+        join,
         agg_schema: agg.schema.clone(),
     })
 }

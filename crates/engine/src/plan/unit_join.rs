@@ -34,16 +34,17 @@ fn refuse<T>(what: String) -> Result<T> {
 }
 
 /// The policy a query over the aggregate input `input`, which reads the private `tables` (joined on their unit, as
-/// the module docs say), is bounded with: the one table's own, or the join's (refused for any other join).
+/// the module docs say), is bounded with: the one table's own, or the join's (refused for any other join), with a
+/// line saying how the join's limits were derived (for EXPLAIN DP).
 pub fn policy_of_input(
     input: &LogicalPlan,
     tables: &[TableReference],
     policy_of: &dyn Fn(&TableReference) -> Option<TablePolicy>,
-) -> Result<TablePolicy> {
+) -> Result<(TablePolicy, Option<String>)> {
     let policy = |t: &TableReference| policy_of(t).ok_or_else(|| DpError::Internal(format!("no policy for {t}")));
     let [first, ..] = tables else { return Err(DpError::Internal("no private table".into())) };
     if tables.len() == 1 {
-        return policy(first);
+        return Ok((policy(first)?, None));
     }
     let mut joins = Vec::new();
     let mut scans = Vec::new();
@@ -61,7 +62,19 @@ pub fn policy_of_input(
         check_on_units(j, &policy)?;
     }
     let policies = scans.into_iter().map(|(t, schema)| Ok((policy(&t)?, schema))).collect::<Result<Vec<_>>>()?;
-    Ok(merge(&policies))
+    let merged = merge(&policies);
+    let factors = |f: fn(&TablePolicy) -> u64| policies.iter().map(|(p, _)| f(p).to_string()).collect::<Vec<_>>();
+    let names: Vec<String> = tables.iter().map(|t| t.to_string()).collect();
+    let note = format!(
+        "{} joined on the privacy unit: at most k = {} = {} joined row(s) per unit in a cell, in at most g = {} = {} \
+         cell(s) (the products of the tables' limits, at most {MAX_CONTRIBUTION})",
+        names.join(" ⋈ "),
+        factors(|p| p.max_rows_per_unit).join("·"),
+        merged.max_rows_per_unit,
+        factors(|p| p.max_groups_per_unit).join("·"),
+        merged.max_groups_per_unit,
+    );
+    Ok((merged, Some(note)))
 }
 
 /// Refuses `join` unless it is on one equality between the privacy units of its two sides.

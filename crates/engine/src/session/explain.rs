@@ -41,6 +41,8 @@ pub struct Explanation {
     pub private_plan: String,
     /// Number of GROUP BY cells released.
     pub cells: u64,
+    /// How a join of private tables on their unit is bounded, if the query has one.
+    pub join: Option<String>,
     /// Each measurement.
     pub measures: Vec<ExplainedMeasure>,
     /// Total ρ the query would cost.
@@ -64,6 +66,9 @@ impl std::fmt::Display for Explanation {
         writeln!(f, "Private plan (bounded, exact aggregates; never released without noise):")?;
         for line in self.private_plan.lines() {
             writeln!(f, "  {line}")?;
+        }
+        if let Some(join) = &self.join {
+            writeln!(f, "Join: {join}")?;
         }
         writeln!(f, "Cells released: {}", self.cells)?;
         let equal = self.measures.windows(2).all(|w| w[0].calibration.rho() == w[1].calibration.rho());
@@ -182,6 +187,7 @@ impl DpSession {
                 sql: label,
                 private_plan: prepared.private.display_indent().to_string(),
                 cells: dp.cells(),
+                join: dp.join.clone(),
                 measures,
                 rho: quote.rho.get(),
                 epsilon: quote.epsilon,
