@@ -23,7 +23,8 @@
 //! state 0–49, education 1–16 (constant per person), a log-normal income with a heavy tail, and quarter 0–3 (drawn
 //! per row: a person's rows fall in 1–4 quarters, so that `max_groups_per_unit` has cells to choose from); `wide` has person_id
 //! (1–5 rows per person) and d 0/1 columns c0… (P(1) from 0.1 to 0.9 by column). `marginals` runs row level and
-//! person level (≤ 5 rows per person).
+//! person level (≤ 5 rows per person). `sql` also registers, in memory, the public table `states(state, region)`
+//! (50 rows, region = state % 4) for the public join W10; W11 joins `people` with itself on the unit.
 
 use datafusion::arrow::array::{ArrayRef, Float64Array, Int8Array, Int64Array, RecordBatch, StringArray};
 use datafusion::arrow::datatypes::{DataType, Field, Schema};
@@ -303,7 +304,43 @@ const WORKLOADS: &[(&str, &str, &str, &str)] = &[
         "SELECT sex, MEDIAN(age), percentile_cont(0.9) WITHIN GROUP (ORDER BY income) FROM people \
          WHERE person_id >= 0 GROUP BY sex",
     ),
+    // A public join: each row looks up its state's region in the 50-row public table `states`.
+    (
+        "W10",
+        "SELECT s.region, COUNT(*), SUM(p.income) FROM people p JOIN states s ON p.state = s.state GROUP BY s.region",
+        "SELECT s.region, SUM(t.n), SUM(t.i) FROM (SELECT person_id, state, COUNT(*) AS n, SUM(income) AS i \
+         FROM people GROUP BY person_id, state) t JOIN states s ON t.state = s.state GROUP BY s.region",
+        "SELECT s.region, COUNT(*), SUM(p.income) FROM people p JOIN states s ON p.state = s.state \
+         WHERE p.person_id >= 0 GROUP BY s.region",
+    ),
+    // A join of private tables on the unit: `people` with itself (person level only, see PERSON_ONLY).
+    (
+        "W11",
+        "SELECT a.sex, COUNT(*), SUM(b.income) FROM people a JOIN people b ON a.person_id = b.person_id \
+         GROUP BY a.sex",
+        "SELECT sex, SUM(n), SUM(i) FROM (SELECT a.person_id, a.sex, COUNT(*) AS n, SUM(b.income) AS i \
+         FROM people a JOIN people b ON a.person_id = b.person_id GROUP BY a.person_id, a.sex) t GROUP BY sex",
+        "SELECT a.sex, COUNT(*), SUM(b.income) FROM people a JOIN people b ON a.person_id = b.person_id \
+         WHERE a.person_id >= 0 GROUP BY a.sex",
+    ),
 ];
+
+/// Workloads only answerable at person level (a join of private tables needs their privacy units).
+const PERSON_ONLY: &[&str] = &["W11"];
+
+/// The public table `states(state, region)` of W10: the 50 states (integer codes, or text with `strings`) and
+/// region = state % 4.
+fn states_batch(strings: bool) -> Res<RecordBatch> {
+    let state: ArrayRef = if strings {
+        Arc::new(StringArray::from_iter_values((0..50).map(state_text)))
+    } else {
+        Arc::new(Int64Array::from_iter_values(0..50))
+    };
+    let key_type = state.data_type().clone();
+    let schema =
+        Arc::new(Schema::new(vec![Field::new("state", key_type, false), Field::new("region", DataType::Int64, false)]));
+    Ok(RecordBatch::try_new(schema, vec![state, Arc::new(Int64Array::from_iter_values((0..50).map(|s| s % 4)))])?)
+}
 
 /// Which part of the SQL benchmark to run (`--only W2`, `--unit row|person`, `--side dp|plain` for profiling).
 struct Select {
@@ -326,15 +363,18 @@ async fn bench_sql(data: &Path, reps: usize, sel: &Select) -> Res<()> {
     // Text keys or integer codes, as the file has them.
     let schema = ctx.table("people").await?.schema().as_arrow().clone();
     let strings = schema.field_with_name("state").is_ok_and(|f| f.data_type() != &DataType::Int64);
+    let states = states_batch(strings)?;
+    ctx.register_batch("states", states.clone())?;
     for person in [false, true] {
         let unit_name = if person { "person" } else { "row" };
         if sel.unit.as_deref().is_some_and(|u| u != unit_name) {
             continue;
         }
         let cfg = SessionConfig::from_toml_str(&people_config(data, person, strings), Path::new("."))?;
-        let s = DpSession::from_config(&cfg).await?;
+        let mut s = DpSession::from_config(&cfg).await?;
+        s.register_public_batches("states", vec![states.clone()])?;
         for (name, sql, per_person, reading_unit) in WORKLOADS {
-            if sel.only.as_deref().is_some_and(|o| o != *name) {
+            if sel.only.as_deref().is_some_and(|o| o != *name) || (!person && PERSON_ONLY.contains(name)) {
                 continue;
             }
             // One side only, many times: for a profiler (`perf record`), no table printed.
