@@ -242,3 +242,23 @@ async fn the_server_lists_answers_and_joins_public_tables() {
     let e = bob.simple_query("SELECT * FROM educ_levels").await.unwrap_err();
     assert!(code(&e).starts_with("42"), "{e:?}");
 }
+
+/// A string key read as Utf8View (as Parquet strings are) joins a public Utf8 column.
+#[tokio::test]
+async fn a_string_key_of_another_string_type_joins() {
+    use datafusion::arrow::array::StringViewArray;
+    let batch = RecordBatch::try_from_iter([
+        ("pid", ints((0..6).collect())),
+        ("code", Arc::new(StringViewArray::from(vec!["a", "b", "c", "a", "b", "zz"])) as ArrayRef),
+    ])
+    .unwrap();
+    let policy = TablePolicy::with_unit("pid", 1, 1, BTreeMap::new()).unwrap();
+    let mut s = session_with(1e12, 1e8, "v", batch, policy);
+    let names =
+        RecordBatch::try_from_iter([("code", strings(&["a", "b", "c"])), ("name", strings(&["A", "B", "C"]))]).unwrap();
+    s.register_public_batches("names", vec![names]).unwrap();
+    let r =
+        release(&s, "SELECT n.name, COUNT(*) FROM v JOIN names n ON v.code = n.code GROUP BY n.name ORDER BY n.name")
+            .await;
+    assert_eq!(column_f64(&r, 1).iter().map(|v| v.round()).collect::<Vec<_>>(), [2.0, 2.0, 1.0]);
+}
