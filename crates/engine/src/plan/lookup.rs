@@ -28,7 +28,7 @@ use datafusion::arrow::compute::{cast, concat_batches, take};
 use datafusion::arrow::datatypes::{DataType, SchemaRef};
 use datafusion::arrow::row::{RowConverter, SortField};
 use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
-use datafusion::common::{Column, JoinType, NullEquality, ScalarValue, TableReference, exec_err};
+use datafusion::common::{Column, JoinType, ScalarValue, TableReference, exec_err};
 use datafusion::logical_expr::{
     ColumnarValue, Expr, Filter, Join, LogicalPlan, Projection, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl,
     Signature, Volatility,
@@ -300,31 +300,6 @@ fn unsupported<T>(what: String) -> Result<T> {
     Err(DpError::Refused(Refusal::UnsupportedJoin { what }))
 }
 
-/// The one equality a join is on, as (expression over `first`, expression over `second`), where those are the
-/// join's two inputs in either order: the planner's `ON a = b` (a filter before the optimizer extracts it) or an
-/// extracted key pair, with nothing else.
-pub(crate) fn equality<'a>(join: &'a Join, first: &LogicalPlan, second: &LogicalPlan) -> Option<(&'a Expr, &'a Expr)> {
-    if join.null_equality != NullEquality::NullEqualsNothing || join.null_aware {
-        return None;
-    }
-    let (a, b) = match (join.on.as_slice(), &join.filter) {
-        ([(l, r)], None) => (l, r),
-        ([], Some(Expr::BinaryExpr(e))) if e.op == datafusion::logical_expr::Operator::Eq => (&*e.left, &*e.right),
-        _ => return None,
-    };
-    let over = |e: &Expr, p: &LogicalPlan| {
-        let refs = e.column_refs();
-        !refs.is_empty() && refs.iter().all(|c| p.schema().has_column(c))
-    };
-    if over(a, first) && over(b, second) {
-        Some((a, b))
-    } else if over(b, first) && over(a, second) {
-        Some((b, a))
-    } else {
-        None
-    }
-}
-
 /// `join` as lookups, if it joins a private side with a public table; `None` if no public table is in it.
 fn lookup_join(
     join: &Join,
@@ -357,7 +332,7 @@ fn lookup_join(
         }
     };
     let (private_plan, public_plan) = if public_left { (&join.right, &join.left) } else { (&join.left, &join.right) };
-    let Some((private_key, public_key)) = equality(join, private_plan, public_plan) else {
+    let Some((private_key, public_key)) = validate::equality(join, private_plan, public_plan) else {
         return unsupported(format!(
             "a join with the public table {name} on anything but one equality `private expression = public column`"
         ));

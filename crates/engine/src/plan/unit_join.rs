@@ -79,7 +79,7 @@ pub fn policy_of_input(
 
 /// Refuses `join` unless it is on one equality between the privacy units of its two sides.
 fn check_on_units(join: &Join, policy: &dyn Fn(&TableReference) -> Result<TablePolicy>) -> Result<()> {
-    let Some((l, r)) = crate::plan::lookup::equality(join, &join.left, &join.right) else {
+    let Some((l, r)) = validate::equality(join, &join.left, &join.right) else {
         return refuse("a join of private tables on anything but one equality of their privacy units".into());
     };
     for (key, side) in [(l, &join.left), (r, &join.right)] {

@@ -275,3 +275,32 @@ pub(crate) fn join_side(join: &datafusion::logical_expr::Join, idx: usize) -> (&
 pub fn check_predicate(e: &Expr, schema: &datafusion::common::DFSchema) -> Result<()> {
     crate::plan::safety::total(e, schema).or_else(|what| refuse(Refusal::UnsafeCondition { what }))
 }
+
+/// The one equality a join is on, as (expression over `first`, expression over `second`), where those are the
+/// join's two inputs in either order: the planner's `ON a = b` (a filter before the optimizer extracts it) or an
+/// extracted key pair, with nothing else.
+pub(crate) fn equality<'a>(
+    join: &'a datafusion::logical_expr::Join,
+    first: &LogicalPlan,
+    second: &LogicalPlan,
+) -> Option<(&'a Expr, &'a Expr)> {
+    if join.null_equality != datafusion::common::NullEquality::NullEqualsNothing || join.null_aware {
+        return None;
+    }
+    let (a, b) = match (join.on.as_slice(), &join.filter) {
+        ([(l, r)], None) => (l, r),
+        ([], Some(Expr::BinaryExpr(e))) if e.op == datafusion::logical_expr::Operator::Eq => (&*e.left, &*e.right),
+        _ => return None,
+    };
+    let over = |e: &Expr, p: &LogicalPlan| {
+        let refs = e.column_refs();
+        !refs.is_empty() && refs.iter().all(|c| p.schema().has_column(c))
+    };
+    if over(a, first) && over(b, second) {
+        Some((a, b))
+    } else if over(b, first) && over(a, second) {
+        Some((b, a))
+    } else {
+        None
+    }
+}

@@ -312,7 +312,7 @@ impl DpSession {
             .filter(|(name, _)| granted.is_none_or(|g| g.iter().any(|t| t == *name)))
             .map(|(name, policy)| (name.clone(), policy.clone()))
             .collect();
-        let public = self.public.share(granted, memory_limit.min(POST_MEMORY))?;
+        let public = self.public.share(granted, memory_limit.min(POST_MEMORY)).await?;
         let names: Vec<String> = policies.keys().chain(public.names()).cloned().collect();
         Ok(DpSession {
             tables: self.tables.share(&names).await?,
@@ -384,7 +384,7 @@ impl DpSession {
         use datafusion::arrow::datatypes::{DataType, Field, Schema};
         match statement::classify(sql)? {
             Statement::Query(q) => {
-                if let Some(plan) = self.public_plan(q, params).await? {
+                if let Some((plan, _)) = self.public_plan(q, params).await? {
                     return Ok(Arc::new(plan.schema().as_arrow().clone()));
                 }
                 let prepared = self.prepare(q, params).await?;

@@ -125,6 +125,24 @@ pub(crate) fn planning_error(e: datafusion::error::DataFusionError) -> DpError {
     })
 }
 
+/// `plan` with its `$n` placeholders bound to `params[n-1]`, refused unless it is a read-only query. Bound parameters
+/// are values, never SQL text: each `$n` becomes a typed literal in the plan, before the analyzer and every later
+/// check, which see them as they see any constant written in the query.
+pub(crate) fn bind_read_only(plan: LogicalPlan, params: &[ScalarValue]) -> Result<LogicalPlan> {
+    let plan = match params {
+        [] => plan,
+        _ => plan.with_param_values(params.to_vec()).map_err(planning_error)?,
+    };
+    plan::validate::check_statement_kind(&plan)?;
+    SQLOptions::new()
+        .with_allow_ddl(false)
+        .with_allow_dml(false)
+        .with_allow_statements(false)
+        .verify_plan(&plan)
+        .map_err(|e| DpError::Refused(Refusal::OutsideReadOnly { what: crate::refusal::engine_message(&e) }))?;
+    Ok(plan)
+}
+
 /// Whether `t` names a table of the default catalog and schema, where the session's tables are registered: a bare
 /// name, or one qualified by `public` (and `datafusion`).
 pub(crate) fn default_schema(t: &TableReference) -> bool {
@@ -313,19 +331,7 @@ impl DpSession {
             self.check_summed_types(&statement, &named).await?;
         }
         let logical = state.statement_to_plan(statement).await.map_err(planning_error)?;
-        // Bound parameters are values, never SQL text: each `$n` becomes a typed literal in the plan, before the
-        // analyzer and every check below, which see them as they see any constant written in the query.
-        let logical = match params {
-            [] => logical,
-            _ => logical.with_param_values(params.to_vec()).map_err(planning_error)?,
-        };
-        plan::validate::check_statement_kind(&logical)?;
-        SQLOptions::new()
-            .with_allow_ddl(false)
-            .with_allow_dml(false)
-            .with_allow_statements(false)
-            .verify_plan(&logical)
-            .map_err(|e| DpError::Refused(Refusal::OutsideReadOnly { what: crate::refusal::engine_message(&e) }))?;
+        let logical = bind_read_only(logical, params)?;
         check_reserved_names(&logical)?;
         // The analyzer makes every implicit cast explicit: what is validated below is what runs.
         let analyzed = state

@@ -18,7 +18,7 @@ use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::common::{ScalarValue, TableReference};
 use datafusion::datasource::MemTable;
 use datafusion::logical_expr::LogicalPlan;
-use datafusion::prelude::{SQLOptions, SessionContext};
+use datafusion::prelude::SessionContext;
 use futures::StreamExt;
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -69,20 +69,21 @@ impl PublicTables {
         Ok(PublicTables { ctx: super::post::post_context(memory_limit)?, tables: BTreeMap::new() })
     }
 
-    fn insert(&mut self, table: Arc<PublicTable>) -> Result<()> {
+    /// Registers `table` with `provider`, the table over its rows ([`provider`]).
+    fn insert(&mut self, table: Arc<PublicTable>, provider: Arc<dyn TableProvider>) -> Result<()> {
         let name = table.name().to_string();
-        let mem = MemTable::try_new(table.rows().schema(), vec![vec![table.rows().clone()]]).map_err(engine)?;
-        self.ctx.register_table(name.as_str(), Arc::new(mem)).map_err(engine)?;
+        self.ctx.register_table(name.as_str(), provider).map_err(engine)?;
         self.tables.insert(name, table);
         Ok(())
     }
 
     /// The same tables (those of `granted`; all with `None`) on a context with a pool of `memory_limit` bytes.
-    pub(crate) fn share(&self, granted: Option<&[String]>, memory_limit: usize) -> Result<Self> {
+    pub(crate) async fn share(&self, granted: Option<&[String]>, memory_limit: usize) -> Result<Self> {
         let mut out = PublicTables::new(memory_limit)?;
         for (name, table) in &self.tables {
             if granted.is_none_or(|g| g.iter().any(|t| t == name)) {
-                out.insert(Arc::clone(table))?;
+                let provider = self.ctx.table_provider(name.as_str()).await.map_err(engine)?;
+                out.insert(Arc::clone(table), provider)?;
             }
         }
         Ok(out)
@@ -107,14 +108,11 @@ fn scanned(plan: &LogicalPlan) -> Result<Vec<String>> {
     Ok(tables)
 }
 
-/// Reads all rows of `provider` (the owner's load at start, as for `in_memory` tables).
-async fn read_all(name: &str, provider: Arc<dyn TableProvider>) -> Result<Vec<RecordBatch>> {
-    let fail = |e: datafusion::error::DataFusionError| {
-        DpError::Config(format!("[tables.{name}] cannot read the public table: {e}"))
-    };
-    let ctx = SessionContext::new();
-    let scan = provider.scan(&ctx.state(), None, &[], None).await.map_err(fail)?;
-    datafusion::physical_plan::collect(scan, ctx.task_ctx()).await.map_err(fail)
+/// The table provider over a public table's rows, registered in both the public and the private context.
+fn provider(table: &PublicTable) -> Result<Arc<dyn TableProvider>> {
+    let mem = MemTable::try_new(table.rows().schema(), vec![vec![table.rows().clone()]])
+        .map_err(|e| DpError::Config(format!("table {}: {e}", table.name())))?;
+    Ok(Arc::new(mem))
 }
 
 /// Reads the configured public table `name` into memory (values that do not parse as their declared type are
@@ -126,7 +124,7 @@ pub async fn read_public_table(
 ) -> Result<PublicTable> {
     let provider = crate::source::provider(name, src, log)?;
     let schema = provider.schema();
-    let batches = read_all(name, provider).await?;
+    let batches = crate::source::read_all(name, provider).await?;
     PublicTable::new(name, schema, &batches)
 }
 
@@ -162,11 +160,9 @@ impl DpSession {
                 crate::policy::RESERVED_PREFIX
             )));
         }
-        let table = Arc::new(table);
-        let mem = MemTable::try_new(schema, vec![vec![table.rows().clone()]])
-            .map_err(|e| DpError::Config(format!("table {name}: {e}")))?;
-        self.tables.register_public(&name, Arc::new(mem))?;
-        self.public.insert(table)?;
+        let rows = provider(&table)?;
+        self.tables.register_public(&name, Arc::clone(&rows))?;
+        self.public.insert(Arc::new(table), rows)?;
         self.plans.clear();
         Ok(())
     }
@@ -181,9 +177,9 @@ impl DpSession {
         super::prepare::default_schema(t).then(|| self.public.tables.get(t.table()).cloned()).flatten()
     }
 
-    /// The plan of `sql` if it is a query that reads public tables only (`None` otherwise: the private path
-    /// answers or refuses it), checked: read-only, one table, no subquery.
-    pub(crate) async fn public_plan(&self, sql: &str, params: &[ScalarValue]) -> Result<Option<LogicalPlan>> {
+    /// The plan of `sql` and the table it reads, if it is a query that reads public tables only (`None` otherwise:
+    /// the private path answers or refuses it), checked: read-only, one table, no subquery.
+    pub(crate) async fn public_plan(&self, sql: &str, params: &[ScalarValue]) -> Result<Option<(LogicalPlan, String)>> {
         if self.public.tables.is_empty() {
             return Ok(None);
         }
@@ -192,7 +188,7 @@ impl DpSession {
     }
 
     /// [`DpSession::public_plan`] of a statement whose size was checked, on a large stack.
-    async fn public_plan_checked(&self, sql: &str, params: &[ScalarValue]) -> Result<Option<LogicalPlan>> {
+    async fn public_plan_checked(&self, sql: &str, params: &[ScalarValue]) -> Result<Option<(LogicalPlan, String)>> {
         let state = self.public.ctx.state();
         let dialect = state.config().options().sql_parser.dialect;
         let Ok(statement) = state.sql_to_statement(sql, &dialect) else { return Ok(None) };
@@ -204,29 +200,18 @@ impl DpSession {
             return Ok(None);
         }
         let plan = state.statement_to_plan(statement).await.map_err(super::prepare::planning_error)?;
-        let plan = match params {
-            [] => plan,
-            _ => plan.with_param_values(params.to_vec()).map_err(super::prepare::planning_error)?,
-        };
-        crate::plan::validate::check_statement_kind(&plan)?;
-        SQLOptions::new()
-            .with_allow_ddl(false)
-            .with_allow_dml(false)
-            .with_allow_statements(false)
-            .verify_plan(&plan)
-            .map_err(|e| DpError::Refused(Refusal::OutsideReadOnly { what: crate::refusal::engine_message(&e) }))?;
-        if scanned(&plan)?.len() > 1 {
-            return Err(DpError::Refused(Refusal::PublicQuery {
+        let plan = super::prepare::bind_read_only(plan, params)?;
+        let [table] = <[String; 1]>::try_from(scanned(&plan)?).map_err(|_| {
+            DpError::Refused(Refusal::PublicQuery {
                 what: "a query over public tables reads one table once (no joins, unions or subqueries)".into(),
-            }));
-        }
-        Ok(Some(plan))
+            })
+        })?;
+        Ok(Some((plan, table)))
     }
 
     /// Answers `sql` exactly if it reads public tables only (see the module docs); `None` otherwise.
     pub(crate) async fn public_query(&self, sql: &str, params: &[ScalarValue]) -> Result<Option<PublicRows>> {
-        let Some(plan) = self.public_plan(sql, params).await? else { return Ok(None) };
-        let tables = scanned(&plan)?;
+        let Some((plan, table)) = self.public_plan(sql, params).await? else { return Ok(None) };
         let frame = self.public.ctx.execute_logical_plan(plan).await.map_err(engine)?;
         let schema: SchemaRef = Arc::new(frame.schema().as_arrow().clone());
         let mut stream = frame.execute_stream().await.map_err(engine)?;
@@ -241,6 +226,6 @@ impl DpSession {
             }
             batches.push(batch);
         }
-        Ok(Some(PublicRows { tables, schema, batches }))
+        Ok(Some(PublicRows { tables: vec![table], schema, batches }))
     }
 }

@@ -113,20 +113,29 @@ pub async fn into_memory(
     partitions: usize,
 ) -> Result<Arc<dyn TableProvider>> {
     use datafusion::datasource::MemTable;
-    let fail = |e: datafusion::error::DataFusionError| {
-        DpError::Config(format!("[tables.{name}] cannot read the table into memory: {e}"))
-    };
-    let ctx = datafusion::prelude::SessionContext::new();
-    let state = ctx.state();
-    let scan = provider.scan(&state, None, &[], None).await.map_err(fail)?;
-    let batches = datafusion::physical_plan::collect(scan, ctx.task_ctx()).await.map_err(fail)?;
+    let batches = read_all(name, Arc::clone(&provider)).await?;
     let n = partitions.max(1);
     let mut parts = vec![Vec::new(); n];
     for (i, b) in batches.into_iter().filter(|b| b.num_rows() > 0).enumerate() {
         parts[i % n].push(b);
     }
-    let table = MemTable::try_new(provider.schema(), parts).map_err(fail)?;
+    let table = MemTable::try_new(provider.schema(), parts)
+        .map_err(|e| DpError::Config(format!("[tables.{name}] cannot read the table into memory: {e}")))?;
     Ok(Arc::new(table))
+}
+
+/// Every row of `provider` (the owner's load at start: an `in_memory` table, a public table). A read that fails is a
+/// configuration error for the owner.
+pub async fn read_all(
+    name: &str,
+    provider: Arc<dyn TableProvider>,
+) -> Result<Vec<datafusion::arrow::array::RecordBatch>> {
+    let fail = |e: datafusion::error::DataFusionError| {
+        DpError::Config(format!("[tables.{name}] cannot read the table into memory: {e}"))
+    };
+    let ctx = datafusion::prelude::SessionContext::new();
+    let scan = provider.scan(&ctx.state(), None, &[], None).await.map_err(fail)?;
+    datafusion::physical_plan::collect(scan, ctx.task_ctx()).await.map_err(fail)
 }
 
 /// A Parquet table: every file's metadata is read now (a file that is not valid Parquet is a configuration
