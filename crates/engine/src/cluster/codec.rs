@@ -355,6 +355,8 @@ fn measure_to((value, clip): &(RowValue, Clip)) -> MeasureMsg {
         RowValue::Rows => (0, None),
         RowValue::Values => (1, None),
         RowValue::Sum(g) => (2, Some(grid_to(*g))),
+        // Never clipped (a quantile's slots are kept, `dp_keep_rows`); refused by `measure_from`.
+        RowValue::Slot(_) => (3, None),
     };
     let range = range.map(|(lo, hi)| [lo.to_le_bytes(), hi.to_le_bytes()].concat());
     MeasureMsg { value, grid, k, range }

@@ -256,7 +256,9 @@ pub fn per_unit(
         })
         .collect::<Result<Vec<_>>>()?;
     let cells = (!group_keys.is_empty()).then(|| crate::plan::cell_count(group_keys));
-    let runs = unit_runs_rows(&input, cells, &values, clips, k, groups)?;
+    let run_measures =
+        values.iter().zip(clips).map(|((v, arg), clip)| (runs::RunMeasure::new(clip, *v, k), arg.clone()));
+    let runs = unit_runs_rows(&input, cells, run_measures.collect(), k, groups, false)?;
     let measures: Vec<_> = values.iter().zip(clips).map(|((v, arg), clip)| (*v, arg.clone(), clip.range(k))).collect();
     let cell = || Column::from_name(cells::CELL);
     let s = || col("__dp_s");
@@ -302,13 +304,15 @@ pub fn per_unit(
     let outer: Vec<Expr> =
         (0..clips.len()).map(|i| sum(col(format!("__dp_x{i}"))).alias(format!("__dp_m{i}"))).collect();
     b = b.aggregate(keys.iter().cloned().map(Expr::Column).collect::<Vec<_>>(), outer).map_err(engine)?;
-    if let Some((rows, spec)) = runs {
-        // The same bounding as one verified streaming pass when the input is clustered by unit ([`runs`]).
-        let fallback = b.build().map_err(engine)?;
-        let node = runs::UnitRuns::new(rows, fallback, spec);
-        b = LogicalPlanBuilder::from(LogicalPlan::Extension(Extension { node: Arc::new(node) }));
-    }
-    decode_keys(b, group_keys, clips.len())?.build().map_err(engine)
+    decode_keys(with_runs(b, runs)?, group_keys, clips.len())?.build().map_err(engine)
+}
+
+/// The hash plan `b` of a bounding, as the fallback of the same bounding as one verified streaming pass when its
+/// input turns out clustered by unit ([`runs`]), if `runs` has the pass's rows input and spec.
+pub(crate) fn with_runs(b: LogicalPlanBuilder, runs: Option<(LogicalPlan, runs::Spec)>) -> Result<LogicalPlanBuilder> {
+    let Some((rows, spec)) = runs else { return Ok(b) };
+    let node = runs::UnitRuns::new(rows, b.build().map_err(engine)?, spec);
+    Ok(LogicalPlanBuilder::from(LogicalPlan::Extension(Extension { node: Arc::new(node) })))
 }
 
 /// Above an aggregation per cell (`__dp_cell`, then `__dp_m0..m`), the keys decoded from the cell under their own
@@ -338,15 +342,15 @@ fn by_unit(b: LogicalPlanBuilder, unit: Expr) -> datafusion::common::Result<Logi
 }
 
 /// The rows input of the streaming pass ([`runs`]) over `input` — `__dp_unit`, `__dp_cell` when keyed, and each
-/// measurement's per-row argument — with its spec; None when the pass cannot read this input (a unit type it does
-/// not compare), which leaves the hash plan alone.
-fn unit_runs_rows(
+/// measurement's per-row argument (none for COUNT(*)) — with its spec; None when the pass cannot read this input (a
+/// unit type it does not compare), which leaves the hash plan alone. `keep`: [`runs::Spec::keep`].
+pub(crate) fn unit_runs_rows(
     input: &LogicalPlan,
     cells: Option<u64>,
-    values: &[(runs::RowValue, Option<Expr>)],
-    clips: &[Clip],
+    measured: Vec<(runs::RunMeasure, Option<Expr>)>,
     k: u64,
     groups: Option<u64>,
+    keep: bool,
 ) -> Result<Option<(LogicalPlan, runs::Spec)>> {
     let unit = Column::from_name(UNIT);
     let unit_type = input.schema().field_with_unqualified_name(UNIT).map_err(engine)?.data_type();
@@ -358,14 +362,14 @@ fn unit_runs_rows(
         exprs.push(col(Column::from_name(cells::CELL)));
     }
     let mut measures = vec![];
-    for (i, ((value, arg), clip)) in values.iter().zip(clips).enumerate() {
+    for (i, (measure, arg)) in measured.into_iter().enumerate() {
         if let Some(arg) = arg {
-            exprs.push(arg.clone().alias(runs::row_column(i)));
+            exprs.push(arg.alias(runs::row_column(i)));
         }
-        measures.push(runs::RunMeasure::new(clip, *value, k));
+        measures.push(measure);
     }
     let rows = LogicalPlanBuilder::from(input.clone()).project(exprs).and_then(|b| b.build()).map_err(engine)?;
-    let spec = runs::Spec { k, groups, cells: cells.unwrap_or(1), keyed: cells.is_some(), measures };
+    let spec = runs::Spec { k, groups, cells: cells.unwrap_or(1), keyed: cells.is_some(), measures, keep };
     Ok(Some((rows, spec)))
 }
 

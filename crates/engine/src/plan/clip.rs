@@ -655,6 +655,15 @@ pub(crate) fn each_value(
             Ok(())
         }
         RowValue::Sum(grid) => each_grid_value(grid, x, filter, f),
+        RowValue::Slot(_) => {
+            let Some(slots) = x.as_primitive_opt::<Int64Type>() else { return exec_err!("a slot is not Int64") };
+            for (i, s) in slots.iter().enumerate() {
+                if let Some(s) = s.filter(|_| kept(filter, i)) {
+                    f(i, s);
+                }
+            }
+            Ok(())
+        }
     }
 }
 

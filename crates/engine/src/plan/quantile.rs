@@ -22,6 +22,7 @@ use crate::noise::exponential::QuantileGrid;
 use crate::plan::clip::kept;
 use crate::plan::exact_sum::{Grid, each_grid_value};
 use crate::plan::pick::{Priority, cell_of};
+use crate::plan::runs::{RowValue, RunMeasure};
 use crate::plan::{GroupKey, MeasureKind, bound, cells};
 use datafusion::arrow::array::{
     Array, ArrayRef, AsArray, BinaryArray, BooleanArray, Int64Array, Int64Builder, ListArray, ListBuilder, StructArray,
@@ -133,7 +134,6 @@ impl SlotHistogram {
         AggregateUDF::new_from_impl(SlotHistogram { slots, signature: Signature::any(1, Volatility::Immutable) })
     }
 
-    #[cfg(feature = "cluster")]
     /// The number of slots.
     pub(crate) fn slots(&self) -> usize {
         self.slots
@@ -141,7 +141,7 @@ impl SlotHistogram {
 }
 
 /// The type of a histogram, and of a unit's kept slots: a list of Int64.
-fn histogram_type() -> DataType {
+pub(crate) fn histogram_type() -> DataType {
     DataType::new_list(DataType::Int64, true)
 }
 
@@ -249,7 +249,7 @@ pub(crate) enum Kept {
 
 /// NULL among a row's kept values (no grid value or slot can be `i64::MIN`: grid values are below 2^23 in
 /// magnitude, slots are small and non-negative).
-const NULL: i64 = i64::MIN;
+pub(crate) const NULL: i64 = i64::MIN;
 
 /// `dp_keep_rows(cell_priority, v_0, …, v_{m−1})`, grouped by unit: the unit's rows of at most `g` cells (those of
 /// smallest `dp_priority`, whose low bits carry the cell: [`cell_of`]) and at most `k` rows in each, chosen
@@ -634,7 +634,7 @@ fn kept_value(kind: &MeasureKind, row_agg: &Expr) -> Result<(Kept, Expr)> {
         MeasureKind::CountRows => (Kept::Rows, lit(1i64)),
         MeasureKind::CountValues => (Kept::Values, arg()?),
         MeasureKind::Sum { .. } => match crate::plan::runs::row_value(row_agg) {
-            Some((crate::plan::runs::RowValue::Sum(grid), a)) => (Kept::Sum(grid), a),
+            Some((RowValue::Sum(grid), a)) => (Kept::Sum(grid), a),
             _ => return Err(DpError::Internal(format!("a sum the bounding does not know: {row_agg}"))),
         },
         MeasureKind::Quantile { .. } => (Kept::Slots, arg()?),
@@ -660,7 +660,7 @@ pub(crate) fn kept_aggregate(
         kinds.iter().zip(row_aggs).map(|(m, a)| kept_value(m, a)).collect::<Result<Vec<_>>>()?.into_iter().unzip();
     let cell_priority = if keyed { Priority::call(unit(), Expr::Column(cell())) } else { lit(0u64) };
     let mut call = vec![cell_priority];
-    call.extend(args);
+    call.extend(args.iter().cloned());
     let keep = KeepRows::udaf(k, groups, kept.clone()).call(call).alias("__dp_kept");
     let field = |name: &str| crate::plan::clip::Clipped::field(col("__dp_kept"), name);
     let mut fields: Vec<Expr> = if keyed { vec![field("cell").alias(cells::CELL)] } else { vec![] };
@@ -688,13 +688,31 @@ pub(crate) fn kept_aggregate(
         })
         .collect::<Vec<_>>();
     let group_by: Vec<Expr> = if keyed { vec![Expr::Column(cell())] } else { vec![] };
+    // The same bounding as one verified streaming pass when the rows turn out clustered by unit.
+    let pass = kept.iter().zip(&args).zip(row_aggs).map(|((kind, arg), agg)| {
+        let value = match kind {
+            Kept::Rows => return Ok((RunMeasure { value: RowValue::Rows, range: None }, None)),
+            Kept::Values => RowValue::Values,
+            Kept::Sum(grid) => RowValue::Sum(*grid),
+            Kept::Slots => match agg {
+                Expr::AggregateFunction(af) => match af.func.inner().downcast_ref::<SlotHistogram>() {
+                    Some(h) => RowValue::Slot(h.slots()),
+                    None => return Err(DpError::Internal(format!("a quantile without its histogram: {agg}"))),
+                },
+                _ => return Err(DpError::Internal(format!("not a row aggregate: {agg}"))),
+            },
+        };
+        Ok((RunMeasure { value, range: None }, Some(arg.clone())))
+    });
+    let cells = keyed.then(|| crate::plan::cell_count(group_keys));
+    let runs = bound::unit_runs_rows(&scoped, cells, pass.collect::<Result<_>>()?, k, groups, true)?;
     let b = LogicalPlanBuilder::from(scoped)
         .aggregate(vec![unit()], vec![keep])
         .and_then(|b| b.unnest_columns_with_options(vec![Column::from_name("__dp_kept")], UnnestOptions::default()))
         .and_then(|b| b.project(fields))
         .and_then(|b| b.aggregate(group_by, outer))
         .map_err(engine)?;
-    bound::decode_keys(b, group_keys, kinds.len())?.build().map_err(engine)
+    bound::decode_keys(bound::with_runs(b, runs)?, group_keys, kinds.len())?.build().map_err(engine)
 }
 
 #[cfg(test)]

@@ -37,7 +37,9 @@ use crate::plan::bound::{Clip as ClipKind, UNIT};
 use crate::plan::cells::CELL;
 use crate::plan::clip::{self, Clip};
 use crate::plan::exact_sum::{BoundedSum, Grid, dense_grid_values};
-use datafusion::arrow::array::{Array, ArrayRef, AsArray, Decimal128Array, Int64Array, RecordBatch};
+use datafusion::arrow::array::{
+    Array, ArrayRef, AsArray, Decimal128Array, Int64Array, Int64Builder, ListArray, ListBuilder, RecordBatch,
+};
 use datafusion::arrow::compute::cast;
 use datafusion::arrow::datatypes::{DataType, Int64Type, SchemaRef};
 use datafusion::common::runtime::SpawnedTask;
@@ -67,6 +69,9 @@ pub(crate) enum RowValue {
     Values,
     /// The `dp_bounded_sum` of the value: its grid integer.
     Sum(Grid),
+    /// A quantile's slot on its grid (`dp_quantile_slot`), counted in a histogram of this many slots; only in a
+    /// pass that keeps rows ([`Spec::keep`]).
+    Slot(usize),
 }
 
 /// One measurement of the pass: what a row gives, and the clip range of sums in grid units (`[k·lo, k·hi]`).
@@ -92,6 +97,10 @@ pub(crate) struct Spec {
     pub(crate) keyed: bool,
     /// The measurements, in the order of `__dp_m{i}`.
     pub(crate) measures: Vec<RunMeasure>,
+    /// Whether each unit keeps `k` uniformly random rows per cell and every measurement reads those (a query with a
+    /// quantile: [`super::quantile`], whose `dp_keep_rows` plan is then the fallback), rather than clipping its
+    /// exact per-cell aggregates ([`super::clip`]).
+    pub(crate) keep: bool,
 }
 
 /// Whether the pass can read units of this type (integers that widen exactly to Int64, and strings).
@@ -251,6 +260,8 @@ impl UnitRunsExec {
         for (i, m) in spec.measures.iter().enumerate() {
             let want = match m.value {
                 RowValue::Sum(_) => DataType::Decimal128(38, 0),
+                RowValue::Slot(_) if spec.keep => crate::plan::quantile::histogram_type(),
+                RowValue::Slot(_) => return plan_err!("DpUnitRuns: a quantile's slots in a pass that clips"),
                 _ => DataType::Int64,
             };
             if out.field(keyed + i).data_type() != &want {
@@ -349,13 +360,16 @@ enum Unit {
 struct NotClustered;
 
 /// One unit's rows so far: per cell of the unit (a handful), the row count and each measurement's exact
-/// aggregate (`v`, `seen`: entries × measurements).
+/// aggregate (`v`, `seen`: entries × measurements); in a pass that keeps rows, the rows themselves instead (`kept`,
+/// per entry: see [`keep`]).
 #[derive(Clone, Debug, Default)]
 struct UnitRows {
     cells: Vec<i64>,
     n: Vec<i64>,
     v: Vec<i128>,
     seen: Vec<bool>,
+    /// Per entry (and beyond the entries, emptied lists kept for their capacity): the rows kept so far.
+    kept: Vec<Vec<i64>>,
 }
 
 impl UnitRows {
@@ -364,6 +378,7 @@ impl UnitRows {
         self.n.clear();
         self.v.clear();
         self.seen.clear();
+        self.kept.iter_mut().for_each(Vec::clear);
     }
 
     /// The entry of `cell`, added if new.
@@ -372,6 +387,9 @@ impl UnitRows {
             return e;
         }
         self.cells.push(cell);
+        if self.kept.len() < self.cells.len() {
+            self.kept.push(Vec::new());
+        }
         self.n.push(0);
         self.v.extend(std::iter::repeat_n(0, m));
         self.seen.extend(std::iter::repeat_n(false, m));
@@ -379,10 +397,16 @@ impl UnitRows {
     }
 
     /// Adds the rows of the same unit seen elsewhere (another partition).
-    fn absorb(&mut self, other: &UnitRows, m: usize) {
+    fn absorb(&mut self, other: &UnitRows, spec: &Spec) {
+        let m = spec.measures.len();
         for (j, &cell) in other.cells.iter().enumerate() {
             let e = self.entry(cell, m);
             self.n[e] += other.n[j];
+            if spec.keep {
+                self.kept[e].extend_from_slice(&other.kept[j]);
+                keep::trim(&mut self.kept[e], m, spec.k);
+                continue;
+            }
             for i in 0..m {
                 self.v[e * m + i] += other.v[j * m + i];
                 self.seen[e * m + i] |= other.seen[j * m + i];
@@ -399,6 +423,9 @@ struct Totals {
     sums: Vec<i128>,
     seen: Vec<bool>,
     present: Vec<bool>,
+    /// In a pass that keeps rows, per cell × measurement the histogram of a quantile's slots (empty until a row
+    /// reaches it); empty otherwise.
+    hist: Vec<Vec<i64>>,
 }
 
 /// What a unit's `n` rows in one cell contribute to one measurement: COUNT(*) the count of rows itself (min(n, k)
@@ -412,16 +439,20 @@ fn contribution(value: RowValue, clip: &Clip, n: i64, v: impl FnOnce() -> (i128,
             let (v, seen) = v();
             seen.then(|| clip.clip(v, n))
         }
+        // Never in a pass that clips ([`UnitRunsExec::try_new`]).
+        RowValue::Slot(_) => None,
     }
 }
 
 impl Totals {
     fn new(spec: &Spec) -> Self {
         let (cells, m) = (spec.cells as usize, spec.measures.len());
-        Totals { m, sums: vec![0; cells * m], seen: vec![false; cells * m], present: vec![false; cells] }
+        let hist = if spec.keep { vec![Vec::new(); cells * m] } else { vec![] };
+        Totals { m, sums: vec![0; cells * m], seen: vec![false; cells * m], present: vec![false; cells], hist }
     }
 
-    /// Clips one whole unit, keeps at most `groups` of its cells uniformly at random, and adds it.
+    /// Clips one whole unit (or keeps its rows, [`Spec::keep`]), keeps at most `groups` of its cells uniformly at
+    /// random, and adds it.
     fn add_unit(&mut self, u: &UnitRows, spec: &Spec, clips: &[Clip], pick: &mut Vec<usize>) -> Result<()> {
         let entries = u.cells.len();
         pick.clear();
@@ -436,6 +467,9 @@ impl Totals {
             pick.truncate(g);
         }
         let m = self.m;
+        if spec.keep {
+            return pick.iter().try_for_each(|&e| self.add_kept(u.cells[e], &u.kept[e], spec));
+        }
         for &e in pick.iter() {
             self.add_cell(u.cells[e], u.n[e], |i| (u.v[e * m + i], u.seen[e * m + i]), spec, clips)?;
         }
@@ -466,16 +500,23 @@ impl Totals {
 
     /// [`Totals::add_cell`] of whole units, each the rows `from..to` of one batch in cell `c` (an index of
     /// [`Totals::index`]), a measurement at a time: one short loop each, where a call per unit cost more than the
-    /// clipping.
+    /// clipping. (In a pass that keeps rows, units of at most `k` rows, which keep them all.)
     fn add_runs(&mut self, runs: &[(usize, usize, usize)], values: &[RowValues], spec: &Spec, clips: &[Clip]) {
         let m = self.m;
         for &(_, _, c) in runs {
             self.present[c] = true;
         }
         for (i, (meas, clip)) in spec.measures.iter().zip(clips).enumerate() {
+            if let RowValue::Slot(slots) = meas.value {
+                runs.iter().for_each(|&(from, to, c)| self.add_slots(c * m + i, slots, &values[i], from..to));
+                continue;
+            }
             for &(from, to, c) in runs {
                 let n = (to - from) as i64;
-                if let Some(x) = contribution(meas.value, clip, n, || values[i].run(from..to)) {
+                // A kept unit's sum is there, though 0, when none of its rows has a value ([`keep`]).
+                let value = || values[i].run(from..to).0;
+                let value = || if spec.keep { (value(), true) } else { values[i].run(from..to) };
+                if let Some(x) = contribution(meas.value, clip, n, value) {
                     self.sums[c * m + i] += x;
                     self.seen[c * m + i] = true;
                 }
@@ -504,7 +545,12 @@ impl Totals {
                 let (sum, seen) = match meas.value {
                     RowValue::Rows => (range.len() as i128, true),
                     RowValue::Values => (v.run(range.clone()).0, true),
+                    RowValue::Sum(_) if spec.keep => (v.run(range.clone()).0, true),
                     RowValue::Sum(_) => v.run(range.clone()),
+                    RowValue::Slot(slots) => {
+                        self.add_slots(i, slots, v, range.clone());
+                        continue;
+                    }
                 };
                 if seen {
                     self.sums[i] += sum;
@@ -518,6 +564,13 @@ impl Totals {
         let (n, mut rows, mut sums, mut valued) = (self.present.len(), vec![], vec![], vec![]);
         per_cell(cells, n, |_| 1, &mut rows)?;
         for (i, (meas, v)) in spec.measures.iter().zip(values).enumerate() {
+            if let RowValue::Slot(slots) = meas.value {
+                for (r, &c) in range.clone().zip(cells) {
+                    let Some(c) = self.index(c) else { return internal_err!("DpUnitRuns: cell {c} out of range") };
+                    self.add_slots(c * m + i, slots, v, r..r + 1);
+                }
+                continue;
+            }
             let sum = match (meas.value, v.x.get(range.clone())) {
                 (RowValue::Rows, _) => &rows,
                 (_, Some(x)) => {
@@ -526,8 +579,9 @@ impl Totals {
                 }
                 (_, None) => return internal_err!("DpUnitRuns: measurement {i} has no values"),
             };
-            // A COUNT(column) is seen in every cell a unit reaches, a sum where a row has a value.
-            let seen = match v.has.get(range.clone()).filter(|_| matches!(meas.value, RowValue::Sum(_))) {
+            // A COUNT(column) is seen in every cell a unit reaches, a sum where a row has a value (or, kept, a row).
+            let summed = matches!(meas.value, RowValue::Sum(_)) && !spec.keep;
+            let seen = match v.has.get(range.clone()).filter(|_| summed) {
                 Some(has) if !v.has.is_empty() => {
                     per_cell(cells, n, |r| i64::from(has[r]), &mut valued)?;
                     &valued
@@ -556,6 +610,12 @@ impl Totals {
         self.sums.iter_mut().zip(&other.sums).for_each(|(a, b)| *a += b);
         self.seen.iter_mut().zip(&other.seen).for_each(|(a, b)| *a |= b);
         self.present.iter_mut().zip(&other.present).for_each(|(a, b)| *a |= b);
+        for (a, b) in self.hist.iter_mut().zip(&other.hist) {
+            if a.len() < b.len() {
+                a.resize(b.len(), 0);
+            }
+            a.iter_mut().zip(b).for_each(|(a, b)| *a += b);
+        }
     }
 
     /// The output: with keys one row per cell reached, without keys exactly one row.
@@ -569,6 +629,7 @@ impl Totals {
         for (i, meas) in spec.measures.iter().enumerate() {
             let value = |c: usize| self.seen[c * self.m + i].then(|| self.sums[c * self.m + i]);
             cols.push(match meas.value {
+                RowValue::Slot(slots) => Arc::new(self.histograms(&rows, i, slots)),
                 RowValue::Sum(_) => {
                     let a: Decimal128Array = rows.iter().map(|&c| value(c)).collect();
                     Arc::new(a.with_precision_and_scale(38, 0)?)
@@ -627,7 +688,6 @@ fn clips(spec: &Spec) -> Vec<Clip> {
 /// partitions is merged, then clipped once); `Ok(Err(..))` when they overlap more.
 fn merge(mut parts: Vec<Part>, spec: &Spec) -> Result<std::result::Result<Totals, NotClustered>> {
     let clips = clips(spec);
-    let m = spec.measures.len();
     let mut totals = Totals::new(spec);
     let mut pick = vec![];
     parts.retain(|p| p.first.is_some());
@@ -641,7 +701,7 @@ fn merge(mut parts: Vec<Part>, spec: &Spec) -> Result<std::result::Result<Totals
         let Some((first, rows)) = part.first else { continue };
         pending = match pending.take() {
             Some((u, mut acc)) if u == first => {
-                acc.absorb(&rows, m);
+                acc.absorb(&rows, spec);
                 Some((u, acc))
             }
             Some((u, acc)) if u < first => {
@@ -728,7 +788,9 @@ async fn partition(
             // A unit that begins and ends in this batch, after the partition's first (kept whole for the merge),
             // with all its rows in one cell — most units — is clipped and added with the batch's others after the
             // loop, without `rows`: the same as `end_unit` does with it (one cell is never picked away).
+            // In a pass that keeps rows, a unit of at most k rows keeps them all.
             let whole = begins && start < len && part.first.is_some() && start > from;
+            let whole = whole && (!spec.keep || (start - from) as u64 <= spec.k);
             if span == Some(from..start) {
                 if part.first.is_none() {
                     return internal_err!("DpUnitRuns: rows taken row by row before the partition's first unit");
@@ -737,6 +799,12 @@ async fn partition(
                 added_whole.add(start - from);
             } else if let Some(c) = one_cell(cells, from..start).and_then(|c| part.totals.index(c)).filter(|_| whole) {
                 whole_runs.push((from, start, c));
+            } else if start > from && spec.keep {
+                let mut rng = rand::rng();
+                for r in from..start {
+                    let e = rows.entry(cells.map_or(0, |c| c[r]), m);
+                    rows.keep_row(e, &values, r, spec.k, &mut rng);
+                }
             } else if start > from {
                 match cells {
                     Some(cells) => {
@@ -774,6 +842,7 @@ async fn partition(
 }
 
 mod batch;
+mod keep;
 #[cfg(test)]
 mod tests;
 

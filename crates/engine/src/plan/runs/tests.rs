@@ -342,6 +342,7 @@ fn adding_rows_equals_adding_their_units() {
             cells: if keyed { 4 } else { 1 },
             keyed,
             measures: measures.iter().map(|&value| RunMeasure { value, range: Some((-45, 45)) }).collect(),
+            keep: false,
         };
         // 200 rows of units of 1 to 5 rows, in cells 0..3 (cell 3 never reached); the values of measurements
         // 1 and 2 NULL on every row of cell 2 and every fifth row (or all), measurement 3's never (its `has`
@@ -447,8 +448,8 @@ fn the_span_row_by_row_holds_whole_units_only() {
 }
 
 fn part(first: i64, last: Option<i64>, rows_n: i64) -> Part {
-    let spec = Spec { k: 2, groups: None, cells: 1, keyed: false, measures: vec![] };
-    let unit = |n| UnitRows { cells: vec![0], n: vec![n], v: vec![], seen: vec![] };
+    let spec = Spec { k: 2, groups: None, cells: 1, keyed: false, measures: vec![], keep: false };
+    let unit = |n| UnitRows { cells: vec![0], n: vec![n], v: vec![], seen: vec![], kept: vec![vec![]] };
     Part {
         first: Some((Unit::Int(first), unit(rows_n))),
         last: last.map(|l| (Unit::Int(l), unit(rows_n))),
@@ -466,6 +467,7 @@ fn partitions_join_in_unit_order_and_overlaps_are_not_clustered() {
         cells: 1,
         keyed: false,
         measures: vec![RunMeasure { value: RowValue::Rows, range: None }],
+        keep: false,
     };
     let with_m = |mut p: Part| {
         for (_, u) in p.first.iter_mut().chain(p.last.iter_mut()) {
@@ -500,4 +502,91 @@ fn a_unit_that_comes_back_or_is_null_breaks_the_order() {
     assert!(check(strs, None).is_err(), "\"ab\" after \"b\"");
     let strs = Arc::new(StringArray::from(vec!["b", "bb", "c"])) as ArrayRef;
     assert_eq!(check(strs, Some(Unit::Bytes(b"b".to_vec()))).ok().map(|s| s.0), Some(vec![1, 2]));
+}
+
+/// A query with a quantile keeps rows rather than clipping (`keep`): over clustered rows the pass runs and gives
+/// exactly the hash plan's (`dp_keep_rows`) totals — histograms included — when no unit is over k rows in a cell
+/// (k = 50, units of 1 to 40 rows split across partitions and batches, integer and text units, with and without
+/// keys); with units over the limit (k = 2), COUNT(*) is still exactly Σ min(n, k) per cell in both, and every
+/// other total varies only with the rows each unit keeps. Unclustered rows fall back.
+#[tokio::test]
+async fn the_pass_keeps_rows_as_the_hash_plan_does_for_quantiles() {
+    let n = |u: i64| 1 + (u * 13) % 40;
+    let mut rows = vec![];
+    for u in 0..60 {
+        for r in 0..n(u) {
+            let i = rows.len() as i64;
+            rows.push((u, (u + r / 3) % 3, (i % 7 != 0).then_some((i % 50) as f64 * 1.5)));
+        }
+    }
+    let (a, b) = (rows.iter().position(|r| r.0 == 1).unwrap() + 5, rows.iter().position(|r| r.0 == 2).unwrap() + 9);
+    let parts = vec![rows[..a].to_vec(), rows[a..b].to_vec(), vec![], rows[b..].to_vec()];
+    let spread: Vec<Row> = (0..13).flat_map(|s| rows.iter().skip(s).step_by(13).copied()).collect();
+    let int = Layout { unit: DataType::Int64, batch: 7, empty: false };
+    const QUANTILES: [&str; 3] = [
+        "SELECT k, COUNT(*), COUNT(x), SUM(x), MEDIAN(x) FROM t GROUP BY k",
+        "SELECT COUNT(*), SUM(x), percentile_cont(0.9) WITHIN GROUP (ORDER BY x) FROM t",
+        "SELECT MIN(x), MAX(x) FROM t",
+    ];
+    for sql in QUANTILES {
+        let hash = run_layout(std::slice::from_ref(&spread), &int, 50, 3, sql).await;
+        assert_eq!(hash.fallbacks, 1, "{sql}: spread input falls back");
+        for unit in [DataType::Int64, DataType::Utf8View] {
+            let layout = Layout { unit: unit.clone(), batch: 7, empty: true };
+            let pass = run_layout(&parts, &layout, 50, 3, sql).await;
+            assert_eq!(pass.fallbacks, 0, "{sql}, {unit}: clustered input takes the pass");
+            assert_eq!(pass.lines, hash.lines, "{sql}, {unit}");
+        }
+    }
+    // Units of 1 to 5 rows with k = 5 keep every row: most go row by row or as one run each, as with clipping.
+    let small = people(300);
+    let three = vec![small[..40].to_vec(), small[40..43].to_vec(), small[43..].to_vec()];
+    let spread_small: Vec<Row> = (0..13).flat_map(|s| small.iter().skip(s).step_by(13).copied()).collect();
+    for (sql, g) in [(QUANTILES[0], 3), (QUANTILES[1], 1), ("SELECT j, MEDIAN(x), SUM(x) FROM t GROUP BY j", 1)] {
+        let hash = run_layout(std::slice::from_ref(&spread_small), &int, 5, g, sql).await;
+        let layout = Layout { unit: DataType::Int64, batch: 64, empty: false };
+        let pass = run_layout(&three, &layout, 5, g, sql).await;
+        assert_eq!((pass.fallbacks, hash.fallbacks), (0, 1), "{sql}");
+        assert_eq!(pass.lines, hash.lines, "{sql}");
+        assert!(pass.rows_added_whole * 2 > small.len(), "{sql}: {} rows row by row", pass.rows_added_whole);
+    }
+    // k = 2: each unit keeps 2 random rows per cell; the row counts per cell are exact all the same.
+    let counts = "SELECT k, COUNT(*), MEDIAN(x) FROM t GROUP BY k";
+    let count_of = |lines: &[String]| -> Vec<(i64, i64)> {
+        let mut v: Vec<(i64, i64)> = lines
+            .iter()
+            .filter_map(|l| {
+                let f: Vec<i64> = l.split('|').take(3).filter_map(|f| f.trim().parse().ok()).collect();
+                (f.len() == 2).then(|| (f[0], f[1]))
+            })
+            .collect();
+        v.sort();
+        v
+    };
+    let expected: Vec<(i64, i64)> = (0..3)
+        .map(|c| {
+            let per_unit = |u: i64| (0..n(u)).filter(|r| (u + r / 3) % 3 == c).count() as i64;
+            (c, (0..60).map(|u| per_unit(u).min(2)).sum())
+        })
+        .collect();
+    let pass = run_layout(&parts, &int, 2, 3, counts).await;
+    let hash = run_layout(std::slice::from_ref(&spread), &int, 2, 3, counts).await;
+    assert_eq!((pass.fallbacks, hash.fallbacks), (0, 1));
+    assert_eq!(count_of(&pass.lines), expected);
+    assert_eq!(count_of(&hash.lines), expected);
+}
+
+/// `trim` keeps the rows of the k smallest priorities, whole, and at most k of them even on ties.
+#[test]
+fn trim_keeps_the_k_smallest_priorities() {
+    // Records of (priority, value, value): priorities 9, 3, 7, 3, 1.
+    let mut rows = vec![9, 90, 91, 3, 30, 31, 7, 70, 71, 3, 32, 33, 1, 10, 11];
+    keep::trim(&mut rows, 2, 3);
+    let mut kept: Vec<&[i64]> = rows.chunks(3).collect();
+    kept.sort();
+    assert_eq!(kept, vec![&[1, 10, 11][..], &[3, 30, 31], &[3, 32, 33]]);
+    keep::trim(&mut rows, 2, 1);
+    assert_eq!(rows, vec![1, 10, 11]);
+    keep::trim(&mut rows, 2, 0);
+    assert!(rows.is_empty());
 }
