@@ -29,7 +29,7 @@ pub(crate) const JOINS: &[&str] = &[
      WHERE p.age > 30 GROUP BY p.sex, l.level",
 ];
 
-/// Joins of PUMS with itself on the unit: answered on one machine, refused on a cluster (`join_on_cluster`).
+/// Joins of PUMS with itself on the unit (on one machine and on a cluster: `tests/cluster.rs`).
 pub(crate) const UNIT_JOINS: &[&str] = &[
     "SELECT a.sex, COUNT(*), SUM(b.income) FROM pums a JOIN pums b ON a.pid = b.pid GROUP BY a.sex",
     "SELECT l.level, AVG(b.age) FROM pums a LEFT JOIN pums b ON a.pid = b.pid JOIN educ_levels l \

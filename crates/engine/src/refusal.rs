@@ -168,11 +168,6 @@ pub enum Refusal {
         /// What the join does.
         what: String,
     },
-    /// A join of private tables in a session whose private plans run on a cluster.
-    #[error(
-        "a join of private tables does not run on a cluster yet (this session sends its plans to [engine] scheduler)"
-    )]
-    JoinOnCluster,
     /// A join with a public table that is not a lookup (INNER or LEFT from the private side, one equality with a
     /// unique public column).
     #[error("{what} is not supported")]
@@ -595,9 +590,6 @@ impl Refusal {
             Join { .. } => "join private tables only on their privacy units (INNER or LEFT JOIN ... ON a.unit = \
                             b.unit, every table with a privacy unit), and public tables on a column unique in them"
                 .into(),
-            JoinOnCluster => "run the join in a session without `[engine] scheduler`; joins with public tables run on \
-                              a cluster"
-                .into(),
             UnsupportedJoin { .. } => "join the private table with a public table by INNER JOIN or LEFT JOIN (from \
                                        the private table) ON private_column = public_key, where public_key is unique \
                                        in the public table (\\describe shows which columns are)"
@@ -714,7 +706,6 @@ impl Refusal {
             NestedAggregate => "nested_aggregate",
             ComputedBeforeAggregate { .. } => "computed_before_aggregate",
             Join { .. } => "join",
-            JoinOnCluster => "join_on_cluster",
             UnsupportedJoin { .. } => "unsupported_join",
             PublicKeyNotUnique { .. } => "public_key_not_unique",
             PublicColumnMeasured { .. } => "public_column_measured",

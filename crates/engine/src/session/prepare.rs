@@ -342,11 +342,6 @@ impl DpSession {
         safety::check_constants(&analyzed)?;
         let analyzed = plan::lookup::inline_public_joins(analyzed, &|t| self.public_table(t))?;
         let dp = plan::compile(&analyzed, &|t| self.private_table(t))?;
-        // A join of private tables hung on a Ballista cluster in its plan's join stages (not investigated yet):
-        // refused there, before anything is spent.
-        if dp.tables.len() > 1 && !self.tables.runs_here() {
-            return Err(DpError::Refused(Refusal::JoinOnCluster));
-        }
         let private = self.tables.optimize(&dp.private)?;
         self.check_post_processing(&dp).await?;
         Ok((Arc::new(dp), Arc::new(private)))

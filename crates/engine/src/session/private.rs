@@ -99,6 +99,12 @@ impl PrivateTables {
         // keeps its share of a split that depends on the order batches arrive in: rows could be read twice or not
         // at all (one person's rows could move another's count). Ballista's own sessions turn it off too.
         config.options_mut().optimizer.enable_round_robin_repartition = false;
+        // A hash join's dynamic filter waits until the build sides of all the join's partitions are complete, in
+        // one process; Ballista runs those partitions as separate tasks, so a join would wait forever.
+        let optimizer = &mut config.options_mut().optimizer;
+        optimizer.enable_join_dynamic_filter_pushdown = false;
+        optimizer.enable_aggregate_dynamic_filter_pushdown = false;
+        optimizer.enable_topk_dynamic_filter_pushdown = false;
         *config = std::mem::take(config).with_extension(Arc::new(crate::plan::runs::RunsOnCluster));
         drop(st);
         self.cluster = Some(cluster);
