@@ -6,9 +6,13 @@
 //!                       # people_1000000.parquet (+ .csv); --strings: sex F/M and state S00…S49 as text (_str);
 //!                       # --shuffle: rows in random order (_shuffled), else each person's rows together, in
 //!                       # person_id order (clustered by unit)
+//! cargo run --release --example bench -- gen    --visits 10000000 --out bench-data
+//!                       # persons_1000000.parquet (one row per person) and visits_10000000.parquet (1–19 visits
+//!                       # per person, 10 on average, each person's together), for W12
 //! cargo run --release --example bench -- sql    --data bench-data/people_1000000.parquet [--reps 5]
 //!                       [--only W2] [--unit row|person] [--side dp|plain: one side only, for a profiler;
 //!                       plain at person level is the query with its per-person aggregation]
+//!                       [--visits bench-data/visits_10000000.parquet: W12 too, with the persons file beside it]
 //! cargo run --release --example bench -- wide   --rows 100000 --cols 1000 --out bench-data
 //! cargo run --release --example bench -- marginals --data bench-data/wide_100000x1000.parquet [--reps 5]
 //! cargo run --release --example bench -- ledger --out bench-data [--n 2000]
@@ -24,7 +28,8 @@
 //! per row: a person's rows fall in 1–4 quarters, so that `max_groups_per_unit` has cells to choose from); `wide` has person_id
 //! (1–5 rows per person) and d 0/1 columns c0… (P(1) from 0.1 to 0.9 by column). `marginals` runs row level and
 //! person level (≤ 5 rows per person). `sql` also registers, in memory, the public table `states(state, region)`
-//! (50 rows, region = state % 4) for the public join W10; W11 joins `people` with itself on the unit.
+//! (50 rows, region = state % 4) for the public join W10; W11 joins `people` with itself on the unit; W12 joins
+//! `persons` (one row per person, k = 1) with `visits` (k = 20, above any person's 19 visits) on the unit.
 
 use datafusion::arrow::array::{ArrayRef, Float64Array, Int8Array, Int64Array, RecordBatch, StringArray};
 use datafusion::arrow::datatypes::{DataType, Field, Schema};
@@ -130,6 +135,73 @@ fn gen_people(rows: usize, out: &Path, csv: bool, strings: bool, shuffle: bool) 
     Ok(path)
 }
 
+/// `persons_{visits/10}.parquet` (person_id 1…, age 0–99, sex 0/1, state 0–49: one row per person) and
+/// `visits_{visits}.parquet` (person_id, cost: log-normal, kind 0–9), 1–19 visits per person (10 on average), each
+/// person's visits together and persons in increasing order. Returns the visits file.
+fn gen_visits(visits: usize, out: &Path) -> Res<PathBuf> {
+    std::fs::create_dir_all(out)?;
+    let persons = visits / 10;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(44);
+    let cost = LogNormal::new(5.0, 1.0)?;
+    let ints = |v: Vec<i64>| Arc::new(Int64Array::from(v)) as ArrayRef;
+    let field = |name: &str, dt: DataType| Field::new(name, dt, false);
+    let schema = Arc::new(Schema::new(vec![
+        field("person_id", DataType::Int64),
+        field("age", DataType::Int64),
+        field("sex", DataType::Int64),
+        field("state", DataType::Int64),
+    ]));
+    let cols = vec![
+        ints((1..=persons as i64).collect()),
+        ints((0..persons).map(|_| rng.random_range(0..100)).collect()),
+        ints((0..persons).map(|_| rng.random_range(0..2)).collect()),
+        ints((0..persons).map(|_| rng.random_range(0..50)).collect()),
+    ];
+    let path = out.join(format!("persons_{persons}.parquet"));
+    let mut w = ArrowWriter::try_new(std::fs::File::create(&path)?, schema.clone(), None)?;
+    w.write(&RecordBatch::try_new(schema, cols)?)?;
+    w.close()?;
+    let schema = Arc::new(Schema::new(vec![
+        field("person_id", DataType::Int64),
+        field("cost", DataType::Float64),
+        field("kind", DataType::Int64),
+    ]));
+    let (mut pid, mut costs, mut kinds) = (vec![], vec![], vec![]);
+    let mut person = 0i64;
+    while pid.len() < visits {
+        person = person % persons as i64 + 1;
+        for _ in 0..rng.random_range(1..=19).min(visits - pid.len()) {
+            pid.push(person);
+            costs.push(cost.sample(&mut rng));
+            kinds.push(rng.random_range(0..10));
+        }
+    }
+    let path = out.join(format!("visits_{visits}.parquet"));
+    let mut w = ArrowWriter::try_new(std::fs::File::create(&path)?, schema.clone(), None)?;
+    for at in (0..visits).step_by(1 << 17) {
+        let to = (at + (1 << 17)).min(visits);
+        let cols = vec![
+            ints(pid[at..to].to_vec()),
+            Arc::new(Float64Array::from(costs[at..to].to_vec())) as ArrayRef,
+            ints(kinds[at..to].to_vec()),
+        ];
+        w.write(&RecordBatch::try_new(schema.clone(), cols)?)?;
+    }
+    w.close()?;
+    Ok(path)
+}
+
+/// The persons file beside a visits file of [`gen_visits`].
+fn persons_beside(visits: &Path) -> Res<PathBuf> {
+    let n: usize = visits
+        .file_stem()
+        .and_then(|s| s.to_str())
+        .and_then(|s| s.strip_prefix("visits_"))
+        .ok_or("--visits: a visits_N.parquet file of `bench gen --visits N`")?
+        .parse()?;
+    Ok(visits.with_file_name(format!("persons_{}.parquet", n / 10)))
+}
+
 fn gen_wide(rows: usize, cols: usize, out: &Path) -> Res<PathBuf> {
     std::fs::create_dir_all(out)?;
     let path = out.join(format!("wide_{rows}x{cols}.parquet"));
@@ -165,6 +237,11 @@ fn gen_wide(rows: usize, cols: usize, out: &Path) -> Res<PathBuf> {
 
 /// The session: `people`, and `people_g2`, the same file with `max_groups_per_unit = 2` at person level.
 fn people_config(data: &Path, person_level: bool, strings: bool) -> String {
+    visits_config(data, person_level, strings, None).unwrap_or_default()
+}
+
+/// [`people_config`], with `persons` and `visits` (W12) when given the visits file.
+fn visits_config(data: &Path, person_level: bool, strings: bool, visits: Option<&Path>) -> Res<String> {
     let key = if strings { "string" } else { "int64" };
     let texts = |n: i64, text: fn(i64) -> String| {
         (0..n).map(|i| if strings { format!("\"{}\"", text(i)) } else { i.to_string() }).collect::<Vec<_>>().join(", ")
@@ -189,7 +266,24 @@ fn people_config(data: &Path, person_level: bool, strings: bool) -> String {
             data.display()
         )
     };
-    format!("[session]\nrho = 1e9\ndefault_query_rho = 0.01\n\n{}{}", table("people", 1), table("people_g2", 2))
+    let mut config =
+        format!("[session]\nrho = 1e9\ndefault_query_rho = 0.01\n\n{}{}", table("people", 1), table("people_g2", 2));
+    if let Some(visits) = visits {
+        config += &format!(
+            "[tables.persons]\npath = \"{}\"\nformat = \"parquet\"\nprivacy_unit = \"person_id\"\nmax_rows_per_unit = 1\n\
+             max_groups_per_unit = 1\n[tables.persons.columns]\nperson_id = {{ type = \"int64\" }}\n\
+             age = {{ type = \"int64\", bounds = [0, 99] }}\nsex = {{ type = \"int64\", domain = [0, 1] }}\n\
+             state = {{ type = \"int64\", domain = [{}] }}\n\n\
+             [tables.visits]\npath = \"{}\"\nformat = \"parquet\"\nprivacy_unit = \"person_id\"\nmax_rows_per_unit = 20\n\
+             max_groups_per_unit = 1\n[tables.visits.columns]\nperson_id = {{ type = \"int64\" }}\n\
+             cost = {{ type = \"float64\", bounds = [0, 10000] }}\nkind = {{ type = \"int64\", domain = [{}] }}\n",
+            persons_beside(visits)?.display(),
+            (0..50).map(|i| i.to_string()).collect::<Vec<_>>().join(", "),
+            visits.display(),
+            (0..10).map(|i| i.to_string()).collect::<Vec<_>>().join(", "),
+        );
+    }
+    Ok(config)
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -323,10 +417,22 @@ const WORKLOADS: &[(&str, &str, &str, &str)] = &[
         "SELECT a.sex, COUNT(*), SUM(b.income) FROM people a JOIN people b ON a.person_id = b.person_id \
          WHERE a.person_id >= 0 GROUP BY a.sex",
     ),
+    // A join of two private tables on the unit: persons (one row each) with their visits (`--visits` only).
+    (
+        "W12",
+        "SELECT p.sex, COUNT(*), SUM(v.cost) FROM persons p JOIN visits v ON p.person_id = v.person_id GROUP BY p.sex",
+        "SELECT sex, SUM(n), SUM(c) FROM (SELECT p.person_id, p.sex, COUNT(*) AS n, SUM(v.cost) AS c \
+         FROM persons p JOIN visits v ON p.person_id = v.person_id GROUP BY p.person_id, p.sex) t GROUP BY sex",
+        "SELECT p.sex, COUNT(*), SUM(v.cost) FROM persons p JOIN visits v ON p.person_id = v.person_id \
+         WHERE p.person_id >= 0 GROUP BY p.sex",
+    ),
 ];
 
 /// Workloads only answerable at person level (a join of private tables needs their privacy units).
-const PERSON_ONLY: &[&str] = &["W11"];
+const PERSON_ONLY: &[&str] = &["W11", "W12"];
+
+/// Workloads over `persons` and `visits`, run only with `--visits`.
+const VISITS: &[&str] = &["W12"];
 
 /// The public table `states(state, region)` of W10: the 50 states (integer codes, or text with `strings`) and
 /// region = state % 4.
@@ -342,17 +448,24 @@ fn states_batch(strings: bool) -> Res<RecordBatch> {
     Ok(RecordBatch::try_new(schema, vec![state, Arc::new(Int64Array::from_iter_values((0..50).map(|s| s % 4)))])?)
 }
 
-/// Which part of the SQL benchmark to run (`--only W2`, `--unit row|person`, `--side dp|plain` for profiling).
+/// Which part of the SQL benchmark to run (`--only W2`, `--unit row|person`, `--side dp|plain` for profiling,
+/// `--visits FILE` for W12).
 struct Select {
     only: Option<String>,
     unit: Option<String>,
     side: Option<String>,
+    visits: Option<PathBuf>,
 }
 
 async fn bench_sql(data: &Path, reps: usize, sel: &Select) -> Res<()> {
     let ctx = SessionContext::new();
     for table in ["people", "people_g2"] {
         ctx.register_parquet(table, data.to_str().ok_or("path")?, ParquetReadOptions::default()).await?;
+    }
+    if let Some(visits) = &sel.visits {
+        let persons = persons_beside(visits)?;
+        ctx.register_parquet("persons", persons.to_str().ok_or("path")?, ParquetReadOptions::default()).await?;
+        ctx.register_parquet("visits", visits.to_str().ok_or("path")?, ParquetReadOptions::default()).await?;
     }
     println!(
         "| workload | unit | plain DataFusion (median s) | dpfusion (median s) | ratio | \
@@ -370,11 +483,13 @@ async fn bench_sql(data: &Path, reps: usize, sel: &Select) -> Res<()> {
         if sel.unit.as_deref().is_some_and(|u| u != unit_name) {
             continue;
         }
-        let cfg = SessionConfig::from_toml_str(&people_config(data, person, strings), Path::new("."))?;
+        let config = visits_config(data, person, strings, sel.visits.as_deref())?;
+        let cfg = SessionConfig::from_toml_str(&config, Path::new("."))?;
         let mut s = DpSession::from_config(&cfg).await?;
         s.register_public_batches("states", vec![states.clone()])?;
         for (name, sql, per_person, reading_unit) in WORKLOADS {
-            if sel.only.as_deref().is_some_and(|o| o != *name) || (!person && PERSON_ONLY.contains(name)) {
+            let skip = (!person && PERSON_ONLY.contains(name)) || (sel.visits.is_none() && VISITS.contains(name));
+            if sel.only.as_deref().is_some_and(|o| o != *name) || skip {
                 continue;
             }
             // One side only, many times: for a profiler (`perf record`), no table printed.
@@ -634,6 +749,10 @@ async fn main() -> Res<()> {
     let reps: usize = arg(&args, "--reps").and_then(|r| r.parse().ok()).unwrap_or(5).max(1);
     match args.get(1).map(String::as_str) {
         Some("gen") => {
+            if let Some(visits) = arg(&args, "--visits") {
+                println!("{}", gen_visits(visits.parse()?, &out)?.display());
+                return Ok(());
+            }
             let rows = arg(&args, "--rows").ok_or("--rows N")?.parse()?;
             let flag = |f: &str| args.iter().any(|a| a == f);
             println!("{}", gen_people(rows, &out, flag("--csv"), flag("--strings"), flag("--shuffle"))?.display());
@@ -644,12 +763,13 @@ async fn main() -> Res<()> {
             println!("{}", gen_wide(rows, cols, &out)?.display());
         }
         Some("sql") => {
-            let sel = Select { only: arg(&args, "--only"), unit: arg(&args, "--unit"), side: arg(&args, "--side") };
+            let (only, unit, side) = (arg(&args, "--only"), arg(&args, "--unit"), arg(&args, "--side"));
+            let sel = Select { only, unit, side, visits: arg(&args, "--visits").map(PathBuf::from) };
             bench_sql(Path::new(&arg(&args, "--data").ok_or("--data FILE")?), reps, &sel).await?
         }
         #[cfg(feature = "cluster")]
         Some("cluster") => {
-            let sel = Select { only: arg(&args, "--only"), unit: arg(&args, "--unit"), side: None };
+            let sel = Select { only: arg(&args, "--only"), unit: arg(&args, "--unit"), side: None, visits: None };
             cluster::bench(&args, Path::new(&arg(&args, "--data").ok_or("--data FILE")?), reps, &sel).await?
         }
         #[cfg(feature = "cluster")]
