@@ -155,6 +155,8 @@ pub fn quantile_sensitivity(q: Ratio, rows: u128) -> Result<u128> {
 #[derive(Clone, Debug, PartialEq)]
 pub struct QuantileGrid {
     candidates: Vec<f64>,
+    /// `(m − 1) / (hi − lo)`: candidates per unit of value, for [`QuantileGrid::slot_of`]'s guess.
+    per_unit: f64,
 }
 
 impl QuantileGrid {
@@ -173,7 +175,7 @@ impl QuantileGrid {
                 format!("[{lo}, {hi}] is too narrow for {points} distinct candidates"),
             ));
         }
-        Ok(QuantileGrid { candidates })
+        Ok(QuantileGrid::of(candidates))
     }
 
     /// The grid of an integer column: at most `points` integers from `⌈lo⌉` to `⌊hi⌋` inclusive, evenly spaced and
@@ -194,7 +196,14 @@ impl QuantileGrid {
         if candidates.windows(2).any(|w| w[0] >= w[1]) {
             return Err(DpError::Internal(format!("the integer grid over [{lo}, {hi}] repeats a candidate")));
         }
-        Ok(QuantileGrid { candidates })
+        Ok(QuantileGrid::of(candidates))
+    }
+
+    /// The grid of `candidates` (increasing, at least 2).
+    fn of(candidates: Vec<f64>) -> Self {
+        let (first, last) = (candidates.first().copied().unwrap_or(0.0), candidates.last().copied().unwrap_or(0.0));
+        let per_unit = candidates.len().saturating_sub(1) as f64 / (last - first);
+        QuantileGrid { candidates, per_unit }
     }
 
     /// The candidates, increasing.
@@ -209,9 +218,28 @@ impl QuantileGrid {
 
     /// The slot of `x` ([`QuantileScores::slot`]). A NaN is below every candidate (slot 0): the plan clamps values
     /// into the bounds first, so none reaches here from data.
+    ///
+    /// The number of candidates below `x` is guessed from the grid's even spacing, then checked against the
+    /// candidates on each side and moved a step at a time (at most four; a binary search after that): the same
+    /// count as a binary search, without its mispredicted branches, on every value of every row.
     pub fn slot_of(&self, x: f64) -> usize {
-        let below = self.candidates.partition_point(|&c| c < x);
-        QuantileScores::slot(below, self.candidates.get(below) == Some(&x))
+        let c = &self.candidates;
+        let first = c.first().copied().unwrap_or(0.0);
+        // Between candidates j and j + 1 the guess is j + 1. NaN, negative and huge guesses saturate into 0..=m.
+        let t = (x - first) * self.per_unit;
+        let mut below = if t >= 0.0 { (t as usize).saturating_add(1).min(c.len()) } else { 0 };
+        for _ in 0..4 {
+            // `below` is the count when every candidate before it is below x and the one at it is not.
+            if below > 0 && c.get(below - 1).is_some_and(|&p| p >= x || x.is_nan()) {
+                below -= 1;
+            } else if c.get(below).is_some_and(|&n| n < x) {
+                below += 1;
+            } else {
+                return QuantileScores::slot(below, c.get(below) == Some(&x));
+            }
+        }
+        let below = c.partition_point(|&p| p < x);
+        QuantileScores::slot(below, c.get(below) == Some(&x))
     }
 }
 
@@ -370,6 +398,28 @@ mod tests {
             let slot = fine.slot_of(x);
             let below = fine.candidates().iter().filter(|&&c| c < x).count();
             assert_eq!(slot, 2 * below + usize::from(fine.candidates().contains(&x)), "{x}");
+        }
+        // The guessed slot is the binary search's, for values around every candidate, far outside the bounds and
+        // not numbers, on float grids and on integer grids (rounded, so not exactly evenly spaced).
+        let grids = [
+            fine.clone(),
+            QuantileGrid::new(0.0, 200_000.0, 1000).unwrap(),
+            QuantileGrid::new(-3.0, 7.0, 2).unwrap(),
+            QuantileGrid::integers(0.0, 99.0, 1000).unwrap(),
+            QuantileGrid::integers(-7.0, 200_001.0, 997).unwrap(),
+            QuantileGrid::new(1e-300, 1e300, 1000).unwrap(),
+        ];
+        for g in &grids {
+            let c = g.candidates();
+            let mut xs = vec![f64::NAN, f64::INFINITY, f64::NEG_INFINITY, f64::MAX, f64::MIN, 0.0, -0.0];
+            for w in c.windows(2) {
+                xs.extend([w[0], w[1], (w[0] + w[1]) / 2.0, w[0].next_up(), w[1].next_down()]);
+            }
+            xs.extend([c[0].next_down(), c[c.len() - 1].next_up(), c[0] - 1e9, c[c.len() - 1] + 1e9]);
+            for x in xs {
+                let below = c.partition_point(|&p| p < x);
+                assert_eq!(g.slot_of(x), 2 * below + usize::from(c.get(below) == Some(&x)), "{x} in {:?}", &c[..2]);
+            }
         }
         assert!(QuantileGrid::new(1.0, 1.0, 3).is_err());
         assert!(QuantileGrid::new(0.0, f64::INFINITY, 3).is_err());
