@@ -23,9 +23,9 @@
 use crate::error::{DpError, Result, engine};
 use crate::plan::validate;
 use crate::refusal::Refusal;
-use datafusion::arrow::array::{Array, ArrayRef, RecordBatch, UInt32Array};
+use datafusion::arrow::array::{Array, ArrayRef, AsArray, RecordBatch, UInt32Array};
 use datafusion::arrow::compute::{cast, concat_batches, take};
-use datafusion::arrow::datatypes::{DataType, SchemaRef};
+use datafusion::arrow::datatypes::{DataType, Int64Type, SchemaRef};
 use datafusion::arrow::row::{RowConverter, SortField};
 use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
 use datafusion::common::{Column, JoinType, ScalarValue, TableReference, exec_err};
@@ -127,6 +127,36 @@ pub(crate) struct KeyIndex {
     keys: ArrayRef,
     converter: RowConverter,
     rows: HashMap<Box<[u8]>, u32>,
+    /// For integer keys in a narrow range (codes, states, small ids): the row of each key `lo + i` at `i`
+    /// ([`NO_ROW`] for none), so that a probe is an array read rather than an encoding and a hash.
+    dense: Option<(i64, Vec<u32>)>,
+}
+
+/// No public row holds this key (in [`KeyIndex`]'s dense table).
+const NO_ROW: u32 = u32::MAX;
+
+/// The dense table of [`KeyIndex`] for integer `keys` (already unique) spanning at most `DENSE_SPAN` values or four
+/// times their number; None for other keys.
+fn dense_rows(keys: &ArrayRef) -> Option<(i64, Vec<u32>)> {
+    /// Keys up to this span always get a dense table (4 MiB at most).
+    const DENSE_SPAN: i64 = 1 << 20;
+    if !keys.data_type().is_integer() || *keys.data_type() == DataType::UInt64 {
+        return None;
+    }
+    let ints = cast(keys, &DataType::Int64).ok()?;
+    let ints = ints.as_primitive_opt::<Int64Type>()?;
+    let (lo, hi) = (ints.iter().flatten().min()?, ints.iter().flatten().max()?);
+    let span = hi.checked_sub(lo)?.checked_add(1)?;
+    if span > DENSE_SPAN.max(4 * ints.len() as i64) || ints.len() >= NO_ROW as usize {
+        return None;
+    }
+    let mut rows = vec![NO_ROW; usize::try_from(span).ok()?];
+    for (i, k) in ints.iter().enumerate() {
+        if let Some(k) = k {
+            *rows.get_mut(usize::try_from(k - lo).ok()?)? = i as u32;
+        }
+    }
+    Some((lo, rows))
 }
 
 impl KeyIndex {
@@ -143,7 +173,8 @@ impl KeyIndex {
                 return Ok(None);
             }
         }
-        Ok(Some(KeyIndex { keys, converter, rows }))
+        let dense = dense_rows(&keys);
+        Ok(Some(KeyIndex { keys, converter, rows, dense }))
     }
 
     /// The key column, as the join key's type.
@@ -155,6 +186,16 @@ impl KeyIndex {
     /// For each value of `probe`, the row that holds it as a key; NULL where none does (and for NULL).
     fn positions(&self, probe: &ArrayRef) -> datafusion::common::Result<UInt32Array> {
         let probe = cast(probe, self.keys.data_type())?;
+        if let Some((lo, rows)) = &self.dense {
+            // The probe has the keys' integer type, which widens exactly to Int64.
+            let ints = cast(&probe, &DataType::Int64)?;
+            let Some(ints) = ints.as_primitive_opt::<Int64Type>() else { return exec_err!("an integer key") };
+            let row = |k: i64| {
+                let at = usize::try_from(k.wrapping_sub(*lo)).ok().filter(|_| k >= *lo)?;
+                rows.get(at).copied().filter(|&r| r != NO_ROW)
+            };
+            return Ok(ints.iter().map(|k| k.and_then(row)).collect());
+        }
         let encoded = self.converter.convert_columns(std::slice::from_ref(&probe))?;
         Ok((0..probe.len())
             .map(|i| if probe.is_valid(i) { self.rows.get(encoded.row(i).as_ref()).copied() } else { None })
@@ -412,5 +453,48 @@ pub(crate) fn lookup_column<'a>(plan: &'a LogicalPlan, col: &Column) -> Option<&
             lookup_column(side, &c)
         }
         _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use datafusion::arrow::array::{Int32Array, Int64Array};
+
+    fn positions(index: &KeyIndex, probe: ArrayRef) -> Vec<Option<u32>> {
+        index.positions(&probe).unwrap().iter().collect()
+    }
+
+    /// Integer keys in a narrow range are found by an array read, keys far apart by the hash table: the same
+    /// rows either way, NULL for absent keys, NULL probes and keys outside the range (at the ends of i64 too).
+    #[test]
+    fn dense_and_hashed_keys_find_the_same_rows() {
+        let probe: ArrayRef = Arc::new(Int64Array::from(vec![
+            Some(3),
+            Some(4),
+            Some(9),
+            None,
+            Some(-1),
+            Some(i64::MAX),
+            Some(i64::MIN),
+            Some(5),
+        ]));
+        let narrow: ArrayRef = Arc::new(Int64Array::from(vec![Some(5), Some(3), Some(9), None]));
+        let index = KeyIndex::build(&narrow, &DataType::Int64).unwrap().unwrap();
+        assert!(index.dense.is_some());
+        let want = vec![Some(1), None, Some(2), None, None, None, None, Some(0)];
+        assert_eq!(positions(&index, Arc::clone(&probe)), want);
+        let wide: ArrayRef = Arc::new(Int64Array::from(vec![Some(5), Some(3), Some(9), Some(i64::MIN), Some(1 << 40)]));
+        let index = KeyIndex::build(&wide, &DataType::Int64).unwrap().unwrap();
+        assert!(index.dense.is_none());
+        let want = vec![Some(1), None, Some(2), None, None, None, Some(3), Some(0)];
+        assert_eq!(positions(&index, probe), want);
+        // Int32 keys and probes; a repeated key is no index at all.
+        let keys: ArrayRef = Arc::new(Int32Array::from(vec![-2, 0, 7]));
+        let index = KeyIndex::build(&keys, &DataType::Int32).unwrap().unwrap();
+        assert!(index.dense.is_some());
+        assert_eq!(positions(&index, Arc::new(Int32Array::from(vec![7, -2, 1]))), vec![Some(2), Some(0), None]);
+        let repeated: ArrayRef = Arc::new(Int32Array::from(vec![1, 1]));
+        assert!(KeyIndex::build(&repeated, &DataType::Int32).unwrap().is_none());
     }
 }
