@@ -137,7 +137,8 @@ fn gen_people(rows: usize, out: &Path, csv: bool, strings: bool, shuffle: bool) 
 
 /// `persons_{visits/10}.parquet` (person_id 1…, age 0–99, sex 0/1, state 0–49: one row per person) and
 /// `visits_{visits}.parquet` (person_id, cost: log-normal, kind 0–9), 1–19 visits per person (10 on average), each
-/// person's visits together and persons in increasing order. Returns the visits file.
+/// person's visits together and persons in increasing order, at most `visits` of them (about that many). Returns the
+/// visits file.
 fn gen_visits(visits: usize, out: &Path) -> Res<PathBuf> {
     std::fs::create_dir_all(out)?;
     let persons = visits / 10;
@@ -167,9 +168,8 @@ fn gen_visits(visits: usize, out: &Path) -> Res<PathBuf> {
         field("kind", DataType::Int64),
     ]));
     let (mut pid, mut costs, mut kinds) = (vec![], vec![], vec![]);
-    let mut person = 0i64;
-    while pid.len() < visits {
-        person = person % persons as i64 + 1;
+    // Each person once, in order: at most `visits` rows (about that many: 10 per person on average).
+    for person in 1..=persons as i64 {
         for _ in 0..rng.random_range(1..=19).min(visits - pid.len()) {
             pid.push(person);
             costs.push(cost.sample(&mut rng));
@@ -178,8 +178,9 @@ fn gen_visits(visits: usize, out: &Path) -> Res<PathBuf> {
     }
     let path = out.join(format!("visits_{visits}.parquet"));
     let mut w = ArrowWriter::try_new(std::fs::File::create(&path)?, schema.clone(), None)?;
-    for at in (0..visits).step_by(1 << 17) {
-        let to = (at + (1 << 17)).min(visits);
+    eprintln!("{} visits of {persons} persons", pid.len());
+    for at in (0..pid.len()).step_by(1 << 17) {
+        let to = (at + (1 << 17)).min(pid.len());
         let cols = vec![
             ints(pid[at..to].to_vec()),
             Arc::new(Float64Array::from(costs[at..to].to_vec())) as ArrayRef,
