@@ -218,7 +218,8 @@ async fn keys_of_other_types_and_names_already_taken() {
     assert!(e.unwrap_err().to_string().contains("already"));
 }
 
-/// Over the server: a public table is listed by `\dt` for the analysts granted it, answered exactly with a NOTICE
+/// Over the server: a public table is listed by `\dt` (described as public by `\dt+`) for the analysts granted it,
+/// answered exactly with a NOTICE
 /// and no charge (simple and extended protocol), joined in a charged query; an analyst not granted it does not see it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_server_lists_answers_and_joins_public_tables() {
@@ -227,6 +228,12 @@ async fn the_server_lists_answers_and_joins_public_tables() {
     let (alice, mut notices) = connect_as(s.addr, "alice", crate::server::PASSWORD).await.unwrap();
     let dt = text_rows(&alice, PSQL_DT).await;
     assert!(dt.iter().any(|r| r[1] == "educ_levels"), "{dt:?}");
+    // psql's `\dt+` shows each table's description: which is public, and the private one's unit and limits.
+    let described = "SELECT c.relname, obj_description(c.oid, 'pg_class') FROM pg_class c \
+                     WHERE c.relname IN ('pums', 'educ_levels') ORDER BY 1";
+    let described = text_rows(&alice, described).await;
+    assert!(described[0][1].starts_with("public table ("), "{described:?}");
+    assert!(described[1][1].starts_with("private: privacy unit pid, at most 2 row(s)"), "{described:?}");
     let rows = text_rows(&alice, "SELECT label FROM educ_levels WHERE educ = 16").await;
     assert_eq!(rows, [["Doctorate degree"]]);
     let row = alice.query_one("SELECT label FROM educ_levels WHERE educ = $1", &[&16i64]).await.unwrap();

@@ -224,12 +224,9 @@ impl Shell {
             Meta::Quit => return false,
             Meta::Help => outln!("{}", help()),
             Meta::Tables => {
-                for (name, p) in self.session.tables() {
-                    let unit = p.privacy_unit.as_deref().unwrap_or("row");
-                    outln!("{name} (privacy unit: {unit})");
-                }
-                for t in self.session.public_tables() {
-                    outln!("{} (public, {} rows)", t.name(), t.rows().num_rows());
+                let names = self.session.tables().keys().cloned();
+                for name in names.chain(self.session.public_tables().map(|t| t.name().to_string())) {
+                    outln!("{name}: {}", self.session.table_summary(&name).unwrap_or_default());
                 }
             }
             Meta::Describe => {

@@ -235,7 +235,13 @@ impl Connection {
         let ledger = shared.db.budget(&analyst_budget(user))?;
         let session =
             shared.base.for_analyst(Box::new(ledger), record.tables.as_deref(), shared.settings.memory_limit).await?;
-        let catalog = Catalog::new(&session.table_schemas().await?, user, database).map_err(dpfusion::error::engine)?;
+        let tables: Vec<_> = (session.table_schemas().await?.into_iter())
+            .map(|(name, schema)| {
+                let summary = session.table_summary(&name);
+                (name, schema, summary)
+            })
+            .collect();
+        let catalog = Catalog::new(&tables, user, database).map_err(dpfusion::error::engine)?;
         Ok(Analyst::new(user.to_string(), session, catalog))
     }
 }

@@ -27,7 +27,8 @@
 //! - `psql_dt_and_d`, and `catalog_queries_describe_granted_tables_only_and_spend_nothing` (tests/server.rs):
 //!   its `pg_get_userbyid` answers `postgres` for every oid, not the connecting analyst.
 //! - `psql_dt_plus`, `psql_d_plus_pums`: no `pg_size_pretty`, `pg_table_size`, `obj_description` or
-//!   `col_description` (psql's `\dt+` and `\d+` fail with "Invalid function").
+//!   `col_description` (psql's `\dt+` and `\d+` fail with "Invalid function"). Here `obj_description` and
+//!   `pg_description` give each table's kind (public, or private with its privacy unit and limits).
 //! - `sqlalchemy_queries` (the hstore probe): no `to_regtype`; `sqlalchemy_reflects_a_tables_columns`
 //!   (tests/server_catalog.rs): no `json_build_object` or `pg_collation_is_visible`.
 //! - `pg_table_is_visible` is true for every oid, so psql's `\d name` also matches a system relation of that name.
@@ -193,7 +194,6 @@ const ALWAYS_EMPTY: &[&str] = &[
     "pg_constraint",
     "pg_index",
     "pg_attrdef",
-    "pg_description",
     "pg_enum",
     "pg_range",
     "pg_sequence",
@@ -614,7 +614,13 @@ struct RelInfo {
     kind: String,
     /// (name, pg type oid, typmod, nullable)
     columns: Vec<(String, i32, i32, bool)>,
+    /// What the table is (public, or private with its privacy unit), for `obj_description` and `pg_description`.
+    description: Option<String>,
 }
+
+/// A table an analyst may query: its name, Arrow schema and one-line description
+/// ([`dpfusion::DpSession::table_summary`]).
+pub(crate) type UserTable = (String, SchemaRef, Option<String>);
 
 /// Names and oids shared by the catalog tables and the functions.
 #[derive(Debug, PartialEq, Eq, Hash)]
@@ -762,6 +768,10 @@ fn catalog_relations(info: &Info, user_tables: &[RelInfo]) -> Result<Vec<Rel>> {
                 (NS_PG_CATALOG, "pg_tables") => user_tables.iter().map(|t| pg_tables_row(info, t)).collect(),
                 (NS_INFORMATION_SCHEMA, "schemata") => schemata_rows(info),
                 (NS_INFORMATION_SCHEMA, "tables") => user_tables.iter().map(|t| tables_row(info, t)).collect(),
+                // pg_class is 1259; a table's own description has objsubid 0.
+                (NS_PG_CATALOG, "pg_description") => (user_tables.iter())
+                    .filter_map(|t| Some(vec![i(t.oid), i(1259), i(0), s(t.description.clone()?)]))
+                    .collect(),
                 (NS_INFORMATION_SCHEMA, "columns") => column_rows(info, user_tables),
                 _ => data::fixed_rows(d.name, &info.user, &info.database)?,
             };
@@ -877,6 +887,7 @@ enum Kind {
     GetUserById,
     TableIsVisible,
     FormatType,
+    ObjDescription,
     NullText,
     Zero,
     SizePretty,
@@ -993,6 +1004,22 @@ impl ScalarUDFImpl for PgFunc {
                         }
                     };
                     b.append_value(v);
+                }
+                Arc::new(b.finish())
+            }
+            Kind::ObjDescription => {
+                // A relation's description ([`RelInfo::description`]); NULL for other catalogs' objects.
+                let ints = int_column(first)?;
+                let ints = ints.as_primitive::<Int64Type>();
+                let catalogs = arrays.get(1).map(str_column).transpose()?;
+                let catalogs = catalogs.as_ref().map(|c| c.as_string::<i32>());
+                let mut b = StringBuilder::new();
+                for r in 0..n {
+                    let of_class = catalogs.is_none_or(|c| c.is_valid(r) && c.value(r) == "pg_class");
+                    let rel = (ints.is_valid(r) && of_class)
+                        .then(|| i32::try_from(ints.value(r)).ok().and_then(|o| info.relations.get(&o)))
+                        .flatten();
+                    b.append_option(rel.and_then(|rel| rel.description.as_deref()));
                 }
                 Arc::new(b.finish())
             }
@@ -1122,7 +1149,7 @@ fn function_table() -> Vec<(&'static str, Kind, &'static [usize], DataType)> {
         ("format_type", Kind::FormatType, &[2], t.clone()),
         ("pg_get_expr", Kind::NullText, &[2, 3], t.clone()),
         ("col_description", Kind::NullText, &[2], t.clone()),
-        ("obj_description", Kind::NullText, &[1, 2], t.clone()),
+        ("obj_description", Kind::ObjDescription, &[1, 2], t.clone()),
         ("shobj_description", Kind::NullText, &[2], t.clone()),
         ("pg_get_indexdef", Kind::NullText, &[1, 3], t.clone()),
         ("pg_get_constraintdef", Kind::NullText, &[1, 2], t.clone()),
@@ -1919,11 +1946,11 @@ fn is_always_empty(body: &SetExpr) -> bool {
 
 /// The granted tables as relations of schema `public`, in name order, with oids from [`FIRST_USER_OID`] and the
 /// column types of the one type map ([`crate::types`]).
-fn user_relations(tables: &[(String, SchemaRef)]) -> Result<Vec<RelInfo>> {
-    let mut sorted: Vec<&(String, SchemaRef)> = tables.iter().collect();
+fn user_relations(tables: &[UserTable]) -> Result<Vec<RelInfo>> {
+    let mut sorted: Vec<&UserTable> = tables.iter().collect();
     sorted.sort_by(|a, b| a.0.cmp(&b.0));
     let mut user_tables = Vec::new();
-    for (idx, (name, schema)) in sorted.iter().enumerate() {
+    for (idx, (name, schema, description)) in sorted.iter().enumerate() {
         let oid = i32::try_from(idx)
             .ok()
             .and_then(|i| FIRST_USER_OID.checked_add(i))
@@ -1936,7 +1963,8 @@ fn user_relations(tables: &[(String, SchemaRef)]) -> Result<Vec<RelInfo>> {
                 (f.name().clone(), typ, typmod, f.is_nullable())
             })
             .collect();
-        user_tables.push(RelInfo { oid, namespace: NS_PUBLIC, name: name.clone(), kind: "r".into(), columns });
+        let (namespace, name, kind, description) = (NS_PUBLIC, name.clone(), "r".into(), description.clone());
+        user_tables.push(RelInfo { oid, namespace, name, kind, columns, description });
     }
     Ok(user_tables)
 }
@@ -2042,7 +2070,7 @@ impl std::fmt::Debug for Catalog {
 impl Catalog {
     /// `tables`: (name, Arrow schema) of each table visible to this analyst; `user`, `database`: from the startup
     /// message.
-    pub(crate) fn new(tables: &[(String, SchemaRef)], user: &str, database: &str) -> Result<Catalog> {
+    pub(crate) fn new(tables: &[UserTable], user: &str, database: &str) -> Result<Catalog> {
         data::check()?;
         let user_tables = user_relations(tables)?;
         let namespaces: BTreeMap<i32, String> = [
@@ -2076,6 +2104,7 @@ impl Catalog {
                         ((*n).to_string(), typ, typmod, true)
                     })
                     .collect(),
+                description: None,
             }
         }));
         for r in &mut rels {
@@ -2253,13 +2282,16 @@ mod tests {
         out
     }
 
+    /// The description of `pums` in [`pums`]'s catalog.
+    const PUMS_SUMMARY: &str = "private: privacy unit pid";
+
     fn pums() -> Catalog {
         let schema = Arc::new(Schema::new(vec![
             Field::new("age", DataType::Int64, true),
             Field::new("sex", DataType::Utf8, true),
             Field::new("income", DataType::Float64, true),
         ]));
-        match Catalog::new(&[("pums".to_string(), schema)], "alice", "dpfusion") {
+        match Catalog::new(&[("pums".to_string(), schema, Some(PUMS_SUMMARY.into()))], "alice", "dpfusion") {
             Ok(c) => c,
             Err(e) => panic!("Catalog::new: {e}"),
         }
@@ -2529,8 +2561,9 @@ ORDER BY 1,2"#;
     async fn psql_dt_plus() {
         let (cols, rows) = run(&pums(), PSQL_DT_PLUS).await;
         assert_eq!(cols, ["Schema", "Name", "Type", "Owner", "Persistence", "Access method", "Size", "Description"]);
-        // Size is never computed from data.
-        assert_eq!(rows, vec![row(&["public", "pums", "table", "alice", "permanent", "heap", "0 bytes", ""])]);
+        // Size is never computed from data; the description says what kind of table it is.
+        let want = ["public", "pums", "table", "alice", "permanent", "heap", "0 bytes", PUMS_SUMMARY];
+        assert_eq!(rows, vec![row(&want)]);
     }
 
     #[tokio::test]
@@ -2621,7 +2654,7 @@ ORDER BY 1,2"#;
             Field::new("ts", DataType::Timestamp(datafusion::arrow::datatypes::TimeUnit::Microsecond, None), true),
             Field::new("blob", DataType::Binary, true),
         ]));
-        let c = match Catalog::new(&[("t".to_string(), schema)], "bob", "db") {
+        let c = match Catalog::new(&[("t".to_string(), schema, None)], "bob", "db") {
             Ok(c) => c,
             Err(e) => panic!("{e}"),
         };
@@ -2718,7 +2751,8 @@ ORDER BY 1,2"#;
         let c = pums();
         let (cols, rows) = run(&c, JDBC_GET_TABLES).await;
         assert_eq!(cols[..4], ["table_cat", "table_schem", "table_name", "table_type"]);
-        assert_eq!(rows, vec![row(&["", "public", "pums", "TABLE", "", "", "", "", "", ""])]);
+        // REMARKS: the table's description, from pg_description.
+        assert_eq!(rows, vec![row(&["", "public", "pums", "TABLE", PUMS_SUMMARY, "", "", "", "", ""])]);
 
         let (cols, rows) = run(&c, JDBC_GET_COLUMNS).await;
         assert_eq!(cols[..5], ["nspname", "relname", "attname", "atttypid", "attnotnull"]);

@@ -79,6 +79,23 @@ impl DpSession {
         &self.policies
     }
 
+    /// One line saying what kind of table `name` is (public, or private with its privacy unit and limits), for
+    /// table lists (the REPL's `\dt`, the server's `obj_description`, psql's `\dt+`); None for no such table.
+    pub fn table_summary(&self, name: &str) -> Option<String> {
+        if let Some(t) = self.public_tables().find(|t| t.name() == name) {
+            return Some(format!("public table ({} rows): exact answers, nothing spent", t.rows().num_rows()));
+        }
+        let policy = self.policies.get(name)?;
+        Some(match &policy.privacy_unit {
+            Some(u) => format!(
+                "private: privacy unit {u}, at most {} row(s) per unit and group, {} group(s) per unit; noisy \
+                 answers, each charged to the budget",
+                policy.max_rows_per_unit, policy.max_groups_per_unit
+            ),
+            None => "private: each row its own privacy unit; noisy answers, each charged to the budget".into(),
+        })
+    }
+
     /// The Arrow schema of a private table (column names and types; no data).
     pub async fn table_schema(&self, name: &str) -> Result<Arc<Schema>> {
         self.policy(name)?;
