@@ -11,6 +11,8 @@
 //! * [`mechanism`]: the two mechanisms and their exact parameters (how they are calibrated to a sensitivity and a
 //!   budget is [`crate::accounting::calibrate`], which depends on this module; nothing here depends on it).
 //! * [`accuracy`]: standard deviation and confidence-interval half-width of the exact discrete distributions.
+//! * [`selection`]: the Gaussian thresholding mechanism that releases keys nobody published: its threshold, its δ
+//!   (approximate zCDP) and the chance a key is released.
 //!
 //! Neighbouring relation throughout dpfusion: two datasets are neighbours when one is obtained from the other by
 //! adding or removing **all rows of one privacy unit**.
@@ -23,6 +25,7 @@ pub mod laplace;
 pub mod mechanism;
 pub mod ratio;
 pub mod rng;
+pub mod selection;
 
 pub use mechanism::{Mechanism, NoiseParams};
 pub use ratio::Ratio;
