@@ -334,9 +334,9 @@ pub(crate) fn decode_keys(b: LogicalPlanBuilder, group_keys: &[GroupKey], m: usi
 }
 
 /// The rows of `b`, hash-partitioned by `unit` for the aggregation by unit above them, so that it runs in one
-/// phase over the rows rather than over a state per row ([`by_unit`](crate::plan::by_unit)); only for g > 1, whose
-/// per-row states hold g sub-slots.
-fn by_unit(b: LogicalPlanBuilder, unit: Expr) -> datafusion::common::Result<LogicalPlanBuilder> {
+/// phase over the rows rather than over a state per row ([`by_unit`](crate::plan::by_unit)); only where a row's
+/// state is heavy: g > 1, whose per-row states hold g sub-slots, and `dp_keep_rows` ([`crate::plan::quantile`]).
+pub(crate) fn by_unit(b: LogicalPlanBuilder, unit: Expr) -> datafusion::common::Result<LogicalPlanBuilder> {
     let node = ByUnit::new(b.build()?, unit);
     Ok(LogicalPlanBuilder::from(LogicalPlan::Extension(Extension { node: Arc::new(node) })))
 }

@@ -38,7 +38,6 @@ use datafusion::logical_expr::{
     LogicalPlanBuilder, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl, Signature, Volatility, cast, col, lit,
 };
 use rand::Rng;
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
 /// A quantile's public grid, as the plan carries it: the bounds (bit patterns, so that it can be compared and
@@ -316,7 +315,7 @@ impl AggregateUDFImpl for KeepRows {
     }
 
     fn create_groups_accumulator(&self, _: AccumulatorArgs) -> datafusion::common::Result<Box<dyn GroupsAccumulator>> {
-        Ok(Box::new(KeepGroups { spec: self.spec(), units: Vec::new() }))
+        Ok(Box::new(KeepGroups { spec: self.spec(), units: Vec::new(), held: 0 }))
     }
 }
 
@@ -341,40 +340,49 @@ struct KeepSpec {
     fields: Fields,
 }
 
-/// One kept row: its random priority and one value per measurement ([`NULL`] for none).
-type Row = (u64, Box<[i64]>);
-
-/// One unit's kept rows: cell priority → the rows kept so far.
+/// One unit's kept rows: per cell (by the cell's priority, increasing; at most `groups`), its rows as records of
+/// `m + 1` words each: the row's random priority, then one value per measurement ([`NULL`] for none). Flat, so that
+/// keeping a row allocates nothing most of the time.
 #[derive(Debug, Default)]
 struct Unit {
-    cells: BTreeMap<u64, Vec<Row>>,
+    cells: Vec<(u64, Vec<i64>)>,
 }
 
 impl Unit {
-    /// Keeps `row` in the cell of priority `cell`, then at most `groups` cells (the smallest priorities: a cell
-    /// dropped here can never come back among them) and, now and then, the `k` rows of smallest priority.
-    fn keep(&mut self, spec: &KeepSpec, cell: u64, row: Row) {
-        let rows = self.cells.entry(cell).or_default();
-        rows.push(row);
-        if rows.len() >= 2 * spec.k + 16 {
-            trim(rows, spec.k);
-        }
-        if spec.groups.is_some_and(|g| self.cells.len() > g) {
-            self.cells.pop_last();
+    /// Keeps the row `record` (its priority, then its values) in the cell of priority `cell`, then at most `groups`
+    /// cells (the smallest priorities: a cell dropped here can never come back among them) and, now and then, the
+    /// `k` rows of smallest priority.
+    fn keep(&mut self, spec: &KeepSpec, cell: u64, record: impl IntoIterator<Item = i64>) {
+        let at = match self.cells.binary_search_by_key(&cell, |c| c.0) {
+            Ok(at) => at,
+            Err(at) => {
+                if spec.groups.is_some_and(|g| at >= g) {
+                    return; // a cell of larger priority than the g kept: never among them
+                }
+                self.cells.insert(at, (cell, Vec::new()));
+                if spec.groups.is_some_and(|g| self.cells.len() > g) {
+                    self.cells.pop();
+                }
+                at
+            }
+        };
+        let Some((_, rows)) = self.cells.get_mut(at) else { return };
+        rows.extend(record);
+        let m = spec.kinds.len();
+        if rows.len() / (m + 1) >= 2 * spec.k + 16 {
+            trim(rows, m, spec.k as u64);
         }
     }
 
     /// The state: for each cell its priority, its number of rows, then each row's priority and values (u64 words).
-    fn state_bytes(&mut self, k: usize) -> Vec<u8> {
+    fn state_bytes(&mut self, spec: &KeepSpec) -> Vec<u8> {
         let mut out = Vec::new();
+        let m = spec.kinds.len();
         for (cell, rows) in &mut self.cells {
-            trim(rows, k);
+            trim(rows, m, spec.k as u64);
             out.extend_from_slice(&cell.to_le_bytes());
-            out.extend_from_slice(&(rows.len() as u64).to_le_bytes());
-            for (p, v) in rows.iter() {
-                out.extend_from_slice(&p.to_le_bytes());
-                v.iter().for_each(|x| out.extend_from_slice(&x.to_le_bytes()));
-            }
+            out.extend_from_slice(&((rows.len() / (m + 1)) as u64).to_le_bytes());
+            rows.iter().for_each(|x| out.extend_from_slice(&x.to_le_bytes()));
         }
         out
     }
@@ -387,26 +395,40 @@ impl Unit {
         }
         let mut words = b.chunks_exact(8).map(|w| <[u8; 8]>::try_from(w).map(u64::from_le_bytes));
         let mut word = || words.next().and_then(|w| w.ok()).ok_or_else(damaged);
+        let mut record = Vec::with_capacity(m + 1);
         while let Ok(cell) = word() {
             let n = word()?;
             for _ in 0..n {
-                let p = word()?;
-                let v = (0..m).map(|_| word().map(|w| w as i64)).collect::<datafusion::common::Result<Box<[i64]>>>()?;
-                self.keep(spec, cell, (p, v));
+                record.clear();
+                for _ in 0..=m {
+                    record.push(word()? as i64);
+                }
+                self.keep(spec, cell, record.iter().copied());
             }
         }
         Ok(())
     }
 }
 
-/// Keeps the `k` rows of smallest priority.
-fn trim(rows: &mut Vec<Row>, k: usize) {
-    if rows.len() > k {
-        if k > 0 {
-            rows.select_nth_unstable_by_key(k - 1, |r| r.0);
-        }
-        rows.truncate(k);
+/// Keeps the `k` rows (records of `m + 1` words: the priority, then one value per measurement) of smallest
+/// priority among `rows`, in no particular order; at most `k` even on ties.
+pub(crate) fn trim(rows: &mut Vec<i64>, m: usize, k: u64) {
+    let width = m + 1;
+    let k = usize::try_from(k).unwrap_or(usize::MAX);
+    if rows.len() / width <= k {
+        return;
     }
+    let mut order: Vec<(u64, usize)> = rows.chunks_exact(width).enumerate().map(|(i, r)| (r[0] as u64, i)).collect();
+    if k > 0 {
+        order.select_nth_unstable(k - 1);
+    }
+    order.truncate(k);
+    order.sort_unstable_by_key(|&(_, i)| i);
+    let mut kept = Vec::with_capacity(k * width);
+    for (_, i) in order {
+        kept.extend_from_slice(&rows[i * width..(i + 1) * width]);
+    }
+    *rows = kept;
 }
 
 /// The rows of a batch of `dp_keep_rows`'s arguments: the cell priorities, and each measurement's value per row
@@ -442,10 +464,10 @@ fn batch_rows<'a>(
     Ok((cells, per_measure))
 }
 
-/// Row `r` of a batch: a fresh random priority and its values. (The cell priority is never NULL: a hash, or the
-/// constant 0 without GROUP BY.)
-fn row_at(rng: &mut impl Rng, per_measure: &[Vec<i64>], r: usize) -> Row {
-    (rng.random(), per_measure.iter().map(|v| v[r]).collect())
+/// Row `r` of a batch as a record: a fresh random priority, then its values. (The cell priority is never NULL: a
+/// hash, or the constant 0 without GROUP BY.)
+fn row_at<'a>(rng: &mut impl Rng, per_measure: &'a [Vec<i64>], r: usize) -> impl Iterator<Item = i64> + 'a {
+    std::iter::once(rng.random::<u64>() as i64).chain(per_measure.iter().map(move |v| v[r]))
 }
 
 /// The output of `units`, one list per unit: for each kept cell, `{cell, x0, …}` with each measurement's
@@ -453,20 +475,22 @@ fn row_at(rng: &mut impl Rng, per_measure: &[Vec<i64>], r: usize) -> Row {
 fn output<'a>(spec: &KeepSpec, units: impl Iterator<Item = &'a mut Unit>) -> datafusion::common::Result<ListArray> {
     let mut lengths = Vec::new();
     let mut cells: Vec<i64> = Vec::new();
-    let mut kept: Vec<Vec<Row>> = Vec::new();
+    let m = spec.kinds.len();
+    let mut kept: Vec<Vec<i64>> = Vec::new();
     for unit in units {
         lengths.push(unit.cells.len());
         for (cell, mut rows) in std::mem::take(&mut unit.cells) {
-            trim(&mut rows, spec.k);
+            trim(&mut rows, m, spec.k as u64);
             cells.push(cell_of(cell));
             kept.push(rows);
         }
     }
     let mut columns: Vec<ArrayRef> = vec![Arc::new(Int64Array::from(cells))];
     for (i, kind) in spec.kinds.iter().enumerate() {
-        let values = |rows: &Vec<Row>| rows.iter().map(|(_, v)| v[i]).filter(|&x| x != NULL).collect::<Vec<_>>();
+        let values =
+            |rows: &Vec<i64>| rows.chunks_exact(m + 1).map(|r| r[i + 1]).filter(|&x| x != NULL).collect::<Vec<_>>();
         let column: ArrayRef = match kind {
-            Kept::Rows => Arc::new(kept.iter().map(|r| r.len() as i64).collect::<Int64Array>()),
+            Kept::Rows => Arc::new(kept.iter().map(|r| (r.len() / (m + 1)) as i64).collect::<Int64Array>()),
             Kept::Values => Arc::new(kept.iter().map(|r| values(r).len() as i64).collect::<Int64Array>()),
             Kept::Sum(_) => Arc::new(
                 kept.iter()
@@ -521,16 +545,17 @@ impl Accumulator for KeepAcc {
     }
 
     fn state(&mut self) -> datafusion::common::Result<Vec<ScalarValue>> {
-        Ok(vec![ScalarValue::Binary(Some(self.unit.state_bytes(self.spec.k)))])
+        Ok(vec![ScalarValue::Binary(Some(self.unit.state_bytes(&self.spec)))])
     }
 
     fn size(&self) -> usize {
-        size_of::<Self>() + unit_size(&self.unit, self.spec.kinds.len())
+        size_of::<Self>() + unit_size(&self.unit)
     }
 }
 
-fn unit_size(unit: &Unit, m: usize) -> usize {
-    unit.cells.values().map(|r| r.capacity() * (24 + 8 * m) + 48).sum()
+fn unit_size(unit: &Unit) -> usize {
+    unit.cells.capacity() * size_of::<(u64, Vec<i64>)>()
+        + unit.cells.iter().map(|(_, r)| r.capacity() * 8).sum::<usize>()
 }
 
 /// `dp_keep_rows` over many units at once: one [`Unit`] per group.
@@ -538,6 +563,31 @@ fn unit_size(unit: &Unit, m: usize) -> usize {
 struct KeepGroups {
     spec: KeepSpec,
     units: Vec<Unit>,
+    /// The bytes the units hold ([`unit_size`] summed), kept up to date as they change: DataFusion asks for the
+    /// size after every batch, and summing it over every unit each time made the aggregation quadratic.
+    held: usize,
+}
+
+impl KeepGroups {
+    /// Applies `change` to unit `g`, keeping [`KeepGroups::held`] up to date.
+    fn change(
+        &mut self,
+        g: usize,
+        change: impl FnOnce(&mut Unit, &KeepSpec) -> datafusion::common::Result<()>,
+    ) -> datafusion::common::Result<()> {
+        let Some(unit) = self.units.get_mut(g) else { return exec_err!("dp_keep_rows: no group {g}") };
+        let before = unit_size(unit);
+        change(unit, &self.spec)?;
+        self.held = (self.held + unit_size(unit)).saturating_sub(before);
+        Ok(())
+    }
+
+    /// Takes the units `emit_to` asks for, their bytes no longer held.
+    fn take(&mut self, emit_to: EmitTo) -> Vec<Unit> {
+        let units = emit_to.take_needed(&mut self.units);
+        self.held = self.held.saturating_sub(units.iter().map(unit_size).sum());
+        units
+    }
 }
 
 impl GroupsAccumulator for KeepGroups {
@@ -555,8 +605,11 @@ impl GroupsAccumulator for KeepGroups {
             if !kept(filter, r) {
                 continue;
             }
-            let Some(unit) = self.units.get_mut(g) else { return exec_err!("dp_keep_rows: group {g} of {total}") };
-            unit.keep(&self.spec, cell.unwrap_or(0), row_at(&mut rng, &per_measure, r));
+            let row = row_at(&mut rng, &per_measure, r);
+            self.change(g, |unit, spec| {
+                unit.keep(spec, cell.unwrap_or(0), row);
+                Ok(())
+            })?;
         }
         Ok(())
     }
@@ -566,8 +619,8 @@ impl GroupsAccumulator for KeepGroups {
         let Some(s) = states.first() else { return exec_err!("dp_keep_rows has one state column") };
         let Some(b) = s.as_binary_opt::<i32>() else { return exec_err!("dp_keep_rows: the state is not Binary") };
         for (&g, bytes) in groups.iter().zip(b.iter()) {
-            let (Some(unit), Some(bytes)) = (self.units.get_mut(g), bytes) else { continue };
-            unit.merge_bytes(&self.spec, bytes)?;
+            let Some(bytes) = bytes else { continue };
+            self.change(g, |unit, spec| unit.merge_bytes(spec, bytes))?;
         }
         Ok(())
     }
@@ -589,29 +642,25 @@ impl GroupsAccumulator for KeepGroups {
                 if kept(filter, r) {
                     unit.keep(&self.spec, cell.unwrap_or(0), row_at(&mut rng, &per_measure, r));
                 }
-                Some(unit.state_bytes(self.spec.k))
+                Some(unit.state_bytes(&self.spec))
             })
             .collect();
         Ok(vec![Arc::new(bytes)])
     }
 
     fn evaluate(&mut self, emit_to: EmitTo) -> datafusion::common::Result<ArrayRef> {
-        let mut units = emit_to.take_needed(&mut self.units);
+        let mut units = self.take(emit_to);
         Ok(Arc::new(output(&self.spec, units.iter_mut())?))
     }
 
     fn state(&mut self, emit_to: EmitTo) -> datafusion::common::Result<Vec<ArrayRef>> {
-        let units = emit_to.take_needed(&mut self.units);
-        let k = self.spec.k;
-        let bytes: BinaryArray = units.into_iter().map(|mut u| Some(u.state_bytes(k))).collect();
+        let units = self.take(emit_to);
+        let bytes: BinaryArray = units.into_iter().map(|mut u| Some(u.state_bytes(&self.spec))).collect();
         Ok(vec![Arc::new(bytes)])
     }
 
     fn size(&self) -> usize {
-        let m = self.spec.kinds.len();
-        size_of::<Self>()
-            + self.units.capacity() * size_of::<Unit>()
-            + self.units.iter().map(|u| unit_size(u, m)).sum::<usize>()
+        size_of::<Self>() + self.units.capacity() * size_of::<Unit>() + self.held
     }
 }
 
@@ -706,8 +755,9 @@ pub(crate) fn kept_aggregate(
     });
     let cells = keyed.then(|| crate::plan::cell_count(group_keys));
     let runs = bound::unit_runs_rows(&scoped, cells, pass.collect::<Result<_>>()?, k, groups, true)?;
-    let b = LogicalPlanBuilder::from(scoped)
-        .aggregate(vec![unit()], vec![keep])
+    // The rows hash-partitioned by unit: the aggregation keeping them runs in one phase, not over a state per row.
+    let b = bound::by_unit(LogicalPlanBuilder::from(scoped), unit())
+        .and_then(|b| b.aggregate(vec![unit()], vec![keep]))
         .and_then(|b| b.unnest_columns_with_options(vec![Column::from_name("__dp_kept")], UnnestOptions::default()))
         .and_then(|b| b.project(fields))
         .and_then(|b| b.aggregate(group_by, outer))
@@ -806,7 +856,7 @@ mod tests {
             kinds: vec![Kept::Rows, Kept::Slots],
             signature: Signature::variadic_any(Volatility::Immutable),
         };
-        let mut acc = KeepGroups { spec: f.spec(), units: Vec::new() };
+        let mut acc = KeepGroups { spec: f.spec(), units: Vec::new(), held: 0 };
         // Unit 0: 5 rows in cell 7 (slot 1) and 1 row in cell 9; unit 1: 3 rows in cell 4 (slot 2).
         let cells: ArrayRef = Arc::new(UInt64Array::from(vec![7u64, 4, 7, 4, 7, 9, 7, 4, 7]));
         let slots: ArrayRef = Arc::new(Int64Array::from(vec![1i64, 2, 1, 2, 1, 3, 1, 2, 1]));
@@ -814,11 +864,16 @@ mod tests {
         let groups = [0usize, 1, 0, 1, 0, 0, 0, 1, 0];
         let args = [cells, ones, slots];
         acc.update_batch(&args, &groups, None, 2).unwrap();
+        // The size kept up to date is the units' size summed afresh; taking the units gives it back.
+        let summed: usize = acc.units.iter().map(unit_size).sum();
+        assert!(summed > 0 && acc.held == summed, "{} ≠ {summed}", acc.held);
         let state = acc.state(EmitTo::All).unwrap();
+        assert_eq!(acc.held, 0);
         let converted = acc.convert_to_state(&args, None).unwrap();
-        let mut fin = KeepGroups { spec: f.spec(), units: Vec::new() };
+        let mut fin = KeepGroups { spec: f.spec(), units: Vec::new(), held: 0 };
         fin.merge_batch(&state, &[0, 1], 2).unwrap();
         fin.merge_batch(&converted, &groups, 2).unwrap();
+        assert_eq!(fin.held, fin.units.iter().map(unit_size).sum::<usize>());
         let out = fin.evaluate(EmitTo::All).unwrap();
         let lists = out.as_list::<i32>();
         for (unit, (cell, slot)) in [(7i64, 1i64), (4, 2)].into_iter().enumerate() {

@@ -404,7 +404,7 @@ impl UnitRows {
             self.n[e] += other.n[j];
             if spec.keep {
                 self.kept[e].extend_from_slice(&other.kept[j]);
-                keep::trim(&mut self.kept[e], m, spec.k);
+                crate::plan::quantile::trim(&mut self.kept[e], m, spec.k);
                 continue;
             }
             for i in 0..m {

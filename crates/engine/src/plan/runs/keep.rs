@@ -17,28 +17,7 @@
 //! `dp_quantile_slot` never gives, are ignored as the hash plan ignores them).
 
 use super::*;
-use crate::plan::quantile::NULL;
-
-/// Keeps the `k` rows (records of `m + 1` words: the priority, then one value per measurement) of smallest
-/// priority among `rows`, in no particular order; at most `k` even on ties.
-pub(super) fn trim(rows: &mut Vec<i64>, m: usize, k: u64) {
-    let width = m + 1;
-    let k = usize::try_from(k).unwrap_or(usize::MAX);
-    if rows.len() / width <= k {
-        return;
-    }
-    let mut order: Vec<(u64, usize)> = rows.chunks_exact(width).enumerate().map(|(i, r)| (r[0] as u64, i)).collect();
-    if k > 0 {
-        order.select_nth_unstable(k - 1);
-    }
-    order.truncate(k);
-    order.sort_unstable_by_key(|&(_, i)| i);
-    let mut kept = Vec::with_capacity(k * width);
-    for (_, i) in order {
-        kept.extend_from_slice(&rows[i * width..(i + 1) * width]);
-    }
-    *rows = kept;
-}
+use crate::plan::quantile::{NULL, trim};
 
 /// The rows `trim` would keep, without changing `rows`: their records.
 fn chosen(rows: &[i64], m: usize, k: u64) -> std::borrow::Cow<'_, [i64]> {

@@ -581,12 +581,12 @@ async fn the_pass_keeps_rows_as_the_hash_plan_does_for_quantiles() {
 fn trim_keeps_the_k_smallest_priorities() {
     // Records of (priority, value, value): priorities 9, 3, 7, 3, 1.
     let mut rows = vec![9, 90, 91, 3, 30, 31, 7, 70, 71, 3, 32, 33, 1, 10, 11];
-    keep::trim(&mut rows, 2, 3);
+    crate::plan::quantile::trim(&mut rows, 2, 3);
     let mut kept: Vec<&[i64]> = rows.chunks(3).collect();
     kept.sort();
     assert_eq!(kept, vec![&[1, 10, 11][..], &[3, 30, 31], &[3, 32, 33]]);
-    keep::trim(&mut rows, 2, 1);
+    crate::plan::quantile::trim(&mut rows, 2, 1);
     assert_eq!(rows, vec![1, 10, 11]);
-    keep::trim(&mut rows, 2, 0);
+    crate::plan::quantile::trim(&mut rows, 2, 0);
     assert!(rows.is_empty());
 }
