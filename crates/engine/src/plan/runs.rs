@@ -514,8 +514,10 @@ impl Totals {
             for &(from, to, c) in runs {
                 let n = (to - from) as i64;
                 // A kept unit's sum is there, though 0, when none of its rows has a value ([`keep`]).
-                let value = || values[i].run(from..to).0;
-                let value = || if spec.keep { (value(), true) } else { values[i].run(from..to) };
+                let value = || {
+                    let (v, seen) = values[i].run(from..to);
+                    (v, seen || spec.keep)
+                };
                 if let Some(x) = contribution(meas.value, clip, n, value) {
                     self.sums[c * m + i] += x;
                     self.seen[c * m + i] = true;

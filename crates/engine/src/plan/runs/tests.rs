@@ -141,7 +141,7 @@ async fn the_pass_equals_the_hash_plan_and_runs_only_on_clustered_input() {
     let at = rows.iter().position(|r| r.0 == 4).unwrap();
     let clustered = vec![rows[..at + 2].to_vec(), rows[at + 2..at + 4].to_vec(), rows[at + 4..].to_vec()];
     // Not clustered: every unit's rows spread over the table (rows taken with a stride).
-    let mut spread: Vec<Row> = (0..13).flat_map(|s| rows.iter().skip(s).step_by(13).copied()).collect();
+    let mut spread = strided(&rows);
     assert_eq!(spread.len(), rows.len());
     let spread = vec![spread.split_off(spread.len() / 2), spread];
     // Each partition sorted, but their unit ranges overlap: units 100–149 have rows in both.
@@ -184,7 +184,7 @@ async fn rows_added_whole_give_what_units_give() {
     let rows = people(300);
     let at = rows.iter().position(|r| r.0 == 4).unwrap();
     let three = vec![rows[..at + 2].to_vec(), rows[at + 2..at + 4].to_vec(), rows[at + 4..].to_vec()];
-    let spread: Vec<Row> = (0..13).flat_map(|s| rows.iter().skip(s).step_by(13).copied()).collect();
+    let spread = strided(&rows);
     for k in [5, 3, 2] {
         for (sql, g) in [(BY_KEY, 3), (TOTAL, 1), (SUMMED, 1), (PICKED, 1)] {
             let hash = run_k(std::slice::from_ref(&spread), false, k, g, sql).await;
@@ -206,23 +206,36 @@ async fn rows_added_whole_give_what_units_give() {
     }
 }
 
+/// How many rows unit `u` of [`long_units`] has: 1 to 40.
+fn long_unit_rows(u: i64) -> i64 {
+    1 + (u * 13) % 40
+}
+
+/// 60 units of [`long_unit_rows`] rows each in up to three cells (key `(u + row / 3) % 3`), x NULL on every
+/// seventh row, in three partitions whose borders fall inside units of 14 and 27 rows, and one with no rows.
+fn long_units() -> Vec<Vec<Row>> {
+    let mut rows = vec![];
+    for u in 0..60 {
+        for r in 0..long_unit_rows(u) {
+            let i = rows.len() as i64;
+            rows.push((u, (u + r / 3) % 3, (i % 7 != 0).then_some((i % 50) as f64 * 1.5)));
+        }
+    }
+    let (a, b) = (rows.iter().position(|r| r.0 == 1).unwrap() + 5, rows.iter().position(|r| r.0 == 2).unwrap() + 9);
+    vec![rows[..a].to_vec(), rows[a..b].to_vec(), vec![], rows[b..].to_vec()]
+}
+
+/// `rows` taken with a stride of 13: every unit's rows spread over the table (not clustered).
+fn strided(rows: &[Row]) -> Vec<Row> {
+    (0..13).flat_map(|s| rows.iter().skip(s).step_by(13).copied()).collect()
+}
+
 /// Units longer than a batch (1 to 40 rows over batches of 7, so that whole batches lie inside one unit),
 /// empty batches (and a partition of nothing else), and units of narrower types (Int16, UInt8, UInt32): the
 /// pass gives exactly what the hash plan gives, and each unit's COUNT(*) is min(n, k).
 #[tokio::test]
 async fn long_units_empty_batches_and_narrow_unit_types_equal_the_hash_plan() {
-    let n = |u: i64| 1 + (u * 13) % 40;
-    let mut rows = vec![];
-    for u in 0..60 {
-        for r in 0..n(u) {
-            let i = rows.len() as i64;
-            rows.push((u, (u + r / 3) % 3, (i % 7 != 0).then_some((i % 50) as f64 * 1.5)));
-        }
-    }
-    // Three partitions, the borders inside units of 14 and 27 rows, and one with no rows.
-    let (a, b) = (rows.iter().position(|r| r.0 == 1).unwrap() + 5, rows.iter().position(|r| r.0 == 2).unwrap() + 9);
-    let parts = vec![rows[..a].to_vec(), rows[a..b].to_vec(), vec![], rows[b..].to_vec()];
-    let spread: Vec<Row> = (0..13).flat_map(|s| rows.iter().skip(s).step_by(13).copied()).collect();
+    let (n, parts, spread) = (long_unit_rows, long_units(), strided(&long_units().concat()));
     let int = Layout { unit: DataType::Int64, batch: 7, empty: false };
     for k in [3, 50] {
         for (sql, g) in [(BY_KEY, 3), (TOTAL, 1), (SUMMED, 1), (PICKED, 1)] {
@@ -511,17 +524,7 @@ fn a_unit_that_comes_back_or_is_null_breaks_the_order() {
 /// other total varies only with the rows each unit keeps. Unclustered rows fall back.
 #[tokio::test]
 async fn the_pass_keeps_rows_as_the_hash_plan_does_for_quantiles() {
-    let n = |u: i64| 1 + (u * 13) % 40;
-    let mut rows = vec![];
-    for u in 0..60 {
-        for r in 0..n(u) {
-            let i = rows.len() as i64;
-            rows.push((u, (u + r / 3) % 3, (i % 7 != 0).then_some((i % 50) as f64 * 1.5)));
-        }
-    }
-    let (a, b) = (rows.iter().position(|r| r.0 == 1).unwrap() + 5, rows.iter().position(|r| r.0 == 2).unwrap() + 9);
-    let parts = vec![rows[..a].to_vec(), rows[a..b].to_vec(), vec![], rows[b..].to_vec()];
-    let spread: Vec<Row> = (0..13).flat_map(|s| rows.iter().skip(s).step_by(13).copied()).collect();
+    let (n, parts, spread) = (long_unit_rows, long_units(), strided(&long_units().concat()));
     let int = Layout { unit: DataType::Int64, batch: 7, empty: false };
     const QUANTILES: [&str; 3] = [
         "SELECT k, COUNT(*), COUNT(x), SUM(x), MEDIAN(x) FROM t GROUP BY k",
@@ -541,7 +544,7 @@ async fn the_pass_keeps_rows_as_the_hash_plan_does_for_quantiles() {
     // Units of 1 to 5 rows with k = 5 keep every row: most go row by row or as one run each, as with clipping.
     let small = people(300);
     let three = vec![small[..40].to_vec(), small[40..43].to_vec(), small[43..].to_vec()];
-    let spread_small: Vec<Row> = (0..13).flat_map(|s| small.iter().skip(s).step_by(13).copied()).collect();
+    let spread_small = strided(&small);
     for (sql, g) in [(QUANTILES[0], 3), (QUANTILES[1], 1), ("SELECT j, MEDIAN(x), SUM(x) FROM t GROUP BY j", 1)] {
         let hash = run_layout(std::slice::from_ref(&spread_small), &int, 5, g, sql).await;
         let layout = Layout { unit: DataType::Int64, batch: 64, empty: false };
