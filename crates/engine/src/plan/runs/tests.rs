@@ -521,7 +521,8 @@ fn a_unit_that_comes_back_or_is_null_breaks_the_order() {
 /// exactly the hash plan's (`dp_keep_rows`) totals — histograms included — when no unit is over k rows in a cell
 /// (k = 50, units of 1 to 40 rows split across partitions and batches, integer and text units, with and without
 /// keys); with units over the limit (k = 2), COUNT(*) is still exactly Σ min(n, k) per cell in both, and every
-/// other total varies only with the rows each unit keeps. Unclustered rows fall back.
+/// other total varies only with the rows each unit keeps; with a pick of one cell per unit, each unit adds one
+/// cell's kept rows in both. Unclustered rows fall back.
 #[tokio::test]
 async fn the_pass_keeps_rows_as_the_hash_plan_does_for_quantiles() {
     let (n, parts, spread) = (long_unit_rows, long_units(), strided(&long_units().concat()));
@@ -577,6 +578,18 @@ async fn the_pass_keeps_rows_as_the_hash_plan_does_for_quantiles() {
     assert_eq!((pass.fallbacks, hash.fallbacks), (0, 1));
     assert_eq!(count_of(&pass.lines), expected);
     assert_eq!(count_of(&hash.lines), expected);
+    // A pick of one of a unit's (up to three) cells, k = 2: each unit adds the kept rows of one of its cells, so
+    // the total lies between the sums over units of their smallest and their largest kept cell, in both plans.
+    let per_cell = |u: i64, c: i64| (0..n(u)).filter(|r| (u + r / 3) % 3 == c).count() as i64;
+    let kept = |u: i64| (0..3).map(|c| per_cell(u, c).min(2)).filter(|&m| m > 0).collect::<Vec<_>>();
+    let lo: i64 = (0..60).map(|u| kept(u).into_iter().min().unwrap_or(0)).sum();
+    let hi: i64 = (0..60).map(|u| kept(u).into_iter().max().unwrap_or(0)).sum();
+    for (name, parts) in [("pass", &parts), ("hash", &vec![spread.clone()])] {
+        let picked = run_layout(parts, &int, 2, 1, counts).await;
+        assert_eq!(picked.fallbacks, usize::from(name == "hash"), "{name}");
+        let total: i64 = count_of(&picked.lines).iter().map(|(_, n)| n).sum();
+        assert!((lo..=hi).contains(&total) && lo < hi, "{name}: {total} not in {lo}..={hi}");
+    }
 }
 
 /// `trim` keeps the rows of the k smallest priorities, whole, and at most k of them even on ties.
