@@ -12,13 +12,13 @@ use statrs::function::erf::{erfc, erfc_inv};
 
 /// Largest σ for which the discrete Gaussian's moments and quantiles are computed by summing its mass function
 /// (at most ~40 000 terms).
-const EXACT_SIGMA: f64 = 1000.0;
+pub(crate) const EXACT_SIGMA: f64 = 1000.0;
 
 /// Relative margin on a tail probability β: intervals are computed for the tail β·(1 − FP_MARGIN), so floating-
 /// point errors (relative ~1e-13 at most, for sums of ≤ 40 000 positive terms or `erfc` / `exp` evaluations)
 /// cannot make an interval narrower than the exact one for β. Its only effect is that an exact tie within a
 /// relative 1e-9 resolves to the wider interval.
-const FP_MARGIN: f64 = 1e-9;
+pub(crate) const FP_MARGIN: f64 = 1e-9;
 
 /// Validates a confidence level: strictly between 0 and 1.
 pub fn check_confidence(c: f64) -> Result<()> {
@@ -31,7 +31,7 @@ pub fn check_confidence(c: f64) -> Result<()> {
 
 /// Weights w(z) = e^{−z²/(2σ²)} for z = 0, 1, …, ⌈40σ⌉ + 2. Beyond, w(z) < e^{−800}, which underflows to 0 and is
 /// below any tail that can be asked for (a confidence < 1 in f64 leaves β ≥ 2^-53).
-fn gaussian_weights(sigma_sq: f64) -> Vec<f64> {
+pub(crate) fn gaussian_weights(sigma_sq: f64) -> Vec<f64> {
     let limit = (40.0 * sigma_sq.sqrt()).ceil() as usize + 2;
     (0..=limit).map(|z| (-((z as f64) * (z as f64)) / (2.0 * sigma_sq)).exp()).collect()
 }
@@ -108,7 +108,7 @@ pub fn discrete_gaussian_ci_half_width(sigma_sq: Ratio, confidence: f64) -> Resu
 }
 
 /// Φ̄(x) = P(N(0, 1) > x).
-fn normal_sf(x: f64) -> f64 {
+pub(crate) fn normal_sf(x: f64) -> f64 {
     0.5 * erfc(x / std::f64::consts::SQRT_2)
 }
 

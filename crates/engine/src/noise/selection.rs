@@ -35,14 +35,7 @@
 
 use crate::error::{DpError, Result};
 use crate::noise::Ratio;
-use statrs::function::erf::erfc;
-
-/// Largest σ for which tails are summed from the mass function (at most ~40 000 terms), as in
-/// [`super::accuracy`].
-const EXACT_SIGMA: f64 = 1000.0;
-
-/// Relative margin by which an upper bound on a tail is raised against floating-point rounding.
-const FP_MARGIN: f64 = 1e-9;
+use crate::noise::accuracy::{EXACT_SIGMA, FP_MARGIN, gaussian_weights, normal_sf};
 
 /// Tails of the discrete Gaussian N_Z(0, σ²): P(Z ≥ t) for integers t.
 #[derive(Clone, Debug)]
@@ -58,9 +51,7 @@ impl Tails {
         if sigma > EXACT_SIGMA {
             return Tails { sigma, exact: None };
         }
-        // Beyond 40σ + 2 a weight is below e^{−800}: 0 in f64.
-        let limit = (40.0 * sigma).ceil() as usize + 2;
-        let weights: Vec<f64> = (0..=limit).map(|z| (-((z * z) as f64) / (2.0 * sigma_sq)).exp()).collect();
+        let weights = gaussian_weights(sigma_sq);
         let mut above = vec![0.0; weights.len()];
         let mut acc = 0.0;
         // Summed from the far end, small terms first.
@@ -96,11 +87,6 @@ impl Tails {
             None => normal_sf((t as f64 - 0.5) / self.sigma),
         }
     }
-}
-
-/// Φ̄(x) = P(N(0, 1) > x).
-fn normal_sf(x: f64) -> f64 {
-    0.5 * erfc(x / std::f64::consts::SQRT_2)
 }
 
 /// The Gaussian thresholding mechanism's parameters (module docs): noise N_Z(0, σ²) on each present key's count, a
