@@ -176,11 +176,11 @@ fn the_pipeline_example_writes_parquet_and_json_per_query() {
     let examples = exe.parent().and_then(|d| d.parent()).unwrap().join("examples");
     let pipeline = examples.join("pipeline");
     assert!(pipeline.exists(), "{} is built by `cargo test`", pipeline.display());
-    let out = std::env::temp_dir().join(format!("dpfusion-pipeline-{}", std::process::id()));
+    let out = crate::support::TempDir::new("pipeline");
     let o = Command::new(&pipeline)
         .args([
             &format!("{ROOT}/config/pums.toml"),
-            out.to_str().unwrap(),
+            out.as_ref().to_str().unwrap(),
             &format!("{ROOT}/queries/05_group_by_sex.sql"),
         ])
         .output()

@@ -173,7 +173,8 @@ mod tests {
         assert_eq!(measured(&s, "c").await, (Some(0.0), Some(1.0), None));
         // Counted from where the counter stands when the run starts: a second run goes from 0 to 1 again.
         assert_eq!(measured(&s, "c").await, (Some(0.0), Some(1.0), None));
-        let dir = std::env::temp_dir().join(format!("dpfusion-progress-{}", std::process::id()));
+        let dir =
+            std::env::temp_dir().join(format!("dpfusion-progress-{}-{}", std::process::id(), rand::random::<u64>()));
         std::fs::create_dir_all(&dir).unwrap();
         let file = dir.join("t.parquet");
         let b = RecordBatch::try_from_iter([("x", Arc::new(Int64Array::from_iter_values(0..5000)) as _)]).unwrap();

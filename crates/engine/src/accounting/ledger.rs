@@ -784,7 +784,8 @@ mod reprepare_tests {
     /// values bound every time, never makes SQLite prepare one of them again.
     #[test]
     fn cached_statements_are_never_prepared_again() {
-        let dir = std::env::temp_dir().join(format!("dpfusion-reprepare-{}", std::process::id()));
+        let dir =
+            std::env::temp_dir().join(format!("dpfusion-reprepare-{}-{}", std::process::id(), rand::random::<u64>()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("ledger.sqlite");
         let _ = std::fs::remove_file(&path);

@@ -282,7 +282,7 @@ async fn a_sort_order_that_a_table_declares_is_not_trusted() {
     use datafusion::parquet::file::metadata::SortingColumn;
     use datafusion::parquet::file::properties::WriterProperties;
     use datafusion::prelude::col;
-    let dir = std::env::temp_dir().join(format!("dpfusion-sorted-{}", std::process::id()));
+    let dir = std::env::temp_dir().join(format!("dpfusion-sorted-{}-{}", std::process::id(), rand::random::<u64>()));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("t.parquet");
     let schema =
