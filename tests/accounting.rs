@@ -130,3 +130,67 @@ fn a_huge_budget_still_reports_an_epsilon() {
     f.charge("huge", vec![gauss(1e8)]).unwrap();
     assert!(f.epsilon(1e-6).unwrap().epsilon.is_finite());
 }
+
+/// Key selection's (ρ, δ) by hand (issue 38). With m = 1 and g = 1 at ρ = 0.5, σ² = Δ₂²/(2ρ) = 1 (inflated by
+/// 2⁻⁴⁶); the discrete Gaussian's normaliser is Σ_z e^{−z²/2} = 2.5066282880, so
+/// P(Z ≥ 5) = (e^{−12.5} + e^{−18} + …)/2.5066 = 1.4928e-6 > 1e-6 and P(Z ≥ 6) = (e^{−18} + e^{−24.5} + …)/2.5066
+/// = 6.0850226e-9 ≤ 1e-6: the lowest threshold is τ = 6 + m = 7 and δ = 6.0850226e-9. With g = 4 at ρ = 0.5,
+/// Δ₂ = 2 and σ² = 4; p must be ≤ 1 − (1 − 1e-6)^{1/4} = 2.5000009e-7: P(Z ≥ 10) = 8.0038e-7 is not,
+/// P(Z ≥ 11) = 5.7024911e-8 is, so τ = 12 and δ = 1 − (1 − 5.7024911e-8)⁴ = 2.2809962e-7. (The tails summed
+/// over z ≤ 100 in double precision.)
+#[test]
+fn key_selection_charges_carry_hand_computed_deltas() {
+    let close = |a: f64, b: f64| (a - b).abs() <= 1e-6 * b;
+    let (c, sel) = calibrate::selection(1, 1, rho(0.5), 1e-6).unwrap();
+    assert_eq!(sel.threshold(), 7);
+    assert!(close(c.delta(), 6.0850226e-9) && c.delta() >= 6.0850225909e-9, "{}", c.delta());
+    assert!(c.rho().get() <= 0.5 && c.rho().get() > 0.5 - 1e-12);
+    let (c4, sel4) = calibrate::selection(1, 4, rho(0.5), 1e-6).unwrap();
+    assert_eq!(sel4.threshold(), 12);
+    assert!(close(c4.delta(), 2.2809962e-7), "{}", c4.delta());
+    assert_eq!(c4.sensitivity(), 2.0);
+    // A charge's δ is the sum of its selections' (rounded up); a plain measurement adds none.
+    let mut f =
+        ZcdpFilter::new(rho(2.0)).with_delta(dpfusion::accounting::filter::DeltaBudget { total: 1e-6, spent: 0.0 });
+    let charge = f.charge("two selections and a count", vec![c.clone(), c4.clone(), gauss(0.1)]).unwrap();
+    assert!(charge.delta() >= c.delta() + c4.delta() && close(charge.delta(), 6.0850226e-9 + 2.2809962e-7));
+    assert!(close(f.delta().spent, charge.delta()));
+    assert_eq!(ZcdpFilter::new(rho(1.0)).charge("plain", vec![gauss(0.1)]).unwrap().delta(), 0.0);
+}
+
+/// A selection whose δ does not fit what remains of the δ budget is refused, with the numbers, and changes nothing
+/// (neither ρ nor δ); a session with no δ budget (the default) refuses every selection and says how to allow one.
+#[test]
+fn a_selection_over_the_delta_budget_is_refused_and_changes_nothing() {
+    use dpfusion::accounting::filter::DeltaBudget;
+    let (c4, _) = calibrate::selection(1, 4, rho(0.05), 1e-7).unwrap();
+    let mut f = ZcdpFilter::new(rho(1.0)).with_delta(DeltaBudget { total: 1.5e-7, spent: 0.0 });
+    f.charge("first", vec![c4.clone()]).unwrap();
+    let (spent, delta) = (f.spent(), f.delta());
+    let e = f.charge("second", vec![c4.clone()]).unwrap_err();
+    assert_eq!(e.code(), "over_delta_budget");
+    assert!(e.is_refusal() && e.to_string().contains("Nothing was spent"), "{e}");
+    assert_eq!((f.spent(), f.delta(), f.charges().len()), (spent, delta, 1));
+    let e = ZcdpFilter::new(rho(1.0)).charge("no delta budget", vec![c4]).unwrap_err();
+    assert!(matches!(e, DpError::OverDelta { total, .. } if total == 0.0));
+    assert!(e.hint().unwrap().contains("delta_budget"), "{e}");
+}
+
+/// The (ε, δ) of a history with selections: the ε of the conditioned measurements at δ′, widened by
+/// ln(1/(1 − δₛ)), at δ′ + δₛ (convert::with_selection's claim). For one selection with m = 1, g = 1 at ρ = 0.5 the
+/// conditioned mechanism is the discrete Gaussian with σ² = 1 and shift 1: its ε at δ′ is what a plain count at
+/// the same ρ reports, so the two differ by exactly the widening.
+#[test]
+fn the_epsilon_of_a_selection_is_the_counts_widened_by_its_delta() {
+    use dpfusion::accounting::calibrate::Shape;
+    use dpfusion::accounting::convert::epsilon_for_measurements;
+    let (c, _) = calibrate::selection(1, 1, rho(0.5), 1e-6).unwrap();
+    let count = calibrate::gaussian(1.0, rho(0.5)).unwrap().with_shape(Shape { linf: 1, cells: 1 }).unwrap();
+    let with = epsilon_for_measurements(std::slice::from_ref(&c), 1e-6).unwrap();
+    let without = epsilon_for_measurements(&[count], 1e-6).unwrap();
+    assert_eq!(with.selection_delta, c.delta());
+    assert!((with.delta - (1e-6 + c.delta())).abs() <= 1e-15, "{with:?}");
+    let widen = -(-c.delta()).ln_1p();
+    assert!(with.epsilon >= without.epsilon + widen && with.epsilon <= without.epsilon + widen + 1e-9, "{with:?}");
+    assert_eq!(without.selection_delta, 0.0);
+}

@@ -346,3 +346,66 @@ fn a_format_3_ledger_gets_each_charges_number_per_budget() {
     assert_eq!(a.charge("next", &[], cal()).unwrap().charge().id(), 4);
     assert_eq!(b.charge("next", &[], cal()).unwrap().charge().id(), 3);
 }
+
+/// Issue 38: a ledger of format 4 (no δ anywhere) is upgraded when opened: its history reports exactly the same ε as
+/// before, it has no δ budget until one is configured (recorded once, then checked like ρ), selections are then
+/// debited durably with their δ, a δ that does not fit is refused (nothing spent), and a table cap's δ (0 until the
+/// owner sets it) refuses selections on the capped table. The format-4 file is this build's file with the five
+/// columns version 5 added dropped and its version set back: the schema version 4 wrote.
+#[test]
+fn a_format_4_ledger_opens_with_the_same_history_and_gets_a_delta_budget() {
+    let dir = TempDir::new("v4");
+    let path = dir.join("ledger.db");
+    let open = |b: &str| SqliteLedger::open(&path, b, rho(1.0), Duration::from_secs(5)).unwrap();
+    let shaped = || {
+        vec![calibrate::gaussian(2.0, rho(0.01)).unwrap().with_shape(calibrate::Shape { linf: 2, cells: 1 }).unwrap()]
+    };
+    let before = {
+        let a = open("a");
+        for i in 0..5 {
+            a.charge(&format!("q{i}"), &["pums".to_string()], shaped()).unwrap();
+        }
+        a.epsilon(1e-6).unwrap()
+    };
+    let conn = rusqlite::Connection::open(&path).unwrap();
+    conn.execute_batch(
+        "ALTER TABLE budgets DROP COLUMN delta_total; ALTER TABLE budgets DROP COLUMN delta_spent;
+         ALTER TABLE charges DROP COLUMN delta; ALTER TABLE table_caps DROP COLUMN delta_cap;
+         ALTER TABLE table_caps DROP COLUMN delta_spent; UPDATE meta SET value = '4' WHERE key = 'format';",
+    )
+    .unwrap();
+    drop(conn);
+    let a = open("a");
+    assert_eq!(a.epsilon(1e-6).unwrap(), before, "the same history, the same ε");
+    assert_eq!(a.delta().unwrap(), dpfusion::accounting::filter::DeltaBudget { total: 0.0, spent: 0.0 });
+    let (sel, _) = calibrate::selection(1, 1, rho(0.05), 1e-7).unwrap();
+    let e = a.charge("selection", &[], vec![sel.clone()]).unwrap_err();
+    assert_eq!(e.code(), "over_delta_budget");
+    a.configure_delta(Some(2.5e-7)).unwrap();
+    a.configure_delta(Some(2.5e-7)).unwrap();
+    let e = a.configure_delta(Some(1e-6)).unwrap_err().to_string();
+    assert!(e.contains("--set-delta") && e.contains("authoritative"), "{e}");
+    a.charge("selection", &[], vec![sel.clone()]).unwrap();
+    let after = open("a").delta().unwrap();
+    assert_eq!((after.total, after.spent), (2.5e-7, sel.delta()));
+    assert!(open("a").epsilon(1e-6).unwrap().selection_delta == sel.delta());
+    // What remains (2.5e-7 − δ) is less than another selection's δ: refused, nothing spent.
+    let (total, spent) = a.status().unwrap();
+    let e = a.charge("again", &[], vec![sel.clone(), sel.clone(), sel.clone()]).unwrap_err();
+    assert_eq!(e.code(), "over_delta_budget");
+    assert_eq!(a.status().unwrap(), (total, spent));
+    assert_eq!(a.delta().unwrap(), after);
+    // A capped table allows no δ until the owner gives it some.
+    let db = dpfusion::accounting::LedgerDb::open(&path, Duration::from_secs(5)).unwrap();
+    db.set_table_cap("pums", rho(10.0), "test").unwrap();
+    let e = a.charge("capped", &["pums".to_string()], vec![sel.clone()]).unwrap_err();
+    assert_eq!(e.code(), "table_cap");
+    db.set_table_delta_cap("pums", 1e-6, "test").unwrap();
+    a.set_delta_total(1e-6, "more").unwrap();
+    a.charge("capped", &["pums".to_string()], vec![sel.clone()]).unwrap();
+    let cap = db.table_caps().unwrap().pop().unwrap();
+    assert_eq!(cap.delta_spent, sel.delta());
+    let log = db.admin_log().unwrap();
+    assert!(log.iter().any(|e| e.action == "set_delta" && e.reason == "first use with a delta budget"));
+    assert!(log.iter().any(|e| e.action == "table_delta_cap" && e.new_total == Some(1e-6)));
+}

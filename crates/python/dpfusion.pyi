@@ -399,10 +399,11 @@ class Session:
         """
         ...
     def budget(self) -> dict[str, float]:
-        """The budget: `rho_total`, `rho_spent`, `rho_remaining`, `epsilon` of everything spent at `delta`, and
-        how many `charges` were made.
+        """The budget: `rho_total`, `rho_spent`, `rho_remaining`, `epsilon` of everything spent at `delta`, how many
+        `charges` were made, and the δ budget of key selections (`delta_total`, `delta_spent`, `delta_remaining`).
 
-        >>> s.budget()
+        >>> b = s.budget()
+        >>> {k: b[k] for k in ("charges", "delta", "epsilon", "rho_remaining", "rho_spent", "rho_total")}
         {'charges': 0, 'delta': 1e-06, 'epsilon': 0.0, 'rho_remaining': 1.0, 'rho_spent': 0.0, 'rho_total': 1.0}
         """
         ...

@@ -27,6 +27,9 @@ enum AnalystAction {
         /// Their total ρ.
         #[arg(long)]
         rho: f64,
+        /// Their total δ for key selections (GROUP BY keys without a public domain); default 0: none.
+        #[arg(long)]
+        delta: Option<f64>,
         /// Tables granted, comma-separated (default: all).
         #[arg(long, value_delimiter = ',')]
         tables: Option<Vec<String>>,
@@ -44,8 +47,11 @@ enum AnalystAction {
         /// Login name.
         name: String,
         /// New total ρ.
+        #[arg(long, required_unless_present = "delta")]
+        rho: Option<f64>,
+        /// New total δ for key selections.
         #[arg(long)]
-        rho: f64,
+        delta: Option<f64>,
         /// Why (recorded in the ledger).
         #[arg(long)]
         reason: String,
@@ -106,6 +112,9 @@ pub(crate) struct CapArgs {
     /// ρ all analysts together may spend on queries reading it.
     #[arg(long, requires = "table")]
     rho: Option<f64>,
+    /// δ all analysts' key selections together may spend on it (0 until set: none).
+    #[arg(long, requires = "table")]
+    delta: Option<f64>,
     /// Why (recorded in the ledger).
     #[arg(long, default_value = "")]
     reason: String,
@@ -155,30 +164,52 @@ fn check_tables(cfg: &dpfusion::SessionConfig, tables: &Option<Vec<String>>) -> 
 pub(crate) fn analyst(a: AnalystArgs) -> Result<bool, DpError> {
     let (db, cfg) = ledger(a.config)?;
     match a.action {
-        AnalystAction::Add { name, rho, tables, password_stdin, reason } => {
+        AnalystAction::Add { name, rho, delta, tables, password_stdin, reason } => {
             dpfusion::accounting::admin::check_analyst_name(&name)?;
             check_tables(&cfg, &tables)?;
+            if let Some(d) = delta.filter(|d| !(0.0..1.0).contains(d)) {
+                return Err(DpError::invalid("delta", format!("must be in [0, 1), got {d}")));
+            }
             let verifier = dpfusion_server::scram::verifier(&password(password_stdin)?);
             db.add_analyst(&name, &verifier, Rho::new(rho)?, tables.as_deref(), &reason)?;
-            outln!("analyst `{name}` added with ρ = {rho} (recorded in the ledger)");
+            if let Some(d) = delta {
+                db.set_analyst_delta(&name, d, &reason)?;
+            }
+            outln!("analyst `{name}` added with ρ = {rho}, δ = {} (recorded in the ledger)", delta.unwrap_or(0.0));
         }
         AnalystAction::List => {
-            outln!("{:<20} {:>12} {:>12} {:<9} tables", "analyst", "rho_total", "rho_spent", "status");
+            outln!(
+                "{:<20} {:>12} {:>12} {:>10} {:>10} {:<9} tables",
+                "analyst",
+                "rho_total",
+                "rho_spent",
+                "delta",
+                "delta_used",
+                "status"
+            );
             for x in db.analysts()? {
                 let tables = x.tables.map_or("all".to_string(), |t| t.join(","));
                 let status = if x.disabled { "disabled" } else { "active" };
                 outln!(
-                    "{:<20} {:>12} {:>12} {:<9} {tables}",
+                    "{:<20} {:>12} {:>12} {:>10e} {:>10e} {:<9} {tables}",
                     x.name,
                     x.rho_total,
                     dpfusion::format::fmt_num(x.rho_spent),
+                    x.delta_total,
+                    x.delta_spent,
                     status
                 );
             }
         }
-        AnalystAction::SetBudget { name, rho, reason } => {
-            db.set_analyst_budget(&name, Rho::new(rho)?, &reason)?;
-            outln!("analyst `{name}`: total ρ = {rho} (recorded in the ledger)");
+        AnalystAction::SetBudget { name, rho, delta, reason } => {
+            if let Some(rho) = rho {
+                db.set_analyst_budget(&name, Rho::new(rho)?, &reason)?;
+                outln!("analyst `{name}`: total ρ = {rho} (recorded in the ledger)");
+            }
+            if let Some(d) = delta {
+                db.set_analyst_delta(&name, d, &reason)?;
+                outln!("analyst `{name}`: total δ = {d:e} (recorded in the ledger)");
+            }
         }
         AnalystAction::Passwd { name, password_stdin, reason } => {
             db.analyst(&name)?.ok_or_else(|| DpError::Config(format!("no analyst `{name}`")))?;
@@ -231,8 +262,19 @@ pub(crate) fn cap(a: CapArgs) -> Result<bool, DpError> {
         db.set_table_cap(t, Rho::new(rho)?, &a.reason)?;
         outln!("table `{t}`: global cap ρ = {rho} across all analysts (recorded in the ledger)");
     }
+    if let (Some(t), Some(d)) = (&a.table, a.delta) {
+        db.set_table_delta_cap(t, d, &a.reason)?;
+        outln!("table `{t}`: global cap δ = {d:e} across all analysts (recorded in the ledger)");
+    }
     for c in db.table_caps()? {
-        outln!("{:<20} cap {:>12} spent {:>12}", c.table, c.cap, dpfusion::format::fmt_num(c.spent));
+        outln!(
+            "{:<20} cap {:>12} spent {:>12} δ cap {:>10e} δ spent {:>10e}",
+            c.table,
+            c.cap,
+            dpfusion::format::fmt_num(c.spent),
+            c.delta_cap,
+            c.delta_spent
+        );
     }
     Ok(true)
 }

@@ -152,6 +152,10 @@ enum Command {
         /// Administrative: set a new total ρ for this budget (recorded in the ledger with --reason).
         #[arg(long, requires = "reason")]
         set_total: Option<f64>,
+        /// Administrative: set a new total δ for key selections (recorded in the ledger with --reason); then set
+        /// [session] delta_budget to the same value, or remove it.
+        #[arg(long, requires = "reason")]
+        set_delta: Option<f64>,
         /// Why the total changes (stored in the ledger).
         #[arg(long)]
         reason: Option<String>,
@@ -311,6 +315,24 @@ pub(crate) async fn run_statements(
     ok
 }
 
+/// `dpfusion budget --set-delta`: sets the ledger budget's total δ directly (before a session checks the
+/// configuration's `delta_budget` against it).
+fn set_delta_total(config: Option<PathBuf>, delta: f64, reason: &str) -> Result<(), DpError> {
+    use dpfusion::accounting::Ledger;
+    let path = config.unwrap_or_else(default_config);
+    let cfg = load_config(&path)?;
+    let Some(l) = &cfg.ledger else {
+        return Err(DpError::Config(format!(
+            "{}: without [ledger] the budget lives in memory; set [session] delta_budget instead",
+            path.display()
+        )));
+    };
+    let ledger = dpfusion::accounting::SqliteLedger::open(&l.path, &l.budget, cfg.total_rho, l.busy_timeout)?;
+    ledger.set_delta_total(delta, reason)?;
+    outln!("total δ set to {delta:e} (recorded in the ledger)");
+    Ok(())
+}
+
 pub(crate) fn print_budget(session: &DpSession, history: bool) -> Result<(), DpError> {
     let b = session.budget()?;
     if session.accounting() == dpfusion::accounting::calibrate::Accounting::Gdp {
@@ -332,12 +354,29 @@ pub(crate) fn print_budget(session: &DpSession, history: bool) -> Result<(), DpE
             dpfusion::format::fmt_num(b.status.rho_remaining)
         );
     }
+    if b.status.delta_total > 0.0 || b.status.delta_spent > 0.0 {
+        outln!(
+            "key selection δ: total {:e} · spent {:e} · remaining {:e}",
+            b.status.delta_total,
+            b.status.delta_spent,
+            b.status.delta_remaining
+        );
+    }
     outln!(
         "privacy loss so far: ε = {:.4} at δ = {:e} ({})",
         b.epsilon.epsilon,
         b.epsilon.delta,
         b.epsilon.kind.describe()
     );
+    if b.epsilon.selection_delta > 0.0 {
+        outln!(
+            "  (δ = {:e} of the conversion + {:e} spent by key selections; ε includes ln(1/(1 − {:e})), BS16's \
+             approximate zCDP)",
+            b.epsilon.delta - b.epsilon.selection_delta,
+            b.epsilon.selection_delta,
+            b.epsilon.selection_delta
+        );
+    }
     let curve: Vec<String> = b.epsilon_curve.iter().map(|e| format!("{:e} → {:.4}", e.delta, e.epsilon)).collect();
     outln!("ε at other δ: {}", curve.join(" · "));
     let ledger = session.ledger();
@@ -444,7 +483,10 @@ async fn run(cli: Cli) -> Result<bool, DpError> {
             outln!("{e}");
             Ok(true)
         }
-        Command::Budget { config, history, set_total, reason } => {
+        Command::Budget { config, history, set_total, set_delta, reason } => {
+            if let Some(d) = set_delta {
+                set_delta_total(config.clone(), d, reason.as_deref().unwrap_or(""))?;
+            }
             let (s, _) = open(config).await?;
             if let Some(t) = set_total {
                 let t = dpfusion::accounting::Rho::new(t)?;

@@ -309,6 +309,9 @@ pub struct SessionSettings {
     /// δ at which (ε, δ) is reported, and the δ of an (ε, δ) budget.
     #[serde(default = "default_delta")]
     pub delta: f64,
+    /// The total δ that key selections (GROUP BY keys without a public domain) may spend, beside `rho`: each is
+    /// δ-approximately ρ-zCDP. Absent: what the ledger says (0, no key selection, for a new budget).
+    pub delta_budget: Option<f64>,
     /// Confidence level of reported intervals, in (0, 1).
     #[serde(default = "default_confidence")]
     pub confidence: f64,
@@ -441,6 +444,8 @@ pub struct SessionConfig {
     pub mechanism: MechanismChoice,
     /// δ for (ε, δ) reports.
     pub delta: f64,
+    /// `[session] delta_budget`: the total δ of key selections, if configured.
+    pub delta_budget: Option<f64>,
     /// Confidence level of reported intervals.
     pub confidence: f64,
     /// The private tables.
@@ -559,6 +564,20 @@ impl SessionConfig {
                 })
             }
         };
+        if let Some(d) = s.delta_budget {
+            if !(0.0..1.0).contains(&d) {
+                return Err(DpError::Config(format!(
+                    "[session] delta_budget: must be in [0, 1), got {d}; 1e-6 is a common choice"
+                )));
+            }
+            if d > 0.0 && accounting == Accounting::Gdp {
+                return Err(DpError::Config(
+                    "[session] delta_budget needs a zCDP budget (rho = ...): key selection is accounted as approximate \
+                     zCDP, which an (epsilon, delta) budget enforced as Gaussian DP cannot compose"
+                        .into(),
+                ));
+            }
+        }
         let owner_log = s.owner_log.as_deref().map(|p| resolve(base_dir, p));
         let server = raw.server.map(|c| server_settings(c, base_dir)).transpose()?;
         let cluster = match raw.engine {
@@ -573,6 +592,7 @@ impl SessionConfig {
             default_query_rho,
             mechanism,
             delta: s.delta,
+            delta_budget: s.delta_budget,
             confidence,
             tables,
             ledger,

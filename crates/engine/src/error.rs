@@ -32,6 +32,17 @@ pub enum DpError {
         remaining: f64,
     },
 
+    /// A charge would exceed the δ budget of approximate-zCDP measurements (key selection). Nothing was spent.
+    #[error("{}. Nothing was spent. {}", over_delta(*.requested, *.total, *.spent), delta_hint(*.total))]
+    OverDelta {
+        /// The total δ.
+        total: f64,
+        /// δ already spent.
+        spent: f64,
+        /// δ this request needs.
+        requested: f64,
+    },
+
     /// A charge would exceed a table's global cap across all analysts (set by the data owner). Nothing was spent.
     #[error(
         "the table `{table}` has reached the data owner's global privacy cap (what all analysts together may spend \
@@ -106,6 +117,7 @@ impl DpError {
         match self {
             DpError::Refused(r) => r.code(),
             DpError::OverBudget { .. } => "over_budget",
+            DpError::OverDelta { .. } => "over_delta_budget",
             DpError::TableCap { .. } => "table_cap",
             DpError::Access(_) => "access_denied",
             DpError::InvalidParameter { .. } => "invalid_parameter",
@@ -125,6 +137,7 @@ impl DpError {
         match self {
             DpError::Refused(r) => Some(r.hint()),
             DpError::OverBudget { remaining, total, .. } => Some(budget_hint(*remaining, *total)),
+            DpError::OverDelta { total, .. } => Some(delta_hint(*total)),
             DpError::TableCap { .. } => {
                 Some("ask for less (`SET dp.rho = ...`), or ask the data owner to raise the cap".into())
             }
@@ -139,6 +152,9 @@ impl DpError {
             DpError::OverBudget { total, spent, requested, remaining } => {
                 format!("{}. Nothing was spent", over_budget(*requested, *remaining, *total, *spent))
             }
+            DpError::OverDelta { total, spent, requested } => {
+                format!("{}. Nothing was spent", over_delta(*requested, *total, *spent))
+            }
             other => other.to_string(),
         }
     }
@@ -146,7 +162,10 @@ impl DpError {
     /// Whether nothing was spent and the statement was not answered for a reason the analyst can change: a
     /// refusal or a query over the budget.
     pub fn is_refusal(&self) -> bool {
-        matches!(self, DpError::Refused(_) | DpError::OverBudget { .. } | DpError::TableCap { .. })
+        matches!(
+            self,
+            DpError::Refused(_) | DpError::OverBudget { .. } | DpError::OverDelta { .. } | DpError::TableCap { .. }
+        )
     }
 }
 
@@ -159,6 +178,29 @@ impl From<Refusal> for DpError {
 /// A DataFusion error outside the private part of a plan, as [`DpError::Engine`].
 pub fn engine(e: datafusion::error::DataFusionError) -> DpError {
     DpError::Engine(e)
+}
+
+/// The first sentence of [`DpError::OverDelta`]'s message.
+fn over_delta(requested: f64, total: f64, spent: f64) -> String {
+    format!(
+        "this query's key selection needs delta = {}, but {} of the delta budget of {} remains",
+        fmt_num(requested),
+        fmt_num((total - spent).max(0.0)),
+        fmt_num(total)
+    )
+}
+
+/// What to change when the δ budget does not fit a key selection.
+fn delta_hint(total: f64) -> String {
+    if total == 0.0 {
+        "Keys without a public domain are released by a selection that spends delta: the data owner sets a delta \
+         budget ([session] delta_budget = 1e-6, or `dpfusion analyst set-budget NAME --delta 1e-6`), or declare \
+         `domain = [...]` for the key columns"
+            .into()
+    } else {
+        "Ask for a smaller `SET dp.selection_delta = ...` (a higher threshold), or ask the data owner for more delta"
+            .into()
+    }
 }
 
 /// What remains of a budget counts as spent when it is below this fraction of the total: what is left after

@@ -141,6 +141,15 @@ pub struct BudgetStatus {
     pub rho_spent: f64,
     /// ρ remaining (rounded down).
     pub rho_remaining: f64,
+    /// Total δ for key selections (0: none allowed).
+    #[serde(default)]
+    pub delta_total: f64,
+    /// δ spent by key selections (rounded up).
+    #[serde(default)]
+    pub delta_spent: f64,
+    /// δ remaining.
+    #[serde(default)]
+    pub delta_remaining: f64,
 }
 
 /// A differentially private answer to one query.

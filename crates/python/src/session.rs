@@ -139,16 +139,19 @@ impl Session {
         Ok(Explanation::new(e))
     }
 
-    /// The budget: `rho_total`, `rho_spent`, `rho_remaining`, `epsilon` of everything spent at `delta`, and
-    /// how many `charges` were made.
+    /// The budget: `rho_total`, `rho_spent`, `rho_remaining`, `epsilon` of everything spent at `delta`, how many
+    /// `charges` were made, and the δ budget of key selections (`delta_total`, `delta_spent`, `delta_remaining`).
     ///
-    /// >>> s.budget()
+    /// >>> b = s.budget()
+    /// >>> {k: b[k] for k in ("charges", "delta", "epsilon", "rho_remaining", "rho_spent", "rho_total")}
     /// {'charges': 0, 'delta': 1e-06, 'epsilon': 0.0, 'rho_remaining': 1.0, 'rho_spent': 0.0, 'rho_total': 1.0}
     fn budget(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
         let b = py.detach(|| self.inner.blocking_read().budget()).map_err(to_py)?;
         let v = json!({
             "rho_total": b.status.rho_total, "rho_spent": b.status.rho_spent, "rho_remaining": b.status.rho_remaining,
             "epsilon": b.epsilon.epsilon, "delta": b.epsilon.delta, "charges": b.charges.len(),
+            "delta_total": b.status.delta_total, "delta_spent": b.status.delta_spent,
+            "delta_remaining": b.status.delta_remaining,
         });
         to_python(py, &v)
     }

@@ -444,6 +444,8 @@ pub(crate) fn last_release_schema() -> SchemaRef {
         Field::new("epsilon", DataType::Float64, false),
         Field::new("delta", DataType::Float64, false),
         Field::new("rho_remaining", DataType::Float64, false),
+        Field::new("selection_delta", DataType::Float64, false),
+        Field::new("delta_remaining", DataType::Float64, false),
     ]))
 }
 

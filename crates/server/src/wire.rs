@@ -128,7 +128,7 @@ pub(crate) fn sqlstate(e: &DpError) -> &'static str {
             .filter_map(|l| l.split_once('|'))
             .find(|(code, _)| code.trim() == e.code())
             .map_or("42501", |(_, state)| state.trim()),
-        DpError::OverBudget { .. } | DpError::TableCap { .. } => "53400",
+        DpError::OverBudget { .. } | DpError::OverDelta { .. } | DpError::TableCap { .. } => "53400",
         DpError::Access(_) => "42501",
         DpError::InvalidParameter { .. } => "22023",
         DpError::Config(_) => "F0000",
@@ -409,6 +409,9 @@ impl Analyst {
                     Field::new("epsilon", DataType::Float64, false),
                     Field::new("delta", DataType::Float64, false),
                     Field::new("charges", DataType::Int64, false),
+                    Field::new("delta_total", DataType::Float64, false),
+                    Field::new("delta_spent", DataType::Float64, false),
+                    Field::new("delta_remaining", DataType::Float64, false),
                 ]));
                 let batch = RecordBatch::try_new(
                     schema.clone(),
@@ -420,6 +423,9 @@ impl Analyst {
                         Arc::new(Float64Array::from(vec![readable(b.epsilon.epsilon)])),
                         Arc::new(Float64Array::from(vec![b.epsilon.delta])),
                         Arc::new(Int64Array::from(vec![b.charges.len() as i64])),
+                        Arc::new(Float64Array::from(vec![b.status.delta_total])),
+                        Arc::new(Float64Array::from(vec![b.status.delta_spent])),
+                        Arc::new(Float64Array::from(vec![b.status.delta_remaining])),
                     ],
                 )
                 .map_err(|e| wire_error("XX000", e.to_string(), None))?;
@@ -479,6 +485,8 @@ fn release_rows(r: &Release) -> Result<RecordBatch, datafusion::arrow::error::Ar
             Arc::new(Float64Array::from(vec![r.query_epsilon().epsilon; n])),
             Arc::new(Float64Array::from(vec![r.query_epsilon().delta; n])),
             Arc::new(Float64Array::from(vec![r.budget().rho_remaining; n])),
+            Arc::new(Float64Array::from(vec![r.charge().delta(); n])),
+            Arc::new(Float64Array::from(vec![r.budget().delta_remaining; n])),
         ],
     )
 }

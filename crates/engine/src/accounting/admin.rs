@@ -26,6 +26,10 @@ pub struct Analyst {
     pub rho_total: f64,
     /// ρ they have spent.
     pub rho_spent: f64,
+    /// Their total δ for key selection (0: none).
+    pub delta_total: f64,
+    /// δ they have spent.
+    pub delta_spent: f64,
     /// The tables granted to them (`None`: every table of the configuration).
     pub tables: Option<Vec<String>>,
     /// Disabled analysts cannot log in or spend.
@@ -43,6 +47,10 @@ pub struct TableCap {
     pub cap: f64,
     /// ρ spent on it so far.
     pub spent: f64,
+    /// δ all budgets together may spend on key selections reading it (0: none).
+    pub delta_cap: f64,
+    /// δ spent on it so far.
+    pub delta_spent: f64,
 }
 
 /// One administrative change.
@@ -52,9 +60,10 @@ pub struct AdminEvent {
     pub at: i64,
     /// What it applied to: a budget (`analyst:NAME`, or a session budget) or `table:NAME`.
     pub subject: String,
-    /// `create`, `set_total`, `analyst_add`, `passwd`, `disable`, `enable`, `grant`, `table_cap`.
+    /// `create`, `set_total`, `set_delta`, `analyst_add`, `passwd`, `disable`, `enable`, `grant`, `table_cap`,
+    /// `table_delta_cap`.
     pub action: String,
-    /// The total before, when a total changed.
+    /// The total (ρ, or δ for `set_delta` and `table_delta_cap`) before, when a total changed.
     pub old_total: Option<f64>,
     /// The total after.
     pub new_total: Option<f64>,
@@ -139,7 +148,10 @@ impl LedgerDb {
                         format!("`{name}` exists already; change it with `dpfusion analyst set-budget` or `passwd`"),
                     ));
                 }
-                tx.execute("INSERT INTO budgets VALUES (?1, ?2, 0.0, ?3)", params![budget, rho.get(), now()])
+                tx.execute(
+                    "INSERT INTO budgets (name, total, spent, created) VALUES (?1, ?2, 0.0, ?3)",
+                    params![budget, rho.get(), now()],
+                )
                     .map_err(|e| sql_error(&display, e))?;
                 tx.execute(
                     "INSERT INTO analysts (name, budget, verifier, tables, disabled, created) VALUES (?1, ?2, ?3, ?4, 0, ?5)",
@@ -168,7 +180,8 @@ impl LedgerDb {
         let conn = self.conn()?;
         let mut st = conn
             .prepare(
-                "SELECT a.name, a.budget, b.total, b.spent, a.tables, a.disabled, a.created
+                "SELECT a.name, a.budget, b.total, b.spent, a.tables, a.disabled, a.created,
+                        COALESCE(b.delta_total, 0.0), b.delta_spent
                  FROM analysts a JOIN budgets b ON b.name = a.budget WHERE ?1 IS NULL OR a.name = ?1 ORDER BY a.name",
             )
             .map_err(|e| sql_error(&display, e))?;
@@ -178,6 +191,8 @@ impl LedgerDb {
                 budget: r.get(1)?,
                 rho_total: r.get(2)?,
                 rho_spent: r.get(3)?,
+                delta_total: r.get(7)?,
+                delta_spent: r.get(8)?,
                 tables: r
                     .get::<_, Option<String>>(4)?
                     .map(|t| t.split(',').filter(|s| !s.is_empty()).map(str::to_string).collect()),
@@ -201,6 +216,13 @@ impl LedgerDb {
     pub fn set_analyst_budget(&self, name: &str, rho: Rho, reason: &str) -> Result<()> {
         self.analyst(name)?.ok_or_else(|| unknown(name))?;
         self.budget(&analyst_budget(name))?.set_total_with(rho, reason, "set_total")
+    }
+
+    /// Sets analyst `name`'s total δ for key selection (not below what they spent; 0, the default, allows none).
+    pub fn set_analyst_delta(&self, name: &str, delta: f64, reason: &str) -> Result<()> {
+        use crate::accounting::Ledger;
+        self.analyst(name)?.ok_or_else(|| unknown(name))?;
+        self.budget(&analyst_budget(name))?.set_delta_total(delta, reason)
     }
 
     /// Replaces analyst `name`'s password verifier.
@@ -284,16 +306,58 @@ impl LedgerDb {
         )
     }
 
+    /// Sets the global δ cap of `table` (what key selections of all budgets together may spend on it), which must
+    /// have a ρ cap ([`LedgerDb::set_table_cap`]); not below what is spent. A capped table's δ cap is 0 until set:
+    /// key selection on it is refused.
+    pub fn set_table_delta_cap(&self, table: &str, delta: f64, reason: &str) -> Result<()> {
+        let display = self.display();
+        if !(0.0..1.0).contains(&delta) {
+            return Err(DpError::invalid("delta", format!("must be in [0, 1), got {delta}")));
+        }
+        self.admin(
+            |tx| {
+                let old: Option<(f64, f64)> = tx
+                    .query_row("SELECT delta_cap, delta_spent FROM table_caps WHERE name = ?1", params![table], |r| {
+                        Ok((r.get(0)?, r.get(1)?))
+                    })
+                    .optional()
+                    .map_err(|e| sql_error(&display, e))?;
+                let Some((old, spent)) = old else {
+                    return Err(DpError::Ledger(format!(
+                        "`{table}` has no cap: set its rho cap first (`dpfusion cap {table} --rho ...`)"
+                    )));
+                };
+                if delta < spent {
+                    return Err(DpError::Ledger(format!(
+                        "a delta cap of {delta} on `{table}` is below what is already spent on it ({spent})"
+                    )));
+                }
+                tx.execute("UPDATE table_caps SET delta_cap = ?1 WHERE name = ?2", params![delta, table])
+                    .map_err(|e| sql_error(&display, e))?;
+                Ok(((), format!("table:{table}"), "table_delta_cap", Some(old), Some(delta)))
+            },
+            reason,
+        )
+    }
+
     /// Every table cap, by table.
     pub fn table_caps(&self) -> Result<Vec<TableCap>> {
         let display = self.display();
         let conn = self.conn()?;
         let mut st = conn
-            .prepare("SELECT name, cap, spent FROM table_caps ORDER BY name")
+            .prepare("SELECT name, cap, spent, delta_cap, delta_spent FROM table_caps ORDER BY name")
             .map_err(|e| sql_error(&display, e))?;
-        st.query_map([], |r| Ok(TableCap { table: r.get(0)?, cap: r.get(1)?, spent: r.get(2)? }))
-            .and_then(|rows| rows.collect())
-            .map_err(|e| sql_error(&display, e))
+        st.query_map([], |r| {
+            Ok(TableCap {
+                table: r.get(0)?,
+                cap: r.get(1)?,
+                spent: r.get(2)?,
+                delta_cap: r.get(3)?,
+                delta_spent: r.get(4)?,
+            })
+        })
+        .and_then(|rows| rows.collect())
+        .map_err(|e| sql_error(&display, e))
     }
 
     /// The server's decoy secret: 32 random bytes made the first time it is asked for and kept in the file's

@@ -36,6 +36,14 @@ pub struct Calibration {
     /// its cost is then μ²/2, rounded up.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     gdp_mu: Option<f64>,
+    /// The δ of an approximate-zCDP measurement (key selection, [`selection`]): the measurement is δ-approximately
+    /// ρ-zCDP (BS16 Def. 1.4). 0 for every other measurement, and in charges recorded before dpfusion kept it.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    delta: f64,
+}
+
+fn is_zero(x: &f64) -> bool {
+    *x == 0.0
 }
 
 /// How a session's budget is enforced, which decides how each measurement is priced.
@@ -105,6 +113,12 @@ impl Calibration {
             && self.rho == other.rho
             && self.pure_epsilon == other.pure_epsilon
             && self.gdp_mu == other.gdp_mu
+            && self.delta == other.delta
+    }
+
+    /// The δ of an approximate-zCDP measurement (key selection): 0 for a plain ρ-zCDP one.
+    pub fn delta(&self) -> f64 {
+        self.delta
     }
 
     /// The certified μ-GDP of this measurement, when it was priced for an (ε, δ) budget.
@@ -217,7 +231,36 @@ pub fn gaussian(l2: f64, rho: Rho) -> Result<Calibration> {
         pure_epsilon: None,
         shape: None,
         gdp_mu: None,
+        delta: 0.0,
     })
+}
+
+/// Key selection (the Gaussian thresholding mechanism, [`crate::noise::selection`]): discrete Gaussian noise on the
+/// count of each key present in the data, calibrated to `rho` for units that add at most `per_unit` to each of at
+/// most `groups` keys, and the lowest threshold whose δ is at most `delta`. Returns the calibration (ρ, and the δ
+/// of that threshold, which is ≤ `delta`) and the selection it describes.
+///
+/// # Privacy
+/// δ-approximately ρ-zCDP under add/remove of one privacy unit, ρ = m²g/(2σ²) and δ = 1 − (1 − P(Z ≥ τ − m))^g:
+/// the claim and its proof are [`crate::noise::selection`]'s (BS16 Def. 1.4, CKS20 Thm 14). The noise is
+/// [`gaussian`]'s for the L2 sensitivity m·√g, so its cost is rounded as there; its shape (m per key, g keys) gives
+/// the privacy-loss distribution of the measurement conditioned on no new key being released, which is what the
+/// (ε, δ) report composes ([`crate::accounting::convert`]).
+pub fn selection(per_unit: u64, groups: u64, rho: Rho, delta: f64) -> Result<(Calibration, crate::noise::Selection)> {
+    if per_unit == 0 || groups == 0 || per_unit > 1 << 40 || groups > 1 << 40 {
+        return Err(DpError::invalid("selection", format!("needs 1 ≤ m, g ≤ 2^40, got m = {per_unit}, g = {groups}")));
+    }
+    let l2 = per_unit as f64 * (groups as f64).sqrt();
+    let mut c = gaussian(l2, rho)?;
+    let NoiseParams::Gaussian { sigma_sq } = c.params else {
+        return Err(DpError::Internal("gaussian made a non-Gaussian calibration".into()));
+    };
+    let sel = crate::noise::Selection::calibrate(sigma_sq, per_unit, groups, delta)?;
+    c.delta = sel.delta();
+    if let Some(shape) = Shape::new(per_unit as f64, groups) {
+        c = c.with_shape(shape)?;
+    }
+    Ok((c, sel))
 }
 
 /// Discrete Gaussian with a given noise standard-deviation parameter σ (rounded up), and the ρ it costs.
@@ -238,6 +281,7 @@ pub fn gaussian_for_sigma(l2: f64, sigma: f64) -> Result<Calibration> {
         pure_epsilon: None,
         shape: None,
         gdp_mu: None,
+        delta: 0.0,
     })
 }
 
@@ -303,6 +347,7 @@ pub fn laplace(l1: f64, rho: Rho) -> Result<Calibration> {
         pure_epsilon: Some(pure_eps),
         shape: None,
         gdp_mu: None,
+        delta: 0.0,
     })
 }
 
@@ -345,6 +390,7 @@ pub fn gaussian_gdp(l2: f64, rho: Rho) -> Result<Calibration> {
                 pure_epsilon: None,
                 shape: None,
                 gdp_mu: Some(mu),
+                delta: 0.0,
             });
         }
         sigma *= mu / target * (1.0 + 1e-12);
@@ -379,6 +425,7 @@ pub fn laplace_gdp(l1: f64, rho: Rho) -> Result<Calibration> {
         pure_epsilon: Some(pure_eps),
         shape: None,
         gdp_mu: Some(mu),
+        delta: 0.0,
     })
 }
 
@@ -435,6 +482,7 @@ pub fn exponential(score_sensitivity: u128, cells: u64, rho: Rho, accounting: Ac
         pure_epsilon: Some(g * 2.0 * e * delta * MARGIN),
         shape: None,
         gdp_mu,
+        delta: 0.0,
     })
 }
 

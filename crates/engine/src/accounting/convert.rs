@@ -75,6 +75,38 @@ pub struct EpsilonBound {
     pub delta: f64,
     /// Which conversion gave the smallest ε.
     pub kind: BoundKind,
+    /// The part of `delta` spent by key selections (approximate zCDP): `delta` is the δ′ the ε was converted at
+    /// plus this (see [`with_selection`]). 0 when no key was selected.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub selection_delta: f64,
+}
+
+fn is_zero(x: &f64) -> bool {
+    *x == 0.0
+}
+
+/// The (ε, δ) of a history whose key selections spent `selection_delta` in all, from the bound `b` of its
+/// measurements **conditioned** on no selection releasing a key that only the added unit holds.
+///
+/// # Claim
+/// The history is δₛ-approximately ρ-zCDP (BS16 Def. 1.4: each selection is, [`crate::noise::selection`], and
+/// approximate zCDP composes adaptively by adding the δs): for neighbours D, D′ there are events E, E′ of
+/// probability ≥ 1 − δₛ such that M(D)|E and M(D′)|E′ are the composition of the conditioned measurements, whose
+/// ε(δ′) is `b` (any of its conversions: BS16/CKS20 from ρ, or the PLD of the conditioned noise, which is the
+/// Gaussian's of each selection's shape). Then for any set S:
+/// P[M(D) ∈ S] ≤ P[M(D)|E ∈ S] + δₛ ≤ e^ε P[M(D′)|E′ ∈ S] + δ′ + δₛ ≤ e^ε/(1 − δₛ) · P[M(D′) ∈ S] + δ′ + δₛ,
+/// so M is (ε + ln(1/(1 − δₛ)), δ′ + δₛ)-DP. Both are rounded up.
+pub fn with_selection(b: EpsilonBound, selection_delta: f64) -> EpsilonBound {
+    if selection_delta <= 0.0 {
+        return b;
+    }
+    let widen = -(-selection_delta).ln_1p() * UP;
+    EpsilonBound {
+        epsilon: up_sum(b.epsilon, widen),
+        delta: up_sum(b.delta, selection_delta),
+        kind: b.kind,
+        selection_delta,
+    }
 }
 
 fn check_rho(rho: f64) -> Result<()> {
@@ -279,6 +311,8 @@ struct Composed {
     pure: Option<f64>,
     /// Σμᵢ² (rounded up) while every measurement so far carries a certified μᵢ.
     gdp: Option<f64>,
+    /// Σδᵢ of the key selections (rounded up).
+    selection: f64,
 }
 
 impl Composed {
@@ -289,6 +323,7 @@ impl Composed {
             rho: crate::accounting::Rho::ZERO,
             pure: Some(0.0),
             gdp: Some(0.0),
+            selection: 0.0,
         }
     }
 
@@ -299,6 +334,7 @@ impl Composed {
             self.rho = self.rho.add_up(c.rho())?;
             self.pure = self.pure.and_then(|acc| add_pure(acc, c.measurements()));
             self.gdp = self.gdp.and_then(|acc| add_gdp_squares(acc, c.measurements()));
+            self.selection = up_sum(self.selection, c.delta());
         }
         self.pld = self.pld.take().and_then(|p| compose(new.iter().flat_map(|c| c.measurements()), p));
         self.charges = charges.len();
@@ -315,7 +351,8 @@ pub fn epsilon_with_cache(charges: &[Charge], delta: f64, cache: &PldCache) -> R
     };
     state.extend(charges)?;
     let gdp = state.gdp.map(gdp_root);
-    let out = best_epsilon(state.rho.get(), delta, state.pure, state.pld.as_ref(), gdp);
+    let out = best_epsilon(state.rho.get(), delta, state.pure, state.pld.as_ref(), gdp)
+        .map(|b| with_selection(b, state.selection));
     *guard = Some(state);
     out
 }
@@ -361,6 +398,7 @@ pub fn epsilon_for_measurements(measurements: &[Calibration], delta: f64) -> Res
     let refs: Vec<&Calibration> = measurements.iter().collect();
     let pld = compose(refs.iter().copied(), Pld::identity());
     best_epsilon(rho, delta, pure_composition(&refs), pld.as_ref(), gdp_composition(&refs))
+        .map(|b| with_selection(b, crate::accounting::filter::total_delta(measurements)))
 }
 
 /// The tightest ε for a ρ-zCDP session knowing nothing of its mechanisms: min of the BS16 and CKS20 bounds.
@@ -418,7 +456,7 @@ pub fn compose<'a>(measurements: impl Iterator<Item = &'a Calibration>, start: P
 fn best_epsilon(rho: f64, delta: f64, pure: Option<f64>, pld: Option<&Pld>, gdp: Option<f64>) -> Result<EpsilonBound> {
     check_delta(delta)?;
     if rho == 0.0 {
-        return Ok(EpsilonBound { epsilon: 0.0, delta, kind: BoundKind::NothingSpent });
+        return Ok(EpsilonBound { epsilon: 0.0, delta, kind: BoundKind::NothingSpent, selection_delta: 0.0 });
     }
     let mut cands = vec![
         (eps_simple(rho, delta)?, BoundKind::Bs16Simple),
@@ -437,7 +475,7 @@ fn best_epsilon(rho: f64, delta: f64, pure: Option<f64>, pld: Option<&Pld>, gdp:
     }
     let (epsilon, kind) =
         cands.into_iter().fold((f64::INFINITY, BoundKind::Bs16Simple), |best, c| if c.0 < best.0 { c } else { best });
-    Ok(EpsilonBound { epsilon, delta, kind })
+    Ok(EpsilonBound { epsilon, delta, kind, selection_delta: 0.0 })
 }
 
 #[cfg(test)]

@@ -1,4 +1,5 @@
-//! The session's zCDP filter: a total ρ, charges debited one by one, over-budget charges refused.
+//! The session's zCDP filter: a total ρ (and a total δ for approximate-zCDP measurements), charges debited one by
+//! one, over-budget charges refused.
 //!
 //! Composition: adaptively chosen ρᵢ-zCDP measurements compose to (Σρᵢ)-zCDP (BS16 Lemma 1.7 / 2.3), so a filter that
 //! refuses any charge that would take Σρᵢ above the total keeps the whole session within its total. Refused charges
@@ -95,6 +96,12 @@ impl Charge {
         self.rho
     }
 
+    /// The δ of this charge's approximate-zCDP measurements (key selection), summed and rounded up: 0 for a charge
+    /// of plain ρ-zCDP measurements. The charge is δ-approximately ρ-zCDP (BS16 Def. 1.4; ρs and δs add).
+    pub fn delta(&self) -> f64 {
+        total_delta(&self.measurements)
+    }
+
     /// The pure ε of this charge when every measurement is pure-DP (Laplace): the sum of their ε, rounded up.
     pub fn pure_epsilon(&self) -> Option<f64> {
         self.measurements
@@ -108,28 +115,82 @@ pub fn total_rho(measurements: &[Calibration]) -> Result<Rho> {
     measurements.iter().try_fold(Rho::ZERO, |acc, m| acc.add_up(m.rho()))
 }
 
+/// Sum of the δ of `measurements` (key selections), rounded up; 0 when none has one.
+pub fn total_delta(measurements: &[Calibration]) -> f64 {
+    measurements.iter().map(Calibration::delta).filter(|d| *d > 0.0).fold(0.0, crate::accounting::rho::up_sum)
+}
+
+/// A δ budget: what approximate-zCDP measurements (key selection) may spend in total, beside ρ. Adaptively chosen
+/// δᵢ-approximately ρᵢ-zCDP measurements compose to (Σδᵢ)-approximately (Σρᵢ)-zCDP (BS16 Def. 1.4 and its
+/// composition lemma), so a filter that refuses a charge taking Σδᵢ above the total keeps the session within it.
+/// A total of 0 (the default) refuses every measurement with a δ.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct DeltaBudget {
+    /// The total δ.
+    pub total: f64,
+    /// δ spent (rounded up).
+    pub spent: f64,
+}
+
+impl DeltaBudget {
+    /// What remains (never below 0).
+    pub fn remaining(&self) -> f64 {
+        (self.total - self.spent).max(0.0)
+    }
+
+    /// What would be spent after a charge of `delta`, or the refusal if it does not fit (nothing changes). A charge
+    /// of δ = 0 always fits.
+    pub fn check(&self, delta: f64) -> Result<f64> {
+        if delta == 0.0 {
+            return Ok(self.spent);
+        }
+        let after = crate::accounting::rho::up_sum(self.spent, delta);
+        if !(delta > 0.0 && delta < 1.0) || after > self.total {
+            return Err(DpError::OverDelta { total: self.total, spent: self.spent, requested: delta });
+        }
+        Ok(after)
+    }
+}
+
 /// A session's privacy filter: total budget, what has been spent, and the history of charges.
 #[derive(Clone, Debug, Serialize)]
 pub struct ZcdpFilter {
     total: Rho,
     spent: Rho,
+    delta: DeltaBudget,
     charges: Vec<Charge>,
 }
 
 impl ZcdpFilter {
     /// A fresh filter with budget `total`.
     pub fn new(total: Rho) -> Self {
-        ZcdpFilter { total, spent: Rho::ZERO, charges: Vec::new() }
+        ZcdpFilter { total, spent: Rho::ZERO, delta: DeltaBudget::default(), charges: Vec::new() }
     }
 
     /// A filter that has already spent `spent` (charges recorded elsewhere, e.g. in a durable ledger).
     pub fn with_spent(total: Rho, spent: Rho) -> Self {
-        ZcdpFilter { total, spent, charges: Vec::new() }
+        ZcdpFilter { total, spent, delta: DeltaBudget::default(), charges: Vec::new() }
     }
 
     /// Replaces the total (an administrative act, recorded by the ledger that calls it).
     pub fn set_total(&mut self, total: Rho) {
         self.total = total;
+    }
+
+    /// Sets the δ budget (total and spent).
+    pub fn with_delta(mut self, delta: DeltaBudget) -> Self {
+        self.delta = delta;
+        self
+    }
+
+    /// The δ budget.
+    pub fn delta(&self) -> DeltaBudget {
+        self.delta
+    }
+
+    /// Replaces the total δ (an administrative act, recorded by the ledger that calls it).
+    pub fn set_delta_total(&mut self, total: f64) {
+        self.delta.total = total;
     }
 
     /// The total budget.
@@ -174,8 +235,10 @@ impl ZcdpFilter {
         }
         let rho = total_rho(&measurements)?;
         let new_spent = self.check(rho)?;
+        let new_delta = self.delta.check(total_delta(&measurements))?;
         let charge = Charge::new(self.charges.len() as u64 + 1, label.into(), measurements, rho);
         self.spent = new_spent;
+        self.delta.spent = new_delta;
         self.charges.push(charge.clone());
         Ok(charge)
     }

@@ -18,7 +18,7 @@
 
 use crate::accounting::calibrate::Calibration;
 use crate::accounting::convert::{EpsilonBound, PldCache, epsilon_with_cache};
-use crate::accounting::filter::total_rho;
+use crate::accounting::filter::{DeltaBudget, total_delta, total_rho};
 use crate::accounting::{Charge, Debit, Rho, ZcdpFilter};
 use crate::error::{DpError, Result};
 use rusqlite::{Connection, ErrorCode, OptionalExtension, TransactionBehavior, params};
@@ -96,6 +96,10 @@ pub trait Ledger: Send + Sync {
     fn store_release(&self, request_id: &str, release: &[u8]) -> Result<()>;
     /// Administrative: sets a new total (recorded with `reason`). The new total may not be below what is spent.
     fn set_total(&self, total: Rho, reason: &str) -> Result<()>;
+    /// The δ budget of approximate-zCDP measurements (key selection): total and spent.
+    fn delta(&self) -> Result<DeltaBudget>;
+    /// Administrative: sets a new total δ (recorded with `reason`), not below what is spent.
+    fn set_delta_total(&self, total: f64, reason: &str) -> Result<()>;
 
     /// The composed privacy-loss distribution of the charges seen so far (see [`PldCache`]).
     fn pld_cache(&self) -> &PldCache;
@@ -132,10 +136,15 @@ pub struct MemoryLedger {
 }
 
 impl MemoryLedger {
-    /// A fresh in-memory ledger with budget `total`.
+    /// A fresh in-memory ledger with budget `total` (and no δ: key selection refused).
     pub fn new(total: Rho) -> Self {
+        Self::with_delta(total, 0.0)
+    }
+
+    /// A fresh in-memory ledger with budget `total` and a total δ `delta` for key selection.
+    pub fn with_delta(total: Rho, delta: f64) -> Self {
         MemoryLedger {
-            filter: Mutex::new(ZcdpFilter::new(total)),
+            filter: Mutex::new(ZcdpFilter::new(total).with_delta(DeltaBudget { total: delta, spent: 0.0 })),
             requests: Mutex::new(HashMap::new()),
             pld: PldCache::default(),
         }
@@ -210,13 +219,37 @@ impl Ledger for MemoryLedger {
         f.set_total(total);
         Ok(())
     }
+    fn delta(&self) -> Result<DeltaBudget> {
+        Ok(self.filter.lock().map_err(poisoned)?.delta())
+    }
+    fn set_delta_total(&self, total: f64, _reason: &str) -> Result<()> {
+        let mut f = self.filter.lock().map_err(poisoned)?;
+        check_delta_total(total, f.delta().spent)?;
+        f.set_delta_total(total);
+        Ok(())
+    }
+}
+
+/// Checks a new total δ: in [0, 1), and not below what is spent.
+fn check_delta_total(total: f64, spent: f64) -> Result<()> {
+    if !(0.0..1.0).contains(&total) {
+        return Err(DpError::invalid(
+            "delta_budget",
+            format!("must be in [0, 1), got {total}; 1e-6 is a common choice"),
+        ));
+    }
+    if total < spent {
+        return Err(DpError::Ledger(format!("a total delta of {total} is below what is already spent ({spent})")));
+    }
+    Ok(())
 }
 
 /// The on-disk format version this build reads and writes. Version 2 added the stored draws; version 3 the
 /// analysts, the tables' global caps and the tables each charge read; version 4 each charge's ordinal within its
-/// budget (indexed, so a charge costs O(log n) whatever the history). Older files are upgraded when opened (see
-/// [`LedgerDb::open`]).
-pub const FORMAT_VERSION: i64 = 4;
+/// budget (indexed, so a charge costs O(log n) whatever the history); version 5 the δ of each charge, each budget's
+/// and each table cap's δ total and spent (key selection: approximate zCDP). Older files are upgraded when opened
+/// (see [`LedgerDb::open`]); their charges all have δ = 0 and their history reports the same ε as before.
+pub const FORMAT_VERSION: i64 = 5;
 const APPLICATION: &str = "dpfusion-ledger";
 
 /// A ledger file: its budgets, its analysts and the tables' global caps. One connection, shared by every budget
@@ -379,6 +412,17 @@ impl LedgerDb {
         }
         tx.execute("CREATE INDEX IF NOT EXISTS charges_ordinal ON charges (budget, ordinal)", [])
             .map_err(|e| write_error(display, e))?;
+        // Version 5: δ (key selection). A budget's δ total is NULL until one is set: an older budget has spent no δ
+        // and allows none until the owner (or a configuration's delta_budget) gives it one.
+        for (table, column) in [
+            ("budgets", "delta_total REAL"),
+            ("budgets", "delta_spent REAL NOT NULL DEFAULT 0"),
+            ("charges", "delta REAL NOT NULL DEFAULT 0"),
+            ("table_caps", "delta_cap REAL NOT NULL DEFAULT 0"),
+            ("table_caps", "delta_spent REAL NOT NULL DEFAULT 0"),
+        ] {
+            add_column(&tx, table, column).map_err(|e| write_error(display, e))?;
+        }
         tx.execute("INSERT OR REPLACE INTO meta VALUES ('format', ?1)", params![FORMAT_VERSION.to_string()])
             .map_err(|e| write_error(display, e))?;
         tx.commit().map_err(|e| write_error(display, e))
@@ -428,8 +472,11 @@ impl SqliteLedger {
             .map_err(|e| sql_error(&display, e))?;
         match existing {
             None => {
-                tx.execute("INSERT INTO budgets VALUES (?1, ?2, 0.0, ?3)", params![budget, total.get(), now()])
-                    .map_err(|e| write_error(&display, e))?;
+                tx.execute(
+                    "INSERT INTO budgets (name, total, spent, created) VALUES (?1, ?2, 0.0, ?3)",
+                    params![budget, total.get(), now()],
+                )
+                .map_err(|e| write_error(&display, e))?;
                 tx.execute(
                     "INSERT INTO admin (budget, at, action, old_total, new_total, reason) VALUES (?1, ?2, 'create', NULL, ?3, 'first use')",
                     params![budget, now(), total.get()],
@@ -463,6 +510,52 @@ impl SqliteLedger {
             Ok((r.get(0)?, r.get(1)?))
         })
         .map_err(|e| sql_error(&self.display(), e))
+    }
+
+    /// The budget's δ total and spent, read on `conn` (a budget that never had a δ total has 0).
+    fn read_delta(&self, conn: &Connection) -> Result<DeltaBudget> {
+        row(
+            conn,
+            "SELECT COALESCE(delta_total, 0.0), delta_spent FROM budgets WHERE name = ?1",
+            params![self.budget],
+            |r| Ok(DeltaBudget { total: r.get(0)?, spent: r.get(1)? }),
+        )
+        .map_err(|e| sql_error(&self.display(), e))
+    }
+
+    /// Gives the budget the δ total of a configuration (`[session] delta_budget`): set (and recorded) the first time,
+    /// when the budget has none; checked against the ledger's afterwards, which is authoritative (as for ρ).
+    /// `None` (the configuration says nothing) keeps what the ledger has.
+    pub fn configure_delta(&self, configured: Option<f64>) -> Result<()> {
+        let Some(want) = configured else { return Ok(()) };
+        check_delta_total(want, 0.0)?;
+        let display = self.display();
+        let mut conn = self.conn()?;
+        let tx =
+            conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(|e| write_error(&display, e))?;
+        let have: Option<f64> =
+            row(&tx, "SELECT delta_total FROM budgets WHERE name = ?1", params![self.budget], |r| r.get(0))
+                .map_err(|e| sql_error(&display, e))?;
+        match have {
+            Some(h) if h == want => return Ok(()),
+            Some(h) => {
+                return Err(DpError::Ledger(format!(
+                    "budget `{}` in {display} has a total delta of {h}, but the configuration says {want}; the ledger's \
+                     total is authoritative: change it with `dpfusion budget --set-delta {want}` (recorded), or fix \
+                     [session] delta_budget",
+                    self.budget
+                )));
+            }
+            None => {}
+        }
+        tx.execute("UPDATE budgets SET delta_total = ?1 WHERE name = ?2", params![want, self.budget])
+            .map_err(|e| write_error(&display, e))?;
+        tx.execute(
+            "INSERT INTO admin (budget, at, action, old_total, new_total, reason) VALUES (?1, ?2, 'set_delta', NULL, ?3, 'first use with a delta budget')",
+            params![self.budget, now(), want],
+        )
+        .map_err(|e| write_error(&display, e))?;
+        tx.commit().map_err(|e| write_error(&display, e))
     }
 
     /// Runs `f` over every charge of this budget, oldest first, after reading the rows appended since the last
@@ -533,6 +626,7 @@ impl SqliteLedger {
             return Err(DpError::invalid("charge", "a charge must pay for at least one measurement"));
         }
         let rho = total_rho(&measurements)?;
+        let delta = total_delta(&measurements);
         let text = serde_json::to_string(&measurements).map_err(|e| DpError::Ledger(e.to_string()))?;
         let display = self.display();
         let mut conn = self.conn()?;
@@ -567,27 +661,30 @@ impl SqliteLedger {
         let (total, spent) = self.read_budget(&tx)?;
         let filter = ZcdpFilter::with_spent(Rho::new(total)?, Rho::new(spent)?);
         let new_spent = filter.check(rho)?;
+        let new_delta = self.read_delta(&tx)?.check(delta)?;
         let mut capped = Vec::new();
         for t in tables {
-            let cap: Option<(f64, f64)> =
-                row(&tx, "SELECT cap, spent FROM table_caps WHERE name = ?1", params![t], |r| {
-                    Ok((r.get(0)?, r.get(1)?))
-                })
-                .optional()
-                .map_err(|e| sql_error(&display, e))?;
-            if let Some((cap, spent)) = cap {
-                let after = ZcdpFilter::with_spent(Rho::new(cap)?, Rho::new(spent)?)
-                    .check(rho)
-                    .map_err(|_| DpError::TableCap { table: t.clone() })?;
-                capped.push((t, after));
+            let cap: Option<(f64, f64, DeltaBudget)> = row(
+                &tx,
+                "SELECT cap, spent, delta_cap, delta_spent FROM table_caps WHERE name = ?1",
+                params![t],
+                |r| Ok((r.get(0)?, r.get(1)?, DeltaBudget { total: r.get(2)?, spent: r.get(3)? })),
+            )
+            .optional()
+            .map_err(|e| sql_error(&display, e))?;
+            if let Some((cap, spent, cap_delta)) = cap {
+                let refused = |_| DpError::TableCap { table: t.clone() };
+                let after = ZcdpFilter::with_spent(Rho::new(cap)?, Rho::new(spent)?).check(rho).map_err(refused)?;
+                let after_delta = cap_delta.check(delta).map_err(refused)?;
+                capped.push((t, after, after_delta));
             }
         }
         let (id, ordinal): (i64, i64) = row(
             &tx,
-            "INSERT INTO charges (budget, at, label, request_id, rho, measurements, ordinal)
-             SELECT ?1, ?2, ?3, ?4, ?5, ?6, coalesce(max(ordinal), 0) + 1 FROM charges WHERE budget = ?1
+            "INSERT INTO charges (budget, at, label, request_id, rho, measurements, ordinal, delta)
+             SELECT ?1, ?2, ?3, ?4, ?5, ?6, coalesce(max(ordinal), 0) + 1, ?7 FROM charges WHERE budget = ?1
              RETURNING id, ordinal",
-            params![self.budget, now(), label, request_id, rho.get(), text],
+            params![self.budget, now(), label, request_id, rho.get(), text, delta],
             |r| Ok((r.get(0)?, r.get(1)?)),
         )
         .map_err(|e| sql_error(&display, e))?;
@@ -596,12 +693,20 @@ impl SqliteLedger {
             exec(&tx, "INSERT OR IGNORE INTO charge_tables (charge, name) VALUES (?1, ?2)", params![id, t])
                 .map_err(|e| sql_error(&display, e))?;
         }
-        for (t, after) in capped {
-            exec(&tx, "UPDATE table_caps SET spent = ?1 WHERE name = ?2", params![after.get(), t])
-                .map_err(|e| sql_error(&display, e))?;
-        }
-        exec(&tx, "UPDATE budgets SET spent = ?1 WHERE name = ?2", params![new_spent.get(), self.budget])
+        for (t, after, after_delta) in capped {
+            exec(
+                &tx,
+                "UPDATE table_caps SET spent = ?1, delta_spent = ?2 WHERE name = ?3",
+                params![after.get(), after_delta, t],
+            )
             .map_err(|e| sql_error(&display, e))?;
+        }
+        exec(
+            &tx,
+            "UPDATE budgets SET spent = ?1, delta_spent = ?2 WHERE name = ?3",
+            params![new_spent.get(), new_delta, self.budget],
+        )
+        .map_err(|e| sql_error(&display, e))?;
         tx.commit().map_err(|e| sql_error(&display, e))?;
         Ok(Claim::New(Debit::new(Charge::new(ordinal, label.to_string(), measurements, rho))))
     }
@@ -636,6 +741,17 @@ impl SqliteLedger {
             (None, None) => Prior::Charged(charge),
         })
     }
+}
+
+/// Adds `column` (a name and its declaration) to `table` unless it has it already.
+fn add_column(tx: &rusqlite::Transaction<'_>, table: &str, column: &str) -> rusqlite::Result<()> {
+    let name = column.split(' ').next().unwrap_or(column);
+    let has: i64 =
+        tx.query_row("SELECT count(*) FROM pragma_table_info(?1) WHERE name = ?2", params![table, name], |r| r.get(0))?;
+    if has == 0 {
+        tx.execute_batch(&format!("ALTER TABLE {table} ADD COLUMN {column}"))?;
+    }
+    Ok(())
 }
 
 /// `conn.query_row(sql, …)` with the statement prepared once per connection and cached: the ledger runs the same
@@ -753,6 +869,24 @@ impl Ledger for SqliteLedger {
     fn set_total(&self, total: Rho, reason: &str) -> Result<()> {
         self.set_total_with(total, reason, "set_total")
     }
+    fn delta(&self) -> Result<DeltaBudget> {
+        self.read_delta(&*self.conn()?)
+    }
+    fn set_delta_total(&self, total: f64, reason: &str) -> Result<()> {
+        let display = self.display();
+        let mut conn = self.conn()?;
+        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(|e| sql_error(&display, e))?;
+        let old = self.read_delta(&tx)?;
+        check_delta_total(total, old.spent)?;
+        tx.execute("UPDATE budgets SET delta_total = ?1 WHERE name = ?2", params![total, self.budget])
+            .map_err(|e| sql_error(&display, e))?;
+        tx.execute(
+            "INSERT INTO admin (budget, at, action, old_total, new_total, reason) VALUES (?1, ?2, 'set_delta', ?3, ?4, ?5)",
+            params![self.budget, now(), old.total, total, reason],
+        )
+        .map_err(|e| sql_error(&display, e))?;
+        tx.commit().map_err(|e| sql_error(&display, e))
+    }
 }
 
 impl SqliteLedger {
@@ -803,7 +937,8 @@ mod reprepare_tests {
             "SELECT total, spent FROM budgets WHERE name = ?1",
             "SELECT name, disabled, tables FROM analysts WHERE budget = ?1",
             "SELECT cap, spent FROM table_caps WHERE name = ?1",
-            "UPDATE budgets SET spent = ?1 WHERE name = ?2",
+            "UPDATE budgets SET spent = ?1, delta_spent = ?2 WHERE name = ?3",
+            "SELECT COALESCE(delta_total, 0.0), delta_spent FROM budgets WHERE name = ?1",
         ] {
             let st = conn.prepare_cached(sql).unwrap();
             total += st.get_status(rusqlite::StatementStatus::RePrepare);

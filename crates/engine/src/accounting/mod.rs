@@ -24,6 +24,6 @@ pub mod pld;
 pub mod rho;
 
 pub use convert::{EpsilonBound, epsilon_for_charges};
-pub use filter::{Charge, Debit, ZcdpFilter};
+pub use filter::{Charge, Debit, DeltaBudget, ZcdpFilter};
 pub use ledger::{Ledger, LedgerDb, MemoryLedger, SqliteLedger};
 pub use rho::Rho;

@@ -30,3 +30,4 @@ pub mod selection;
 pub use mechanism::{Mechanism, NoiseParams};
 pub use ratio::Ratio;
 pub use rng::NoiseRng;
+pub use selection::Selection;

@@ -186,7 +186,9 @@ impl DpSession {
     pub async fn from_config(cfg: &SessionConfig) -> Result<Self> {
         let mut s = Self::with_defaults(cfg)?;
         if let Some(l) = &cfg.ledger {
-            s.ledger = Box::new(SqliteLedger::open(&l.path, &l.budget, cfg.total_rho, l.busy_timeout)?);
+            let ledger = SqliteLedger::open(&l.path, &l.budget, cfg.total_rho, l.busy_timeout)?;
+            ledger.configure_delta(cfg.delta_budget)?;
+            s.ledger = Box::new(ledger);
             if cfg.accounting == Accounting::Gdp {
                 check_gdp_history(s.ledger.as_ref())?;
             }
@@ -230,6 +232,9 @@ impl DpSession {
         let mut s = Self::empty(cfg.total_rho, cfg.default_query_rho, Mechanism::Gaussian, cfg.delta, cfg.confidence)?;
         s.defaults.accounting = cfg.accounting;
         s.defaults.mechanism = cfg.mechanism;
+        if let Some(d) = cfg.delta_budget {
+            s.ledger.set_delta_total(d, "configuration")?;
+        }
         Ok(s)
     }
 
@@ -425,7 +430,15 @@ impl DpSession {
 
     pub(crate) fn status(&self) -> Result<BudgetStatus> {
         let (t, s) = self.ledger.status()?;
-        Ok(BudgetStatus { rho_total: t.get(), rho_spent: s.get(), rho_remaining: t.sub_down(s).get() })
+        let d = self.ledger.delta()?;
+        Ok(BudgetStatus {
+            rho_total: t.get(),
+            rho_spent: s.get(),
+            rho_remaining: t.sub_down(s).get(),
+            delta_total: d.total,
+            delta_spent: d.spent,
+            delta_remaining: d.remaining(),
+        })
     }
 
     /// Budget totals and the history of charges.
