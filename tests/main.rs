@@ -30,6 +30,8 @@ mod public;
 mod python;
 /// Quantiles and MIN/MAX by the exponential mechanism (issue 37): the corpus, a neighbouring audit, accuracy.
 mod quantiles;
+/// GROUP BY keys without a public domain (issue 38): Gaussian thresholding, (ρ, δ) charges, refusals, an audit.
+mod selection;
 /// `dpfusion serve` over tokio-postgres: protocols, logins, isolation of analysts, budgets under contention.
 mod server;
 /// `dpfusion serve`'s catalog (issue 35): one type map for `\d` and results, SQLAlchemy's reflection, a SQLSTATE

@@ -285,6 +285,20 @@ pub enum Refusal {
         /// The column.
         column: String,
     },
+    /// A measurement that keys without a public domain cannot carry (yet).
+    #[error("{what} over GROUP BY keys without a public domain")]
+    SelectionUnsupported {
+        /// What was asked.
+        what: String,
+    },
+    /// Keys without a public domain in a session whose (ε, δ) budget cannot compose their selection.
+    #[error("GROUP BY on column `{column}`, which has no public domain, in a session {why}")]
+    SelectionNotAllowed {
+        /// The column.
+        column: String,
+        /// Why not.
+        why: String,
+    },
     /// Too many cells.
     #[error("the GROUP BY has {cells} cells (the product of the key domains), more than {max}")]
     TooManyCells {
@@ -619,7 +633,17 @@ impl Refusal {
             KeyNotColumn { .. } => "GROUP BY columns of the table".into(),
             UnitAsKey { .. } => "group by a column with a public domain instead".into(),
             NoDomain { table, column } => format!(
-                "add `domain = [...]` for column {column} in [tables.{table}.columns] (the values a key can take)"
+                "add `domain = [...]` for column {column} in [tables.{table}.columns] (the values a key can take); or, \
+                 for a key of integers, strings, dates or booleans, have the data owner give this budget a delta for \
+                 key selection ([session] delta_budget = 1e-6, or `dpfusion analyst set-budget NAME --delta 1e-6`), \
+                 and dpfusion releases the keys whose noisy count passes a threshold"
+            ),
+            SelectionUnsupported { .. } => {
+                "ask for COUNT, SUM or AVG over keys without a domain, or declare `domain = [...]` for the keys".into()
+            }
+            SelectionNotAllowed { column, .. } => format!(
+                "declare `domain = [...]` for column {column}, or use a zCDP budget ([session] rho = ... with \
+                 delta_budget = 1e-6)"
             ),
             TooManyCells { .. } => "group by fewer columns, or columns with smaller domains".into(),
             NotAnAggregate { .. } => "use COUNT, SUM or AVG".into(),
@@ -722,6 +746,8 @@ impl Refusal {
             KeyNotColumn { .. } => "key_not_column",
             UnitAsKey { .. } => "unit_as_key",
             NoDomain { .. } => "no_domain",
+            SelectionUnsupported { .. } => "selection_unsupported",
+            SelectionNotAllowed { .. } => "selection_not_allowed",
             TooManyCells { .. } => "too_many_cells",
             NotAnAggregate { .. } => "not_an_aggregate",
             DistinctAggregate { .. } => "distinct_aggregate",

@@ -10,7 +10,7 @@
 //!   Its one input is the carrier of its slice ([`super::Slice`]), which the scheduler restricts per task.
 //!   A table held in memory is refused: its rows would travel inside the plan.
 //! * `DpByUnitExec` (its unit expression) and `DpUnorderedExec` (nothing); their inputs travel as DataFusion's.
-//! * The functions `dp_priority` (its key), `dp_cell`, `dp_cell_key` (domains and strides), `dp_bounded_sum` (its
+//! * The functions `dp_priority` and `dp_key_priority` (their keys), `dp_cell`, `dp_cell_key` (domains and strides), `dp_bounded_sum` (its
 //!   grid) and `dp_clipped` (the clipping rules and the pick), so an executor evaluates exactly the function the
 //!   plan was checked with.
 //!
@@ -26,6 +26,7 @@ use crate::plan::lookup::{KeyIndex, PublicLookup};
 use crate::plan::pick::Priority;
 use crate::plan::quantile::{GridSpec, KeepRows, Kept, QuantileSlot, SlotHistogram};
 use crate::plan::runs::RowValue;
+use crate::plan::selected::KeyPriority;
 use crate::plan::unordered::UnorderedExec;
 use crate::session::private::SealedScanExec;
 use crate::source::text::{TextFormat, TextScan};
@@ -145,7 +146,7 @@ struct UnorderedMsg {}
 
 #[derive(Clone, PartialEq, Message)]
 struct FnMsg {
-    #[prost(oneof = "Function", tags = "1, 2, 3, 4, 5, 6, 7, 8, 9")]
+    #[prost(oneof = "Function", tags = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10")]
     function: Option<Function>,
 }
 
@@ -169,6 +170,8 @@ enum Function {
     KeepRows(KeepRowsMsg),
     #[prost(message, tag = "9")]
     Lookup(LookupMsg),
+    #[prost(uint64, tag = "10")]
+    KeyPriority(u64),
 }
 
 /// A public table's lookup: its function name, `table.column`, and the key and value columns (an Arrow IPC stream
@@ -553,6 +556,7 @@ impl PhysicalExtensionCodec for DpPhysicalCodec {
                 QuantileSlot::udf(GridSpec::new(lo, hi, points, g.integer).map_err(err)?)
             }
             Some(Function::Lookup(m)) => lookup_from(m)?,
+            Some(Function::KeyPriority(key)) => KeyPriority::udf(key),
             _ => return Err(err(format!("`{name}` is not a scalar function of dpfusion"))),
         }))
     }
@@ -571,6 +575,8 @@ impl PhysicalExtensionCodec for DpPhysicalCodec {
         } else if let Some(q) = inner.downcast_ref::<QuantileSlot>() {
             let (lo, hi, points, integer) = q.spec().parts();
             Function::QuantileSlot(QuantileGridMsg { lo: lo.to_bits(), hi: hi.to_bits(), points, integer })
+        } else if let Some(p) = inner.downcast_ref::<KeyPriority>() {
+            Function::KeyPriority(p.key())
         } else if let Some(l) = inner.downcast_ref::<PublicLookup>() {
             let (name, label, keys, values) = l.parts();
             Function::Lookup(LookupMsg { name: name.into(), label: label.into(), columns: lookup_to(keys, values)? })

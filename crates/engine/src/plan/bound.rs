@@ -202,7 +202,12 @@ pub fn bounded_aggregate(
         let kinds: Vec<MeasureKind> = measured.measures.iter().map(|m| m.kind.clone()).collect();
         return crate::plan::quantile::kept_aggregate(scoped, keys, contribution.rows, groups, &kinds, &measured.exprs);
     }
-    let clips: Vec<Clip> = measured
+    per_unit(scoped, keys, contribution.rows, groups, &clips_of(measured)?, measured.exprs.clone())
+}
+
+/// How each measurement's per-unit contribution is clipped; quantiles are not clipped (they keep rows).
+pub(crate) fn clips_of(measured: &Measured) -> Result<Vec<Clip>> {
+    measured
         .measures
         .iter()
         .map(|m| match &m.kind {
@@ -214,8 +219,22 @@ pub fn bounded_aggregate(
             }
             MeasureKind::Quantile { .. } => Err(DpError::Internal("a quantile reached the clipping".into())),
         })
-        .collect::<Result<_>>()?;
-    per_unit(scoped, keys, contribution.rows, groups, &clips, measured.exprs.clone())
+        .collect()
+}
+
+/// What each measurement reads from a row, and from which expression (None: COUNT(*), the rows themselves).
+pub(crate) fn row_values(clips: &[Clip], row_aggs: &[Expr]) -> Result<Vec<(runs::RowValue, Option<Expr>)>> {
+    clips
+        .iter()
+        .zip(row_aggs)
+        .map(|(clip, agg)| match clip {
+            Clip::Rows => Ok((runs::RowValue::Rows, None)),
+            _ => match runs::row_value(agg) {
+                Some((value, arg)) => Ok((value, Some(arg))),
+                None => Err(DpError::Internal(format!("a row aggregate the bounding does not know: {agg}"))),
+            },
+        })
+        .collect()
 }
 
 /// Per-unit bounding by hash aggregation: each measurement's row aggregate `row_aggs[i]` (COUNT(col) or
@@ -243,18 +262,7 @@ pub fn per_unit(
     use datafusion::functions_aggregate::expr_fn::sum;
     let keys: &[Column] = if group_keys.is_empty() { &[] } else { &[Column::from_name(cells::CELL)] };
     let unit = || col(Column::from_name(UNIT));
-    // What each measurement reads from a row, and from which expression (None: COUNT(*), the rows themselves).
-    let values = clips
-        .iter()
-        .zip(&row_aggs)
-        .map(|(clip, agg)| match clip {
-            Clip::Rows => Ok((runs::RowValue::Rows, None)),
-            _ => match runs::row_value(agg) {
-                Some((value, arg)) => Ok((value, Some(arg))),
-                None => Err(DpError::Internal(format!("a row aggregate the bounding does not know: {agg}"))),
-            },
-        })
-        .collect::<Result<Vec<_>>>()?;
+    let values = row_values(clips, &row_aggs)?;
     let cells = (!group_keys.is_empty()).then(|| crate::plan::cell_count(group_keys));
     let run_measures =
         values.iter().zip(clips).map(|((v, arg), clip)| (runs::RunMeasure::new(clip, *v, k), arg.clone()));

@@ -411,7 +411,7 @@ mod tests {
     }
 
     fn key(name: &str, domain: Vec<ScalarValue>) -> GroupKey {
-        GroupKey { column: Column::from_name(name), base: name.into(), domain }
+        GroupKey { column: Column::from_name(name), base: name.into(), domain, selected: false }
     }
 
     fn strs(v: &[&str]) -> Vec<ScalarValue> {

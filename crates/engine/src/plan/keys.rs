@@ -30,22 +30,27 @@ pub fn group_keys(agg: &Aggregate, policy: &TablePolicy, table: &TableReference)
             let Some(base) = validate::base_column(input, &c) else {
                 // A column of a public table joined in: its domain is the public column's distinct values.
                 if let Some(lookup) = lookup::lookup_column(input, &c) {
-                    return Ok(GroupKey { column: c, base: lookup.label().to_string(), domain: lookup.domain()? });
+                    let domain = lookup.domain()?;
+                    return Ok(GroupKey { column: c, base: lookup.label().to_string(), domain, selected: false });
                 }
                 return Err(DpError::Refused(Refusal::KeyNotColumn { column: c.to_string() }));
             };
             if policy.privacy_unit.as_deref() == Some(base.as_str()) {
                 return Err(DpError::Refused(Refusal::UnitAsKey { column: base }));
             }
+            let (_, field) = input.schema().qualified_field_from_column(&c).map_err(engine)?;
             let Some(domain) = policy.domain(&base) else {
+                // No public domain: its values are selected by the noisy counts (issue 38), if its type allows.
+                if crate::plan::selected::selectable(field.data_type()) {
+                    return Ok(GroupKey { column: c, base, domain: vec![], selected: true });
+                }
                 return Err(DpError::Refused(Refusal::NoDomain { table: table.to_string(), column: base }));
             };
-            let (_, field) = input.schema().qualified_field_from_column(&c).map_err(engine)?;
             let domain = domain
                 .iter()
                 .map(|v| bound::domain_literal(v, field.data_type(), &base))
                 .collect::<Result<Vec<_>>>()?;
-            Ok(GroupKey { column: c, base, domain })
+            Ok(GroupKey { column: c, base, domain, selected: false })
         })
         .collect()
 }

@@ -28,7 +28,7 @@ pub struct Measured {
 
 impl Measured {
     /// The index of measurement `m` computed by `e`, added unless the same measurement is there already.
-    fn add(&mut self, m: Measure, e: Expr) -> usize {
+    pub(crate) fn add(&mut self, m: Measure, e: Expr) -> usize {
         if let Some(i) = self.measures.iter().position(|x| x.kind == m.kind && x.column == m.column) {
             return i;
         }

@@ -21,6 +21,7 @@ pub mod pick;
 pub mod quantile;
 pub(crate) mod runs;
 pub mod safety;
+pub mod selected;
 pub mod sensitivity;
 pub mod size;
 pub mod unit_join;
@@ -155,8 +156,10 @@ pub struct GroupKey {
     pub column: Column,
     /// The base table column (`table.column` for a column of a public table joined in).
     pub base: String,
-    /// The domain, as literals of the column's type.
+    /// The domain, as literals of the column's type (empty for a selected key).
     pub domain: Vec<ScalarValue>,
+    /// A key without a public domain: its released values are chosen by the noisy counts ([`selected`]).
+    pub selected: bool,
 }
 
 /// A query compiled for differential privacy; nothing has been executed or spent yet.
@@ -180,19 +183,23 @@ pub struct DpPlan {
     pub join: Option<String>,
     /// Schema of the analyst's aggregate output (keys, then aggregates).
     pub agg_schema: DFSchemaRef,
+    /// With keys without a domain ([`selected`]): the COUNT(*) measurement whose noisy value selects the released
+    /// keys (and is their released COUNT).
+    pub selection: Option<usize>,
 }
 
 impl DpPlan {
-    /// Number of GROUP BY cells (1 without GROUP BY).
-    pub fn cells(&self) -> u64 {
-        cell_count(&self.keys)
+    /// Number of GROUP BY cells (1 without GROUP BY); for keys without a domain, an upper bound is not known
+    /// before the release (how many keys pass is a noisy quantity): `None`.
+    pub fn cells(&self) -> Option<u64> {
+        self.selection.is_none().then(|| cell_count(&self.keys))
     }
 
     /// A fingerprint of what the noisy measurements of this plan are: the cells (keys and their domains), the
     /// measurements (kind, column, sensitivity) and the outputs. Stored with a draw of noise, it tells whether a
     /// retry's plan can reuse that draw. (FNV-1a over a stable text, 128 bits.)
     pub fn fingerprint(&self) -> u128 {
-        let keys: Vec<_> = self.keys.iter().map(|k| (&k.base, &k.domain)).collect();
+        let keys: Vec<_> = self.keys.iter().map(|k| (&k.base, &k.domain, k.selected)).collect();
         let measures: Vec<_> =
             self.measures.iter().map(|m| (&m.kind, &m.column, m.sensitivity.l1, m.sensitivity.l2)).collect();
         let text = format!("{keys:?}|{measures:?}|{:?}|{:?}", self.outputs, self.agg_schema.fields());
@@ -262,6 +269,9 @@ pub fn compile(plan: &LogicalPlan, policy_of: &dyn Fn(&TableReference) -> Option
     let (agg, table, tables) = (located.aggregate, located.table, located.tables);
     let (policy, join) = unit_join::policy_of_input(agg.input.as_ref(), &tables, policy_of)?;
     let keys = keys::group_keys(agg, &policy, &table)?;
+    if keys.iter().any(|k| k.selected) {
+        return selected::compile(plan, agg, &policy, table, tables, join, keys);
+    }
     let cells = keys::cells(&keys)?;
     let contribution = Contribution::of(&policy, (!keys.is_empty()).then_some(cells));
     let scoped = keys::scope(agg.input.as_ref(), &policy, &keys)?;
@@ -279,5 +289,6 @@ pub fn compile(plan: &LogicalPlan, policy_of: &dyn Fn(&TableReference) -> Option
         tables,
         join,
         agg_schema: agg.schema.clone(),
+        selection: None,
     })
 }

@@ -79,7 +79,7 @@ pub(crate) fn cell_of(priority: u64) -> i64 {
 
 /// MurmurHash3's 64-bit finaliser: a bijection in which every input bit flips each output bit with probability
 /// about 1/2.
-fn fmix64(mut k: u64) -> u64 {
+pub(crate) fn fmix64(mut k: u64) -> u64 {
     k ^= k >> 33;
     k = k.wrapping_mul(0xff51_afd7_ed55_8ccd);
     k ^= k >> 33;

@@ -468,6 +468,7 @@ pub fn total(e: &Expr, schema: &DFSchema) -> std::result::Result<(), String> {
                 || inner.is::<CellKey>()
                 || inner.is::<crate::plan::quantile::QuantileSlot>()
                 || inner.is::<crate::plan::lookup::PublicLookup>()
+                || inner.is::<crate::plan::selected::KeyPriority>()
                 || field_by_name
             {
                 f.args.iter().try_for_each(|a| total(a, schema))
@@ -526,7 +527,9 @@ pub fn check_total(plan: &LogicalPlan) -> Result<()> {
                 | LogicalPlan::EmptyRelation(_)
         ) || matches!(node, LogicalPlan::Join(j) if matches!(j.join_type, JoinType::Inner | JoinType::Left))
             || matches!(node, LogicalPlan::Extension(e)
-            if e.node.as_any().is::<UnitRuns>() || e.node.as_any().is::<ByUnit>());
+            if e.node.as_any().is::<UnitRuns>() || e.node.as_any().is::<ByUnit>())
+            || matches!(node, LogicalPlan::Window(w)
+            if w.window_expr.iter().all(|e| per_unit_rank(e, w.input.schema())));
         if !ok_node {
             failure = Some(DpError::Refused(Refusal::UnsafeNode { node: node.display().to_string() }));
             return Ok(TreeNodeRecursion::Stop);
@@ -539,6 +542,10 @@ pub fn check_total(plan: &LogicalPlan) -> Result<()> {
             None => node.schema().clone(),
         };
         node.apply_expressions(|e| {
+            // A window node's expressions are its per-unit ranks, checked whole above.
+            if matches!(node, LogicalPlan::Window(_)) {
+                return Ok(TreeNodeRecursion::Continue);
+            }
             if let Err(what) = total(e, &schema) {
                 failure = Some(DpError::Refused(Refusal::UnsafePlan { what }));
                 return Ok(TreeNodeRecursion::Stop);
@@ -549,6 +556,27 @@ pub fn check_total(plan: &LogicalPlan) -> Result<()> {
     })
     .map_err(engine)?;
     failure.map_or(Ok(()), Err)
+}
+
+/// Whether `e` is `ROW_NUMBER() OVER (PARTITION BY __dp_unit ORDER BY …)` over total expressions: the rank of a
+/// row among its own unit's rows (the bounding of keys without a domain, [`crate::plan::selected`]). Partitioned
+/// by anything else, a row's rank would depend on other units' rows, so that is refused.
+fn per_unit_rank(e: &Expr, schema: &DFSchema) -> bool {
+    use datafusion::logical_expr::expr::WindowFunctionDefinition;
+    let e = match e {
+        Expr::Alias(a) => a.expr.as_ref(),
+        other => other,
+    };
+    let Expr::WindowFunction(w) = e else { return false };
+    let p = &w.params;
+    let row_number = matches!(&w.fun, WindowFunctionDefinition::WindowUDF(f) if f.name() == "row_number");
+    let by_unit = matches!(p.partition_by.as_slice(), [Expr::Column(c)] if c.name == crate::plan::bound::UNIT);
+    row_number
+        && by_unit
+        && p.args.is_empty()
+        && p.filter.is_none()
+        && !p.distinct
+        && p.order_by.iter().all(|s| total(&s.expr, schema).is_ok())
 }
 
 #[cfg(test)]

@@ -79,12 +79,15 @@ async fn keys_are_bare_columns_with_a_public_domain_and_never_the_unit() {
     let p = policy(true, 1);
     assert_eq!(refused("SELECT age + 1, COUNT(*) FROM t GROUP BY age + 1", &p).await, "computed_key");
     assert_eq!(refused("SELECT pid, COUNT(*) FROM t GROUP BY pid", &p).await, "unit_as_key");
-    assert_eq!(refused("SELECT income, COUNT(*) FROM t GROUP BY income", &p).await, "no_domain");
+    // A column without a domain is a selected key (issue 38): its values come from the noisy counts.
+    let selected = compiled("SELECT income, COUNT(*) FROM t GROUP BY income", &p).await.unwrap();
+    assert!(selected.keys[0].selected && selected.selection == Some(0) && selected.cells().is_none());
     assert_eq!(refused("SELECT age, COUNT(*) FROM t GROUP BY ROLLUP(age)", &p).await, "grouping_sets");
     let wide = |base: &str| GroupKey {
         column: Column::from_name(base),
         base: base.into(),
         domain: (0..1001).map(|i| ScalarValue::Int64(Some(i))).collect(),
+        selected: false,
     };
     assert_eq!(keys::cells(&[wide("a")]).unwrap(), 1001);
     assert_eq!(keys::cells(&[wide("a"), wide("b")]).unwrap_err().code(), "too_many_cells");
@@ -293,4 +296,29 @@ async fn the_aggregation_by_unit_runs_in_one_phase_only_for_g_above_one() {
         assert_eq!(by_unit("Partial"), !one_phase, "g = {g}:\n{text}");
         assert_eq!(text.contains("DpByUnitExec: hash-partitioned by __dp_unit@0"), one_phase, "g = {g}:\n{text}");
     }
+}
+
+/// Keys without a domain (issue 38): per (unit, key) clipped contributions, at most g keys per unit by
+/// `ROW_NUMBER() OVER (PARTITION BY __dp_unit ORDER BY dp_key_priority(…), keys)`, summed per key; public keys
+/// keep their domain filter; a query without COUNT(*) gets a hidden one to select with; quantiles are refused.
+#[tokio::test]
+async fn keys_without_a_domain_are_bounded_per_unit_and_ranked_within_it() {
+    let p = policy(true, 2);
+    let dp = compiled("SELECT income, sex, SUM(income) FROM t GROUP BY income, sex", &p).await.unwrap();
+    let plan = dp.private.display_indent().to_string();
+    let plan = plan.lines().map(|l| l.split("dp_key_priority").next().unwrap_or(l)).collect::<Vec<_>>().join("\n");
+    assert!(plan.contains("WindowAggr: windowExpr=[[row_number() PARTITION BY [__dp_unit] ORDER BY [__dp_p ASC NULLS FIRST, t.income ASC NULLS FIRST, t.sex ASC NULLS FIRST]"), "{plan}");
+    assert!(plan.contains("Filter: __dp_r <= UInt64(2)"), "{plan}");
+    assert!(
+        plan.contains("t.income IS NOT NULL") && plan.contains("t.sex = Utf8(\"F\") OR t.sex = Utf8(\"M\")")
+            || plan.contains("t.sex IN"),
+        "{plan}"
+    );
+    let labels: Vec<String> = dp.measures.iter().map(Measure::label).collect();
+    assert_eq!(labels, ["SUM(income)", "COUNT(*)"], "a hidden COUNT(*) selects");
+    assert_eq!(dp.selection, Some(1));
+    assert_eq!(dp.outputs.len(), 1);
+    assert_eq!(refused("SELECT income, MEDIAN(income) FROM t GROUP BY income", &p).await, "selection_unsupported");
+    let unsafe_free = safety::check_total(&dp.private);
+    assert!(unsafe_free.is_ok(), "{unsafe_free:?}");
 }

@@ -36,19 +36,32 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 /// The noisy measurements of one query as stored under its request id: a fingerprint of the plan they belong to,
-/// then `values[cell][measurement]` in grid units, cells in the order of [`domain_product`].
+/// then `values[cell][measurement]` in grid units, cells in the order of [`domain_product`] or, for keys without a
+/// domain, of the released keys, stored after the values (an Arrow IPC stream of one batch).
 pub(crate) struct Draw {
     fingerprint: u128,
     values: Vec<Vec<i128>>,
+    /// The released keys of a selection (one row per cell of `values`); None: the product of the domains.
+    keys: Option<RecordBatch>,
 }
 
 const DRAW_MAGIC: &[u8; 8] = b"dpdraw01";
+/// A draw followed by its released keys.
+const DRAW_KEYS_MAGIC: &[u8; 8] = b"dpdraw02";
 
 impl Draw {
-    fn to_bytes(&self) -> Vec<u8> {
+    /// The keys of the cells, in the order of the values.
+    fn cells(&self, dp: &DpPlan) -> Result<Vec<Vec<ScalarValue>>> {
+        let Some(keys) = &self.keys else { return Ok(domain_product(dp)) };
+        (0..keys.num_rows())
+            .map(|r| keys.columns().iter().map(|c| ScalarValue::try_from_array(c, r).map_err(engine)).collect())
+            .collect()
+    }
+
+    fn to_bytes(&self) -> Result<Vec<u8>> {
         let m = self.values.first().map_or(0, Vec::len);
         let mut out = Vec::with_capacity(40 + self.values.len() * m * 16);
-        out.extend_from_slice(DRAW_MAGIC);
+        out.extend_from_slice(if self.keys.is_some() { DRAW_KEYS_MAGIC } else { DRAW_MAGIC });
         out.extend_from_slice(&self.fingerprint.to_le_bytes());
         out.extend_from_slice(&(self.values.len() as u64).to_le_bytes());
         out.extend_from_slice(&(m as u64).to_le_bytes());
@@ -57,28 +70,59 @@ impl Draw {
                 out.extend_from_slice(&v.to_le_bytes());
             }
         }
-        out
+        if let Some(keys) = &self.keys {
+            // Its length first, so that a stream cut short is refused rather than read in part.
+            let ipc =
+                |e: datafusion::arrow::error::ArrowError| DpError::Internal(format!("storing released keys: {e}"));
+            let mut stream = Vec::new();
+            let mut w =
+                datafusion::arrow::ipc::writer::StreamWriter::try_new(&mut stream, &keys.schema()).map_err(ipc)?;
+            w.write(keys).map_err(ipc)?;
+            w.finish().map_err(ipc)?;
+            drop(w);
+            out.extend_from_slice(&(stream.len() as u64).to_le_bytes());
+            out.extend_from_slice(&stream);
+        }
+        Ok(out)
     }
 
     fn from_bytes(b: &[u8]) -> Result<Draw> {
         let bad = || DpError::Ledger("a stored draw of noisy values is unreadable".into());
         let word = |at: usize| b.get(at..at + 8).and_then(|w| <[u8; 8]>::try_from(w).ok()).map(u64::from_le_bytes);
-        if b.get(..8) != Some(DRAW_MAGIC.as_slice()) {
-            return Err(bad());
-        }
+        let with_keys = match b.get(..8) {
+            Some(m) if m == DRAW_MAGIC.as_slice() => false,
+            Some(m) if m == DRAW_KEYS_MAGIC.as_slice() => true,
+            _ => return Err(bad()),
+        };
         let fingerprint = b.get(8..24).and_then(|w| <[u8; 16]>::try_from(w).ok()).map(u128::from_le_bytes);
         let (fingerprint, cells, m) =
             (fingerprint.ok_or_else(bad)?, word(24).ok_or_else(bad)?, word(32).ok_or_else(bad)?);
         let (cells, m) = (usize::try_from(cells).map_err(|_| bad())?, usize::try_from(m).map_err(|_| bad())?);
-        let body = b.get(40..).ok_or_else(bad)?;
-        if cells.checked_mul(m).and_then(|n| n.checked_mul(16)) != Some(body.len()) {
-            return Err(bad());
-        }
+        let len = cells.checked_mul(m).and_then(|n| n.checked_mul(16)).ok_or_else(bad)?;
+        let body = b.get(40..40usize.checked_add(len).ok_or_else(bad)?).ok_or_else(bad)?;
+        let rest = b.get(40 + len..).unwrap_or_default();
+        let keys = match (with_keys, rest.is_empty()) {
+            (false, true) => None,
+            (true, false) => {
+                let stream = rest.get(8..).ok_or_else(bad)?;
+                let len = rest.get(..8).and_then(|w| <[u8; 8]>::try_from(w).ok()).map(u64::from_le_bytes);
+                if len != Some(stream.len() as u64) {
+                    return Err(bad());
+                }
+                let mut r = datafusion::arrow::ipc::reader::StreamReader::try_new(stream, None).map_err(|_| bad())?;
+                let keys = r.next().ok_or_else(bad)?.map_err(|_| bad())?;
+                if keys.num_rows() != cells {
+                    return Err(bad());
+                }
+                Some(keys)
+            }
+            _ => return Err(bad()),
+        };
         let mut it = body.chunks_exact(16).map(|c| <[u8; 16]>::try_from(c).map(i128::from_le_bytes));
         let values = (0..cells)
             .map(|_| (0..m).map(|_| it.next().and_then(|v| v.ok()).ok_or_else(bad)).collect::<Result<Vec<_>>>())
             .collect::<Result<Vec<_>>>()?;
-        Ok(Draw { fingerprint, values })
+        Ok(Draw { fingerprint, values, keys })
     }
 }
 
@@ -87,7 +131,7 @@ enum Next {
     /// Run under this debit and draw the noise.
     Run(Debit),
     /// Post-process these stored noisy values, drawn under this charge (nothing is read again).
-    Stored(Charge, Vec<Vec<i128>>),
+    Stored(Charge, Draw),
     /// Return this stored release.
     Done(Box<Release>),
 }
@@ -144,31 +188,31 @@ impl DpSession {
     ) -> Result<Release> {
         let confidence = quote.confidence;
         let dp = &prepared.dp;
-        let (charge, values) = match next {
+        let (charge, draw) = match next {
             Next::Done(r) => return Ok(*r),
-            Next::Stored(charge, values) => (charge, values),
+            Next::Stored(charge, draw) => (charge, draw),
             Next::Run(debit) => {
-                let (charge, drawn) = self.run_private(prepared, debit).await?;
-                let values = match request_id {
-                    None => drawn,
+                let (charge, draw) = self.run_private(prepared, debit, quote.selection.as_ref()).await?;
+                let draw = match request_id {
+                    None => draw,
                     Some(id) => {
                         // First writer wins: if another run stored its draw first, that one is used, this one dropped.
-                        let draw = Draw { fingerprint: dp.fingerprint(), values: drawn };
-                        let stored = Draw::from_bytes(&self.ledger.store_draw(id, &draw.to_bytes())?)?;
+                        let stored = Draw::from_bytes(&self.ledger.store_draw(id, &draw.to_bytes()?)?)?;
                         if stored.fingerprint != draw.fingerprint {
                             // Only a run under another policy can have stored another plan's draw under this id.
                             return Err(changed(id, &charge, quote));
                         }
-                        stored.values
+                        stored
                     }
                 };
-                (charge, values)
+                (charge, draw)
             }
         };
+        let values = &draw.values;
         // Each measurement's half-width at level √c: an average's interval holds when both of its hold (p.
         // accuracy::avg_interval).
         let half = charge.measurements().iter().map(|c| Halves::of(c, confidence)).collect::<Result<Vec<_>>>()?;
-        let noisy = noisy_batch(dp, domain_product(dp), &values, &half)?;
+        let noisy = noisy_batch(dp, draw.cells(dp)?, values, &half)?;
         // Post-processing sees only noisy values; if it fails on them, the release holds those values (paid for),
         // never an error that would lose them.
         // Nothing computed above the aggregate: the noisy table is the answer (chosen and named columns), as
@@ -299,7 +343,7 @@ fn stored(id: &str, sql: &str, dp: &DpPlan, quote: &Quote, prior: Prior) -> Resu
             if draw.fingerprint != dp.fingerprint() {
                 return Err(changed(id, &c, quote));
             }
-            Ok(Next::Stored(c, draw.values))
+            Ok(Next::Stored(c, draw))
         }
     }
 }
@@ -353,10 +397,16 @@ impl DpSession {
         Ok(MarginalRelease::new(&histograms, noisy, plan, charge, self.status()?))
     }
 
-    /// Runs the private plan and adds noise to every cell of the domain; returns the noisy values, cells in the
-    /// order of [`domain_product`]. Errors while reading the data are reported without their text (which could
-    /// quote a private value): the engine's error stays in the `source` for the data owner.
-    async fn run_private(&self, prepared: &Prepared, debit: Debit) -> Result<(Charge, Vec<Vec<i128>>)> {
+    /// Runs the private plan and adds noise to every cell of the domain (cells in the order of [`domain_product`]),
+    /// or, for keys without a domain, to the keys present and keeps those that pass `selection`'s threshold
+    /// ([`select_cells`]). Errors while reading the data are reported without their text (which could quote a
+    /// private value): the engine's error stays in the `source` for the data owner.
+    async fn run_private(
+        &self,
+        prepared: &Prepared,
+        debit: Debit,
+        selection: Option<&crate::noise::Selection>,
+    ) -> Result<(Charge, Draw)> {
         let open = self.tables.open(debit);
         let running = self.start_progress(&[prepared.physical.physical()], prepared.dp.table.table(), 1).await;
         let exact = open.collect(&prepared.physical).await.map_err(|e| self.private_failure(e))?;
@@ -371,6 +421,11 @@ impl DpSession {
             return Err(DpError::Internal("the charge does not have one calibration per measurement".into()));
         }
         let mut rng = self.lock_rng()?;
+        if let (Some(s), Some(selection)) = (dp.selection, selection) {
+            let (keys, values) = select_cells(cells, &samplers, s, selection.threshold(), &mut rng)?;
+            let keys = key_batch(dp, &keys)?;
+            return Ok((charge, Draw { fingerprint: dp.fingerprint(), values, keys: Some(keys) }));
+        }
         let noisy = domain_product(dp)
             .iter()
             .map(|key| {
@@ -382,7 +437,7 @@ impl DpSession {
                     .collect::<Result<Vec<i128>>>()
             })
             .collect::<Result<Vec<_>>>()?;
-        Ok((charge, noisy))
+        Ok((charge, Draw { fingerprint: dp.fingerprint(), values: noisy, keys: None }))
     }
 }
 
@@ -485,6 +540,60 @@ impl Sampler {
     }
 }
 
+/// The values of a cell's keys.
+type Key = Vec<ScalarValue>;
+
+/// The Gaussian thresholding of keys without a domain ([`crate::noise::selection`]): every key present in `cells`
+/// gets noise on its selecting count (measurement `s`) and is released iff that noisy count is at least
+/// `threshold`, the noisy count then being its released COUNT; only released keys get noise on their other
+/// measurements. Keys are visited in their own order (sorted by value), so neither the order of the released rows
+/// nor the noise they get depends on keys that are not released.
+fn select_cells(
+    cells: HashMap<Vec<ScalarValue>, Vec<Exact>>,
+    samplers: &[Sampler],
+    s: usize,
+    threshold: i64,
+    rng: &mut crate::noise::NoiseRng,
+) -> Result<(Vec<Key>, Vec<Vec<i128>>)> {
+    let selector = samplers.get(s).ok_or_else(|| DpError::Internal("no selecting measurement".into()))?;
+    let mut candidates: Vec<(Vec<ScalarValue>, Vec<Exact>)> = cells.into_iter().collect();
+    candidates.sort_by(|a, b| a.0.partial_cmp(&b.0).unwrap_or(std::cmp::Ordering::Equal));
+    let (mut keys, mut values) = (vec![], vec![]);
+    for (key, exact) in candidates {
+        let count = selector.draw(rng, exact.get(s))?;
+        if count < i128::from(threshold) {
+            continue;
+        }
+        let row = samplers
+            .iter()
+            .enumerate()
+            .map(|(i, m)| if i == s { Ok(count) } else { m.draw(rng, exact.get(i)) })
+            .collect::<Result<Vec<i128>>>()?;
+        keys.push(key);
+        values.push(row);
+    }
+    Ok((keys, values))
+}
+
+/// The released keys as one batch with the private plan's key columns (its first columns).
+fn key_batch(dp: &DpPlan, keys: &[Vec<ScalarValue>]) -> Result<RecordBatch> {
+    let fields: Vec<_> = dp.private.schema().fields().iter().take(dp.keys.len()).cloned().collect();
+    let columns = fields
+        .iter()
+        .enumerate()
+        .map(|(c, f)| {
+            let values = keys.iter().map(|k| k.get(c).cloned());
+            match values.collect::<Option<Vec<_>>>() {
+                Some(v) if !v.is_empty() => ScalarValue::iter_to_array(v).map_err(engine),
+                Some(_) => Ok(datafusion::arrow::array::new_empty_array(f.data_type())),
+                None => Err(DpError::Internal("a released key with fewer values than the keys".into())),
+            }
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let schema = Arc::new(datafusion::arrow::datatypes::Schema::new(fields));
+    RecordBatch::try_new(schema, columns).map_err(|e| DpError::Internal(format!("released keys: {e}")))
+}
+
 /// Reads the exact aggregates: key → one value per measurement (grid units, or a quantile's histogram).
 fn exact_cells(dp: &DpPlan, batches: &[RecordBatch]) -> Result<HashMap<Vec<ScalarValue>, Vec<Exact>>> {
     let nk = dp.keys.len();
@@ -546,8 +655,8 @@ mod tests {
 
     #[test]
     fn draws_round_trip_and_damaged_ones_are_refused() {
-        let d = Draw { fingerprint: 0xfeed_beef, values: vec![vec![1, -2], vec![i128::MAX, i128::MIN]] };
-        let b = d.to_bytes();
+        let d = Draw { fingerprint: 0xfeed_beef, values: vec![vec![1, -2], vec![i128::MAX, i128::MIN]], keys: None };
+        let b = d.to_bytes().unwrap();
         let back = Draw::from_bytes(&b).unwrap();
         assert_eq!((back.fingerprint, back.values), (d.fingerprint, d.values));
         assert!(Draw::from_bytes(&b[..b.len() - 1]).is_err());
@@ -555,5 +664,26 @@ mod tests {
         let mut wrong = b.clone();
         wrong[0] ^= 1;
         assert!(Draw::from_bytes(&wrong).is_err());
+    }
+
+    /// A selection's draw keeps its released keys with its values: they come back as they were, and a draw whose
+    /// keys are cut short, or whose key count is not its cell count, is refused.
+    #[test]
+    fn draws_with_released_keys_round_trip() {
+        use datafusion::arrow::array::StringArray;
+        use datafusion::arrow::datatypes::{DataType, Field, Schema};
+        let schema = Arc::new(Schema::new(vec![Field::new("zip", DataType::Utf8, true)]));
+        let keys = RecordBatch::try_new(schema, vec![Arc::new(StringArray::from(vec!["02139", "ünï"]))]).unwrap();
+        let d = Draw { fingerprint: 7, values: vec![vec![12, 3], vec![40, -1]], keys: Some(keys.clone()) };
+        let b = d.to_bytes().unwrap();
+        assert_eq!(&b[..8], b"dpdraw02");
+        let back = Draw::from_bytes(&b).unwrap();
+        assert_eq!((back.values, back.keys), (d.values, Some(keys)));
+        assert!(Draw::from_bytes(&b[..b.len() - 3]).is_err());
+        let one = Draw { fingerprint: 7, values: vec![vec![12, 3]], keys: d.keys.clone() };
+        assert!(Draw::from_bytes(&one.to_bytes().unwrap()).is_err(), "two keys for one cell");
+        let mut plain = Draw { keys: None, ..one }.to_bytes().unwrap();
+        plain.extend_from_slice(b"trailing");
+        assert!(Draw::from_bytes(&plain).is_err());
     }
 }

@@ -32,6 +32,19 @@ pub struct ExplainedMeasure {
     pub unit: f64,
 }
 
+/// How the keys of a GROUP BY without a public domain are selected (EXPLAIN DP, before anything is spent).
+#[derive(Clone, Debug)]
+pub struct ExplainedSelection {
+    /// The measurement whose noisy value selects (a COUNT(*), shown or hidden).
+    pub measure: String,
+    /// A key is released iff its noisy count is at least this.
+    pub threshold: i64,
+    /// The selection's δ (charged against the δ budget).
+    pub delta: f64,
+    /// The probability that a key held by 1, 10, 100 and 1 000 units (one row each) is released.
+    pub release: Vec<(u64, f64)>,
+}
+
 /// The output of `EXPLAIN DP`: what the query would do and cost, computed without touching data.
 #[derive(Clone, Debug)]
 pub struct Explanation {
@@ -39,8 +52,10 @@ pub struct Explanation {
     pub sql: String,
     /// The private plan (bounded aggregate), indented.
     pub private_plan: String,
-    /// Number of GROUP BY cells released.
-    pub cells: u64,
+    /// Number of GROUP BY cells released; `None` for keys without a domain, where it is noisy ([`Self::selection`]).
+    pub cells: Option<u64>,
+    /// For keys without a domain: how their values are selected.
+    pub selection: Option<ExplainedSelection>,
     /// How a join of private tables on their unit is bounded, if the query has one.
     pub join: Option<String>,
     /// Each measurement.
@@ -70,7 +85,21 @@ impl std::fmt::Display for Explanation {
         if let Some(join) = &self.join {
             writeln!(f, "Join: {join}")?;
         }
-        writeln!(f, "Cells released: {}", self.cells)?;
+        match (self.cells, &self.selection) {
+            (Some(cells), _) => writeln!(f, "Cells released: {cells}")?,
+            (None, Some(s)) => {
+                writeln!(
+                    f,
+                    "Keys released: those whose noisy {} is at least {} (Gaussian thresholding, δ = {:e}; only keys \
+                     present in the data are candidates, and how many pass is itself noisy)",
+                    s.measure, s.threshold, s.delta
+                )?;
+                let chances: Vec<String> =
+                    s.release.iter().map(|(n, p)| format!("{n} unit(s) → {}", fmt_probability(*p))).collect();
+                writeln!(f, "  chance a key is released, by the units holding it: {}", chances.join(", "))?;
+            }
+            (None, None) => writeln!(f, "Cells released: the keys selected from the data")?,
+        }
         let equal = self.measures.windows(2).all(|w| w[0].calibration.rho() == w[1].calibration.rho());
         let split = if equal {
             "ρ split equally"
@@ -187,6 +216,7 @@ impl DpSession {
                 sql: label,
                 private_plan: prepared.private.display_indent().to_string(),
                 cells: dp.cells(),
+                selection: explained_selection(dp, &quote),
                 join: dp.join.clone(),
                 measures,
                 rho: quote.rho.get(),
@@ -198,5 +228,27 @@ impl DpSession {
             })
         })
         .await
+    }
+}
+
+/// The selection of `dp`'s keys as `quote` priced it, for EXPLAIN DP.
+fn explained_selection(dp: &crate::plan::DpPlan, quote: &super::quote::Quote) -> Option<ExplainedSelection> {
+    let (i, sel) = (dp.selection?, quote.selection.as_ref()?);
+    Some(ExplainedSelection {
+        measure: dp.measures.get(i).map(|m| m.label()).unwrap_or_default(),
+        threshold: sel.threshold(),
+        delta: sel.delta(),
+        release: [1, 10, 100, 1000].into_iter().map(|n| (n, sel.release_probability(n))).collect(),
+    })
+}
+
+/// A probability for reading: `< 1e-6`, `> 0.999999`, or four significant digits.
+fn fmt_probability(p: f64) -> String {
+    if p < 1e-6 {
+        "< 1e-6".into()
+    } else if p > 0.999_999 {
+        "> 0.999999".into()
+    } else {
+        format!("{p:.4}")
     }
 }

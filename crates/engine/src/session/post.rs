@@ -383,7 +383,17 @@ impl DpSession {
     /// it would almost surely fail on the real noisy values too. Everything here depends on the query and the
     /// policy only.
     pub(crate) async fn check_post_processing(&self, dp: &DpPlan) -> Result<()> {
-        let key: Vec<ScalarValue> = dp.keys.iter().filter_map(|k| k.domain.first().cloned()).collect();
+        // A key of each domain, or for a key without one a default value of its type (its released values are
+        // only known after the debit).
+        let key: Vec<ScalarValue> = dp
+            .keys
+            .iter()
+            .enumerate()
+            .map(|(i, k)| match k.domain.first() {
+                Some(v) => Ok(v.clone()),
+                None => ScalarValue::new_default(dp.agg_schema.field(i).data_type()).map_err(engine),
+            })
+            .collect::<Result<_>>()?;
         let stand_in = |v: i128| noisy_batch(dp, vec![key.clone()], &[vec![v; dp.measures.len()]], &[]);
         if cannot_fail(&dp.original) {
             return bounded_post_plan(dp, stand_in(1)?).map(|_| ());
@@ -405,11 +415,25 @@ impl DpSession {
 /// The post-processing plan over `noisy`, every value and column of it bounded in size for the query's full
 /// number of cells ([`size::check_post_sizes`]), before anything evaluates it.
 fn bounded_post_plan(dp: &DpPlan, noisy: RecordBatch) -> Result<LogicalPlan> {
-    let rows = (noisy.num_rows() as u64).max(dp.cells());
+    // For keys without a domain, the rows are the keys released: a noisy number, public once drawn.
+    let rows = (noisy.num_rows() as u64).max(dp.cells().unwrap_or(0));
+    // Bounds of the scan's columns: keys from their public domains, or for a selected key from the values released
+    // (public once drawn); the measurements are numbers.
+    let key_bytes: Vec<u64> = dp
+        .keys
+        .iter()
+        .enumerate()
+        .map(|(i, k)| {
+            if !k.selected {
+                return Ok(k.domain.iter().map(size::literal_bytes).max().unwrap_or(0));
+            }
+            let column = noisy.column(i);
+            (0..noisy.num_rows())
+                .map(|r| ScalarValue::try_from_array(column, r).map(|v| size::literal_bytes(&v)).map_err(engine))
+                .try_fold(0, |acc, b| b.map(|b| acc.max(b)))
+        })
+        .collect::<Result<_>>()?;
     let plan = post_plan(dp, noisy)?;
-    // Bounds of the scan's columns: keys from their public domains; the measurements are numbers.
-    let key_bytes: Vec<u64> =
-        dp.keys.iter().map(|k| k.domain.iter().map(size::literal_bytes).max().unwrap_or(0)).collect();
     size::check_post_sizes(&plan, rows, &|i: usize| key_bytes.get(i).copied())?;
     Ok(plan)
 }

@@ -21,14 +21,49 @@ pub(crate) struct Quote {
     pub(crate) epsilon: crate::accounting::EpsilonBound,
     /// Confidence level of the intervals.
     pub(crate) confidence: f64,
+    /// With keys without a domain: the selection (threshold, δ, release probabilities) of
+    /// [`DpPlan::selection`]'s measurement.
+    pub(crate) selection: Option<crate::noise::Selection>,
 }
 
 impl DpSession {
     /// Prices `dp` with the session's current settings (`SET dp.rho`, `dp.mechanism`, `dp.confidence`).
     pub(crate) fn quote(&self, dp: &DpPlan) -> Result<Quote> {
         let (rho, mech, confidence) = self.query_settings()?;
-        let measurements = calibrate_each(dp, rho, mech, self.defaults.accounting)?;
-        Quote::new(measurements, self.defaults.delta, confidence, &self.quotes)
+        let mut measurements = calibrate_each(dp, rho, mech, self.defaults.accounting)?;
+        let selection = match dp.selection {
+            None => None,
+            Some(i) => Some(self.select(dp, i, &mut measurements)?),
+        };
+        let mut quote = Quote::new(measurements, self.defaults.delta, confidence, &self.quotes)?;
+        quote.selection = selection;
+        Ok(quote)
+    }
+
+    /// Prices measurement `i` of `dp` as the selection of its keys ([`calibrate::selection`], at its share of ρ and
+    /// the session's selection δ), in place of its plain calibration. Refused, before anything is spent, when this
+    /// budget has no δ for it or is an (ε, δ) budget (whose Gaussian-DP filter cannot compose approximate zCDP).
+    fn select(&self, dp: &DpPlan, i: usize, measurements: &mut [Calibration]) -> Result<crate::noise::Selection> {
+        let column = dp.keys.iter().find(|k| k.selected).map(|k| k.base.clone()).unwrap_or_default();
+        let refuse =
+            |why: &str| DpError::Refused(Refusal::SelectionNotAllowed { column: column.clone(), why: why.into() });
+        if self.defaults.accounting == Accounting::Gdp {
+            return Err(refuse(
+                "with an (epsilon, delta) budget, enforced as Gaussian DP, which cannot compose a selection's delta",
+            ));
+        }
+        if self.ledger.delta()?.total <= 0.0 {
+            // No δ to select keys with: the key needs a domain, as before key selection existed.
+            return Err(DpError::Refused(Refusal::NoDomain { table: dp.table.to_string(), column }));
+        }
+        let (Some(m), Some(slot)) = (dp.measures.get(i), measurements.get_mut(i)) else {
+            return Err(DpError::Internal("the selection's measurement is missing".into()));
+        };
+        let shape = m.sensitivity.shape.ok_or_else(|| DpError::Internal("a selection's count has no shape".into()))?;
+        let (c, selection) = calibrate::selection(shape.linf, shape.cells, slot.rho(), self.selection_delta())
+            .map_err(|e| DpError::Refused(Refusal::Calibration { measure: m.label(), reason: e.to_string() }))?;
+        *slot = c;
+        Ok(selection)
     }
 }
 
@@ -37,7 +72,7 @@ impl Quote {
     pub(crate) fn new(measurements: Vec<Calibration>, delta: f64, confidence: f64, memo: &QuoteMemo) -> Result<Quote> {
         let rho = crate::accounting::filter::total_rho(&measurements)?;
         let epsilon = memo.epsilon(&measurements, delta)?;
-        Ok(Quote { measurements, rho, epsilon, confidence })
+        Ok(Quote { measurements, rho, epsilon, confidence, selection: None })
     }
 }
 

@@ -21,8 +21,14 @@ extensions_options! {
         pub mechanism: Option<String>, default = None
         /// Confidence level of reported intervals (`None`: the configuration's).
         pub confidence: Option<f64>, default = None
+        /// δ a key selection may spend (GROUP BY keys without a domain; `None`: [`DEFAULT_SELECTION_DELTA`]).
+        pub selection_delta: Option<f64>, default = None
     }
 }
+
+/// The δ one key selection spends unless `SET dp.selection_delta` says otherwise: 100 selections fit a
+/// `delta_budget` of 1e-6.
+pub(crate) const DEFAULT_SELECTION_DELTA: f64 = 1e-8;
 
 impl ConfigExtension for DpOptions {
     const PREFIX: &'static str = "dp";
@@ -170,6 +176,11 @@ impl DpSession {
         Ok((rho, mech, o.confidence.unwrap_or(self.defaults.confidence)))
     }
 
+    /// The δ of the next query's key selection (`SET dp.selection_delta`, else [`DEFAULT_SELECTION_DELTA`]).
+    pub(crate) fn selection_delta(&self) -> f64 {
+        self.options().selection_delta.unwrap_or(DEFAULT_SELECTION_DELTA)
+    }
+
     /// `SET dp.<option> = <value>`: validated, and only ever narrowing what the configuration allows.
     pub(crate) fn set(&self, rest: &str) -> Result<Response> {
         let (name, value) = set_parts(rest).ok_or(DpError::Refused(Refusal::SetUnreadable))?;
@@ -206,6 +217,20 @@ impl DpSession {
                 let c: f64 = value.parse().map_err(|_| bad("not a number".into()))?;
                 crate::noise::accuracy::check_confidence(c).map_err(|e| bad(e.to_string()))?;
                 short_number(c)
+            }
+            "selection_delta" => {
+                let bad = |reason: String| {
+                    DpError::Refused(Refusal::BadOptionValue {
+                        option: "selection_delta",
+                        value: value.clone(),
+                        reason,
+                    })
+                };
+                let d: f64 = value.parse().map_err(|_| bad("not a number".into()))?;
+                if !(d > 0.0 && d < 1e-3) {
+                    return Err(bad("must be in (0, 0.001); 1e-8 is the default".into()));
+                }
+                format!("{d:e}")
             }
             other => {
                 return Err(DpError::Refused(Refusal::NoSuchOption { name: other.to_string() }));

@@ -1,0 +1,212 @@
+//! GROUP BY keys that nobody published (issue 38): the plan of a query whose keys include a column without a
+//! public `domain`. Which of its keys are released is decided by the noisy counts themselves
+//! ([`crate::noise::selection`]): only keys whose noisy count passes a threshold appear in the answer, with that noisy
+//! count as their COUNT.
+//!
+//! # The plan
+//! 1. The privacy unit is carried up; rows with a NULL private key, or a public key outside its domain, are dropped
+//!    (they never use up a unit's limits).
+//! 2. Per (unit, key): each measurement's contribution clipped to `k = max_rows_per_unit` rows' worth
+//!    (`dp_clipped`, as for public keys: [`crate::plan::clip`]).
+//! 3. Per unit: at most `g = max_groups_per_unit` of its keys, those of the smallest priority `dp_key_priority`
+//!    (a hash of the unit and the key, keyed afresh for every query), ties broken by the key values; a
+//!    `ROW_NUMBER() OVER (PARTITION BY unit ORDER BY priority, keys) ≤ g`. Every (unit, key) row is distinct
+//!    after step 2, so the order is total and depends on the unit's own rows only.
+//! 4. Per key: the sums of the clipped contributions, one column `__dp_m{i}` per measurement.
+//!
+//! Only keys present in the data are candidates; each unit adds at most `k` to the COUNT(*) of at most `g` keys
+//! (m = k), which is what the selection's analysis assumes. The released row count is itself a noisy quantity (how many keys passed), published as such.
+
+use crate::error::{DpError, Result, engine};
+use crate::plan::bound::{self, UNIT};
+use crate::plan::clip::Clipped;
+use crate::plan::measures::{self, Measured};
+use crate::plan::sensitivity::Contribution;
+use crate::plan::{DpPlan, GroupKey, Measure, MeasureKind, sensitivity};
+use crate::policy::TablePolicy;
+use crate::refusal::Refusal;
+use datafusion::arrow::array::{ArrayRef, UInt64Array};
+use datafusion::arrow::datatypes::DataType;
+use datafusion::common::hash_utils::{RandomState, create_hashes};
+use datafusion::common::{Column, ScalarValue, TableReference};
+use datafusion::functions_aggregate::expr_fn::{count, sum};
+use datafusion::functions_window::expr_fn::row_number;
+use datafusion::logical_expr::{
+    Aggregate, ColumnarValue, Expr, ExprFunctionExt, LogicalPlan, LogicalPlanBuilder, ScalarFunctionArgs, ScalarUDF,
+    ScalarUDFImpl, Signature, Volatility, col, lit,
+};
+use rand::Rng;
+use std::sync::Arc;
+
+/// Whether `data_type` can be a key without a domain: one whose equality is exact (no float, where −0 = 0 and NaN
+/// groups apart), so that a key's group is a function of its own value.
+pub fn selectable(data_type: &DataType) -> bool {
+    !(data_type.is_floating() || data_type.is_nested())
+}
+
+/// Compiles a query with keys without a domain (see the module docs). `keys` come from
+/// [`crate::plan::keys::group_keys`], at least one of them selected.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn compile(
+    plan: &LogicalPlan,
+    agg: &Aggregate,
+    policy: &TablePolicy,
+    table: TableReference,
+    tables: Vec<TableReference>,
+    join: Option<String>,
+    keys: Vec<GroupKey>,
+) -> Result<DpPlan> {
+    // The number of keys is unknown (and private): each unit keeps g of its keys.
+    let contribution = Contribution::of(policy, Some(u64::MAX));
+    let scoped = scope(agg.input.as_ref(), policy, &keys)?;
+    let mut measured = measures::measurements(agg, scoped.schema(), policy, &table, contribution)?;
+    if let Some(m) = measured.measures.iter().find(|m| matches!(m.kind, MeasureKind::Quantile { .. })) {
+        return Err(DpError::Refused(Refusal::SelectionUnsupported { what: m.label() }));
+    }
+    // The count whose noisy value selects the keys and is released as their COUNT; a hidden COUNT(*) when the
+    // query has none.
+    let selection = match measured.measures.iter().position(|m| matches!(m.kind, MeasureKind::CountRows)) {
+        Some(i) => i,
+        None => {
+            let unit = policy.privacy_unit.clone().unwrap_or_else(|| "row".into());
+            let s = sensitivity::count(contribution, &unit);
+            let hidden = Measure { kind: MeasureKind::CountRows, column: None, sensitivity: s };
+            measured.add(hidden, count(lit(1i64)))
+        }
+    };
+    let private = aggregate(scoped, policy, &keys, contribution, &measured)?;
+    let Measured { measures, outputs, .. } = measured;
+    Ok(DpPlan {
+        private,
+        keys,
+        measures,
+        outputs,
+        original: plan.clone(),
+        table,
+        tables,
+        join,
+        agg_schema: agg.schema.clone(),
+        selection: Some(selection),
+    })
+}
+
+/// The aggregate's input with the unit carried, rows whose selected keys are NULL dropped, and rows whose public
+/// keys are outside their domains dropped.
+fn scope(input: &LogicalPlan, policy: &TablePolicy, keys: &[GroupKey]) -> Result<LogicalPlan> {
+    let mut scoped = input.clone();
+    if let Some(pu) = &policy.privacy_unit {
+        scoped = bound::carry_unit(scoped, pu)?;
+    }
+    let public: Vec<(Column, Vec<ScalarValue>)> =
+        keys.iter().filter(|k| !k.selected).map(|k| (k.column.clone(), k.domain.clone())).collect();
+    scoped = bound::domain_filter(scoped, &public)?;
+    let present = keys.iter().filter(|k| k.selected).map(|k| Expr::Column(k.column.clone()).is_not_null());
+    match present.reduce(Expr::and) {
+        Some(p) => LogicalPlanBuilder::from(scoped).filter(p).and_then(|b| b.build()).map_err(engine),
+        None => Ok(scoped),
+    }
+}
+
+/// Steps 2–4 of the module docs: keys first (under their own names), then `__dp_m{i}` per measurement, one row per
+/// key present.
+///
+/// # Privacy
+/// Under add/remove of one unit, only that unit's (unit, key) rows change (step 2 groups by unit), it keeps at most
+/// g of them (step 3, by its own rows' priorities and keys), each clipped to k rows' worth: every measurement moves
+/// by at most its per-key bound in at most g keys, the contribution [`crate::plan::sensitivity`] prices and the
+/// selection's analysis assumes (m = k per key, g keys). Every operation is total: the clipping is
+/// [`crate::plan::clip`]'s, hashing accepts every type, ROW_NUMBER and SUM of at most g·k per unit cannot fail.
+fn aggregate(
+    scoped: LogicalPlan,
+    policy: &TablePolicy,
+    keys: &[GroupKey],
+    contribution: Contribution,
+    measured: &Measured,
+) -> Result<LogicalPlan> {
+    let key_exprs = || keys.iter().map(|k| Expr::Column(k.column.clone())).collect::<Vec<_>>();
+    let m_alias = |i: usize| format!("__dp_m{i}");
+    if policy.privacy_unit.is_none() {
+        // Row level: every row is its own unit, one row in one key.
+        let exprs: Vec<Expr> = measured.exprs.iter().enumerate().map(|(i, e)| e.clone().alias(m_alias(i))).collect();
+        return LogicalPlanBuilder::from(scoped).aggregate(key_exprs(), exprs).and_then(|b| b.build()).map_err(engine);
+    }
+    let k = contribution.rows;
+    let clips = bound::clips_of(measured)?;
+    let values = bound::row_values(&clips, &measured.exprs)?;
+    let unit_measures: Vec<_> = values.iter().zip(&clips).map(|((v, arg), c)| (*v, arg.clone(), c.range(k))).collect();
+    let unit = || col(Column::from_name(UNIT));
+    let mut group_by = vec![unit()];
+    group_by.extend(key_exprs());
+    let clipped = Clipped::call(&unit_measures, k, None).alias("__dp_s");
+    let mut fields = key_exprs();
+    fields.push(unit());
+    fields
+        .extend((0..clips.len()).map(|i| Clipped::field(col("__dp_s"), &format!("x{i}")).alias(format!("__dp_x{i}"))));
+    let mut hashed = vec![unit()];
+    hashed.extend(key_exprs());
+    fields.push(KeyPriority::call(hashed).alias("__dp_p"));
+    let mut order = vec![col("__dp_p").sort(true, true)];
+    order.extend(key_exprs().into_iter().map(|e| e.sort(true, true)));
+    let rank = row_number().partition_by(vec![unit()]).order_by(order).build().map_err(engine)?.alias("__dp_r");
+    let outer: Vec<Expr> = (0..clips.len()).map(|i| sum(col(format!("__dp_x{i}"))).alias(m_alias(i))).collect();
+    LogicalPlanBuilder::from(scoped)
+        .aggregate(group_by, vec![clipped])
+        .and_then(|b| b.project(fields))
+        .and_then(|b| b.window(vec![rank]))
+        .and_then(|b| b.filter(col("__dp_r").lt_eq(lit(contribution.groups))))
+        .and_then(|b| b.aggregate(key_exprs(), outer))
+        .and_then(|b| b.build())
+        .map_err(engine)
+}
+
+/// `dp_key_priority(unit, key₁, …)`: a `UInt64` per row, a hash of all its arguments keyed with 64 bits drawn when
+/// the query is planned, mixed (MurmurHash3's finaliser). A unit's keys are ranked by it in an order independent of
+/// everything else; ties (two keys of a unit with the same 64-bit hash) are broken by the key values. Privacy does
+/// not rest on the key or the hash: whatever the order, each unit keeps at most g of its own keys. Hashing accepts
+/// every type and cannot fail.
+#[derive(Debug, PartialEq, Eq, Hash)]
+pub(crate) struct KeyPriority {
+    key: u64,
+    signature: Signature,
+}
+
+impl KeyPriority {
+    /// The expression over `args` (the unit, then the keys), with a fresh key.
+    pub(crate) fn call(args: Vec<Expr>) -> Expr {
+        Self::udf(rand::rng().random()).call(args)
+    }
+
+    /// The function with `key` (a plan sent to a cluster carries its key).
+    pub(crate) fn udf(key: u64) -> ScalarUDF {
+        ScalarUDF::new_from_impl(KeyPriority { key, signature: Signature::variadic_any(Volatility::Immutable) })
+    }
+
+    #[cfg(feature = "cluster")]
+    /// The key of the hash.
+    pub(crate) fn key(&self) -> u64 {
+        self.key
+    }
+}
+
+impl ScalarUDFImpl for KeyPriority {
+    fn name(&self) -> &str {
+        "dp_key_priority"
+    }
+
+    fn signature(&self) -> &Signature {
+        &self.signature
+    }
+
+    fn return_type(&self, _args: &[DataType]) -> datafusion::common::Result<DataType> {
+        Ok(DataType::UInt64)
+    }
+
+    fn invoke_with_args(&self, args: ScalarFunctionArgs) -> datafusion::common::Result<ColumnarValue> {
+        let rows = args.number_rows;
+        let arrays = args.args.iter().map(|a| a.to_array(rows)).collect::<datafusion::common::Result<Vec<_>>>()?;
+        let mut hashes = vec![0u64; rows];
+        create_hashes(&arrays, &RandomState::with_seed(self.key), &mut hashes)?;
+        let mixed: UInt64Array = hashes.into_iter().map(crate::plan::pick::fmix64).collect();
+        Ok(ColumnarValue::Array(Arc::new(mixed) as ArrayRef))
+    }
+}
