@@ -363,18 +363,14 @@ pub(crate) fn print_budget(session: &DpSession, history: bool) -> Result<(), DpE
         );
     }
     outln!(
-        "privacy loss so far: ε = {:.4} at δ = {:e} ({})",
+        "privacy loss so far: ε = {:.4} at δ = {} ({})",
         b.epsilon.epsilon,
-        b.epsilon.delta,
+        b.epsilon.delta_text(),
         b.epsilon.kind.describe()
     );
     if b.epsilon.selection_delta > 0.0 {
         outln!(
-            "  (δ = {:e} of the conversion + {:e} spent by key selections; ε includes ln(1/(1 − {:e})), BS16's \
-             approximate zCDP)",
-            b.epsilon.delta - b.epsilon.selection_delta,
-            b.epsilon.selection_delta,
-            b.epsilon.selection_delta
+            "  (key selections are δ-approximately ρ-zCDP: ε includes ln(1/(1 − δ)) of their δ; docs/accounting.md)"
         );
     }
     let curve: Vec<String> = b.epsilon_curve.iter().map(|e| format!("{:e} → {:.4}", e.delta, e.epsilon)).collect();

@@ -333,10 +333,10 @@ impl Release {
     /// `ρ spent 0.05 (ε=1.368 at δ=1e-6) · remaining 0.95`: what this query cost and what remains.
     pub fn cost_line(&self) -> String {
         format!(
-            "ρ spent {} (ε={:.3} at δ={:e}) · remaining {}",
+            "ρ spent {} (ε={:.3} at δ={}) · remaining {}",
             fmt_num(self.charge.rho().get()),
             self.query_epsilon.epsilon,
-            self.query_epsilon.delta,
+            self.query_epsilon.delta_text(),
             fmt_num(self.budget.rho_remaining)
         )
     }

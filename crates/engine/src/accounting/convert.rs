@@ -85,6 +85,20 @@ fn is_zero(x: &f64) -> bool {
     *x == 0.0
 }
 
+impl EpsilonBound {
+    /// δ for reading: `1e-6`, or with key selections the conversion's δ′ and the selections' part
+    /// (`1e-6 + 9.611e-9 from key selection`), each to four significant digits.
+    pub fn delta_text(&self) -> String {
+        let short = |x: f64| format!("{:e}", format!("{x:.3e}").parse::<f64>().unwrap_or(x));
+        if self.selection_delta > 0.0 {
+            let conversion = short(self.delta - self.selection_delta);
+            format!("{conversion} + {} from key selection", short(self.selection_delta))
+        } else {
+            format!("{:e}", self.delta)
+        }
+    }
+}
+
 /// The (ε, δ) of a history whose key selections spent `selection_delta` in all, from the bound `b` of its
 /// measurements **conditioned** on no selection releasing a key that only the added unit holds.
 ///

@@ -90,13 +90,17 @@ impl std::fmt::Display for Explanation {
             (None, Some(s)) => {
                 writeln!(
                     f,
-                    "Keys released: those whose noisy {} is at least {} (Gaussian thresholding, δ = {:e}; only keys \
+                    "Keys released: those whose noisy {} is at least {} (Gaussian thresholding, δ = {:.4e}; only keys \
                      present in the data are candidates, and how many pass is itself noisy)",
                     s.measure, s.threshold, s.delta
                 )?;
                 let chances: Vec<String> =
-                    s.release.iter().map(|(n, p)| format!("{n} unit(s) → {}", fmt_probability(*p))).collect();
-                writeln!(f, "  chance a key is released, by the units holding it: {}", chances.join(", "))?;
+                    s.release.iter().map(|(n, p)| format!("{n} → {}", fmt_probability(*p))).collect();
+                writeln!(
+                    f,
+                    "  chance a key is released, by how many units hold it (one row each): {}",
+                    chances.join(", ")
+                )?;
             }
             (None, None) => writeln!(f, "Cells released: the keys selected from the data")?,
         }
@@ -152,10 +156,10 @@ impl std::fmt::Display for Explanation {
         }
         write!(
             f,
-            "Cost: ρ = {} (ε = {:.4} at δ = {:e}, {}); nothing was spent by EXPLAIN DP",
+            "Cost: ρ = {} (ε = {:.4} at δ = {}, {}); nothing was spent by EXPLAIN DP",
             fmt_num(self.rho),
             self.epsilon.epsilon,
-            self.epsilon.delta,
+            self.epsilon.delta_text(),
             self.epsilon.kind.describe()
         )
     }
@@ -242,12 +246,14 @@ fn explained_selection(dp: &crate::plan::DpPlan, quote: &super::quote::Quote) ->
     })
 }
 
-/// A probability for reading: `< 1e-6`, `> 0.999999`, or four significant digits.
+/// A probability for reading: `< 1e-6`, `> 0.999999`, two significant digits below 0.01, else four decimals.
 fn fmt_probability(p: f64) -> String {
     if p < 1e-6 {
         "< 1e-6".into()
     } else if p > 0.999_999 {
         "> 0.999999".into()
+    } else if p < 0.01 {
+        format!("{p:.1e}")
     } else {
         format!("{p:.4}")
     }
