@@ -66,6 +66,35 @@ async fn released(s: &DpSession, sql: &str) -> dpfusion::Release {
 
 const QUERY: &str = "SELECT zip, COUNT(*) AS n FROM visits GROUP BY zip";
 
+/// Queries over pums with keys without a domain (age, income): answered with a δ budget, locally and on a cluster.
+pub(crate) const SELECTED: &[&str] = &[
+    "SELECT age, COUNT(*) AS n FROM pums GROUP BY age",
+    "SELECT age, sex, COUNT(*) AS n, AVG(income) AS m FROM pums WHERE income > 0 GROUP BY age, sex ORDER BY age, sex",
+    "SELECT income, SUM(age) FROM pums GROUP BY income",
+];
+
+/// The pums corpus of keys without a domain is answered with a δ budget (ages held by many people released, each
+/// row's key one of the data's), and refused as `no_domain` without one; GROUP BY on the unit stays refused.
+#[tokio::test]
+async fn the_pums_corpus_is_answered_with_a_delta_budget_and_refused_without() {
+    let without = crate::support::session_from(&crate::support::pums_config("pums_dup.csv", 10.0, 2, 1)).await;
+    let with = crate::support::session_from(&crate::support::pums_config("pums_dup.csv", 100.0, 2, 1)).await;
+    with.ledger().set_delta_total(1e-6, "test").unwrap();
+    // At ρ = 5 the threshold is about 8 (of two rows per person): the corpus has ages and incomes above it.
+    with.sql("SET dp.rho = 5").await.unwrap();
+    for sql in SELECTED {
+        assert_eq!(without.sql(sql).await.unwrap_err().code(), "no_domain", "{sql}");
+        let r = released(&with, sql).await;
+        assert!(r.batches().iter().map(|b| b.num_rows()).sum::<usize>() > 0, "{sql}");
+    }
+    let e = with.sql("SELECT pid, COUNT(*) FROM pums GROUP BY pid").await.unwrap_err();
+    assert_eq!(e.code(), "unit_as_key");
+    let r = released(&with, SELECTED[0]).await;
+    let ages = r.batches()[0].column(0).as_primitive::<Int64Type>();
+    assert!((0..ages.len()).all(|i| (0..=100).contains(&ages.value(i))));
+    assert_eq!(with.budget().unwrap().charges.len(), SELECTED.len() + 1);
+}
+
 /// Keys held by many units are released with their noisy count; keys held by one unit are not (each is released
 /// with probability below the selection's p ≈ 1e-8: 40 of them fail this test less than once in 2·10⁶ runs); the
 /// charge carries the selection's δ; EXPLAIN DP shows the threshold and the chances before anything is spent, and
@@ -183,4 +212,29 @@ async fn a_key_of_one_unit_is_released_within_delta_and_a_key_at_the_threshold_a
             "{what}: the key at the threshold released at {rate}, predicted {at_tau}"
         );
     }
+}
+
+/// Over the server, unchanged: an analyst given a δ (`set_analyst_delta`, as `dpfusion analyst set-budget --delta`)
+/// has a GROUP BY over a column without a domain answered, sees the δ spent in `SHOW dp.budget` and the
+/// selection's δ in `dp_last_release()`; one without a δ is refused with `no_domain`'s SQLSTATE, nothing spent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn over_the_server_an_analyst_with_a_delta_selects_keys() {
+    use crate::server::{code, connect, spent, start_with, text_rows};
+    let s = start_with(crate::support::TempDir::new("serve-delta"), "", "").await;
+    s.db.set_analyst_delta("alice", 1e-6, "test").unwrap();
+    let alice = connect(s.addr, "alice").await;
+    alice.simple_query("SET dp.rho = 0.2").await.unwrap();
+    let rows = text_rows(&alice, "SELECT age, COUNT(*) AS n FROM pums GROUP BY age").await;
+    assert!(!rows.is_empty());
+    let budget = alice.query("SHOW dp.budget", &[]).await.unwrap();
+    let (total, used): (f64, f64) = (budget[0].get("delta_total"), budget[0].get("delta_spent"));
+    assert_eq!(total, 1e-6);
+    assert!(used > 0.0 && used <= 1e-8, "{used}");
+    let last = alice.query("SELECT selection_delta, delta_remaining FROM dp_last_release()", &[]).await.unwrap();
+    let (sel, left): (f64, f64) = (last[0].get(0), last[0].get(1));
+    assert_eq!((sel, left), (used, 1e-6 - used));
+    let bob = connect(s.addr, "bob").await;
+    let e = bob.simple_query("SELECT age, COUNT(*) FROM pums GROUP BY age").await.unwrap_err();
+    assert_eq!(code(&e), "42501", "no_domain, as before key selection");
+    assert_eq!(spent(&s.db, "bob"), (0.0, 0));
 }
