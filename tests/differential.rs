@@ -4,7 +4,8 @@
 //! every other row: `age > 92`, `name = 'zed'`, ...) and combine that with pieces that can fail at run time
 //! (overflowing literals, divisions by zero, failing casts, huge LIKE patterns, invalid regexes, functions taken
 //! at random from DataFusion's own catalogue) behind AND / OR / NOT / CASE, plus post-processing expressions,
-//! HAVING, ORDER BY and LIMIT, over the private table alone, joined with a public one (whose keys the crafted
+//! HAVING, ORDER BY and LIMIT, GROUP BY keys with a public domain or without one (selected by their noisy counts;
+//! the crafted unit holds a name no one else does), over the private table alone, joined with a public one (whose keys the crafted
 //! unit holds or not; GROUP BY a public column; joins that are refused) or with itself (on the unit, or refused). Each query runs on D and on D′ = D plus the crafted unit, with the same noise seed:
 //!
 //! * a refusal (decided before anything is read) must be the same on both, message included, and so must EXPLAIN DP;
@@ -43,6 +44,8 @@ fn session(extra: bool, view: bool) -> DpSession {
     }
     let mut s = crate::support::people_session_of(batch, 1e12, 1e4);
     s.register_public_batches("bands", vec![bands()]).unwrap();
+    // A δ for key selection: GROUP BY name (the crafted unit's 'zed' is a key only it holds) or age is answered.
+    s.ledger().set_delta_total(0.5, "keys without a domain").unwrap();
     s
 }
 
@@ -234,7 +237,13 @@ impl Gen {
             })
             .collect();
         let from = self.pick(FROMS);
-        let key = if from.contains("bands") && self.rng.random_bool(0.5) { "b.band" } else { "sex" };
+        let key = match self.rng.random_range(0..6) {
+            0 | 1 if from.contains("bands") => "b.band",
+            // Keys without a domain: selected by their noisy counts.
+            2 => "name",
+            3 => "age",
+            _ => "sex",
+        };
         if grouped {
             items.insert(0, key.into());
         }

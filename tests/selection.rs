@@ -238,3 +238,26 @@ async fn over_the_server_an_analyst_with_a_delta_selects_keys() {
     assert_eq!(code(&e), "42501", "no_domain, as before key selection");
     assert_eq!(spent(&s.db, "bob"), (0.0, 0));
 }
+
+/// Each person keeps at most g = max_groups_per_unit of their keys: 1 000 people holding keys a, b and c (one row
+/// each) with g = 2 contribute 2 000 rows in all, about a third of them to each key (each person's two kept keys
+/// chosen at random among their own). At ρ = 10⁶ per query the noise (σ = 0.0014) rounds away: the released counts
+/// are the bounded ones.
+#[tokio::test]
+async fn each_person_keeps_at_most_g_of_their_keys() {
+    let n = 1000;
+    let zips: Vec<&str> = (0..n).flat_map(|_| ["a", "b", "c"]).collect();
+    let batch = RecordBatch::try_new(
+        Arc::new(Schema::new(vec![Field::new("pid", DataType::Int64, false), Field::new("zip", DataType::Utf8, true)])),
+        vec![Arc::new(Int64Array::from_iter_values((0..3 * n).map(|i| i / 3))), Arc::new(StringArray::from(zips))],
+    )
+    .unwrap();
+    let policy = TablePolicy::with_unit("pid", 1, 2, BTreeMap::new()).unwrap();
+    let s = session_with(1e7, 1e6, "visits", batch, policy);
+    s.ledger().set_delta_total(1e-6, "test").unwrap();
+    let got = rows(&released(&s, QUERY).await);
+    assert_eq!(got.iter().map(|(z, _)| z.as_str()).collect::<Vec<_>>(), ["a", "b", "c"]);
+    assert_eq!(got.iter().map(|(_, c)| c).sum::<i64>(), 2 * n, "{got:?}");
+    // Two of three keys at random per person: each key's count is Binomial(1000, 2/3), 667 ± 15 (σ); ±100 is 6.7σ.
+    assert!(got.iter().all(|(_, c)| (c - 667).abs() < 100), "{got:?}");
+}

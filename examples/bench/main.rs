@@ -9,6 +9,10 @@
 //! cargo run --release --example bench -- gen    --visits 10000000 --out bench-data
 //!                       # persons_1000000.parquet (one row per person) and visits_10000000.parquet (1–19 visits
 //!                       # per person, 10 on average, each person's together), for W12
+//! cargo run --release --example bench -- gen    --keys 100000 --rows 10000000 --out bench-data
+//!                       # keyed_10000000.parquet: a text key without a domain (Zipf over 10^5 values), for W13
+//! cargo run --release --example bench -- keys   --data bench-data/keyed_10000000.parquet [--reps 5]
+//!                       # W13 timings, and keys released vs present next to other systems' thresholds
 //! cargo run --release --example bench -- sql    --data bench-data/people_1000000.parquet [--reps 5]
 //!                       [--only W2] [--unit row|person] [--side dp|plain: one side only, for a profiler;
 //!                       plain at person level is the query with its per-person aggregation]
@@ -45,6 +49,7 @@ use std::time::Instant;
 
 #[cfg(feature = "cluster")]
 mod cluster;
+mod keys;
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
 
@@ -750,6 +755,11 @@ async fn main() -> Res<()> {
     let reps: usize = arg(&args, "--reps").and_then(|r| r.parse().ok()).unwrap_or(5).max(1);
     match args.get(1).map(String::as_str) {
         Some("gen") => {
+            if let Some(keys) = arg(&args, "--keys") {
+                let rows = arg(&args, "--rows").ok_or("--rows N")?.parse()?;
+                println!("{}", keys::gen_keyed(rows, keys.parse()?, &out)?.display());
+                return Ok(());
+            }
             if let Some(visits) = arg(&args, "--visits") {
                 println!("{}", gen_visits(visits.parse()?, &out)?.display());
                 return Ok(());
@@ -775,6 +785,7 @@ async fn main() -> Res<()> {
         }
         #[cfg(feature = "cluster")]
         Some("cluster-executor") => cluster::plain_executor(&args).await?,
+        Some("keys") => keys::bench_keys(Path::new(&arg(&args, "--data").ok_or("--data FILE")?), reps).await?,
         Some("marginals") => bench_marginals(Path::new(&arg(&args, "--data").ok_or("--data FILE")?), reps).await?,
         Some("ledger") => bench_ledger(&out, arg(&args, "--n").and_then(|n| n.parse().ok()).unwrap_or(2000))?,
         Some("accounting") => bench_accounting()?,
@@ -785,7 +796,7 @@ async fn main() -> Res<()> {
         Some("ledger-child") => ledger_child(args.get(2).ok_or("path")?, args.get(3).ok_or("n")?.parse()?)?,
         _ => {
             return Err(
-                "usage: bench gen|wide|sql|cluster|marginals|ledger|accounting|quantile-accuracy (see the file's docs)"
+                "usage: bench gen|wide|sql|keys|cluster|marginals|ledger|accounting|quantile-accuracy (see the file's docs)"
                     .into(),
             );
         }

@@ -558,22 +558,26 @@ pub fn check_total(plan: &LogicalPlan) -> Result<()> {
     failure.map_or(Ok(()), Err)
 }
 
-/// Whether `e` is `ROW_NUMBER() OVER (PARTITION BY __dp_unit ORDER BY …)` over total expressions: the rank of a
-/// row among its own unit's rows (the bounding of keys without a domain, [`crate::plan::selected`]). Partitioned
-/// by anything else, a row's rank would depend on other units' rows, so that is refused.
+/// Whether `e` is `LAG(__dp_unit, g) OVER (ORDER BY __dp_unit, …)` with a literal `g` and total ordering
+/// expressions: whether a row has at least g rows of its own unit before it (the bounding of keys without a domain,
+/// [`crate::plan::selected`]). Ordered by the unit first, the rows g places back are the unit's own or another
+/// unit's, whatever the other units hold; ordered otherwise, or lagging another column, the answer would depend on
+/// other units' rows, so that is refused.
 fn per_unit_rank(e: &Expr, schema: &DFSchema) -> bool {
     use datafusion::logical_expr::expr::WindowFunctionDefinition;
+    let is_unit = |x: &Expr| matches!(x, Expr::Column(c) if c.name == crate::plan::bound::UNIT);
     let e = match e {
         Expr::Alias(a) => a.expr.as_ref(),
         other => other,
     };
     let Expr::WindowFunction(w) = e else { return false };
     let p = &w.params;
-    let row_number = matches!(&w.fun, WindowFunctionDefinition::WindowUDF(f) if f.name() == "row_number");
-    let by_unit = matches!(p.partition_by.as_slice(), [Expr::Column(c)] if c.name == crate::plan::bound::UNIT);
-    row_number
-        && by_unit
-        && p.args.is_empty()
+    let lag = matches!(&w.fun, WindowFunctionDefinition::WindowUDF(f) if f.name() == "lag");
+    let lags_unit = matches!(p.args.as_slice(), [u, Expr::Literal(ScalarValue::Int64(Some(g)), _), Expr::Literal(d, _)]
+        if is_unit(u) && *g >= 1 && d.is_null());
+    lag && lags_unit
+        && p.partition_by.is_empty()
+        && p.order_by.first().is_some_and(|s| is_unit(&s.expr))
         && p.filter.is_none()
         && !p.distinct
         && p.order_by.iter().all(|s| total(&s.expr, schema).is_ok())

@@ -9,9 +9,10 @@
 //! 2. Per (unit, key): each measurement's contribution clipped to `k = max_rows_per_unit` rows' worth
 //!    (`dp_clipped`, as for public keys: [`crate::plan::clip`]).
 //! 3. Per unit: at most `g = max_groups_per_unit` of its keys, those of the smallest priority `dp_key_priority`
-//!    (a hash of the unit and the key, keyed afresh for every query), ties broken by the key values; a
-//!    `ROW_NUMBER() OVER (PARTITION BY unit ORDER BY priority, keys) ≤ g`. Every (unit, key) row is distinct
-//!    after step 2, so the order is total and depends on the unit's own rows only.
+//!    (a hash of the unit and the key, keyed afresh for every query), ties broken by the key values: in the order
+//!    (unit, priority, keys), a row is kept iff `LAG(unit, g)` is another unit (or none), i.e. fewer than g rows of
+//!    its unit come before it. Every (unit, key) row is distinct after step 2, so the order is total and a unit's
+//!    rows rank among themselves by their own priorities and keys only.
 //! 4. Per key: the sums of the clipped contributions, one column `__dp_m{i}` per measurement.
 //!
 //! Only keys present in the data are candidates; each unit adds at most `k` to the COUNT(*) of at most `g` keys
@@ -30,7 +31,7 @@ use datafusion::arrow::datatypes::DataType;
 use datafusion::common::hash_utils::{RandomState, create_hashes};
 use datafusion::common::{Column, ScalarValue, TableReference};
 use datafusion::functions_aggregate::expr_fn::{count, sum};
-use datafusion::functions_window::expr_fn::row_number;
+use datafusion::functions_window::expr_fn::lag;
 use datafusion::logical_expr::{
     Aggregate, ColumnarValue, Expr, ExprFunctionExt, LogicalPlan, LogicalPlanBuilder, ScalarFunctionArgs, ScalarUDF,
     ScalarUDFImpl, Signature, Volatility, col, lit,
@@ -112,10 +113,11 @@ fn scope(input: &LogicalPlan, policy: &TablePolicy, keys: &[GroupKey]) -> Result
 ///
 /// # Privacy
 /// Under add/remove of one unit, only that unit's (unit, key) rows change (step 2 groups by unit), it keeps at most
-/// g of them (step 3, by its own rows' priorities and keys), each clipped to k rows' worth: every measurement moves
-/// by at most its per-key bound in at most g keys, the contribution [`crate::plan::sensitivity`] prices and the
-/// selection's analysis assumes (m = k per key, g keys). Every operation is total: the clipping is
-/// [`crate::plan::clip`]'s, hashing accepts every type, ROW_NUMBER and SUM of at most g·k per unit cannot fail.
+/// g of them (step 3, by its own rows' priorities and keys), and every other unit keeps the same ones; each is
+/// clipped to k rows' worth: every measurement moves by at most its per-key bound in at most g keys, the
+/// contribution [`crate::plan::sensitivity`] prices and the selection's analysis assumes (m = k per key, g keys).
+/// Every operation is total: the clipping is [`crate::plan::clip`]'s, hashing accepts every type, LAG, IS DISTINCT
+/// FROM and SUM of at most g·k per unit cannot fail.
 fn aggregate(
     scoped: LogicalPlan,
     policy: &TablePolicy,
@@ -145,15 +147,24 @@ fn aggregate(
     let mut hashed = vec![unit()];
     hashed.extend(key_exprs());
     fields.push(KeyPriority::call(hashed).alias("__dp_p"));
-    let mut order = vec![col("__dp_p").sort(true, true)];
+    // All (unit, key) rows in one total order, unit first: a row is among its unit's first g iff the row g places
+    // before it belongs to another unit (or there is none). One ordered pass, no state per unit.
+    let mut order = vec![unit().sort(true, true), col("__dp_p").sort(true, true)];
     order.extend(key_exprs().into_iter().map(|e| e.sort(true, true)));
-    let rank = row_number().partition_by(vec![unit()]).order_by(order).build().map_err(engine)?.alias("__dp_r");
+    let g = i64::try_from(contribution.groups).unwrap_or(i64::MAX);
+    let behind = lag(unit(), Some(g), None).order_by(order).build().map_err(engine)?.alias("__dp_r");
     let outer: Vec<Expr> = (0..clips.len()).map(|i| sum(col(format!("__dp_x{i}"))).alias(m_alias(i))).collect();
     LogicalPlanBuilder::from(scoped)
         .aggregate(group_by, vec![clipped])
         .and_then(|b| b.project(fields))
-        .and_then(|b| b.window(vec![rank]))
-        .and_then(|b| b.filter(col("__dp_r").lt_eq(lit(contribution.groups))))
+        .and_then(|b| b.window(vec![behind]))
+        .and_then(|b| {
+            b.filter(Expr::BinaryExpr(datafusion::logical_expr::BinaryExpr::new(
+                Box::new(col("__dp_r")),
+                datafusion::logical_expr::Operator::IsDistinctFrom,
+                Box::new(unit()),
+            )))
+        })
         .and_then(|b| b.aggregate(key_exprs(), outer))
         .and_then(|b| b.build())
         .map_err(engine)
