@@ -269,15 +269,17 @@ pub fn compile(plan: &LogicalPlan, policy_of: &dyn Fn(&TableReference) -> Option
     let (agg, table, tables) = (located.aggregate, located.table, located.tables);
     let (policy, join) = unit_join::policy_of_input(agg.input.as_ref(), &tables, policy_of)?;
     let keys = keys::group_keys(agg, &policy, &table)?;
-    if keys.iter().any(|k| k.selected) {
-        return selected::compile(plan, agg, &policy, table, tables, join, keys);
-    }
-    let cells = keys::cells(&keys)?;
-    let contribution = Contribution::of(&policy, (!keys.is_empty()).then_some(cells));
-    let scoped = keys::scope(agg.input.as_ref(), &policy, &keys)?;
-    let measured = measures::measurements(agg, scoped.schema(), &policy, &table, contribution)?;
-    check_histograms(&measured.measures, if keys.is_empty() { 1 } else { cells })?;
-    let private = bound::bounded_aggregate(scoped, &policy, &keys, cells, contribution, &measured)?;
+    let (private, measured, selection) = if keys.iter().any(|k| k.selected) {
+        let (private, measured, selection) = selected::bounded(agg, &policy, &table, &keys)?;
+        (private, measured, Some(selection))
+    } else {
+        let cells = keys::cells(&keys)?;
+        let contribution = Contribution::of(&policy, (!keys.is_empty()).then_some(cells));
+        let scoped = keys::scope(agg.input.as_ref(), &policy, &keys)?;
+        let measured = measures::measurements(agg, scoped.schema(), &policy, &table, contribution)?;
+        check_histograms(&measured.measures, if keys.is_empty() { 1 } else { cells })?;
+        (bound::bounded_aggregate(scoped, &policy, &keys, cells, contribution, &measured)?, measured, None)
+    };
     let measures::Measured { measures, outputs, .. } = measured;
     Ok(DpPlan {
         private,
@@ -289,6 +291,6 @@ pub fn compile(plan: &LogicalPlan, policy_of: &dyn Fn(&TableReference) -> Option
         tables,
         join,
         agg_schema: agg.schema.clone(),
-        selection: None,
+        selection,
     })
 }

@@ -23,7 +23,7 @@ use crate::plan::bound::{self, UNIT};
 use crate::plan::clip::Clipped;
 use crate::plan::measures::{self, Measured};
 use crate::plan::sensitivity::Contribution;
-use crate::plan::{DpPlan, GroupKey, Measure, MeasureKind, sensitivity};
+use crate::plan::{GroupKey, Measure, MeasureKind, sensitivity};
 use crate::policy::TablePolicy;
 use crate::refusal::Refusal;
 use datafusion::arrow::array::{ArrayRef, UInt64Array};
@@ -45,22 +45,19 @@ pub fn selectable(data_type: &DataType) -> bool {
     !(data_type.is_floating() || data_type.is_nested())
 }
 
-/// Compiles a query with keys without a domain (see the module docs). `keys` come from
-/// [`crate::plan::keys::group_keys`], at least one of them selected.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn compile(
-    plan: &LogicalPlan,
+/// The bounded aggregate and measurements of a query with keys without a domain (see the module docs), and the
+/// index of the measurement that selects the keys. `keys` come from [`crate::plan::keys::group_keys`], at least one
+/// of them selected.
+pub(crate) fn bounded(
     agg: &Aggregate,
     policy: &TablePolicy,
-    table: TableReference,
-    tables: Vec<TableReference>,
-    join: Option<String>,
-    keys: Vec<GroupKey>,
-) -> Result<DpPlan> {
+    table: &TableReference,
+    keys: &[GroupKey],
+) -> Result<(LogicalPlan, Measured, usize)> {
     // The number of keys is unknown (and private): each unit keeps g of its keys.
     let contribution = Contribution::of(policy, Some(u64::MAX));
-    let scoped = scope(agg.input.as_ref(), policy, &keys)?;
-    let mut measured = measures::measurements(agg, scoped.schema(), policy, &table, contribution)?;
+    let scoped = scope(agg.input.as_ref(), policy, keys)?;
+    let mut measured = measures::measurements(agg, scoped.schema(), policy, table, contribution)?;
     if let Some(m) = measured.measures.iter().find(|m| matches!(m.kind, MeasureKind::Quantile { .. })) {
         return Err(DpError::Refused(Refusal::SelectionUnsupported { what: m.label() }));
     }
@@ -75,20 +72,8 @@ pub(crate) fn compile(
             measured.add(hidden, count(lit(1i64)))
         }
     };
-    let private = aggregate(scoped, policy, &keys, contribution, &measured)?;
-    let Measured { measures, outputs, .. } = measured;
-    Ok(DpPlan {
-        private,
-        keys,
-        measures,
-        outputs,
-        original: plan.clone(),
-        table,
-        tables,
-        join,
-        agg_schema: agg.schema.clone(),
-        selection: Some(selection),
-    })
+    let private = aggregate(scoped, policy, keys, contribution, &measured)?;
+    Ok((private, measured, selection))
 }
 
 /// The aggregate's input with the unit carried, rows whose selected keys are NULL dropped, and rows whose public
