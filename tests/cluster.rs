@@ -9,7 +9,7 @@
 
 use crate::public::{JOINS, UNIT_JOINS};
 use crate::quantiles::QUANTILES;
-use crate::selection::SELECTED;
+use crate::selection::{COUNT_PEOPLE, SELECTED};
 use crate::spread::SPREADS;
 use crate::sql_accept::CHECKED;
 use crate::sql_refuse::REFUSED;
@@ -82,7 +82,14 @@ async fn releases_match(g: u64) {
     // per person are within k = 2·2 and kept whole.
     // Keys without a domain too (each person's rows share their age and income, so the keys a person keeps do not
     // depend on the random priorities, which differ between the two plans).
-    let corpora = CHECKED.iter().chain(QUANTILES).chain(SPREADS).chain(JOINS).chain(UNIT_JOINS).chain(SELECTED);
+    let corpora = CHECKED
+        .iter()
+        .chain(QUANTILES)
+        .chain(SPREADS)
+        .chain(JOINS)
+        .chain(UNIT_JOINS)
+        .chain(SELECTED)
+        .chain(COUNT_PEOPLE);
     for (i, sql) in corpora.enumerate() {
         local.insecure_reseed_for_tests(i as u64).unwrap();
         cluster.insecure_reseed_for_tests(i as u64).unwrap();

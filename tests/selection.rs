@@ -66,12 +66,17 @@ async fn released(s: &DpSession, sql: &str) -> dpfusion::Release {
 
 const QUERY: &str = "SELECT zip, COUNT(*) AS n FROM visits GROUP BY zip";
 
-/// Queries over pums with keys without a domain (age, income): answered with a δ budget, locally and on a cluster.
+/// Queries over pums with keys without a domain (age, income): answered with a δ budget, locally and on a cluster
+/// (where COUNT(DISTINCT pid) over public keys runs too: [`COUNT_PEOPLE`]).
 pub(crate) const SELECTED: &[&str] = &[
     "SELECT age, COUNT(*) AS n FROM pums GROUP BY age",
     "SELECT age, sex, COUNT(*) AS n, AVG(income) AS m FROM pums WHERE income > 0 GROUP BY age, sex ORDER BY age, sex",
     "SELECT income, SUM(age) FROM pums GROUP BY income",
 ];
+
+/// People per group over public keys: no δ needed, answered on one machine and on a cluster alike.
+pub(crate) const COUNT_PEOPLE: &[&str] =
+    &["SELECT sex, COUNT(DISTINCT pid) AS people, COUNT(*) AS n FROM pums GROUP BY sex"];
 
 /// The pums corpus of keys without a domain is answered with a δ budget (ages held by many people released, each
 /// row's key one of the data's), and refused as `no_domain` without one; GROUP BY on the unit stays refused.
@@ -89,6 +94,9 @@ async fn the_pums_corpus_is_answered_with_a_delta_budget_and_refused_without() {
     }
     let e = with.sql("SELECT pid, COUNT(*) FROM pums GROUP BY pid").await.unwrap_err();
     assert_eq!(e.code(), "unit_as_key");
+    // People counted once beside a quantile: its kept rows carry no unit to count by, so that is refused, free.
+    let e = with.sql("SELECT MEDIAN(age), COUNT(DISTINCT pid) FROM pums").await.unwrap_err();
+    assert_eq!(e.code(), "distinct_aggregate");
     let r = released(&with, SELECTED[0]).await;
     let ages = r.batches()[0].column(0).as_primitive::<Int64Type>();
     assert!((0..ages.len()).all(|i| (0..=100).contains(&ages.value(i))));
@@ -260,4 +268,55 @@ async fn each_person_keeps_at_most_g_of_their_keys() {
     assert_eq!(got.iter().map(|(_, c)| c).sum::<i64>(), 2 * n, "{got:?}");
     // Two of three keys at random per person: each key's count is Binomial(1000, 2/3), 667 ± 15 (σ); ±100 is 6.7σ.
     assert!(got.iter().all(|(_, c)| (c - 667).abs() < 100), "{got:?}");
+}
+
+/// COUNT(DISTINCT <privacy unit>) (issue 38): people per group, each counted once whatever their rows (sensitivity
+/// 1 per group, √g in L2), with public keys and with keys without a domain, where it is what selects (m = 1: a lower
+/// threshold than COUNT(*)'s m = k). 300 people, person p with p % 3 + 1 rows in zip "a" (600 rows), the first 100
+/// also two rows in "b"; `grp` = p % 2 has the domain {0, 1}. At ρ = 10⁶ per query the noise rounds away.
+#[tokio::test]
+async fn count_distinct_unit_counts_each_person_once() {
+    let (mut pid, mut zip, mut grp) = (vec![], vec![], vec![]);
+    for p in 0..300i64 {
+        let rows =
+            std::iter::repeat_n("a", (p % 3 + 1) as usize).chain(std::iter::repeat_n("b", if p < 100 { 2 } else { 0 }));
+        for z in rows {
+            pid.push(p);
+            zip.push(z);
+            grp.push(p % 2);
+        }
+    }
+    let batch = RecordBatch::try_new(
+        Arc::new(Schema::new(vec![
+            Field::new("pid", DataType::Int64, false),
+            Field::new("zip", DataType::Utf8, true),
+            Field::new("grp", DataType::Int64, false),
+        ])),
+        vec![Arc::new(Int64Array::from(pid)), Arc::new(StringArray::from(zip)), Arc::new(Int64Array::from(grp))],
+    )
+    .unwrap();
+    let cols =
+        BTreeMap::from([("grp".to_string(), ColumnPolicy::Domain(vec![DomainValue::Int(0), DomainValue::Int(1)]))]);
+    let s = session_with(1e8, 1e6, "visits", batch, TablePolicy::with_unit("pid", 5, 2, cols).unwrap());
+    s.ledger().set_delta_total(1e-6, "test").unwrap();
+    let sql = "SELECT zip, COUNT(DISTINCT pid) AS people, COUNT(*) AS n FROM visits GROUP BY zip";
+    let e = s.explain(sql).await.unwrap();
+    assert_eq!(e.selection.as_ref().unwrap().measure, "COUNT(DISTINCT pid)", "people select: m = 1");
+    assert_eq!((e.measures[0].l1, e.measures[0].l2), (2.0, 2f64.sqrt()), "one per person in each of g = 2 groups");
+    let r = released(&s, sql).await;
+    let b = &r.batches()[0];
+    let people = b.column(1).as_primitive::<Int64Type>();
+    let n = b.column(2).as_primitive::<Int64Type>();
+    assert_eq!((people.value(0), n.value(0), people.value(1), n.value(1)), (300, 600, 100, 200));
+    let r = released(&s, "SELECT grp, COUNT(DISTINCT pid) FROM visits GROUP BY grp").await;
+    let people = r.batches()[0].column(1).as_primitive::<Int64Type>();
+    assert_eq!((people.value(0), people.value(1)), (150, 150));
+    let r = released(&s, "SELECT COUNT(DISTINCT pid) FROM visits WHERE zip = 'b'").await;
+    assert_eq!(r.batches()[0].column(0).as_primitive::<Int64Type>().value(0), 100);
+    for (sql, code) in [
+        ("SELECT COUNT(DISTINCT zip) FROM visits", "distinct_aggregate"),
+        ("SELECT MEDIAN(grp), COUNT(DISTINCT pid) FROM visits", "no_bounds"),
+    ] {
+        assert_eq!(s.sql(sql).await.unwrap_err().code(), code, "{sql}");
+    }
 }

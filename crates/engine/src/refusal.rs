@@ -647,7 +647,11 @@ impl Refusal {
             ),
             TooManyCells { .. } => "group by fewer columns, or columns with smaller domains".into(),
             NotAnAggregate { .. } => "use COUNT, SUM or AVG".into(),
-            DistinctAggregate { .. } => "use COUNT(*) or COUNT(column) without DISTINCT".into(),
+            DistinctAggregate { .. } => {
+                "use COUNT(*) or COUNT(column) without DISTINCT; COUNT(DISTINCT <privacy unit>) \
+                                         counts people, except in a query with a quantile"
+                    .into()
+            }
             FilteredAggregate { .. } => "move the condition into WHERE".into(),
             OrderedAggregate { .. } => "remove the ORDER BY inside the aggregate".into(),
             ArgumentCount { aggregate } => format!("write {aggregate}(column)"),

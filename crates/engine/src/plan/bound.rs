@@ -158,6 +158,8 @@ pub enum Clip {
     Rows,
     /// COUNT(col): the non-NULL count, scaled by k/n when n > k.
     Values,
+    /// COUNT(DISTINCT unit): 1 for a unit with a bounded row in the cell (clipped as COUNT(*), then counted once).
+    Units,
     /// SUM on the grid: the unit's sum; when n > k, scaled by k/n and clamped to [k·lo, k·hi] (grid units).
     Sum {
         /// Lowest grid value of one row.
@@ -198,6 +200,9 @@ pub fn bounded_aggregate(
     }
     let groups = (contribution.groups < cells && !keys.is_empty()).then_some(contribution.groups);
     if measured.measures.iter().any(|m| matches!(m.kind, MeasureKind::Quantile { .. })) {
+        if measured.measures.iter().any(|m| m.kind == MeasureKind::CountUnits) {
+            return Err(DpError::Refused(Refusal::DistinctAggregate { name: "COUNT".into() }));
+        }
         // A quantile counts values: each unit keeps k rows per cell, and every measurement reads those.
         let kinds: Vec<MeasureKind> = measured.measures.iter().map(|m| m.kind.clone()).collect();
         return crate::plan::quantile::kept_aggregate(scoped, keys, contribution.rows, groups, &kinds, &measured.exprs);
@@ -213,6 +218,7 @@ pub(crate) fn clips_of(measured: &Measured) -> Result<Vec<Clip>> {
         .map(|m| match &m.kind {
             MeasureKind::CountRows => Ok(Clip::Rows),
             MeasureKind::CountValues => Ok(Clip::Values),
+            MeasureKind::CountUnits => Ok(Clip::Units),
             MeasureKind::Sum { scale_bits, lo, hi, .. } => {
                 let s = 2f64.powi(*scale_bits);
                 Ok(Clip::Sum { lo: (lo * s).floor(), hi: (hi * s).ceil() })
@@ -228,7 +234,8 @@ pub(crate) fn row_values(clips: &[Clip], row_aggs: &[Expr]) -> Result<Vec<(runs:
         .iter()
         .zip(row_aggs)
         .map(|(clip, agg)| match clip {
-            Clip::Rows => Ok((runs::RowValue::Rows, None)),
+            // A unit's presence in a cell reads nothing either: it is counted after the bounding ([`outer_sums`]).
+            Clip::Rows | Clip::Units => Ok((runs::RowValue::Rows, None)),
             _ => match runs::row_value(agg) {
                 Some((value, arg)) => Ok((value, Some(arg))),
                 None => Err(DpError::Internal(format!("a row aggregate the bounding does not know: {agg}"))),
@@ -259,14 +266,17 @@ pub fn per_unit(
     clips: &[Clip],
     row_aggs: Vec<Expr>,
 ) -> Result<LogicalPlan> {
-    use datafusion::functions_aggregate::expr_fn::sum;
     let keys: &[Column] = if group_keys.is_empty() { &[] } else { &[Column::from_name(cells::CELL)] };
     let unit = || col(Column::from_name(UNIT));
     let values = row_values(clips, &row_aggs)?;
     let cells = (!group_keys.is_empty()).then(|| crate::plan::cell_count(group_keys));
     let run_measures =
         values.iter().zip(clips).map(|((v, arg), clip)| (runs::RunMeasure::new(clip, *v, k), arg.clone()));
-    let runs = unit_runs_rows(&input, cells, run_measures.collect(), k, groups, false)?;
+    // The streaming pass sums per cell; a count of units needs the rows per (unit, cell): the hash plan alone.
+    let runs = match clips.iter().any(|c| matches!(c, Clip::Units)) {
+        true => None,
+        false => unit_runs_rows(&input, cells, run_measures.collect(), k, groups, false)?,
+    };
     let measures: Vec<_> = values.iter().zip(clips).map(|((v, arg), clip)| (*v, arg.clone(), clip.range(k))).collect();
     let cell = || Column::from_name(cells::CELL);
     let s = || col("__dp_s");
@@ -309,10 +319,21 @@ pub fn per_unit(
             b = b.aggregate(group_by, vec![agg]).and_then(|b| b.project(fields(false))).map_err(engine)?;
         }
     }
-    let outer: Vec<Expr> =
-        (0..clips.len()).map(|i| sum(col(format!("__dp_x{i}"))).alias(format!("__dp_m{i}"))).collect();
-    b = b.aggregate(keys.iter().cloned().map(Expr::Column).collect::<Vec<_>>(), outer).map_err(engine)?;
+    b = b.aggregate(keys.iter().cloned().map(Expr::Column).collect::<Vec<_>>(), outer_sums(clips)).map_err(engine)?;
     decode_keys(with_runs(b, runs)?, group_keys, clips.len())?.build().map_err(engine)
+}
+
+/// Above one row per (unit, cell) kept by the bounding, each measurement per cell as `__dp_m{i}`: the sum of the
+/// units' clipped contributions `__dp_x{i}`, or for COUNT(DISTINCT unit) the number of such rows (each unit once).
+pub(crate) fn outer_sums(clips: &[Clip]) -> Vec<Expr> {
+    use datafusion::functions_aggregate::expr_fn::{count, sum};
+    let x = |i: usize| col(format!("__dp_x{i}"));
+    (0..clips.len())
+        .map(|i| match clips[i] {
+            Clip::Units => count(x(i)).alias(format!("__dp_m{i}")),
+            _ => sum(x(i)).alias(format!("__dp_m{i}")),
+        })
+        .collect()
 }
 
 /// The hash plan `b` of a bounding, as the fallback of the same bounding as one verified streaming pass when its

@@ -61,6 +61,13 @@ pub fn measurements(
             out.outputs.push(OutputKind::Measure(i));
             continue;
         }
+        if let Some(pu) = distinct_units(agg, &af, policy)? {
+            let s = sensitivity::units(contribution, &pu);
+            let m = Measure { kind: MeasureKind::CountUnits, column: Some(pu), sensitivity: s };
+            let i = out.add(m, count(lit(1i64)));
+            out.outputs.push(OutputKind::Measure(i));
+            continue;
+        }
         plain(&af)?;
         if let Some((what, sample, root)) = spread_name(&af) {
             let output = spread(agg, &af, what, (sample, root), scoped, policy, table, contribution, &mut out)?;
@@ -311,6 +318,17 @@ fn count_argument(agg: &Aggregate, af: &AggregateFunction) -> Result<Option<(Col
     let args = af.params.args.as_slice();
     let star = matches!(args, []) || matches!(args, [Expr::Literal(v, _)] if !v.is_null());
     if star { Ok(None) } else { only_argument(agg, af, "COUNT").map(Some) }
+}
+
+/// `COUNT(DISTINCT <privacy unit>)` (no FILTER or ORDER BY): the unit column, when `af` is that.
+fn distinct_units(agg: &Aggregate, af: &AggregateFunction, policy: &TablePolicy) -> Result<Option<String>> {
+    let p = &af.params;
+    if !(af.func.inner().is::<Count>() && p.distinct && p.filter.is_none() && p.order_by.is_empty()) {
+        return Ok(None);
+    }
+    let Some(unit) = &policy.privacy_unit else { return Ok(None) };
+    let [arg] = p.args.as_slice() else { return Ok(None) };
+    Ok(argument(agg, arg, "COUNT").ok().filter(|(_, base)| base == unit).map(|(_, base)| base))
 }
 
 /// Refuses an aggregate with DISTINCT, FILTER or ORDER BY.

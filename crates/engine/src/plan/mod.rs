@@ -48,6 +48,8 @@ pub enum MeasureKind {
     CountRows,
     /// COUNT(column): the bounded rows where the column is not NULL.
     CountValues,
+    /// COUNT(DISTINCT <privacy unit>): the units with a bounded row in the cell (one each).
+    CountUnits,
     /// SUM of the clamped column on the grid 2^-scale_bits.
     Sum {
         /// Grid exponent: values are multiples of 2^-scale_bits.
@@ -110,6 +112,7 @@ impl Measure {
         match (&self.kind, &self.column) {
             (MeasureKind::CountRows, _) => "COUNT(*)".into(),
             (MeasureKind::CountValues, Some(c)) => format!("COUNT({c})"),
+            (MeasureKind::CountUnits, Some(c)) => format!("COUNT(DISTINCT {c})"),
             (MeasureKind::Sum { of: SumOf::Value, .. }, Some(c)) => format!("SUM({c})"),
             (MeasureKind::Sum { of: SumOf::Centred { centre }, .. }, Some(c)) => format!("SUM({c} - {centre})"),
             (MeasureKind::Sum { of: SumOf::Squared { centre }, .. }, Some(c)) => format!("SUM(({c} - {centre})^2)"),

@@ -687,6 +687,10 @@ fn kept_value(kind: &MeasureKind, row_agg: &Expr) -> Result<(Kept, Expr)> {
             _ => return Err(DpError::Internal(format!("a sum the bounding does not know: {row_agg}"))),
         },
         MeasureKind::Quantile { .. } => (Kept::Slots, arg()?),
+        // Refused before (bound::bounded_aggregate): kept rows carry no unit to count once.
+        MeasureKind::CountUnits => {
+            return Err(DpError::Refused(crate::refusal::Refusal::DistinctAggregate { name: "COUNT".into() }));
+        }
     })
 }
 

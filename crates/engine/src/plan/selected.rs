@@ -30,7 +30,7 @@ use datafusion::arrow::array::{ArrayRef, UInt64Array};
 use datafusion::arrow::datatypes::DataType;
 use datafusion::common::hash_utils::{RandomState, create_hashes};
 use datafusion::common::{Column, ScalarValue, TableReference};
-use datafusion::functions_aggregate::expr_fn::{count, sum};
+use datafusion::functions_aggregate::expr_fn::count;
 use datafusion::functions_window::expr_fn::lag;
 use datafusion::logical_expr::{
     Aggregate, ColumnarValue, Expr, ExprFunctionExt, LogicalPlan, LogicalPlanBuilder, ScalarFunctionArgs, ScalarUDF,
@@ -61,9 +61,10 @@ pub(crate) fn bounded(
     if let Some(m) = measured.measures.iter().find(|m| matches!(m.kind, MeasureKind::Quantile { .. })) {
         return Err(DpError::Refused(Refusal::SelectionUnsupported { what: m.label() }));
     }
-    // The count whose noisy value selects the keys and is released as their COUNT; a hidden COUNT(*) when the
-    // query has none.
-    let selection = match measured.measures.iter().position(|m| matches!(m.kind, MeasureKind::CountRows)) {
+    // The count whose noisy value selects the keys and is released as their count: COUNT(DISTINCT unit) (one per
+    // unit: the lowest threshold), else COUNT(*), else a hidden COUNT(*).
+    let position = |kind: MeasureKind| measured.measures.iter().position(|m| m.kind == kind);
+    let selection = match position(MeasureKind::CountUnits).or_else(|| position(MeasureKind::CountRows)) {
         Some(i) => i,
         None => {
             let unit = policy.privacy_unit.clone().unwrap_or_else(|| "row".into());
@@ -138,7 +139,7 @@ fn aggregate(
     order.extend(key_exprs().into_iter().map(|e| e.sort(true, true)));
     let g = i64::try_from(contribution.groups).unwrap_or(i64::MAX);
     let behind = lag(unit(), Some(g), None).order_by(order).build().map_err(engine)?.alias("__dp_r");
-    let outer: Vec<Expr> = (0..clips.len()).map(|i| sum(col(format!("__dp_x{i}"))).alias(m_alias(i))).collect();
+    let outer = bound::outer_sums(&clips);
     LogicalPlanBuilder::from(scoped)
         .aggregate(group_by, vec![clipped])
         .and_then(|b| b.project(fields))

@@ -51,6 +51,18 @@ impl Contribution {
     }
 }
 
+/// COUNT(DISTINCT unit), the number of units in a group: each unit counts once in each of its ≤ g groups, so
+/// Δ₁ = g, Δ₂ = √g (one unit per group, whatever its rows).
+pub fn units(c: Contribution, unit: &str) -> Sensitivity {
+    let g = c.groups as f64;
+    Sensitivity {
+        l1: g,
+        l2: g.sqrt(),
+        shape: Shape::new(1.0, c.groups),
+        derivation: format!("COUNT(DISTINCT {unit}): each {unit} counts once in each of ≤ {} group(s)", c.groups),
+    }
+}
+
 /// COUNT (of rows or of non-NULL values): Δ₁ = k·g, Δ₂ = k·√g.
 pub fn count(c: Contribution, unit: &str) -> Sensitivity {
     let k = c.rows as f64;
