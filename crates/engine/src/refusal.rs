@@ -638,20 +638,16 @@ impl Refusal {
                  key selection ([session] delta_budget = 1e-6, or `dpfusion analyst set-budget NAME --delta 1e-6`), \
                  and dpfusion releases the keys whose noisy count passes a threshold"
             ),
-            SelectionUnsupported { .. } => {
-                "ask for COUNT, SUM or AVG over keys without a domain, or declare `domain = [...]` for the keys".into()
-            }
+            SelectionUnsupported { .. } => "ask for COUNT, SUM or AVG over keys without a domain".into(),
             SelectionNotAllowed { column, .. } => format!(
                 "declare `domain = [...]` for column {column}, or use a zCDP budget ([session] rho = ... with \
                  delta_budget = 1e-6)"
             ),
             TooManyCells { .. } => "group by fewer columns, or columns with smaller domains".into(),
             NotAnAggregate { .. } => "use COUNT, SUM or AVG".into(),
-            DistinctAggregate { .. } => {
-                "use COUNT(*) or COUNT(column) without DISTINCT; COUNT(DISTINCT <privacy unit>) \
-                                         counts people, except in a query with a quantile"
-                    .into()
-            }
+            DistinctAggregate { .. } => "use COUNT(*), COUNT(column), or COUNT(DISTINCT <privacy unit>) (not beside \
+                                          a quantile)"
+                .into(),
             FilteredAggregate { .. } => "move the condition into WHERE".into(),
             OrderedAggregate { .. } => "remove the ORDER BY inside the aggregate".into(),
             ArgumentCount { aggregate } => format!("write {aggregate}(column)"),
