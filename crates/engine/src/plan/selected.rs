@@ -15,8 +15,9 @@
 //!    rows rank among themselves by their own priorities and keys only.
 //! 4. Per key: the sums of the clipped contributions, one column `__dp_m{i}` per measurement.
 //!
-//! Only keys present in the data are candidates; each unit adds at most `k` to the COUNT(*) of at most `g` keys
-//! (m = k), which is what the selection's analysis assumes. The released row count is itself a noisy quantity (how many keys passed), published as such.
+//! Only keys present in the data are candidates; each unit adds at most 1 to the COUNT(DISTINCT unit) (m = 1), or
+//! at most `k` to the COUNT(*) (m = k), of at most `g` keys, which is what the selection's analysis assumes. The
+//! released row count is itself a noisy quantity (how many keys passed), published as such.
 
 use crate::error::{DpError, Result, engine};
 use crate::plan::bound::{self, UNIT};
