@@ -131,7 +131,10 @@ async fn keys_held_by_many_units_are_released_and_keys_of_one_unit_are_not() {
     assert_eq!(r.charge().delta(), sel.delta);
     let b = s.budget().unwrap();
     assert_eq!((b.status.delta_spent, b.epsilon.selection_delta), (sel.delta, sel.delta));
-    assert!(!r.to_json().to_string().contains("rare"));
+    let json = r.to_json();
+    assert!(!json.to_string().contains("rare"));
+    assert_eq!(json["charge"]["selection_delta"], serde_json::json!(sel.delta));
+    assert_eq!(json["budget"]["delta_remaining"], serde_json::json!(1e-6 - sel.delta));
 }
 
 /// Public keys beside a private one, WHERE, SUM/AVG of released keys, HAVING and ORDER BY on the noisy results.
@@ -241,6 +244,15 @@ async fn over_the_server_an_analyst_with_a_delta_selects_keys() {
     let last = alice.query("SELECT selection_delta, delta_remaining FROM dp_last_release()", &[]).await.unwrap();
     let (sel, left): (f64, f64) = (last[0].get(0), last[0].get(1));
     assert_eq!((sel, left), (used, 1e-6 - used));
+    let shown = alice.simple_query("SHOW dp.selection_delta").await.unwrap();
+    let shown: Vec<String> = shown
+        .iter()
+        .filter_map(|m| match m {
+            tokio_postgres::SimpleQueryMessage::Row(r) => r.get(0).map(str::to_string),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(shown, ["1e-8"]);
     let bob = connect(s.addr, "bob").await;
     let e = bob.simple_query("SELECT age, COUNT(*) FROM pums GROUP BY age").await.unwrap_err();
     assert_eq!(code(&e), "42501", "no_domain, as before key selection");

@@ -417,6 +417,12 @@ fn release_json(r: &Release) -> Value {
         "budget": {"rho_total": r.budget.rho_total, "rho_spent": r.budget.rho_spent, "rho_remaining": r.budget.rho_remaining,
                    "epsilon": r.session_epsilon.epsilon, "delta": r.session_epsilon.delta},
     });
+    // Key selection (issue 38): the δ this query's selection spent, and the δ budget left. Absent otherwise, so that
+    // every other release's JSON is as it was.
+    if r.charge.delta() > 0.0 {
+        v["charge"]["selection_delta"] = json!(r.charge.delta());
+        v["budget"]["delta_remaining"] = json!(r.budget.delta_remaining);
+    }
     if let Some(note) = &r.note {
         v["note"] = json!(note);
     }

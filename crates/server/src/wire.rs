@@ -440,13 +440,17 @@ impl Analyst {
                 };
                 text_rows(&name, [v])
             }
+            "dp.selection_delta" => text_rows(&name, [format!("{:e}", self.session.selection_delta())]),
             "dp.request_id" => text_rows(&name, [self.request_id.clone().unwrap_or_default()]),
             _ => match super::find_setting(&name) {
                 Some(s) => text_rows(&name, [self.settings.get(&name).cloned().unwrap_or_else(|| s.value.to_string())]),
                 None => Err(wire_error(
                     "42704",
                     format!("unrecognized configuration parameter \"{name}\""),
-                    Some("SHOW dp.budget, dp.rho, dp.mechanism, dp.confidence, or a client setting".into()),
+                    Some(
+                        "SHOW dp.budget, dp.rho, dp.mechanism, dp.confidence, dp.selection_delta, or a client setting"
+                            .into(),
+                    ),
                 )),
             },
         }

@@ -176,8 +176,8 @@ impl DpSession {
         Ok((rho, mech, o.confidence.unwrap_or(self.defaults.confidence)))
     }
 
-    /// The δ of the next query's key selection (`SET dp.selection_delta`, else [`DEFAULT_SELECTION_DELTA`]).
-    pub(crate) fn selection_delta(&self) -> f64 {
+    /// The δ the next query's key selection may spend (`SET dp.selection_delta`, else 1e-8).
+    pub fn selection_delta(&self) -> f64 {
         self.options().selection_delta.unwrap_or(DEFAULT_SELECTION_DELTA)
     }
 
