@@ -167,8 +167,8 @@ pub(crate) fn analyst(a: AnalystArgs) -> Result<bool, DpError> {
         AnalystAction::Add { name, rho, delta, tables, password_stdin, reason } => {
             dpfusion::accounting::admin::check_analyst_name(&name)?;
             check_tables(&cfg, &tables)?;
-            if let Some(d) = delta.filter(|d| !(0.0..1.0).contains(d)) {
-                return Err(DpError::invalid("delta", format!("must be in [0, 1), got {d}")));
+            if let Some(d) = delta {
+                dpfusion::accounting::DeltaBudget::check_total(d)?;
             }
             let verifier = dpfusion_server::scram::verifier(&password(password_stdin)?);
             db.add_analyst(&name, &verifier, Rho::new(rho)?, tables.as_deref(), &reason)?;

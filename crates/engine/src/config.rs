@@ -565,11 +565,7 @@ impl SessionConfig {
             }
         };
         if let Some(d) = s.delta_budget {
-            if !(0.0..1.0).contains(&d) {
-                return Err(DpError::Config(format!(
-                    "[session] delta_budget: must be in [0, 1), got {d}; 1e-6 is a common choice"
-                )));
-            }
+            crate::accounting::DeltaBudget::check_total(d).map_err(|e| cfg_err(e, "delta_budget"))?;
             if d > 0.0 && accounting == Accounting::Gdp {
                 return Err(DpError::Config(
                     "[session] delta_budget needs a zCDP budget (rho = ...): key selection is accounted as approximate \

@@ -311,9 +311,7 @@ impl LedgerDb {
     /// key selection on it is refused.
     pub fn set_table_delta_cap(&self, table: &str, delta: f64, reason: &str) -> Result<()> {
         let display = self.display();
-        if !(0.0..1.0).contains(&delta) {
-            return Err(DpError::invalid("delta", format!("must be in [0, 1), got {delta}")));
-        }
+        crate::accounting::DeltaBudget::check_total(delta)?;
         self.admin(
             |tx| {
                 let old: Option<(f64, f64)> = tx

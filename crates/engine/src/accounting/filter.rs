@@ -133,6 +133,18 @@ pub struct DeltaBudget {
 }
 
 impl DeltaBudget {
+    /// Checks a total δ (of a session, a budget, an analyst or a table cap): in [0, 1). The one check of it,
+    /// wherever one is given.
+    pub fn check_total(total: f64) -> Result<()> {
+        if !(0.0..1.0).contains(&total) {
+            return Err(DpError::invalid(
+                "delta_budget",
+                format!("must be in [0, 1), got {total}; 1e-6 is a common choice"),
+            ));
+        }
+        Ok(())
+    }
+
     /// What remains (never below 0).
     pub fn remaining(&self) -> f64 {
         (self.total - self.spent).max(0.0)

@@ -232,12 +232,7 @@ impl Ledger for MemoryLedger {
 
 /// Checks a new total δ: in [0, 1), and not below what is spent.
 fn check_delta_total(total: f64, spent: f64) -> Result<()> {
-    if !(0.0..1.0).contains(&total) {
-        return Err(DpError::invalid(
-            "delta_budget",
-            format!("must be in [0, 1), got {total}; 1e-6 is a common choice"),
-        ));
-    }
+    DeltaBudget::check_total(total)?;
     if total < spent {
         return Err(DpError::Ledger(format!("a total delta of {total} is below what is already spent ({spent})")));
     }
@@ -548,11 +543,24 @@ impl SqliteLedger {
             }
             None => {}
         }
-        tx.execute("UPDATE budgets SET delta_total = ?1 WHERE name = ?2", params![want, self.budget])
+        self.write_delta_total(tx, None, want, "first use with a delta budget")
+    }
+
+    /// Sets the budget's δ total to `total` (from `old`) in `tx`, records it as `set_delta` with `reason`, and
+    /// commits.
+    fn write_delta_total(
+        &self,
+        tx: rusqlite::Transaction<'_>,
+        old: Option<f64>,
+        total: f64,
+        reason: &str,
+    ) -> Result<()> {
+        let display = self.display();
+        tx.execute("UPDATE budgets SET delta_total = ?1 WHERE name = ?2", params![total, self.budget])
             .map_err(|e| write_error(&display, e))?;
         tx.execute(
-            "INSERT INTO admin (budget, at, action, old_total, new_total, reason) VALUES (?1, ?2, 'set_delta', NULL, ?3, 'first use with a delta budget')",
-            params![self.budget, now(), want],
+            "INSERT INTO admin (budget, at, action, old_total, new_total, reason) VALUES (?1, ?2, 'set_delta', ?3, ?4, ?5)",
+            params![self.budget, now(), old, total, reason],
         )
         .map_err(|e| write_error(&display, e))?;
         tx.commit().map_err(|e| write_error(&display, e))
@@ -878,14 +886,7 @@ impl Ledger for SqliteLedger {
         let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(|e| sql_error(&display, e))?;
         let old = self.read_delta(&tx)?;
         check_delta_total(total, old.spent)?;
-        tx.execute("UPDATE budgets SET delta_total = ?1 WHERE name = ?2", params![total, self.budget])
-            .map_err(|e| sql_error(&display, e))?;
-        tx.execute(
-            "INSERT INTO admin (budget, at, action, old_total, new_total, reason) VALUES (?1, ?2, 'set_delta', ?3, ?4, ?5)",
-            params![self.budget, now(), old.total, total, reason],
-        )
-        .map_err(|e| sql_error(&display, e))?;
-        tx.commit().map_err(|e| sql_error(&display, e))
+        self.write_delta_total(tx, Some(old.total), total, reason)
     }
 }
 
