@@ -79,7 +79,7 @@ pub(crate) fn cell_of(priority: u64) -> i64 {
 
 /// MurmurHash3's 64-bit finaliser: a bijection in which every input bit flips each output bit with probability
 /// about 1/2.
-pub(crate) fn fmix64(mut k: u64) -> u64 {
+fn fmix64(mut k: u64) -> u64 {
     k ^= k >> 33;
     k = k.wrapping_mul(0xff51_afd7_ed55_8ccd);
     k ^= k >> 33;
@@ -114,12 +114,20 @@ impl ScalarUDFImpl for Priority {
 /// hash, zeros, then the cell.
 fn priorities(key: u64, arrays: &[ArrayRef], rows: usize) -> Result<UInt64Array> {
     let [_, cells] = arrays else { return exec_err!("dp_priority takes a unit and a cell") };
-    let mut hashes = vec![0u64; rows];
-    create_hashes(arrays, &RandomState::with_seed(key), &mut hashes)?;
+    let hashes = mixed_hashes(key, arrays, rows)?;
     let Some(cells) = cells.as_primitive_opt::<Int64Type>() else { return exec_err!("dp_priority: a cell not Int64") };
     let cells = cells.values();
-    let p = hashes.iter().zip(cells).map(|(&h, &c)| (fmix64(h ^ key) & RANDOM_MASK) | (c as u64 & CELL_MASK));
+    let p = hashes.iter().zip(cells).map(|(&h, &c)| (h & RANDOM_MASK) | (c as u64 & CELL_MASK));
     Ok(UInt64Array::from_iter_values(p))
+}
+
+/// Per row of `arrays` (`rows` of them), a hash of all its values keyed with `key` (DataFusion's `create_hashes`,
+/// which accepts every type and cannot fail on a value), mixed by [`fmix64`]: the random ranks of `dp_priority` and
+/// `dp_key_priority`.
+pub(crate) fn mixed_hashes(key: u64, arrays: &[ArrayRef], rows: usize) -> Result<Vec<u64>> {
+    let mut hashes = vec![0u64; rows];
+    create_hashes(arrays, &RandomState::with_seed(key), &mut hashes)?;
+    Ok(hashes.into_iter().map(|h| fmix64(h ^ key)).collect())
 }
 
 #[cfg(test)]

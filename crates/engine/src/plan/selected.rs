@@ -29,7 +29,6 @@ use crate::policy::TablePolicy;
 use crate::refusal::Refusal;
 use datafusion::arrow::array::{ArrayRef, UInt64Array};
 use datafusion::arrow::datatypes::DataType;
-use datafusion::common::hash_utils::{RandomState, create_hashes};
 use datafusion::common::{Column, ScalarValue, TableReference};
 use datafusion::functions_aggregate::expr_fn::count;
 use datafusion::functions_window::expr_fn::lag;
@@ -202,9 +201,7 @@ impl ScalarUDFImpl for KeyPriority {
     fn invoke_with_args(&self, args: ScalarFunctionArgs) -> datafusion::common::Result<ColumnarValue> {
         let rows = args.number_rows;
         let arrays = args.args.iter().map(|a| a.to_array(rows)).collect::<datafusion::common::Result<Vec<_>>>()?;
-        let mut hashes = vec![0u64; rows];
-        create_hashes(&arrays, &RandomState::with_seed(self.key), &mut hashes)?;
-        let mixed: UInt64Array = hashes.into_iter().map(crate::plan::pick::fmix64).collect();
-        Ok(ColumnarValue::Array(Arc::new(mixed) as ArrayRef))
+        let mixed = crate::plan::pick::mixed_hashes(self.key, &arrays, rows)?;
+        Ok(ColumnarValue::Array(Arc::new(UInt64Array::from(mixed)) as ArrayRef))
     }
 }
