@@ -358,3 +358,31 @@ async fn released_counts_on_neighbours_differ_by_the_added_person_plus_noise() {
     }
     assert!((stats[0] - stats[1] - 1.0).abs() <= 0.47, "means {stats:?}");
 }
+
+/// One charge, one draw (issue 38): a selection run under a request id stores its released keys with its noisy
+/// values; with the stored release removed (a run that stopped after its draw), the retry post-processes the stored
+/// draw — the same keys and numbers, no second charge of ρ or δ — and a retry with the release there returns it.
+#[tokio::test]
+async fn a_retried_selection_reuses_its_stored_keys_and_noise() {
+    let dir = crate::support::TempDir::new("sel-retry");
+    let s = DpSession::open(crate::support::ledger_config(&dir, 100.0)).await.unwrap();
+    s.ledger().set_delta_total(1e-6, "test").unwrap();
+    s.sql("SET dp.rho = 5").await.unwrap();
+    let q = SELECTED[0];
+    let get = |r: Response| match r {
+        Response::Release(r) => *r,
+        other => panic!("{other:?}"),
+    };
+    let a = get(s.sql_with_request_id(q, Some("sel-1")).await.unwrap());
+    assert!(a.num_rows() > 0);
+    let conn = rusqlite::Connection::open(dir.join("ledger.db")).unwrap();
+    assert_eq!(conn.execute("DELETE FROM releases WHERE request_id = 'sel-1'", []).unwrap(), 1);
+    drop(conn);
+    let b = get(s.sql_with_request_id(q, Some("sel-1")).await.unwrap());
+    let c = get(s.sql_with_request_id(q, Some("sel-1")).await.unwrap());
+    assert_eq!(a.batches(), b.batches(), "the stored draw's keys and values");
+    assert_eq!(b.batches(), c.batches());
+    let budget = s.budget().unwrap();
+    assert_eq!(budget.charges.len(), 1);
+    assert_eq!(budget.status.delta_spent, a.charge().delta());
+}
