@@ -197,6 +197,51 @@ async fn long_tables_give_the_same_histograms() {
     }
 }
 
+/// `dpfusion marginals` over a column without a domain (`age` has bounds only): refused without a δ budget, with
+/// the hint; with one, `--plan` shows the threshold and spends nothing, and the release lists only keys that
+/// passed it (CSV), charging ρ and the selection's δ.
+#[test]
+fn cli_marginals_select_the_keys_of_a_column_without_a_domain() {
+    use std::process::Command;
+    let bin = env!("CARGO_BIN_EXE_dpfusion");
+    let root = env!("CARGO_MANIFEST_DIR");
+    let dir = crate::support::TempDir::new("margsel");
+    let text = std::fs::read_to_string(format!("{root}/config/pums.toml"))
+        .unwrap()
+        .replace("../examples/data/", &format!("{root}/examples/data/"))
+        + &format!("\n[ledger]\npath = \"{}\"\n", dir.join("l.db").display());
+    let (without, with) = (dir.join("a.toml"), dir.join("b.toml"));
+    std::fs::write(&without, &text).unwrap();
+    std::fs::write(&with, text.replace("# delta_budget = 1e-6", "delta_budget = 1e-6")).unwrap();
+    let run = |cfg: &std::path::Path, args: &[&str]| {
+        let o = Command::new(bin)
+            .arg("marginals")
+            .args(["--config", cfg.to_str().unwrap(), "--table", "pums", "--columns", "age,sex", "--rho", "0.5"])
+            .args(args)
+            .output()
+            .unwrap();
+        (
+            o.status.success(),
+            String::from_utf8_lossy(&o.stdout).into_owned(),
+            String::from_utf8_lossy(&o.stderr).into_owned(),
+        )
+    };
+    let (ok, _, err) = run(&without, &[]);
+    assert!(!ok && err.contains("delta_budget"), "{err}");
+    let (ok, out, err) = run(&with, &["--plan"]);
+    assert!(ok && out.contains("keys of age (no domain): released iff the noisy count ≥"), "{out}{err}");
+    assert!(out.contains("chance a key is released"), "{out}");
+    let (ok, csv, err) = run(&with, &[]);
+    assert!(ok, "{err}");
+    let ages: Vec<&str> = csv.lines().filter(|l| l.starts_with("age,")).collect();
+    // 1 948 rows over 1 000 people of ages 0–100 (k = 2): most ages have more people than the threshold needs.
+    assert!(ages.len() > 20 && ages.len() <= 101, "{csv}");
+    assert_eq!(csv.lines().filter(|l| l.starts_with("sex,")).count(), 2);
+    let o = Command::new(bin).args(["budget", "--config", with.to_str().unwrap()]).output().unwrap();
+    let budget = String::from_utf8_lossy(&o.stdout);
+    assert!(budget.contains("charges: 1") && budget.contains("key selection"), "{budget}");
+}
+
 #[test]
 fn cli_plan_spends_nothing_and_release_writes_csv_json_parquet_and_svg() {
     use std::process::Command;

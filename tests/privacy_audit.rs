@@ -167,6 +167,54 @@ async fn avg_audit() {
     }
 }
 
+/// VAR_POP and STDDEV_POP on neighbours: X's four rows of 10⁷ are clamped to 500 000 and truncated to k = 2, so X
+/// moves each of the spread's three measurements by exactly its sensitivity (the count by k = 2, the sum of values
+/// centred on 250 000 by k·h = 500 000, the sum of their squares by k·h² = 1.25·10¹¹): the largest move the claim
+/// allows for one person, and no more. ρ is so large that the noise (σ ≈ 1.8·10⁸ on the squares, a relative
+/// 4·10⁻⁵ of a run's variance) cannot hide a wrong rule: on both D and D′ the mean released spread equals the
+/// exact spread of the bounded rows within 6.11 standard errors of the runs' mean plus 10⁻⁴ relative (the
+/// second-order bias of a ratio of noisy values, below 10⁻⁸ here). Without truncation (four rows at the bound) the
+/// variance on D would be 3.6 % higher; unclamped, 92 times: both far outside.
+#[tokio::test]
+async fn spread_audit() {
+    let sql = "SELECT VAR_POP(income), STDDEV_POP(income) FROM people";
+    let base: Vec<f64> = (0..300i64).map(|i| ((i * 7919) % 400_000) as f64).collect();
+    let with_x: Vec<f64> = base.iter().copied().chain([500_000.0; 2]).collect();
+    let pop_var = |v: &[f64]| {
+        let m = mean(v);
+        v.iter().map(|x| (x - m).powi(2)).sum::<f64>() / v.len() as f64
+    };
+    let mut means = Vec::new();
+    for (x, rows) in [(true, &with_x), (false, &base)] {
+        let s = session(x, 1e6);
+        let mut runs = [Vec::with_capacity(N), Vec::with_capacity(N)];
+        for _ in 0..N {
+            let r = crate::support::release(&s, sql).await;
+            for (c, run) in runs.iter_mut().enumerate() {
+                run.push(crate::support::column_f64(&r, c)[0]);
+            }
+        }
+        let exact = [pop_var(rows), pop_var(rows).sqrt()];
+        for (c, run) in runs.iter().enumerate() {
+            let m = mean(run);
+            let sd = (run.iter().map(|v| (v - m).powi(2)).sum::<f64>() / (N - 1) as f64).sqrt();
+            let slack = Z * sd / (N as f64).sqrt() + 1e-4 * exact[c];
+            assert!(
+                (m - exact[c]).abs() <= slack,
+                "column {c} on D{}: mean {m}, exact {}",
+                if x { "" } else { "′" },
+                exact[c]
+            );
+        }
+        means.push(mean(&runs[0]));
+    }
+    // X's two bounded rows raise the variance by a measurable amount: the audit sees X, at the size the claim allows.
+    let shift = means[0] - means[1];
+    let four_rows: Vec<f64> = base.iter().copied().chain([500_000.0; 4]).collect();
+    assert!(shift > 0.5 * (pop_var(&with_x) - pop_var(&base)), "X is invisible: shift {shift}");
+    assert!(means[0] < 0.5 * (pop_var(&with_x) + pop_var(&four_rows)), "X counted with more than k rows");
+}
+
 /// The documented clipping rule: a unit with n > k rows in a cell contributes k to COUNT(*) and its sums scaled by
 /// k/n (the expectation of keeping k random rows), so AVG stays the unit's own mean. One unit, 4 rows of 100,
 /// k = 2: SUM → 200 (not 400, nor 2·M), COUNT(*) → 2, AVG → 100. ρ is large so the noise (σ ≈ 4.5 for the

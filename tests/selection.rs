@@ -386,3 +386,143 @@ async fn a_retried_selection_reuses_its_stored_keys_and_noise() {
     assert_eq!(budget.charges.len(), 1);
     assert_eq!(budget.status.delta_spent, a.charge().delta());
 }
+
+// ---- `dpfusion marginals` over columns without a domain (issue 38) ----
+
+/// `(pid, zip)` rows, one per pair given.
+fn zip_rows(rows: &[(i64, &str)]) -> RecordBatch {
+    let schema = Schema::new(vec![Field::new("pid", DataType::Int64, false), Field::new("zip", DataType::Utf8, true)]);
+    let pids: Vec<i64> = rows.iter().map(|r| r.0).collect();
+    let zips: Vec<&str> = rows.iter().map(|r| r.1).collect();
+    RecordBatch::try_new(Arc::new(schema), vec![Arc::new(Int64Array::from(pids)), Arc::new(StringArray::from(zips))])
+        .unwrap()
+}
+
+/// A marginal release of `zip` (no domain) beside `sex` (a domain): the keys held by many units are released with
+/// their noisy counts (not projected), the key of one unit never at this σ, the domain column as before; the
+/// charge carries the selection's δ, which the plan (spending nothing) showed first; the JSON names no unreleased
+/// key.
+#[tokio::test]
+async fn marginals_release_the_keys_of_a_column_without_a_domain_that_pass_the_threshold() {
+    let s = session(&[("a", 200), ("b", 150), ("c", 1)], 1e6, 1e-6);
+    let cols = ["zip".to_string(), "sex".to_string()];
+    let spec = dpfusion::marginals::MarginalSpec::rho(1000.0);
+    let layout = dpfusion::marginals::MarginalLayout::Wide(cols.to_vec());
+    let plan = s.explain_marginals("visits", &layout, &spec).await.unwrap();
+    let sel = plan.selection.clone().expect("a selection");
+    assert_eq!(sel.columns, ["zip"]);
+    assert!(sel.threshold >= 2 && sel.delta > 0.0 && sel.delta <= 1e-8, "{sel:?}");
+    assert_eq!(plan.cells, 2, "only the domain's cells are known before the release");
+    assert_eq!(s.budget().unwrap().status.rho_spent, 0.0, "the plan spends nothing");
+    let r = s.marginals("visits", &cols, &spec).await.unwrap();
+    let zip = &r.columns()[0];
+    assert!(zip.selected && zip.keys == ["a", "b"], "{zip:?}");
+    assert!((zip.noisy[0] - 200).abs() <= 1 && (zip.noisy[1] - 150).abs() <= 1, "{zip:?}");
+    assert_eq!(zip.counts, zip.noisy.iter().map(|x| *x as f64).collect::<Vec<_>>(), "selected keys are not projected");
+    let sex = &r.columns()[1];
+    assert!(!sex.selected && sex.keys == ["0", "1"]);
+    assert!((sex.counts.iter().sum::<f64>() - r.total()).abs() < 1e-6, "the domain column is projected on the total");
+    assert!((r.total() - 351.0).abs() <= 1.0, "the total comes from the domain column: {}", r.total());
+    assert_eq!(r.charge().delta(), sel.delta);
+    let status = s.budget().unwrap().status;
+    assert_eq!((status.rho_spent, status.delta_spent), (r.charge().rho().get(), sel.delta));
+    let json = serde_json::to_string(&r).unwrap();
+    assert!(json.contains("\"selected\":true") && json.contains("\"threshold\"") && !json.contains("\"c\""), "{json}");
+    // A long table's value column without a domain: one selection per attribute, δ shared between them.
+    let long = dpfusion::marginals::MarginalLayout::Long { attribute: "sex".into(), value: "zip".into() };
+    let p = s.explain_marginals("visits", &long, &spec).await.unwrap();
+    assert!(p.selection.as_ref().is_some_and(|x| x.delta <= 1e-8 && x.columns == ["zip"]), "{p:?}");
+    let r = s.release_marginals("visits", &long, &spec).await.unwrap();
+    let keys: Vec<&[String]> = r.columns().iter().map(|c| c.keys.as_slice()).collect();
+    assert_eq!(keys, [["a", "b"], ["a", "b"]], "each sex's zips held by 75 or more units");
+}
+
+/// Refused before anything is spent, with codes: no δ budget, the privacy unit, a float column, δ over the
+/// budget, a selection δ outside (0, 0.001).
+#[tokio::test]
+async fn marginals_without_a_domain_are_refused_where_selection_is_not_allowed() {
+    let spec = dpfusion::marginals::MarginalSpec::rho(1.0);
+    let cols = |c: &[&str]| c.iter().map(|c| c.to_string()).collect::<Vec<_>>();
+    let s = session(&[("a", 50)], 100.0, 0.0);
+    let e = s.marginals("visits", &cols(&["zip"]), &spec).await.unwrap_err();
+    assert_eq!(e.code(), "marginal_no_domain", "{e}");
+    let s = session(&[("a", 50)], 100.0, 1e-6);
+    let e = s.marginals("visits", &cols(&["pid"]), &spec).await.unwrap_err();
+    assert_eq!(e.code(), "unit_as_key", "{e}");
+    let floats = zip_rows(&[(1, "a")]);
+    let floats = RecordBatch::try_new(
+        Arc::new(Schema::new(vec![
+            Field::new("pid", DataType::Int64, false),
+            Field::new("x", DataType::Float64, false),
+        ])),
+        vec![floats.column(0).clone(), Arc::new(datafusion::arrow::array::Float64Array::from(vec![0.5]))],
+    )
+    .unwrap();
+    let f = session_with(100.0, 0.5, "f", floats, TablePolicy::with_unit("pid", 1, 1, BTreeMap::new()).unwrap());
+    f.ledger().set_delta_total(1e-6, "test").unwrap();
+    let e = f.marginals("f", &cols(&["x"]), &spec).await.unwrap_err();
+    assert_eq!(e.code(), "marginal_no_domain", "{e}");
+    // The selection's δ here is about 8e-12 (the lowest integer threshold under the default 1e-8).
+    let s = session(&[("a", 50)], 100.0, 1e-13);
+    let e = s.marginals("visits", &cols(&["zip"]), &spec).await.unwrap_err();
+    assert_eq!(e.code(), "over_delta_budget", "{e}");
+    let bad = dpfusion::marginals::MarginalSpec { selection_delta: Some(0.01), ..spec.clone() };
+    let e = s.marginals("visits", &cols(&["zip"]), &bad).await.unwrap_err();
+    assert_eq!(e.code(), "bad_option_value", "{e}");
+    for s in [&s, &f] {
+        let b = s.budget().unwrap().status;
+        assert_eq!((b.rho_spent, b.delta_spent), (0.0, 0.0), "refusals spend nothing");
+    }
+}
+
+/// Neighbouring audit of the marginal selection, k = 2 rows per unit: on D, person X holds two keys nobody else
+/// holds, one row each (the spread the threshold is calibrated for: k keys of up to k rows); on D′, X is absent.
+/// Over 1 000 releases at δ = 9e-4 per release, X's keys may appear in at most 8 (expected ≤ 0.9; P(≥ 9) below
+/// 5e-7, Poisson bound); a key held by 5 units (2 rows each: a count of 10, near the threshold) is released at the
+/// rate the plan states for that count on both D and D′, within 6.11 binomial standard errors (two-sided 1e-9
+/// each). Fixed seeds.
+#[tokio::test]
+async fn a_marginal_selection_releases_a_key_of_one_unit_within_delta_and_others_at_their_rate() {
+    let mut base: Vec<(i64, String)> = (0..5).flat_map(|u| [(u, "t".to_string()), (u, "t".to_string())]).collect();
+    base.extend((10..300).map(|u| (u, format!("z{}", u % 3))));
+    let mut rows_d = base.clone();
+    rows_d.extend([(1000, "x1".to_string()), (1000, "x2".to_string())]);
+    let spec = dpfusion::marginals::MarginalSpec {
+        selection_delta: Some(9e-4),
+        ..dpfusion::marginals::MarginalSpec::rho(0.35)
+    };
+    let cols = ["zip".to_string()];
+    let mut rates = vec![];
+    for (rows, seed) in [(&rows_d, 11u64), (&base, 12)] {
+        let pairs: Vec<(i64, &str)> = rows.iter().map(|(u, z)| (*u, z.as_str())).collect();
+        let s = session_with(
+            1e9,
+            0.5,
+            "z",
+            zip_rows(&pairs),
+            TablePolicy::with_unit("pid", 2, 1, BTreeMap::new()).unwrap(),
+        );
+        s.ledger().set_delta_total(0.99, "test").unwrap();
+        s.insecure_reseed_for_tests(seed).unwrap();
+        let plan =
+            s.explain_marginals("z", &dpfusion::marginals::MarginalLayout::Wide(cols.to_vec()), &spec).await.unwrap();
+        let sel = plan.selection.unwrap();
+        assert!(sel.delta <= 9e-4, "{sel:?}");
+        let (mut x, mut t) = (0, 0);
+        for _ in 0..1000 {
+            let r = s.marginals("z", &cols, &spec).await.unwrap();
+            let keys = &r.columns()[0].keys;
+            x += usize::from(keys.iter().any(|k| k.starts_with('x')));
+            t += usize::from(keys.iter().any(|k| k == "t"));
+        }
+        assert!(x <= 8, "X's keys released {x} times in 1000");
+        rates.push((t, sel.release[1].1));
+    }
+    // The plan's chance for a key held by 10 units of one row is the chance of a count of 10, which "t" has.
+    let p = rates[0].1;
+    assert!(p > 0.05 && p < 0.95, "the key near the threshold is a real test: p = {p}");
+    for (t, _) in &rates {
+        let sd = (1000.0 * p * (1.0 - p)).sqrt();
+        assert!((*t as f64 - 1000.0 * p).abs() <= 6.11 * sd, "key t released {t} times, expected {}", 1000.0 * p);
+    }
+}

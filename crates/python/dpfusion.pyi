@@ -453,11 +453,14 @@ class Session:
         target_std: Optional[float] = None,
         consistency: bool = True,
         confidence: Optional[float] = None,
+        selection_delta: Optional[float] = None,
     ) -> MarginalRelease:
         """Releases the one-way marginals (histograms) of `columns` of `table` in one debit: each cell a noisy count,
         with one Gaussian σ for all. Give `rho` (the cost) or `target_std` (the noise wanted, in counts);
         `consistency` makes every histogram non-negative with one common total (post-processing, free);
-        `confidence` is the level of the intervals (the session's by default). A column needs a public domain.
+        `confidence` is the level of the intervals (the session's by default). A column without a public domain has
+        its keys selected (only those whose noisy count passes a threshold are released) where the budget has a δ
+        for it; `selection_delta` is the δ that selection may spend (the session's `dp.selection_delta` by default).
 
         >>> m = s.marginals("pums", ["sex", "race"], rho=0.05)
         >>> m.to_arrow().num_rows          # 2 sexes and 6 races, each a noisy count

@@ -26,7 +26,8 @@ pub(crate) struct MarginalArgs {
     /// The private table.
     #[arg(long)]
     pub(crate) table: String,
-    /// Columns to release (comma-separated); each needs a public domain.
+    /// Columns to release (comma-separated). A column without a public domain has its keys selected (released
+    /// when their noisy count passes a threshold), where the budget has a δ for it.
     #[arg(long, value_delimiter = ',', conflicts_with_all = ["all", "long"])]
     pub(crate) columns: Vec<String>,
     /// Every column of the table that has a public domain.
@@ -62,6 +63,9 @@ pub(crate) struct MarginalArgs {
     /// Keep the raw noisy counts (skip the consistency projection).
     #[arg(long)]
     pub(crate) no_consistency: bool,
+    /// The δ the selection of keys of columns without a domain may spend (default: 1e-8).
+    #[arg(long)]
+    pub(crate) selection_delta: Option<f64>,
 }
 
 /// The histograms the arguments ask for.
@@ -108,6 +112,17 @@ fn print_plan(p: &MarginalPlan) {
         outln!("  σ on the frequency scale = {}", dpfusion::format::fmt_num(f));
     }
     outln!("  each cell: ± {} at {}% · all cells at once: ± {}", p.ci_half_width, p.confidence * 100.0, p.max_error);
+    if let Some(sel) = &p.selection {
+        outln!(
+            "  keys of {} (no domain): released iff the noisy count ≥ {} · δ = {:.4e} (charged)",
+            sel.columns.join(", "),
+            sel.threshold,
+            sel.delta
+        );
+        let chances: Vec<String> =
+            sel.release.iter().map(|(n, q)| format!("{n} → {}", dpfusion::format::fmt_probability(*q))).collect();
+        outln!("  chance a key is released, by how many units hold it (one row each): {}", chances.join(", "));
+    }
     outln!("  ε = {:.4} at δ = {:e} ({})", p.epsilon.epsilon, p.epsilon.delta, p.epsilon.kind.describe());
     outln!(
         "  separate queries at ρ/d each would have σ = {} (√d = {:.1} times more)",
@@ -131,7 +146,12 @@ pub(crate) async fn run(a: MarginalArgs) -> Result<bool, DpError> {
     if a.format == MarginalFormat::Parquet && a.out.is_none() {
         return Err(DpError::Config("--format parquet needs --out FILE.parquet".into()));
     }
-    let spec = MarginalSpec { budget: budget(&a)?, consistency: !a.no_consistency, confidence: None };
+    let spec = MarginalSpec {
+        budget: budget(&a)?,
+        consistency: !a.no_consistency,
+        confidence: None,
+        selection_delta: a.selection_delta,
+    };
     if a.plan {
         let mut p = s.explain_marginals(&a.table, &layout, &spec).await?;
         p.sigma_frequency = a.n.filter(|n| *n > 0.0).map(|n| p.sigma / n);
@@ -148,7 +168,7 @@ pub(crate) async fn run(a: MarginalArgs) -> Result<bool, DpError> {
     eprintln!(
         "released {} histograms ({} cells) · σ = {} · ρ spent {} · remaining {}",
         r.columns().len(),
-        r.plan().cells,
+        r.columns().iter().map(|c| c.keys.len()).sum::<usize>(),
         dpfusion::format::fmt_num(r.plan().sigma),
         dpfusion::format::fmt_num(r.charge().rho().get()),
         dpfusion::format::fmt_num(r.budget().rho_remaining)

@@ -18,13 +18,28 @@
 //! has total variance m·σ²), clamped at 0; each column is then replaced by the Euclidean projection of its noisy
 //! histogram onto {x ≥ 0, Σx = T̂} (sort-based simplex projection). Every released column is non-negative and sums
 //! to the same total. The raw noisy counts are kept next to the projected ones.
+//!
+//! # Columns without a public domain (key selection)
+//! A column with no `domain` (integers, strings, dates, booleans; never floats, never the privacy unit) is counted
+//! over the keys **present in the data**, with the same σ, and a key is released iff its noisy count is at least a
+//! threshold τ; the noisy count that passed is its released count (Gaussian thresholding: [`crate::noise::selection`]
+//! has the mechanism, its proof and the theorem it rests on). After bounding, a unit adds at most k rows to such a
+//! histogram, so at most k to each of at most k keys: τ is calibrated for `per_unit = groups = k` (exact for
+//! k = 1; for k > 1 it covers every way of spreading k rows over keys, which can only overstate δ). The keys of a
+//! unit present on both neighbours move those counts by an L2 shift of at most k, as in a domain column, so the
+//! whole release stays (Δ₂ = k·√d)-calibrated; conditioned on no key held only by the added unit being released
+//! (probability ≥ 1 − δᵢ per such column, δᵢ = the session's selection δ over the number of such columns), it is
+//! ρ-zCDP: the release is (Σδᵢ)-approximately ρ-zCDP (BS16 Def. 1.4), charged (ρ, Σδᵢ). Keys are visited in
+//! their value order, so neither the released rows' order nor any other output depends on a key that is not
+//! released. A selected column's total misses the keys that were not released: it is left out of the common
+//! total and of the consistency projection (its released counts are its noisy counts).
 
 use crate::accounting::calibrate::{self, Accounting, Calibration};
 use crate::accounting::convert::EpsilonBound;
 use crate::accounting::{Charge, Rho};
 use crate::error::{DpError, Result, engine};
-use crate::noise::NoiseParams;
 use crate::noise::accuracy;
+use crate::noise::{NoiseParams, Selection};
 use crate::policy::DomainValue;
 use crate::refusal::Refusal;
 use crate::release::BudgetStatus;
@@ -54,12 +69,15 @@ pub struct MarginalSpec {
     pub consistency: bool,
     /// Confidence level of the reported intervals (None: the session's).
     pub confidence: Option<f64>,
+    /// The δ the selection of keys of columns without a domain may spend in all (None: the session's
+    /// `dp.selection_delta`). Unused when every column has a domain.
+    pub selection_delta: Option<f64>,
 }
 
 impl MarginalSpec {
     /// Spend `rho`, with consistency on.
     pub fn rho(rho: f64) -> Self {
-        MarginalSpec { budget: MarginalBudget::Rho(rho), consistency: true, confidence: None }
+        MarginalSpec { budget: MarginalBudget::Rho(rho), consistency: true, confidence: None, selection_delta: None }
     }
 }
 
@@ -68,12 +86,17 @@ impl MarginalSpec {
 pub struct MarginalColumn {
     /// Column (or attribute) name.
     pub column: String,
-    /// The public domain, in declaration order.
+    /// The public domain, in declaration order; for a column without a domain, the keys released (their noisy
+    /// count passed the threshold), in value order: how many there are is itself a noisy quantity.
     pub keys: Vec<String>,
     /// Noisy counts (exact count + discrete Gaussian noise).
     pub noisy: Vec<i64>,
-    /// After the consistency projection (equal to `noisy` when it is off).
+    /// After the consistency projection (equal to `noisy` when it is off, and for a column without a domain).
     pub counts: Vec<f64>,
+    /// For a column without a domain: its keys were selected (released iff their noisy count ≥ the plan's
+    /// threshold).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub selected: bool,
 }
 
 /// The planned noise of a marginal release (no data needed).
@@ -83,7 +106,8 @@ pub struct MarginalPlan {
     pub d: usize,
     /// Rows per unit.
     pub rows_per_unit: u64,
-    /// Total number of cells.
+    /// Total number of cells of the columns with a domain (the released keys of a column without one are a noisy
+    /// number).
     pub cells: usize,
     /// L2 sensitivity k·√d.
     pub l2_sensitivity: f64,
@@ -103,6 +127,22 @@ pub struct MarginalPlan {
     pub sigma_frequency: Option<f64>,
     /// (ε, δ) of this release alone.
     pub epsilon: EpsilonBound,
+    /// For columns without a domain: how their keys are selected.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub selection: Option<MarginalSelection>,
+}
+
+/// How the keys of the columns without a domain are selected, known before anything is read.
+#[derive(Clone, Debug, Serialize)]
+pub struct MarginalSelection {
+    /// The columns (or, for a long table, the value column) whose keys are selected.
+    pub columns: Vec<String>,
+    /// A key is released iff its noisy count is at least this.
+    pub threshold: i64,
+    /// The δ of the whole release (every such column's, summed), charged against the δ budget.
+    pub delta: f64,
+    /// The probability that a key held by 1, 10, 100 and 1 000 units (one row each) is released.
+    pub release: Vec<(u64, f64)>,
 }
 
 /// A one-way marginal release, made only by the code that ran it, from the charge that paid for it.
@@ -196,11 +236,23 @@ pub fn plan(
     confidence: f64,
     delta: f64,
 ) -> Result<(MarginalPlan, Calibration)> {
-    plan_accounted(Accounting::Zcdp, d, cells, k, budget, n, confidence, delta)
+    let (plan, cal, _) = plan_accounted(Accounting::Zcdp, d, cells, k, budget, n, confidence, delta, None)?;
+    Ok((plan, cal))
 }
 
-/// [`plan`], priced as the session's budget is enforced (zCDP, or GDP for an (ε, δ) budget).
-#[allow(clippy::too_many_arguments)] // `plan`'s arguments and the session's accounting
+/// The histograms of a release that have no public domain, whose keys are selected.
+pub(crate) struct OpenColumns {
+    /// Their names (a long table's value column once).
+    pub(crate) names: Vec<String>,
+    /// How many histograms select keys (a long table: one per attribute).
+    pub(crate) histograms: usize,
+    /// The δ they may spend in all.
+    pub(crate) delta: f64,
+}
+
+/// [`plan`], priced as the session's budget is enforced (zCDP, or GDP for an (ε, δ) budget), with the threshold
+/// of the columns without a domain, if any (`cells` counts the others' cells).
+#[allow(clippy::too_many_arguments)] // `plan`'s arguments, the session's accounting and the open columns
 pub(crate) fn plan_accounted(
     accounting: Accounting,
     d: usize,
@@ -210,8 +262,9 @@ pub(crate) fn plan_accounted(
     n: Option<f64>,
     confidence: f64,
     delta: f64,
-) -> Result<(MarginalPlan, Calibration)> {
-    if d == 0 || cells == 0 {
+    open: Option<OpenColumns>,
+) -> Result<(MarginalPlan, Calibration, Option<Selection>)> {
+    if d == 0 || (cells == 0 && open.is_none()) {
         return Err(DpError::invalid("columns", "give at least one column with a non-empty domain"));
     }
     let l2 = k as f64 * (d as f64).sqrt();
@@ -224,11 +277,23 @@ pub(crate) fn plan_accounted(
     // With one row per unit, a unit moves one cell of each of the d histograms by 1: exact PLD accounting. With
     // k > 1 rows, its k rows may spread over several cells of a column, a shape the PLD does not model; the zCDP
     // conversions (valid for any shape with this L2) report ε instead.
-    let cal = if k == 1 { cal.with_shape(calibrate::Shape { linf: 1, cells: d as u64 })? } else { cal };
+    let mut cal = if k == 1 { cal.with_shape(calibrate::Shape { linf: 1, cells: d as u64 })? } else { cal };
     let NoiseParams::Gaussian { sigma_sq } = cal.params() else {
         return Err(DpError::Internal("marginals use the Gaussian mechanism".into()));
     };
-    let per_cell = confidence.powf(1.0 / cells as f64);
+    let selection = match open {
+        None => None,
+        Some(open) => {
+            // One threshold for every open histogram: same σ, same k, an equal share of δ (module docs).
+            let share = open.delta / open.histograms.max(1) as f64;
+            let sel = Selection::calibrate(sigma_sq, k, k, share)?;
+            let delta = sel.delta() * open.histograms as f64;
+            cal = cal.with_delta(delta);
+            let release = sel.release_chances();
+            Some((MarginalSelection { columns: open.names, threshold: sel.threshold(), delta, release }, sel))
+        }
+    };
+    let per_cell = confidence.powf(1.0 / cells.max(1) as f64);
     let per_cell = if per_cell < 1.0 { per_cell } else { 1.0 - f64::EPSILON };
     let sigma = sigma_sq.to_f64().sqrt();
     let plan = MarginalPlan {
@@ -244,8 +309,9 @@ pub(crate) fn plan_accounted(
         confidence,
         sigma_frequency: n.filter(|n| *n > 0.0).map(|n| sigma / n),
         epsilon: crate::accounting::convert::epsilon_for_measurements(std::slice::from_ref(&cal), delta)?,
+        selection: selection.as_ref().map(|(m, _)| m.clone()),
     };
-    Ok((plan, cal))
+    Ok((plan, cal, selection.map(|(_, s)| s)))
 }
 
 /// The type a column's values are converted to before they are looked up in `domain`.
@@ -260,11 +326,13 @@ fn lookup_type(domain: &[DomainValue]) -> DataType {
 /// Refuses (before the debit) a counted column of `schema` whose type cannot be converted to its domain's: the
 /// pass would fail on it whatever the data.
 pub(crate) fn check_counted_types(h: &Histograms, schema: &Schema) -> Result<()> {
-    let counted: Vec<&[DomainValue]> = match &h.attributes {
-        None => h.domains.iter().map(Vec::as_slice).collect(),
-        Some(attrs) => vec![attrs.as_slice(), h.domains.first().map_or(&[][..], Vec::as_slice)],
+    let counted: Vec<Option<&[DomainValue]>> = match &h.attributes {
+        None => h.domains.iter().map(Option::as_deref).collect(),
+        Some(attrs) => vec![Some(attrs.as_slice()), h.domains.first().and_then(Option::as_deref)],
     };
     for (field, domain) in schema.fields().iter().zip(counted) {
+        // A column without a domain is counted by its own values (its type was checked when it was chosen).
+        let Some(domain) = domain else { continue };
         let to = lookup_type(domain);
         if !datafusion::arrow::compute::can_cast_types(field.data_type(), &to) {
             return Err(DpError::Refused(Refusal::MarginalColumnType {
@@ -398,8 +466,8 @@ pub(crate) struct Histograms {
     pub(crate) table: String,
     /// One name per histogram: the columns, or the attribute labels of a long table.
     pub(crate) names: Vec<String>,
-    /// One public domain per histogram.
-    pub(crate) domains: Vec<Vec<DomainValue>>,
+    /// One public domain per histogram; `None` for a column without one, whose keys are selected.
+    pub(crate) domains: Vec<Option<Vec<DomainValue>>>,
     /// Long tables: the attribute column's domain, which routes each row to its histogram.
     pub(crate) attributes: Option<Vec<DomainValue>>,
     /// Apply the consistency projection.
@@ -418,75 +486,207 @@ impl Histograms {
         l
     }
 
-    /// Total number of cells.
+    /// Total number of cells of the histograms with a domain.
     pub(crate) fn cells(&self) -> usize {
-        self.domains.iter().map(Vec::len).sum()
+        self.domains.iter().flatten().map(Vec::len).sum()
     }
+
+    /// How many histograms have no domain (their keys are selected).
+    pub(crate) fn open(&self) -> usize {
+        self.domains.iter().filter(|d| d.is_none()).count()
+    }
+
+    /// The names of the histograms without a domain.
+    pub(crate) fn open_names(&self) -> Vec<String> {
+        self.names.iter().zip(&self.domains).filter(|(_, d)| d.is_none()).map(|(n, _)| n.clone()).collect()
+    }
+}
+
+/// One histogram's noisy cells.
+pub(crate) enum NoisyCells {
+    /// Every cell of the public domain, in its order.
+    Domain(Vec<i64>),
+    /// The keys (as labels) whose noisy count passed the threshold, in value order, with those counts.
+    Selected(Vec<(String, i64)>),
 }
 
 impl MarginalRelease {
     /// The release of the `noisy` histograms (already noised, under `charge`): the common total and, if asked,
-    /// the consistency projection are computed here, as post-processing.
+    /// the consistency projection are computed here, as post-processing. The total is the inverse-variance
+    /// weighted mean of the domain histograms' totals; a histogram of selected keys misses the keys not released,
+    /// so it takes no part (without any domain histogram, the total is the largest released total of selected
+    /// keys, a lower estimate) and is never projected.
     pub(crate) fn new(
         h: &Histograms,
-        noisy: Vec<Vec<i64>>,
+        noisy: Vec<NoisyCells>,
         plan: MarginalPlan,
         charge: Charge,
         budget: BudgetStatus,
-    ) -> Self {
-        let sums: Vec<f64> = noisy.iter().map(|c| c.iter().map(|x| *x as f64).sum()).collect();
-        let weights: Vec<f64> = h.domains.iter().map(|d| 1.0 / d.len() as f64).collect();
-        let total = (sums.iter().zip(&weights).map(|(s, w)| s * w).sum::<f64>() / weights.iter().sum::<f64>()).max(0.0);
+    ) -> Result<Self> {
+        let sum = |c: &[i64]| c.iter().map(|x| *x as f64).sum::<f64>();
+        let (mut weighted, mut weights, mut selected_max) = (0.0, 0.0, 0.0f64);
+        for cells in &noisy {
+            match cells {
+                NoisyCells::Domain(c) if !c.is_empty() => {
+                    let w = 1.0 / c.len() as f64;
+                    weighted += w * sum(c);
+                    weights += w;
+                }
+                NoisyCells::Domain(_) => {}
+                NoisyCells::Selected(keys) => {
+                    selected_max = selected_max.max(keys.iter().map(|(_, x)| *x as f64).sum())
+                }
+            }
+        }
+        let total = if weights > 0.0 { weighted / weights } else { selected_max }.max(0.0);
         let columns = h
             .names
             .iter()
             .zip(&h.domains)
             .zip(noisy)
-            .map(|((name, dom), noisy)| {
-                let raw: Vec<f64> = noisy.iter().map(|x| *x as f64).collect();
-                let counts = if h.consistency { project_simplex(&raw, total) } else { raw };
-                MarginalColumn { column: name.clone(), keys: dom.iter().map(domain_label).collect(), noisy, counts }
+            .map(|((name, dom), cells)| match (cells, dom) {
+                (NoisyCells::Domain(noisy), Some(dom)) => {
+                    let raw: Vec<f64> = noisy.iter().map(|x| *x as f64).collect();
+                    let counts = if h.consistency { project_simplex(&raw, total) } else { raw };
+                    let keys = dom.iter().map(domain_label).collect();
+                    Ok(MarginalColumn { column: name.clone(), keys, noisy, counts, selected: false })
+                }
+                (NoisyCells::Selected(kept), None) => {
+                    let (keys, noisy): (Vec<String>, Vec<i64>) = kept.into_iter().unzip();
+                    let counts = noisy.iter().map(|x| *x as f64).collect();
+                    Ok(MarginalColumn { column: name.clone(), keys, noisy, counts, selected: true })
+                }
+                _ => Err(DpError::Internal(format!("histogram {name}: cells of the wrong kind"))),
             })
-            .collect();
-        MarginalRelease { table: h.table.clone(), columns, total, plan, consistent: h.consistency, charge, budget }
+            .collect::<Result<Vec<_>>>()?;
+        Ok(MarginalRelease { table: h.table.clone(), columns, total, plan, consistent: h.consistency, charge, budget })
+    }
+}
+
+/// A key of a column without a domain: integers by value, anything else (strings, dates, booleans) by its text.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub(crate) enum OpenKey {
+    Int(i64),
+    Text(String),
+}
+
+impl OpenKey {
+    /// The keys of every value of `a` (None for NULL). A value that does not convert is not counted (a safe cast:
+    /// never an error that depends on a value).
+    fn of(a: &ArrayRef) -> Result<Vec<Option<OpenKey>>> {
+        let safe = datafusion::arrow::compute::CastOptions { safe: true, ..Default::default() };
+        let cast = |dt: &DataType| {
+            datafusion::arrow::compute::cast_with_options(a, dt, &safe).map_err(|e| DpError::Internal(e.to_string()))
+        };
+        Ok(if a.data_type().is_integer() {
+            cast(&DataType::Int64)?.as_primitive::<Int64Type>().iter().map(|v| v.map(OpenKey::Int)).collect()
+        } else {
+            cast(&DataType::Utf8)?.as_string::<i32>().iter().map(|v| v.map(|v| OpenKey::Text(v.to_string()))).collect()
+        })
+    }
+
+    fn label(&self) -> String {
+        match self {
+            OpenKey::Int(i) => i.to_string(),
+            OpenKey::Text(t) => t.clone(),
+        }
+    }
+}
+
+/// One histogram's exact counts.
+pub(crate) enum Tally {
+    /// One count per cell of the public domain.
+    Domain(Vec<i128>),
+    /// One count per key present in the data (columns without a domain).
+    Open(HashMap<OpenKey, i128>),
+}
+
+impl Tally {
+    /// Adds the noise of `noise` to every count: every cell of a domain, or every key present, visited in value
+    /// order, kept iff its noisy count is at least `threshold` (a key not kept leaves no trace in the output).
+    pub(crate) fn noised(self, mut noise: impl FnMut() -> i128, threshold: Option<i64>) -> Result<NoisyCells> {
+        let mut add = |c: i128| i64::try_from(c + noise()).unwrap_or(if c < 0 { i64::MIN } else { i64::MAX });
+        match (self, threshold) {
+            (Tally::Domain(counts), _) => Ok(NoisyCells::Domain(counts.into_iter().map(&mut add).collect())),
+            (Tally::Open(keys), Some(tau)) => {
+                let mut keys: Vec<(OpenKey, i128)> = keys.into_iter().collect();
+                keys.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+                let kept = keys.into_iter().map(|(k, c)| (k, add(c))).filter(|(_, v)| *v >= tau);
+                Ok(NoisyCells::Selected(kept.map(|(k, v)| (k.label(), v)).collect()))
+            }
+            (Tally::Open(_), None) => Err(DpError::Internal("keys without a domain need a threshold".into())),
+        }
     }
 }
 
 /// Counts the rows of a stream of batches into the histograms' cells: columns `0..d` for a wide table, or
 /// (attribute, value) for a long one. NULL and out-of-domain values are not counted.
 pub(crate) struct Counter {
-    lookups: Vec<Lookup>,
+    /// One per counted column (a long table: one, for the value column); `None` without a domain.
+    lookups: Vec<Option<Lookup>>,
     attributes: Option<Lookup>,
-    counts: Vec<Vec<i128>>,
+    tallies: Vec<Tally>,
 }
 
 impl Counter {
     /// Zero counts for `h`.
     pub(crate) fn new(h: &Histograms) -> Self {
-        Counter {
-            lookups: h.domains.iter().map(|d| Lookup::new(d)).collect(),
-            attributes: h.attributes.as_deref().map(Lookup::new),
-            counts: h.domains.iter().map(|d| vec![0; d.len()]).collect(),
-        }
+        let lookup = |d: &Option<Vec<DomainValue>>| d.as_deref().map(Lookup::new);
+        let lookups = match &h.attributes {
+            None => h.domains.iter().map(lookup).collect(),
+            Some(_) => h.domains.first().map(lookup).into_iter().collect(),
+        };
+        let tallies = h
+            .domains
+            .iter()
+            .map(|d| match d {
+                Some(d) => Tally::Domain(vec![0; d.len()]),
+                None => Tally::Open(HashMap::new()),
+            })
+            .collect();
+        Counter { lookups, attributes: h.attributes.as_deref().map(Lookup::new), tallies }
     }
 
     /// Counts the rows of `batch`.
     pub(crate) fn add(&mut self, batch: &RecordBatch) -> Result<()> {
         match &self.attributes {
             None => {
-                for (i, l) in self.lookups.iter().enumerate() {
-                    for j in l.indices(batch.column(i))?.into_iter().flatten() {
-                        self.counts[i][j] += 1;
+                for (i, (l, t)) in self.lookups.iter().zip(&mut self.tallies).enumerate() {
+                    match (l, t) {
+                        (Some(l), Tally::Domain(counts)) => {
+                            for j in l.indices(batch.column(i))?.into_iter().flatten() {
+                                counts[j] += 1;
+                            }
+                        }
+                        (_, Tally::Open(keys)) => {
+                            for key in OpenKey::of(batch.column(i))?.into_iter().flatten() {
+                                *keys.entry(key).or_insert(0) += 1;
+                            }
+                        }
+                        (None, Tally::Domain(_)) => {
+                            return Err(DpError::Internal("a domain without its lookup".into()));
+                        }
                     }
                 }
             }
             Some(al) => {
                 // Long format: route each row to its attribute's histogram.
                 let attrs = al.indices(batch.column(0))?;
-                let values = self.lookups.first().map(|l| l.indices(batch.column(1))).transpose()?.unwrap_or_default();
-                for (a, v) in attrs.into_iter().zip(values) {
-                    if let (Some(a), Some(v)) = (a, v) {
-                        self.counts[a][v] += 1;
+                match self.lookups.first() {
+                    Some(Some(l)) => {
+                        for (a, v) in attrs.into_iter().zip(l.indices(batch.column(1))?) {
+                            if let (Some(Tally::Domain(counts)), Some(v)) = (a.and_then(|a| self.tallies.get_mut(a)), v)
+                            {
+                                counts[v] += 1;
+                            }
+                        }
+                    }
+                    _ => {
+                        for (a, v) in attrs.into_iter().zip(OpenKey::of(batch.column(1))?) {
+                            if let (Some(Tally::Open(keys)), Some(v)) = (a.and_then(|a| self.tallies.get_mut(a)), v) {
+                                *keys.entry(v).or_insert(0) += 1;
+                            }
+                        }
                     }
                 }
             }
@@ -494,9 +694,9 @@ impl Counter {
         Ok(())
     }
 
-    /// The exact counts, one vector per histogram.
-    pub(crate) fn counts(self) -> Vec<Vec<i128>> {
-        self.counts
+    /// The exact counts, one tally per histogram.
+    pub(crate) fn tallies(self) -> Vec<Tally> {
+        self.tallies
     }
 }
 
@@ -590,7 +790,7 @@ mod tests {
         let h = Histograms {
             table: "t".into(),
             names: vec!["a".into(), "b".into()],
-            domains: vec![vec![DomainValue::Int(0)], vec![DomainValue::Str("x".into())]],
+            domains: vec![Some(vec![DomainValue::Int(0)]), Some(vec![DomainValue::Str("x".into())])],
             attributes: None,
             consistency: true,
         };

@@ -520,7 +520,10 @@ pub enum Refusal {
         column: String,
     },
     /// A marginal of a column without a public domain.
-    #[error("column `{column}` has no public domain, so its histogram's cells would depend on the data")]
+    #[error(
+        "column `{column}` has no public domain, and its keys cannot be selected from the data here (a float column, \
+         or a budget without a delta for key selection)"
+    )]
     MarginalNoDomain {
         /// The table.
         table: String,
@@ -689,7 +692,10 @@ impl Refusal {
             NoTable { .. } => "see \\tables for the tables of this session".into(),
             MarginalDuplicateColumn { column } => format!("name `{column}` once in --columns"),
             MarginalNoDomain { table, column } => format!(
-                "add `domain = [...]` for column {column} in [tables.{table}.columns] (for 0/1 columns: domain = [0, 1])"
+                "add `domain = [...]` for column {column} in [tables.{table}.columns] (for 0/1 columns: domain = [0, 1]); \
+                 or, for a column of integers, strings, dates or booleans, have the data owner give this budget a \
+                 delta for key selection ([session] delta_budget = 1e-6), and the keys whose noisy count passes a \
+                 threshold are released"
             ),
             MarginalColumnType { column, .. } => {
                 format!("declare the domain of `{column}` with values of the column's type")

@@ -219,7 +219,9 @@ impl Session {
     /// Releases the one-way marginals (histograms) of `columns` of `table` in one debit: each cell a noisy count,
     /// with one Gaussian σ for all. Give `rho` (the cost) or `target_std` (the noise wanted, in counts);
     /// `consistency` makes every histogram non-negative with one common total (post-processing, free);
-    /// `confidence` is the level of the intervals (the session's by default). A column needs a public domain.
+    /// `confidence` is the level of the intervals (the session's by default). A column without a public domain has
+    /// its keys selected (only those whose noisy count passes a threshold are released) where the budget has a δ
+    /// for it; `selection_delta` is the δ that selection may spend (the session's `dp.selection_delta` by default).
     ///
     /// >>> m = s.marginals("pums", ["sex", "race"], rho=0.05)
     /// >>> m.to_arrow().num_rows          # 2 sexes and 6 races, each a noisy count
@@ -227,7 +229,9 @@ impl Session {
     /// >>> round(s.budget()["rho_spent"], 9)
     /// 0.05
     #[allow(clippy::too_many_arguments)] // the keyword arguments of the Python method
-    #[pyo3(signature = (table, columns, *, rho = None, target_std = None, consistency = true, confidence = None))]
+    #[pyo3(signature = (
+        table, columns, *, rho = None, target_std = None, consistency = true, confidence = None, selection_delta = None
+    ))]
     fn marginals(
         &self,
         py: Python<'_>,
@@ -237,13 +241,14 @@ impl Session {
         target_std: Option<f64>,
         consistency: bool,
         confidence: Option<f64>,
+        selection_delta: Option<f64>,
     ) -> PyResult<MarginalRelease> {
         let budget = match (rho, target_std) {
             (Some(r), None) => MarginalBudget::Rho(r),
             (None, Some(s)) => MarginalBudget::TargetStd(s),
             _ => return Err(usage("invalid_parameter", "give exactly one of rho= and target_std=".into())),
         };
-        let spec = MarginalSpec { budget, consistency, confidence };
+        let spec = MarginalSpec { budget, consistency, confidence, selection_delta };
         let m = run(py, || async move { self.inner.read().await.marginals(table, &columns, &spec).await })?;
         Ok(MarginalRelease::new(m))
     }

@@ -121,6 +121,13 @@ impl Calibration {
         self.delta
     }
 
+    /// The same measurement made δ-approximate: it is charged `delta` as well as its ρ (a key selection's δ,
+    /// [`crate::noise::Selection::delta`]).
+    pub(crate) fn with_delta(mut self, delta: f64) -> Self {
+        self.delta = delta;
+        self
+    }
+
     /// The certified μ-GDP of this measurement, when it was priced for an (ε, δ) budget.
     pub fn gdp_mu(&self) -> Option<f64> {
         self.gdp_mu

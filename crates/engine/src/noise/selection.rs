@@ -169,6 +169,11 @@ impl Selection {
     pub fn release_probability(&self, count: u64) -> f64 {
         self.tails.estimate(self.tau.saturating_sub(i64::try_from(count).unwrap_or(i64::MAX)))
     }
+
+    /// [`Selection::release_probability`] of a key held by 1, 10, 100 and 1 000 units with one row each.
+    pub fn release_chances(&self) -> Vec<(u64, f64)> {
+        [1, 10, 100, 1000].into_iter().map(|n| (n, self.release_probability(n))).collect()
+    }
 }
 
 /// Checks σ², `per_unit` and `groups`, and prepares the tails.

@@ -354,7 +354,7 @@ impl DpSession {
     /// random rows) and adds discrete Gaussian noise, calibrated from the charge, to every cell. The
     /// [`MarginalRelease`] is made from the charge, taken by value. See [`crate::marginals`] for the privacy claim.
     pub(crate) async fn answer_marginals(&self, prepared: PreparedMarginals) -> Result<MarginalRelease> {
-        let PreparedMarginals { histograms, plan, quote, k, over_limit, rows } = prepared;
+        let PreparedMarginals { histograms, plan, quote, k, selection, over_limit, rows } = prepared;
         let debit =
             self.ledger.charge(&histograms.label(), std::slice::from_ref(&histograms.table), quote.measurements)?;
         let open = self.tables.open(debit);
@@ -386,15 +386,12 @@ impl DpSession {
             return Err(DpError::Internal("a marginal release uses the Gaussian mechanism".into()));
         };
         let g = DiscreteGaussian::new(sigma_sq)?;
+        let threshold = selection.as_ref().map(crate::noise::Selection::threshold);
         let noisy = {
             let mut rng = self.lock_rng()?;
-            counter
-                .counts()
-                .iter()
-                .map(|h| h.iter().map(|c| i64::try_from(c + g.sample(&mut rng)).unwrap_or(i64::MAX)).collect())
-                .collect()
+            counter.tallies().into_iter().map(|t| t.noised(|| g.sample(&mut rng), threshold)).collect::<Result<_>>()?
         };
-        Ok(MarginalRelease::new(&histograms, noisy, plan, charge, self.status()?))
+        MarginalRelease::new(&histograms, noisy, plan, charge, self.status()?)
     }
 
     /// Runs the private plan and adds noise to every cell of the domain (cells in the order of [`domain_product`]),

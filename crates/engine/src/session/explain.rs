@@ -95,7 +95,7 @@ impl std::fmt::Display for Explanation {
                     s.measure, s.threshold, s.delta
                 )?;
                 let chances: Vec<String> =
-                    s.release.iter().map(|(n, p)| format!("{n} → {}", fmt_probability(*p))).collect();
+                    s.release.iter().map(|(n, p)| format!("{n} → {}", crate::format::fmt_probability(*p))).collect();
                 writeln!(
                     f,
                     "  chance a key is released, by how many units hold it (one row each): {}",
@@ -242,19 +242,6 @@ fn explained_selection(dp: &crate::plan::DpPlan, quote: &super::quote::Quote) ->
         measure: dp.measures.get(i).map(|m| m.label()).unwrap_or_default(),
         threshold: sel.threshold(),
         delta: sel.delta(),
-        release: [1, 10, 100, 1000].into_iter().map(|n| (n, sel.release_probability(n))).collect(),
+        release: sel.release_chances(),
     })
-}
-
-/// A probability for reading: `< 1e-6`, `> 0.999999`, two significant digits below 0.01, else four decimals.
-fn fmt_probability(p: f64) -> String {
-    if p < 1e-6 {
-        "< 1e-6".into()
-    } else if p > 0.999_999 {
-        "> 0.999999".into()
-    } else if p < 0.01 {
-        format!("{p:.1e}")
-    } else {
-        format!("{p:.4}")
-    }
 }

@@ -25,6 +25,8 @@ pub(crate) struct PreparedMarginals {
     pub(crate) quote: Quote,
     /// Rows kept per unit (per attribute, for long tables).
     pub(crate) k: u64,
+    /// For columns without a domain: the threshold their keys' noisy counts must reach.
+    pub(crate) selection: Option<crate::noise::Selection>,
     /// With a privacy unit: the units (per attribute) with more than `k` rows, each with its row count.
     pub(crate) over_limit: Option<PrivatePlan>,
     /// Every row: the counted columns, then (with a privacy unit) the unit's key columns.
@@ -83,10 +85,13 @@ impl DpSession {
         spec: &MarginalSpec,
     ) -> Result<PreparedMarginals> {
         let policy = self.policy(table)?;
-        let domain = |c: &str| {
-            policy.domain(c).map(<[DomainValue]>::to_vec).ok_or_else(|| {
-                DpError::Refused(Refusal::MarginalNoDomain { table: table.to_string(), column: c.to_string() })
-            })
+        let no_domain =
+            |c: &str| DpError::Refused(Refusal::MarginalNoDomain { table: table.to_string(), column: c.into() });
+        let domain = |c: &str| policy.domain(c).map(<[DomainValue]>::to_vec).ok_or_else(|| no_domain(c));
+        // A counted column without a domain has its keys selected, where this budget allows it.
+        let counted_domain = |c: &str| match policy.domain(c) {
+            Some(d) => Ok(Some(d.to_vec())),
+            None => self.allow_selection(table, c, policy.privacy_unit.as_deref()).map(|()| None),
         };
         // The columns each row of the pass carries (counted first), and what is counted.
         let (counted, histograms) = match layout {
@@ -94,7 +99,7 @@ impl DpSession {
                 if let Some((_, c)) = columns.iter().enumerate().find(|(i, c)| columns[..*i].contains(c)) {
                     return Err(DpError::Refused(Refusal::MarginalDuplicateColumn { column: c.clone() }));
                 }
-                let domains = columns.iter().map(|c| domain(c)).collect::<Result<Vec<_>>>()?;
+                let domains = columns.iter().map(|c| counted_domain(c)).collect::<Result<Vec<_>>>()?;
                 let h = Histograms {
                     table: table.to_string(),
                     names: columns.clone(),
@@ -106,7 +111,7 @@ impl DpSession {
             }
             MarginalLayout::Long { attribute, value } => {
                 let attrs = domain(attribute)?;
-                let values = domain(value)?;
+                let values = counted_domain(value)?;
                 let h = Histograms {
                     table: table.to_string(),
                     names: attrs.iter().map(marginals::domain_label).collect(),
@@ -121,7 +126,25 @@ impl DpSession {
         accuracy::check_confidence(confidence)?;
         let k = policy.max_rows_per_unit;
         let (d, cells) = (histograms.names.len(), histograms.cells());
-        let (plan, cal) = marginals::plan_accounted(
+        let open = match histograms.open() {
+            0 => None,
+            n => {
+                let delta = spec.selection_delta.unwrap_or_else(|| self.selection_delta());
+                super::statement::check_selection_delta(delta).map_err(|reason| {
+                    DpError::Refused(Refusal::BadOptionValue {
+                        option: "selection_delta",
+                        value: delta.to_string(),
+                        reason,
+                    })
+                })?;
+                let names = match layout {
+                    MarginalLayout::Wide(_) => histograms.open_names(),
+                    MarginalLayout::Long { value, .. } => vec![value.clone()],
+                };
+                Some(marginals::OpenColumns { names, histograms: n, delta })
+            }
+        };
+        let (plan, cal, selection) = marginals::plan_accounted(
             self.defaults.accounting,
             d,
             cells,
@@ -130,6 +153,7 @@ impl DpSession {
             None,
             confidence,
             self.defaults.delta,
+            open,
         )?;
         let quote = Quote::new(vec![cal], self.defaults.delta, confidence, &self.quotes)?;
 
@@ -158,6 +182,28 @@ impl DpSession {
         let rows = LogicalPlanBuilder::from(input).project(project).and_then(|b| b.build()).map_err(engine)?;
         let (_, rows) = self.tables.plan(&rows).await?;
         marginals::check_counted_types(&histograms, &rows.schema())?;
-        Ok(PreparedMarginals { histograms, plan, quote, k, over_limit, rows })
+        for (field, dom) in rows.schema().fields().iter().zip(&histograms.domains) {
+            if dom.is_none() && !crate::plan::selected::selectable(field.data_type()) {
+                return Err(no_domain(field.name()));
+            }
+        }
+        Ok(PreparedMarginals { histograms, plan, quote, k, selection, over_limit, rows })
+    }
+
+    /// Whether column `c` of `table`, which has no domain, may have its keys selected: only under a zCDP budget
+    /// that has a δ for it, and never the privacy unit (`unit`). Decided from the policy and the ledger only.
+    fn allow_selection(&self, table: &str, c: &str, unit: Option<&str>) -> Result<()> {
+        if self.defaults.accounting == crate::accounting::calibrate::Accounting::Gdp {
+            let why = super::quote::GDP_CANNOT_SELECT.into();
+            return Err(DpError::Refused(Refusal::SelectionNotAllowed { column: c.to_string(), why }));
+        }
+        if self.ledger.delta()?.total <= 0.0 {
+            let (table, column) = (table.to_string(), c.to_string());
+            return Err(DpError::Refused(Refusal::MarginalNoDomain { table, column }));
+        }
+        if unit == Some(c) {
+            return Err(DpError::Refused(Refusal::UnitAsKey { column: c.to_string() }));
+        }
+        Ok(())
     }
 }

@@ -26,6 +26,10 @@ pub(crate) struct Quote {
     pub(crate) selection: Option<crate::noise::Selection>,
 }
 
+/// Why keys cannot be selected under an (ε, δ) budget.
+pub(crate) const GDP_CANNOT_SELECT: &str =
+    "with an (epsilon, delta) budget, enforced as Gaussian DP, which cannot compose a selection's delta";
+
 impl DpSession {
     /// Prices `dp` with the session's current settings (`SET dp.rho`, `dp.mechanism`, `dp.confidence`).
     pub(crate) fn quote(&self, dp: &DpPlan) -> Result<Quote> {
@@ -48,9 +52,7 @@ impl DpSession {
         let refuse =
             |why: &str| DpError::Refused(Refusal::SelectionNotAllowed { column: column.clone(), why: why.into() });
         if self.defaults.accounting == Accounting::Gdp {
-            return Err(refuse(
-                "with an (epsilon, delta) budget, enforced as Gaussian DP, which cannot compose a selection's delta",
-            ));
+            return Err(refuse(GDP_CANNOT_SELECT));
         }
         if self.ledger.delta()?.total <= 0.0 {
             // No δ to select keys with: the key needs a domain, as before key selection existed.

@@ -26,6 +26,11 @@ extensions_options! {
     }
 }
 
+/// Checks a key selection's δ: in (0, 0.001), the range `SET dp.selection_delta` accepts.
+pub(crate) fn check_selection_delta(d: f64) -> std::result::Result<(), String> {
+    if d > 0.0 && d < 1e-3 { Ok(()) } else { Err("must be in (0, 0.001); 1e-8 is the default".into()) }
+}
+
 /// The δ one key selection spends unless `SET dp.selection_delta` says otherwise: 100 selections fit a
 /// `delta_budget` of 1e-6.
 pub(crate) const DEFAULT_SELECTION_DELTA: f64 = 1e-8;
@@ -227,9 +232,7 @@ impl DpSession {
                     })
                 };
                 let d: f64 = value.parse().map_err(|_| bad("not a number".into()))?;
-                if !(d > 0.0 && d < 1e-3) {
-                    return Err(bad("must be in (0, 0.001); 1e-8 is the default".into()));
-                }
+                check_selection_delta(d).map_err(bad)?;
                 format!("{d:e}")
             }
             other => {
