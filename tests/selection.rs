@@ -282,6 +282,32 @@ async fn each_person_keeps_at_most_g_of_their_keys() {
     assert!(got.iter().all(|(_, c)| (c - 667).abs() < 100), "{got:?}");
 }
 
+/// With g = 1 each person keeps one key in the aggregation by person (`dp_kept_key`): 1 000 people with one row in
+/// "a", two in "b" and three in "c" (k = 2) are each counted once, in one key drawn at random (each key's people
+/// Binomial(1000, 1/3): 333 ± 15; ±100 is 6.7σ), and each key's COUNT(*) is its people's rows clipped to 2: one
+/// for "a", two for "b" and "c". At ρ = 10⁶ per query the noise rounds away.
+#[tokio::test]
+async fn with_one_group_per_person_each_keeps_one_key_clipped() {
+    let n = 1000i64;
+    let zips: Vec<&str> = (0..n).flat_map(|_| ["a", "b", "b", "c", "c", "c"]).collect();
+    let batch = RecordBatch::try_new(
+        Arc::new(Schema::new(vec![Field::new("pid", DataType::Int64, false), Field::new("zip", DataType::Utf8, true)])),
+        vec![Arc::new(Int64Array::from_iter_values((0..6 * n).map(|i| i / 6))), Arc::new(StringArray::from(zips))],
+    )
+    .unwrap();
+    let s = session_with(1e8, 1e6, "visits", batch, TablePolicy::with_unit("pid", 2, 1, BTreeMap::new()).unwrap());
+    s.ledger().set_delta_total(1e-6, "test").unwrap();
+    let r = released(&s, "SELECT zip, COUNT(DISTINCT pid), COUNT(*) FROM visits GROUP BY zip").await;
+    let b = &r.batches()[0];
+    let zip: Vec<&str> = (0..b.num_rows()).map(|i| b.column(0).as_string::<i32>().value(i)).collect();
+    let people: Vec<i64> = b.column(1).as_primitive::<Int64Type>().values().to_vec();
+    let rows: Vec<i64> = b.column(2).as_primitive::<Int64Type>().values().to_vec();
+    assert_eq!(zip, ["a", "b", "c"]);
+    assert_eq!(people.iter().sum::<i64>(), n, "each person in one key: {people:?}");
+    assert!(people.iter().all(|p| (p - 333).abs() < 100), "{people:?}");
+    assert_eq!(rows, [people[0], 2 * people[1], 2 * people[2]], "rows clipped to k = 2 in the key kept");
+}
+
 /// COUNT(DISTINCT <privacy unit>) (issue 38): people per group, each counted once whatever their rows (sensitivity
 /// 1 per group, √g in L2), with public keys and with keys without a domain, where it is what selects (m = 1: a lower
 /// threshold than COUNT(*)'s m = k). 300 people, person p with p % 3 + 1 rows in zip "a" (600 rows), the first 100

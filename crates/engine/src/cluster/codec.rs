@@ -20,7 +20,7 @@
 use super::Remote;
 use crate::plan::by_unit::ByUnitExec;
 use crate::plan::cells::{CellIndex, CellKey};
-use crate::plan::clip::{Clip, Clipped};
+use crate::plan::clip::{Clip, Clipped, KeptKey};
 use crate::plan::exact_sum::{BoundedSum, Grid};
 use crate::plan::lookup::{KeyIndex, PublicLookup};
 use crate::plan::pick::Priority;
@@ -146,7 +146,7 @@ struct UnorderedMsg {}
 
 #[derive(Clone, PartialEq, Message)]
 struct FnMsg {
-    #[prost(oneof = "Function", tags = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10")]
+    #[prost(oneof = "Function", tags = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11")]
     function: Option<Function>,
 }
 
@@ -172,6 +172,9 @@ enum Function {
     Lookup(LookupMsg),
     #[prost(uint64, tag = "10")]
     KeyPriority(u64),
+    /// `dp_kept_key`: its measurements and number of arguments (no pick).
+    #[prost(message, tag = "11")]
+    KeptKey(ClippedMsg),
 }
 
 /// A public table's lookup: its function name, `table.column`, and the key and value columns (an Arrow IPC stream
@@ -596,6 +599,10 @@ impl PhysicalExtensionCodec for DpPhysicalCodec {
                 let pick = c.pick.map(|p| usize::try_from(p).map_err(err)).transpose()?;
                 Clipped::from_parts(measures, pick, usize::try_from(c.args).map_err(err)?)
             }
+            Some(Function::KeptKey(c)) => {
+                let measures = c.measures.iter().map(measure_from).collect::<Result<_>>()?;
+                KeptKey::from_parts(measures, usize::try_from(c.args).map_err(err)?)
+            }
             Some(Function::SlotHistogram(n)) => SlotHistogram::udaf(usize::try_from(n).map_err(err)?),
             Some(Function::KeepRows(m)) => {
                 let kinds = m
@@ -624,6 +631,13 @@ impl PhysicalExtensionCodec for DpPhysicalCodec {
             Function::Clipped(ClippedMsg {
                 measures: measures.iter().map(measure_to).collect(),
                 pick: pick.map(|p| p as u64),
+                args: args as u64,
+            })
+        } else if let Some(c) = inner.downcast_ref::<KeptKey>() {
+            let (measures, args) = c.parts();
+            Function::KeptKey(ClippedMsg {
+                measures: measures.iter().map(measure_to).collect(),
+                pick: None,
                 args: args as u64,
             })
         } else if let Some(h) = inner.downcast_ref::<SlotHistogram>() {

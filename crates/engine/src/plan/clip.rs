@@ -47,9 +47,12 @@ use one_value::OneValue;
 use packed::PickedCounts;
 use std::sync::Arc;
 
+mod key;
 mod more;
 mod one_value;
 mod packed;
+
+pub(crate) use key::KeptKey;
 
 /// The clipping rule of one measurement.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

@@ -483,6 +483,7 @@ pub fn total(e: &Expr, schema: &DFSchema) -> std::result::Result<(), String> {
                 || inner.is::<Sum>()
                 || inner.is::<BoundedSum>()
                 || inner.is::<Clipped>()
+                || inner.is::<crate::plan::clip::KeptKey>()
                 || inner.is::<crate::plan::quantile::SlotHistogram>()
                 || inner.is::<crate::plan::quantile::KeepRows>();
             if !known || p.distinct || p.filter.is_some() || !p.order_by.is_empty() {

@@ -15,13 +15,17 @@
 //!    rows rank among themselves by their own priorities and keys only.
 //! 4. Per key: the sums of the clipped contributions, one column `__dp_m{i}` per measurement.
 //!
+//! With `g = 1`, steps 2 and 3 are one aggregation by unit with no sort: `dp_kept_key` keeps each unit's key of
+//! smallest priority and clips that key's rows as it aggregates ([`crate::plan::clip`]'s `KeptKey`); it keeps the
+//! key the ordered pass keeps.
+//!
 //! Only keys present in the data are candidates; each unit adds at most 1 to the COUNT(DISTINCT unit) (m = 1), or
 //! at most `k` to the COUNT(*) (m = k), of at most `g` keys, which is what the selection's analysis assumes. The
 //! released row count is itself a noisy quantity (how many keys passed), published as such.
 
 use crate::error::{DpError, Result, engine};
 use crate::plan::bound::{self, UNIT};
-use crate::plan::clip::Clipped;
+use crate::plan::clip::{Clipped, KeptKey};
 use crate::plan::measures::{self, Measured};
 use crate::plan::sensitivity::Contribution;
 use crate::plan::{GroupKey, Measure, MeasureKind, sensitivity};
@@ -123,6 +127,12 @@ fn aggregate(
     let values = bound::row_values(&clips, &measured.exprs)?;
     let unit_measures: Vec<_> = values.iter().zip(&clips).map(|((v, arg), c)| (*v, arg.clone(), c.range(k))).collect();
     let unit = || col(Column::from_name(UNIT));
+    let mut hashed = vec![unit()];
+    hashed.extend(key_exprs());
+    let priority = KeyPriority::call(hashed);
+    if contribution.groups == 1 {
+        return kept_key(scoped, keys, &unit_measures, k, priority, &clips);
+    }
     let mut group_by = vec![unit()];
     group_by.extend(key_exprs());
     let clipped = Clipped::call(&unit_measures, k, None).alias("__dp_s");
@@ -130,9 +140,7 @@ fn aggregate(
     fields.push(unit());
     fields
         .extend((0..clips.len()).map(|i| Clipped::field(col("__dp_s"), &format!("x{i}")).alias(format!("__dp_x{i}"))));
-    let mut hashed = vec![unit()];
-    hashed.extend(key_exprs());
-    fields.push(KeyPriority::call(hashed).alias("__dp_p"));
+    fields.push(priority.alias("__dp_p"));
     // All (unit, key) rows in one total order, unit first: a row is among its unit's first g iff the row g places
     // before it belongs to another unit (or there is none). One ordered pass, no state per unit.
     let mut order = vec![unit().sort(true, true), col("__dp_p").sort(true, true)];
@@ -151,6 +159,36 @@ fn aggregate(
                 Box::new(unit()),
             )))
         })
+        .and_then(|b| b.aggregate(key_exprs(), outer))
+        .and_then(|b| b.build())
+        .map_err(engine)
+}
+
+/// Steps 2–4 for `g = 1`: per unit, `dp_kept_key` (its key of smallest `priority`, clipped), then the sums per key.
+fn kept_key(
+    scoped: LogicalPlan,
+    keys: &[GroupKey],
+    unit_measures: &[crate::plan::clip::UnitMeasure],
+    k: u64,
+    priority: Expr,
+    clips: &[bound::Clip],
+) -> Result<LogicalPlan> {
+    let key_exprs = || keys.iter().map(|k| Expr::Column(k.column.clone())).collect::<Vec<_>>();
+    let kept = KeptKey::call(unit_measures, k, priority, key_exprs()).alias("__dp_s");
+    let s = || col("__dp_s");
+    let mut fields: Vec<Expr> = keys
+        .iter()
+        .enumerate()
+        .map(|(j, key)| {
+            Clipped::field(s(), &format!("key{j}"))
+                .alias_qualified(key.column.relation.clone(), key.column.name.clone())
+        })
+        .collect();
+    fields.extend((0..unit_measures.len()).map(|i| Clipped::field(s(), &format!("x{i}")).alias(format!("__dp_x{i}"))));
+    let outer = bound::outer_sums(clips);
+    LogicalPlanBuilder::from(scoped)
+        .aggregate(vec![col(Column::from_name(UNIT))], vec![kept])
+        .and_then(|b| b.project(fields))
         .and_then(|b| b.aggregate(key_exprs(), outer))
         .and_then(|b| b.build())
         .map_err(engine)
