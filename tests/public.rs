@@ -27,6 +27,10 @@ pub(crate) const JOINS: &[&str] = &[
     "SELECT l.level, MEDIAN(p.income) FROM pums p JOIN educ_levels l ON p.educ = l.educ GROUP BY l.level",
     "SELECT p.sex, l.level, VAR_POP(p.age) FROM pums p JOIN educ_levels l ON p.educ = l.educ \
      WHERE p.age > 30 GROUP BY p.sex, l.level",
+    "WITH j AS (SELECT p.income, l.level FROM pums p JOIN educ_levels l ON p.educ = l.educ) \
+     SELECT level, COUNT(*), MEDIAN(income) FROM j GROUP BY level",
+    "SELECT t.level, SUM(t.age) FROM (SELECT p.age, l.level FROM pums p JOIN educ_levels l ON p.educ = l.educ \
+     WHERE p.age >= 18) t GROUP BY t.level",
 ];
 
 /// Joins of PUMS with itself on the unit (on one machine and on a cluster: `tests/cluster.rs`).
@@ -34,6 +38,10 @@ pub(crate) const UNIT_JOINS: &[&str] = &[
     "SELECT a.sex, COUNT(*), SUM(b.income) FROM pums a JOIN pums b ON a.pid = b.pid GROUP BY a.sex",
     "SELECT l.level, AVG(b.age) FROM pums a LEFT JOIN pums b ON a.pid = b.pid JOIN educ_levels l \
      ON a.educ = l.educ GROUP BY l.level",
+    "WITH pairs AS (SELECT a.sex, b.income FROM pums a JOIN pums b ON a.pid = b.pid) \
+     SELECT sex, COUNT(*), STDDEV(income) FROM pairs GROUP BY sex",
+    "SELECT t.sex, COUNT(*) FROM (SELECT a.sex FROM pums a JOIN pums b ON a.pid = b.pid WHERE b.age > 30) t \
+     GROUP BY t.sex",
 ];
 
 fn ints(v: Vec<i64>) -> ArrayRef {

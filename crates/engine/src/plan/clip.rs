@@ -174,10 +174,7 @@ impl Clipped {
         if self.pick.is_some() {
             f.push(Field::new("cell", DataType::Int64, true));
         }
-        for (i, (v, _)) in self.measures.iter().enumerate() {
-            let dt = if matches!(v, RowValue::Sum(_)) { DataType::Decimal128(38, 0) } else { DataType::Int64 };
-            f.push(Field::new(format!("x{i}"), dt, true));
-        }
+        f.extend(self.measures.iter().enumerate().map(|(i, (v, _))| x_field(i, v)));
         f
     }
 
@@ -257,6 +254,12 @@ impl AggregateUDFImpl for Clipped {
         }
         Ok(Box::new(ClippedGroups::new(self)))
     }
+}
+
+/// The result field `x{i}` of measurement `i` that reads `v`: Int64 for counts, `DECIMAL(38, 0)` grid units for sums.
+fn x_field(i: usize, v: &RowValue) -> Field {
+    let dt = if matches!(v, RowValue::Sum(_)) { DataType::Decimal128(38, 0) } else { DataType::Int64 };
+    Field::new(format!("x{i}"), dt, true)
 }
 
 /// `v` of a sum's group that has seen no value yet (NULL, as SUM gives). Sums saturate at `i64::MIN + 1`, so that

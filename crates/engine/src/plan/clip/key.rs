@@ -80,10 +80,7 @@ impl KeptKey {
     }
 
     fn x_fields(&self) -> impl Iterator<Item = Field> + '_ {
-        self.measures.iter().enumerate().map(|(i, (v, _))| {
-            let dt = if matches!(v, RowValue::Sum(_)) { DataType::Decimal128(38, 0) } else { DataType::Int64 };
-            Field::new(format!("x{i}"), dt, true)
-        })
+        self.measures.iter().enumerate().map(|(i, (v, _))| super::x_field(i, v))
     }
 }
 
