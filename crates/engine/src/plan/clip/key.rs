@@ -40,6 +40,9 @@ use std::sync::Arc;
 /// kept (a row of priority `u64::MAX` is kept only by a unit that sees nothing smaller, as the ordered pass would).
 const NONE: u64 = u64::MAX;
 
+/// A group's key span while [`KeyGroups::lower`] has chosen the row that gives its key (until `keep` sets it).
+const TAKEN: usize = usize::MAX;
+
 /// The aggregate (module docs). Arguments: one per measurement that reads values (as `dp_clipped`), the priority
 /// (`UInt64`), then the keys. Result: a struct of `key{j}` (each key column, its own type) and `x{i}` (Int64 for
 /// counts, `DECIMAL(38, 0)` grid units for sums, NULL when no value was seen), as `dp_clipped` gives them.
@@ -183,8 +186,15 @@ impl KeyGroups {
                 fell.push(i);
             }
         }
-        let mut taken = std::collections::HashSet::new();
-        fell.retain(|&i| p[i] == self.priority[groups[i]] && taken.insert(groups[i]));
+        // The first row of each lowered group at its final priority; a group is marked once it has one.
+        fell.retain(|&i| {
+            let g = groups[i];
+            let first = p[i] == self.priority[g] && self.key[g].0 != TAKEN;
+            if first {
+                self.key[g] = (TAKEN, 0);
+            }
+            first
+        });
         fell
     }
 
@@ -198,7 +208,7 @@ impl KeyGroups {
     }
 
     /// The groups of `emit_to`, taken out: priorities, counts, values (`nv` per group) and key bytes.
-    fn take(&mut self, emit_to: EmitTo) -> (Vec<u64>, Vec<i64>, Vec<u64>, Vec<Vec<u8>>) {
+    fn take(&mut self, emit_to: EmitTo) -> Taken {
         let count = match emit_to {
             EmitTo::All => self.priority.len(),
             EmitTo::First(n) => n.min(self.priority.len()),
@@ -206,15 +216,30 @@ impl KeyGroups {
         let priority: Vec<u64> = self.priority.drain(..count).collect();
         let n: Vec<i64> = self.n.drain(..count).collect();
         let v: Vec<u64> = self.v.drain(..count * self.nv).collect();
-        let keys: Vec<Vec<u8>> = self.key.drain(..count).map(|(s, l)| self.arena[s..s + l].to_vec()).collect();
-        // The groups left keep their keys, moved to a fresh arena.
-        let mut arena = Vec::new();
+        let key: Vec<(usize, usize)> = self.key.drain(..count).collect();
+        // The groups left keep their keys, moved to a fresh arena (none left: the arena goes as it is).
+        let mut rest = Vec::new();
         for (s, l) in &mut self.key {
-            arena.extend_from_slice(&self.arena[*s..*s + *l]);
-            *s = arena.len() - *l;
+            rest.extend_from_slice(&self.arena[*s..*s + *l]);
+            *s = rest.len() - *l;
         }
-        self.arena = arena;
-        (priority, n, v, keys)
+        let arena = std::mem::replace(&mut self.arena, rest);
+        Taken { priority, n, v, key, arena }
+    }
+}
+
+/// Groups taken out of [`KeyGroups`]: their words, and their keys' spans in `arena`.
+struct Taken {
+    priority: Vec<u64>,
+    n: Vec<i64>,
+    v: Vec<u64>,
+    key: Vec<(usize, usize)>,
+    arena: Vec<u8>,
+}
+
+impl Taken {
+    fn keys(&self) -> impl Iterator<Item = &[u8]> {
+        self.key.iter().map(|&(s, l)| &self.arena[s..s + l])
     }
 }
 
@@ -233,14 +258,14 @@ impl GroupsAccumulator for KeyGroups {
         let Some(p) = values.get(self.nv).and_then(|p| p.as_primitive_opt::<UInt64Type>()) else {
             return exec_err!("dp_kept_key: the priority is not UInt64");
         };
-        let p = p.values().to_vec();
-        let fell = self.lower(&p, groups);
+        let p = &p.values()[..];
+        let fell = self.lower(p, groups);
         // Only the rows whose key is kept are converted to the row format.
         let idx = UInt64Array::from_iter_values(fell.iter().map(|&i| i as u64));
         let taken = values[self.nv + 1..].iter().map(|c| take(c, &idx, None)).collect::<Result<Vec<_>, _>>()?;
         let rows = self.conv.convert_columns(&taken)?;
         let spans = rows.iter().map(|r| append(&mut self.arena, r.as_ref())).collect();
-        let on = self.keep(&fell, spans, &p, groups);
+        let on = self.keep(&fell, spans, p, groups);
         for (&g, &on) in groups.iter().zip(&on) {
             self.n[g] += i64::from(on);
         }
@@ -259,14 +284,14 @@ impl GroupsAccumulator for KeyGroups {
             return exec_err!("dp_kept_key: {} state columns instead of {}", states.len(), self.nv + 3);
         }
         self.grow(total);
-        let p = states[0].as_primitive::<UInt64Type>().values().to_vec();
+        let p = &states[0].as_primitive::<UInt64Type>().values()[..];
         let n = states[1].as_primitive::<Int64Type>();
         let Some(keys) = states[self.nv + 2].as_binary_opt::<i32>() else {
             return exec_err!("dp_kept_key: the key state is not Binary");
         };
-        let fell = self.lower(&p, groups);
+        let fell = self.lower(p, groups);
         let spans = fell.iter().map(|&i| append(&mut self.arena, keys.value(i))).collect();
-        let on = self.keep(&fell, spans, &p, groups);
+        let on = self.keep(&fell, spans, p, groups);
         for (i, (&g, &on)) in groups.iter().zip(&on).enumerate() {
             self.n[g] = self.n[g].saturating_add(if on { n.value(i) } else { 0 });
         }
@@ -280,10 +305,10 @@ impl GroupsAccumulator for KeyGroups {
     }
 
     fn evaluate(&mut self, emit_to: EmitTo) -> Result<ArrayRef> {
-        let (_, n, v, keys) = self.take(emit_to);
-        let v = |g: usize, j: usize| v[g * self.nv + j] as i64;
+        let taken = self.take(emit_to);
+        let (n, v) = (&taken.n, |g: usize, j: usize| taken.v[g * self.nv + j] as i64);
         let parser = self.conv.parser();
-        let mut cols = self.conv.convert_rows(keys.iter().map(|k| parser.parse(k)))?;
+        let mut cols = self.conv.convert_rows(taken.keys().map(|k| parser.parse(k)))?;
         let mut arg = 0;
         for (value, rule) in &self.measures {
             let clip = |v: i64, n: i64| rule.clip(v.into(), n);
@@ -294,7 +319,7 @@ impl GroupsAccumulator for KeyGroups {
                     arg += 1;
                     let vs = || (0..n.len()).map(|g| v(g, j));
                     let seen: Vec<bool> = vs().map(|x| x != UNSEEN).collect();
-                    decimal(vs().zip(&n).map(|(x, &n)| if x == UNSEEN { 0 } else { clip(x, n) }).collect(), seen)
+                    decimal(vs().zip(n).map(|(x, &n)| if x == UNSEEN { 0 } else { clip(x, n) }).collect(), seen)
                 }
                 _ => {
                     let j = arg;
@@ -307,13 +332,15 @@ impl GroupsAccumulator for KeyGroups {
     }
 
     fn state(&mut self, emit_to: EmitTo) -> Result<Vec<ArrayRef>> {
-        let (priority, n, v, keys) = self.take(emit_to);
-        let groups = priority.len();
+        let taken = self.take(emit_to);
+        let groups = taken.n.len();
+        let keys = BinaryArray::from_iter_values(taken.keys());
+        let Taken { priority, n, v, .. } = taken;
         let mut cols: Vec<ArrayRef> = vec![Arc::new(UInt64Array::from(priority)), Arc::new(Int64Array::from(n))];
         for j in 0..self.nv {
             cols.push(int64_null_where((0..groups).map(|g| v[g * self.nv + j] as i64).collect(), UNSEEN));
         }
-        cols.push(Arc::new(BinaryArray::from_iter_values(keys)));
+        cols.push(Arc::new(keys));
         Ok(cols)
     }
 
