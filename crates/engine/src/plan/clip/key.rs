@@ -269,10 +269,9 @@ impl GroupsAccumulator for KeyGroups {
         for (&g, &on) in groups.iter().zip(&on) {
             self.n[g] += i64::from(on);
         }
-        let mut arg = 0;
+        // Measurement j that reads values reads argument j and keeps its v in word j.
         for (j, (value, _)) in self.measures.iter().filter(|(v, _)| !matches!(v, RowValue::Rows)).enumerate() {
-            let Some(x) = values.get(arg) else { return exec_err!("dp_kept_key: missing argument {arg}") };
-            arg += 1;
+            let Some(x) = values.get(j) else { return exec_err!("dp_kept_key: missing argument {j}") };
             let (nv, v) = (self.nv, &mut self.v[..]);
             super::each_value(*value, x, None, |i, x| add(v, groups[i] * nv + j, x, on[i]))?;
         }
