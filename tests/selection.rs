@@ -484,10 +484,28 @@ async fn marginals_without_a_domain_are_refused_where_selection_is_not_allowed()
         vec![floats.column(0).clone(), Arc::new(datafusion::arrow::array::Float64Array::from(vec![0.5]))],
     )
     .unwrap();
-    let f = session_with(100.0, 0.5, "f", floats, TablePolicy::with_unit("pid", 1, 1, BTreeMap::new()).unwrap());
+    let f =
+        session_with(100.0, 0.5, "f", floats.clone(), TablePolicy::with_unit("pid", 1, 1, BTreeMap::new()).unwrap());
     f.ledger().set_delta_total(1e-6, "test").unwrap();
     let e = f.marginals("f", &cols(&["x"]), &spec).await.unwrap_err();
     assert_eq!(e.code(), "marginal_no_domain", "{e}");
+    // A long table's value column too (pid as the attribute has no domain: refused first, so give it one).
+    let mut long = BTreeMap::new();
+    long.insert("a".to_string(), ColumnPolicy::Domain(vec![DomainValue::Int(1)]));
+    let g = RecordBatch::try_new(
+        Arc::new(Schema::new(vec![
+            Field::new("pid", DataType::Int64, false),
+            Field::new("a", DataType::Int64, false),
+            Field::new("x", DataType::Float64, false),
+        ])),
+        vec![floats.column(0).clone(), floats.column(0).clone(), floats.column(1).clone()],
+    )
+    .unwrap();
+    let g = session_with(100.0, 0.5, "g", g, TablePolicy::with_unit("pid", 1, 1, long).unwrap());
+    g.ledger().set_delta_total(1e-6, "test").unwrap();
+    let layout = dpfusion::marginals::MarginalLayout::Long { attribute: "a".into(), value: "x".into() };
+    let e = g.release_marginals("g", &layout, &spec).await.unwrap_err();
+    assert_eq!(e.code(), "marginal_no_domain", "a float value column: {e}");
     // The selection's δ here is about 8e-12 (the lowest integer threshold under the default 1e-8).
     let s = session(&[("a", 50)], 100.0, 1e-13);
     let e = s.marginals("visits", &cols(&["zip"]), &spec).await.unwrap_err();

@@ -182,8 +182,15 @@ impl DpSession {
         let rows = LogicalPlanBuilder::from(input).project(project).and_then(|b| b.build()).map_err(engine)?;
         let (_, rows) = self.tables.plan(&rows).await?;
         marginals::check_counted_types(&histograms, &rows.schema())?;
-        for (field, dom) in rows.schema().fields().iter().zip(&histograms.domains) {
-            if dom.is_none() && !crate::plan::selected::selectable(field.data_type()) {
+        // A counted column without a domain must have a type whose keys are exact (no floats): the columns of a
+        // wide table each, the value column (the second) of a long one.
+        let schema = rows.schema();
+        let open: Vec<usize> = match histograms.attributes {
+            None => (0..histograms.domains.len()).filter(|&i| histograms.domains[i].is_none()).collect(),
+            Some(_) => histograms.domains.first().is_some_and(Option::is_none).then_some(1).into_iter().collect(),
+        };
+        for field in open.into_iter().filter_map(|i| schema.fields().get(i)) {
+            if !crate::plan::selected::selectable(field.data_type()) {
                 return Err(no_domain(field.name()));
             }
         }
