@@ -659,12 +659,15 @@ async fn a_kill_9_during_a_query_storm_leaves_every_answered_charge_on_disk() {
     let mut child = spawn();
     wait_up().await;
     let received = Arc::new(std::sync::Mutex::new(Vec::<u64>::new()));
+    let answered = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let mut tasks = Vec::new();
     for _ in 0..8 {
-        let received = received.clone();
+        let (received, answered) = (received.clone(), answered.clone());
         tasks.push(tokio::spawn(async move {
             let Ok((c, mut notices)) = connect_as(addr, "alice", PASSWORD).await else { return };
-            while c.simple_query("SELECT sex, COUNT(*) FROM pums GROUP BY sex").await.is_ok() {}
+            while c.simple_query("SELECT sex, COUNT(*) FROM pums GROUP BY sex").await.is_ok() {
+                answered.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
             // Every charge the client was told about (also those whose rows the kill cut off).
             while let Ok(n) = notices.try_recv() {
                 if let Some(id) = n.strip_prefix("charge #").and_then(|r| r.split(':').next()) {
@@ -673,7 +676,15 @@ async fn a_kill_9_during_a_query_storm_leaves_every_answered_charge_on_disk() {
             }
         }));
     }
-    tokio::time::sleep(Duration::from_millis(2500)).await;
+    // Kill in the middle of the storm: once it has answered some queries (however loaded the machine is, for at
+    // most a minute), and a little later, while others are in flight.
+    for _ in 0..600 {
+        if answered.load(std::sync::atomic::Ordering::Relaxed) >= 16 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
     child.kill().unwrap(); // SIGKILL
     child.wait().unwrap();
     for t in tasks {
