@@ -578,20 +578,8 @@ impl ClippedGroups {
         if self.picked {
             cols.push(Arc::new(Int64Array::from_iter_values(bases.iter().map(|&b| cell_of(w[b + P])))));
         }
-        for ((value, rule), at) in self.measures.iter().zip(&self.v_at) {
-            let clip = |v: i64, n: i64| rule.clip(v.into(), n);
-            let vs = |at: usize| bases.iter().map(move |&b| w[b + at] as i64);
-            cols.push(match (value, at) {
-                (RowValue::Sum(_), Some(at)) => {
-                    let seen: Vec<bool> = vs(*at).map(|v| v != UNSEEN).collect();
-                    decimal(vs(*at).zip(&n).map(|(v, &n)| if v == UNSEEN { 0 } else { clip(v, n) }).collect(), seen)
-                }
-                (_, Some(at)) => {
-                    Arc::new(Int64Array::from_iter_values(vs(*at).zip(&n).map(|(v, &n)| saturate(clip(v, n)))))
-                }
-                (_, None) => Arc::new(Int64Array::from_iter_values(n.iter().map(|&n| saturate(clip(n, n))))),
-            });
-        }
+        let ats: Vec<usize> = self.v_at.iter().flatten().copied().collect();
+        cols.extend(clipped_columns(&self.measures, &n, |g, j| w[bases[g] + ats[j]] as i64));
         cols
     }
 
@@ -853,6 +841,32 @@ fn row_values(value: RowValue, x: &ArrayRef, filter: Option<&BooleanArray>) -> R
     let mut v = vec![if matches!(value, RowValue::Sum(_)) { UNSEEN } else { 0 }; x.len()];
     each_value(value, x, filter, |i, x| v[i] = x)?;
     Ok(int64_null_where(v, UNSEEN))
+}
+
+/// Each measurement's clipped column (the `x{i}` of [`x_field`]) for groups with row counts `n`, where `v(g, j)` is
+/// group g's `v` of the j-th measurement that reads values (UNSEEN before a value): COUNT(*) is `min(n, k)`, the
+/// others [`Clip::clip`] of their `v`, sums NULL where no value was seen.
+fn clipped_columns(measures: &[(RowValue, Clip)], n: &[i64], v: impl Fn(usize, usize) -> i64) -> Vec<ArrayRef> {
+    let mut j = 0;
+    let mut cols: Vec<ArrayRef> = vec![];
+    for (value, rule) in measures {
+        let clip = |v: i64, n: i64| rule.clip(v.into(), n);
+        if matches!(value, RowValue::Rows) {
+            cols.push(Arc::new(Int64Array::from_iter_values(n.iter().map(|&n| saturate(clip(n, n))))));
+            continue;
+        }
+        let v = &v;
+        let vs = |j: usize| (0..n.len()).map(move |g| v(g, j));
+        cols.push(match value {
+            RowValue::Sum(_) => {
+                let seen: Vec<bool> = vs(j).map(|x| x != UNSEEN).collect();
+                decimal(vs(j).zip(n).map(|(x, &n)| if x == UNSEEN { 0 } else { clip(x, n) }).collect(), seen)
+            }
+            _ => Arc::new(Int64Array::from_iter_values(vs(j).zip(n).map(|(x, &n)| saturate(clip(x, n))))),
+        });
+        j += 1;
+    }
+    cols
 }
 
 fn saturate(v: i128) -> i64 {

@@ -18,8 +18,7 @@
 //! plan never gives this aggregate a FILTER ([`crate::plan::safety`] refuses one), so every group has rows; a
 //! filter is refused here as a broken plan rather than read.
 
-use super::{Clip, UNSEEN, add, saturate};
-use crate::plan::exact_sum::decimal;
+use super::{Clip, UNSEEN, add, clipped_columns};
 use crate::plan::int64_null_where;
 use crate::plan::runs::RowValue;
 use datafusion::arrow::array::{
@@ -308,25 +307,7 @@ impl GroupsAccumulator for KeyGroups {
         let (n, v) = (&taken.n, |g: usize, j: usize| taken.v[g * self.nv + j] as i64);
         let parser = self.conv.parser();
         let mut cols = self.conv.convert_rows(taken.keys().map(|k| parser.parse(k)))?;
-        let mut arg = 0;
-        for (value, rule) in &self.measures {
-            let clip = |v: i64, n: i64| rule.clip(v.into(), n);
-            cols.push(match value {
-                RowValue::Rows => Arc::new(Int64Array::from_iter_values(n.iter().map(|&n| saturate(clip(n, n))))),
-                RowValue::Sum(_) => {
-                    let j = arg;
-                    arg += 1;
-                    let vs = || (0..n.len()).map(|g| v(g, j));
-                    let seen: Vec<bool> = vs().map(|x| x != UNSEEN).collect();
-                    decimal(vs().zip(n).map(|(x, &n)| if x == UNSEEN { 0 } else { clip(x, n) }).collect(), seen)
-                }
-                _ => {
-                    let j = arg;
-                    arg += 1;
-                    Arc::new(Int64Array::from_iter_values((0..n.len()).map(|g| saturate(clip(v(g, j), n[g])))))
-                }
-            });
-        }
+        cols.extend(clipped_columns(&self.measures, n, v));
         Ok(Arc::new(StructArray::try_new(self.fields.clone(), cols, None)?))
     }
 
