@@ -275,7 +275,10 @@ pub fn per_unit(
     // The streaming pass sums per cell; a count of units needs the rows per (unit, cell): the hash plan alone.
     let runs = match clips.iter().any(|c| matches!(c, Clip::Units)) {
         true => None,
-        false => unit_runs_rows(&input, cells, run_measures.collect(), k, groups, false)?,
+        false => {
+            let keys = cells.map_or(RunKeys::None, RunKeys::Cells);
+            unit_runs_rows(&input, keys, run_measures.collect(), k, groups, false)?
+        }
     };
     let measures: Vec<_> = values.iter().zip(clips).map(|((v, arg), clip)| (*v, arg.clone(), clip.range(k))).collect();
     let cell = || Column::from_name(cells::CELL);
@@ -370,12 +373,22 @@ pub(crate) fn by_unit(b: LogicalPlanBuilder, unit: Expr) -> datafusion::common::
     Ok(LogicalPlanBuilder::from(LogicalPlan::Extension(Extension { node: Arc::new(node) })))
 }
 
-/// The rows input of the streaming pass ([`runs`]) over `input` — `__dp_unit`, `__dp_cell` when keyed, and each
+/// The keys of a streaming pass's rows ([`runs`]).
+pub(crate) enum RunKeys {
+    /// No GROUP BY.
+    None,
+    /// Public keys, as `__dp_cell` in `0..n`.
+    Cells(u64),
+    /// Keys without a domain ([`runs::Spec::open`]), these expressions.
+    Open(Vec<Expr>),
+}
+
+/// The rows input of the streaming pass ([`runs`]) over `input` — `__dp_unit`, `__dp_cell` or the keys, and each
 /// measurement's per-row argument (none for COUNT(*)) — with its spec; None when the pass cannot read this input (a
 /// unit type it does not compare), which leaves the hash plan alone. `keep`: [`runs::Spec::keep`].
 pub(crate) fn unit_runs_rows(
     input: &LogicalPlan,
-    cells: Option<u64>,
+    keys: RunKeys,
     measured: Vec<(runs::RunMeasure, Option<Expr>)>,
     k: u64,
     groups: Option<u64>,
@@ -387,9 +400,18 @@ pub(crate) fn unit_runs_rows(
         return Ok(None);
     }
     let mut exprs = vec![Expr::Column(unit)];
-    if cells.is_some() {
-        exprs.push(col(Column::from_name(cells::CELL)));
-    }
+    let (cells, open) = match keys {
+        RunKeys::None => (None, 0),
+        RunKeys::Cells(n) => {
+            exprs.push(col(Column::from_name(cells::CELL)));
+            (Some(n), 0)
+        }
+        RunKeys::Open(keys) => {
+            let n = keys.len();
+            exprs.extend(keys.into_iter().enumerate().map(|(j, key)| key.alias(runs::key_column(j))));
+            (Some(0), n)
+        }
+    };
     let mut measures = vec![];
     for (i, (measure, arg)) in measured.into_iter().enumerate() {
         if let Some(arg) = arg {
@@ -398,7 +420,7 @@ pub(crate) fn unit_runs_rows(
         measures.push(measure);
     }
     let rows = LogicalPlanBuilder::from(input.clone()).project(exprs).and_then(|b| b.build()).map_err(engine)?;
-    let spec = runs::Spec { k, groups, cells: cells.unwrap_or(1), keyed: cells.is_some(), measures, keep };
+    let spec = runs::Spec { k, groups, cells: cells.unwrap_or(1), keyed: cells.is_some(), open, measures, keep };
     Ok(Some((rows, spec)))
 }
 

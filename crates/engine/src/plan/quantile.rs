@@ -758,7 +758,8 @@ pub(crate) fn kept_aggregate(
         Ok((RunMeasure { value, range: None }, Some(arg.clone())))
     });
     let cells = keyed.then(|| crate::plan::cell_count(group_keys));
-    let runs = bound::unit_runs_rows(&scoped, cells, pass.collect::<Result<_>>()?, k, groups, true)?;
+    let keys = cells.map_or(bound::RunKeys::None, bound::RunKeys::Cells);
+    let runs = bound::unit_runs_rows(&scoped, keys, pass.collect::<Result<_>>()?, k, groups, true)?;
     // The rows hash-partitioned by unit: the aggregation keeping them runs in one phase, not over a state per row.
     let b = bound::by_unit(LogicalPlanBuilder::from(scoped), unit())
         .and_then(|b| b.aggregate(vec![unit()], vec![keep]))

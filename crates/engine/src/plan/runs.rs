@@ -95,6 +95,10 @@ pub(crate) struct Spec {
     pub(crate) cells: u64,
     /// Whether the rows carry a cell (a GROUP BY).
     pub(crate) keyed: bool,
+    /// GROUP BY keys without a public domain ([`crate::plan::selected`]): how many key columns the rows carry as
+    /// [`key_column`]`(j)` instead of `__dp_cell`. The pass numbers their values as it meets them ([`open`]), and
+    /// its output is the keys, then `__dp_m{i}`. 0 otherwise (and `cells` is then the number of cells).
+    pub(crate) open: usize,
     /// The measurements, in the order of `__dp_m{i}`.
     pub(crate) measures: Vec<RunMeasure>,
     /// Whether each unit keeps `k` uniformly random rows per cell and every measurement reads those (a query with a
@@ -122,9 +126,24 @@ pub(crate) fn row_value(aggregate: &Expr) -> Option<(RowValue, Expr)> {
     }
 }
 
+/// The column of the rows input holding key `j` of a GROUP BY over keys without a domain ([`Spec::open`]).
+pub(crate) fn key_column(j: usize) -> String {
+    format!("__dp_key{j}")
+}
+
 /// The column of the rows input holding measurement `i`'s per-row value.
 pub(crate) fn row_column(i: usize) -> String {
     format!("__dp_row{i}")
+}
+
+impl Spec {
+    /// The cells, for EXPLAIN: their number, or the keys numbered as met.
+    fn cells_text(&self) -> String {
+        match self.open {
+            0 => format!("cells={}", self.cells),
+            n => format!("open keys={n}"),
+        }
+    }
 }
 
 impl RunMeasure {
@@ -170,8 +189,10 @@ impl UserDefinedLogicalNodeCore for UnitRuns {
     fn fmt_for_explain(&self, f: &mut fmt::Formatter) -> fmt::Result {
         write!(
             f,
-            "DpUnitRuns: k={}, groups={:?}, cells={} (one pass over the first input if it is verified clustered by unit, else the second)",
-            self.spec.k, self.spec.groups, self.spec.cells
+            "DpUnitRuns: k={}, groups={:?}, {} (one pass over the first input if it is verified clustered by unit, else the second)",
+            self.spec.k,
+            self.spec.groups,
+            self.spec.cells_text()
         )
     }
 
@@ -219,7 +240,8 @@ pub(crate) struct UnitRunsExec {
     rows: Arc<dyn ExecutionPlan>,
     fallback: Arc<dyn ExecutionPlan>,
     spec: Arc<Spec>,
-    /// Columns of the rows input: unit, cell (if keyed), each measurement's value (None for COUNT(*)).
+    /// Columns of the rows input: unit, cell (if keyed over public keys) or keys ([`Spec::open`]), each
+    /// measurement's value (None for COUNT(*)).
     columns: Arc<Columns>,
     props: Arc<PlanProperties>,
     /// `fallbacks`: 1 when the input was not clustered and the fallback ran; `rows_added_whole`: how many rows the
@@ -231,6 +253,7 @@ pub(crate) struct UnitRunsExec {
 struct Columns {
     unit: usize,
     cell: Option<usize>,
+    keys: Vec<usize>,
     values: Vec<Option<usize>>,
 }
 
@@ -243,7 +266,11 @@ impl UnitRunsExec {
         if !supports_unit(input.field(unit).data_type()) {
             return plan_err!("DpUnitRuns: unit of type {}", input.field(unit).data_type());
         }
-        let cell = if spec.keyed { Some(index(CELL)?) } else { None };
+        let cell = if spec.keyed && spec.open == 0 { Some(index(CELL)?) } else { None };
+        let keys = (0..spec.open).map(|j| index(&key_column(j))).collect::<Result<Vec<_>>>()?;
+        if spec.open > 0 && (spec.keep || !spec.keyed) {
+            return plan_err!("DpUnitRuns: keys without a domain in a pass that keeps rows or has no keys");
+        }
         let mut values = vec![];
         for (i, m) in spec.measures.iter().enumerate() {
             values.push(match m.value {
@@ -251,10 +278,13 @@ impl UnitRunsExec {
                 _ => Some(index(&row_column(i))?),
             });
         }
-        let keyed = usize::from(spec.keyed);
-        if out.fields().len() != keyed + spec.measures.len()
-            || (spec.keyed && out.field(0).data_type() != &DataType::Int64)
-        {
+        // The output begins with the cell, or with the keys (of their input types).
+        let keyed = if spec.open > 0 { spec.open } else { usize::from(spec.keyed) };
+        let lead_ok = match spec.open {
+            0 => !spec.keyed || out.field(0).data_type() == &DataType::Int64,
+            _ => keys.iter().enumerate().all(|(j, &c)| out.field(j).data_type() == input.field(c).data_type()),
+        };
+        if out.fields().len() != keyed + spec.measures.len() || !lead_ok {
             return plan_err!("DpUnitRuns: unexpected output schema {out:?}");
         }
         for (i, m) in spec.measures.iter().enumerate() {
@@ -274,7 +304,7 @@ impl UnitRunsExec {
             EmissionType::Final,
             Boundedness::Bounded,
         );
-        let columns = Arc::new(Columns { unit, cell, values });
+        let columns = Arc::new(Columns { unit, cell, keys, values });
         let metrics = ExecutionPlanMetricsSet::new();
         Ok(UnitRunsExec { rows, fallback, spec: Arc::new(spec), columns, props: Arc::new(props), metrics })
     }
@@ -282,7 +312,7 @@ impl UnitRunsExec {
 
 impl DisplayAs for UnitRunsExec {
     fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
-        write!(f, "DpUnitRunsExec: k={}, groups={:?}, cells={}", self.spec.k, self.spec.groups, self.spec.cells)
+        write!(f, "DpUnitRunsExec: k={}, groups={:?}, {}", self.spec.k, self.spec.groups, self.spec.cells_text())
     }
 }
 
@@ -426,6 +456,9 @@ struct Totals {
     /// In a pass that keeps rows, per cell × measurement the histogram of a quantile's slots (empty until a row
     /// reaches it); empty otherwise.
     hist: Vec<Vec<i64>>,
+    /// With keys without a domain ([`Spec::open`]), once the partitions are merged: the keys of cells `0..`, one
+    /// array per key column. Empty otherwise.
+    keys: Vec<ArrayRef>,
 }
 
 /// What a unit's `n` rows in one cell contribute to one measurement: COUNT(*) the count of rows itself (min(n, k)
@@ -445,10 +478,34 @@ fn contribution(value: RowValue, clip: &Clip, n: i64, v: impl FnOnce() -> (i128,
 }
 
 impl Totals {
+    /// Empty totals over the spec's cells (none yet with keys without a domain: [`Totals::grow`] adds them).
     fn new(spec: &Spec) -> Self {
-        let (cells, m) = (spec.cells as usize, spec.measures.len());
+        let cells = if spec.open > 0 { 0 } else { spec.cells as usize };
+        Self::with_cells(spec, cells)
+    }
+
+    fn with_cells(spec: &Spec, cells: usize) -> Self {
+        let m = spec.measures.len();
         let hist = if spec.keep { vec![Vec::new(); cells * m] } else { vec![] };
-        Totals { m, sums: vec![0; cells * m], seen: vec![false; cells * m], present: vec![false; cells], hist }
+        let (sums, seen, present) = (vec![0; cells * m], vec![false; cells * m], vec![false; cells]);
+        Totals { m, sums, seen, present, hist, keys: vec![] }
+    }
+
+    /// The number of cells.
+    fn cells(&self) -> usize {
+        self.present.len()
+    }
+
+    /// Room for `cells` cells (keys without a domain, numbered as they are met).
+    fn grow(&mut self, cells: usize) {
+        if cells > self.present.len() {
+            self.present.resize(cells, false);
+            self.sums.resize(cells * self.m, 0);
+            self.seen.resize(cells * self.m, false);
+            if !self.hist.is_empty() {
+                self.hist.resize(cells * self.m, Vec::new());
+            }
+        }
     }
 
     /// Clips one whole unit (or keeps its rows, [`Spec::keep`]), keeps at most `groups` of its cells uniformly at
@@ -625,7 +682,9 @@ impl Totals {
         let rows: Vec<usize> =
             if spec.keyed { (0..self.present.len()).filter(|&c| self.present[c]).collect() } else { vec![0] };
         let mut cols: Vec<ArrayRef> = vec![];
-        if spec.keyed {
+        if spec.open > 0 {
+            cols = open::keys_of(&self.keys, &rows, schema, spec.open)?;
+        } else if spec.keyed {
             cols.push(Arc::new(Int64Array::from_iter_values(rows.iter().map(|&c| c as i64))));
         }
         for (i, meas) in spec.measures.iter().enumerate() {
@@ -653,6 +712,8 @@ struct Part {
     first: Option<(Unit, UnitRows)>,
     last: Option<(Unit, UnitRows)>,
     totals: Totals,
+    /// With keys without a domain: the partition's keys, cell `c`'s at index `c` ([`open`]).
+    keys: Vec<ArrayRef>,
 }
 
 /// Runs the pass over every partition of `rows` in parallel; None as soon as one finds the input not clustered.
@@ -678,7 +739,7 @@ async fn pass(
             Err(NotClustered) => return Ok(None),
         }
     }
-    merge(parts, spec).map(|joined| joined.ok())
+    merge(parts, spec, &open::key_schema(&rows.schema(), columns)).map(|joined| joined.ok())
 }
 
 /// The clipping rule of each measurement.
@@ -687,12 +748,16 @@ fn clips(spec: &Spec) -> Vec<Clip> {
 }
 
 /// Joins the partitions: sorted by their unit ranges, which may meet only at their ends (a unit continued across
-/// partitions is merged, then clipped once); `Ok(Err(..))` when they overlap more.
-fn merge(mut parts: Vec<Part>, spec: &Spec) -> Result<std::result::Result<Totals, NotClustered>> {
+/// partitions is merged, then clipped once); `Ok(Err(..))` when they overlap more. `keys`: the schema of the keys
+/// without a domain ([`Spec::open`]; no fields otherwise).
+fn merge(mut parts: Vec<Part>, spec: &Spec, keys: &SchemaRef) -> Result<std::result::Result<Totals, NotClustered>> {
     let clips = clips(spec);
-    let mut totals = Totals::new(spec);
-    let mut pick = vec![];
     parts.retain(|p| p.first.is_some());
+    let mut totals = match spec.open {
+        0 => Totals::new(spec),
+        _ => open::renumber(&mut parts, spec, keys)?,
+    };
+    let mut pick = vec![];
     parts.sort_by(|a, b| {
         let range = |p: &Part| (p.first.as_ref().map(|f| f.0.clone()), p.last.as_ref().map(|l| l.0.clone()));
         range(a).cmp(&range(b))
@@ -737,7 +802,9 @@ async fn partition(
 ) -> Result<std::result::Result<Part, NotClustered>> {
     let clips = clips(spec);
     let m = spec.measures.len();
-    let mut part = Part { first: None, last: None, totals: Totals::new(spec) };
+    let mut part = Part { first: None, last: None, totals: Totals::new(spec), keys: vec![] };
+    // Keys without a domain: numbered as met, each batch's as one column of cells.
+    let mut keys = open::Numbering::new(spec, &stream.schema(), columns)?;
     // The partition's first unit, the unit being read, and its rows so far.
     let (mut first, mut current, mut rows) = (None::<Unit>, None::<Unit>, UnitRows::default());
     let (mut starts, mut pick, mut whole_runs) = (vec![], vec![], vec![]);
@@ -750,19 +817,20 @@ async fn partition(
         }
         starts.clear();
         whole_runs.clear();
-        let cells = match columns.cell {
-            Some(c) => {
+        let cells = match (columns.cell, keys.as_mut()) {
+            (Some(c), _) => {
                 let a = batch.column(c).as_primitive_opt::<Int64Type>();
                 match a {
                     Some(a) if a.null_count() == 0 => Some(&a.values()[..]),
                     _ => return internal_err!("DpUnitRuns: the cell column is not a non-NULL Int64"),
                 }
             }
-            None => None,
+            (None, Some(keys)) => Some(keys.cells(&batch, columns, &mut part.totals)?),
+            (None, None) => None,
         };
         // Without a pick a unit in several cells adds to each as its rows do. Row by row costs O(cells) a batch.
         let unit = batch.column(columns.unit);
-        let span = match spec.cells.saturating_mul(4) <= len as u64 {
+        let span = match part.totals.cells().saturating_mul(4) <= len {
             true => plain_span(unit, current.as_ref(), spec.groups.and(cells), spec.k)?,
             false => None,
         };
@@ -832,6 +900,9 @@ async fn partition(
         }
         part.totals.add_runs(&whole_runs, &values, spec, &clips);
     }
+    if let Some(keys) = keys {
+        part.keys = keys.emit()?;
+    }
     // The unit being read when the stream ended.
     if !rows.cells.is_empty() {
         match (&part.first, current) {
@@ -845,6 +916,7 @@ async fn partition(
 
 mod batch;
 mod keep;
+mod open;
 #[cfg(test)]
 mod tests;
 

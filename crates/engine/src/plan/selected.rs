@@ -19,14 +19,20 @@
 //! smallest priority and clips that key's rows as it aggregates ([`crate::plan::clip`]'s `KeptKey`); it keeps the
 //! key the ordered pass keeps.
 //!
+//! Steps 2–4 are wrapped in a [`crate::plan::runs::UnitRuns`] node, as over public keys: when the rows turn out
+//! clustered by unit (verified while streaming), one pass does the same bounding with no hash table by unit, the
+//! keys numbered as they are met; else the plan above runs. The pass keeps a uniformly random set of at most g of
+//! a unit's keys, as the priorities (a keyed hash, fresh for every query) do, and clips each as `dp_clipped` does.
+//!
 //! Only keys present in the data are candidates; each unit adds at most 1 to the COUNT(DISTINCT unit) (m = 1), or
 //! at most `k` to the COUNT(*) (m = k), of at most `g` keys, which is what the selection's analysis assumes. The
 //! released row count is itself a noisy quantity (how many keys passed), published as such.
 
 use crate::error::{DpError, Result, engine};
-use crate::plan::bound::{self, UNIT};
+use crate::plan::bound::{self, RunKeys, UNIT};
 use crate::plan::clip::{Clipped, KeptKey};
 use crate::plan::measures::{self, Measured};
+use crate::plan::runs::RunMeasure;
 use crate::plan::sensitivity::Contribution;
 use crate::plan::{GroupKey, Measure, MeasureKind, sensitivity};
 use crate::policy::TablePolicy;
@@ -127,15 +133,42 @@ fn aggregate(
     let values = bound::row_values(&clips, &measured.exprs)?;
     let unit_measures: Vec<_> = values.iter().zip(&clips).map(|((v, arg), c)| (*v, arg.clone(), c.range(k))).collect();
     let unit = || col(Column::from_name(UNIT));
-    let mut hashed = vec![unit()];
-    hashed.extend(key_exprs());
-    let priority = KeyPriority::call(hashed);
-    if contribution.groups == 1 {
-        return kept_key(scoped, keys, &unit_measures, k, priority, &clips);
-    }
+    let mut hash_args = vec![unit()];
+    hash_args.extend(key_exprs());
+    let priority = KeyPriority::call(hash_args);
+    // The same bounding as one verified pass when the rows turn out clustered by unit (not for COUNT(DISTINCT
+    // unit), which the pass does not count): the hash plan below is its fallback.
+    let runs = match clips.iter().any(|c| matches!(c, bound::Clip::Units)) {
+        true => None,
+        false => {
+            let measures = values.iter().zip(&clips).map(|((v, arg), c)| (RunMeasure::new(c, *v, k), arg.clone()));
+            let g = Some(contribution.groups);
+            bound::unit_runs_rows(&scoped, RunKeys::Open(key_exprs()), measures.collect(), k, g, false)?
+        }
+    };
+    let hashed = match contribution.groups {
+        1 => kept_key(scoped, keys, &unit_measures, k, priority, &clips)?,
+        g => kept_keys(scoped, keys, &unit_measures, k, g, priority, &clips)?,
+    };
+    bound::with_runs(LogicalPlanBuilder::from(hashed), runs)?.build().map_err(engine)
+}
+
+/// Steps 2–4 for `g > 1`: per (unit, key) clipped, the unit's `g` keys of smallest `priority` kept by an ordered
+/// pass (module docs), then the sums per key.
+fn kept_keys(
+    scoped: LogicalPlan,
+    keys: &[GroupKey],
+    unit_measures: &[crate::plan::clip::UnitMeasure],
+    k: u64,
+    g: u64,
+    priority: Expr,
+    clips: &[bound::Clip],
+) -> Result<LogicalPlan> {
+    let key_exprs = || keys.iter().map(|k| Expr::Column(k.column.clone())).collect::<Vec<_>>();
+    let unit = || col(Column::from_name(UNIT));
     let mut group_by = vec![unit()];
     group_by.extend(key_exprs());
-    let clipped = Clipped::call(&unit_measures, k, None).alias("__dp_s");
+    let clipped = Clipped::call(unit_measures, k, None).alias("__dp_s");
     let mut fields = key_exprs();
     fields.push(unit());
     fields
@@ -145,9 +178,9 @@ fn aggregate(
     // before it belongs to another unit (or there is none). One ordered pass, no state per unit.
     let mut order = vec![unit().sort(true, true), col("__dp_p").sort(true, true)];
     order.extend(key_exprs().into_iter().map(|e| e.sort(true, true)));
-    let g = i64::try_from(contribution.groups).unwrap_or(i64::MAX);
+    let g = i64::try_from(g).unwrap_or(i64::MAX);
     let behind = lag(unit(), Some(g), None).order_by(order).build().map_err(engine)?.alias("__dp_r");
-    let outer = bound::outer_sums(&clips);
+    let outer = bound::outer_sums(clips);
     LogicalPlanBuilder::from(scoped)
         .aggregate(group_by, vec![clipped])
         .and_then(|b| b.project(fields))

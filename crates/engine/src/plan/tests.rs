@@ -324,12 +324,14 @@ async fn keys_without_a_domain_are_bounded_per_unit_and_ranked_within_it() {
 }
 
 /// With g = 1 a unit's key is kept in the aggregation by unit itself (`dp_kept_key`: its key of smallest priority,
-/// clipped), with no window and no sort; the plan passes the safety check.
+/// clipped), with no window and no sort, as the fallback of the streaming pass over the keys numbered as met (the
+/// private and the public key both); the plan passes the safety check.
 #[tokio::test]
 async fn keys_without_a_domain_with_one_group_per_unit_keep_it_in_the_aggregation_by_unit() {
     let p = policy(true, 1);
     let dp = compiled("SELECT income, sex, SUM(income) FROM t GROUP BY income, sex", &p).await.unwrap();
     let plan = dp.private.display_indent().to_string();
+    assert!(plan.contains("DpUnitRuns: k=2, groups=Some(1), open keys=2 "), "{plan}");
     assert!(plan.contains("Aggregate: groupBy=[[__dp_unit]], aggr=[[dp_kept_key("), "{plan}");
     assert!(plan.contains("Aggregate: groupBy=[[t.income, t.sex]]"), "{plan}");
     assert!(!plan.contains("WindowAggr") && !plan.contains("Sort"), "{plan}");

@@ -75,6 +75,8 @@ async fn run_layout(parts: &[Vec<Row>], layout: &Layout, k: u64, g: u64, sql: &s
         Field::new("k", DataType::Int64, false),
         Field::new("x", DataType::Float64, true),
         Field::new("j", DataType::Int64, false),
+        Field::new("o", DataType::Utf8, false),
+        Field::new("oj", DataType::Utf8, false),
     ]));
     let batches = |rows: &Vec<Row>| -> Vec<RecordBatch> {
         let empty = layout.empty.then_some(&[][..]);
@@ -92,7 +94,9 @@ async fn run_layout(parts: &[Vec<Row>], layout: &Layout, k: u64, g: u64, sql: &s
                 let k = Arc::new(Int64Array::from_iter_values(c.iter().map(|r| r.1)));
                 let x = Arc::new(Float64Array::from_iter(c.iter().map(|r| r.2)));
                 let j = Arc::new(Int64Array::from_iter_values(c.iter().map(|r| r.0 % 3)));
-                RecordBatch::try_new(Arc::clone(&schema), vec![pid, k, x, j]).unwrap()
+                let o = Arc::new(StringArray::from_iter_values(c.iter().map(|r| format!("o{}", r.1))));
+                let oj = Arc::new(StringArray::from_iter_values(c.iter().map(|r| format!("o{}", r.0 % 3))));
+                RecordBatch::try_new(Arc::clone(&schema), vec![pid, k, x, j, o, oj]).unwrap()
             })
             .collect()
     };
@@ -130,6 +134,15 @@ const TOTAL: &str = "SELECT COUNT(*), COUNT(x), SUM(x) FROM t";
 const SUMMED: &str = "SELECT COUNT(*), SUM(x) FROM t";
 /// Picked (3 cells, g = 1), but each unit has one cell: the pick is the same in the pass and the hash plan.
 const PICKED: &str = "SELECT j, COUNT(*) FROM t GROUP BY j";
+/// Keys without a domain ([`Spec::open`]): `o` is `k` as text (units in up to three keys; g = 3 keeps them all).
+const OPEN: &str = "SELECT o, COUNT(*), COUNT(x), SUM(x) FROM t GROUP BY o";
+/// A key without a domain beside a public one (g = 3).
+const OPEN_MIXED: &str = "SELECT o, j, COUNT(*), SUM(x) FROM t GROUP BY o, j";
+/// `oj` is `j` as text: one key per unit, which g = 1 keeps (`dp_kept_key` in the hash plan).
+const OPEN_ONE: &str = "SELECT oj, COUNT(*), SUM(x) FROM t GROUP BY oj";
+/// The queries the pass must answer exactly as the hash plan does, with the `g` that makes the pick no choice.
+const EXACT: [(&str, u64); 7] =
+    [(BY_KEY, 3), (TOTAL, 1), (SUMMED, 1), (PICKED, 1), (OPEN, 3), (OPEN_MIXED, 3), (OPEN_ONE, 1)];
 
 /// The same rows, clustered or not, in any partitioning, give exactly the same exact aggregates; the pass runs
 /// only when the rows are verified clustered (a unit split across partitions included), else the hash plan.
@@ -151,7 +164,7 @@ async fn the_pass_equals_the_hash_plan_and_runs_only_on_clustered_input() {
         if r.0 < 100 || (r.0 < 150 && first_of_unit) { a.push(*r) } else { b.push(*r) }
     }
     let overlapping = vec![a, b];
-    for (sql, g) in [(BY_KEY, 3), (TOTAL, 1), (SUMMED, 1), (PICKED, 1)] {
+    for (sql, g) in EXACT {
         let (want, fell) = run(&clustered, false, g, sql).await;
         assert_eq!(fell, 0, "{sql}: clustered input takes the pass");
         for (name, parts) in [("spread", &spread), ("overlapping", &overlapping)] {
@@ -238,7 +251,7 @@ async fn long_units_empty_batches_and_narrow_unit_types_equal_the_hash_plan() {
     let (n, parts, spread) = (long_unit_rows, long_units(), strided(&long_units().concat()));
     let int = Layout { unit: DataType::Int64, batch: 7, empty: false };
     for k in [3, 50] {
-        for (sql, g) in [(BY_KEY, 3), (TOTAL, 1), (SUMMED, 1), (PICKED, 1)] {
+        for (sql, g) in EXACT {
             let hash = run_layout(std::slice::from_ref(&spread), &int, k, g, sql).await;
             assert_eq!(hash.fallbacks, 1, "{sql}, k = {k}: spread input falls back");
             for unit in [DataType::Int64, DataType::Int16, DataType::UInt8, DataType::UInt32, DataType::Utf8View] {
@@ -354,6 +367,7 @@ fn adding_rows_equals_adding_their_units() {
             groups: None,
             cells: if keyed { 4 } else { 1 },
             keyed,
+            open: 0,
             measures: measures.iter().map(|&value| RunMeasure { value, range: Some((-45, 45)) }).collect(),
             keep: false,
         };
@@ -421,6 +435,34 @@ async fn a_unit_in_several_cells_is_picked_not_added_row_by_row() {
     assert!(total > 0 && total <= bound, "total {total}, at most {bound}");
 }
 
+/// Keys without a domain, a unit in up to three of them and g = 1: each unit adds min(n, k) rows of one of its keys,
+/// between its smallest and its largest key, whichever plan runs; the pass ran on the clustered rows, and both
+/// name the same keys.
+#[tokio::test]
+async fn a_pick_of_keys_without_a_domain_keeps_one_key_per_unit() {
+    let (n, parts, spread) = (long_unit_rows, long_units(), strided(&long_units().concat()));
+    let int = Layout { unit: DataType::Int64, batch: 7, empty: true };
+    for k in [3, 50] {
+        let per_key = |u: i64| (0..3).map(move |c| (0..n(u)).filter(|r| (u + r / 3) % 3 == c).count() as i64);
+        let clipped = |u: i64| per_key(u).map(|m| m.min(k as i64)).filter(|&m| m > 0).collect::<Vec<_>>();
+        let lo: i64 = (0..60).map(|u| clipped(u).into_iter().min().unwrap_or(0)).sum();
+        let hi: i64 = (0..60).map(|u| clipped(u).into_iter().max().unwrap_or(0)).sum();
+        for (name, parts) in [("clustered", parts.clone()), ("spread", vec![spread.clone()])] {
+            let picked = run_layout(&parts, &int, k, 1, "SELECT o, COUNT(*) FROM t GROUP BY o").await;
+            assert_eq!(picked.fallbacks, usize::from(name == "spread"), "k = {k}, {name}");
+            let fields = |l: &String| -> Option<(String, i64)> {
+                let f: Vec<&str> = l.split('|').map(str::trim).filter(|f| !f.is_empty()).collect();
+                Some((f.first()?.to_string(), f.get(1)?.parse().ok()?))
+            };
+            let keys: Vec<(String, i64)> = picked.lines.iter().filter_map(fields).collect();
+            let total: i64 = keys.iter().map(|(_, c)| c).sum();
+            assert!((lo..=hi).contains(&total), "k = {k}, {name}: {total} not in {lo}..={hi}");
+            let names: Vec<&str> = keys.iter().map(|(key, _)| key.as_str()).collect();
+            assert_eq!(names, ["o0", "o1", "o2"], "k = {k}, {name}");
+        }
+    }
+}
+
 /// The span that goes row by row: whole units after the one continued from the batch before and before the
 /// last, none over k rows, each in one cell when cells are given; nothing for text, NULL or disorder.
 #[test]
@@ -461,12 +503,13 @@ fn the_span_row_by_row_holds_whole_units_only() {
 }
 
 fn part(first: i64, last: Option<i64>, rows_n: i64) -> Part {
-    let spec = Spec { k: 2, groups: None, cells: 1, keyed: false, measures: vec![], keep: false };
+    let spec = Spec { k: 2, groups: None, cells: 1, keyed: false, open: 0, measures: vec![], keep: false };
     let unit = |n| UnitRows { cells: vec![0], n: vec![n], v: vec![], seen: vec![], kept: vec![vec![]] };
     Part {
         first: Some((Unit::Int(first), unit(rows_n))),
         last: last.map(|l| (Unit::Int(l), unit(rows_n))),
         totals: Totals::new(&spec),
+        keys: vec![],
     }
 }
 
@@ -479,6 +522,7 @@ fn partitions_join_in_unit_order_and_overlaps_are_not_clustered() {
         groups: None,
         cells: 1,
         keyed: false,
+        open: 0,
         measures: vec![RunMeasure { value: RowValue::Rows, range: None }],
         keep: false,
     };
@@ -492,10 +536,10 @@ fn partitions_join_in_unit_order_and_overlaps_are_not_clustered() {
     };
     // Unit 5 in three partitions (2 rows each), unit 1 before it, unit 9 after; given out of order.
     let parts = vec![part(5, Some(9), 2), part(1, Some(5), 2), part(5, None, 2)].into_iter().map(with_m).collect();
-    let Ok(Ok(t)) = merge(parts, &spec) else { panic!("clustered") };
+    let Ok(Ok(t)) = merge(parts, &spec, &no_keys()) else { panic!("clustered") };
     assert_eq!(t.sums, vec![2 + 2 + 2], "units 1, 5 and 9, each clipped to k = 2");
     let overlap = vec![part(1, Some(6), 2), part(5, Some(9), 2)].into_iter().map(with_m).collect();
-    assert!(matches!(merge(overlap, &spec), Ok(Err(NotClustered))));
+    assert!(matches!(merge(overlap, &spec, &no_keys()), Ok(Err(NotClustered))));
 }
 
 /// Within a partition a unit may not come back, nor appear as NULL.
@@ -605,4 +649,9 @@ fn trim_keeps_the_k_smallest_priorities() {
     assert_eq!(rows, vec![1, 10, 11]);
     crate::plan::quantile::trim(&mut rows, 2, 0);
     assert!(rows.is_empty());
+}
+
+/// The key schema of a pass without keys without a domain.
+fn no_keys() -> SchemaRef {
+    Arc::new(Schema::empty())
 }
