@@ -97,6 +97,26 @@ fn rho_flag_sets_the_per_query_budget() {
     assert_eq!(o.status.code(), Some(2), "a ρ above the total is refused");
 }
 
+/// `--target` prices each query at the smallest ρ meeting it (query and explain), and conflicts with `--rho`;
+/// `marginals --target` does the same for every cell.
+#[test]
+fn target_flags_solve_for_rho() {
+    let o = dpfusion(&["explain", "--target", "±20", "SELECT COUNT(*) AS n FROM pums"]);
+    let out = text(&o.stdout);
+    assert!(o.status.success() && out.contains("ρ solved for dp.target = '±20'"), "{out}{}", text(&o.stderr));
+    let o = dpfusion(&["query", "--target", "n:±20", "--format", "json", "SELECT COUNT(*) AS n FROM pums"]);
+    let v: Value = serde_json::from_slice(&o.stdout).expect("json");
+    let rho = v["charge"]["rho"].as_f64().unwrap();
+    assert!(rho > 0.0 && rho < 0.05, "ρ = {rho}");
+    let o = dpfusion(&["query", "--target", "±20", "--rho", "0.1", "SELECT COUNT(*) FROM pums"]);
+    assert_eq!(o.status.code(), Some(2), "--target and --rho conflict");
+    let o = dpfusion(&["marginals", "--table", "pums", "--columns", "sex,race", "--target", "±10", "--plan"]);
+    let out = text(&o.stdout);
+    assert!(o.status.success(), "{out}{}", text(&o.stderr));
+    let cell = out.split("each cell: ± ").nth(1).and_then(|t| t.split(' ').next()).map(|t| t.parse::<f64>());
+    assert!(matches!(cell, Some(Ok(h)) if h <= 10.0), "{out}");
+}
+
 #[test]
 fn explain_and_budget_commands() {
     let o = dpfusion(&["explain", "SELECT sex, SUM(income) FROM pums GROUP BY sex"]);

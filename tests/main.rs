@@ -54,6 +54,8 @@ mod sql_accept;
 mod sql_refuse;
 /// Helpers shared by the other modules: configurations, sessions, temporary directories, outcomes.
 mod support;
+/// Accuracy targets (issue 39, `SET dp.target`): solved ρ, met and not 1 % cheaper; refusals that spend nothing.
+mod target;
 /// Joins of private tables on their privacy unit (issue 37): bounded after the join, other joins refused.
 mod unit_join;
 /// The numeric test vectors of the research notes (calibration, conversions, compositions).

@@ -185,6 +185,21 @@ async fn refusals_carry_a_sqlstate_and_a_hint_and_describe_spends_nothing() {
     let rho = hint.split("SET dp.rho = ").nth(1).and_then(|r| r.split('`').next()).unwrap_or_default();
     assert!(rho.len() <= 5 && rho.parse::<f64>().is_ok_and(|r| r > 0.0), "{hint}");
     assert_eq!(spent(&s.db, "alice").1, 1);
+    // An accuracy target that the budget left does not cover: 53400 too, and the hint says what it would give.
+    c.simple_query("SET dp.target = 'n:±0.6'").await.unwrap();
+    let shown = c.simple_query("SHOW dp.target").await.unwrap();
+    let row = shown.iter().find_map(|m| match m {
+        SimpleQueryMessage::Row(r) => r.get(0),
+        _ => None,
+    });
+    assert_eq!(row, Some("n:±0.6"), "{shown:?}");
+    let e = c.simple_query("SELECT COUNT(*) AS n FROM pums").await.unwrap_err();
+    assert_eq!(code(&e), "53400");
+    let hint = e.as_db_error().and_then(|d| d.hint()).unwrap_or_default();
+    assert!(hint.contains("would give n ± "), "{hint}");
+    assert_eq!(code(&c.simple_query("SET dp.target = '±0'").await.unwrap_err()), "22023");
+    c.simple_query("SET dp.target = 'off'").await.unwrap();
+    assert_eq!(spent(&s.db, "alice").1, 1);
     // A 10 MB statement is refused, and the connection goes on.
     let big = format!("SELECT COUNT(*) FROM pums WHERE {}", "age > 1 AND ".repeat(900_000) + "TRUE");
     assert_eq!(code(&c.simple_query(&big).await.unwrap_err()), "54000");

@@ -37,11 +37,15 @@ pub(crate) struct MarginalArgs {
     #[arg(long, value_delimiter = ',', num_args = 1..=2, value_name = "ATTRIBUTE,VALUE")]
     pub(crate) long: Vec<String>,
     /// ρ to spend on the whole release.
-    #[arg(long, conflicts_with = "target_std")]
+    #[arg(long, conflicts_with_all = ["target_std", "target"])]
     pub(crate) rho: Option<f64>,
     /// Target noise standard deviation per cell, in counts (ρ follows).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "target")]
     pub(crate) target_std: Option<f64>,
+    /// Target half-width of each cell's interval at the release's confidence, in counts (e.g. ±10): the
+    /// smallest ρ that gives it.
+    #[arg(long)]
+    pub(crate) target: Option<String>,
     /// Output format.
     #[arg(long, value_enum, default_value = "csv")]
     pub(crate) format: MarginalFormat,
@@ -91,10 +95,14 @@ fn layout_of(s: &DpSession, a: &MarginalArgs) -> Result<MarginalLayout, DpError>
 }
 
 fn budget(a: &MarginalArgs) -> Result<MarginalBudget, DpError> {
-    match (a.rho, a.target_std) {
-        (Some(r), None) => Ok(MarginalBudget::Rho(r)),
-        (None, Some(s)) => Ok(MarginalBudget::TargetStd(s)),
-        _ => Err(DpError::Config("give --rho R or --target-std S".into())),
+    match (a.rho, a.target_std, a.target.as_deref()) {
+        (Some(r), None, None) => Ok(MarginalBudget::Rho(r)),
+        (None, Some(s), None) => Ok(MarginalBudget::TargetStd(s)),
+        (None, None, Some(t)) => match dpfusion::session::Target::parse(t) {
+            Ok(Some(dpfusion::session::Target::All(h))) => Ok(MarginalBudget::TargetHalfWidth(h)),
+            _ => Err(DpError::Config(format!("--target {t}: give one half-width in counts, e.g. --target ±10"))),
+        },
+        _ => Err(DpError::Config("give --rho R, --target ±H or --target-std S".into())),
     }
 }
 

@@ -79,6 +79,10 @@ enum Command {
         /// ρ per query (the same as `SET dp.rho = R` before the statements).
         #[arg(long)]
         rho: Option<f64>,
+        /// Accuracy target instead of a ρ: each query is priced at the smallest ρ that gives every noisy column
+        /// (`±10`) or the columns named (`n:±10,total:±500`) an interval at most that wide (`SET dp.target`).
+        #[arg(long, conflicts_with = "rho")]
+        target: Option<String>,
         /// Idempotency key: a retry with the same id returns the stored release (same numbers, no new charge).
         /// With several statements, statement n uses `ID#n`.
         #[arg(long)]
@@ -101,6 +105,9 @@ enum Command {
         /// Configuration file (TOML).
         #[arg(long, short)]
         config: Option<PathBuf>,
+        /// Accuracy target (as `query --target`): the plan shows the ρ solved for it.
+        #[arg(long)]
+        target: Option<String>,
         /// The query.
         sql: String,
     },
@@ -426,7 +433,7 @@ async fn run(cli: Cli) -> Result<bool, DpError> {
             let (s, path) = open(config).await?;
             repl::run(s, &path).await
         }
-        Command::Query { config, format, rho, request_id, file, plot, force, sql } => {
+        Command::Query { config, format, rho, target, request_id, file, plot, force, sql } => {
             let (s, path, cfg) = open_with_config(config).await?;
             let statements = match (file, sql) {
                 (Some(f), None) => dpfusion::split_statements(&read_sql_file(&f, &protected_paths(&path, &cfg))?),
@@ -439,6 +446,7 @@ async fn run(cli: Cli) -> Result<bool, DpError> {
             if let Some(r) = rho {
                 s.sql(&format!("SET dp.rho = {r}")).await.map_err(|e| DpError::Config(format!("--rho {r}: {e}")))?;
             }
+            set_target(&s, target.as_deref()).await?;
             match plot {
                 None => Ok(run_statements(&s, &statements, format, request_id.as_deref()).await),
                 Some(p) => {
@@ -473,8 +481,9 @@ async fn run(cli: Cli) -> Result<bool, DpError> {
         Command::Pin(a) => pin::run(a).await,
         Command::Init(a) => init::init(a).await,
         Command::Check { config } => init::check(&config).await,
-        Command::Explain { config, sql } => {
+        Command::Explain { config, target, sql } => {
             let (s, _) = open(config).await?;
+            set_target(&s, target.as_deref()).await?;
             let e = s.explain(sql.trim().trim_end_matches(';')).await?;
             outln!("{e}");
             Ok(true)
@@ -521,4 +530,14 @@ pub(crate) fn main() -> i32 {
     // end of its grace period, say); the command is done, so give them a moment and exit.
     rt.shutdown_timeout(std::time::Duration::from_secs(1));
     status
+}
+
+/// `--target T`: `SET dp.target = 'T'` on the session (a value with a quote is refused as unreadable).
+async fn set_target(s: &DpSession, target: Option<&str>) -> Result<(), DpError> {
+    let Some(t) = target else { return Ok(()) };
+    if t.contains('\'') {
+        return Err(DpError::Config(format!("--target {t}: write it without quotes, e.g. --target ±10")));
+    }
+    s.sql(&format!("SET dp.target = '{t}'")).await.map_err(|e| DpError::Config(format!("--target {t}: {e}")))?;
+    Ok(())
 }

@@ -45,6 +45,8 @@ const KEYWORDS: &[&str] = &[
     "dp.rho",
     "dp.mechanism",
     "dp.confidence",
+    "dp.selection_delta",
+    "dp.target",
 ];
 
 /// A meta-command of the shell.
@@ -85,6 +87,7 @@ fn help() -> String {
   SELECT ... ;                      a query: noisy answer, its accuracy and its cost
   EXPLAIN DP SELECT ... ;           plan, sensitivity, noise and cost, without spending anything
   SET dp.rho = 0.02;                ρ per query (also dp.mechanism = 'laplace' or 'auto', dp.confidence = 0.9)
+  SET dp.target = '±10';            instead of ρ: the smallest ρ giving every noisy column ± 10 ('n:±10' per column)
 Meta-commands:",
     );
     for (_, names, arg, what) in META {

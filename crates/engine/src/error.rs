@@ -32,6 +32,25 @@ pub enum DpError {
         remaining: f64,
     },
 
+    /// A query priced for an accuracy target (`SET dp.target`) costs more than the budget has left. Nothing was
+    /// spent.
+    #[error(
+        "dp.target = '{target}' costs ρ = {} but ρ = {} remains. Nothing was spent. {}",
+        fmt_num(*.cost),
+        fmt_num(*.remaining),
+        target_hint(.best)
+    )]
+    TargetOverBudget {
+        /// The target as set.
+        target: String,
+        /// The ρ it costs.
+        cost: f64,
+        /// The ρ that remains.
+        remaining: f64,
+        /// What the remaining ρ would give each targeted column, in words.
+        best: String,
+    },
+
     /// A charge would exceed the δ budget of approximate-zCDP measurements (key selection). Nothing was spent.
     #[error("{}. Nothing was spent. {}", over_delta(*.requested, *.total, *.spent), delta_hint(*.total))]
     OverDelta {
@@ -117,6 +136,7 @@ impl DpError {
         match self {
             DpError::Refused(r) => r.code(),
             DpError::OverBudget { .. } => "over_budget",
+            DpError::TargetOverBudget { .. } => "target_over_budget",
             DpError::OverDelta { .. } => "over_delta_budget",
             DpError::TableCap { .. } => "table_cap",
             DpError::Access(_) => "access_denied",
@@ -137,6 +157,7 @@ impl DpError {
         match self {
             DpError::Refused(r) => Some(r.hint()),
             DpError::OverBudget { remaining, total, .. } => Some(budget_hint(*remaining, *total)),
+            DpError::TargetOverBudget { best, .. } => Some(target_hint(best)),
             DpError::OverDelta { total, .. } => Some(delta_hint(*total)),
             DpError::TableCap { .. } => {
                 Some("ask for less (`SET dp.rho = ...`), or ask the data owner to raise the cap".into())
@@ -155,6 +176,11 @@ impl DpError {
             DpError::OverDelta { total, spent, requested } => {
                 format!("{}. Nothing was spent", over_delta(*requested, *total, *spent))
             }
+            DpError::TargetOverBudget { target, cost, remaining, .. } => format!(
+                "dp.target = '{target}' costs ρ = {} but ρ = {} remains. Nothing was spent",
+                fmt_num(*cost),
+                fmt_num(*remaining)
+            ),
             other => other.to_string(),
         }
     }
@@ -164,7 +190,11 @@ impl DpError {
     pub fn is_refusal(&self) -> bool {
         matches!(
             self,
-            DpError::Refused(_) | DpError::OverBudget { .. } | DpError::OverDelta { .. } | DpError::TableCap { .. }
+            DpError::Refused(_)
+                | DpError::OverBudget { .. }
+                | DpError::TargetOverBudget { .. }
+                | DpError::OverDelta { .. }
+                | DpError::TableCap { .. }
         )
     }
 }
@@ -178,6 +208,15 @@ impl From<Refusal> for DpError {
 /// A DataFusion error outside the private part of a plan, as [`DpError::Engine`].
 pub fn engine(e: datafusion::error::DataFusionError) -> DpError {
     DpError::Engine(e)
+}
+
+/// What to change when an accuracy target does not fit the budget: what the budget left would give.
+fn target_hint(best: &str) -> String {
+    if best.is_empty() {
+        "Ask for a wider interval (a larger ±), or ask the data owner for more budget".into()
+    } else {
+        format!("The budget left would give {best}: ask for that (or wider), or ask the data owner for more budget")
+    }
 }
 
 /// The first sentence of [`DpError::OverDelta`]'s message.

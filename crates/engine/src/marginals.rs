@@ -51,13 +51,16 @@ use serde::Serialize;
 use std::collections::HashMap;
 use std::sync::Arc;
 
-/// How much to spend: a ρ, or a target noise standard deviation (in counts) from which ρ follows.
+/// How much to spend: a ρ, or a target accuracy (in counts) from which ρ follows.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum MarginalBudget {
     /// Spend this ρ; σ = k·√d / √(2ρ).
     Rho(f64),
     /// Aim for this σ (counts); ρ = (k·√d)² / (2σ²).
     TargetStd(f64),
+    /// Aim for this half-width (counts) of each cell's interval at the release's confidence: the largest σ whose
+    /// interval is at most this wide, hence the smallest ρ ([`sigma_for_half_width`]).
+    TargetHalfWidth(f64),
 }
 
 /// What to release.
@@ -273,6 +276,7 @@ pub(crate) fn plan_accounted(
         (MarginalBudget::Rho(r), Accounting::Gdp) => calibrate::gaussian_gdp(l2, Rho::positive(r)?)?,
         (MarginalBudget::TargetStd(s), Accounting::Zcdp) => calibrate::gaussian_for_sigma(l2, s)?,
         (MarginalBudget::TargetStd(s), Accounting::Gdp) => calibrate::gaussian_for_sigma_gdp(l2, s)?,
+        (MarginalBudget::TargetHalfWidth(h), _) => sigma_for_half_width(accounting, l2, h, confidence)?,
     };
     // With one row per unit, a unit moves one cell of each of the d histograms by 1: exact PLD accounting. With
     // k > 1 rows, its k rows may spread over several cells of a column, a shape the PLD does not model; the zCDP
@@ -312,6 +316,55 @@ pub(crate) fn plan_accounted(
         selection: selection.as_ref().map(|(m, _)| m.clone()),
     };
     Ok((plan, cal, selection.map(|(_, s)| s)))
+}
+
+/// The calibration of the largest σ (for sensitivity `l2`, priced as `accounting` enforces the budget) whose
+/// interval at `confidence` is at most `half` counts wide: bisection on σ over the calibrations themselves, whose
+/// half-widths are what the release states (a step function of σ, never smaller for a larger σ). Refused when no
+/// σ the calibration accepts meets it.
+fn sigma_for_half_width(accounting: Accounting, l2: f64, half: f64, confidence: f64) -> Result<Calibration> {
+    if !(half.is_finite() && half > 0.0) {
+        return Err(DpError::invalid("target", format!("the half-width must be finite and > 0, got {half}")));
+    }
+    let at = |sigma: f64| -> Result<Option<Calibration>> {
+        let cal = match accounting {
+            Accounting::Zcdp => calibrate::gaussian_for_sigma(l2, sigma),
+            Accounting::Gdp => calibrate::gaussian_for_sigma_gdp(l2, sigma),
+        };
+        let Ok(cal) = cal else { return Ok(None) };
+        let NoiseParams::Gaussian { sigma_sq } = cal.params() else { return Ok(None) };
+        Ok((accuracy::discrete_gaussian_ci_half_width(sigma_sq, confidence)? <= half).then_some(cal))
+    };
+    // A σ that meets the target (the smallest the calibrations accept, 2⁻¹³, or Gaussian DP's 0.25) ...
+    let mut lo = 1.0 / 8192.0;
+    let mut best = at(lo)?;
+    if best.is_none() {
+        lo = 0.25;
+        best = at(lo)?;
+    }
+    let Some(mut best) = best else {
+        return Err(DpError::invalid(
+            "target",
+            format!("no noise small enough gives each cell ± {half} at {confidence}: ask for a wider interval"),
+        ));
+    };
+    // ... and one that does not (σ beyond the half-width fails at any usual confidence; 2⁴⁰ at most).
+    let mut hi = half.max(1.0) * 4.0;
+    while let Some(c) = at(hi)? {
+        (lo, best) = (hi, c);
+        hi *= 2.0;
+        if hi > 1.1e12 {
+            return Ok(best);
+        }
+    }
+    while hi / lo > 1.0 + 1e-9 {
+        let mid = (lo * hi).sqrt();
+        match at(mid)? {
+            Some(c) => (lo, best) = (mid, c),
+            None => hi = mid,
+        }
+    }
+    Ok(best)
 }
 
 /// The type a column's values are converted to before they are looked up in `domain`.

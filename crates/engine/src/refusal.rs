@@ -124,6 +124,31 @@ pub enum Refusal {
         /// The session's total.
         total: f64,
     },
+    /// `SET dp.target` names a column that cannot be targeted: not an output, or one whose interval is not known
+    /// before the data is read.
+    #[error("dp.target cannot be met for `{column}`: {reason}")]
+    TargetColumn {
+        /// The column (or the whole target, when it constrains no column).
+        column: String,
+        /// Why.
+        reason: String,
+    },
+    /// No ρ the search tries meets `SET dp.target`.
+    #[error(
+        "no ρ up to {} meets dp.target = '{target}': at that ρ `{column}` is still ± {}",
+        crate::format::fmt_num(*.max_rho),
+        crate::format::fmt_num(*.reached)
+    )]
+    TargetUnreachable {
+        /// The target as set.
+        target: String,
+        /// A column that misses it.
+        column: String,
+        /// The largest ρ tried.
+        max_rho: f64,
+        /// That column's half-width at that ρ.
+        reached: f64,
+    },
 
     // ----- The shape of the query
     /// A subquery inside an expression.
@@ -574,9 +599,9 @@ impl Refusal {
             OutsideReadOnly { .. } => "dpfusion answers SELECT queries with aggregates; tables are declared by the \
                                        data owner in the configuration file"
                 .into(),
-            StatementNotAvailable | SetNotAvailable { .. } => "only dp.rho, dp.mechanism and dp.confidence can be \
-                set; the budget, policy and engine settings come from the configuration file"
-                .into(),
+            StatementNotAvailable | SetNotAvailable { .. } => format!(
+                "only {SETTABLE} can be set; the budget, policy and engine settings come from the configuration file"
+            ),
             TooDeep { .. } => {
                 "flatten the expression: fewer nested parentheses, CASEs and NOTs (write `a AND b` rather \
                                  than nested conditions, a list of values with IN (...))"
@@ -588,11 +613,21 @@ impl Refusal {
             ReservedName { .. } => "choose another name".into(),
             EmptyRequestId => "give a non-empty id (e.g. job-2026-11-23-1)".into(),
             SetUnreadable => "write `SET dp.rho = 0.02`".into(),
-            NoSuchOption { .. } => "the options are dp.rho, dp.mechanism and dp.confidence".into(),
+            NoSuchOption { .. } => format!("the options are {SETTABLE}"),
             BadOptionValue { option: "rho", .. } => "give a ρ > 0, e.g. SET dp.rho = 0.02".into(),
             BadOptionValue { option: "mechanism", .. } => "SET dp.mechanism = 'gaussian', 'laplace' or 'auto'".into(),
+            BadOptionValue { option: "selection_delta", .. } => "give a δ in (0, 0.001), e.g. SET \
+                dp.selection_delta = 1e-8"
+                .into(),
+            BadOptionValue { option: "target", .. } => "give a half-width for every noisy column (SET dp.target = \
+                '±10') or per column (SET dp.target = 'n:±10, total:±500'); 'off' removes it"
+                .into(),
             BadOptionValue { .. } => "give a level strictly between 0 and 1, e.g. SET dp.confidence = 0.9".into(),
             RhoOverTotal { .. } => "choose a per-query ρ no larger than the total (\\budget shows what remains)".into(),
+            TargetColumn { .. } => "target by name only columns that are counts, sums or linear combinations of \
+                them (SET dp.target = 'n:±10'), or SET dp.target = 'off' and choose ρ with SET dp.rho"
+                .into(),
+            TargetUnreachable { .. } => "ask for a wider interval (a larger ±), or a lower dp.confidence".into(),
             Subquery => "rewrite the query as one aggregate over one table, with conditions in WHERE".into(),
             UnexpectedShape | UnsupportedNode { .. } => one_aggregate.into(),
             RawRows { .. } => "ask for aggregates instead, e.g. `SELECT COUNT(*) ...` or `SELECT sex, AVG(income) \
@@ -727,6 +762,8 @@ impl Refusal {
             NoSuchOption { .. } => "no_such_option",
             BadOptionValue { .. } => "bad_option_value",
             RhoOverTotal { .. } => "rho_over_total",
+            TargetColumn { .. } => "target_column",
+            TargetUnreachable { .. } => "target_unreachable",
             Subquery => "subquery",
             UnexpectedShape => "unexpected_shape",
             RawRows { .. } => "raw_rows",
@@ -787,6 +824,9 @@ impl Refusal {
         }
     }
 }
+
+/// The options `SET dp.<name>` accepts, as hints list them.
+pub const SETTABLE: &str = "dp.rho, dp.mechanism, dp.confidence, dp.selection_delta and dp.target";
 
 /// Longest engine message a refusal quotes (characters); the rest is cut (a message can quote the statement's own
 /// constants, e.g. a 120 KB LIKE pattern).

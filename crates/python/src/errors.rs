@@ -65,6 +65,7 @@ pub(crate) fn to_py(e: DpError) -> PyErr {
     let code = e.code();
     let (err, hint) = match &e {
         DpError::Refused(r) => (Refused::new_err(e.to_string()), r.hint()),
+        DpError::TargetOverBudget { .. } => (BudgetExhausted::new_err(e.to_string()), e.hint().unwrap_or_default()),
         DpError::OverBudget { .. } | DpError::OverDelta { .. } | DpError::TableCap { .. } => (
             BudgetExhausted::new_err(e.to_string()),
             "ask for less (`SET dp.rho = ...` or a smaller `rho=`), or ask the data owner for a larger budget".into(),

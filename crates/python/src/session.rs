@@ -230,7 +230,8 @@ impl Session {
     /// 0.05
     #[allow(clippy::too_many_arguments)] // the keyword arguments of the Python method
     #[pyo3(signature = (
-        table, columns, *, rho = None, target_std = None, consistency = true, confidence = None, selection_delta = None
+        table, columns, *, rho = None, target_std = None, target = None, consistency = true, confidence = None,
+        selection_delta = None
     ))]
     fn marginals(
         &self,
@@ -239,14 +240,16 @@ impl Session {
         columns: Vec<String>,
         rho: Option<f64>,
         target_std: Option<f64>,
+        target: Option<f64>,
         consistency: bool,
         confidence: Option<f64>,
         selection_delta: Option<f64>,
     ) -> PyResult<MarginalRelease> {
-        let budget = match (rho, target_std) {
-            (Some(r), None) => MarginalBudget::Rho(r),
-            (None, Some(s)) => MarginalBudget::TargetStd(s),
-            _ => return Err(usage("invalid_parameter", "give exactly one of rho= and target_std=".into())),
+        let budget = match (rho, target_std, target) {
+            (Some(r), None, None) => MarginalBudget::Rho(r),
+            (None, Some(s), None) => MarginalBudget::TargetStd(s),
+            (None, None, Some(h)) => MarginalBudget::TargetHalfWidth(h),
+            _ => return Err(usage("invalid_parameter", "give exactly one of rho=, target= and target_std=".into())),
         };
         let spec = MarginalSpec { budget, consistency, confidence, selection_delta };
         let m = run(py, || async move { self.inner.read().await.marginals(table, &columns, &spec).await })?;

@@ -167,3 +167,22 @@ def test_a_quantile_carries_its_rank_interval(session):
     assert all(0 <= v <= 100 and v == int(v) for v in r.to_arrow().column("m").to_pylist())
     assert r.accuracy["sd"]["kind"] == "per_row"
     assert "rank ±" in r._repr_html_()
+
+
+def test_an_accuracy_target_is_met_and_what_is_over_budget_is_refused(session):
+    session.sql("SET dp.target = 'n:±30'")
+    e = session.explain(COUNT_BY_SEX)
+    assert "ρ solved for dp.target = 'n:±30'" in str(e)
+    r = session.sql(COUNT_BY_SEX)
+    assert r.accuracy["n"]["ci_half_width"] <= 30
+    assert r.charge["rho"] == pytest.approx(e.rho)
+    before = spent(session)
+    session.sql("SET dp.target = 'n:±0.6'")
+    with pytest.raises(dpfusion.BudgetExhausted) as info:
+        session.sql(COUNT_BY_SEX)
+    assert info.value.code == "target_over_budget"
+    assert "would give n ±" in info.value.hint
+    assert spent(session) == before
+    session.sql("SET dp.target = 'off'")
+    m = session.marginals("pums", ["sex", "race"], target=10)
+    assert m.plan["ci_half_width"] <= 10

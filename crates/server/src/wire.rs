@@ -128,7 +128,10 @@ pub(crate) fn sqlstate(e: &DpError) -> &'static str {
             .filter_map(|l| l.split_once('|'))
             .find(|(code, _)| code.trim() == e.code())
             .map_or("42501", |(_, state)| state.trim()),
-        DpError::OverBudget { .. } | DpError::OverDelta { .. } | DpError::TableCap { .. } => "53400",
+        DpError::OverBudget { .. }
+        | DpError::TargetOverBudget { .. }
+        | DpError::OverDelta { .. }
+        | DpError::TableCap { .. } => "53400",
         DpError::Access(_) => "42501",
         DpError::InvalidParameter { .. } => "22023",
         DpError::Config(_) => "F0000",
@@ -382,11 +385,11 @@ impl Analyst {
         Err(wire_error(
             "42501",
             format!("parameter \"{name}\" cannot be set on this server"),
-            Some(
-                "only client settings (application_name, DateStyle, extra_float_digits, search_path, ...) and \
-                 dp.rho, dp.mechanism, dp.confidence, dp.request_id can be set"
-                    .into(),
-            ),
+            Some(format!(
+                "only client settings (application_name, DateStyle, extra_float_digits, search_path, ...), \
+                 dp.request_id, and {} can be set",
+                dpfusion::refusal::SETTABLE
+            )),
         ))
     }
 
@@ -441,6 +444,7 @@ impl Analyst {
                 text_rows(&name, [v])
             }
             "dp.selection_delta" => text_rows(&name, [format!("{:e}", self.session.selection_delta())]),
+            "dp.target" => text_rows(&name, [self.session.accuracy_target().unwrap_or_else(|| "off".into())]),
             "dp.request_id" => text_rows(&name, [self.request_id.clone().unwrap_or_default()]),
             _ => match super::find_setting(&name) {
                 Some(s) => text_rows(&name, [self.settings.get(&name).cloned().unwrap_or_else(|| s.value.to_string())]),

@@ -159,9 +159,14 @@ impl DpSession {
         let mut tables: Vec<String> = prepared.dp.tables.iter().map(|t| t.table().to_string()).collect();
         tables.sort();
         tables.dedup();
+        // Over the budget with a target: refused with what the budget left would give.
+        let for_target = |e: DpError| match &quote.target {
+            Some(solved) => self.target_over_budget(e, &prepared.dp, solved, quote.confidence),
+            None => e,
+        };
         let next = match request_id {
-            None => Next::Run(self.ledger.charge(sql, &tables, quote.measurements.clone())?),
-            Some(id) => match self.ledger.claim(sql, id, &tables, quote.measurements.clone())? {
+            None => Next::Run(self.ledger.charge(sql, &tables, quote.measurements.clone()).map_err(for_target)?),
+            Some(id) => match self.ledger.claim(sql, id, &tables, quote.measurements.clone()).map_err(for_target)? {
                 Claim::New(debit) => Next::Run(debit),
                 Claim::Resumed(debit) => resume(id, sql, &quote, debit)?,
                 Claim::Existing(prior) => stored(id, sql, &prepared.dp, &quote, prior)?,

@@ -68,6 +68,11 @@ pub struct Explanation {
     pub confidence: f64,
     /// Each output column and how far off its values will be (or why no interval can be given).
     pub outputs: Vec<(String, String)>,
+    /// With `SET dp.target`: how ρ was solved for it, and whether the budget left covers it.
+    pub target: Option<String>,
+    /// Whether a variance or standard deviation shares ρ 1 : 2 : 1 between its three measurements (the others
+    /// share it equally).
+    pub spread: bool,
     /// The output schema, and for each of its columns whether it is public (a GROUP BY key or a constant: exact,
     /// from the declared domain) rather than noisy.
     pub schema: datafusion::arrow::datatypes::SchemaRef,
@@ -104,11 +109,11 @@ impl std::fmt::Display for Explanation {
             }
             (None, None) => writeln!(f, "Cells released: the keys selected from the data")?,
         }
-        let equal = self.measures.windows(2).all(|w| w[0].calibration.rho() == w[1].calibration.rho());
-        let split = if equal {
-            "ρ split equally"
-        } else {
+        // (Each measurement's ρ is its cost, at most its share: σ is rounded up onto a grid.)
+        let split = if self.spread {
             "ρ split equally but for a variance's COUNT : SUM : SUM of squares, 1 : 2 : 1"
+        } else {
+            "ρ split equally"
         };
         writeln!(f, "Measurements ({split}; neighbours differ by one privacy unit):")?;
         for m in &self.measures {
@@ -153,6 +158,9 @@ impl std::fmt::Display for Explanation {
         writeln!(f, "Output columns:")?;
         for (column, accuracy) in &self.outputs {
             writeln!(f, "  {column}: {accuracy}")?;
+        }
+        if let Some(target) = &self.target {
+            writeln!(f, "{target}")?;
         }
         write!(
             f,
@@ -227,11 +235,29 @@ impl DpSession {
                 epsilon: quote.epsilon,
                 confidence: quote.confidence,
                 outputs,
+                target: self.explained_target(&quote)?,
+                spread: dp.outputs.iter().any(|o| matches!(o, crate::plan::OutputKind::Spread { .. })),
                 schema: std::sync::Arc::new(dp.original.schema().as_arrow().clone()),
                 public,
             })
         })
         .await
+    }
+}
+
+impl DpSession {
+    /// How `quote`'s ρ was solved for the session's target, and whether what remains of the budget covers it.
+    fn explained_target(&self, quote: &super::quote::Quote) -> Result<Option<String>> {
+        let Some(solved) = &quote.target else { return Ok(None) };
+        let remaining = self.status()?.rho_remaining;
+        let mut text = solved.describe(quote.confidence);
+        if quote.rho.get() > remaining {
+            text.push_str(&format!(
+                "\nThe budget left (ρ = {}) does not cover it: the query would be refused, spending nothing",
+                fmt_num(remaining)
+            ));
+        }
+        Ok(Some(text))
     }
 }
 

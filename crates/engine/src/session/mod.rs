@@ -33,6 +33,8 @@ mod public;
 mod quote;
 mod register;
 mod statement;
+mod target;
+pub use target::Target;
 
 pub use explain::{ExplainedMeasure, Explanation};
 pub use post::POST_MEMORY;

@@ -24,6 +24,8 @@ pub(crate) struct Quote {
     /// With keys without a domain: the selection (threshold, δ, release probabilities) of
     /// [`DpPlan::selection`]'s measurement.
     pub(crate) selection: Option<crate::noise::Selection>,
+    /// With `SET dp.target`: the target the ρ was solved for, and what it gives.
+    pub(crate) target: Option<super::target::Solved>,
 }
 
 /// Why keys cannot be selected under an (ε, δ) budget.
@@ -31,17 +33,38 @@ pub(crate) const GDP_CANNOT_SELECT: &str =
     "with an (epsilon, delta) budget, enforced as Gaussian DP, which cannot compose a selection's delta";
 
 impl DpSession {
-    /// Prices `dp` with the session's current settings (`SET dp.rho`, `dp.mechanism`, `dp.confidence`).
+    /// Prices `dp` with the session's current settings (`SET dp.rho`, `dp.mechanism`, `dp.confidence`; with
+    /// `SET dp.target`, at the smallest ρ that meets the target: [`super::target`]).
     pub(crate) fn quote(&self, dp: &DpPlan) -> Result<Quote> {
         let (rho, mech, confidence) = self.query_settings()?;
+        let (rho, target) = match self.target()? {
+            None => (rho, None),
+            Some(t) => {
+                let (rho, solved) = self.solve_target(dp, &t, rho, mech, confidence)?;
+                (rho, Some(solved))
+            }
+        };
+        let (measurements, selection) = self.price(dp, rho, mech)?;
+        let mut quote = Quote::new(measurements, self.defaults.delta, confidence, &self.quotes)?;
+        quote.selection = selection;
+        quote.target = target;
+        Ok(quote)
+    }
+
+    /// Each measurement of `dp` calibrated with its share of `rho`, and the selection of its keys if it has keys
+    /// without a domain.
+    pub(crate) fn price(
+        &self,
+        dp: &DpPlan,
+        rho: Rho,
+        mech: MechanismChoice,
+    ) -> Result<(Vec<Calibration>, Option<crate::noise::Selection>)> {
         let mut measurements = calibrate_each(dp, rho, mech, self.defaults.accounting)?;
         let selection = match dp.selection {
             None => None,
             Some(i) => Some(self.select(dp, i, &mut measurements)?),
         };
-        let mut quote = Quote::new(measurements, self.defaults.delta, confidence, &self.quotes)?;
-        quote.selection = selection;
-        Ok(quote)
+        Ok((measurements, selection))
     }
 
     /// Prices measurement `i` of `dp` as the selection of its keys ([`calibrate::selection`], at its share of ρ and
@@ -74,7 +97,7 @@ impl Quote {
     pub(crate) fn new(measurements: Vec<Calibration>, delta: f64, confidence: f64, memo: &QuoteMemo) -> Result<Quote> {
         let rho = crate::accounting::filter::total_rho(&measurements)?;
         let epsilon = memo.epsilon(&measurements, delta)?;
-        Ok(Quote { measurements, rho, epsilon, confidence, selection: None })
+        Ok(Quote { measurements, rho, epsilon, confidence, selection: None, target: None })
     }
 }
 

@@ -23,6 +23,9 @@ extensions_options! {
         pub confidence: Option<f64>, default = None
         /// δ a key selection may spend (GROUP BY keys without a domain; `None`: [`DEFAULT_SELECTION_DELTA`]).
         pub selection_delta: Option<f64>, default = None
+        /// Accuracy target (`±10`, or `n:±10, total:±500`): each query is priced at the smallest ρ that meets it
+        /// ([`super::target`]); `None` or `off`: none, the query's ρ is `rho`.
+        pub target: Option<String>, default = None
     }
 }
 
@@ -235,6 +238,13 @@ impl DpSession {
                 check_selection_delta(d).map_err(bad)?;
                 format!("{d:e}")
             }
+            "target" => match super::target::Target::parse(&value) {
+                Ok(Some(t)) => t.to_string(),
+                Ok(None) => "off".into(),
+                Err(reason) => {
+                    return Err(DpError::Refused(Refusal::BadOptionValue { option: "target", value, reason }));
+                }
+            },
             other => {
                 return Err(DpError::Refused(Refusal::NoSuchOption { name: other.to_string() }));
             }
