@@ -52,7 +52,7 @@ async fn main() -> Res<()> {
     let root = env!("CARGO_MANIFEST_DIR");
     let text = std::fs::read_to_string(format!("{root}/config/pums.toml"))?
         .replace("../examples", &format!("{root}/examples"))
-        .replace("rho = 1.0 ", "rho = 1000000.0 ");
+        .replace("rho = 1.0 ", "reuse = \"off\"\nrho = 1000000.0 ");
     let s = DpSession::from_config(&SessionConfig::from_toml_str(&text, Path::new("."))?).await?;
     println!("| call | calls | p50 ms | mean ms | p99 ms |\n|---|---:|---:|---:|---:|");
     let row = |name: &str, (p50, mean, p99): (f64, f64, f64)| {

@@ -34,7 +34,7 @@ fn config_text(dir: &Path, port: u16, in_memory: bool) -> Res<String> {
     let root = env!("CARGO_MANIFEST_DIR");
     let mut base = std::fs::read_to_string(format!("{root}/config/pums.toml"))?
         .replace("../examples", &format!("{root}/examples"))
-        .replace("rho = 1.0 ", "rho = 1000000.0 ");
+        .replace("rho = 1.0 ", "reuse = \"off\"\nrho = 1000000.0 ");
     if in_memory {
         base = base.replace("format = \"csv\"", "format = \"csv\"\nin_memory = true");
     }

@@ -42,7 +42,8 @@ fn session(extra: bool, view: bool) -> DpSession {
             batch.columns().iter().map(|c| if c.data_type() == &DataType::Utf8 { cast(c) } else { Arc::clone(c) });
         batch = RecordBatch::try_new(schema, columns.collect()).unwrap();
     }
-    let mut s = crate::support::people_session_of(batch, 1e12, 1e4);
+    // With reuse, as by default: whether a statement is reused must not tell D from D′ either.
+    let mut s = crate::support::people_session_of(batch, 1e12, 1e4).with_reuse(true);
     s.register_public_batches("bands", vec![bands()]).unwrap();
     // A δ for key selection: GROUP BY name (the crafted unit's 'zed' is a key only it holds) or age is answered.
     s.ledger().set_delta_total(0.5, "keys without a domain").unwrap();

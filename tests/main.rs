@@ -30,6 +30,8 @@ mod public;
 mod python;
 /// Quantiles and MIN/MAX by the exponential mechanism (issue 37): the corpus, a neighbouring audit, accuracy.
 mod quantiles;
+/// Free answers from past releases (issue 39, `SET dp.reuse`): the same measurements asked again cost nothing.
+mod reuse;
 /// GROUP BY keys without a public domain (issue 38): Gaussian thresholding, (ρ, δ) charges, refusals, an audit.
 mod selection;
 /// `dpfusion serve` over tokio-postgres: protocols, logins, isolation of analysts, budgets under contention.

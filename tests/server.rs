@@ -724,3 +724,33 @@ async fn a_kill_9_during_a_query_storm_leaves_every_answered_charge_on_disk() {
     child.kill().unwrap();
     child.wait().unwrap();
 }
+
+/// Reuse is per analyst: alice's repeated query costs her once, and bob pays for his own (`SET dp.reuse = 'off'`
+/// charges again).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_repeated_query_is_free_for_its_analyst_only() {
+    let s = start().await;
+    let (alice, bob) = (connect(s.addr, "alice").await, connect(s.addr, "bob").await);
+    // The test configuration turns reuse off (`support::pums_config`); the default is exact.
+    for c in [&alice, &bob] {
+        c.simple_query("SET dp.reuse = 'exact'").await.unwrap();
+    }
+    let q = "SELECT sex, COUNT(*) AS n FROM pums GROUP BY sex ORDER BY sex";
+    let first = alice.simple_query(q).await.unwrap();
+    let again = alice.simple_query(q).await.unwrap();
+    let values = |m: &[SimpleQueryMessage]| -> Vec<String> {
+        m.iter()
+            .filter_map(|m| match m {
+                SimpleQueryMessage::Row(r) => Some(format!("{:?} {:?}", r.get(0), r.get(1))),
+                _ => None,
+            })
+            .collect()
+    };
+    assert_eq!(values(&first), values(&again));
+    assert_eq!(spent(&s.db, "alice").1, 1);
+    bob.simple_query(q).await.unwrap();
+    assert_eq!(spent(&s.db, "bob").1, 1, "bob pays for his own");
+    alice.simple_query("SET dp.reuse = 'off'").await.unwrap();
+    alice.simple_query(q).await.unwrap();
+    assert_eq!(spent(&s.db, "alice").1, 2);
+}

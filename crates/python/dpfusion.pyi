@@ -56,12 +56,12 @@ class Refused(Error):
 
 class BudgetExhausted(Refused):
     """The query costs more than what remains of the budget (or of a table's cap); nothing was spent.
-    A subclass of Refused; `.code` is `over_budget` or `table_cap`.
+    A subclass of Refused; `.code` is `over_budget`, `target_over_budget` or `table_cap`.
 
     >>> _ = s.sql("SET dp.rho = 0.6")
     >>> _ = s.sql("SELECT COUNT(*) AS n FROM pums")
     >>> try:
-    ...     s.sql("SELECT COUNT(*) AS n FROM pums")
+    ...     s.sql("SELECT COUNT(*) AS n FROM pums WHERE age > 30")
     ... except dpfusion.BudgetExhausted as e:
     ...     print(e.code, round(s.budget()["rho_spent"], 9))
     over_budget 0.6

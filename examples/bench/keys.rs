@@ -70,7 +70,7 @@ pub(crate) async fn bench_keys(data: &Path, reps: usize) -> Res<()> {
     let ctx = SessionContext::new();
     ctx.register_parquet("keyed", data.to_str().ok_or("path")?, ParquetReadOptions::default()).await?;
     let config = format!(
-        "[session]\nrho = 1000000\ndefault_query_rho = 0.5\ndelta_budget = 0.5\n\
+        "[session]\nreuse = \"off\"\nrho = 1000000\ndefault_query_rho = 0.5\ndelta_budget = 0.5\n\
          [tables.keyed]\npath = \"{}\"\nformat = \"parquet\"\nprivacy_unit = \"person_id\"\nmax_rows_per_unit = 1\n\
          max_groups_per_unit = 1\n[tables.keyed.columns]\nperson_id = {{ type = \"int64\" }}\n\
          item = {{ type = \"string\" }}\namount = {{ type = \"float64\", bounds = [0, 100] }}\n",

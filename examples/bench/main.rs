@@ -272,8 +272,11 @@ fn visits_config(data: &Path, person_level: bool, strings: bool, visits: Option<
             data.display()
         )
     };
-    let mut config =
-        format!("[session]\nrho = 1e9\ndefault_query_rho = 0.01\n\n{}{}", table("people", 1), table("people_g2", 2));
+    let mut config = format!(
+        "[session]\nreuse = \"off\"\nrho = 1e9\ndefault_query_rho = 0.01\n\n{}{}",
+        table("people", 1),
+        table("people_g2", 2)
+    );
     if let Some(visits) = visits {
         config += &format!(
             "[tables.persons]\npath = \"{}\"\nformat = \"parquet\"\nprivacy_unit = \"person_id\"\nmax_rows_per_unit = 1\n\
@@ -568,7 +571,7 @@ async fn bench_marginals(data: &Path, reps: usize) -> Res<()> {
     for (unit, policy) in [("row", ""), ("person_id, ≤5 rows", "privacy_unit = \"person_id\"\nmax_rows_per_unit = 5\n")]
     {
         let cfg = format!(
-            "[session]\nrho = 1e9\ndefault_query_rho = 0.01\n\n[tables.wide]\npath = \"{}\"\nformat = \"parquet\"\n{policy}\n\
+            "[session]\nreuse = \"off\"\nrho = 1e9\ndefault_query_rho = 0.01\n\n[tables.wide]\npath = \"{}\"\nformat = \"parquet\"\n{policy}\n\
              [tables.wide.columns]\nperson_id = {{ type = \"int64\" }}\n{}",
             data.display(),
             cols.iter().map(|c| format!("{c} = {{ type = \"int8\", domain = [0, 1] }}\n")).collect::<String>()

@@ -26,7 +26,7 @@ QUERY = "SELECT COUNT(*) FROM pums"
 def config(dir):
     """The demo configuration with a budget for every call (an in-memory ledger) and absolute data paths."""
     text = (ROOT / "config" / "pums.toml").read_text()
-    text = text.replace("../examples", str(ROOT / "examples")).replace("rho = 1.0 ", "rho = 1000000.0 ")
+    text = text.replace("../examples", str(ROOT / "examples")).replace("rho = 1.0 ", "reuse = \"off\"\nrho = 1000000.0 ")
     path = Path(dir) / "bench.toml"
     path.write_text(text)
     return path

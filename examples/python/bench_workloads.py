@@ -95,7 +95,7 @@ class Dpfusion:
         table = {"path": str(data), "format": "parquet", "columns": columns}
         if person:
             table.update(privacy_unit="person_id", max_rows_per_unit=MAX_ROWS, max_groups_per_unit=1)
-        policy = {"session": {"rho": 1e9, "default_query_rho": RHO}, "tables": {"people": table}}
+        policy = {"session": {"rho": 1e9, "default_query_rho": RHO, "reuse": "off"}, "tables": {"people": table}}
         self.s = dpfusion.Session.from_policy(policy)
 
     def prepare(self, w):

@@ -58,13 +58,15 @@ pub(crate) fn ledger_config(dir: &TempDir, total: f64) -> PathBuf {
 
 /// A PUMS configuration with a large budget, over `file` (in examples/data), `pid` units, `k` rows per unit.
 /// `pums_pid.csv` writes its incomes as decimals (`17000.0`), so its `income` is declared float64 (as
-/// `dpfusion pin` would write it); the other files hold integers.
+/// `dpfusion pin` would write it); the other files hold integers. Tests repeat queries to sample their noise and
+/// to spend budgets, so every query is charged and drawn afresh (`reuse = "off"`); [`with_reuse`] removes that
+/// line for the tests of reuse.
 pub(crate) fn pums_config(file: &str, rho: f64, k: u64, g: u64) -> String {
     let income = if file == "pums_pid.csv" { "float64" } else { "int64" };
     format!(
         r#"
 [session]
-rho = {rho}
+{NO_REUSE}rho = {rho}
 default_query_rho = 0.05
 mechanism = "gaussian"
 delta = 1e-6
@@ -86,6 +88,14 @@ married = {{ type = "int64", domain = [0, 1] }}
 educ = {{ type = "int64", domain = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16] }}
 "#
     )
+}
+
+/// The line of [`pums_config`] that turns reuse off.
+const NO_REUSE: &str = "reuse = \"off\"\n";
+
+/// `text` (from [`pums_config`]) with reuse as it is by default: the same measurements asked again are free.
+pub(crate) fn with_reuse(text: &str) -> String {
+    text.replace(NO_REUSE, "")
 }
 
 /// Opens a session from configuration text whose relative paths resolve against the repository root.
@@ -151,6 +161,7 @@ pub(crate) fn people(n: i64, extra: bool) -> RecordBatch {
 }
 
 /// A session with a total budget and a per-query ρ (Gaussian, δ = 1e-6, 95% intervals) and one private table.
+/// Every query is charged and drawn afresh (tests repeat queries to sample their noise; see [`pums_config`]).
 pub(crate) fn session_with(
     total: f64,
     query_rho: f64,
@@ -162,7 +173,7 @@ pub(crate) fn session_with(
         DpSession::empty(Rho::new(total).unwrap(), Rho::new(query_rho).unwrap(), Mechanism::Gaussian, 1e-6, 0.95)
             .unwrap();
     s.register_batches(table, vec![batch], policy).unwrap();
-    s
+    s.with_reuse(false)
 }
 
 /// A session over [`people`] as table `people`: `pid` units, 2 rows and 1 group per unit, age in [0, 100], income

@@ -321,6 +321,9 @@ pub struct SessionSettings {
     /// The quantile MIN answers (MAX answers one minus it) in every table that does not set its own; 0.01 when
     /// absent.
     pub min_max_quantile: Option<f64>,
+    /// `"exact"` (the default): a query whose measurements were charged before is answered from them, free;
+    /// `"off"`: every query is charged (`SET dp.reuse` changes it per session).
+    pub reuse: Option<String>,
 }
 
 fn default_mechanism() -> String {
@@ -448,6 +451,8 @@ pub struct SessionConfig {
     pub delta_budget: Option<f64>,
     /// Confidence level of reported intervals.
     pub confidence: f64,
+    /// Whether a query whose measurements were charged before is answered from them (`[session] reuse`).
+    pub reuse_exact: bool,
     /// The private tables.
     pub tables: BTreeMap<String, TableSource>,
     /// The durable ledger, if configured.
@@ -540,6 +545,11 @@ impl SessionConfig {
         let mechanism: MechanismChoice = s.mechanism.parse().map_err(|e| cfg_err(e, "mechanism"))?;
         crate::noise::accuracy::check_confidence(s.confidence).map_err(|e| cfg_err(e, "confidence"))?;
         let confidence = s.confidence;
+        let reuse_exact = match s.reuse.as_deref().map(crate::session::reuse::Reuse::parse) {
+            None | Some(Ok(crate::session::reuse::Reuse::Exact)) => true,
+            Some(Ok(crate::session::reuse::Reuse::Off)) => false,
+            Some(Err(e)) => return Err(DpError::Config(format!("[session] reuse: {e}"))),
+        };
         let mut tables = BTreeMap::new();
         for (name, mut t) in raw.tables {
             t.min_max_quantile = t.min_max_quantile.or(s.min_max_quantile);
@@ -590,6 +600,7 @@ impl SessionConfig {
             delta: s.delta,
             delta_budget: s.delta_budget,
             confidence,
+            reuse_exact,
             tables,
             ledger,
             owner_log,

@@ -619,6 +619,7 @@ impl Refusal {
             BadOptionValue { option: "selection_delta", .. } => "give a δ in (0, 0.001), e.g. SET \
                 dp.selection_delta = 1e-8"
                 .into(),
+            BadOptionValue { option: "reuse", .. } => "SET dp.reuse = 'exact' (the default) or 'off'".into(),
             BadOptionValue { option: "target", .. } => "give a half-width for every noisy column (SET dp.target = \
                 '±10') or per column (SET dp.target = 'n:±10, total:±500'); 'off' removes it"
                 .into(),
@@ -826,7 +827,7 @@ impl Refusal {
 }
 
 /// The options `SET dp.<name>` accepts, as hints list them.
-pub const SETTABLE: &str = "dp.rho, dp.mechanism, dp.confidence, dp.selection_delta and dp.target";
+pub const SETTABLE: &str = "dp.rho, dp.mechanism, dp.confidence, dp.selection_delta, dp.target and dp.reuse";
 
 /// Longest engine message a refusal quotes (characters); the rest is cut (a message can quote the statement's own
 /// constants, e.g. a 120 KB LIKE pattern).

@@ -40,12 +40,12 @@ create_exception!(
     BudgetExhausted,
     Refused,
     "The query costs more than what remains of the budget (or of a table's cap); nothing was spent.\n\
-     A subclass of Refused; `.code` is `over_budget` or `table_cap`.\n\
+     A subclass of Refused; `.code` is `over_budget`, `target_over_budget` or `table_cap`.\n\
      \n\
      >>> _ = s.sql(\"SET dp.rho = 0.6\")\n\
      >>> _ = s.sql(\"SELECT COUNT(*) AS n FROM pums\")\n\
      >>> try:\n\
-     ...     s.sql(\"SELECT COUNT(*) AS n FROM pums\")\n\
+     ...     s.sql(\"SELECT COUNT(*) AS n FROM pums WHERE age > 30\")\n\
      ... except dpfusion.BudgetExhausted as e:\n\
      ...     print(e.code, round(s.budget()[\"rho_spent\"], 9))\n\
      over_budget 0.6"

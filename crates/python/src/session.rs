@@ -217,7 +217,8 @@ impl Session {
     }
 
     /// Releases the one-way marginals (histograms) of `columns` of `table` in one debit: each cell a noisy count,
-    /// with one Gaussian σ for all. Give `rho` (the cost) or `target_std` (the noise wanted, in counts);
+    /// with one Gaussian σ for all. Give `rho` (the cost), `target` (the half-width wanted of each cell's interval,
+    /// in counts: the smallest ρ that gives it) or `target_std` (the noise wanted, in counts);
     /// `consistency` makes every histogram non-negative with one common total (post-processing, free);
     /// `confidence` is the level of the intervals (the session's by default). A column without a public domain has
     /// its keys selected (only those whose noisy count passes a threshold are released) where the budget has a δ

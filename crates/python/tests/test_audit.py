@@ -46,7 +46,7 @@ def dataset(with_x):
 
 def session(with_x):
     """The Rust audit's `session(with_x, 0.5)`: total ρ 10^9, 0.5 per query, Gaussian, δ 1e-6, 95%."""
-    s = dpfusion.Session.from_policy({"session": {"rho": 1e9, "default_query_rho": 0.5}})
+    s = dpfusion.Session.from_policy({"session": {"rho": 1e9, "default_query_rho": 0.5, "reuse": "off"}})
     s.register("people", dataset(with_x), POLICY)
     return s
 

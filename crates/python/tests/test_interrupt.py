@@ -26,7 +26,7 @@ def wait_until(condition, what, limit=120.0):
 
 
 def gated_session():
-    s = dpfusion.Session.from_policy({"session": {"rho": 1.0, "default_query_rho": 0.05}})
+    s = dpfusion.Session.from_policy({"session": {"rho": 1.0, "default_query_rho": 0.05, "reuse": "off"}})
     dpfusion._register_gate_for_tests(s, "gate")
     return s
 

@@ -89,7 +89,7 @@ def test_budget_exhausted_spends_nothing(session):
     assert session.sql("SET dp.rho = 0.6") is None
     session.sql("SELECT COUNT(*) AS n FROM pums")
     with pytest.raises(dpfusion.BudgetExhausted) as info:
-        session.sql("SELECT COUNT(*) AS n FROM pums")
+        session.sql("SELECT COUNT(*) AS n FROM pums WHERE age > 30")
     e = info.value
     assert isinstance(e, dpfusion.Refused)
     assert e.code == "over_budget"

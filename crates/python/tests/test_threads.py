@@ -10,6 +10,7 @@ from conftest import CONFIG
 
 def test_two_threads_on_one_ledger_never_overspend():
     s = dpfusion.Session(str(CONFIG))  # rho 1.0, 0.05 per query: room for exactly 20
+    s.sql("SET dp.reuse = 'off'")  # each call pays for new measurements (by default a repeat is free)
     answered, errors = [], []
 
     def worker():

@@ -205,16 +205,20 @@ impl DpPlan {
         let keys: Vec<_> = self.keys.iter().map(|k| (&k.base, &k.domain, k.selected)).collect();
         let measures: Vec<_> =
             self.measures.iter().map(|m| (&m.kind, &m.column, m.sensitivity.l1, m.sensitivity.l2)).collect();
-        let text = format!("{keys:?}|{measures:?}|{:?}|{:?}", self.outputs, self.agg_schema.fields());
-        text.bytes().fold(0x6c62272e07bb014262b821756295c58d_u128, |h, b| {
-            (h ^ u128::from(b)).wrapping_mul(0x0000000001000000000000000000013b)
-        })
+        fnv128(&format!("{keys:?}|{measures:?}|{:?}|{:?}", self.outputs, self.agg_schema.fields()))
     }
 
     /// The output fields of the analyst's aggregate that are noisy (after the keys).
     pub fn aggregate_fields(&self) -> Vec<FieldRef> {
         self.agg_schema.fields().iter().skip(self.keys.len()).cloned().collect()
     }
+}
+
+/// The 128-bit FNV-1a hash of `text` (fingerprints: equal texts, equal hashes; not a secret).
+pub(crate) fn fnv128(text: &str) -> u128 {
+    text.bytes().fold(0x6c62272e07bb014262b821756295c58d_u128, |h, b| {
+        (h ^ u128::from(b)).wrapping_mul(0x0000000001000000000000000000013b)
+    })
 }
 
 /// The number of cells `keys` span: the product of their domains' sizes (1 without keys), saturating.

@@ -28,6 +28,7 @@ use crate::session::marginals::PreparedMarginals;
 use crate::session::post::{PostFailure, domain_product, named_aggregates, noisy_batch, passthrough};
 use crate::session::prepare::Prepared;
 use crate::session::quote::Quote;
+use crate::session::reuse::{Reuse, reuse_key};
 use datafusion::arrow::array::{Array, AsArray, Decimal128Array, Int64Array, RecordBatch};
 use datafusion::arrow::datatypes::{Float64Type, SchemaRef};
 use datafusion::common::ScalarValue;
@@ -164,53 +165,68 @@ impl DpSession {
             Some(solved) => self.target_over_budget(e, &prepared.dp, solved, quote.confidence),
             None => e,
         };
-        let next = match request_id {
-            None => Next::Run(self.ledger.charge(sql, &tables, quote.measurements.clone()).map_err(for_target)?),
-            Some(id) => match self.ledger.claim(sql, id, &tables, quote.measurements.clone()).map_err(for_target)? {
-                Claim::New(debit) => Next::Run(debit),
-                Claim::Resumed(debit) => resume(id, sql, &quote, debit)?,
-                Claim::Existing(prior) => stored(id, sql, &prepared.dp, &quote, prior)?,
-            },
-        };
         // Execution and post-processing recurse over the plan's expressions as planning does: on the same large
-        // stack (a statement's depth is bounded by MAX_OPERATORS before it is parsed; this is the margin).
-        super::grow_stack(self.release(sql, &prepared, next, request_id, &quote)).await
+        // stack (a statement's depth is bounded by MAX_OPERATORS before it is parsed; this is the margin). So does
+        // the reuse key, which prints the plan.
+        super::grow_stack(async {
+            // Without a request id, the measurements are stored under their reuse key ([`super::reuse`]): the same
+            // measurements asked again are answered from them.
+            let keyed = match request_id {
+                Some(id) => Some(Keyed { id: id.to_string(), request: true }),
+                None if self.reuse() == Reuse::Exact => {
+                    Some(Keyed { id: reuse_key(&prepared.private, &prepared.dp, &quote), request: false })
+                }
+                None => None,
+            };
+            let claimed = match &keyed {
+                None => self.ledger.charge(sql, &tables, quote.measurements.clone()).map(Next::Run),
+                Some(k) => match self.ledger.claim(sql, &k.id, &tables, quote.measurements.clone()) {
+                    Ok(Claim::New(debit)) => Ok(Next::Run(debit)),
+                    Ok(Claim::Resumed(debit)) => resume(k, sql, &quote, debit),
+                    Ok(Claim::Existing(prior)) => stored(k, sql, &prepared.dp, &quote, prior),
+                    Err(e) => Err(e),
+                },
+            };
+            let next = claimed.map_err(for_target)?;
+            self.release(sql, &prepared, next, keyed.as_ref(), &quote).await
+        })
+        .await
     }
 
     /// The one place a private plan runs and a [`Release`] is made: under the [`Debit`] that paid for it (taken by
-    /// value: one debit, one run), the private plan runs and the noise is drawn; with a request id, the draw is
-    /// stored (first writer wins) before anything derived from it is computed, and the release is stored before
-    /// it is returned. With noisy values stored under the charge, only those are post-processed. The `quote` gives
-    /// the confidence and the query's ε (its measurements are the charge's: [`resume`] and [`stored`] refuse a
-    /// retry whose price changed).
+    /// value: one debit, one run), the private plan runs and the noise is drawn; with a request id (or a reuse
+    /// key), the draw is stored (first writer wins) before anything derived from it is computed, and with a
+    /// request id the release is stored before it is returned. With noisy values stored under the charge, only
+    /// those are post-processed. The `quote` gives the confidence and the query's ε (its measurements are the
+    /// charge's: [`resume`] and [`stored`] refuse a retry whose price changed).
     async fn release(
         &self,
         sql: &str,
         prepared: &Prepared,
         next: Next,
-        request_id: Option<&str>,
+        keyed: Option<&Keyed>,
         quote: &Quote,
     ) -> Result<Release> {
         let confidence = quote.confidence;
         let dp = &prepared.dp;
-        let (charge, draw) = match next {
+        let (charge, draw, reused) = match next {
             Next::Done(r) => return Ok(*r),
-            Next::Stored(charge, draw) => (charge, draw),
+            Next::Stored(charge, draw) => (charge, draw, keyed.is_some_and(|k| !k.request)),
             Next::Run(debit) => {
                 let (charge, draw) = self.run_private(prepared, debit, quote.selection.as_ref()).await?;
-                let draw = match request_id {
+                let draw = match keyed {
                     None => draw,
-                    Some(id) => {
+                    Some(k) => {
                         // First writer wins: if another run stored its draw first, that one is used, this one dropped.
-                        let stored = Draw::from_bytes(&self.ledger.store_draw(id, &draw.to_bytes()?)?)?;
+                        let stored = Draw::from_bytes(&self.ledger.store_draw(&k.id, &draw.to_bytes()?)?)?;
                         if stored.fingerprint != draw.fingerprint {
                             // Only a run under another policy can have stored another plan's draw under this id.
-                            return Err(changed(id, &charge, quote));
+                            return Err(changed(&k.id, &charge, quote));
                         }
                         stored
                     }
                 };
-                (charge, draw)
+                (charge, draw, false)
             }
         };
         let values = &draw.values;
@@ -249,6 +265,17 @@ impl DpSession {
             Some(n) => Some(n),
             None => selection_note(dp, cals, &accuracy, confidence)?,
         };
+        let note = match reused {
+            false => note,
+            true => {
+                let first = format!(
+                    "reused from charge #{}: the same measurements were released before, so they are answered again \
+                     at no cost (SET dp.reuse = 'off' to pay for new ones)",
+                    charge.id()
+                );
+                Some(note.map_or(first.clone(), |n| format!("{first}; {n}")))
+            }
+        };
         let parts = Parts {
             sql: sql.to_string(),
             accuracy,
@@ -260,9 +287,9 @@ impl DpSession {
             note,
         };
         let release = Release::new(parts, charge);
-        if let Some(id) = request_id {
+        if let Some(k) = keyed.filter(|k| k.request) {
             // Stored before it is returned (unless a concurrent run stored the same answer first).
-            self.ledger.store_release(id, &release.to_bytes()?)?;
+            self.ledger.store_release(&k.id, &release.to_bytes()?)?;
         }
         Ok(release)
     }
@@ -316,28 +343,37 @@ fn changed(id: &str, charge: &Charge, quote: &Quote) -> DpError {
     })
 }
 
+/// The id a query's charge and draw are recorded under: the caller's request id (`request`: its release is
+/// stored too, and a retry must be the same SQL), or the reuse key of its measurements ([`reuse_key`]: another
+/// statement with the same measurements post-processes them).
+pub(crate) struct Keyed {
+    id: String,
+    request: bool,
+}
+
 /// A request id charged before and never drawn: run under its debit, provided the query and its price (`quote`)
 /// are the ones it was charged for (the noise is calibrated from the stored charge).
-fn resume(id: &str, sql: &str, quote: &Quote, debit: Debit) -> Result<Next> {
+fn resume(k: &Keyed, sql: &str, quote: &Quote, debit: Debit) -> Result<Next> {
     let c = debit.charge();
-    if c.label() != sql {
-        return Err(another_query(id, c));
+    if k.request && c.label() != sql {
+        return Err(another_query(&k.id, c));
     }
     if !same_noise(c.measurements(), &quote.measurements) {
-        return Err(changed(id, c, quote));
+        return Err(changed(&k.id, c, quote));
     }
     Ok(Next::Run(debit))
 }
 
 /// A request id whose noise was drawn before: return its release, or post-process its stored draw, provided the
 /// query, its plan and its price (`quote`) are the ones it was charged for.
-fn stored(id: &str, sql: &str, dp: &DpPlan, quote: &Quote, prior: Prior) -> Result<Next> {
+fn stored(k: &Keyed, sql: &str, dp: &DpPlan, quote: &Quote, prior: Prior) -> Result<Next> {
+    let id = k.id.as_str();
     match prior {
         Prior::None | Prior::Charged(_) => {
             Err(DpError::Ledger(format!("request id `{id}` was claimed but the ledger has no draw for it")))
         }
         Prior::Released(c, bytes) => stored_release(id, sql, c, &bytes).map(|r| Next::Done(Box::new(r))),
-        Prior::Drawn(c, _) if c.label() != sql => Err(another_query(id, &c)),
+        Prior::Drawn(c, _) if k.request && c.label() != sql => Err(another_query(id, &c)),
         // The noise was calibrated from the stored charge: it must be what this query costs now.
         Prior::Drawn(c, _) if !same_noise(c.measurements(), &quote.measurements) => Err(changed(id, &c, quote)),
         Prior::Drawn(_, bytes) if bytes.is_empty() => {

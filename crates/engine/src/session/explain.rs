@@ -70,6 +70,9 @@ pub struct Explanation {
     pub outputs: Vec<(String, String)>,
     /// With `SET dp.target`: how ρ was solved for it, and whether the budget left covers it.
     pub target: Option<String>,
+    /// When the same measurements were charged before under this budget (`SET dp.reuse = 'exact'`): which charge
+    /// the query would be answered from, at no cost.
+    pub reuse: Option<String>,
     /// Whether a variance or standard deviation shares ρ 1 : 2 : 1 between its three measurements (the others
     /// share it equally).
     pub spread: bool,
@@ -162,6 +165,9 @@ impl std::fmt::Display for Explanation {
         if let Some(target) = &self.target {
             writeln!(f, "{target}")?;
         }
+        if let Some(reuse) = &self.reuse {
+            writeln!(f, "{reuse}")?;
+        }
         write!(
             f,
             "Cost: ρ = {} (ε = {:.4} at δ = {}, {}); nothing was spent by EXPLAIN DP",
@@ -236,6 +242,7 @@ impl DpSession {
                 confidence: quote.confidence,
                 outputs,
                 target: self.explained_target(&quote)?,
+                reuse: self.explained_reuse(&prepared, &quote)?,
                 spread: dp.outputs.iter().any(|o| matches!(o, crate::plan::OutputKind::Spread { .. })),
                 schema: std::sync::Arc::new(dp.original.schema().as_arrow().clone()),
                 public,
@@ -246,6 +253,24 @@ impl DpSession {
 }
 
 impl DpSession {
+    /// Whether the query would be answered from an earlier charge of the same measurements ([`super::reuse`]).
+    fn explained_reuse(&self, prepared: &prepare::Prepared, quote: &super::quote::Quote) -> Result<Option<String>> {
+        if self.reuse() != super::reuse::Reuse::Exact {
+            return Ok(None);
+        }
+        let key = super::reuse::reuse_key(&prepared.private, &prepared.dp, quote);
+        Ok(match self.ledger.prior(&key)? {
+            crate::accounting::ledger::Prior::None => None,
+            crate::accounting::ledger::Prior::Charged(c)
+            | crate::accounting::ledger::Prior::Drawn(c, _)
+            | crate::accounting::ledger::Prior::Released(c, _) => Some(format!(
+                "Reused: charge #{} paid for these measurements; the query would be answered from them, spending \
+                 nothing (SET dp.reuse = 'off' to pay for new ones)",
+                c.id()
+            )),
+        })
+    }
+
     /// How `quote`'s ρ was solved for the session's target, and whether what remains of the budget covers it.
     fn explained_target(&self, quote: &super::quote::Quote) -> Result<Option<String>> {
         let Some(solved) = &quote.target else { return Ok(None) };

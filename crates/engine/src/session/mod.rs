@@ -32,6 +32,7 @@ pub(crate) mod private;
 mod public;
 mod quote;
 mod register;
+pub(crate) mod reuse;
 mod statement;
 mod target;
 pub use target::Target;
@@ -104,6 +105,8 @@ pub(crate) struct Defaults {
     pub(crate) mechanism: MechanismChoice,
     pub(crate) delta: f64,
     pub(crate) confidence: f64,
+    /// `[session] reuse` ([`reuse`]).
+    pub(crate) reuse: reuse::Reuse,
 }
 
 /// A differentially private SQL session over private tables.
@@ -234,6 +237,7 @@ impl DpSession {
         let mut s = Self::empty(cfg.total_rho, cfg.default_query_rho, Mechanism::Gaussian, cfg.delta, cfg.confidence)?;
         s.defaults.accounting = cfg.accounting;
         s.defaults.mechanism = cfg.mechanism;
+        s.defaults.reuse = if cfg.reuse_exact { reuse::Reuse::Exact } else { reuse::Reuse::Off };
         if let Some(d) = cfg.delta_budget {
             s.ledger.set_delta_total(d, "configuration")?;
         }
@@ -286,6 +290,7 @@ impl DpSession {
                 mechanism: MechanismChoice::Fixed(mechanism),
                 delta,
                 confidence,
+                reuse: reuse::Reuse::Exact,
             },
             ledger: Box::new(MemoryLedger::new(total)),
             rng: Mutex::new(NoiseRng::from_os()?),

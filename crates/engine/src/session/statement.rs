@@ -26,6 +26,9 @@ extensions_options! {
         /// Accuracy target (`±10`, or `n:±10, total:±500`): each query is priced at the smallest ρ that meets it
         /// ([`super::target`]); `None` or `off`: none, the query's ρ is `rho`.
         pub target: Option<String>, default = None
+        /// Whether a query whose measurements were released before is answered from them, free: `exact` (`None`:
+        /// the default) or `off` ([`super::reuse`]).
+        pub reuse: Option<String>, default = None
     }
 }
 
@@ -238,6 +241,13 @@ impl DpSession {
                 check_selection_delta(d).map_err(bad)?;
                 format!("{d:e}")
             }
+            "reuse" => match super::reuse::Reuse::parse(&value) {
+                Ok(super::reuse::Reuse::Exact) => "exact".into(),
+                Ok(super::reuse::Reuse::Off) => "off".into(),
+                Err(reason) => {
+                    return Err(DpError::Refused(Refusal::BadOptionValue { option: "reuse", value, reason }));
+                }
+            },
             "target" => match super::target::Target::parse(&value) {
                 Ok(Some(t)) => t.to_string(),
                 Ok(None) => "off".into(),

@@ -1,0 +1,83 @@
+//! Free answers from past releases (`SET dp.reuse`): a query whose measurements were released before, under the
+//! same budget, is answered from the stored noisy measurements, at no cost.
+//!
+//! **What counts as the same.** Two statements have the same measurements when their optimized private plans (the
+//! bounded plan that would run, with the policy's bounds, domains and limits written into it, and the values of
+//! their parameters), their bounded plans' measurements and outputs ([`crate::plan::DpPlan::fingerprint`]) and the
+//! noise of every measurement (mechanism and parameter, hence ρ, and a selection's δ) are equal. Their reuse key
+//! is a 128-bit hash of all of these; the noisy measurements are stored under it in the ledger, beside request ids
+//! and with the same guarantees (one charge, first draw wins, durable with a SQLite ledger), so a policy change,
+//! another ρ or another mechanism gives another key, and a budget (a ledger, an analyst on the server) never sees
+//! another's keys. A statement that differs only after the aggregate (ORDER BY, HAVING, LIMIT, expressions over the
+//! aggregates) post-processes the same measurements afresh; the interval of each of its columns is computed, as
+//! always, from the charge's calibrations.
+//!
+//! **Why it is private.** Returning the noisy measurements of an earlier release again, or any function of them,
+//! is post-processing (BS16 Lemma 1.8): it costs nothing and reveals nothing more. Drawing fresh noise for the same
+//! measurements would instead let an analyst average the noise away, which is why reuse is the default. Whether a
+//! statement is reused depends on the statement, the policy, the settings and the ledger, never on the data.
+
+use crate::plan::DpPlan;
+use crate::session::DpSession;
+use crate::session::quote::Quote;
+use datafusion::logical_expr::LogicalPlan;
+
+/// The prefix of the ledger ids under which reused measurements are stored (a caller's request id may not begin
+/// with it).
+pub(crate) const REUSE_PREFIX: &str = "dp-reuse:";
+
+/// What `SET dp.reuse` allows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Reuse {
+    /// A statement with the measurements of an earlier release is answered from them (the default).
+    Exact,
+    /// Every statement is charged and drawn afresh.
+    Off,
+}
+
+impl Reuse {
+    /// Parses a `SET dp.reuse` value.
+    pub(crate) fn parse(text: &str) -> Result<Reuse, String> {
+        match text.trim().to_ascii_lowercase().as_str() {
+            "exact" | "on" => Ok(Reuse::Exact),
+            "off" => Ok(Reuse::Off),
+            "derive" => Err("answers derived from stored releases (sub-totals) are not available yet; 'exact' \
+                             reuses the same measurements"
+                .into()),
+            _ => Err("must be 'exact' (the default) or 'off'".into()),
+        }
+    }
+}
+
+/// The ledger id of `private`'s measurements as `quote` prices them (module docs).
+pub(crate) fn reuse_key(private: &LogicalPlan, dp: &DpPlan, quote: &Quote) -> String {
+    let text = format!("{}|{:x}|{:?}", private.display_indent(), dp.fingerprint(), quote.measurements);
+    format!("{REUSE_PREFIX}{:032x}", crate::plan::fnv128(&text))
+}
+
+impl DpSession {
+    /// This session with reuse on (`true`: the default) or off (`false`: every query is charged and drawn afresh,
+    /// as `[session] reuse = "off"`); `SET dp.reuse` still changes it.
+    pub fn with_reuse(mut self, exact: bool) -> Self {
+        self.defaults.reuse = if exact { Reuse::Exact } else { Reuse::Off };
+        self
+    }
+
+    /// The session's `SET dp.reuse`, else the configuration's `[session] reuse` (exact unless set otherwise).
+    pub(crate) fn reuse(&self) -> Reuse {
+        self.options().reuse.as_deref().and_then(|r| Reuse::parse(r).ok()).unwrap_or(self.defaults.reuse)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reuse_settings_parse() {
+        assert_eq!(Reuse::parse("exact"), Ok(Reuse::Exact));
+        assert_eq!(Reuse::parse(" OFF "), Ok(Reuse::Off));
+        assert!(Reuse::parse("derive").is_err_and(|e| e.contains("not available yet")));
+        assert!(Reuse::parse("sometimes").is_err());
+    }
+}
