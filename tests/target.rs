@@ -121,3 +121,25 @@ fn a_marginal_target_is_met_at_the_smallest_rho() {
     }
     assert!(plan(4, 30, 1, MarginalBudget::TargetHalfWidth(0.0), None, 0.95, 1e-6).is_err());
 }
+
+/// Each measurement a target reads gets the least ρ that meets it: a COUNT and a SUM at the same ± get different ρ,
+/// and 1 % less ρ for either, alone, misses its target.
+#[tokio::test]
+async fn each_measurement_gets_the_least_rho_its_target_needs() {
+    use dpfusion::accounting::calibrate::gaussian;
+    use dpfusion::noise::{NoiseParams, accuracy::discrete_gaussian_ci_half_width};
+    let s = session_from(&pums_config("pums_dup.csv", 1000.0, 2, 1)).await;
+    s.sql("SET dp.target = '±30'").await.unwrap();
+    let e = s.explain("SELECT COUNT(*) AS n, SUM(age) AS s FROM pums").await.unwrap();
+    assert!(e.to_string().contains("ρ per measurement, the least that meets dp.target"), "{e}");
+    let [count, sum] = &e.measures[..] else { panic!("two measurements") };
+    assert!(count.calibration.rho().get() < sum.calibration.rho().get() / 100.0, "{e}");
+    for m in [count, sum] {
+        assert!(m.ci_half_width <= 30.0, "{}: ± {}", m.label, m.ci_half_width);
+        let less = gaussian(m.l2, dpfusion::accounting::Rho::positive(m.calibration.rho().get() * 0.99).unwrap());
+        let NoiseParams::Gaussian { sigma_sq } = less.unwrap().params() else { panic!("gaussian") };
+        let half = discrete_gaussian_ci_half_width(sigma_sq, 0.95).unwrap() * m.unit;
+        assert!(half > 30.0, "{}: 1 % less ρ still gives ± {half}", m.label);
+    }
+    assert!((e.rho - count.calibration.rho().get() - sum.calibration.rho().get()).abs() < 1e-9 * e.rho);
+}

@@ -334,6 +334,22 @@ pub(crate) enum Planned {
     },
 }
 
+/// The measurements output column `i` of the analyst's plan reads with a non-zero weight (none for a column that
+/// is not a linear function of the aggregates).
+pub(crate) fn measures_of(dp: &DpPlan, i: usize) -> Vec<usize> {
+    let Form::Linear(terms) = form_of(&dp.original, i) else { return vec![] };
+    let mut out = vec![];
+    for (j, a) in terms {
+        if let Some(OutputKind::Measure(m)) = dp.outputs.get(j)
+            && a != 0.0
+            && !out.contains(m)
+        {
+            out.push(*m);
+        }
+    }
+    out
+}
+
 /// The accuracy of output column `i` of the analyst's plan, as far as the plan and the calibrations tell.
 pub(crate) fn plan_accuracy(dp: &DpPlan, cals: &[Calibration], i: usize, confidence: f64) -> Result<Planned> {
     match form_of(&dp.original, i) {

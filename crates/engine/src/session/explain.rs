@@ -113,7 +113,9 @@ impl std::fmt::Display for Explanation {
             (None, None) => writeln!(f, "Cells released: the keys selected from the data")?,
         }
         // (Each measurement's ρ is its cost, at most its share: σ is rounded up onto a grid.)
-        let split = if self.spread {
+        let split = if self.target.is_some() {
+            "ρ per measurement, the least that meets dp.target"
+        } else if self.spread {
             "ρ split equally but for a variance's COUNT : SUM : SUM of squares, 1 : 2 : 1"
         } else {
             "ρ split equally"

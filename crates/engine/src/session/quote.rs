@@ -37,29 +37,29 @@ impl DpSession {
     /// `SET dp.target`, at the smallest ρ that meets the target: [`super::target`]).
     pub(crate) fn quote(&self, dp: &DpPlan) -> Result<Quote> {
         let (rho, mech, confidence) = self.query_settings()?;
-        let (rho, target) = match self.target()? {
-            None => (rho, None),
+        let (rhos, target) = match self.target()? {
+            None => (split(dp, rho), None),
             Some(t) => {
-                let (rho, solved) = self.solve_target(dp, &t, rho, mech, confidence)?;
-                (rho, Some(solved))
+                let (rhos, solved) = self.solve_target(dp, &t, rho, mech, confidence)?;
+                (rhos, Some(solved))
             }
         };
-        let (measurements, selection) = self.price(dp, rho, mech)?;
+        let (measurements, selection) = self.price(dp, &rhos, mech)?;
         let mut quote = Quote::new(measurements, self.defaults.delta, confidence, &self.quotes)?;
         quote.selection = selection;
         quote.target = target;
         Ok(quote)
     }
 
-    /// Each measurement of `dp` calibrated with its share of `rho`, and the selection of its keys if it has keys
-    /// without a domain.
+    /// Each measurement `i` of `dp` calibrated with `rhos[i]` (e.g. its share of the query's ρ: [`split`]), and the
+    /// selection of its keys if it has keys without a domain.
     pub(crate) fn price(
         &self,
         dp: &DpPlan,
-        rho: Rho,
+        rhos: &[f64],
         mech: MechanismChoice,
     ) -> Result<(Vec<Calibration>, Option<crate::noise::Selection>)> {
-        let mut measurements = calibrate_each(dp, rho, mech, self.defaults.accounting)?;
+        let mut measurements = calibrate_each(dp, rhos, mech, self.defaults.accounting)?;
         let selection = match dp.selection {
             None => None,
             Some(i) => Some(self.select(dp, i, &mut measurements)?),
@@ -125,18 +125,31 @@ fn shares(dp: &DpPlan) -> Vec<f64> {
     w
 }
 
-/// Calibrates each measurement of `dp` with its share of the query's ρ ([`shares`]: equal shares ρ/m unless the
-/// query has a variance or a standard deviation).
-fn calibrate_each(dp: &DpPlan, rho: Rho, mech: MechanismChoice, accounting: Accounting) -> Result<Vec<Calibration>> {
+/// Each measurement's share of the query's `rho` ([`shares`]: equal shares ρ/m unless the query has a variance or
+/// a standard deviation).
+pub(crate) fn split(dp: &DpPlan, rho: Rho) -> Vec<f64> {
     let weights = shares(dp);
     let total: f64 = weights.iter().sum();
+    weights.iter().map(|w| rho.get() * w / total).collect()
+}
+
+/// Calibrates each measurement `i` of `dp` with `rhos[i]`.
+fn calibrate_each(
+    dp: &DpPlan,
+    rhos: &[f64],
+    mech: MechanismChoice,
+    accounting: Accounting,
+) -> Result<Vec<Calibration>> {
+    if rhos.len() != dp.measures.len() {
+        return Err(DpError::Internal("a ρ per measurement is missing".into()));
+    }
     dp.measures
         .iter()
-        .zip(&weights)
-        .map(|(ms, w)| {
-            let share = Rho::positive(rho.get() * w / total).map_err(|e| {
+        .zip(rhos)
+        .map(|(ms, &r)| {
+            let share = Rho::positive(r).map_err(|e| {
                 DpError::Refused(Refusal::RhoSplit {
-                    rho: rho.get(),
+                    rho: rhos.iter().sum(),
                     measures: dp.measures.len(),
                     reason: e.to_string(),
                 })

@@ -4,10 +4,12 @@
 //! A target is the half-width of an output column's interval at the session's confidence, in the column's own
 //! units (the interval of [`super::accuracy`]: the released value and the exact answer of the bounded query are that
 //! close with at least that probability). `±10` asks it of every noisy output column, `n:±10, total:±500` of the
-//! columns named. The query's measurements keep their usual shares of ρ ([`super::quote`]); the ρ they share is the
-//! smallest at which every targeted column's half-width is at most its target, found by bisection on the
-//! calibrations themselves (each half-width is what the release will state, computed from public parameters only:
-//! the search reads no data and spends nothing). Only columns whose interval is known before the data is read
+//! columns named. First the query's usual shares of ρ ([`super::quote`]) are scaled to the smallest ρ at which every
+//! targeted column's half-width is at most its target; then each measurement's own ρ, in turn, is lowered as far as
+//! every target still allows (a measurement that no targeted column reads keeps its share). Both searches bisect on
+//! the calibrations themselves: each half-width is what the release will state, computed from public parameters
+//! only, so the search reads no data and spends nothing. At the end no measurement that a target reads can be given
+//! 1 % less without some target being missed. Only columns whose interval is known before the data is read
 //! can be targeted: a count, a sum, a linear combination of them; not an average or a variance (their interval
 //! is per row, from the noisy values), nor a quantile (its interval is on ranks).
 //!
@@ -22,7 +24,8 @@ use crate::plan::DpPlan;
 use crate::refusal::Refusal;
 use crate::release::Accuracy;
 use crate::session::DpSession;
-use crate::session::accuracy::{Planned, plan_accuracy};
+use crate::session::accuracy::{Planned, measures_of, plan_accuracy};
+use crate::session::quote::split;
 
 /// What `SET dp.target` asks for: half-widths of output columns' intervals at the session's confidence.
 #[derive(Clone, Debug, PartialEq)]
@@ -87,6 +90,43 @@ impl std::fmt::Display for Target {
             }
         }
     }
+}
+
+/// The smallest `x` (within [`PRECISION`], not below [`MIN_RHO`]) at which `met(x)` is Some, and what it gives:
+/// halving from `start` while met, else doubling up to `max`, then bisecting. None when not met up to `max`.
+/// `met` is taken to be monotone (met at x, met above): a larger ρ calibrates less noise, and a half-width never
+/// grows with less noise.
+fn smallest<T>(start: f64, max: f64, mut met: impl FnMut(f64) -> Result<Option<T>>) -> Result<Option<(f64, T)>> {
+    let (mut lo, mut hi) = (start, start);
+    let mut best = met(hi)?;
+    if best.is_some() {
+        loop {
+            lo /= 2.0;
+            if lo < MIN_RHO {
+                break;
+            }
+            match met(lo)? {
+                Some(b) => (hi, best) = (lo, Some(b)),
+                None => break,
+            }
+        }
+    } else {
+        while best.is_none() {
+            (lo, hi) = (hi, hi * 2.0);
+            if hi > max {
+                return Ok(None);
+            }
+            best = met(hi)?;
+        }
+    }
+    while lo >= MIN_RHO && hi / lo > 1.0 + PRECISION {
+        let mid = (lo * hi).sqrt();
+        match met(mid)? {
+            Some(b) => (hi, best) = (mid, Some(b)),
+            None => lo = mid,
+        }
+    }
+    Ok(best.map(|b| (hi, b)))
 }
 
 /// One half-width: a finite number > 0, after an optional `±`, `+-` or `+/-`.
@@ -174,7 +214,7 @@ impl DpSession {
         start: Rho,
         mech: MechanismChoice,
         confidence: f64,
-    ) -> Result<(Rho, Solved)> {
+    ) -> Result<(Vec<f64>, Solved)> {
         let names: Vec<String> = dp.original.schema().fields().iter().map(|f| f.name().clone()).collect();
         if let Target::Columns(cols) = target
             && let Some((missing, _)) = cols.iter().find(|(n, _)| !names.contains(n))
@@ -184,7 +224,7 @@ impl DpSession {
         }
         // The columns constrained, each with its target; checked once on the calibrations at `start` (whether a
         // column's interval is fixed depends on the query's shape, not on ρ).
-        let (cals, _) = self.price(dp, start, mech)?;
+        let (cals, _) = self.price(dp, &split(dp, start), mech)?;
         let mut wanted: Vec<(usize, f64)> = vec![];
         for (i, name) in names.iter().enumerate() {
             let Some(want) = target.of(name) else { continue };
@@ -200,11 +240,10 @@ impl DpSession {
             let reason = "no noisy output column has a target".to_string();
             return Err(DpError::Refused(Refusal::TargetColumn { column: target.to_string(), reason }));
         }
-        // Whether ρ meets every target: Some(half-widths) if it does. A ρ the calibration refuses (noise too
+        // Whether the ρ's meet every target: Some(half-widths) if they do. A ρ the calibration refuses (noise too
         // large or too small to calibrate exactly) does not.
-        let meets = |rho: f64| -> Result<Option<Vec<f64>>> {
-            let Ok(rho) = Rho::positive(rho) else { return Ok(None) };
-            let cals = match self.price(dp, rho, mech) {
+        let meets = |rhos: &[f64]| -> Result<Option<Vec<f64>>> {
+            let cals = match self.price(dp, rhos, mech) {
                 Ok((cals, _)) => cals,
                 Err(DpError::Refused(Refusal::Calibration { .. } | Refusal::RhoSplit { .. })) => return Ok(None),
                 Err(e) => return Err(e),
@@ -218,40 +257,31 @@ impl DpSession {
             }
             Ok(Some(halves))
         };
-        let (mut lo, mut hi) = (start.get(), start.get());
-        let mut best = meets(hi)?;
-        if best.is_some() {
-            // Met at the start: halve until it is not.
-            loop {
-                lo /= 2.0;
-                if lo < MIN_RHO {
-                    break;
-                }
-                match meets(lo)? {
-                    Some(h) => (hi, best) = (lo, Some(h)),
-                    None => break,
-                }
+        // The query's ρ in its usual shares ...
+        let scaled = |r: f64| Rho::positive(r).map(|r| split(dp, r)).unwrap_or_default();
+        let Some((rho, mut halves)) = smallest(start.get(), MAX_RHO, |r| meets(&scaled(r)))? else {
+            return Err(self.unreachable(dp, target, &wanted, mech, confidence));
+        };
+        // ... then each measurement's own ρ lowered as far as every target allows, the others fixed (a measurement
+        // no targeted column reads keeps its share).
+        let mut rhos = scaled(rho);
+        let read: Vec<usize> = wanted.iter().flat_map(|&(i, _)| measures_of(dp, i)).collect();
+        for j in 0..rhos.len() {
+            if !read.contains(&j) {
+                continue;
             }
-        } else {
-            while best.is_none() {
-                (lo, hi) = (hi, hi * 2.0);
-                if hi > MAX_RHO {
-                    return Err(self.unreachable(dp, target, &wanted, mech, confidence));
-                }
-                best = meets(hi)?;
-            }
-        }
-        while lo >= MIN_RHO && hi / lo > 1.0 + PRECISION {
-            let mid = (lo * hi).sqrt();
-            match meets(mid)? {
-                Some(h) => (hi, best) = (mid, Some(h)),
-                None => lo = mid,
+            let with = |x: f64, rhos: &[f64]| {
+                let mut r = rhos.to_vec();
+                r[j] = x;
+                r
+            };
+            if let Some((x, h)) = smallest(rhos[j], rhos[j], |x| meets(&with(x, &rhos)))? {
+                (rhos[j], halves) = (x, h);
             }
         }
-        let halves = best.unwrap_or_default();
         let columns =
             wanted.iter().zip(halves).map(|(&(i, want), got)| (names[i].clone(), want, got)).collect::<Vec<_>>();
-        Ok((Rho::positive(hi)?, Solved { target: target.clone(), columns }))
+        Ok((rhos, Solved { target: target.clone(), columns }))
     }
 
     /// The refusal of a target that no ρ up to [`MAX_RHO`] meets: the first column that misses it there.
@@ -264,7 +294,7 @@ impl DpSession {
         confidence: f64,
     ) -> DpError {
         let names = dp.original.schema().fields().iter().map(|f| f.name().clone()).collect::<Vec<_>>();
-        let at_max = Rho::positive(MAX_RHO).and_then(|r| self.price(dp, r, mech));
+        let at_max = Rho::positive(MAX_RHO).and_then(|r| self.price(dp, &split(dp, r), mech));
         let missed = wanted.iter().find_map(|&(i, want)| {
             let cals = at_max.as_ref().ok()?;
             match fixed_half_width(dp, &cals.0, i, confidence) {
@@ -286,7 +316,7 @@ impl DpSession {
             Err(e) => return e,
         };
         let names: Vec<String> = dp.original.schema().fields().iter().map(|f| f.name().clone()).collect();
-        let affordable = Rho::positive(remaining).ok().and_then(|r| self.price(dp, r, mech).ok());
+        let affordable = Rho::positive(remaining).ok().and_then(|r| self.price(dp, &split(dp, r), mech).ok());
         let best = match affordable {
             None => "nothing: too little remains to calibrate any noise".to_string(),
             Some((cals, _)) => {
