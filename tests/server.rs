@@ -732,9 +732,17 @@ async fn a_repeated_query_is_free_for_its_analyst_only() {
     let s = start().await;
     let (alice, bob) = (connect(s.addr, "alice").await, connect(s.addr, "bob").await);
     // The test configuration turns reuse off (`support::pums_config`); the default is exact.
+    let shown = |m: Vec<SimpleQueryMessage>| {
+        m.iter().find_map(|m| match m {
+            SimpleQueryMessage::Row(r) => r.get(0).map(str::to_string),
+            _ => None,
+        })
+    };
+    assert_eq!(shown(alice.simple_query("SHOW dp.reuse").await.unwrap()).as_deref(), Some("off"));
     for c in [&alice, &bob] {
         c.simple_query("SET dp.reuse = 'exact'").await.unwrap();
     }
+    assert_eq!(shown(alice.simple_query("SHOW dp.reuse").await.unwrap()).as_deref(), Some("exact"));
     let q = "SELECT sex, COUNT(*) AS n FROM pums GROUP BY sex ORDER BY sex";
     let first = alice.simple_query(q).await.unwrap();
     let again = alice.simple_query(q).await.unwrap();

@@ -47,6 +47,7 @@ const KEYWORDS: &[&str] = &[
     "dp.confidence",
     "dp.selection_delta",
     "dp.target",
+    "dp.reuse",
 ];
 
 /// A meta-command of the shell.
@@ -88,6 +89,7 @@ fn help() -> String {
   EXPLAIN DP SELECT ... ;           plan, sensitivity, noise and cost, without spending anything
   SET dp.rho = 0.02;                ρ per query (also dp.mechanism = 'laplace' or 'auto', dp.confidence = 0.9)
   SET dp.target = '±10';            instead of ρ: the smallest ρ giving every noisy column ± 10 ('n:±10' per column)
+  SET dp.reuse = 'off';             pay for new noise when a query repeats (by default a repeat is free)
 Meta-commands:",
     );
     for (_, names, arg, what) in META {

@@ -186,3 +186,15 @@ def test_an_accuracy_target_is_met_and_what_is_over_budget_is_refused(session):
     session.sql("SET dp.target = 'off'")
     m = session.marginals("pums", ["sex", "race"], target=10)
     assert m.plan["ci_half_width"] <= 10
+
+
+def test_a_repeated_query_is_answered_again_for_free(session):
+    first = session.sql(COUNT_BY_SEX)
+    before = spent(session)
+    again = session.sql(COUNT_BY_SEX)
+    assert again.to_arrow() == first.to_arrow()
+    assert again.note.startswith("reused from charge #1")
+    assert spent(session) == before
+    session.sql("SET dp.reuse = 'off'")
+    session.sql(COUNT_BY_SEX)
+    assert spent(session) == pytest.approx(before + 0.05)

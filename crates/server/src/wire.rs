@@ -445,6 +445,7 @@ impl Analyst {
             }
             "dp.selection_delta" => text_rows(&name, [format!("{:e}", self.session.selection_delta())]),
             "dp.target" => text_rows(&name, [self.session.accuracy_target().unwrap_or_else(|| "off".into())]),
+            "dp.reuse" => text_rows(&name, [self.session.reuse_setting().into()]),
             "dp.request_id" => text_rows(&name, [self.request_id.clone().unwrap_or_default()]),
             _ => match super::find_setting(&name) {
                 Some(s) => text_rows(&name, [self.settings.get(&name).cloned().unwrap_or_else(|| s.value.to_string())]),

@@ -273,7 +273,10 @@ impl DpSession {
                      at no cost (SET dp.reuse = 'off' to pay for new ones)",
                     charge.id()
                 );
-                Some(note.map_or(first.clone(), |n| format!("{first}; {n}")))
+                Some(match note {
+                    Some(n) => format!("{first}; {n}"),
+                    None => first,
+                })
             }
         };
         let parts = Parts {

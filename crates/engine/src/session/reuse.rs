@@ -63,6 +63,14 @@ impl DpSession {
         self
     }
 
+    /// The session's reuse as `SHOW dp.reuse` gives it: `exact` or `off`.
+    pub fn reuse_setting(&self) -> &'static str {
+        match self.reuse() {
+            Reuse::Exact => "exact",
+            Reuse::Off => "off",
+        }
+    }
+
     /// The session's `SET dp.reuse`, else the configuration's `[session] reuse` (exact unless set otherwise).
     pub(crate) fn reuse(&self) -> Reuse {
         self.options().reuse.as_deref().and_then(|r| Reuse::parse(r).ok()).unwrap_or(self.defaults.reuse)
