@@ -6,10 +6,11 @@
 //! close with at least that probability). `±10` asks it of every noisy output column, `n:±10, total:±500` of the
 //! columns named. First the query's usual shares of ρ ([`super::quote`]) are scaled to the smallest ρ at which every
 //! targeted column's half-width is at most its target; then each measurement's own ρ, in turn, is lowered as far as
-//! every target still allows (a measurement that no targeted column reads keeps its share). Both searches bisect on
+//! every target still allows (a measurement that no targeted column reads keeps its share; beyond the first
+//! [`MAX_REFINED`] measurements read, the rest keep theirs too). Both searches bisect on
 //! the calibrations themselves: each half-width is what the release will state, computed from public parameters
-//! only, so the search reads no data and spends nothing. At the end no measurement that a target reads can be given
-//! 1 % less without some target being missed. Only columns whose interval is known before the data is read
+//! only, so the search reads no data and spends nothing. At the end no measurement given its own least ρ can be
+//! given 1 % less without some target being missed. Only columns whose interval is known before the data is read
 //! can be targeted: a count, a sum, a linear combination of them; not an average or a variance (their interval
 //! is per row, from the noisy values), nor a quantile (its interval is on ranks).
 //!
@@ -42,6 +43,10 @@ const MAX_RHO: f64 = 1e6;
 const MIN_RHO: f64 = 1e-12;
 /// The search stops when the ρ that meets the target is within this factor of one that does not.
 const PRECISION: f64 = 1e-9;
+/// At most this many measurements get their own least ρ (in the order of the query); the others keep their share
+/// of the scaled split. Each costs a search that prices the whole query about 70 times, so the bound keeps the
+/// solve linear in the number of measurements (a statement's work is bounded before it is done).
+const MAX_REFINED: usize = 16;
 
 impl Target {
     /// Parses a `SET dp.target` value: `±10` (also `10`, `+-10`, `+/-10`) for every noisy output column, or
@@ -265,11 +270,12 @@ impl DpSession {
         // ... then each measurement's own ρ lowered as far as every target allows, the others fixed (a measurement
         // no targeted column reads keeps its share).
         let mut rhos = scaled(rho);
-        let read: Vec<usize> = wanted.iter().flat_map(|&(i, _)| measures_of(dp, i)).collect();
-        for j in 0..rhos.len() {
-            if !read.contains(&j) {
-                continue;
-            }
+        let mut read: Vec<usize> = wanted.iter().flat_map(|&(i, _)| measures_of(dp, i)).collect();
+        read.sort_unstable();
+        read.dedup();
+        read.retain(|&j| j < rhos.len());
+        read.truncate(MAX_REFINED);
+        for j in read {
             let with = |x: f64, rhos: &[f64]| {
                 let mut r = rhos.to_vec();
                 r[j] = x;
