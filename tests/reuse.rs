@@ -88,3 +88,31 @@ async fn reuse_survives_a_restart_and_stops_when_the_policy_changes() {
     assert_ne!(release(&s, BY_SEX).await.charge().id(), first.charge().id());
     assert_eq!(s.budget().unwrap().charges.len(), 2);
 }
+
+/// Differential: on neighbouring tables (D, and D plus one person), the same statements are reused or charged the
+/// same way (the same charge numbers, the same notes), whatever the data.
+#[tokio::test]
+async fn reuse_decisions_are_the_same_on_neighbouring_tables() {
+    let statements = [
+        "SELECT sex, COUNT(*) AS n, SUM(income) AS s FROM people GROUP BY sex",
+        "SELECT sex, COUNT(*) AS n, SUM(income) AS s FROM people GROUP BY sex",
+        "SELECT sex, COUNT(*) AS n, SUM(income) AS s FROM people GROUP BY sex HAVING COUNT(*) > 0 ORDER BY n DESC",
+        "SELECT sex, COUNT(*) AS n, SUM(income) AS s FROM people WHERE age > 40 GROUP BY sex",
+        "SELECT AVG(income) AS a FROM people",
+        "SELECT AVG(income) AS a FROM people",
+    ];
+    let mut seen = vec![];
+    for extra in [false, true] {
+        let s = crate::support::people_session(300, extra, 100.0, 0.1).with_reuse(true);
+        let mut trace = vec![];
+        for sql in statements {
+            let r = release(&s, sql).await;
+            let note = r.note().map(|n| n.split(':').next().unwrap_or_default().to_string());
+            trace.push((r.charge().id(), note));
+        }
+        trace.push((s.budget().unwrap().charges.len() as u64, None));
+        seen.push(trace);
+    }
+    assert_eq!(seen[0], seen[1], "D and D′ differ in what is reused");
+    assert_eq!(seen[0].last(), Some(&(3, None)), "{:?}", seen[0]);
+}
