@@ -452,7 +452,7 @@ pub struct SessionConfig {
     /// Confidence level of reported intervals.
     pub confidence: f64,
     /// Whether a query whose measurements were charged before is answered from them (`[session] reuse`).
-    pub reuse_exact: bool,
+    pub reuse: crate::session::Reuse,
     /// The private tables.
     pub tables: BTreeMap<String, TableSource>,
     /// The durable ledger, if configured.
@@ -545,10 +545,9 @@ impl SessionConfig {
         let mechanism: MechanismChoice = s.mechanism.parse().map_err(|e| cfg_err(e, "mechanism"))?;
         crate::noise::accuracy::check_confidence(s.confidence).map_err(|e| cfg_err(e, "confidence"))?;
         let confidence = s.confidence;
-        let reuse_exact = match s.reuse.as_deref().map(crate::session::reuse::Reuse::parse) {
-            None | Some(Ok(crate::session::reuse::Reuse::Exact)) => true,
-            Some(Ok(crate::session::reuse::Reuse::Off)) => false,
-            Some(Err(e)) => return Err(DpError::Config(format!("[session] reuse: {e}"))),
+        let reuse = match s.reuse.as_deref().map(crate::session::Reuse::parse) {
+            None => crate::session::Reuse::Exact,
+            Some(r) => r.map_err(|e| DpError::Config(format!("[session] reuse: {e}")))?,
         };
         let mut tables = BTreeMap::new();
         for (name, mut t) in raw.tables {
@@ -600,7 +599,7 @@ impl SessionConfig {
             delta: s.delta,
             delta_budget: s.delta_budget,
             confidence,
-            reuse_exact,
+            reuse,
             tables,
             ledger,
             owner_log,

@@ -270,16 +270,7 @@ pub fn per_unit(
     let unit = || col(Column::from_name(UNIT));
     let values = row_values(clips, &row_aggs)?;
     let cells = (!group_keys.is_empty()).then(|| crate::plan::cell_count(group_keys));
-    let run_measures =
-        values.iter().zip(clips).map(|((v, arg), clip)| (runs::RunMeasure::new(clip, *v, k), arg.clone()));
-    // The streaming pass sums per cell; a count of units needs the rows per (unit, cell): the hash plan alone.
-    let runs = match clips.iter().any(|c| matches!(c, Clip::Units)) {
-        true => None,
-        false => {
-            let keys = cells.map_or(RunKeys::None, RunKeys::Cells);
-            unit_runs_rows(&input, keys, run_measures.collect(), k, groups, false)?
-        }
-    };
+    let runs = clipping_pass(&input, cells.map_or(RunKeys::None, RunKeys::Cells), &values, clips, k, groups)?;
     let measures: Vec<_> = values.iter().zip(clips).map(|((v, arg), clip)| (*v, arg.clone(), clip.range(k))).collect();
     let cell = || Column::from_name(cells::CELL);
     let s = || col("__dp_s");
@@ -371,6 +362,25 @@ pub(crate) fn decode_keys(b: LogicalPlanBuilder, group_keys: &[GroupKey], m: usi
 pub(crate) fn by_unit(b: LogicalPlanBuilder, unit: Expr) -> datafusion::common::Result<LogicalPlanBuilder> {
     let node = ByUnit::new(b.build()?, unit);
     Ok(LogicalPlanBuilder::from(LogicalPlan::Extension(Extension { node: Arc::new(node) })))
+}
+
+/// The rows input and spec of the streaming pass ([`unit_runs_rows`]) of a bounding that clips each unit's
+/// measurements (`values` and `clips`, as [`row_values`] and [`clips_of`] give them), or None when a measurement
+/// counts units: the pass sums per cell, and a count of units needs the rows per (unit, cell), so the hash plan
+/// runs alone.
+pub(crate) fn clipping_pass(
+    input: &LogicalPlan,
+    keys: RunKeys,
+    values: &[(runs::RowValue, Option<Expr>)],
+    clips: &[Clip],
+    k: u64,
+    groups: Option<u64>,
+) -> Result<Option<(LogicalPlan, runs::Spec)>> {
+    if clips.iter().any(|c| matches!(c, Clip::Units)) {
+        return Ok(None);
+    }
+    let measures = values.iter().zip(clips).map(|((v, arg), clip)| (runs::RunMeasure::new(clip, *v, k), arg.clone()));
+    unit_runs_rows(input, keys, measures.collect(), k, groups, false)
 }
 
 /// The keys of a streaming pass's rows ([`runs`]).

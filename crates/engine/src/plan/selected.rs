@@ -32,7 +32,6 @@ use crate::error::{DpError, Result, engine};
 use crate::plan::bound::{self, RunKeys, UNIT};
 use crate::plan::clip::{Clipped, KeptKey};
 use crate::plan::measures::{self, Measured};
-use crate::plan::runs::RunMeasure;
 use crate::plan::sensitivity::Contribution;
 use crate::plan::{GroupKey, Measure, MeasureKind, sensitivity};
 use crate::policy::TablePolicy;
@@ -136,16 +135,10 @@ fn aggregate(
     let mut hash_args = vec![unit()];
     hash_args.extend(key_exprs());
     let priority = KeyPriority::call(hash_args);
-    // The same bounding as one verified pass when the rows turn out clustered by unit (not for COUNT(DISTINCT
-    // unit), which the pass does not count): the hash plan below is its fallback.
-    let runs = match clips.iter().any(|c| matches!(c, bound::Clip::Units)) {
-        true => None,
-        false => {
-            let measures = values.iter().zip(&clips).map(|((v, arg), c)| (RunMeasure::new(c, *v, k), arg.clone()));
-            let g = Some(contribution.groups);
-            bound::unit_runs_rows(&scoped, RunKeys::Open(key_exprs()), measures.collect(), k, g, false)?
-        }
-    };
+    // The same bounding as one verified pass when the rows turn out clustered by unit: the hash plan below is its
+    // fallback.
+    let g = Some(contribution.groups);
+    let runs = bound::clipping_pass(&scoped, RunKeys::Open(key_exprs()), &values, &clips, k, g)?;
     let hashed = match contribution.groups {
         1 => kept_key(scoped, keys, &unit_measures, k, priority, &clips)?,
         g => kept_keys(scoped, keys, &unit_measures, k, g, priority, &clips)?,

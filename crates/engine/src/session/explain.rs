@@ -261,11 +261,10 @@ impl DpSession {
             return Ok(None);
         }
         let key = super::reuse::reuse_key(&prepared.private, &prepared.dp, quote);
+        use crate::accounting::ledger::Prior;
         Ok(match self.ledger.prior(&key)? {
-            crate::accounting::ledger::Prior::None => None,
-            crate::accounting::ledger::Prior::Charged(c)
-            | crate::accounting::ledger::Prior::Drawn(c, _)
-            | crate::accounting::ledger::Prior::Released(c, _) => Some(format!(
+            Prior::None => None,
+            Prior::Charged(c) | Prior::Drawn(c, _) | Prior::Released(c, _) => Some(format!(
                 "Reused: charge #{} paid for these measurements; the query would be answered from them, spending \
                  nothing (SET dp.reuse = 'off' to pay for new ones)",
                 c.id()

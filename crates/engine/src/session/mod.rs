@@ -35,6 +35,7 @@ mod register;
 pub(crate) mod reuse;
 mod statement;
 mod target;
+pub use reuse::Reuse;
 pub use target::Target;
 
 pub use explain::{ExplainedMeasure, Explanation};
@@ -106,7 +107,7 @@ pub(crate) struct Defaults {
     pub(crate) delta: f64,
     pub(crate) confidence: f64,
     /// `[session] reuse` ([`reuse`]).
-    pub(crate) reuse: reuse::Reuse,
+    pub(crate) reuse: Reuse,
 }
 
 /// A differentially private SQL session over private tables.
@@ -237,7 +238,7 @@ impl DpSession {
         let mut s = Self::empty(cfg.total_rho, cfg.default_query_rho, Mechanism::Gaussian, cfg.delta, cfg.confidence)?;
         s.defaults.accounting = cfg.accounting;
         s.defaults.mechanism = cfg.mechanism;
-        s.defaults.reuse = if cfg.reuse_exact { reuse::Reuse::Exact } else { reuse::Reuse::Off };
+        s.defaults.reuse = cfg.reuse;
         if let Some(d) = cfg.delta_budget {
             s.ledger.set_delta_total(d, "configuration")?;
         }
@@ -290,7 +291,7 @@ impl DpSession {
                 mechanism: MechanismChoice::Fixed(mechanism),
                 delta,
                 confidence,
-                reuse: reuse::Reuse::Exact,
+                reuse: Reuse::Exact,
             },
             ledger: Box::new(MemoryLedger::new(total)),
             rng: Mutex::new(NoiseRng::from_os()?),

@@ -22,13 +22,13 @@ use crate::session::DpSession;
 use crate::session::quote::Quote;
 use datafusion::logical_expr::LogicalPlan;
 
-/// The prefix of the ledger ids under which reused measurements are stored (a caller's request id may not begin
-/// with it).
+/// The prefix of the ledger ids under which reused measurements are stored. A caller's request id that happens to
+/// begin with it is still handled as a request id (its SQL must match the charge's), and only within its budget.
 pub(crate) const REUSE_PREFIX: &str = "dp-reuse:";
 
-/// What `SET dp.reuse` allows.
+/// What `SET dp.reuse` and `[session] reuse` allow.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Reuse {
+pub enum Reuse {
     /// A statement with the measurements of an earlier release is answered from them (the default).
     Exact,
     /// Every statement is charged and drawn afresh.
@@ -36,8 +36,8 @@ pub(crate) enum Reuse {
 }
 
 impl Reuse {
-    /// Parses a `SET dp.reuse` value.
-    pub(crate) fn parse(text: &str) -> Result<Reuse, String> {
+    /// Parses a `SET dp.reuse` or `[session] reuse` value.
+    pub fn parse(text: &str) -> Result<Reuse, String> {
         match text.trim().to_ascii_lowercase().as_str() {
             "exact" | "on" => Ok(Reuse::Exact),
             "off" => Ok(Reuse::Off),
@@ -45,6 +45,14 @@ impl Reuse {
                              reuses the same measurements"
                 .into()),
             _ => Err("must be 'exact' (the default) or 'off'".into()),
+        }
+    }
+
+    /// The value as `SET dp.reuse` stores it and `SHOW dp.reuse` gives it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Reuse::Exact => "exact",
+            Reuse::Off => "off",
         }
     }
 }
@@ -65,10 +73,7 @@ impl DpSession {
 
     /// The session's reuse as `SHOW dp.reuse` gives it: `exact` or `off`.
     pub fn reuse_setting(&self) -> &'static str {
-        match self.reuse() {
-            Reuse::Exact => "exact",
-            Reuse::Off => "off",
-        }
+        self.reuse().name()
     }
 
     /// The session's `SET dp.reuse`, else the configuration's `[session] reuse` (exact unless set otherwise).

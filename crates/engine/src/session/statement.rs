@@ -242,8 +242,7 @@ impl DpSession {
                 format!("{d:e}")
             }
             "reuse" => match super::reuse::Reuse::parse(&value) {
-                Ok(super::reuse::Reuse::Exact) => "exact".into(),
-                Ok(super::reuse::Reuse::Off) => "off".into(),
+                Ok(reuse) => reuse.name().into(),
                 Err(reason) => {
                     return Err(DpError::Refused(Refusal::BadOptionValue { option: "reuse", value, reason }));
                 }

@@ -149,8 +149,9 @@ fn half_width(text: &str) -> std::result::Result<f64, String> {
 pub(crate) struct Solved {
     /// The target.
     pub(crate) target: Target,
-    /// Each targeted column: its name, the half-width wanted and the one the solved ρ gives.
-    pub(crate) columns: Vec<(String, f64, f64)>,
+    /// Each targeted column: its index among the outputs, its name, the half-width wanted and the one the solved
+    /// ρ gives.
+    pub(crate) columns: Vec<(usize, String, f64, f64)>,
 }
 
 impl Solved {
@@ -159,7 +160,7 @@ impl Solved {
         let cols: Vec<String> = self
             .columns
             .iter()
-            .map(|(n, want, got)| format!("{n} ± {} (target ± {})", fmt_num(*got), fmt_num(*want)))
+            .map(|(_, n, want, got)| format!("{n} ± {} (target ± {})", fmt_num(*got), fmt_num(*want)))
             .collect();
         format!(
             "ρ solved for dp.target = '{}': the smallest ρ at which every targeted column's interval at {}% is \
@@ -169,6 +170,11 @@ impl Solved {
             cols.join(", ")
         )
     }
+}
+
+/// The names of `dp`'s output columns.
+fn output_names(dp: &DpPlan) -> Vec<String> {
+    dp.original.schema().fields().iter().map(|f| f.name().clone()).collect()
 }
 
 /// The half-width of output column `i`'s interval when it is known before the data is read (a count, a sum, a
@@ -220,7 +226,7 @@ impl DpSession {
         mech: MechanismChoice,
         confidence: f64,
     ) -> Result<(Vec<f64>, Solved)> {
-        let names: Vec<String> = dp.original.schema().fields().iter().map(|f| f.name().clone()).collect();
+        let names = output_names(dp);
         if let Target::Columns(cols) = target
             && let Some((missing, _)) = cols.iter().find(|(n, _)| !names.contains(n))
         {
@@ -285,8 +291,7 @@ impl DpSession {
                 (rhos[j], halves) = (x, h);
             }
         }
-        let columns =
-            wanted.iter().zip(halves).map(|(&(i, want), got)| (names[i].clone(), want, got)).collect::<Vec<_>>();
+        let columns = wanted.iter().zip(halves).map(|(&(i, want), got)| (i, names[i].clone(), want, got)).collect();
         Ok((rhos, Solved { target: target.clone(), columns }))
     }
 
@@ -299,7 +304,7 @@ impl DpSession {
         mech: MechanismChoice,
         confidence: f64,
     ) -> DpError {
-        let names = dp.original.schema().fields().iter().map(|f| f.name().clone()).collect::<Vec<_>>();
+        let names = output_names(dp);
         let at_max = Rho::positive(MAX_RHO).and_then(|r| self.price(dp, &split(dp, r), mech));
         let missed = wanted.iter().find_map(|&(i, want)| {
             let cals = at_max.as_ref().ok()?;
@@ -321,15 +326,13 @@ impl DpSession {
             Ok((_, mech, _)) => mech,
             Err(e) => return e,
         };
-        let names: Vec<String> = dp.original.schema().fields().iter().map(|f| f.name().clone()).collect();
         let affordable = Rho::positive(remaining).ok().and_then(|r| self.price(dp, &split(dp, r), mech).ok());
         let best = match affordable {
             None => "nothing: too little remains to calibrate any noise".to_string(),
             Some((cals, _)) => {
                 let mut parts = vec![];
-                for (name, _, _) in &solved.columns {
-                    let Some(i) = names.iter().position(|n| n == name) else { continue };
-                    if let Ok(Ok(Some(h))) = fixed_half_width(dp, &cals, i, confidence) {
+                for (i, name, _, _) in &solved.columns {
+                    if let Ok(Ok(Some(h))) = fixed_half_width(dp, &cals, *i, confidence) {
                         parts.push(format!("{name} ± {}", fmt_num(h)));
                     }
                 }
