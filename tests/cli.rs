@@ -117,6 +117,30 @@ fn target_flags_solve_for_rho() {
     assert!(matches!(cell, Some(Ok(h)) if h <= 10.0), "{out}");
 }
 
+/// `marginals --way 2`: the plan (allocation, optimum, one by one) spends nothing; the release is one charge
+/// with one row per cell of every 2-way marginal, NULL where a marginal does not group by a column.
+#[test]
+fn marginals_way_two_is_one_workload_release() {
+    let args = ["marginals", "--table", "pums", "--columns", "sex,race,married", "--way", "2", "--rho", "0.1"];
+    let o = dpfusion(&[&args[..], &["--plan"]].concat());
+    let out = text(&o.stdout);
+    assert!(
+        o.status.success() && out.contains("2-way marginals plan") && out.contains("the optimum for this ρ"),
+        "{out}"
+    );
+    assert!(out.contains("sex × race") && out.contains("marginals = 3 · residuals measured = 7"), "{out}");
+    let o = dpfusion(&args);
+    let (out, err) = (text(&o.stdout), text(&o.stderr));
+    assert!(o.status.success(), "{out}{err}");
+    let mut lines = out.lines();
+    assert_eq!(lines.next(), Some("marginal,sex,race,married,count,ci_half_width"));
+    assert_eq!(lines.count(), 12 + 4 + 12);
+    assert!(out.contains("\"sex, married\",0,,0,"), "{out}");
+    assert!(err.contains("released 3 marginals (28 cells) in one charge · ρ spent 0.1"), "{err}");
+    let o = dpfusion(&["marginals", "--table", "pums", "--columns", "sex,age", "--way", "2", "--rho", "0.1"]);
+    assert_eq!(o.status.code(), Some(2), "a column without a domain is refused: {}", text(&o.stderr));
+}
+
 #[test]
 fn explain_and_budget_commands() {
     let o = dpfusion(&["explain", "SELECT sex, SUM(income) FROM pums GROUP BY sex"]);

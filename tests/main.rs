@@ -62,3 +62,5 @@ mod target;
 mod unit_join;
 /// The numeric test vectors of the research notes (calibration, conversions, compositions).
 mod vectors;
+/// Workload releases (issue 39): every k-way marginal in one charge, allocation, consistency, an audit.
+mod workload;

@@ -1,7 +1,9 @@
-//! `dpfusion marginals`: all one-way marginals of a table in one release, or the plan of one (`--plan`).
+//! `dpfusion marginals`: all one-way marginals of a table in one release, every k-way marginal (`--way k`) in one
+//! workload release, or the plan of either (`--plan`).
 
 use dpfusion::marginals::{MarginalBudget, MarginalLayout, MarginalPlan, MarginalRelease, MarginalSpec};
-use dpfusion::session::DpSession;
+use dpfusion::session::{DpSession, WorkloadSets};
+use dpfusion::workload::{WorkloadPlan, WorkloadRelease};
 use dpfusion::{DpError, Refusal};
 use dpfusion_charts::{Chart, ChartFormat};
 use std::path::{Path, PathBuf};
@@ -64,6 +66,10 @@ pub(crate) struct MarginalArgs {
     /// Number of rows (an estimate is fine) to express σ on the frequency scale in --plan.
     #[arg(long)]
     pub(crate) n: Option<f64>,
+    /// Release every marginal of WAY of the columns (2: all two-way marginals) in one charge, the noise of each
+    /// cell chosen jointly and every marginal consistent with the others (each column needs a public domain).
+    #[arg(long, value_name = "WAY", conflicts_with_all = ["long", "plot", "no_consistency", "selection_delta"])]
+    pub(crate) way: Option<usize>,
     /// Keep the raw noisy counts (skip the consistency projection).
     #[arg(long)]
     pub(crate) no_consistency: bool,
@@ -160,6 +166,9 @@ pub(crate) async fn run(a: MarginalArgs) -> Result<bool, DpError> {
         confidence: None,
         selection_delta: a.selection_delta,
     };
+    if let Some(way) = a.way.filter(|w| *w >= 2) {
+        return run_workload(&s, &a, &layout, way, &spec).await;
+    }
     if a.plan {
         let mut p = s.explain_marginals(&a.table, &layout, &spec).await?;
         p.sigma_frequency = a.n.filter(|n| *n > 0.0).map(|n| p.sigma / n);
@@ -184,6 +193,91 @@ pub(crate) async fn run(a: MarginalArgs) -> Result<bool, DpError> {
     Ok(true)
 }
 
+/// At most this many lines per list in a printed workload plan (all of them with --format json).
+const PLAN_LINES: usize = 40;
+
+fn print_workload_plan(p: &WorkloadPlan, way: usize) {
+    use dpfusion::format::fmt_num;
+    outln!("{way}-way marginals plan (nothing touched, nothing spent)");
+    outln!(
+        "  marginals = {} · residuals measured = {} · rows per unit k = {}",
+        p.sets.len(),
+        p.residuals.len(),
+        p.rows_per_unit
+    );
+    outln!(
+        "  ρ = {} · ε = {:.4} at δ = {:e} ({})",
+        fmt_num(p.rho),
+        p.epsilon.epsilon,
+        p.epsilon.delta,
+        p.epsilon.kind.describe()
+    );
+    outln!("  each cell: ± half-width at {}% (sub-Gaussian bound)", p.confidence * 100.0);
+    for m in p.sets.iter().take(PLAN_LINES) {
+        outln!(
+            "    {:<30} {:>8} cells · std {} · ± {}",
+            m.columns.join(" × "),
+            m.cells,
+            fmt_num(m.std),
+            fmt_num(m.ci_half_width)
+        );
+    }
+    if p.sets.len() > PLAN_LINES {
+        outln!("    … {} more marginals (--plan --format json lists them all)", p.sets.len() - PLAN_LINES);
+    }
+    outln!("  allocation of ρ over the residuals (ResidualPlanner):");
+    for r in p.residuals.iter().take(PLAN_LINES) {
+        let name = if r.columns.is_empty() { "(total)".to_string() } else { r.columns.join(" × ") };
+        outln!("    {:<30} {:>8} contrasts · ρ {} · σ {}", name, r.contrasts, fmt_num(r.rho), fmt_num(r.sigma));
+    }
+    if p.residuals.len() > PLAN_LINES {
+        outln!("    … {} more residuals", p.residuals.len() - PLAN_LINES);
+    }
+    outln!(
+        "  sum of every cell's variance: {} · the optimum for this ρ: {} · each marginal alone at ρ/{}: {}",
+        fmt_num(p.total_variance),
+        fmt_num(p.optimal_variance),
+        p.sets.len(),
+        fmt_num(p.one_by_one_variance)
+    );
+}
+
+/// `--way k` with k ≥ 2: the workload release of every k-way marginal of the columns.
+async fn run_workload(
+    s: &DpSession,
+    a: &MarginalArgs,
+    layout: &MarginalLayout,
+    way: usize,
+    spec: &MarginalSpec,
+) -> Result<bool, DpError> {
+    let MarginalLayout::Wide(columns) = layout else {
+        return Err(DpError::Config("--way takes --columns or --all, not --long".into()));
+    };
+    let sets = WorkloadSets::Ways(way);
+    if a.plan {
+        let p = s.explain_workload(&a.table, columns, &sets, spec).await?;
+        if a.format == MarginalFormat::Json {
+            outln!("{}", serde_json::to_string_pretty(&p).map_err(|e| DpError::Internal(e.to_string()))?);
+        } else {
+            print_workload_plan(&p, way);
+        }
+        return Ok(true);
+    }
+    let what = format!("reading {}", a.table);
+    let r: WorkloadRelease =
+        super::progress::with_progress(s, &what, s.workload(&a.table, columns, &sets, spec)).await?;
+    let json = || serde_json::to_vec_pretty(&r).map_err(|e| DpError::Internal(e.to_string()));
+    write_batch(r.to_record_batch(columns)?, json, a.format, a.out.as_deref(), a.force)?;
+    eprintln!(
+        "released {} marginals ({} cells) in one charge · ρ spent {} · remaining {}",
+        r.marginals().len(),
+        r.marginals().iter().map(|m| m.counts.len()).sum::<usize>(),
+        dpfusion::format::fmt_num(r.charge().rho().get()),
+        dpfusion::format::fmt_num(r.budget().rho_remaining)
+    );
+    Ok(true)
+}
+
 fn io_err(p: &Path, e: impl std::fmt::Display) -> DpError {
     DpError::Io { path: p.display().to_string(), source: std::io::Error::other(e.to_string()) }
 }
@@ -201,9 +295,20 @@ pub(crate) fn create(p: &Path, force: bool) -> Result<std::fs::File, DpError> {
 }
 
 fn write_release(r: &MarginalRelease, format: MarginalFormat, out: Option<&Path>, force: bool) -> Result<(), DpError> {
-    let batch = r.to_record_batch()?;
+    let json = || serde_json::to_vec_pretty(r).map_err(|e| DpError::Internal(e.to_string()));
+    write_batch(r.to_record_batch()?, json, format, out, force)
+}
+
+/// Writes a release's cells (`batch`) as CSV or Parquet, or the whole release (`json`) as JSON.
+fn write_batch(
+    batch: datafusion::arrow::array::RecordBatch,
+    json: impl FnOnce() -> Result<Vec<u8>, DpError>,
+    format: MarginalFormat,
+    out: Option<&Path>,
+    force: bool,
+) -> Result<(), DpError> {
     let bytes: Vec<u8> = match format {
-        MarginalFormat::Json => serde_json::to_vec_pretty(r).map_err(|e| DpError::Internal(e.to_string()))?,
+        MarginalFormat::Json => json()?,
         MarginalFormat::Csv => {
             let mut buf = Vec::new();
             datafusion::arrow::csv::WriterBuilder::new()

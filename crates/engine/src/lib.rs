@@ -74,6 +74,7 @@ pub mod refusal;
 pub mod release;
 pub mod session;
 pub mod source;
+pub mod workload;
 
 pub use config::SessionConfig;
 pub use error::{DpError, Result};

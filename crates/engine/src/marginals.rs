@@ -399,7 +399,7 @@ pub(crate) fn check_counted_types(h: &Histograms, schema: &Schema) -> Result<()>
 }
 
 /// Maps a column's values to domain indices.
-enum Lookup {
+pub(crate) enum Lookup {
     Range { min: i64, idx: Vec<Option<usize>> },
     Ints(HashMap<i64, usize>),
     Strs(HashMap<String, usize>),
@@ -407,7 +407,7 @@ enum Lookup {
 }
 
 impl Lookup {
-    fn new(domain: &[DomainValue]) -> Self {
+    pub(crate) fn new(domain: &[DomainValue]) -> Self {
         match domain.first() {
             Some(DomainValue::Int(_)) => {
                 let ints: Vec<i64> =
@@ -438,7 +438,7 @@ impl Lookup {
 
     /// The domain index of every value of `a` (None for NULL and out-of-domain values). A value that does not
     /// convert to the domain's type is out of the domain (a safe cast: never an error that depends on a value).
-    fn indices(&self, a: &ArrayRef) -> Result<Vec<Option<usize>>> {
+    pub(crate) fn indices(&self, a: &ArrayRef) -> Result<Vec<Option<usize>>> {
         let safe = datafusion::arrow::compute::CastOptions { safe: true, ..Default::default() };
         let cast = |dt: &DataType| {
             datafusion::arrow::compute::cast_with_options(a, dt, &safe).map_err(|e| DpError::Internal(e.to_string()))
@@ -530,13 +530,7 @@ pub(crate) struct Histograms {
 impl Histograms {
     /// The ledger label: `MARGINALS table(columns)`, cut at 200 bytes (at a character boundary).
     pub(crate) fn label(&self) -> String {
-        let mut l = format!("MARGINALS {}({})", self.table, self.names.join(", "));
-        if l.len() > 200 {
-            let cut = (0..=200).rev().find(|i| l.is_char_boundary(*i)).unwrap_or(0);
-            l.truncate(cut);
-            l.push_str("…)");
-        }
-        l
+        cut_label(format!("MARGINALS {}({})", self.table, self.names.join(", ")))
     }
 
     /// Total number of cells of the histograms with a domain.
@@ -553,6 +547,16 @@ impl Histograms {
     pub(crate) fn open_names(&self) -> Vec<String> {
         self.names.iter().zip(&self.domains).filter(|(_, d)| d.is_none()).map(|(n, _)| n.clone()).collect()
     }
+}
+
+/// A ledger label cut at 200 bytes (at a character boundary), `…)` marking the cut.
+pub(crate) fn cut_label(mut l: String) -> String {
+    if l.len() > 200 {
+        let cut = (0..=200).rev().find(|i| l.is_char_boundary(*i)).unwrap_or(0);
+        l.truncate(cut);
+        l.push_str("…)");
+    }
+    l
 }
 
 /// One histogram's noisy cells.

@@ -565,6 +565,17 @@ pub enum Refusal {
         /// The type of its domain's values.
         domain_type: String,
     },
+    /// A workload release larger than the limits allow.
+    #[error("the workload has more {what} than the {limit} one release may have")]
+    WorkloadTooLarge {
+        /// What is too many.
+        what: String,
+        /// The limit.
+        limit: u64,
+    },
+    /// A workload release under an (ε, δ) budget.
+    #[error("workload releases are priced in zCDP, and this budget is an (epsilon, delta) budget")]
+    WorkloadNeedsZcdp,
     /// `--all` on a table without any domain.
     #[error("table {table} has no column with a public domain")]
     NoDomainColumns {
@@ -737,6 +748,12 @@ impl Refusal {
                 format!("declare the domain of `{column}` with values of the column's type")
             }
             NoDomainColumns { .. } => "declare `domain = [...]` for the columns to release".into(),
+            WorkloadTooLarge { .. } => {
+                "ask for fewer marginals, fewer columns per marginal or columns with smaller domains, or split the \
+                 workload into several releases"
+                    .into()
+            }
+            WorkloadNeedsZcdp => "release one-way marginals (no --way), or ask the data owner for a rho budget".into(),
         }
     }
 
@@ -822,6 +839,8 @@ impl Refusal {
             MarginalDuplicateColumn { .. } => "marginal_duplicate_column",
             MarginalColumnType { .. } => "marginal_column_type",
             NoDomainColumns { .. } => "no_domain_columns",
+            WorkloadTooLarge { .. } => "workload_too_large",
+            WorkloadNeedsZcdp => "workload_needs_zcdp",
         }
     }
 }

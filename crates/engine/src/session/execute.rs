@@ -22,13 +22,13 @@ use crate::noise::laplace::DiscreteLaplace;
 use crate::plan::{DpPlan, MeasureKind};
 use crate::refusal::Refusal;
 use crate::release::{Parts, Release};
-use crate::session::DpSession;
 use crate::session::accuracy::{Halves, column_accuracy, is_interval_column, selection_note};
 use crate::session::marginals::PreparedMarginals;
 use crate::session::post::{PostFailure, domain_product, named_aggregates, noisy_batch, passthrough};
 use crate::session::prepare::Prepared;
 use crate::session::quote::Quote;
 use crate::session::reuse::{Reuse, reuse_key};
+use crate::session::{DpSession, PrivatePlan, Unlocked};
 use datafusion::arrow::array::{Array, AsArray, Decimal128Array, Int64Array, RecordBatch};
 use datafusion::arrow::datatypes::{Float64Type, SchemaRef};
 use datafusion::common::ScalarValue;
@@ -402,26 +402,8 @@ impl DpSession {
         let debit =
             self.ledger.charge(&histograms.label(), std::slice::from_ref(&histograms.table), quote.measurements)?;
         let open = self.tables.open(debit);
-        let plans: Vec<_> = over_limit.iter().chain([&rows]).map(|p| p.physical()).collect();
-        let passes = 1 + over_limit.is_some() as u64;
-        let _running = self.start_progress(&plans, &histograms.table, passes).await;
-        let mut sampler = match &over_limit {
-            None => None,
-            Some(over) => {
-                let batches = open.collect(over).await.map_err(|e| self.private_failure(e))?;
-                Some(RowSampler::new(&over.schema(), &batches, k, &mut *self.lock_rng()?)?)
-            }
-        };
         let mut counter = Counter::new(&histograms);
-        let mut stream = open.stream(&rows).map_err(|e| self.private_failure(e))?;
-        while let Some(batch) = stream.next().await {
-            let mut batch = batch.map_err(|e| self.private_failure(e))?;
-            if let Some(sampler) = &mut sampler {
-                batch = sampler.sample(&batch)?;
-            }
-            counter.add(&batch)?;
-        }
-        drop(_running);
+        self.count_bounded(&open, over_limit.as_ref(), &rows, k, &histograms.table, |b| counter.add(b)).await?;
         let charge = open.close();
         let [cal] = charge.measurements() else {
             return Err(DpError::Internal("a marginal release is one measurement".into()));
@@ -436,6 +418,38 @@ impl DpSession {
             counter.tallies().into_iter().map(|t| t.noised(|| g.sample(&mut rng), threshold)).collect::<Result<_>>()?
         };
         MarginalRelease::new(&histograms, noisy, plan, charge, self.status()?)
+    }
+
+    /// Streams the rows of `rows` through `count`, each unit bounded to `k` rows (`RowSampler`, drawn from the
+    /// units `over_limit` lists), with the progress of `table`'s passes shown. Errors while reading are reported
+    /// without their text, as in [`DpSession::run_private`].
+    pub(crate) async fn count_bounded(
+        &self,
+        open: &Unlocked<'_>,
+        over_limit: Option<&PrivatePlan>,
+        rows: &PrivatePlan,
+        k: u64,
+        table: &str,
+        mut count: impl FnMut(&RecordBatch) -> Result<()>,
+    ) -> Result<()> {
+        let plans: Vec<_> = over_limit.into_iter().chain([rows]).map(|p| p.physical()).collect();
+        let _running = self.start_progress(&plans, table, plans.len() as u64).await;
+        let mut sampler = match over_limit {
+            None => None,
+            Some(over) => {
+                let batches = open.collect(over).await.map_err(|e| self.private_failure(e))?;
+                Some(RowSampler::new(&over.schema(), &batches, k, &mut *self.lock_rng()?)?)
+            }
+        };
+        let mut stream = open.stream(rows).map_err(|e| self.private_failure(e))?;
+        while let Some(batch) = stream.next().await {
+            let mut batch = batch.map_err(|e| self.private_failure(e))?;
+            if let Some(sampler) = &mut sampler {
+                batch = sampler.sample(&batch)?;
+            }
+            count(&batch)?;
+        }
+        Ok(())
     }
 
     /// Runs the private plan and adds noise to every cell of the domain (cells in the order of [`domain_product`]),

@@ -157,30 +157,12 @@ impl DpSession {
         )?;
         let quote = Quote::new(vec![cal], self.defaults.delta, confidence, &self.quotes)?;
 
-        let scan = self.tables.scan(table).await?;
-        let mut project: Vec<Expr> = counted.iter().map(|c| Expr::Column(Column::from_name(c))).collect();
-        // With a privacy unit, the unit (and the attribute, for long tables) closes each row, and the bounding
-        // to k rows happens while counting (`RowSampler`); the per-unit row counts it needs come from `over_limit`.
-        let (input, over_limit) = match &policy.privacy_unit {
-            None => (scan, None),
-            Some(pu) => {
-                let input = bound::carry_unit(scan, pu)?;
-                let mut unit_key = vec![col(Column::from_name(bound::UNIT))];
-                if let MarginalLayout::Long { attribute, .. } = layout {
-                    unit_key.push(col(Column::from_name(attribute)));
-                }
-                project.extend(unit_key.iter().enumerate().map(|(i, e)| e.clone().alias(format!("__dp_key{i}"))));
-                let n = datafusion::functions_aggregate::expr_fn::count(lit(1i64));
-                let over = LogicalPlanBuilder::from(input.clone())
-                    .aggregate(unit_key, vec![n.alias("__dp_n")])
-                    .and_then(|b| b.filter(col("__dp_n").gt(lit(k as i64))))
-                    .and_then(|b| b.build())
-                    .map_err(engine)?;
-                (input, Some(self.tables.plan(&over).await?.1))
-            }
+        let attribute = match layout {
+            MarginalLayout::Long { attribute, .. } => Some(attribute.as_str()),
+            MarginalLayout::Wide(_) => None,
         };
-        let rows = LogicalPlanBuilder::from(input).project(project).and_then(|b| b.build()).map_err(engine)?;
-        let (_, rows) = self.tables.plan(&rows).await?;
+        let (over_limit, rows) =
+            self.bounded_rows(table, policy.privacy_unit.as_deref(), &counted, attribute, k).await?;
         marginals::check_counted_types(&histograms, &rows.schema())?;
         // A counted column without a domain must have a type whose keys are exact (no floats): the columns of a
         // wide table each, the value column (the second) of a long one.
@@ -195,6 +177,41 @@ impl DpSession {
             }
         }
         Ok(PreparedMarginals { histograms, plan, quote, k, selection, over_limit, rows })
+    }
+
+    /// The plans of a release that bounds each unit to `k` rows while counting: every row of `table` with the
+    /// `counted` columns first, then (with a privacy `unit`) the unit's key columns (and `attribute`'s, for a long
+    /// table: k rows per unit and attribute); and the units over the limit with their row counts, which the
+    /// `RowSampler` needs. Nothing is read.
+    pub(crate) async fn bounded_rows(
+        &self,
+        table: &str,
+        unit: Option<&str>,
+        counted: &[String],
+        attribute: Option<&str>,
+        k: u64,
+    ) -> Result<(Option<PrivatePlan>, PrivatePlan)> {
+        let scan = self.tables.scan(table).await?;
+        let mut project: Vec<Expr> = counted.iter().map(|c| Expr::Column(Column::from_name(c))).collect();
+        let (input, over_limit) = match unit {
+            None => (scan, None),
+            Some(pu) => {
+                let input = bound::carry_unit(scan, pu)?;
+                let mut unit_key = vec![col(Column::from_name(bound::UNIT))];
+                unit_key.extend(attribute.map(|a| col(Column::from_name(a))));
+                project.extend(unit_key.iter().enumerate().map(|(i, e)| e.clone().alias(format!("__dp_key{i}"))));
+                let n = datafusion::functions_aggregate::expr_fn::count(lit(1i64));
+                let over = LogicalPlanBuilder::from(input.clone())
+                    .aggregate(unit_key, vec![n.alias("__dp_n")])
+                    .and_then(|b| b.filter(col("__dp_n").gt(lit(k as i64))))
+                    .and_then(|b| b.build())
+                    .map_err(engine)?;
+                (input, Some(self.tables.plan(&over).await?.1))
+            }
+        };
+        let rows = LogicalPlanBuilder::from(input).project(project).and_then(|b| b.build()).map_err(engine)?;
+        let (_, rows) = self.tables.plan(&rows).await?;
+        Ok((over_limit, rows))
     }
 
     /// Whether column `c` of `table`, which has no domain, may have its keys selected: only under a zCDP budget

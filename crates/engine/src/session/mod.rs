@@ -35,8 +35,10 @@ mod register;
 pub(crate) mod reuse;
 mod statement;
 mod target;
+mod workload;
 pub use reuse::Reuse;
 pub use target::Target;
+pub use workload::WorkloadSets;
 
 pub use explain::{ExplainedMeasure, Explanation};
 pub use post::POST_MEMORY;

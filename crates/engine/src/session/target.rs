@@ -38,7 +38,7 @@ pub enum Target {
 }
 
 /// The largest ρ the search tries: a target that needs more is refused as out of reach.
-const MAX_RHO: f64 = 1e6;
+pub(crate) const MAX_RHO: f64 = 1e6;
 /// The smallest ρ the search tries: a target met even there is priced at it.
 const MIN_RHO: f64 = 1e-12;
 /// The search stops when the ρ that meets the target is within this factor of one that does not.
@@ -101,7 +101,11 @@ impl std::fmt::Display for Target {
 /// halving from `start` while met, else doubling up to `max`, then bisecting. None when not met up to `max`.
 /// `met` is taken to be monotone (met at x, met above): a larger ρ calibrates less noise, and a half-width never
 /// grows with less noise.
-fn smallest<T>(start: f64, max: f64, mut met: impl FnMut(f64) -> Result<Option<T>>) -> Result<Option<(f64, T)>> {
+pub(crate) fn smallest<T>(
+    start: f64,
+    max: f64,
+    mut met: impl FnMut(f64) -> Result<Option<T>>,
+) -> Result<Option<(f64, T)>> {
     let (mut lo, mut hi) = (start, start);
     let mut best = met(hi)?;
     if best.is_some() {

@@ -1,0 +1,885 @@
+//! Workload releases: many marginals at once (every k-way marginal of chosen columns, or GROUPING SETS / CUBE /
+//! ROLLUP), one charge, the noise of every cell chosen jointly, and answers that agree with each other.
+//!
+//! Neighbouring relation: add/remove all rows of one privacy unit.
+//!
+//! # The mechanism (ResidualPlanner, with exact discrete noise)
+//! Column i has a public domain of nᵢ values. The workload is a list of sets W of columns; the marginal on W counts
+//! the bounded rows in each of its N_W = Π_{i∈W} nᵢ cells. Following Xiao, Ding, Kifer et al. (*An optimal and
+//! scalable matrix mechanism for noisy marginals under convex loss functions*, NeurIPS 2023, "ResidualPlanner"),
+//! every marginal is a sum of **residuals**, one for each subset A ⊆ W: the residual on A is the A-marginal x_A
+//! seen through the contrasts of every column of A, R_A x = (⊗_{i∈A} Hᵢ) x_A. We take for Hᵢ the unnormalised
+//! Helmert contrasts of nᵢ values: row j (1 ≤ j < nᵢ) is (1, …, 1, −j, 0, …, 0) with j ones, so the entries are
+//! integers, the rows are orthogonal to each other and to the all-ones vector, and ‖h_j‖² = j(j + 1). The
+//! residual subspaces of different sets are orthogonal, and
+//!
+//! ```text
+//! x_W = Σ_{A ⊆ W} expand_{A→W}( H_A⁺ R_A x ),   H_A⁺ = H_Aᵀ D_A⁻¹,  D_A = diag ‖h_j‖²,
+//! ```
+//!
+//! where `expand` spreads a vector over the columns of W∖A evenly (replicate, divide by nᵢ). Every residual A of
+//! the workload's closure (the subsets of its sets) is measured once: each contrast j of R_A x, an integer, gets
+//! independent discrete Gaussian noise N_ℤ(0, σ_A²·‖h_j‖²) (‖h_j‖² is the product of its columns' j(j+1)), and
+//! every marginal is rebuilt from the noisy residuals by the formula above. The rebuilt marginals are consistent by
+//! construction (all are marginals of one vector: every total agrees across sets), and the rebuild is the
+//! least-squares estimate from the measurements (their noise is isotropic within each residual subspace).
+//!
+//! # Privacy
+//! Rows are bounded to at most k per privacy unit before counting (k of its rows chosen uniformly at random while
+//! streaming, [`crate::marginals`]' `RowSampler`); a row counts in the marginals iff every chosen column holds a
+//! value of its domain. Adding or removing one unit then moves the A-marginal by a vector v ≥ 0 with Σv ≤ k. The
+//! whitened contrasts (R_A v)_j / ‖h_j‖ are the coordinates of the projection P_A v of v on the residual subspace,
+//! and ‖P_A v‖² is convex in v, so it is largest at a vertex k·e_c of {v ≥ 0, Σv ≤ k}: at most k²·(P_A)_cc =
+//! k²·p_A with p_A = Π_{i∈A} (nᵢ − 1)/nᵢ. Each contrast moves by an integer s_j (integer contrasts of integer
+//! counts), so its discrete Gaussian noise of variance σ_A²‖h_j‖² costs s_j²/(2σ_A²‖h_j‖²) (CKS20 Thm 4:
+//! the discrete Gaussian's Rényi divergences are at most the continuous one's, under integer shifts), and the
+//! residual's independent contrasts compose to ‖P_A v‖²/(2σ_A²) ≤ k²p_A/(2σ_A²) (BS16 Lemma 2.3): residual A is
+//! charged as one Gaussian measurement of L2 sensitivity k·√p_A and variance σ_A², and the workload as the sum of
+//! its residuals' ρ. The rebuild and the intervals are post-processing (BS16 Lemma 1.8). Test vectors: the audit
+//! in `tests/workload.rs` computes ‖P_A v‖² for every way one unit can change a small table and checks it against
+//! the claimed k²p_A.
+//!
+//! # Allocation
+//! The loss is the sum of the variances of every released cell, Σ_A σ_A² u_A with
+//! u_A = Σ_{W ⊇ A} Π_{i∈A}(nᵢ − 1) / Π_{i∈W∖A} nᵢ, under Σ_A k²p_A/(2σ_A²) = ρ. Its minimiser (Lagrange) gives
+//! residual A the share ρ_A = ρ·√(u_A p_A)/S, S = Σ_A √(u_A p_A), and the total variance k²S²/(2ρ): the optimum
+//! among all linear mechanisms with Gaussian noise for this loss (ResidualPlanner §5, Thm 5.1 and its closed form
+//! for the sum of variances), reached here up to the dyadic rounding of each σ_A² (rounded up, so the privacy
+//! claim holds and the variance is at most 2⁻⁴⁰ relatively larger).
+//!
+//! # Accuracy
+//! A cell of the marginal on W has error variance at most V_W = Σ_{A⊆W} σ_A² p_A / Π_{i∈W∖A} nᵢ², the same for
+//! every cell. Its error is a weighted sum of independent discrete Gaussians, each sub-Gaussian with its σ
+//! (CKS20 §2.5: N_ℤ(0, σ²) is σ-sub-Gaussian), hence √V_W-sub-Gaussian: |error| ≤ √(2·V_W·ln(2/(1 − c))) with
+//! probability at least c. This interval is conservative (a Gaussian of the same variance would need 1.96 where
+//! this takes 2.72 at 95 %), and it is what the release states.
+
+use crate::accounting::calibrate::{self, Calibration};
+use crate::accounting::convert::EpsilonBound;
+use crate::accounting::{Charge, Rho};
+use crate::error::{DpError, Result};
+use crate::noise::NoiseParams;
+use crate::noise::gaussian::DiscreteGaussian;
+use crate::noise::ratio::Ratio;
+use crate::noise::rng::NoiseRng;
+use crate::refusal::Refusal;
+use crate::release::BudgetStatus;
+use datafusion::arrow::array::{ArrayRef, Float64Array, RecordBatch, StringArray};
+use datafusion::arrow::datatypes::{DataType, Field, Schema};
+use serde::Serialize;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// At most this many marginals in one workload (CUBE over 12 columns).
+pub const MAX_SETS: usize = 4096;
+/// At most this many cells in all the marginals of one workload (counted in memory, one word each).
+pub const MAX_CELLS: usize = 1 << 24;
+/// At most this many columns in one marginal of a workload (its residuals are the 2^w subsets).
+pub const MAX_WIDTH: usize = 8;
+
+/// A workload: chosen columns with public domains, and the marginals (sets of columns) to release. Public.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Workload {
+    names: Vec<String>,
+    sizes: Vec<usize>,
+    /// The marginals, each a sorted list of column indices, in the order asked (duplicates dropped).
+    sets: Vec<Vec<usize>>,
+    /// The residuals measured: every subset of a set, by size then lexicographically.
+    residuals: Vec<Vec<usize>>,
+}
+
+impl Workload {
+    /// The workload of the marginals `sets` (lists of column indices into `names`) over columns with domains of
+    /// `sizes` values. Refused (before anything is read) when it is larger than [`MAX_SETS`], [`MAX_CELLS`] or
+    /// [`MAX_WIDTH`] allow.
+    pub fn new(names: Vec<String>, sizes: Vec<usize>, sets: Vec<Vec<usize>>) -> Result<Self> {
+        if names.len() != sizes.len() {
+            return Err(DpError::Internal("a workload needs one domain size per column".into()));
+        }
+        let too_large = |what: &str, limit: usize| {
+            DpError::Refused(Refusal::WorkloadTooLarge { what: what.to_string(), limit: limit as u64 })
+        };
+        let mut unique: Vec<Vec<usize>> = Vec::new();
+        for mut s in sets {
+            s.sort_unstable();
+            s.dedup();
+            if s.iter().any(|&i| i >= sizes.len()) {
+                return Err(DpError::Internal("a workload set names a column it does not have".into()));
+            }
+            if s.len() > MAX_WIDTH {
+                return Err(too_large("columns in one marginal", MAX_WIDTH));
+            }
+            if !unique.contains(&s) {
+                unique.push(s);
+            }
+            if unique.len() > MAX_SETS {
+                return Err(too_large("marginals", MAX_SETS));
+            }
+        }
+        if unique.is_empty() {
+            return Err(DpError::invalid("workload", "ask for at least one marginal"));
+        }
+        let mut cells = 0usize;
+        for s in &unique {
+            let n = s.iter().try_fold(1usize, |acc, &i| acc.checked_mul(sizes[i]));
+            cells = n
+                .and_then(|n| cells.checked_add(n))
+                .filter(|c| *c <= MAX_CELLS)
+                .ok_or_else(|| too_large("cells", MAX_CELLS))?;
+        }
+        let mut residuals: Vec<Vec<usize>> = Vec::new();
+        for s in &unique {
+            for mask in 0u32..(1 << s.len()) {
+                let a: Vec<usize> = s.iter().enumerate().filter(|(b, _)| mask >> b & 1 == 1).map(|(_, &i)| i).collect();
+                residuals.push(a);
+            }
+        }
+        residuals.sort_unstable_by(|a, b| a.len().cmp(&b.len()).then_with(|| a.cmp(b)));
+        residuals.dedup();
+        Ok(Workload { names, sizes, sets: unique, residuals })
+    }
+
+    /// Every `way`-column subset of `d` columns, in lexicographic order (all k-way marginals).
+    pub fn ways(d: usize, way: usize) -> Vec<Vec<usize>> {
+        let mut out = vec![];
+        let mut s: Vec<usize> = (0..way).collect();
+        if way > d {
+            return out;
+        }
+        loop {
+            out.push(s.clone());
+            // The rightmost index that can still move right.
+            let Some(i) = (0..way).rev().find(|&i| s[i] < d - way + i) else { return out };
+            s[i] += 1;
+            for j in i + 1..way {
+                s[j] = s[j - 1] + 1;
+            }
+        }
+    }
+
+    /// The column names.
+    pub fn names(&self) -> &[String] {
+        &self.names
+    }
+
+    /// The marginals, as column indices.
+    pub fn sets(&self) -> &[Vec<usize>] {
+        &self.sets
+    }
+
+    /// The residuals measured, as column indices.
+    pub fn residuals(&self) -> &[Vec<usize>] {
+        &self.residuals
+    }
+
+    /// Cells of the marginal on `set`.
+    pub fn cells(&self, set: &[usize]) -> usize {
+        set.iter().map(|&i| self.sizes[i]).product()
+    }
+
+    /// Contrasts of the residual on `a`: Π (nᵢ − 1).
+    fn contrasts(&self, a: &[usize]) -> usize {
+        a.iter().map(|&i| self.sizes[i] - 1).product()
+    }
+
+    /// p_A = Π (nᵢ − 1)/nᵢ: the squared norm of a cell's indicator projected on the residual subspace.
+    fn p(&self, a: &[usize]) -> f64 {
+        a.iter().map(|&i| (self.sizes[i] - 1) as f64 / self.sizes[i] as f64).product()
+    }
+
+    /// u_A: how much residual A's variance weighs in the sum of every released cell's variance.
+    fn u(&self, a: &[usize]) -> f64 {
+        let rest =
+            |w: &[usize]| -> f64 { w.iter().filter(|i| !a.contains(i)).map(|&i| self.sizes[i] as f64).product() };
+        let top: f64 = a.iter().map(|&i| (self.sizes[i] - 1) as f64).product();
+        self.sets.iter().filter(|w| a.iter().all(|i| w.contains(i))).map(|w| top / rest(w)).sum()
+    }
+
+    /// Each residual's share of ρ in the optimal allocation (module docs): √(u_A p_A)/S; 0 for a residual with
+    /// no contrasts (a column with a one-value domain).
+    pub fn shares(&self) -> Vec<f64> {
+        let w: Vec<f64> = self.residuals.iter().map(|a| (self.u(a) * self.p(a)).sqrt()).collect();
+        let s: f64 = w.iter().sum();
+        w.iter().map(|x| x / s).collect()
+    }
+
+    /// The sum of every released cell's variance at ρ with k rows per unit, for the optimal allocation before
+    /// rounding: k²S²/(2ρ) (ResidualPlanner's closed form).
+    pub fn optimal_total_variance(&self, k: u64, rho: f64) -> f64 {
+        let s: f64 = self.residuals.iter().map(|a| (self.u(a) * self.p(a)).sqrt()).sum();
+        (k as f64).powi(2) * s * s / (2.0 * rho)
+    }
+
+    /// The same sum when each marginal is answered alone at ρ/m (m marginals), iid Gaussian noise on its cells
+    /// (L2 sensitivity k): Σ_W N_W·k²m/(2ρ).
+    pub fn one_by_one_total_variance(&self, k: u64, rho: f64) -> f64 {
+        let m = self.sets.len() as f64;
+        self.sets.iter().map(|w| self.cells(w) as f64).sum::<f64>() * (k as f64).powi(2) * m / (2.0 * rho)
+    }
+
+    /// One calibration per residual with contrasts (None for the others), for ρ in all and k rows per unit.
+    pub fn calibrate(&self, k: u64, rho: f64) -> Result<Vec<Option<Calibration>>> {
+        let rho = Rho::positive(rho)?;
+        self.residuals
+            .iter()
+            .zip(self.shares())
+            .map(|(a, share)| {
+                if self.contrasts(a) == 0 {
+                    return Ok(None);
+                }
+                let l2 = k as f64 * self.p(a).sqrt();
+                calibrate::gaussian(l2, Rho::positive(rho.get() * share)?).map(Some)
+            })
+            .collect()
+    }
+
+    /// The error variance of each cell of marginal `set`, given each residual's σ² (module docs, "Accuracy").
+    fn cell_variance(&self, set: &[usize], sigma_sq: &[f64]) -> f64 {
+        let subset = |a: &[usize]| a.iter().all(|i| set.contains(i));
+        self.residuals
+            .iter()
+            .zip(sigma_sq)
+            .filter(|(a, _)| subset(a))
+            .map(|(a, s2)| {
+                let rest: f64 = set.iter().filter(|i| !a.contains(i)).map(|&i| self.sizes[i] as f64).product();
+                s2 * self.p(a) / (rest * rest)
+            })
+            .sum()
+    }
+
+    /// The layout of marginal `set`'s cells: row-major over its columns, the last one fastest.
+    fn dims(&self, set: &[usize]) -> Vec<usize> {
+        set.iter().map(|&i| self.sizes[i]).collect()
+    }
+}
+
+/// The rebuilt marginals and the noisy residuals they come from.
+pub(crate) struct Measured {
+    /// Each marginal's cells (least squares, consistent).
+    pub(crate) marginals: Vec<Vec<f64>>,
+    /// Each residual's noisy contrasts (empty for a residual without contrasts).
+    pub(crate) residuals: Vec<Vec<i128>>,
+}
+
+/// The samplers of a workload's noise: per residual, one per distinct ‖h_j‖², built from the charge's
+/// calibrations (σ_A²·‖h_j‖², exact; rounded up when it does not fit the sampler's range).
+pub(crate) struct Noise {
+    /// Per residual: (the contrasts' multipliers' samplers by multiplier).
+    samplers: Vec<HashMap<u128, DiscreteGaussian>>,
+    /// The largest ratio of a sampler's σ² to σ_A²‖h_j‖² (≥ 1; 1 unless rounding was needed): the variances
+    /// stated are multiplied by it.
+    pub(crate) excess: f64,
+    /// Each residual's σ_A² (0 for a residual without contrasts).
+    pub(crate) sigma_sq: Vec<f64>,
+}
+
+impl Noise {
+    /// The samplers for `w` with the residuals' calibrations `cals` (in the order of `w.residuals()`, one per
+    /// residual with contrasts). Fails, before any debit when called on the quote, if a variance is out of the
+    /// sampler's range.
+    pub(crate) fn new(w: &Workload, cals: &[Calibration]) -> Result<Self> {
+        let mut cals = cals.iter();
+        let (mut samplers, mut sigma_sq, mut excess) = (vec![], vec![], 1.0f64);
+        for a in &w.residuals {
+            let mut by_m = HashMap::new();
+            if w.contrasts(a) == 0 {
+                samplers.push(by_m);
+                sigma_sq.push(0.0);
+                continue;
+            }
+            let cal = cals.next().ok_or_else(|| DpError::Internal("a residual without its calibration".into()))?;
+            let NoiseParams::Gaussian { sigma_sq: s2 } = cal.params() else {
+                return Err(DpError::Internal("a workload residual is a Gaussian measurement".into()));
+            };
+            for m in multipliers(w, a) {
+                if let std::collections::hash_map::Entry::Vacant(e) = by_m.entry(m) {
+                    let r = scaled_up(s2, m)?;
+                    excess = excess.max(r.to_f64() / (s2.to_f64() * m as f64));
+                    e.insert(DiscreteGaussian::new(r)?);
+                }
+            }
+            samplers.push(by_m);
+            sigma_sq.push(s2.to_f64());
+        }
+        if cals.next().is_some() {
+            return Err(DpError::Internal("more calibrations than residuals".into()));
+        }
+        Ok(Noise { samplers, excess, sigma_sq })
+    }
+
+    /// Each marginal's per-cell error variance bound (module docs).
+    pub(crate) fn variances(&self, w: &Workload) -> Vec<f64> {
+        w.sets.iter().map(|s| w.cell_variance(s, &self.sigma_sq) * self.excess).collect()
+    }
+
+    /// Measures every residual of `w` from the exact marginals `exact` (one per set, in `w.sets()` order) and
+    /// rebuilds every marginal.
+    pub(crate) fn measure(&self, w: &Workload, exact: &[Vec<i64>], rng: &mut NoiseRng) -> Result<Measured> {
+        let mut residuals = Vec::with_capacity(w.residuals.len());
+        for (a, samplers) in w.residuals.iter().zip(&self.samplers) {
+            if w.contrasts(a) == 0 {
+                residuals.push(vec![]);
+                continue;
+            }
+            let contrasts = residual_of(w, a, exact)?;
+            let mut noisy = Vec::with_capacity(contrasts.len());
+            for (c, m) in contrasts.into_iter().zip(multipliers(w, a)) {
+                let s = samplers.get(&m).ok_or_else(|| DpError::Internal("a contrast without its sampler".into()))?;
+                noisy.push(c + s.sample(rng));
+            }
+            residuals.push(noisy);
+        }
+        let marginals = rebuild(w, &residuals);
+        Ok(Measured { marginals, residuals })
+    }
+}
+
+/// σ²·m exactly, or rounded up to fit the sampler (numerator below 2⁶³) when it does not.
+fn scaled_up(s2: Ratio, m: u128) -> Result<Ratio> {
+    let too_large = || DpError::invalid("noise parameter", "a workload contrast's variance is too large to sample");
+    let (mut n, mut den) = (s2.num().checked_mul(m).ok_or_else(too_large)?, s2.den());
+    while n >= 1 << 63 && den % 2 == 0 {
+        n = n.div_ceil(2);
+        den /= 2;
+    }
+    Ratio::new(n, den)
+}
+
+/// ‖h_j‖² of every contrast of residual `a`, in the contrasts' row-major order: Π j(j + 1).
+fn multipliers(w: &Workload, a: &[usize]) -> Vec<u128> {
+    let mut out = vec![1u128];
+    for &i in a {
+        let n = w.sizes[i] as u128;
+        out = out.iter().flat_map(|m| (1..n).map(move |j| m * j * (j + 1))).collect();
+    }
+    out
+}
+
+/// The exact contrasts R_A x of residual `a`, from the smallest set's marginal that contains it.
+fn residual_of(w: &Workload, a: &[usize], exact: &[Vec<i64>]) -> Result<Vec<i128>> {
+    let (set, counts) = w
+        .sets
+        .iter()
+        .zip(exact)
+        .filter(|(s, _)| a.iter().all(|i| s.contains(i)))
+        .min_by_key(|(s, _)| w.cells(s))
+        .ok_or_else(|| DpError::Internal("a residual outside every marginal".into()))?;
+    let mut x: Vec<i128> = counts.iter().map(|&c| c as i128).collect();
+    let mut dims = w.dims(set);
+    // Sum out the columns not in `a` (last first, so the earlier axes keep their places), then take contrasts.
+    for (axis, col) in set.iter().enumerate().rev() {
+        if !a.contains(col) {
+            x = along(&x, &dims, axis, 1, |v, out| out[0] = v.iter().sum());
+            dims.remove(axis);
+        }
+    }
+    for axis in 0..dims.len() {
+        let n = dims[axis];
+        x = along(&x, &dims, axis, n - 1, |v, out| {
+            let mut prefix = 0i128;
+            for j in 1..v.len() {
+                prefix += v[j - 1];
+                out[j - 1] = prefix - j as i128 * v[j];
+            }
+        });
+        dims[axis] = n - 1;
+    }
+    Ok(x)
+}
+
+/// Every marginal of `w` rebuilt from the (noisy) residuals: x_W = Σ_{A⊆W} expand(H_A⁺ y_A).
+fn rebuild(w: &Workload, residuals: &[Vec<i128>]) -> Vec<Vec<f64>> {
+    // H_A⁺ y_A for every residual: back along each axis, out[c] = Σ_{j>c} y_j/(j(j+1)) − y_c/(c+1) (c ≥ 1).
+    let projected: Vec<Vec<f64>> = w
+        .residuals
+        .iter()
+        .zip(residuals)
+        .map(|(a, y)| {
+            if w.contrasts(a) == 0 {
+                return vec![];
+            }
+            let mut x: Vec<f64> = y.iter().map(|&v| v as f64).collect();
+            let mut dims: Vec<usize> = a.iter().map(|&i| w.sizes[i] - 1).collect();
+            for axis in 0..dims.len() {
+                let n = dims[axis] + 1;
+                x = along(&x, &dims, axis, n, |v, out| {
+                    let mut suffix = 0.0;
+                    for c in (0..out.len()).rev() {
+                        out[c] = suffix - if c >= 1 { v[c - 1] / (c + 1) as f64 } else { 0.0 };
+                        if c >= 1 {
+                            suffix += v[c - 1] / (c * (c + 1)) as f64;
+                        }
+                    }
+                });
+                dims[axis] = n;
+            }
+            x
+        })
+        .collect();
+    w.sets
+        .iter()
+        .map(|set| {
+            let dims = w.dims(set);
+            let mut out = vec![0.0; w.cells(set)];
+            for (a, part) in w.residuals.iter().zip(&projected) {
+                if part.is_empty() || !a.iter().all(|i| set.contains(i)) {
+                    continue;
+                }
+                // Spread `part` (laid out over a's columns) evenly over the other columns of the set.
+                let spread: f64 = set.iter().filter(|i| !a.contains(i)).map(|&i| w.sizes[i] as f64).product();
+                let strides = strides_within(set, a, &dims);
+                for (cell, o) in out.iter_mut().enumerate() {
+                    *o += part[index_in(cell, &dims, &strides)] / spread;
+                }
+            }
+            out
+        })
+        .collect()
+}
+
+/// For each axis of `set` (dims `dims`), the stride of that column within the row-major layout of subset `a`
+/// (0 for a column not in `a`).
+fn strides_within(set: &[usize], a: &[usize], dims: &[usize]) -> Vec<usize> {
+    let mut strides = vec![0; set.len()];
+    let mut s = 1;
+    for (axis, col) in set.iter().enumerate().rev() {
+        if a.contains(col) {
+            strides[axis] = s;
+            s *= dims[axis];
+        }
+    }
+    strides
+}
+
+/// The index, within a layout with per-axis `strides`, of row-major cell `cell` of `dims`.
+fn index_in(mut cell: usize, dims: &[usize], strides: &[usize]) -> usize {
+    let mut idx = 0;
+    for axis in (0..dims.len()).rev() {
+        idx += (cell % dims[axis]) * strides[axis];
+        cell /= dims[axis];
+    }
+    idx
+}
+
+/// Applies `f` along `axis` of the row-major array `x` of shape `dims`, each line of length dims[axis] mapped to
+/// one of length `len`.
+fn along<T: Copy + Default>(x: &[T], dims: &[usize], axis: usize, len: usize, f: impl Fn(&[T], &mut [T])) -> Vec<T> {
+    let outer: usize = dims[..axis].iter().product();
+    let inner: usize = dims[axis + 1..].iter().product();
+    let n = dims[axis];
+    let mut out = vec![T::default(); outer * len * inner];
+    let (mut line, mut res) = (vec![T::default(); n], vec![T::default(); len]);
+    for o in 0..outer {
+        for i in 0..inner {
+            for (j, l) in line.iter_mut().enumerate() {
+                *l = x[(o * n + j) * inner + i];
+            }
+            f(&line, &mut res);
+            for (j, r) in res.iter().enumerate() {
+                out[(o * len + j) * inner + i] = *r;
+            }
+        }
+    }
+    out
+}
+
+/// Counts bounded rows into every marginal of a workload: a row counts iff each chosen column holds a value of
+/// its domain (columns `0..d` of each batch, in the workload's order; `lookup` gives a column's domain indices).
+pub(crate) struct WorkloadCounter {
+    sets: Vec<(Vec<usize>, Vec<usize>)>,
+    counts: Vec<Vec<i64>>,
+}
+
+impl WorkloadCounter {
+    /// Zero counts for `w`.
+    pub(crate) fn new(w: &Workload) -> Self {
+        let sets = w.sets.iter().map(|s| (s.clone(), strides_within(s, s, &w.dims(s)))).collect();
+        let counts = w.sets.iter().map(|s| vec![0; w.cells(s)]).collect();
+        WorkloadCounter { sets, counts }
+    }
+
+    /// Counts the rows whose every column has a domain index (`indices[c][row]`).
+    pub(crate) fn add(&mut self, indices: &[Vec<Option<usize>>]) {
+        let rows = indices.first().map_or(0, Vec::len);
+        let present: Vec<bool> = (0..rows).map(|r| indices.iter().all(|c| c[r].is_some())).collect();
+        for ((set, strides), counts) in self.sets.iter().zip(&mut self.counts) {
+            for (r, _) in present.iter().enumerate().filter(|(_, p)| **p) {
+                let cell: usize = set.iter().zip(strides).map(|(&c, s)| indices[c][r].unwrap_or(0) * s).sum();
+                counts[cell] += 1;
+            }
+        }
+    }
+
+    /// The exact marginals, in the workload's order.
+    pub(crate) fn counts(self) -> Vec<Vec<i64>> {
+        self.counts
+    }
+}
+
+/// One marginal's planned accuracy.
+#[derive(Clone, Debug, Serialize)]
+pub struct SetPlan {
+    /// Its columns.
+    pub columns: Vec<String>,
+    /// Its cells.
+    pub cells: usize,
+    /// Each cell's error standard deviation (at most).
+    pub std: f64,
+    /// Each cell's interval half-width at the plan's confidence.
+    pub ci_half_width: f64,
+}
+
+/// One residual's share of the noise.
+#[derive(Clone, Debug, Serialize)]
+pub struct ResidualPlan {
+    /// Its columns (none: the total).
+    pub columns: Vec<String>,
+    /// Its contrasts (noisy numbers drawn).
+    pub contrasts: usize,
+    /// Its ρ.
+    pub rho: f64,
+    /// Its σ (per whitened contrast).
+    pub sigma: f64,
+}
+
+/// The planned noise of a workload release (no data needed).
+#[derive(Clone, Debug, Serialize)]
+pub struct WorkloadPlan {
+    /// Rows per unit.
+    pub rows_per_unit: u64,
+    /// ρ spent (the residuals' sum).
+    pub rho: f64,
+    /// (ε, δ) of this release alone.
+    pub epsilon: EpsilonBound,
+    /// Confidence level of the intervals.
+    pub confidence: f64,
+    /// Each marginal's accuracy.
+    pub sets: Vec<SetPlan>,
+    /// Each residual's allocation.
+    pub residuals: Vec<ResidualPlan>,
+    /// The sum of every released cell's variance.
+    pub total_variance: f64,
+    /// The same for the optimum of ResidualPlanner's closed form at the same ρ (no rounding).
+    pub optimal_variance: f64,
+    /// The same for answering the marginals one by one at ρ/m each.
+    pub one_by_one_variance: f64,
+}
+
+/// The half-width of an interval at `confidence` for a √V-sub-Gaussian error (module docs).
+pub(crate) fn half_width(variance: f64, confidence: f64) -> f64 {
+    (2.0 * variance * (2.0 / (1.0 - confidence)).ln()).sqrt()
+}
+
+impl WorkloadPlan {
+    /// The plan of `w` with `cals` (its residuals' calibrations) and the samplers' `noise`.
+    pub(crate) fn new(w: &Workload, k: u64, noise: &Noise, epsilon: EpsilonBound, confidence: f64) -> Self {
+        let names = |s: &[usize]| s.iter().map(|&i| w.names[i].clone()).collect::<Vec<_>>();
+        let variances = noise.variances(w);
+        let sets = w
+            .sets
+            .iter()
+            .zip(&variances)
+            .map(|(s, v)| SetPlan {
+                columns: names(s),
+                cells: w.cells(s),
+                std: v.sqrt(),
+                ci_half_width: half_width(*v, confidence),
+            })
+            .collect::<Vec<_>>();
+        let residuals: Vec<ResidualPlan> = w
+            .residuals
+            .iter()
+            .zip(&noise.sigma_sq)
+            .filter(|(a, _)| w.contrasts(a) > 0)
+            .map(|(a, s2)| ResidualPlan {
+                columns: names(a),
+                contrasts: w.contrasts(a),
+                rho: (k as f64).powi(2) * w.p(a) / (2.0 * s2),
+                sigma: s2.sqrt(),
+            })
+            .collect();
+        let rho: f64 = residuals.iter().map(|r| r.rho).sum();
+        let total_variance = sets.iter().zip(&variances).map(|(s, v)| s.cells as f64 * v).sum();
+        WorkloadPlan {
+            rows_per_unit: k,
+            rho,
+            epsilon,
+            confidence,
+            total_variance,
+            optimal_variance: w.optimal_total_variance(k, rho),
+            one_by_one_variance: w.one_by_one_total_variance(k, rho),
+            sets,
+            residuals,
+        }
+    }
+}
+
+/// One released marginal.
+#[derive(Clone, Debug, Serialize)]
+pub struct WorkloadMarginal {
+    /// Its columns.
+    pub columns: Vec<String>,
+    /// Each cell's key (one label per column), row-major, the last column fastest.
+    pub keys: Vec<Vec<String>>,
+    /// Each cell's count: the least-squares estimate, consistent with every other marginal (may be negative).
+    pub counts: Vec<f64>,
+    /// Each cell's interval half-width at the release's confidence.
+    pub ci_half_width: f64,
+}
+
+/// A residual's noisy contrasts, as measured (the raw values the marginals are rebuilt from).
+#[derive(Clone, Debug, Serialize)]
+pub struct WorkloadResidual {
+    /// Its columns.
+    pub columns: Vec<String>,
+    /// Its noisy Helmert contrasts, row-major.
+    pub noisy: Vec<i128>,
+}
+
+/// A workload release, made only by the code that ran it, from the charge that paid for it.
+#[derive(Clone, Debug, Serialize)]
+pub struct WorkloadRelease {
+    table: String,
+    marginals: Vec<WorkloadMarginal>,
+    residuals: Vec<WorkloadResidual>,
+    plan: WorkloadPlan,
+    charge: Charge,
+    budget: BudgetStatus,
+}
+
+impl WorkloadRelease {
+    /// The release of `measured` (rebuilt from the noise drawn under `charge`); `labels` are the domains' labels.
+    pub(crate) fn new(
+        table: &str,
+        w: &Workload,
+        labels: &[Vec<String>],
+        measured: Measured,
+        plan: WorkloadPlan,
+        charge: Charge,
+        budget: BudgetStatus,
+    ) -> Self {
+        let marginals = w
+            .sets
+            .iter()
+            .zip(measured.marginals)
+            .zip(&plan.sets)
+            .map(|((s, counts), p)| {
+                let mut keys = vec![vec![]];
+                for &i in s {
+                    keys = keys
+                        .into_iter()
+                        .flat_map(|k: Vec<String>| {
+                            labels[i].iter().map(move |l| k.iter().cloned().chain([l.clone()]).collect())
+                        })
+                        .collect();
+                }
+                WorkloadMarginal { columns: p.columns.clone(), keys, counts, ci_half_width: p.ci_half_width }
+            })
+            .collect();
+        let residuals = w
+            .residuals
+            .iter()
+            .zip(measured.residuals)
+            .filter(|(a, _)| w.contrasts(a) > 0)
+            .map(|(a, noisy)| WorkloadResidual { columns: a.iter().map(|&i| w.names[i].clone()).collect(), noisy })
+            .collect();
+        WorkloadRelease { table: table.to_string(), marginals, residuals, plan, charge, budget }
+    }
+
+    /// The table.
+    pub fn table(&self) -> &str {
+        &self.table
+    }
+
+    /// The marginals, in the order asked.
+    pub fn marginals(&self) -> &[WorkloadMarginal] {
+        &self.marginals
+    }
+
+    /// The noisy residuals every marginal is rebuilt from.
+    pub fn residuals(&self) -> &[WorkloadResidual] {
+        &self.residuals
+    }
+
+    /// Noise and accuracy.
+    pub fn plan(&self) -> &WorkloadPlan {
+        &self.plan
+    }
+
+    /// The debit that paid for this release.
+    pub fn charge(&self) -> &Charge {
+        &self.charge
+    }
+
+    /// Budget after the release.
+    pub fn budget(&self) -> &BudgetStatus {
+        &self.budget
+    }
+
+    /// One row per cell of every marginal, as GROUPING SETS returns them: `marginal` (its columns, comma
+    /// separated), one column per chosen column (the cell's key, NULL for a column the marginal does not group
+    /// by), `count` and `ci_half_width`.
+    pub fn to_record_batch(&self, columns: &[String]) -> Result<RecordBatch> {
+        let mut set_col = vec![];
+        let mut keys: Vec<Vec<Option<String>>> = vec![vec![]; columns.len()];
+        let (mut count, mut half) = (vec![], vec![]);
+        for m in &self.marginals {
+            for (cell, c) in m.keys.iter().zip(&m.counts) {
+                set_col.push(m.columns.join(", "));
+                for (name, out) in columns.iter().zip(&mut keys) {
+                    out.push(m.columns.iter().position(|x| x == name).and_then(|p| cell.get(p).cloned()));
+                }
+                count.push(*c);
+                half.push(m.ci_half_width);
+            }
+        }
+        let mut fields = vec![Field::new("marginal", DataType::Utf8, false)];
+        fields.extend(columns.iter().map(|c| Field::new(c, DataType::Utf8, true)));
+        fields.push(Field::new("count", DataType::Float64, false));
+        fields.push(Field::new("ci_half_width", DataType::Float64, false));
+        let mut arrays: Vec<ArrayRef> = vec![Arc::new(StringArray::from(set_col))];
+        arrays.extend(keys.into_iter().map(|k| Arc::new(StringArray::from(k)) as ArrayRef));
+        arrays.push(Arc::new(Float64Array::from(count)));
+        arrays.push(Arc::new(Float64Array::from(half)));
+        RecordBatch::try_new(Arc::new(Schema::new(fields)), arrays).map_err(|e| DpError::Internal(e.to_string()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn w(sizes: &[usize], sets: Vec<Vec<usize>>) -> Workload {
+        let names = (0..sizes.len()).map(|i| format!("c{i}")).collect();
+        Workload::new(names, sizes.to_vec(), sets).expect("a workload")
+    }
+
+    #[test]
+    fn all_k_subsets_in_order() {
+        assert_eq!(Workload::ways(4, 2), vec![vec![0, 1], vec![0, 2], vec![0, 3], vec![1, 2], vec![1, 3], vec![2, 3]]);
+        assert_eq!(Workload::ways(3, 3), vec![vec![0, 1, 2]]);
+        assert_eq!(Workload::ways(3, 0), vec![Vec::<usize>::new()]);
+        assert!(Workload::ways(2, 3).is_empty());
+        assert_eq!(Workload::ways(30, 2).len(), 435);
+    }
+
+    #[test]
+    fn the_closure_holds_every_subset_once() {
+        let wl = w(&[2, 3, 4], Workload::ways(3, 2));
+        assert_eq!(wl.residuals().len(), 1 + 3 + 3);
+        assert_eq!(wl.residuals()[0], Vec::<usize>::new());
+    }
+
+    #[test]
+    fn without_noise_every_marginal_is_rebuilt_exactly() {
+        // A small table over three columns (sizes 2, 3, 4); the marginals are counted directly.
+        let sizes = [2usize, 3, 4];
+        let rows: Vec<[usize; 3]> = (0..50).map(|r| [r % 2, (r * 7 + 1) % 3, (r * r + 3) % 4]).collect();
+        for sets in [Workload::ways(3, 2), vec![vec![0, 1, 2], vec![1]], vec![vec![], vec![2]]] {
+            let wl = w(&sizes, sets);
+            let mut counter = WorkloadCounter::new(&wl);
+            let indices: Vec<Vec<Option<usize>>> = (0..3).map(|c| rows.iter().map(|r| Some(r[c])).collect()).collect();
+            counter.add(&indices);
+            let exact = counter.counts();
+            let residuals: Vec<Vec<i128>> = wl
+                .residuals()
+                .iter()
+                .map(|a| if wl.contrasts(a) == 0 { vec![] } else { residual_of(&wl, a, &exact).expect("contrasts") })
+                .collect();
+            let rebuilt = rebuild(&wl, &residuals);
+            for (e, r) in exact.iter().zip(&rebuilt) {
+                for (x, y) in e.iter().zip(r) {
+                    assert!((*x as f64 - y).abs() < 1e-9, "{x} vs {y}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_allocation_is_the_closed_form_optimum() {
+        // For equal shares of the loss, the total variance at the shares must equal k²S²/(2ρ), and any other
+        // allocation (here: equal ρ per residual) must be worse.
+        let wl = w(&[2, 6, 2, 16, 10, 5, 4, 8], Workload::ways(8, 2));
+        let (k, rho) = (1u64, 1.0);
+        let total = |shares: &[f64]| -> f64 {
+            let s2: Vec<f64> = wl.residuals().iter().zip(shares).map(|(a, sh)| wl.p(a) / (2.0 * rho * sh)).collect();
+            wl.sets().iter().map(|s| wl.cells(s) as f64 * wl.cell_variance(s, &s2)).sum()
+        };
+        let opt = total(&wl.shares());
+        assert!((opt / wl.optimal_total_variance(k, rho) - 1.0).abs() < 1e-9);
+        let equal = vec![1.0 / wl.residuals().len() as f64; wl.residuals().len()];
+        assert!(total(&equal) > opt);
+        assert!(wl.one_by_one_total_variance(k, rho) > opt);
+    }
+
+    /// The neighbouring audit: every way one unit of at most k rows can be added to a table moves each residual's
+    /// whitened contrasts by at most the sensitivity k·√p_A its calibration claims, the bound is reached, and the
+    /// whole release's privacy loss Σ_A ‖shift_A‖²/(2σ_A²) is within the ρ charged.
+    #[test]
+    fn one_unit_moves_each_residual_within_its_claimed_sensitivity() {
+        let sizes = [2usize, 2, 3];
+        let k = 2u64;
+        let wl = w(&sizes, Workload::ways(3, 2));
+        let cals = wl.calibrate(k, 0.7).expect("calibrations");
+        let charged: f64 = cals.iter().flatten().map(|c| c.rho().get()).sum();
+        assert!(charged <= 0.7 * (1.0 + 1e-12));
+        let cells: Vec<[usize; 3]> =
+            (0..2).flat_map(|a| (0..2).flat_map(move |b| (0..3).map(move |c| [a, b, c]))).collect();
+        let count = |rows: &[[usize; 3]]| {
+            let mut counter = WorkloadCounter::new(&wl);
+            counter.add(&(0..3).map(|c| rows.iter().map(|r| Some(r[c])).collect()).collect::<Vec<_>>());
+            counter.counts()
+        };
+        let base: Vec<[usize; 3]> = (0..40).map(|r| [r % 2, r / 3 % 2, (r * 5) % 3]).collect();
+        let before = count(&base);
+        // Every unit of 1 or 2 rows (a multiset of cells).
+        let mut units: Vec<Vec<[usize; 3]>> = cells.iter().map(|c| vec![*c]).collect();
+        for i in 0..cells.len() {
+            for j in i..cells.len() {
+                units.push(vec![cells[i], cells[j]]);
+            }
+        }
+        let mut reached = vec![0.0f64; wl.residuals().len()];
+        for unit in &units {
+            let after = count(&[base.clone(), unit.clone()].concat());
+            let mut loss = 0.0;
+            for (((a, cal), seen), r) in wl.residuals().iter().zip(&cals).zip(&mut reached).zip(0..) {
+                let Some(cal) = cal else { continue };
+                let (x, y) = (residual_of(&wl, a, &before).expect("x"), residual_of(&wl, a, &after).expect("y"));
+                let shift: f64 = x
+                    .iter()
+                    .zip(&y)
+                    .zip(multipliers(&wl, a))
+                    .map(|((p, q), m)| ((q - p) as f64).powi(2) / m as f64)
+                    .sum();
+                assert!(shift <= cal.sensitivity().powi(2) * (1.0 + 1e-9), "residual {r}: {shift} > claim");
+                *seen = seen.max(shift);
+                let NoiseParams::Gaussian { sigma_sq } = cal.params() else { panic!("Gaussian") };
+                loss += shift / (2.0 * sigma_sq.to_f64());
+            }
+            assert!(loss <= charged * (1.0 + 1e-9), "the release's loss {loss} exceeds the charge {charged}");
+        }
+        for ((a, cal), seen) in wl.residuals().iter().zip(&cals).zip(&reached) {
+            if let Some(cal) = cal {
+                assert!((seen - cal.sensitivity().powi(2)).abs() < 1e-9, "residual {a:?}: the bound is not tight");
+            }
+        }
+    }
+
+    #[test]
+    fn multipliers_are_the_helmert_norms() {
+        let wl = w(&[3, 4], vec![vec![0, 1]]);
+        assert_eq!(multipliers(&wl, &[0]), vec![2, 6]);
+        assert_eq!(multipliers(&wl, &[0, 1]), vec![4, 12, 24, 12, 36, 72]);
+        assert_eq!(multipliers(&wl, &[]), vec![1]);
+    }
+
+    #[test]
+    fn too_large_workloads_are_refused() {
+        let names = |d: usize| (0..d).map(|i| format!("c{i}")).collect::<Vec<_>>();
+        let wide = Workload::new(names(9), vec![2; 9], vec![(0..9).collect()]);
+        assert!(matches!(wide, Err(DpError::Refused(Refusal::WorkloadTooLarge { .. }))));
+        let big = Workload::new(names(2), vec![1 << 13, 1 << 12], vec![vec![0, 1]]);
+        assert!(matches!(big, Err(DpError::Refused(Refusal::WorkloadTooLarge { .. }))));
+    }
+}

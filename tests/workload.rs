@@ -1,0 +1,161 @@
+//! Workload releases (issue 39): every k-way marginal in one charge, the ResidualPlanner allocation, consistency,
+//! a neighbouring audit of the whole release, targets, refusals that spend nothing, and the CLI.
+
+use crate::support::{pums_config, session_from};
+use datafusion::arrow::array::{Int64Array, RecordBatch};
+use datafusion::arrow::datatypes::{DataType, Field, Schema};
+use dpfusion::marginals::{MarginalBudget, MarginalSpec};
+use dpfusion::session::WorkloadSets;
+use dpfusion::{ColumnPolicy, DomainValue, DpError, DpSession, TablePolicy};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+const D: usize = 5;
+
+/// `n` units with one row each over D binary columns (column j of unit i is 1 when (i + j) % 3 == 0), plus unit X
+/// with 3 rows of all ones when `with_x` (bounded to k = 2 of them).
+fn binary(n: i64, with_x: bool) -> RecordBatch {
+    let mut pid: Vec<i64> = (0..n).collect();
+    let mut cols: Vec<Vec<i64>> = (0..D).map(|j| (0..n).map(|i| ((i + j as i64) % 3 == 0) as i64).collect()).collect();
+    if with_x {
+        pid.extend([1_000_000; 3]);
+        cols.iter_mut().for_each(|c| c.extend([1; 3]));
+    }
+    let mut fields = vec![Field::new("pid", DataType::Int64, false)];
+    fields.extend((0..D).map(|j| Field::new(format!("a{j}"), DataType::Int64, false)));
+    let mut arrays: Vec<Arc<dyn datafusion::arrow::array::Array>> = vec![Arc::new(Int64Array::from(pid))];
+    arrays.extend(cols.into_iter().map(|c| Arc::new(Int64Array::from(c)) as _));
+    RecordBatch::try_new(Arc::new(Schema::new(fields)), arrays).unwrap()
+}
+
+fn binary_session(with_x: bool) -> DpSession {
+    let cols: BTreeMap<String, ColumnPolicy> = (0..D)
+        .map(|j| (format!("a{j}"), ColumnPolicy::Domain(vec![DomainValue::Int(0), DomainValue::Int(1)])))
+        .collect();
+    crate::support::session_with(1e9, 0.1, "t", binary(200, with_x), TablePolicy::with_unit("pid", 2, 1, cols).unwrap())
+}
+
+fn names() -> Vec<String> {
+    (0..D).map(|j| format!("a{j}")).collect()
+}
+
+/// Neighbouring audit of the whole release: on D with unit X (3 rows of ones, bounded to 2) against D without it,
+/// the mean difference of every cell of every 2-way marginal must be the bounded shift (2 in each (1, 1) cell, 0
+/// elsewhere), and the cells' spread must match the variance the release states. 300 releases per table. Each
+/// cell's error is sub-Gaussian with the stated variance V, so the difference of two means over 300 runs is
+/// sub-Gaussian with variance 2V/300, and |deviation| ≤ √(2·(2V/300)·ln(2/p)) with p = 10⁻⁹ per cell (a union over
+/// the 40 cells: failure below 10⁻⁷). The pooled variance ratio is checked in [0.5, 1.6]: even if every cell's
+/// error were the same draw, the ratio is a χ²₂₉₉/299, whose chance of leaving that range is below 10⁻⁹.
+#[tokio::test]
+async fn neighbouring_audit_of_a_two_way_release() {
+    const RUNS: usize = 300;
+    let spec = MarginalSpec::rho(16.0);
+    let mut means = vec![];
+    let (mut pooled, mut df, mut variance) = (0.0, 0.0, 0.0);
+    for with_x in [true, false] {
+        let s = binary_session(with_x);
+        let mut runs: Vec<Vec<f64>> = vec![];
+        for _ in 0..RUNS {
+            let r = s.workload("t", &names(), &WorkloadSets::Ways(2), &spec).await.unwrap();
+            variance = r.plan().sets[0].std.powi(2);
+            runs.push(r.marginals().iter().flat_map(|m| m.counts.clone()).collect());
+        }
+        let cells = runs[0].len();
+        let mean: Vec<f64> = (0..cells).map(|c| runs.iter().map(|r| r[c]).sum::<f64>() / RUNS as f64).collect();
+        for r in &runs {
+            pooled += r.iter().zip(&mean).map(|(x, m)| (x - m).powi(2)).sum::<f64>();
+        }
+        df += (cells * (RUNS - 1)) as f64;
+        means.push(mean);
+    }
+    // Each 2-way marginal of binary columns: cells (0,0), (0,1), (1,0), (1,1); X's two kept rows are in (1,1).
+    let slack = (2.0 * (2.0 * variance / RUNS as f64) * (2.0f64 / 1e-9).ln()).sqrt();
+    assert!(slack < 0.5, "the audit must tell X's bounded 2 rows from its 3 ({slack})");
+    for (c, (a, b)) in means[0].iter().zip(&means[1]).enumerate() {
+        let want = if c % 4 == 3 { 2.0 } else { 0.0 };
+        assert!((a - b - want).abs() <= slack, "cell {c}: shift {} for {want} (± {slack})", a - b);
+    }
+    let ratio = pooled / df / variance;
+    assert!((0.5..=1.6).contains(&ratio), "empirical variance / stated variance = {ratio}");
+}
+
+#[tokio::test]
+async fn one_charge_consistent_marginals_and_the_optimal_allocation() {
+    let s = session_from(&pums_config("pums_pid.csv", 10.0, 1, 1)).await;
+    let cols: Vec<String> = ["sex", "race", "married", "educ"].iter().map(|c| c.to_string()).collect();
+    let spec = MarginalSpec::rho(0.5);
+    let plan = s.explain_workload("pums", &cols, &WorkloadSets::Ways(2), &spec).await.unwrap();
+    assert!(s.budget().unwrap().charges.is_empty(), "EXPLAIN spends nothing");
+    assert_eq!(plan.sets.len(), 6);
+    assert_eq!(plan.residuals.len(), 1 + 4 + 6);
+    // The allocation is ResidualPlanner's optimum (up to the dyadic rounding of σ²), far below one by one.
+    let ratio = plan.total_variance / plan.optimal_variance;
+    assert!((1.0..1.0 + 1e-6).contains(&ratio), "total variance / optimum = {ratio}");
+    assert!(plan.one_by_one_variance > 1.5 * plan.total_variance, "{plan:?}");
+    let r = s.workload("pums", &cols, &WorkloadSets::Ways(2), &spec).await.unwrap();
+    let b = s.budget().unwrap();
+    assert_eq!(b.charges.len(), 1, "one debit for the whole workload");
+    assert!((b.status.rho_spent - 0.5).abs() < 1e-9 && (r.plan().rho - 0.5).abs() < 1e-9);
+    // Consistent: every marginal has the same total, and a column's one-way margin is the same in every marginal
+    // that holds it (sex from sex × race and from sex × married).
+    let totals: Vec<f64> = r.marginals().iter().map(|m| m.counts.iter().sum()).collect();
+    assert!(totals.iter().all(|t| (t - totals[0]).abs() < 1e-6), "{totals:?}");
+    let margin = |m: usize, n: usize| -> Vec<f64> {
+        let c = &r.marginals()[m].counts;
+        (0..2).map(|i| c[i * n..(i + 1) * n].iter().sum()).collect()
+    };
+    assert_eq!(r.marginals()[0].columns, ["sex", "race"]);
+    assert_eq!(r.marginals()[1].columns, ["sex", "married"]);
+    let (x, y) = (margin(0, 6), margin(1, 2));
+    assert!(x.iter().zip(&y).all(|(a, b)| (a - b).abs() < 1e-6), "{x:?} vs {y:?}");
+    // The raw measurements are kept beside the marginals: one list of noisy contrasts per residual.
+    assert_eq!(r.residuals().len(), 11);
+    assert_eq!(
+        r.residuals().iter().map(|x| x.noisy.len()).sum::<usize>(),
+        1 + 1 + 5 + 1 + 15 + 5 + 1 + 15 + 5 + 75 + 15
+    );
+    let batch = r.to_record_batch(&cols).unwrap();
+    assert_eq!(batch.num_rows(), 12 + 4 + 32 + 12 + 96 + 32);
+    assert_eq!(batch.schema().field(0).name(), "marginal");
+}
+
+/// `--target`: the solved ρ gives every cell at most the half-width asked, and 1 % less ρ would not.
+#[tokio::test]
+async fn a_target_is_met_at_the_least_rho() {
+    let s = session_from(&pums_config("pums_pid.csv", 10.0, 1, 1)).await;
+    let cols: Vec<String> = ["sex", "race", "educ"].iter().map(|c| c.to_string()).collect();
+    let sets = WorkloadSets::Sets(vec![vec!["sex".into(), "race".into()], vec!["educ".into()], vec![]]);
+    let target = MarginalSpec { budget: MarginalBudget::TargetHalfWidth(25.0), ..MarginalSpec::rho(1.0) };
+    let p = s.explain_workload("pums", &cols, &sets, &target).await.unwrap();
+    let worst = |p: &dpfusion::workload::WorkloadPlan| p.sets.iter().map(|m| m.ci_half_width).fold(0.0, f64::max);
+    assert!(worst(&p) <= 25.0, "{p:?}");
+    let less = s.explain_workload("pums", &cols, &sets, &MarginalSpec::rho(p.rho * 0.99)).await.unwrap();
+    assert!(worst(&less) > 25.0, "1 % less ρ still meets the target: {}", worst(&less));
+    assert_eq!(p.sets.len(), 3);
+    assert_eq!(p.sets[2].cells, 1, "the empty set is the total");
+}
+
+#[tokio::test]
+async fn refusals_spend_nothing() {
+    let s = session_from(&pums_config("pums_pid.csv", 10.0, 1, 1)).await;
+    let spec = MarginalSpec::rho(0.5);
+    let cols = |c: &[&str]| c.iter().map(|x| x.to_string()).collect::<Vec<_>>();
+    let refused = |e: DpError| e.to_string();
+    let e = s.workload("pums", &cols(&["sex", "age"]), &WorkloadSets::Ways(2), &spec).await.unwrap_err();
+    assert!(refused(e).contains("no public domain"));
+    let e = s.workload("pums", &cols(&["sex", "sex"]), &WorkloadSets::Ways(2), &spec).await.unwrap_err();
+    assert!(refused(e).contains("twice"));
+    for way in [0, 3] {
+        let e = s.workload("pums", &cols(&["sex", "race"]), &WorkloadSets::Ways(way), &spec).await.unwrap_err();
+        assert!(refused(e).contains("between 1 and the number of columns"));
+    }
+    let sets = WorkloadSets::Sets(vec![vec!["sex".into(), "educ".into()]]);
+    let e = s.workload("pums", &cols(&["sex", "race"]), &sets, &spec).await.unwrap_err();
+    assert!(refused(e).contains("not among the columns chosen"));
+    assert!(s.budget().unwrap().charges.is_empty());
+    // Under an (ε, δ) budget the release is refused with its code, before anything is spent.
+    let gdp = pums_config("pums_pid.csv", 1.0, 1, 1).replace("rho = 1\n", "epsilon = 5.0\n");
+    let s = session_from(&gdp).await;
+    let e = s.workload("pums", &cols(&["sex", "race"]), &WorkloadSets::Ways(2), &spec).await.unwrap_err();
+    assert!(matches!(&e, DpError::Refused(r) if r.code() == "workload_needs_zcdp"), "{e}");
+}
