@@ -23,6 +23,9 @@
 //! target/release/examples/bench cluster --data bench-data/people_10000000.parquet [--reps 3] [--partitions 16]
 //!                       # on two Ballista clusters of processes here (see cluster.rs; build the dpfusion binary too)
 //! cargo run --release --example bench -- accounting
+//! cargo run --release --example bench -- gen --pums8 --rows 1000000 --out bench-data   # 8 PUMS-like columns
+//! cargo run --release --example bench -- workload --data bench-data/pums8_1000000.parquet [--reps 5]
+//!                       # all 2-way marginals: time against GROUPING SETS, total squared error against the optimum
 //! cargo run --release --example bench -- quantile-accuracy --data bench-data/people_1000000.parquet [--reps 20]
 //!                       [--grid 1000]
 //!                       # released MEDIAN / 90th percentile of income at person level against the exact ones
@@ -50,6 +53,7 @@ use std::time::Instant;
 #[cfg(feature = "cluster")]
 mod cluster;
 mod keys;
+mod workload;
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
 
@@ -763,6 +767,11 @@ async fn main() -> Res<()> {
                 println!("{}", keys::gen_keyed(rows, keys.parse()?, &out)?.display());
                 return Ok(());
             }
+            if args.iter().any(|a| a == "--pums8") {
+                let rows = arg(&args, "--rows").ok_or("--rows N")?.parse()?;
+                println!("{}", workload::gen_pums8(rows, &out)?.display());
+                return Ok(());
+            }
             if let Some(visits) = arg(&args, "--visits") {
                 println!("{}", gen_visits(visits.parse()?, &out)?.display());
                 return Ok(());
@@ -790,6 +799,9 @@ async fn main() -> Res<()> {
         Some("cluster-executor") => cluster::plain_executor(&args).await?,
         Some("keys") => keys::bench_keys(Path::new(&arg(&args, "--data").ok_or("--data FILE")?), reps).await?,
         Some("marginals") => bench_marginals(Path::new(&arg(&args, "--data").ok_or("--data FILE")?), reps).await?,
+        Some("workload") => {
+            workload::bench_workload(Path::new(&arg(&args, "--data").ok_or("--data FILE")?), reps).await?
+        }
         Some("ledger") => bench_ledger(&out, arg(&args, "--n").and_then(|n| n.parse().ok()).unwrap_or(2000))?,
         Some("accounting") => bench_accounting()?,
         Some("quantile-accuracy") => {
@@ -799,7 +811,7 @@ async fn main() -> Res<()> {
         Some("ledger-child") => ledger_child(args.get(2).ok_or("path")?, args.get(3).ok_or("n")?.parse()?)?,
         _ => {
             return Err(
-                "usage: bench gen|wide|sql|keys|cluster|marginals|ledger|accounting|quantile-accuracy (see the file's docs)"
+                "usage: bench gen|wide|sql|keys|cluster|marginals|workload|ledger|accounting|quantile-accuracy (see the file's docs)"
                     .into(),
             );
         }
