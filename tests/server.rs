@@ -156,6 +156,21 @@ async fn simple_and_extended_queries_are_answered_with_notices_and_charged_once_
     assert_eq!(spent(&s.db, "alice").1, 3);
 }
 
+/// GROUPING SETS over the wire (extended protocol: described, then run): one workload release, one charge; keys
+/// NULL where a marginal does not group by them, the count a float (a least-squares estimate).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn grouping_sets_are_one_charge_over_the_wire() {
+    let s = start().await;
+    let (c, _notices) = connect_as(s.addr, "alice", PASSWORD).await.unwrap();
+    let rows = c.query("SELECT sex, race, COUNT(*) AS n FROM pums GROUP BY CUBE (sex, race)", &[]).await.unwrap();
+    assert_eq!(rows.len(), 12 + 2 + 6 + 1);
+    let total: f64 = rows[20].get("n");
+    assert!(rows[20].get::<_, Option<i64>>("sex").is_none() && rows[20].get::<_, Option<i64>>("race").is_none());
+    let by_sex: f64 = rows[12..14].iter().map(|r| r.get::<_, f64>("n")).sum();
+    assert!((by_sex - total).abs() < 1e-6, "{by_sex} vs {total}");
+    assert_eq!(spent(&s.db, "alice").1, 1, "one charge for the four marginals");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn refusals_carry_a_sqlstate_and_a_hint_and_describe_spends_nothing() {
     let s = start().await;

@@ -1,7 +1,8 @@
 //! Workload releases (issue 39): every k-way marginal in one charge, the ResidualPlanner allocation, consistency,
 //! a neighbouring audit of the whole release, targets, refusals that spend nothing, and the CLI.
 
-use crate::support::{pums_config, session_from};
+use crate::support::{pums_config, release, session_from};
+use datafusion::arrow::array::Array;
 use datafusion::arrow::array::{Int64Array, RecordBatch};
 use datafusion::arrow::datatypes::{DataType, Field, Schema};
 use dpfusion::marginals::{MarginalBudget, MarginalSpec};
@@ -23,7 +24,7 @@ fn binary(n: i64, with_x: bool) -> RecordBatch {
     }
     let mut fields = vec![Field::new("pid", DataType::Int64, false)];
     fields.extend((0..D).map(|j| Field::new(format!("a{j}"), DataType::Int64, false)));
-    let mut arrays: Vec<Arc<dyn datafusion::arrow::array::Array>> = vec![Arc::new(Int64Array::from(pid))];
+    let mut arrays: Vec<Arc<dyn Array>> = vec![Arc::new(Int64Array::from(pid))];
     arrays.extend(cols.into_iter().map(|c| Arc::new(Int64Array::from(c)) as _));
     RecordBatch::try_new(Arc::new(Schema::new(fields)), arrays).unwrap()
 }
@@ -158,4 +159,109 @@ async fn refusals_spend_nothing() {
     let s = session_from(&gdp).await;
     let e = s.workload("pums", &cols(&["sex", "race"]), &WorkloadSets::Ways(2), &spec).await.unwrap_err();
     assert!(matches!(&e, DpError::Refused(r) if r.code() == "workload_needs_zcdp"), "{e}");
+}
+
+/// SQL: CUBE, ROLLUP and GROUPING SETS are one workload release each: one charge at dp.rho, every cell of every
+/// marginal in domain order, NULL where a marginal does not group by a key, counts consistent across marginals.
+#[tokio::test]
+async fn grouping_sets_in_sql_are_one_consistent_charge() {
+    let s = session_from(&pums_config("pums_pid.csv", 10.0, 1, 1)).await;
+    let r = release(&s, "SELECT sex, race, COUNT(*) AS n FROM pums GROUP BY CUBE (sex, race)").await;
+    assert_eq!(r.num_rows(), 12 + 2 + 6 + 1);
+    let schema = r.schema();
+    assert_eq!((schema.field(0).name().as_str(), schema.field(0).data_type()), ("sex", &DataType::Int64));
+    assert_eq!(schema.field(2).data_type(), &DataType::Float64, "a least-squares count");
+    assert!(schema.field(0).is_nullable() && schema.field(1).is_nullable());
+    let b = &r.batches()[0];
+    let (sex, race) = (b.column(0), b.column(1));
+    let n = crate::support::column_f64(&r, 2);
+    // Marginals in CUBE order: (sex, race), (sex), (race), (); the NULLs mark what a marginal does not group by.
+    let nulls: Vec<(bool, bool)> = (0..b.num_rows()).map(|i| (sex.is_null(i), race.is_null(i))).collect();
+    assert!(nulls[..12].iter().all(|x| *x == (false, false)));
+    assert!(nulls[12..14].iter().all(|x| *x == (false, true)));
+    assert!(nulls[14..20].iter().all(|x| *x == (true, false)));
+    assert_eq!(nulls[20], (true, true));
+    let sum = |a: usize, z: usize| n[a..z].iter().sum::<f64>();
+    for (a, z) in [(0, 12), (12, 14), (14, 20)] {
+        assert!(
+            (sum(a, z) - n[20]).abs() < 1e-6,
+            "marginal rows {a}..{z} sum to {} for a total of {}",
+            sum(a, z),
+            n[20]
+        );
+    }
+    assert!((n[0..6].iter().sum::<f64>() - n[12]).abs() < 1e-6, "sex = 0 across race equals the sex margin");
+    match &r.accuracy()[2].accuracy {
+        dpfusion::Accuracy::PerRow { intervals, .. } => assert_eq!(intervals.len(), 21),
+        other => panic!("the count's accuracy: {other:?}"),
+    }
+    let charges = s.budget().unwrap().charges;
+    assert_eq!(charges.len(), 1);
+    assert!((charges[0].rho().get() - 0.05).abs() < 1e-9, "charged at dp.rho");
+    // ROLLUP (sex, married) is GROUPING SETS ((sex, married), (sex), ()): the same plan.
+    let plan = |sql: &'static str| {
+        let s = &s;
+        async move { s.explain(sql).await.unwrap().workload.unwrap() }
+    };
+    let rollup = plan("SELECT sex, married, COUNT(*) FROM pums GROUP BY ROLLUP (sex, married)").await;
+    let sets = plan("SELECT sex, married, COUNT(*) FROM pums GROUP BY GROUPING SETS ((sex, married), (sex), ())").await;
+    assert_eq!(rollup, sets);
+    assert!(rollup.starts_with("Workload: 3 marginals from one charge"), "{rollup}");
+    assert_eq!(s.budget().unwrap().charges.len(), 1, "EXPLAIN DP spends nothing");
+}
+
+/// WHERE filters the rows before they are bounded and counted: at a very large ρ the counts are the exact ones.
+#[tokio::test]
+async fn grouping_sets_count_the_rows_where_selects() {
+    let s = session_from(&pums_config("pums_pid.csv", 1e9, 1, 1)).await;
+    s.sql("SET dp.rho = 1e7").await.unwrap();
+    let r = release(&s, "SELECT sex, COUNT(*) AS n FROM pums WHERE age > 30 GROUP BY GROUPING SETS ((sex), ())").await;
+    let n = crate::support::column_f64(&r, 1);
+    for (got, want) in n.iter().zip([358.0, 399.0, 757.0]) {
+        assert!((got - want).abs() < 0.5, "{n:?}");
+    }
+}
+
+/// Statements outside the shape, a Laplace mechanism and request ids are refused with what to write instead,
+/// spending nothing; `describe` types the result as the release does.
+#[tokio::test]
+async fn grouping_sets_outside_the_shape_are_refused_before_the_debit() {
+    let s = session_from(&pums_config("pums_pid.csv", 10.0, 1, 1)).await;
+    for (sql, says) in [
+        ("SELECT sex, COUNT(*) FROM pums GROUP BY ROLLUP (sex) ORDER BY sex", "ORDER BY, HAVING, LIMIT"),
+        ("SELECT sex, COUNT(*) FROM pums GROUP BY ROLLUP (sex) HAVING COUNT(*) > 3", "ORDER BY, HAVING, LIMIT"),
+        ("SELECT sex, SUM(income) FROM pums GROUP BY CUBE (sex)", "COUNT(*)"),
+        ("SELECT sex, COUNT(*), COUNT(age) FROM pums GROUP BY CUBE (sex)", "exactly one aggregate"),
+        ("SELECT age, COUNT(*) FROM pums GROUP BY CUBE (age)", "no public domain"),
+        ("SELECT sex % 2, COUNT(*) FROM pums GROUP BY CUBE (sex % 2)", "computed"),
+    ] {
+        let e = s.sql(sql).await.unwrap_err().to_string();
+        assert!(e.contains(says), "{sql}: {e}");
+    }
+    let sql = "SELECT sex, COUNT(*) FROM pums GROUP BY CUBE (sex)";
+    let e = s.sql_with_request_id(sql, Some("r1")).await.unwrap_err().to_string();
+    assert!(e.contains("request id"), "{e}");
+    s.sql("SET dp.mechanism = 'laplace'").await.unwrap();
+    let e = s.sql(sql).await.unwrap_err().to_string();
+    assert!(e.contains("Gaussian"), "{e}");
+    assert!(s.budget().unwrap().charges.is_empty());
+    s.sql("SET dp.mechanism = 'gaussian'").await.unwrap();
+    let schema = s.describe(sql).await.unwrap();
+    assert_eq!(schema.field(1).data_type(), &DataType::Float64);
+    assert!(s.budget().unwrap().charges.is_empty(), "describe spends nothing");
+}
+
+/// Neighbouring tables (D and D plus one unit) give the same shape: rows, schema, NULL pattern, EXPLAIN DP.
+#[tokio::test]
+async fn grouping_sets_have_the_same_shape_on_neighbouring_tables() {
+    let sql = "SELECT a0, a1, COUNT(*) AS n FROM t WHERE a2 = 1 GROUP BY CUBE (a0, a1)";
+    let mut seen = vec![];
+    for with_x in [false, true] {
+        let s = binary_session(with_x);
+        let r = release(&s, sql).await;
+        let b = &r.batches()[0];
+        let nulls: Vec<bool> = (0..2).flat_map(|c| (0..b.num_rows()).map(move |i| b.column(c).is_null(i))).collect();
+        seen.push((r.schema().clone(), b.num_rows(), nulls, s.explain(sql).await.unwrap().to_string()));
+    }
+    assert_eq!(seen[0], seen[1]);
 }

@@ -281,9 +281,12 @@ pub enum Refusal {
     },
 
     // ----- GROUP BY
-    /// GROUPING SETS / ROLLUP / CUBE.
-    #[error("GROUPING SETS / ROLLUP / CUBE are not supported")]
-    GroupingSets,
+    /// GROUPING SETS / ROLLUP / CUBE outside the shape a workload release answers.
+    #[error("GROUPING SETS / ROLLUP / CUBE {why}")]
+    GroupingSets {
+        /// What the statement must change.
+        why: String,
+    },
     /// A computed GROUP BY key.
     #[error("GROUP BY `{expr}` is computed, and a computed key has no public domain")]
     ComputedKey {
@@ -678,7 +681,12 @@ impl Refusal {
                                      lengths and counts (lpad(x, 10), repeat(x, 3)); numbers and short texts are fine"
                 .into(),
             ColumnTooLarge { .. } => "produce shorter values, or GROUP BY fewer cells".into(),
-            GroupingSets => "GROUP BY plain columns".into(),
+            GroupingSets { .. } => {
+                "write SELECT <keys>, COUNT(*) FROM t [WHERE ...] GROUP BY GROUPING SETS ((a, b), (a), ()) \
+                                    (or CUBE (a, b), ROLLUP (a, b)) over keys with a public domain; sort or filter the \
+                                    result afterwards"
+                    .into()
+            }
             ComputedKey { .. } => "GROUP BY columns that have a `domain` in the policy".into(),
             KeyNotColumn { .. } => "GROUP BY columns of the table".into(),
             UnitAsKey { .. } => "group by a column with a public domain instead".into(),
@@ -802,7 +810,7 @@ impl Refusal {
             ConstantFails { .. } => "constant_fails",
             ValueTooLarge { .. } => "value_too_large",
             ColumnTooLarge { .. } => "column_too_large",
-            GroupingSets => "grouping_sets",
+            GroupingSets { .. } => "grouping_sets",
             ComputedKey { .. } => "computed_key",
             KeyNotColumn { .. } => "key_not_column",
             UnitAsKey { .. } => "unit_as_key",

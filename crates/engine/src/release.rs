@@ -107,7 +107,7 @@ impl ColumnAccuracy {
                     .map(|[lo, hi]| format!("[{}, {}]", fmt_num(*lo), fmt_num(*hi)))
                     .collect();
                 let more = if intervals.len() > ROWS_SHOWN { ", …" } else { "" };
-                let how = "from its noisy measurements: AVG's SUM and COUNT, VAR/STDDEV's COUNT and sums";
+                let how = "from the noisy measurements it combines";
                 format!("per row at {} ({how}): {}{more}", pct(*confidence), shown.join(", "))
             }
             Accuracy::Rank { rank_half_width, confidence, quantile, candidates, spacing } => format!(

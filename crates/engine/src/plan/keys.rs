@@ -19,7 +19,8 @@ use datafusion::logical_expr::{Aggregate, Expr, LogicalPlan, LogicalPlanBuilder}
 pub fn group_keys(agg: &Aggregate, policy: &TablePolicy, table: &TableReference) -> Result<Vec<GroupKey>> {
     let input = agg.input.as_ref();
     if agg.group_expr.iter().any(|e| matches!(e, Expr::GroupingSet(_))) {
-        return Err(DpError::Refused(Refusal::GroupingSets));
+        let why = "are answered as one workload release, in the shape SELECT <keys>, COUNT(*) ... only".into();
+        return Err(DpError::Refused(Refusal::GroupingSets { why }));
     }
     agg.group_expr
         .iter()

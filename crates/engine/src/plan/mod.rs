@@ -14,6 +14,7 @@ pub(crate) mod by_unit;
 pub mod cells;
 pub mod clip;
 pub mod exact_sum;
+pub mod grouping;
 pub mod keys;
 pub mod lookup;
 pub mod measures;

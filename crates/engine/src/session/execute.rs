@@ -155,6 +155,13 @@ impl DpSession {
         {
             return stored_release(id, sql, charge, &bytes);
         }
+        if let Some((g, p)) = self.prepare_grouping(text, params).await? {
+            if request_id.is_some() {
+                let why = "are not retried under a request id yet: send the statement without one".into();
+                return Err(DpError::Refused(Refusal::GroupingSets { why }));
+            }
+            return super::grow_stack(self.answer_grouping(sql, g, p)).await;
+        }
         let prepared = self.prepare(text, params).await?;
         let quote = self.quote(&prepared.dp)?;
         let mut tables: Vec<String> = prepared.dp.tables.iter().map(|t| t.table().to_string()).collect();

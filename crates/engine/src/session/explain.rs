@@ -15,7 +15,7 @@ use datafusion::common::ScalarValue;
 pub struct ExplainedMeasure {
     /// e.g. `SUM(income)`.
     pub label: String,
-    /// L1 sensitivity (grid units).
+    /// L1 sensitivity (grid units); NaN where only the L2 one is used (a workload's residual).
     pub l1: f64,
     /// L2 sensitivity (grid units).
     pub l2: f64,
@@ -76,6 +76,9 @@ pub struct Explanation {
     /// Whether a variance or standard deviation shares ρ 1 : 2 : 1 between its three measurements (the others
     /// share it equally).
     pub spread: bool,
+    /// For a GROUPING SETS / CUBE / ROLLUP statement (a workload release): each marginal's accuracy and the total
+    /// variance against the optimum and against answering the marginals one by one.
+    pub workload: Option<String>,
     /// The output schema, and for each of its columns whether it is public (a GROUP BY key or a constant: exact,
     /// from the declared domain) rather than noisy.
     pub schema: datafusion::arrow::datatypes::SchemaRef,
@@ -113,7 +116,9 @@ impl std::fmt::Display for Explanation {
             (None, None) => writeln!(f, "Cells released: the keys selected from the data")?,
         }
         // (Each measurement's ρ is its cost, at most its share: σ is rounded up onto a grid.)
-        let split = if self.target.is_some() {
+        let split = if self.workload.is_some() {
+            "ρ allocated over the residuals for the least sum of the cells' variances (ResidualPlanner)"
+        } else if self.target.is_some() {
             "ρ per measurement, the least that meets dp.target"
         } else if self.spread {
             "ρ split equally but for a variance's COUNT : SUM : SUM of squares, 1 : 2 : 1"
@@ -129,13 +134,17 @@ impl std::fmt::Display for Explanation {
                 NoiseParams::Exponential { eta } => ("η", eta.to_f64()),
             };
             writeln!(f, "  {}", m.label)?;
-            writeln!(
-                f,
-                "    sensitivity: L1 = {}, L2 = {} ({})",
-                fmt_num(m.l1 * m.unit),
-                fmt_num(m.l2 * m.unit),
-                m.derivation
-            )?;
+            if m.l1.is_nan() {
+                writeln!(f, "    sensitivity: L2 = {} ({})", fmt_num(m.l2 * m.unit), m.derivation)?;
+            } else {
+                writeln!(
+                    f,
+                    "    sensitivity: L1 = {}, L2 = {} ({})",
+                    fmt_num(m.l1 * m.unit),
+                    fmt_num(m.l2 * m.unit),
+                    m.derivation
+                )?;
+            }
             writeln!(
                 f,
                 "    mechanism: {} with {what} = {}, ρ = {}",
@@ -163,6 +172,9 @@ impl std::fmt::Display for Explanation {
         writeln!(f, "Output columns:")?;
         for (column, accuracy) in &self.outputs {
             writeln!(f, "  {column}: {accuracy}")?;
+        }
+        if let Some(workload) = &self.workload {
+            writeln!(f, "{workload}")?;
         }
         if let Some(target) = &self.target {
             writeln!(f, "{target}")?;
@@ -193,6 +205,9 @@ impl DpSession {
     /// [`DpSession::sql_with_params`]).
     pub async fn explain_with_params(&self, sql: &str, params: &[ScalarValue]) -> Result<Explanation> {
         let label = super::execute::labelled(sql, params);
+        if let Some((g, p)) = self.prepare_grouping(sql, params).await? {
+            return Ok(self.explain_grouping(&label, &g, &p));
+        }
         prepare::grow_stack(async {
             let prepared = self.prepare(sql, params).await?;
             let dp = &prepared.dp;
@@ -246,6 +261,7 @@ impl DpSession {
                 target: self.explained_target(&quote)?,
                 reuse: self.explained_reuse(&prepared, &quote)?,
                 spread: dp.outputs.iter().any(|o| matches!(o, crate::plan::OutputKind::Spread { .. })),
+                workload: None,
                 schema: std::sync::Arc::new(dp.original.schema().as_arrow().clone()),
                 public,
             })

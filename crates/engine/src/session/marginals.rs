@@ -161,8 +161,9 @@ impl DpSession {
             MarginalLayout::Long { attribute, .. } => Some(attribute.as_str()),
             MarginalLayout::Wide(_) => None,
         };
-        let (over_limit, rows) =
-            self.bounded_rows(table, policy.privacy_unit.as_deref(), &counted, attribute, k).await?;
+        let scan = self.tables.scan(table).await?;
+        let (over_limit, rows, _) =
+            self.bounded_rows(scan, policy.privacy_unit.as_deref(), &counted, attribute, k).await?;
         marginals::check_counted_types(&histograms, &rows.schema())?;
         // A counted column without a domain must have a type whose keys are exact (no floats): the columns of a
         // wide table each, the value column (the second) of a long one.
@@ -179,19 +180,19 @@ impl DpSession {
         Ok(PreparedMarginals { histograms, plan, quote, k, selection, over_limit, rows })
     }
 
-    /// The plans of a release that bounds each unit to `k` rows while counting: every row of `table` with the
-    /// `counted` columns first, then (with a privacy `unit`) the unit's key columns (and `attribute`'s, for a long
-    /// table: k rows per unit and attribute); and the units over the limit with their row counts, which the
-    /// `RowSampler` needs. Nothing is read.
+    /// The plans of a release that bounds each unit to `k` rows while counting: every row of `scan` (a private
+    /// table's scan, possibly under WHERE filters) with the `counted` columns first, then (with a privacy `unit`)
+    /// the unit's key columns (and `attribute`'s, for a long table: k rows per unit and attribute); and the units
+    /// over the limit with their row counts, which the `RowSampler` needs; and the rows' optimized logical plan
+    /// (checked total, as every private plan). Nothing is read.
     pub(crate) async fn bounded_rows(
         &self,
-        table: &str,
+        scan: datafusion::logical_expr::LogicalPlan,
         unit: Option<&str>,
         counted: &[String],
         attribute: Option<&str>,
         k: u64,
-    ) -> Result<(Option<PrivatePlan>, PrivatePlan)> {
-        let scan = self.tables.scan(table).await?;
+    ) -> Result<(Option<PrivatePlan>, PrivatePlan, datafusion::logical_expr::LogicalPlan)> {
         let mut project: Vec<Expr> = counted.iter().map(|c| Expr::Column(Column::from_name(c))).collect();
         let (input, over_limit) = match unit {
             None => (scan, None),
@@ -210,8 +211,8 @@ impl DpSession {
             }
         };
         let rows = LogicalPlanBuilder::from(input).project(project).and_then(|b| b.build()).map_err(engine)?;
-        let (_, rows) = self.tables.plan(&rows).await?;
-        Ok((over_limit, rows))
+        let (logical, rows) = self.tables.plan(&rows).await?;
+        Ok((over_limit, rows, logical))
     }
 
     /// Whether column `c` of `table`, which has no domain, may have its keys selected: only under a zCDP budget

@@ -402,6 +402,9 @@ impl DpSession {
                 if let Some((plan, _)) = self.public_plan(q, params).await? {
                     return Ok(Arc::new(plan.schema().as_arrow().clone()));
                 }
+                if let Some((g, _)) = self.prepare_grouping(q, params).await? {
+                    return Ok(workload::grouping_schema(&g));
+                }
                 let prepared = self.prepare(q, params).await?;
                 self.quote(&prepared.dp)?;
                 Ok(Arc::new(prepared.dp.original.schema().as_arrow().clone()))

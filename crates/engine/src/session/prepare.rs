@@ -225,7 +225,7 @@ fn fresh_priority_keys(plan: Arc<LogicalPlan>) -> Result<Arc<LogicalPlan>> {
 impl DpSession {
     /// The policy of a private table named by a query: only bare names are registered, and a qualified name
     /// (catalog.schema.table) must name the default catalog and schema.
-    fn private_table(&self, t: &TableReference) -> Option<TablePolicy> {
+    pub(crate) fn private_table(&self, t: &TableReference) -> Option<TablePolicy> {
         default_schema(t).then(|| self.policies.get(t.table()).cloned()).flatten()
     }
 
@@ -302,6 +302,17 @@ impl DpSession {
     /// Everything in the module's diagram but the physical plan: the bounded plan and the optimized private plan,
     /// both checked.
     async fn check(&self, sql: &str, params: &[ScalarValue]) -> Result<Checked> {
+        let analyzed = self.analyze(sql, params).await?;
+        let dp = plan::compile(&analyzed, &|t| self.private_table(t))?;
+        let private = self.tables.optimize(&dp.private)?;
+        self.check_post_processing(&dp).await?;
+        Ok((Arc::new(dp), Arc::new(private)))
+    }
+
+    /// The module's diagram up to the compilation: `sql` parsed, its tables checked, planned, its placeholders
+    /// bound, typed by the analyzer, every constant bounded and evaluated, joins with public tables inlined.
+    pub(crate) async fn analyze(&self, sql: &str, params: &[ScalarValue]) -> Result<LogicalPlan> {
+        safety::check_statement_size(sql)?;
         let state = self.tables.state();
         let dialect = state.config().options().sql_parser.dialect;
         let statement = state.sql_to_statement(sql, &dialect).map_err(planning_error)?;
@@ -340,11 +351,7 @@ impl DpSession {
             .map_err(|e| DpError::Refused(Refusal::TypeCheck { message: crate::refusal::engine_message(&e) }))?;
         size::check_constant_sizes(&analyzed)?;
         safety::check_constants(&analyzed)?;
-        let analyzed = plan::lookup::inline_public_joins(analyzed, &|t| self.public_table(t))?;
-        let dp = plan::compile(&analyzed, &|t| self.private_table(t))?;
-        let private = self.tables.optimize(&dp.private)?;
-        self.check_post_processing(&dp).await?;
-        Ok((Arc::new(dp), Arc::new(private)))
+        plan::lookup::inline_public_joins(analyzed, &|t| self.public_table(t))
     }
 }
 

@@ -5,14 +5,22 @@
 //!
 //! Neighbouring relation: add/remove all rows of one privacy unit.
 
-use crate::accounting::calibrate::{Accounting, Calibration};
+use crate::accounting::calibrate::{Accounting, Calibration, MechanismChoice};
 use crate::error::{DpError, Result};
 use crate::marginals::{self, Lookup, MarginalBudget, MarginalSpec};
-use crate::noise::accuracy;
+use crate::noise::{Mechanism, accuracy};
+use crate::plan::grouping::{self, GroupingOutput, GroupingPlan};
 use crate::refusal::Refusal;
+use crate::release::{Accuracy, ColumnAccuracy, Parts, Release};
+use crate::session::explain::{ExplainedMeasure, Explanation};
 use crate::session::quote::Quote;
-use crate::session::{DpSession, PrivatePlan};
+use crate::session::{DpSession, PrivatePlan, Target};
 use crate::workload::{Noise, Workload, WorkloadCounter, WorkloadPlan, WorkloadRelease};
+use datafusion::arrow::array::{ArrayRef, AsArray, RecordBatch, StringArray};
+use datafusion::arrow::datatypes::{DataType, Field, Float64Type, Schema, SchemaRef};
+use datafusion::common::ScalarValue;
+use datafusion::logical_expr::LogicalPlan;
+use std::sync::Arc;
 
 /// Which marginals a workload release asks for.
 #[derive(Clone, Debug, PartialEq)]
@@ -34,6 +42,8 @@ pub(crate) struct PreparedWorkload {
     k: u64,
     over_limit: Option<PrivatePlan>,
     rows: PrivatePlan,
+    /// The rows' optimized logical plan, indented (EXPLAIN DP).
+    rows_text: String,
 }
 
 impl DpSession {
@@ -49,7 +59,13 @@ impl DpSession {
     ) -> Result<WorkloadRelease> {
         let p = self.prepare_workload(table, columns, sets, spec).await?;
         let label = label(table, &p.workload);
-        let debit = self.ledger.charge(&label, std::slice::from_ref(&p.table), p.quote.measurements.clone())?;
+        self.run_workload(&label, p).await
+    }
+
+    /// Debits `p`'s quote under `label`, counts the bounded rows into every marginal, draws the residuals' noise
+    /// and rebuilds the marginals.
+    async fn run_workload(&self, label: &str, p: PreparedWorkload) -> Result<WorkloadRelease> {
+        let debit = self.ledger.charge(label, std::slice::from_ref(&p.table), p.quote.measurements.clone())?;
         let open = self.tables.open(debit);
         let lookups: Vec<Lookup> = p.domains.iter().map(|d| Lookup::new(d)).collect();
         let mut counter = WorkloadCounter::new(&p.workload);
@@ -65,7 +81,7 @@ impl DpSession {
         let measured = noise.measure(&p.workload, &counter.counts(), &mut *self.lock_rng()?)?;
         let labels: Vec<Vec<String>> =
             p.domains.iter().map(|d| d.iter().map(marginals::domain_label).collect()).collect();
-        Ok(WorkloadRelease::new(table, &p.workload, &labels, measured, p.plan, charge, self.status()?))
+        Ok(WorkloadRelease::new(&p.table, &p.workload, &labels, measured, p.plan, charge, self.status()?))
     }
 
     /// What [`DpSession::workload`] would do and cost — each marginal's accuracy, each residual's share of ρ, the
@@ -83,6 +99,19 @@ impl DpSession {
     async fn prepare_workload(
         &self,
         table: &str,
+        columns: &[String],
+        sets: &WorkloadSets,
+        spec: &MarginalSpec,
+    ) -> Result<PreparedWorkload> {
+        let scan = self.tables.scan(table).await?;
+        self.prepare_workload_over(table, scan, columns, sets, spec).await
+    }
+
+    /// [`DpSession::prepare_workload`] over the rows of `input` (`table`'s scan, possibly under WHERE filters).
+    async fn prepare_workload_over(
+        &self,
+        table: &str,
+        input: LogicalPlan,
         columns: &[String],
         sets: &WorkloadSets,
         spec: &MarginalSpec,
@@ -127,7 +156,8 @@ impl DpSession {
         let (cals, noise) = calibrate(&workload, k, spec.budget, confidence)?;
         let quote = Quote::new(cals, self.defaults.delta, confidence, &self.quotes)?;
         let plan = WorkloadPlan::new(&workload, k, &noise, quote.epsilon, confidence);
-        let (over_limit, rows) = self.bounded_rows(table, policy.privacy_unit.as_deref(), columns, None, k).await?;
+        let (over_limit, rows, logical) =
+            self.bounded_rows(input, policy.privacy_unit.as_deref(), columns, None, k).await?;
         let histograms = marginals::Histograms {
             table: table.to_string(),
             names: columns.to_vec(),
@@ -136,7 +166,18 @@ impl DpSession {
             consistency: false,
         };
         marginals::check_counted_types(&histograms, &rows.schema())?;
-        Ok(PreparedWorkload { table: table.to_string(), workload, domains, plan, quote, k, over_limit, rows })
+        let rows_text = logical.display_indent().to_string();
+        Ok(PreparedWorkload {
+            table: table.to_string(),
+            workload,
+            domains,
+            plan,
+            quote,
+            k,
+            over_limit,
+            rows,
+            rows_text,
+        })
     }
 }
 
@@ -177,4 +218,214 @@ fn label(table: &str, w: &Workload) -> String {
         .map(|s| format!("({})", s.iter().map(|&i| w.names()[i].as_str()).collect::<Vec<_>>().join(", ")))
         .collect();
     marginals::cut_label(format!("WORKLOAD {table}: {}", sets.join(", ")))
+}
+
+/// Whether `sql` may group by a grouping set (a cheap test on the text before the plan decides: a statement that
+/// does not name GROUPING, CUBE or ROLLUP takes the usual path unchanged).
+fn mentions_grouping(sql: &str) -> bool {
+    let lower = sql.to_ascii_lowercase();
+    ["grouping", "cube", "rollup"].iter().any(|w| lower.contains(w))
+}
+
+impl DpSession {
+    /// A statement that groups by GROUPING SETS, CUBE or ROLLUP, checked and planned as a workload release at the
+    /// session's settings (`dp.rho` or `dp.target`, `dp.confidence`); None for any other statement. Spends
+    /// nothing, reads no data.
+    pub(crate) async fn prepare_grouping(
+        &self,
+        sql: &str,
+        params: &[ScalarValue],
+    ) -> Result<Option<(GroupingPlan, PreparedWorkload)>> {
+        if !mentions_grouping(sql) {
+            return Ok(None);
+        }
+        let analyzed = super::grow_stack(self.analyze(sql, params)).await?;
+        let Some(g) = grouping::grouping_plan(&analyzed, &|t| self.private_table(t).is_some())? else {
+            return Ok(None);
+        };
+        let (rho, mech, confidence) = self.query_settings()?;
+        if mech == MechanismChoice::Fixed(Mechanism::Laplace) {
+            return Err(DpError::Refused(Refusal::GroupingSets {
+                why: "are released with Gaussian noise: SET dp.mechanism = 'gaussian' (or 'auto') first".into(),
+            }));
+        }
+        let count = g.outputs.iter().find(|(_, o)| *o == GroupingOutput::Count).map(|(n, _)| n.as_str());
+        let budget = match self.target()? {
+            None => MarginalBudget::Rho(rho.get()),
+            Some(Target::All(h)) => MarginalBudget::TargetHalfWidth(h),
+            Some(Target::Columns(list)) => match list.as_slice() {
+                [(c, h)] if Some(c.as_str()) == count => MarginalBudget::TargetHalfWidth(*h),
+                _ => {
+                    let why = "take dp.target on their count only (SET dp.target = '±10')".into();
+                    return Err(DpError::Refused(Refusal::GroupingSets { why }));
+                }
+            },
+        };
+        let spec = MarginalSpec { budget, consistency: true, confidence: Some(confidence), selection_delta: None };
+        let sets = WorkloadSets::Sets(g.sets.clone());
+        let p = self.prepare_workload_over(g.table.table(), g.input.clone(), &g.columns, &sets, &spec).await?;
+        // Every domain value must convert to its key's type: checked here, so that the release cannot fail on it.
+        let schema = grouping_schema(&g);
+        for ((_, what), field) in g.outputs.iter().zip(schema.fields()) {
+            if let GroupingOutput::Key(i) = what {
+                let labels = p.domains[*i].iter().map(marginals::domain_label).collect::<Vec<_>>();
+                typed_keys(&(Arc::new(StringArray::from(labels)) as ArrayRef), field)?;
+            }
+        }
+        Ok(Some((g, p)))
+    }
+
+    /// The release of a grouping-sets statement prepared by [`DpSession::prepare_grouping`]: one charge under the
+    /// statement's text `label`, then the rows in SELECT order, marginal after marginal (in the order the
+    /// statement lists them), each marginal's cells in domain order; NULL in a key the marginal does not group by.
+    pub(crate) async fn answer_grouping(&self, label: &str, g: GroupingPlan, p: PreparedWorkload) -> Result<Release> {
+        let query_epsilon = p.quote.epsilon;
+        let r = self.run_workload(label, p).await?;
+        let confidence = r.plan().confidence;
+        let schema = grouping_schema(&g);
+        // The release's cells (`marginal`, one text column per key, `count`, `ci_half_width`), in SELECT order.
+        let cells = r.to_record_batch(&g.columns)?;
+        let (count, half) = (cells.column(g.columns.len() + 1), cells.column(g.columns.len() + 2));
+        let (count, half) = (count.as_primitive::<Float64Type>(), half.as_primitive::<Float64Type>());
+        let intervals: Vec<[f64; 2]> =
+            count.values().iter().zip(half.values().iter()).map(|(c, h)| [c - h, c + h]).collect();
+        let mut arrays: Vec<ArrayRef> = vec![];
+        let mut accuracy = vec![];
+        for ((name, what), field) in g.outputs.iter().zip(schema.fields()) {
+            let (array, a): (ArrayRef, Accuracy) = match what {
+                GroupingOutput::Key(i) => (typed_keys(cells.column(1 + i), field)?, Accuracy::Public),
+                GroupingOutput::Count => {
+                    (Arc::new(count.clone()) as ArrayRef, Accuracy::PerRow { confidence, intervals: intervals.clone() })
+                }
+            };
+            arrays.push(array);
+            accuracy.push(ColumnAccuracy { column: name.clone(), accuracy: a });
+        }
+        let batch = RecordBatch::try_new(schema.clone(), arrays).map_err(|e| DpError::Internal(e.to_string()))?;
+        let parts = Parts {
+            sql: label.to_string(),
+            schema,
+            batches: vec![batch],
+            accuracy,
+            query_epsilon,
+            session_epsilon: self.ledger.epsilon(self.defaults.delta)?,
+            budget: *r.budget(),
+            note: None,
+        };
+        Ok(Release::new(parts, r.charge().clone()))
+    }
+
+    /// `EXPLAIN DP` of a grouping-sets statement: the rows that are counted, each residual's share of ρ, each
+    /// marginal's accuracy and the cost, before anything is spent.
+    pub(crate) fn explain_grouping(&self, label: &str, g: &GroupingPlan, p: &PreparedWorkload) -> Explanation {
+        let plan = &p.plan;
+        let measures = plan
+            .residuals
+            .iter()
+            .zip(&p.quote.measurements)
+            .map(|(r, c)| ExplainedMeasure {
+                label: format!(
+                    "residual of {}",
+                    if r.columns.is_empty() { "the total".into() } else { r.columns.join(" × ") }
+                ),
+                l1: f64::NAN,
+                l2: c.sensitivity(),
+                derivation: format!("k·√p, p = Π (n − 1)/n over its columns; {} contrasts", r.contrasts),
+                calibration: c.clone(),
+                std: r.sigma,
+                ci_half_width: crate::workload::half_width(r.sigma * r.sigma, plan.confidence),
+                unit: 1.0,
+            })
+            .collect();
+        let schema = grouping_schema(g);
+        let outputs = g
+            .outputs
+            .iter()
+            .map(|(name, what)| {
+                let text = match what {
+                    GroupingOutput::Key(_) => "public key from the declared domain (NULL where a marginal does not \
+                                               group by it)"
+                        .to_string(),
+                    GroupingOutput::Count => format!(
+                        "least-squares count, consistent across marginals; ± its marginal's half-width at {}% \
+                         (below)",
+                        plan.confidence * 100.0
+                    ),
+                };
+                (name.clone(), text)
+            })
+            .collect();
+        let public = g.outputs.iter().map(|(_, o)| matches!(o, GroupingOutput::Key(_))).collect();
+        Explanation {
+            sql: label.to_string(),
+            private_plan: p.rows_text.clone(),
+            cells: Some(plan.sets.iter().map(|s| s.cells as u64).sum()),
+            selection: None,
+            join: None,
+            measures,
+            rho: p.quote.rho.get(),
+            epsilon: p.quote.epsilon,
+            confidence: plan.confidence,
+            outputs,
+            target: None,
+            reuse: None,
+            spread: false,
+            workload: Some(describe_workload(plan)),
+            schema,
+            public,
+        }
+    }
+}
+
+/// The workload part of EXPLAIN DP: each marginal's accuracy and the total variance against the optimum and
+/// against answering the marginals one by one.
+fn describe_workload(plan: &WorkloadPlan) -> String {
+    use crate::format::fmt_num;
+    let mut lines = vec![format!(
+        "Workload: {} marginals from one charge, rows bounded to k = {} per unit; each cell ± at {}% (sub-Gaussian \
+         bound):",
+        plan.sets.len(),
+        plan.rows_per_unit,
+        plan.confidence * 100.0
+    )];
+    for s in &plan.sets {
+        let name = if s.columns.is_empty() { "()".to_string() } else { format!("({})", s.columns.join(", ")) };
+        lines.push(format!("  {name}: {} cells, std {}, ± {}", s.cells, fmt_num(s.std), fmt_num(s.ci_half_width)));
+    }
+    lines.push(format!(
+        "Sum of every cell's variance: {} (ResidualPlanner's optimum for this ρ: {}; each marginal alone at ρ/{}: {})",
+        fmt_num(plan.total_variance),
+        fmt_num(plan.optimal_variance),
+        plan.sets.len(),
+        fmt_num(plan.one_by_one_variance)
+    ));
+    lines.join("\n")
+}
+
+/// A key column's domain labels (NULL where a marginal does not group by it) as the statement types the key.
+/// Every label converts (checked before the debit by [`DpSession::prepare_grouping`]).
+fn typed_keys(labels: &ArrayRef, field: &Field) -> Result<ArrayRef> {
+    let strict = datafusion::arrow::compute::CastOptions { safe: false, ..Default::default() };
+    datafusion::arrow::compute::cast_with_options(labels, field.data_type(), &strict).map_err(|_| {
+        DpError::Config(format!(
+            "the domain of `{}` declares values that are not of the column's type {}",
+            field.name(),
+            field.data_type()
+        ))
+    })
+}
+
+/// The output schema of a grouping-sets statement: its keys as the statement types them (nullable: NULL where a
+/// marginal does not group by them), and the count as Float64 (a least-squares estimate).
+pub(crate) fn grouping_schema(g: &GroupingPlan) -> SchemaRef {
+    let fields: Vec<Field> = g
+        .outputs
+        .iter()
+        .zip(g.schema.fields())
+        .map(|((name, what), f)| match what {
+            GroupingOutput::Key(_) => Field::new(name, f.data_type().clone(), true),
+            GroupingOutput::Count => Field::new(name, DataType::Float64, false),
+        })
+        .collect();
+    Arc::new(Schema::new(fields))
 }

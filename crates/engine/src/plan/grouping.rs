@@ -1,0 +1,168 @@
+//! `GROUP BY GROUPING SETS (...)`, `CUBE (...)` and `ROLLUP (...)`: one statement, many marginals, released as
+//! one workload ([`crate::workload`]: one charge, the noise of every cell chosen jointly, consistent counts).
+//!
+//! Accepted shape: `SELECT <keys>, COUNT(*) [AS n] FROM t [WHERE ...] GROUP BY GROUPING SETS ((a, b), (a), ())`
+//! (or `CUBE (a, b)`, `ROLLUP (a, b)`): a projection of the keys and the count over exactly one Aggregate whose
+//! grouping is one grouping set of bare columns of one private table, and whose only aggregate is COUNT(*); below
+//! it, the WHERE chain every query may have ([`validate::locate`] checks it). Each key needs a public domain (the
+//! session checks the policy). Anything else that groups by a grouping set is refused with what to write instead.
+//! Neighbouring relation: add/remove all rows of one privacy unit.
+
+use crate::error::{DpError, Result};
+use crate::plan::validate;
+use crate::refusal::Refusal;
+use datafusion::common::TableReference;
+use datafusion::common::tree_node::TreeNode;
+use datafusion::functions_aggregate::count::Count;
+use datafusion::logical_expr::{Expr, GroupingSet, LogicalPlan};
+
+/// At most this many columns under CUBE (2^12 = 4096 marginals, [`crate::workload::MAX_SETS`]).
+const MAX_CUBE: usize = 12;
+
+/// One output column of a grouping-sets statement.
+#[derive(Clone, Debug, PartialEq)]
+pub enum GroupingOutput {
+    /// The key column `columns[i]` (NULL in the rows of a marginal that does not group by it).
+    Key(usize),
+    /// The noisy count.
+    Count,
+}
+
+/// A grouping-sets statement, checked: what the workload release needs.
+#[derive(Clone, Debug)]
+pub struct GroupingPlan {
+    /// The private table.
+    pub table: TableReference,
+    /// The aggregate's input: the scan and its WHERE chain, as planned.
+    pub input: LogicalPlan,
+    /// The key columns (their names in `input`), in order of first appearance.
+    pub columns: Vec<String>,
+    /// The marginals, each a list of key columns, in the order the statement lists them.
+    pub sets: Vec<Vec<String>>,
+    /// The output columns in SELECT order: name and what it holds.
+    pub outputs: Vec<(String, GroupingOutput)>,
+    /// The statement's output schema (the keys' types).
+    pub schema: datafusion::common::DFSchemaRef,
+}
+
+fn refuse<T>(why: impl Into<String>) -> Result<T> {
+    Err(DpError::Refused(Refusal::GroupingSets { why: why.into() }))
+}
+
+/// Whether `plan` groups by a grouping set anywhere.
+pub fn has_grouping_set(plan: &LogicalPlan) -> bool {
+    plan.exists(|n| {
+        Ok(matches!(n, LogicalPlan::Aggregate(a) if a.group_expr.iter().any(|e| matches!(e, Expr::GroupingSet(_)))))
+    })
+    .unwrap_or(false)
+}
+
+/// The grouping-sets statement `plan`, checked (None when it groups by no grouping set).
+pub fn grouping_plan(plan: &LogicalPlan, is_private: &dyn Fn(&TableReference) -> bool) -> Result<Option<GroupingPlan>> {
+    if !has_grouping_set(plan) {
+        return Ok(None);
+    }
+    let located = validate::locate(plan, is_private)?;
+    if located.tables.len() != 1 {
+        return refuse("read one private table here (no joins)");
+    }
+    let agg = located.aggregate;
+    let [Expr::GroupingSet(gs)] = agg.group_expr.as_slice() else {
+        return refuse("must be the whole GROUP BY here, not mixed with other keys");
+    };
+    // The sets, as lists of key expressions.
+    let lists: Vec<Vec<Expr>> = match gs {
+        GroupingSet::GroupingSets(sets) => sets.clone(),
+        GroupingSet::Rollup(e) => (0..=e.len()).rev().map(|i| e[..i].to_vec()).collect(),
+        GroupingSet::Cube(e) if e.len() > MAX_CUBE => {
+            return refuse(format!("can take at most {MAX_CUBE} columns under CUBE ({} given)", e.len()));
+        }
+        GroupingSet::Cube(e) => {
+            let mut subsets: Vec<Vec<Expr>> = (0u32..1 << e.len())
+                .map(|m| e.iter().enumerate().filter(|(b, _)| m >> b & 1 == 1).map(|(_, x)| x.clone()).collect())
+                .collect();
+            subsets.sort_by_key(|s: &Vec<Expr>| std::cmp::Reverse(s.len()));
+            subsets
+        }
+    };
+    if lists.len() > crate::workload::MAX_SETS {
+        return Err(DpError::Refused(Refusal::WorkloadTooLarge {
+            what: "marginals".into(),
+            limit: crate::workload::MAX_SETS as u64,
+        }));
+    }
+    let mut columns: Vec<String> = vec![];
+    let mut sets = vec![];
+    for list in &lists {
+        let mut set = vec![];
+        for e in list {
+            let Expr::Column(c) = validate::strip_aliases(e) else {
+                return refuse(format!("group by bare columns here; `{e}` is computed"));
+            };
+            if !columns.contains(&c.name) {
+                columns.push(c.name.clone());
+            }
+            set.push(c.name.clone());
+        }
+        sets.push(set);
+    }
+    check_count(agg)?;
+    let outputs = outputs(plan, agg, &columns)?;
+    Ok(Some(GroupingPlan {
+        table: located.table,
+        input: agg.input.as_ref().clone(),
+        columns,
+        sets,
+        outputs,
+        schema: plan.schema().clone(),
+    }))
+}
+
+/// The only aggregate must be a plain COUNT(*).
+fn check_count(agg: &datafusion::logical_expr::Aggregate) -> Result<()> {
+    let [a] = agg.aggr_expr.as_slice() else {
+        return refuse(format!("take exactly one aggregate here, COUNT(*) ({} given)", agg.aggr_expr.len()));
+    };
+    let ok = match validate::strip_aliases(a) {
+        Expr::AggregateFunction(af) => {
+            let p = &af.params;
+            af.func.inner().is::<Count>()
+                && !p.distinct
+                && p.filter.is_none()
+                && p.order_by.is_empty()
+                && (p.args.is_empty() || matches!(p.args.as_slice(), [Expr::Literal(v, _)] if !v.is_null()))
+        }
+        _ => false,
+    };
+    if ok { Ok(()) } else { refuse(format!("count rows with COUNT(*) here, not `{a}`")) }
+}
+
+/// The output columns: one projection of the aggregate's keys and count, directly above it.
+fn outputs(
+    plan: &LogicalPlan,
+    agg: &datafusion::logical_expr::Aggregate,
+    columns: &[String],
+) -> Result<Vec<(String, GroupingOutput)>> {
+    let not_plain = "return the keys and COUNT(*) as they are here (ORDER BY, HAVING, LIMIT and expressions over a \
+                     grouping-sets result are not supported)";
+    let LogicalPlan::Projection(p) = plan else { return refuse(not_plain) };
+    if !matches!(p.input.as_ref(), LogicalPlan::Aggregate(_)) {
+        return refuse(not_plain);
+    }
+    let count_name = agg.aggr_expr.first().map(|a| a.schema_name().to_string()).unwrap_or_default();
+    p.expr
+        .iter()
+        .zip(p.schema.fields())
+        .map(|(e, out)| {
+            let Expr::Column(c) = validate::strip_aliases(e) else { return refuse(not_plain) };
+            let what = if c.name == count_name {
+                GroupingOutput::Count
+            } else if let Some(i) = columns.iter().position(|k| *k == c.name) {
+                GroupingOutput::Key(i)
+            } else {
+                return refuse(format!("select only the keys and COUNT(*) here, not `{}`", c.name));
+            };
+            Ok((out.name().clone(), what))
+        })
+        .collect()
+}
