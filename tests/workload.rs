@@ -265,3 +265,40 @@ async fn grouping_sets_have_the_same_shape_on_neighbouring_tables() {
     }
     assert_eq!(seen[0], seen[1]);
 }
+
+/// `dp.reuse = 'exact'` (the default): the same workload asked again is rebuilt from its stored measurements, the
+/// same numbers at no cost, and says so; concurrent duplicates share one charge and one draw; another WHERE is
+/// another workload; `SET dp.reuse = 'off'` pays again.
+#[tokio::test]
+async fn a_repeated_workload_is_answered_from_its_charge() {
+    let s = session_from(&crate::support::with_reuse(&pums_config("pums_pid.csv", 10.0, 1, 1))).await;
+    let sql = "SELECT sex, race, COUNT(*) AS n FROM pums GROUP BY CUBE (sex, race)";
+    let first = release(&s, sql).await;
+    assert!(s.explain(sql).await.unwrap().reuse.is_some_and(|r| r.starts_with("Reused: charge #")));
+    let again = release(&s, sql).await;
+    assert_eq!(crate::support::column_f64(&first, 2), crate::support::column_f64(&again, 2));
+    assert_eq!(first.accuracy(), again.accuracy(), "the original accuracy statement");
+    assert!(first.note().is_none());
+    assert!(again.note().is_some_and(|n| n.starts_with("reused from charge #")), "{:?}", again.note());
+    assert_eq!(s.budget().unwrap().charges.len(), 1);
+    // Concurrent duplicates of a new workload: one charge, one draw.
+    let other = "SELECT sex, married, COUNT(*) AS n FROM pums GROUP BY ROLLUP (sex, married)";
+    let (x, y) = tokio::join!(release(&s, other), release(&s, other));
+    assert_eq!(crate::support::column_f64(&x, 2), crate::support::column_f64(&y, 2));
+    assert_eq!(s.budget().unwrap().charges.len(), 2);
+    // Another WHERE is another workload; so is the same one with reuse off.
+    release(&s, "SELECT sex, race, COUNT(*) AS n FROM pums WHERE age > 30 GROUP BY CUBE (sex, race)").await;
+    assert_eq!(s.budget().unwrap().charges.len(), 3);
+    s.sql("SET dp.reuse = 'off'").await.unwrap();
+    assert!(release(&s, sql).await.note().is_none());
+    assert_eq!(s.budget().unwrap().charges.len(), 4);
+    // The library's releases reuse the same way.
+    s.sql("SET dp.reuse = 'exact'").await.unwrap();
+    let cols: Vec<String> = ["married", "educ"].iter().map(|c| c.to_string()).collect();
+    let spec = MarginalSpec::rho(0.05);
+    let a = s.workload("pums", &cols, &WorkloadSets::Ways(2), &spec).await.unwrap();
+    let b = s.workload("pums", &cols, &WorkloadSets::Ways(2), &spec).await.unwrap();
+    assert_eq!((a.reused_from(), b.reused_from()), (None, Some(a.charge().id())));
+    assert_eq!(a.marginals()[0].counts, b.marginals()[0].counts);
+    assert_eq!(s.budget().unwrap().charges.len(), 5);
+}

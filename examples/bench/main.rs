@@ -212,6 +212,27 @@ fn persons_beside(visits: &Path) -> Res<PathBuf> {
     Ok(visits.with_file_name(format!("persons_{}.parquet", n / 10)))
 }
 
+/// The person ids of a generated table: 1–5 consecutive rows per person (as in `people`), in order.
+#[derive(Default)]
+struct Persons {
+    person: i64,
+    left: u32,
+}
+
+impl Persons {
+    /// The ids of the next `n` rows.
+    fn ids(&mut self, n: usize, rng: &mut impl Rng) -> Int64Array {
+        Int64Array::from_iter_values((0..n).map(|_| {
+            if self.left == 0 {
+                self.person += 1;
+                self.left = rng.random_range(1..=5);
+            }
+            self.left -= 1;
+            self.person
+        }))
+    }
+}
+
 fn gen_wide(rows: usize, cols: usize, out: &Path) -> Res<PathBuf> {
     std::fs::create_dir_all(out)?;
     let path = out.join(format!("wide_{rows}x{cols}.parquet"));
@@ -220,18 +241,10 @@ fn gen_wide(rows: usize, cols: usize, out: &Path) -> Res<PathBuf> {
     let schema = Arc::new(Schema::new(fields));
     let mut w = ArrowWriter::try_new(std::fs::File::create(&path)?, schema.clone(), None)?;
     let mut rng = rand::rngs::StdRng::seed_from_u64(7);
-    let (mut done, mut person, mut left) = (0usize, 0i64, 0u32);
+    let (mut done, mut persons) = (0usize, Persons::default());
     while done < rows {
         let n = (rows - done).min(1 << 14);
-        // 1–5 consecutive rows per person, as in `people`.
-        let ids = Int64Array::from_iter_values((0..n).map(|_| {
-            if left == 0 {
-                person += 1;
-                left = rng.random_range(1..=5);
-            }
-            left -= 1;
-            person
-        }));
+        let ids = persons.ids(n, &mut rng);
         let mut arrays: Vec<ArrayRef> = vec![Arc::new(ids)];
         arrays.extend((0..cols).map(|j| {
             Arc::new(Int8Array::from_iter_values(

@@ -8,7 +8,7 @@
 //! ```
 
 use super::{Res, Took, cpu_seconds, median};
-use datafusion::arrow::array::{Array, ArrayRef, AsArray, Int8Array, Int64Array, RecordBatch};
+use datafusion::arrow::array::{Array, ArrayRef, AsArray, Int8Array, RecordBatch};
 use datafusion::arrow::datatypes::{DataType, Field, Int64Type, Schema};
 use datafusion::parquet::arrow::ArrowWriter;
 use datafusion::prelude::{ParquetReadOptions, SessionContext};
@@ -36,17 +36,10 @@ pub(crate) fn gen_pums8(rows: usize, out: &Path) -> Res<PathBuf> {
     let mut w = ArrowWriter::try_new(std::fs::File::create(&path)?, schema.clone(), None)?;
     let mut rng = rand::rngs::StdRng::seed_from_u64(11);
     let weights: Vec<Vec<f64>> = PUMS8.iter().map(|(_, n)| (0..*n).map(|v| 1.0 / (v + 1) as f64).collect()).collect();
-    let (mut done, mut person, mut left) = (0usize, 0i64, 0u32);
+    let (mut done, mut persons) = (0usize, super::Persons::default());
     while done < rows {
         let n = (rows - done).min(1 << 14);
-        let ids = Int64Array::from_iter_values((0..n).map(|_| {
-            if left == 0 {
-                person += 1;
-                left = rng.random_range(1..=5);
-            }
-            left -= 1;
-            person
-        }));
+        let ids = persons.ids(n, &mut rng);
         let mut arrays: Vec<ArrayRef> = vec![Arc::new(ids)];
         for wts in &weights {
             let dist = rand::distr::weighted::WeightedIndex::new(wts)?;

@@ -268,11 +268,14 @@ async fn run_workload(
         super::progress::with_progress(s, &what, s.workload(&a.table, columns, &sets, spec)).await?;
     let json = || serde_json::to_vec_pretty(&r).map_err(|e| DpError::Internal(e.to_string()));
     write_batch(r.to_record_batch(columns)?, json, a.format, a.out.as_deref(), a.force)?;
+    if let Some(id) = r.reused_from() {
+        eprintln!("reused from charge #{id}: the same marginals were released before, so nothing was spent");
+    }
     eprintln!(
         "released {} marginals ({} cells) in one charge · ρ spent {} · remaining {}",
         r.marginals().len(),
         r.marginals().iter().map(|m| m.counts.len()).sum::<usize>(),
-        dpfusion::format::fmt_num(r.charge().rho().get()),
+        dpfusion::format::fmt_num(if r.reused_from().is_some() { 0.0 } else { r.charge().rho().get() }),
         dpfusion::format::fmt_num(r.budget().rho_remaining)
     );
     Ok(true)

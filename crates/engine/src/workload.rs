@@ -312,9 +312,9 @@ impl Noise {
         w.sets.iter().map(|s| w.cell_variance(s, &self.sigma_sq) * self.excess).collect()
     }
 
-    /// Measures every residual of `w` from the exact marginals `exact` (one per set, in `w.sets()` order) and
-    /// rebuilds every marginal.
-    pub(crate) fn measure(&self, w: &Workload, exact: &[Vec<i64>], rng: &mut NoiseRng) -> Result<Measured> {
+    /// Measures every residual of `w` from the exact marginals `exact` (one per set, in `w.sets()` order): its
+    /// noisy contrasts (none for a residual without contrasts).
+    pub(crate) fn draw(&self, w: &Workload, exact: &[Vec<i64>], rng: &mut NoiseRng) -> Result<Vec<Vec<i128>>> {
         let mut residuals = Vec::with_capacity(w.residuals.len());
         for (a, samplers) in w.residuals.iter().zip(&self.samplers) {
             if w.contrasts(a) == 0 {
@@ -329,9 +329,44 @@ impl Noise {
             }
             residuals.push(noisy);
         }
-        let marginals = rebuild(w, &residuals);
-        Ok(Measured { marginals, residuals })
+        Ok(residuals)
     }
+}
+
+impl Measured {
+    /// Every marginal of `w` rebuilt from its residuals' noisy contrasts (drawn now, or stored by an earlier
+    /// release of the same workload: post-processing either way). Fails if they are not `w`'s.
+    pub(crate) fn of(w: &Workload, residuals: Vec<Vec<i128>>) -> Result<Self> {
+        let fits = residuals.len() == w.residuals.len()
+            && w.residuals
+                .iter()
+                .zip(&residuals)
+                .all(|(a, y)| y.len() == if w.contrasts(a) == 0 { 0 } else { w.contrasts(a) });
+        if !fits {
+            return Err(DpError::Ledger("the stored measurements are not this workload's".into()));
+        }
+        Ok(Measured { marginals: rebuild(w, &residuals), residuals })
+    }
+
+    /// The noisy contrasts as the ledger stores them.
+    pub(crate) fn to_bytes(residuals: &[Vec<i128>]) -> Result<Vec<u8>> {
+        serde_json::to_vec(&StoredResiduals { workload: 1, residuals: residuals.to_vec() })
+            .map_err(|e| DpError::Internal(e.to_string()))
+    }
+
+    /// The noisy contrasts stored by [`Measured::to_bytes`].
+    pub(crate) fn from_bytes(bytes: &[u8]) -> Result<Vec<Vec<i128>>> {
+        let stored: StoredResiduals = serde_json::from_slice(bytes)
+            .map_err(|e| DpError::Ledger(format!("stored workload measurements cannot be read: {e}")))?;
+        Ok(stored.residuals)
+    }
+}
+
+/// A workload's noisy contrasts in the ledger (format 1).
+#[derive(serde::Serialize, serde::Deserialize)]
+struct StoredResiduals {
+    workload: u32,
+    residuals: Vec<Vec<i128>>,
 }
 
 /// σ²·m exactly, or rounded up to fit the sampler (numerator below 2⁶³) when it does not.
@@ -645,6 +680,9 @@ pub struct WorkloadRelease {
     plan: WorkloadPlan,
     charge: Charge,
     budget: BudgetStatus,
+    /// When answered from an earlier charge of the same workload (`SET dp.reuse = 'exact'`): that charge's id.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reused_from: Option<u64>,
 }
 
 impl WorkloadRelease {
@@ -683,7 +721,19 @@ impl WorkloadRelease {
             .filter(|(a, _)| w.contrasts(a) > 0)
             .map(|(a, noisy)| WorkloadResidual { columns: a.iter().map(|&i| w.names[i].clone()).collect(), noisy })
             .collect();
-        WorkloadRelease { table: table.to_string(), marginals, residuals, plan, charge, budget }
+        let reused_from = None;
+        WorkloadRelease { table: table.to_string(), marginals, residuals, plan, charge, budget, reused_from }
+    }
+
+    /// This release, marked as answered from the earlier charge it holds (nothing was spent for it).
+    pub(crate) fn reused(mut self) -> Self {
+        self.reused_from = Some(self.charge.id());
+        self
+    }
+
+    /// When the release was answered from an earlier charge of the same workload, at no cost: its id.
+    pub fn reused_from(&self) -> Option<u64> {
+        self.reused_from
     }
 
     /// The table.

@@ -198,3 +198,15 @@ def test_a_repeated_query_is_answered_again_for_free(session):
     session.sql("SET dp.reuse = 'off'")
     session.sql(COUNT_BY_SEX)
     assert spent(session) == pytest.approx(before + 0.05)
+
+
+def test_grouping_sets_are_one_consistent_charge(session):
+    r = session.sql("SELECT sex, married, COUNT(*) AS n FROM pums GROUP BY ROLLUP (sex, married)")
+    t = r.to_arrow()
+    assert t.column("sex").to_pylist() == [0, 0, 1, 1, 0, 1, None]
+    assert t.column("married").to_pylist() == [0, 1, 0, 1, None, None, None]
+    n = t.column("n").to_pylist()
+    assert sum(n[:4]) == pytest.approx(n[6]) and sum(n[4:6]) == pytest.approx(n[6])
+    assert r.accuracy["n"]["kind"] == "per_row" and len(r.accuracy["n"]["intervals"]) == 7
+    assert spent(session) == pytest.approx(0.05)
+    assert "Workload: 2 marginals" in str(session.explain("SELECT sex, COUNT(*) FROM pums GROUP BY CUBE (sex)"))

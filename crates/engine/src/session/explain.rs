@@ -206,7 +206,7 @@ impl DpSession {
     pub async fn explain_with_params(&self, sql: &str, params: &[ScalarValue]) -> Result<Explanation> {
         let label = super::execute::labelled(sql, params);
         if let Some((g, p)) = self.prepare_grouping(sql, params).await? {
-            return Ok(self.explain_grouping(&label, &g, &p));
+            return self.explain_grouping(&label, &g, &p);
         }
         prepare::grow_stack(async {
             let prepared = self.prepare(sql, params).await?;

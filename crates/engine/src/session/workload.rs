@@ -5,7 +5,9 @@
 //!
 //! Neighbouring relation: add/remove all rows of one privacy unit.
 
+use crate::accounting::Debit;
 use crate::accounting::calibrate::{Accounting, Calibration, MechanismChoice};
+use crate::accounting::ledger::{Claim, Prior};
 use crate::error::{DpError, Result};
 use crate::marginals::{self, Lookup, MarginalBudget, MarginalSpec};
 use crate::noise::{Mechanism, accuracy};
@@ -14,8 +16,9 @@ use crate::refusal::Refusal;
 use crate::release::{Accuracy, ColumnAccuracy, Parts, Release};
 use crate::session::explain::{ExplainedMeasure, Explanation};
 use crate::session::quote::Quote;
+use crate::session::reuse::{REUSE_PREFIX, Reuse};
 use crate::session::{DpSession, PrivatePlan, Target};
-use crate::workload::{Noise, Workload, WorkloadCounter, WorkloadPlan, WorkloadRelease};
+use crate::workload::{Measured, Noise, Workload, WorkloadCounter, WorkloadPlan, WorkloadRelease};
 use datafusion::arrow::array::{ArrayRef, AsArray, RecordBatch, StringArray};
 use datafusion::arrow::datatypes::{DataType, Field, Float64Type, Schema, SchemaRef};
 use datafusion::common::ScalarValue;
@@ -63,9 +66,33 @@ impl DpSession {
     }
 
     /// Debits `p`'s quote under `label`, counts the bounded rows into every marginal, draws the residuals' noise
-    /// and rebuilds the marginals.
+    /// and rebuilds the marginals. With `SET dp.reuse = 'exact'` (the default) the draw is stored under the
+    /// workload's reuse key ([`workload_key`], claimed in the ledger as a request id is: one charge, first draw
+    /// wins), and the same workload asked again is rebuilt from it, spending nothing.
     async fn run_workload(&self, label: &str, p: PreparedWorkload) -> Result<WorkloadRelease> {
-        let debit = self.ledger.charge(label, std::slice::from_ref(&p.table), p.quote.measurements.clone())?;
+        let tables = std::slice::from_ref(&p.table);
+        let cals = p.quote.measurements.clone();
+        let Some(key) = (self.reuse() == Reuse::Exact).then(|| workload_key(&p)) else {
+            let debit = self.ledger.charge(label, tables, cals)?;
+            return self.draw_workload(p, debit, None).await;
+        };
+        match self.ledger.claim(label, &key, tables, cals)? {
+            Claim::New(debit) | Claim::Resumed(debit) => self.draw_workload(p, debit, Some(&key)).await,
+            Claim::Existing(Prior::Drawn(charge, bytes)) if !bytes.is_empty() => {
+                let measured = Measured::of(&p.workload, Measured::from_bytes(&bytes)?)?;
+                let labels = domain_labels(&p);
+                let r = WorkloadRelease::new(&p.table, &p.workload, &labels, measured, p.plan, charge, self.status()?);
+                Ok(r.reused())
+            }
+            Claim::Existing(_) => {
+                Err(DpError::Ledger(format!("the workload stored under `{key}` has no measurements")))
+            }
+        }
+    }
+
+    /// [`DpSession::run_workload`] under `debit`: the one run, the one draw (stored under `key` before anything
+    /// is derived from it; a draw stored first by a concurrent run of the same workload is used instead).
+    async fn draw_workload(&self, p: PreparedWorkload, debit: Debit, key: Option<&str>) -> Result<WorkloadRelease> {
         let open = self.tables.open(debit);
         let lookups: Vec<Lookup> = p.domains.iter().map(|d| Lookup::new(d)).collect();
         let mut counter = WorkloadCounter::new(&p.workload);
@@ -78,9 +105,12 @@ impl DpSession {
         .await?;
         let charge = open.close();
         let noise = Noise::new(&p.workload, charge.measurements())?;
-        let measured = noise.measure(&p.workload, &counter.counts(), &mut *self.lock_rng()?)?;
-        let labels: Vec<Vec<String>> =
-            p.domains.iter().map(|d| d.iter().map(marginals::domain_label).collect()).collect();
+        let mut residuals = noise.draw(&p.workload, &counter.counts(), &mut *self.lock_rng()?)?;
+        if let Some(key) = key {
+            residuals = Measured::from_bytes(&self.ledger.store_draw(key, &Measured::to_bytes(&residuals)?)?)?;
+        }
+        let measured = Measured::of(&p.workload, residuals)?;
+        let labels = domain_labels(&p);
         Ok(WorkloadRelease::new(&p.table, &p.workload, &labels, measured, p.plan, charge, self.status()?))
     }
 
@@ -210,6 +240,19 @@ fn calibrate(w: &Workload, k: u64, budget: MarginalBudget, confidence: f64) -> R
     }
 }
 
+/// Each column's domain labels, in domain order.
+fn domain_labels(p: &PreparedWorkload) -> Vec<Vec<String>> {
+    p.domains.iter().map(|d| d.iter().map(marginals::domain_label).collect()).collect()
+}
+
+/// The ledger id under which a workload's measurements are stored for reuse: a hash of what decides them — the
+/// rows counted (the optimized plan: table, WHERE, columns, unit), the rows per unit, the domains, the marginals
+/// and the noise of every residual. A function of the statement, the policy and the settings only.
+fn workload_key(p: &PreparedWorkload) -> String {
+    let text = format!("workload|{}|{}|{:?}|{:?}|{:?}", p.rows_text, p.k, p.domains, p.workload, p.quote.measurements);
+    format!("{REUSE_PREFIX}{:032x}", crate::plan::fnv128(&text))
+}
+
 /// The ledger's label: `WORKLOAD table: (a, b), (a, c), …`, cut at 200 bytes.
 fn label(table: &str, w: &Workload) -> String {
     let sets: Vec<String> = w
@@ -310,14 +353,19 @@ impl DpSession {
             query_epsilon,
             session_epsilon: self.ledger.epsilon(self.defaults.delta)?,
             budget: *r.budget(),
-            note: None,
+            note: r.reused_from().map(|id| {
+                format!(
+                    "reused from charge #{id}: the same marginals were released before, so they are answered again at no \
+                     cost (SET dp.reuse = 'off' to pay for new ones)"
+                )
+            }),
         };
         Ok(Release::new(parts, r.charge().clone()))
     }
 
     /// `EXPLAIN DP` of a grouping-sets statement: the rows that are counted, each residual's share of ρ, each
     /// marginal's accuracy and the cost, before anything is spent.
-    pub(crate) fn explain_grouping(&self, label: &str, g: &GroupingPlan, p: &PreparedWorkload) -> Explanation {
+    pub(crate) fn explain_grouping(&self, label: &str, g: &GroupingPlan, p: &PreparedWorkload) -> Result<Explanation> {
         let plan = &p.plan;
         let measures = plan
             .residuals
@@ -356,7 +404,18 @@ impl DpSession {
             })
             .collect();
         let public = g.outputs.iter().map(|(_, o)| matches!(o, GroupingOutput::Key(_))).collect();
-        Explanation {
+        let reuse = match self.reuse() {
+            Reuse::Off => None,
+            Reuse::Exact => match self.ledger.prior(&workload_key(p))? {
+                Prior::Drawn(c, _) => Some(format!(
+                    "Reused: charge #{} paid for these marginals; the statement would be answered from them, spending \
+                     nothing (SET dp.reuse = 'off' to pay for new ones)",
+                    c.id()
+                )),
+                _ => None,
+            },
+        };
+        Ok(Explanation {
             sql: label.to_string(),
             private_plan: p.rows_text.clone(),
             cells: Some(plan.sets.iter().map(|s| s.cells as u64).sum()),
@@ -368,12 +427,12 @@ impl DpSession {
             confidence: plan.confidence,
             outputs,
             target: None,
-            reuse: None,
+            reuse,
             spread: false,
             workload: Some(describe_workload(plan)),
             schema,
             public,
-        }
+        })
     }
 }
 
