@@ -171,6 +171,48 @@ async fn grouping_sets_are_one_charge_over_the_wire() {
     assert_eq!(spent(&s.db, "alice").1, 1, "one charge for the four marginals");
 }
 
+/// `[server] share_releases = true`: what one analyst's charge paid for answers another's same statement (and the
+/// same workload) at no cost, with the same numbers, saying so; by default each analyst pays for their own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn releases_are_shared_between_analysts_only_when_the_owner_says_so() {
+    let q = "SELECT sex, COUNT(*) AS n FROM pums GROUP BY sex ORDER BY sex";
+    let cube = "SELECT sex, race, COUNT(*) AS n FROM pums GROUP BY CUBE (sex, race)";
+    for share in [true, false] {
+        let s = start_with(TempDir::new("share"), "", if share { "share_releases = true" } else { "" }).await;
+        let alice = connect(s.addr, "alice").await;
+        let (bob, mut notices) = connect_as(s.addr, "bob", PASSWORD).await.unwrap();
+        // The test configuration turns reuse off; sharing is part of reuse.
+        for c in [&alice, &bob] {
+            c.simple_query("SET dp.reuse = 'exact'").await.unwrap();
+        }
+        let counts = |rows: Vec<tokio_postgres::Row>| rows.iter().map(|r| r.get::<_, i64>("n")).collect::<Vec<_>>();
+        let floats = |rows: Vec<tokio_postgres::Row>| rows.iter().map(|r| r.get::<_, f64>("n")).collect::<Vec<_>>();
+        let (a, a_cube) = (counts(alice.query(q, &[]).await.unwrap()), floats(alice.query(cube, &[]).await.unwrap()));
+        let explained = bob.simple_query(&format!("EXPLAIN DP {q}")).await.unwrap();
+        let says_shared = explained.iter().any(|m| match m {
+            SimpleQueryMessage::Row(r) => r.get(0).is_some_and(|t| t.contains("of another analyst's budget")),
+            _ => false,
+        });
+        let (b, b_cube) = (counts(bob.query(q, &[]).await.unwrap()), floats(bob.query(cube, &[]).await.unwrap()));
+        assert_eq!(spent(&s.db, "alice").1, 2);
+        let mut seen = Vec::new();
+        while let Ok(n) = notices.try_recv() {
+            seen.push(n);
+        }
+        if share {
+            assert!(says_shared, "EXPLAIN DP says where the answer would come from: {explained:?}");
+            assert_eq!((a, a_cube), (b, b_cube), "the same noisy numbers");
+            assert_eq!(spent(&s.db, "bob"), (0.0, 0), "bob paid nothing");
+            let shared =
+                seen.iter().filter(|n| n.contains("shared: charge #") && n.contains("of another analyst's")).count();
+            assert_eq!(shared, 2, "the query and the workload say where they come from: {seen:?}");
+        } else {
+            assert!(!says_shared);
+            assert_eq!(spent(&s.db, "bob").1, 2, "by default each analyst pays for their own");
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn refusals_carry_a_sqlstate_and_a_hint_and_describe_spends_nothing() {
     let s = start().await;

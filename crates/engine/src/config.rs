@@ -133,6 +133,11 @@ pub struct ServerConfig {
     /// Longest accepted SQL text, in bytes.
     #[serde(default = "default_max_query_bytes")]
     pub max_query_bytes: usize,
+    /// Answer an analyst's statement from the noisy measurements another analyst's charge paid for, when they are
+    /// the same measurements (`SET dp.reuse = 'exact'`): free for the second analyst, and nothing more is
+    /// released about the data. Off by default: each analyst's budget pays for what they see.
+    #[serde(default)]
+    pub share_releases: bool,
 }
 
 fn default_listen() -> String {
@@ -191,6 +196,8 @@ pub struct ServerSettings {
     pub memory_limit: usize,
     /// Longest SQL text, in bytes.
     pub max_query_bytes: usize,
+    /// Analysts' statements may be answered from other analysts' charges (`share_releases`).
+    pub share_releases: bool,
 }
 
 impl ServerSettings {
@@ -256,6 +263,7 @@ fn server_settings(c: ServerConfig, base_dir: &Path) -> Result<ServerSettings> {
         statement_timeout: std::time::Duration::from_secs(c.statement_timeout_secs),
         memory_limit: c.memory_limit_mb.saturating_mul(1 << 20),
         max_query_bytes: c.max_query_bytes,
+        share_releases: c.share_releases,
     })
 }
 

@@ -683,6 +683,9 @@ pub struct WorkloadRelease {
     /// When answered from an earlier charge of the same workload (`SET dp.reuse = 'exact'`): that charge's id.
     #[serde(skip_serializing_if = "Option::is_none")]
     reused_from: Option<u64>,
+    /// Whether that charge is another budget's (`[server] share_releases`).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    shared: bool,
 }
 
 impl WorkloadRelease {
@@ -721,14 +724,21 @@ impl WorkloadRelease {
             .filter(|(a, _)| w.contrasts(a) > 0)
             .map(|(a, noisy)| WorkloadResidual { columns: a.iter().map(|&i| w.names[i].clone()).collect(), noisy })
             .collect();
-        let reused_from = None;
-        WorkloadRelease { table: table.to_string(), marginals, residuals, plan, charge, budget, reused_from }
+        let (reused_from, shared) = (None, false);
+        WorkloadRelease { table: table.to_string(), marginals, residuals, plan, charge, budget, reused_from, shared }
     }
 
-    /// This release, marked as answered from the earlier charge it holds (nothing was spent for it).
-    pub(crate) fn reused(mut self) -> Self {
+    /// This release, marked as answered from the earlier charge it holds (nothing was spent for it): one of this
+    /// budget, or (`shared`) another budget's.
+    pub(crate) fn reused(mut self, shared: bool) -> Self {
         self.reused_from = Some(self.charge.id());
+        self.shared = shared;
         self
+    }
+
+    /// Whether [`WorkloadRelease::reused_from`] is a charge of another budget (`[server] share_releases`).
+    pub fn shared(&self) -> bool {
+        self.shared
     }
 
     /// When the release was answered from an earlier charge of the same workload, at no cost: its id.

@@ -235,6 +235,7 @@ impl Connection {
         let ledger = shared.db.budget(&analyst_budget(user))?;
         let session =
             shared.base.for_analyst(Box::new(ledger), record.tables.as_deref(), shared.settings.memory_limit).await?;
+        let session = session.with_shared_releases(shared.settings.share_releases);
         let tables: Vec<_> = (session.table_schemas().await?.into_iter())
             .map(|(name, schema)| {
                 let summary = session.table_summary(&name);

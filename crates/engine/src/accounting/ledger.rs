@@ -94,6 +94,12 @@ pub trait Ledger: Send + Sync {
     fn store_draw(&self, request_id: &str, draw: &[u8]) -> Result<Vec<u8>>;
     /// Stores the release made under `request_id` (before it is returned to the caller), unless one is stored.
     fn store_release(&self, request_id: &str, release: &[u8]) -> Result<()>;
+    /// The first noisy measurements stored under `request_id` in **another** budget of this ledger, with the charge
+    /// that paid for them (numbered in its own budget), if any: what `[server] share_releases` answers from. Only
+    /// ever asked for reuse keys, never for a caller's request id. A ledger of one budget has none.
+    fn shared_draw(&self, _request_id: &str) -> Result<Option<(Charge, Vec<u8>)>> {
+        Ok(None)
+    }
     /// Administrative: sets a new total (recorded with `reason`). The new total may not be below what is spent.
     fn set_total(&self, total: Rho, reason: &str) -> Result<()>;
     /// The δ budget of approximate-zCDP measurements (key selection): total and spent.
@@ -864,6 +870,21 @@ impl Ledger for SqliteLedger {
             .map_err(|e| sql_error(&display, e))?;
         tx.commit().map_err(|e| sql_error(&display, e))?;
         Ok(stored)
+    }
+    fn shared_draw(&self, request_id: &str) -> Result<Option<(Charge, Vec<u8>)>> {
+        let conn = self.conn()?;
+        let found = row(
+            &conn,
+            "SELECT c.id, c.label, c.rho, c.measurements, c.ordinal, d.body FROM draws d JOIN charges c \
+             ON c.budget = d.budget AND c.request_id = d.request_id \
+             WHERE d.request_id = ?1 AND d.budget <> ?2 AND length(d.body) > 0 ORDER BY c.id LIMIT 1",
+            params![request_id, self.budget],
+            |r| Ok((Self::read_charge(r)?, r.get::<_, i64>(4)?, r.get::<_, Vec<u8>>(5)?)),
+        )
+        .optional()
+        .map_err(|e| sql_error(&self.display(), e))?;
+        let Some((charge, ordinal, body)) = found else { return Ok(None) };
+        Ok(Some((self.decode(ordinal.max(0) as u64, charge)?, body)))
     }
     fn store_release(&self, request_id: &str, release: &[u8]) -> Result<()> {
         self.conn()?

@@ -178,16 +178,27 @@ impl DpSession {
         super::grow_stack(async {
             // Without a request id, the measurements are stored under their reuse key ([`super::reuse`]): the same
             // measurements asked again are answered from them.
-            let keyed = match request_id {
-                Some(id) => Some(Keyed { id: id.to_string(), request: true }),
+            let mut keyed = match request_id {
+                Some(id) => Some(Keyed { id: id.to_string(), request: true, shared: false }),
                 None if self.reuse() == Reuse::Exact => {
-                    Some(Keyed { id: reuse_key(&prepared.private, &prepared.dp, &quote), request: false })
+                    let id = reuse_key(&prepared.private, &prepared.dp, &quote);
+                    Some(Keyed { id, request: false, shared: false })
                 }
                 None => None,
             };
-            let claimed = match &keyed {
-                None => self.ledger.charge(sql, &tables, quote.measurements.clone()).map(Next::Run),
-                Some(k) => match self.ledger.claim(sql, &k.id, &tables, quote.measurements.clone()) {
+            // With `[server] share_releases`, measurements another budget paid for (and this one did not).
+            let shared = match keyed.as_mut() {
+                Some(k) if !k.request => {
+                    let prior = self.shared_prior(&k.id)?;
+                    k.shared = prior.is_some();
+                    prior
+                }
+                _ => None,
+            };
+            let claimed = match (&keyed, shared) {
+                (Some(k), Some(prior)) => stored(k, sql, &prepared.dp, &quote, prior),
+                (None, _) => self.ledger.charge(sql, &tables, quote.measurements.clone()).map(Next::Run),
+                (Some(k), None) => match self.ledger.claim(sql, &k.id, &tables, quote.measurements.clone()) {
                     Ok(Claim::New(debit)) => Ok(Next::Run(debit)),
                     Ok(Claim::Resumed(debit)) => resume(k, sql, &quote, debit),
                     Ok(Claim::Existing(prior)) => stored(k, sql, &prepared.dp, &quote, prior),
@@ -275,11 +286,20 @@ impl DpSession {
         let note = match reused {
             false => note,
             true => {
-                let first = format!(
-                    "reused from charge #{}: the same measurements were released before, so they are answered again \
-                     at no cost (SET dp.reuse = 'off' to pay for new ones)",
-                    charge.id()
-                );
+                let first = if keyed.is_some_and(|k| k.shared) {
+                    format!(
+                        "shared: charge #{} of another analyst's budget paid for the same measurements, so they are \
+                         answered from it at no cost ([server] share_releases; SET dp.reuse = 'off' to pay for new \
+                         ones)",
+                        charge.id()
+                    )
+                } else {
+                    format!(
+                        "reused from charge #{}: the same measurements were released before, so they are answered \
+                         again at no cost (SET dp.reuse = 'off' to pay for new ones)",
+                        charge.id()
+                    )
+                };
                 Some(match note {
                     Some(n) => format!("{first}; {n}"),
                     None => first,
@@ -359,6 +379,8 @@ fn changed(id: &str, charge: &Charge, quote: &Quote) -> DpError {
 pub(crate) struct Keyed {
     id: String,
     request: bool,
+    /// Answered from another budget's charge (`[server] share_releases`).
+    shared: bool,
 }
 
 /// A request id charged before and never drawn: run under its debit, provided the query and its price (`quote`)

@@ -273,15 +273,24 @@ impl DpSession {
 impl DpSession {
     /// Whether the query would be answered from an earlier charge of the same measurements ([`super::reuse`]).
     fn explained_reuse(&self, prepared: &prepare::Prepared, quote: &super::quote::Quote) -> Result<Option<String>> {
+        self.explained_reuse_of(&super::reuse::reuse_key(&prepared.private, &prepared.dp, quote), "measurements")
+    }
+
+    /// EXPLAIN DP's line when the `what` stored under reuse key `key` would answer the statement (this budget's
+    /// charge, or with `[server] share_releases` another budget's); None when it would be charged.
+    pub(crate) fn explained_reuse_of(&self, key: &str, what: &str) -> Result<Option<String>> {
+        use crate::accounting::ledger::Prior;
         if self.reuse() != super::reuse::Reuse::Exact {
             return Ok(None);
         }
-        let key = super::reuse::reuse_key(&prepared.private, &prepared.dp, quote);
-        use crate::accounting::ledger::Prior;
-        Ok(match self.ledger.prior(&key)? {
-            Prior::None => None,
-            Prior::Charged(c) | Prior::Drawn(c, _) | Prior::Released(c, _) => Some(format!(
-                "Reused: charge #{} paid for these measurements; the query would be answered from them, spending \
+        let (prior, whose) = match self.ledger.prior(key)? {
+            Prior::None => (self.shared_prior(key)?, " of another analyst's budget"),
+            own => (Some(own), ""),
+        };
+        Ok(match prior {
+            None | Some(Prior::None) => None,
+            Some(Prior::Charged(c) | Prior::Drawn(c, _) | Prior::Released(c, _)) => Some(format!(
+                "Reused: charge #{}{whose} paid for these {what}; the query would be answered from them, spending \
                  nothing (SET dp.reuse = 'off' to pay for new ones)",
                 c.id()
             )),

@@ -110,6 +110,8 @@ pub(crate) struct Defaults {
     pub(crate) confidence: f64,
     /// `[session] reuse` ([`reuse`]).
     pub(crate) reuse: Reuse,
+    /// `[server] share_releases`: reuse may answer from other budgets' charges ([`reuse`]).
+    pub(crate) share_releases: bool,
 }
 
 /// A differentially private SQL session over private tables.
@@ -294,6 +296,7 @@ impl DpSession {
                 delta,
                 confidence,
                 reuse: Reuse::Exact,
+                share_releases: false,
             },
             ledger: Box::new(MemoryLedger::new(total)),
             rng: Mutex::new(NoiseRng::from_os()?),

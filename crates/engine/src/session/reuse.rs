@@ -12,6 +12,12 @@
 //! aggregates) post-processes the same measurements afresh; the interval of each of its columns is computed, as
 //! always, from the charge's calibrations.
 //!
+//! **Shared releases.** With `[server] share_releases = true` the data owner lets a budget with no charge of its
+//! own for some measurements be answered from another budget's (another analyst's): the first stored draw under
+//! the same reuse key, with the charge that paid for it. Nothing new is drawn or released about the data; the
+//! second analyst's budget is not charged, so per-analyst budgets then bound what each analyst asked to be
+//! computed, not what each saw. Off by default.
+//!
 //! **Why it is private.** Returning the noisy measurements of an earlier release again, or any function of them,
 //! is post-processing (BS16 Lemma 1.8): it costs nothing and reveals nothing more. Drawing fresh noise for the same
 //! measurements would instead let an analyst average the noise away, which is why reuse is the default. Whether a
@@ -69,6 +75,26 @@ impl DpSession {
     pub fn with_reuse(mut self, exact: bool) -> Self {
         self.defaults.reuse = if exact { Reuse::Exact } else { Reuse::Off };
         self
+    }
+
+    /// This session with reuse answering, when this budget has no charge for the measurements, from another budget
+    /// of the same ledger that has (`[server] share_releases = true`; off by default: see the module docs).
+    pub fn with_shared_releases(mut self, share: bool) -> Self {
+        self.defaults.share_releases = share;
+        self
+    }
+
+    /// With reuse on and releases shared: the stored measurements of another budget under reuse key `key`, when
+    /// this budget has none of its own (its own are claimed as usual). Decided from the ledger only.
+    pub(crate) fn shared_prior(&self, key: &str) -> crate::error::Result<Option<crate::accounting::ledger::Prior>> {
+        use crate::accounting::ledger::Prior;
+        if !(self.defaults.share_releases && self.reuse() == Reuse::Exact) {
+            return Ok(None);
+        }
+        if !matches!(self.ledger.prior(key)?, Prior::None) {
+            return Ok(None);
+        }
+        Ok(self.ledger.shared_draw(key)?.map(|(charge, body)| Prior::Drawn(charge, body)))
     }
 
     /// The session's reuse as `SHOW dp.reuse` gives it: `exact` or `off`.

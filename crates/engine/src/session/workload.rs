@@ -76,13 +76,24 @@ impl DpSession {
             let debit = self.ledger.charge(label, tables, cals)?;
             return self.draw_workload(p, debit, None).await;
         };
-        match self.ledger.claim(label, &key, tables, cals)? {
+        // With `[server] share_releases`, the same workload paid for by another budget (and not by this one).
+        let shared = self.shared_prior(&key)?;
+        let from_other = shared.is_some();
+        let claim = match shared {
+            Some(prior) => Claim::Existing(prior),
+            None => self.ledger.claim(label, &key, tables, cals)?,
+        };
+        match claim {
             Claim::New(debit) | Claim::Resumed(debit) => self.draw_workload(p, debit, Some(&key)).await,
             Claim::Existing(Prior::Drawn(charge, bytes)) if !bytes.is_empty() => {
+                let (stored, quoted) = (charge.measurements(), &p.quote.measurements);
+                if stored.len() != quoted.len() || !stored.iter().zip(quoted).all(|(c, q)| c.same_noise(q)) {
+                    return Err(DpError::Ledger(format!("the workload stored under `{key}` has other noise")));
+                }
                 let measured = Measured::of(&p.workload, Measured::from_bytes(&bytes)?)?;
                 let labels = domain_labels(&p);
                 let r = WorkloadRelease::new(&p.table, &p.workload, &labels, measured, p.plan, charge, self.status()?);
-                Ok(r.reused())
+                Ok(r.reused(from_other))
             }
             Claim::Existing(_) => {
                 Err(DpError::Ledger(format!("the workload stored under `{key}` has no measurements")))
@@ -353,11 +364,15 @@ impl DpSession {
             query_epsilon,
             session_epsilon: self.ledger.epsilon(self.defaults.delta)?,
             budget: *r.budget(),
-            note: r.reused_from().map(|id| {
-                format!(
+            note: r.reused_from().map(|id| match r.shared() {
+                true => format!(
+                    "shared: charge #{id} of another analyst's budget paid for the same marginals, so they are answered \
+                     from it at no cost ([server] share_releases; SET dp.reuse = 'off' to pay for new ones)"
+                ),
+                false => format!(
                     "reused from charge #{id}: the same marginals were released before, so they are answered again at no \
                      cost (SET dp.reuse = 'off' to pay for new ones)"
-                )
+                ),
             }),
         };
         Ok(Release::new(parts, r.charge().clone()))
@@ -404,17 +419,7 @@ impl DpSession {
             })
             .collect();
         let public = g.outputs.iter().map(|(_, o)| matches!(o, GroupingOutput::Key(_))).collect();
-        let reuse = match self.reuse() {
-            Reuse::Off => None,
-            Reuse::Exact => match self.ledger.prior(&workload_key(p))? {
-                Prior::Drawn(c, _) => Some(format!(
-                    "Reused: charge #{} paid for these marginals; the statement would be answered from them, spending \
-                     nothing (SET dp.reuse = 'off' to pay for new ones)",
-                    c.id()
-                )),
-                _ => None,
-            },
-        };
+        let reuse = self.explained_reuse_of(&workload_key(p), "marginals")?;
         Ok(Explanation {
             sql: label.to_string(),
             private_plan: p.rows_text.clone(),
