@@ -228,8 +228,8 @@ async fn grouping_sets_count_the_rows_where_selects() {
 async fn grouping_sets_outside_the_shape_are_refused_before_the_debit() {
     let s = session_from(&pums_config("pums_pid.csv", 10.0, 1, 1)).await;
     for (sql, says) in [
-        ("SELECT sex, COUNT(*) FROM pums GROUP BY ROLLUP (sex) ORDER BY sex", "ORDER BY, HAVING, LIMIT"),
-        ("SELECT sex, COUNT(*) FROM pums GROUP BY ROLLUP (sex) HAVING COUNT(*) > 3", "ORDER BY, HAVING, LIMIT"),
+        ("SELECT sex, COUNT(*) FROM pums GROUP BY ROLLUP (sex) ORDER BY sex + 1", "GROUPING SETS / ROLLUP / CUBE"),
+        ("SELECT sex, COUNT(*) FROM pums GROUP BY ROLLUP (sex) HAVING COUNT(*) > 3", "HAVING and expressions"),
         ("SELECT sex, SUM(income) FROM pums GROUP BY CUBE (sex)", "COUNT(*)"),
         ("SELECT sex, COUNT(*), COUNT(age) FROM pums GROUP BY CUBE (sex)", "exactly one aggregate"),
         ("SELECT age, COUNT(*) FROM pums GROUP BY CUBE (age)", "no public domain"),
@@ -301,4 +301,35 @@ async fn a_repeated_workload_is_answered_from_its_charge() {
     assert_eq!((a.reused_from(), b.reused_from()), (None, Some(a.charge().id())));
     assert_eq!(a.marginals()[0].counts, b.marginals()[0].counts);
     assert_eq!(s.budget().unwrap().charges.len(), 5);
+}
+
+/// ORDER BY and LIMIT over a grouping-sets result sort and cut the released rows (post-processing), each count
+/// keeping its own interval.
+#[tokio::test]
+async fn grouping_sets_are_sorted_and_limited_as_asked() {
+    let s = session_from(&pums_config("pums_pid.csv", 10.0, 1, 1)).await;
+    let sql = "SELECT sex, race, COUNT(*) AS n FROM pums GROUP BY CUBE (sex, race) ORDER BY n DESC LIMIT 3 OFFSET 1";
+    let r = release(&s, sql).await;
+    assert_eq!(r.num_rows(), 3);
+    let n = crate::support::column_f64(&r, 2);
+    assert!(n.windows(2).all(|w| w[0] >= w[1]), "{n:?}");
+    assert!(n[0] < 1000.0, "the total (the largest count, 1 000 people) is skipped by OFFSET 1: {n:?}");
+    match &r.accuracy()[2].accuracy {
+        dpfusion::Accuracy::PerRow { intervals, .. } => {
+            assert_eq!(intervals.len(), 3);
+            assert!(intervals.iter().zip(&n).all(|([lo, hi], x)| (lo + hi) / 2.0 - x < 1e-9), "{intervals:?}");
+        }
+        other => panic!("{other:?}"),
+    }
+    let r = release(
+        &s,
+        "SELECT sex, race, COUNT(*) AS n FROM pums GROUP BY ROLLUP (sex, race) ORDER BY sex NULLS FIRST, race DESC",
+    )
+    .await;
+    let b = &r.batches()[0];
+    assert!(b.column(0).is_null(0) && b.column(1).is_null(0), "the total first");
+    // Then sex = 0: its margin first (a NULL race sorts first in descending order, as in SQL), then race 6 to 1.
+    assert!(!b.column(0).is_null(1) && b.column(1).is_null(1));
+    let races: Vec<f64> = crate::support::column_f64(&r, 1)[2..8].to_vec();
+    assert_eq!(races, [6.0, 5.0, 4.0, 3.0, 2.0, 1.0]);
 }

@@ -683,8 +683,8 @@ impl Refusal {
             ColumnTooLarge { .. } => "produce shorter values, or GROUP BY fewer cells".into(),
             GroupingSets { .. } => {
                 "write SELECT <keys>, COUNT(*) FROM t [WHERE ...] GROUP BY GROUPING SETS ((a, b), (a), ()) \
-                                    (or CUBE (a, b), ROLLUP (a, b)) over keys with a public domain; sort or filter the \
-                                    result afterwards"
+                                    (or CUBE (a, b), ROLLUP (a, b)) over keys with a public domain, then ORDER BY and \
+                                    LIMIT over the output columns if needed; filter the result afterwards"
                     .into()
             }
             ComputedKey { .. } => "GROUP BY columns that have a `domain` in the policy".into(),

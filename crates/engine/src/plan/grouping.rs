@@ -1,8 +1,10 @@
 //! `GROUP BY GROUPING SETS (...)`, `CUBE (...)` and `ROLLUP (...)`: one statement, many marginals, released as
 //! one workload ([`crate::workload`]: one charge, the noise of every cell chosen jointly, consistent counts).
 //!
-//! Accepted shape: `SELECT <keys>, COUNT(*) [AS n] FROM t [WHERE ...] GROUP BY GROUPING SETS ((a, b), (a), ())`
-//! (or `CUBE (a, b)`, `ROLLUP (a, b)`): a projection of the keys and the count over exactly one Aggregate whose
+//! Accepted shape: `SELECT <keys>, COUNT(*) [AS n] FROM t [WHERE ...] GROUP BY GROUPING SETS ((a, b), (a), ())
+//! [ORDER BY <output columns>] [LIMIT n [OFFSET m]]` (or `CUBE (a, b)`, `ROLLUP (a, b)`): ORDER BY and LIMIT over
+//! the output columns (post-processing of the release), above a projection of the keys and the count over exactly
+//! one Aggregate whose
 //! grouping is one grouping set of bare columns of one private table, and whose only aggregate is COUNT(*); below
 //! it, the WHERE chain every query may have ([`validate::locate`] checks it). Each key needs a public domain (the
 //! session checks the policy). Anything else that groups by a grouping set is refused with what to write instead.
@@ -43,6 +45,12 @@ pub struct GroupingPlan {
     pub outputs: Vec<(String, GroupingOutput)>,
     /// The statement's output schema (the keys' types).
     pub schema: datafusion::common::DFSchemaRef,
+    /// ORDER BY: output column index, ascending, NULLs first; in order of precedence.
+    pub order: Vec<(usize, bool, bool)>,
+    /// OFFSET: rows skipped after sorting.
+    pub skip: usize,
+    /// LIMIT: rows kept after the offset (all when None).
+    pub fetch: Option<usize>,
 }
 
 fn refuse<T>(why: impl Into<String>) -> Result<T> {
@@ -107,7 +115,18 @@ pub fn grouping_plan(plan: &LogicalPlan, is_private: &dyn Fn(&TableReference) ->
         sets.push(set);
     }
     check_count(agg)?;
-    let outputs = outputs(plan, agg, &columns)?;
+    let (projection, order, skip, fetch) = presentation(plan)?;
+    let outputs = outputs(projection, agg, &columns)?;
+    let order = order
+        .iter()
+        .map(|s| match validate::strip_aliases(&s.expr) {
+            Expr::Column(c) => match outputs.iter().position(|(name, _)| *name == c.name) {
+                Some(i) => Ok((i, s.asc, s.nulls_first)),
+                None => refuse(format!("sort by output columns here, not `{}`", s.expr)),
+            },
+            e => refuse(format!("sort by output columns here, not `{e}`")),
+        })
+        .collect::<Result<Vec<_>>>()?;
     Ok(Some(GroupingPlan {
         table: located.table,
         input: agg.input.as_ref().clone(),
@@ -115,6 +134,9 @@ pub fn grouping_plan(plan: &LogicalPlan, is_private: &dyn Fn(&TableReference) ->
         sets,
         outputs,
         schema: plan.schema().clone(),
+        order,
+        skip,
+        fetch,
     }))
 }
 
@@ -137,14 +159,36 @@ fn check_count(agg: &datafusion::logical_expr::Aggregate) -> Result<()> {
     if ok { Ok(()) } else { refuse(format!("count rows with COUNT(*) here, not `{a}`")) }
 }
 
+/// The nodes above the projection: an optional LIMIT (literal offset and count) over an optional ORDER BY. Returns
+/// the projection, the sort expressions, the offset and the count.
+fn presentation(
+    plan: &LogicalPlan,
+) -> Result<(&LogicalPlan, Vec<datafusion::logical_expr::SortExpr>, usize, Option<usize>)> {
+    use datafusion::logical_expr::{FetchType, SkipType};
+    let (mut node, mut skip, mut fetch) = (plan, 0, None);
+    if let LogicalPlan::Limit(l) = node {
+        let (Ok(SkipType::Literal(s)), Ok(FetchType::Literal(f))) = (l.get_skip_type(), l.get_fetch_type()) else {
+            return refuse("take LIMIT and OFFSET as numbers here");
+        };
+        (skip, fetch, node) = (s, f, l.input.as_ref());
+    }
+    let mut order = vec![];
+    if let LogicalPlan::Sort(s) = node
+        && s.fetch.is_none()
+    {
+        (order, node) = (s.expr.clone(), s.input.as_ref());
+    }
+    Ok((node, order, skip, fetch))
+}
+
 /// The output columns: one projection of the aggregate's keys and count, directly above it.
 fn outputs(
     plan: &LogicalPlan,
     agg: &datafusion::logical_expr::Aggregate,
     columns: &[String],
 ) -> Result<Vec<(String, GroupingOutput)>> {
-    let not_plain = "return the keys and COUNT(*) as they are here (ORDER BY, HAVING, LIMIT and expressions over a \
-                     grouping-sets result are not supported)";
+    let not_plain = "return the keys and COUNT(*) as they are here, sorted or limited at most (HAVING and expressions \
+                     over a grouping-sets result are not supported)";
     let LogicalPlan::Projection(p) = plan else { return refuse(not_plain) };
     if !matches!(p.input.as_ref(), LogicalPlan::Aggregate(_)) {
         return refuse(not_plain);

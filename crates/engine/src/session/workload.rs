@@ -341,16 +341,23 @@ impl DpSession {
         let cells = r.to_record_batch(&g.columns)?;
         let (count, half) = (cells.column(g.columns.len() + 1), cells.column(g.columns.len() + 2));
         let (count, half) = (count.as_primitive::<Float64Type>(), half.as_primitive::<Float64Type>());
+        // ORDER BY and LIMIT (post-processing): the rows kept, in order.
+        let rows = present(&g, &cells)?;
         let intervals: Vec<[f64; 2]> =
-            count.values().iter().zip(half.values().iter()).map(|(c, h)| [c - h, c + h]).collect();
+            rows.iter().map(|&i| [count.value(i) - half.value(i), count.value(i) + half.value(i)]).collect();
+        let take = datafusion::arrow::array::UInt32Array::from_iter_values(rows.iter().map(|&i| i as u32));
+        let pick = |a: &ArrayRef| {
+            datafusion::arrow::compute::take(a, &take, None).map_err(|e| DpError::Internal(e.to_string()))
+        };
         let mut arrays: Vec<ArrayRef> = vec![];
         let mut accuracy = vec![];
         for ((name, what), field) in g.outputs.iter().zip(schema.fields()) {
             let (array, a): (ArrayRef, Accuracy) = match what {
-                GroupingOutput::Key(i) => (typed_keys(cells.column(1 + i), field)?, Accuracy::Public),
-                GroupingOutput::Count => {
-                    (Arc::new(count.clone()) as ArrayRef, Accuracy::PerRow { confidence, intervals: intervals.clone() })
-                }
+                GroupingOutput::Key(i) => (typed_keys(&pick(cells.column(1 + i))?, field)?, Accuracy::Public),
+                GroupingOutput::Count => (
+                    pick(cells.column(g.columns.len() + 1))?,
+                    Accuracy::PerRow { confidence, intervals: intervals.clone() },
+                ),
             };
             arrays.push(array);
             accuracy.push(ColumnAccuracy { column: name.clone(), accuracy: a });
@@ -464,6 +471,34 @@ fn describe_workload(plan: &WorkloadPlan) -> String {
         fmt_num(plan.one_by_one_variance)
     ));
     lines.join("\n")
+}
+
+/// The rows of the release's `cells` (`WorkloadRelease::to_record_batch` over `g`'s key columns) that the
+/// statement returns, in its order: sorted by its ORDER BY (keys by value in their declared type, counts by value),
+/// then cut by its OFFSET and LIMIT. Post-processing of public keys and noisy counts.
+fn present(g: &GroupingPlan, cells: &RecordBatch) -> Result<Vec<usize>> {
+    use datafusion::arrow::compute::{SortColumn, SortOptions, lexsort_to_indices};
+    let n = cells.num_rows();
+    let mut rows: Vec<usize> = (0..n).collect();
+    if !g.order.is_empty() {
+        let schema = grouping_schema(g);
+        let columns = g
+            .order
+            .iter()
+            .map(|&(i, asc, nulls_first)| {
+                let values = match (&g.outputs[i].1, schema.fields().get(i)) {
+                    (GroupingOutput::Key(k), Some(field)) => typed_keys(cells.column(1 + k), field)?,
+                    _ => cells.column(g.columns.len() + 1).clone(),
+                };
+                Ok(SortColumn { values, options: Some(SortOptions { descending: !asc, nulls_first }) })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let sorted = lexsort_to_indices(&columns, None).map_err(|e| DpError::Internal(e.to_string()))?;
+        rows = sorted.values().iter().map(|&i| i as usize).collect();
+    }
+    let start = g.skip.min(n);
+    let end = g.fetch.map_or(n, |f| start.saturating_add(f).min(n));
+    Ok(rows[start..end].to_vec())
 }
 
 /// A key column's domain labels (NULL where a marginal does not group by it) as the statement types the key.
