@@ -139,6 +139,16 @@ impl Workload {
         Ok(Workload { names, sizes, sets: unique, residuals })
     }
 
+    /// How many `way`-column subsets `d` columns have (saturating): checked against [`MAX_SETS`] before
+    /// [`Workload::ways`] lists them.
+    pub fn count_ways(d: usize, way: usize) -> usize {
+        if way > d {
+            return 0;
+        }
+        // C(d, i) for i = 1..=way, each step exact (C(d, i) = C(d, i − 1)·(d − i + 1)/i), saturating.
+        (1..=way.min(d - way)).fold(1usize, |c, i| c.saturating_mul(d - i + 1) / i)
+    }
+
     /// Every `way`-column subset of `d` columns, in lexicographic order (all k-way marginals).
     pub fn ways(d: usize, way: usize) -> Vec<Vec<usize>> {
         let mut out = vec![];
@@ -338,10 +348,7 @@ impl Measured {
     /// release of the same workload: post-processing either way). Fails if they are not `w`'s.
     pub(crate) fn of(w: &Workload, residuals: Vec<Vec<i128>>) -> Result<Self> {
         let fits = residuals.len() == w.residuals.len()
-            && w.residuals
-                .iter()
-                .zip(&residuals)
-                .all(|(a, y)| y.len() == if w.contrasts(a) == 0 { 0 } else { w.contrasts(a) });
+            && w.residuals.iter().zip(&residuals).all(|(a, y)| y.len() == w.contrasts(a));
         if !fits {
             return Err(DpError::Ledger("the stored measurements are not this workload's".into()));
         }
@@ -821,6 +828,10 @@ mod tests {
         assert_eq!(Workload::ways(3, 0), vec![Vec::<usize>::new()]);
         assert!(Workload::ways(2, 3).is_empty());
         assert_eq!(Workload::ways(30, 2).len(), 435);
+        for (d, way) in [(30, 2), (12, 6), (8, 0), (5, 5), (3, 4)] {
+            assert_eq!(Workload::count_ways(d, way), Workload::ways(d, way).len(), "C({d}, {way})");
+        }
+        assert!(Workload::count_ways(60, 30) > MAX_SETS, "counted without listing them");
     }
 
     #[test]

@@ -184,6 +184,10 @@ impl DpSession {
                     format!("must be between 1 and the number of columns ({}), got {way}", columns.len()),
                 ));
             }
+            WorkloadSets::Ways(way) if Workload::count_ways(columns.len(), *way) > crate::workload::MAX_SETS => {
+                let limit = crate::workload::MAX_SETS as u64;
+                return Err(DpError::Refused(Refusal::WorkloadTooLarge { what: "marginals".into(), limit }));
+            }
             WorkloadSets::Ways(way) => Workload::ways(columns.len(), *way),
             WorkloadSets::Sets(sets) => {
                 sets.iter().map(|s| s.iter().map(index).collect::<Result<Vec<_>>>()).collect::<Result<_>>()?
