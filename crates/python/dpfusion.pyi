@@ -220,6 +220,54 @@ class Explanation:
         """
         ...
 
+class WorkloadRelease:
+    """Many marginals released at once (`Session.workload`): every cell of every marginal, the noise of each chosen
+    jointly for the least total error (ResidualPlanner), the counts consistent across marginals, one debit.
+
+    >>> w = s.workload("pums", ["sex", "race", "married"], way=2, rho=0.05)
+    >>> w.to_arrow().num_rows          # sex × race, sex × married, race × married
+    28
+    """
+
+    @property
+    def plan(self) -> dict[str, Any]:
+        """The noise and accuracy: per marginal (`sets`: `columns`, `cells`, `std`, `ci_half_width`), per residual
+        (`residuals`: `columns`, `contrasts`, `rho`, `sigma`), `rho`, `epsilon`, `confidence`, and the sum of every
+        cell's variance (`total_variance`) beside the optimum for that ρ and answering each marginal alone
+        (`optimal_variance`, `one_by_one_variance`).
+
+        >>> p = s.workload("pums", ["sex", "race"], way=2, rho=0.05).plan
+        >>> round(p["total_variance"] / p["optimal_variance"], 6), len(p["residuals"])
+        (1.0, 4)
+        """
+        ...
+    @property
+    def charge(self) -> dict[str, Any]:
+        """What it cost: `id` and `rho` of the charge that paid, and `reused_from`: that charge's id when the same
+        workload was released before and this one was answered from it (nothing spent), else None.
+
+        >>> c = s.workload("pums", ["sex", "race"], way=2, rho=0.05).charge
+        >>> c["id"], round(c["rho"], 9), c["reused_from"]
+        (1, 0.05, None)
+        """
+        ...
+    def to_arrow(self) -> Any:
+        """A long `pyarrow.Table`: `marginal` (its columns), one column per chosen column (the cell's key, None where
+        the marginal does not group by it), `count` (least squares, consistent) and `ci_half_width`.
+
+        >>> s.workload("pums", ["sex", "married"], way=2, rho=0.05).to_arrow().column_names
+        ['marginal', 'sex', 'married', 'count', 'ci_half_width']
+        """
+        ...
+    def to_pandas(self) -> Any:
+        """The same as a pandas DataFrame.
+
+        >>> t = s.workload("pums", ["sex", "race", "married"], way=2, rho=0.05).to_pandas()
+        >>> t.groupby("marginal").size().to_dict()
+        {'race, married': 12, 'sex, married': 4, 'sex, race': 12}
+        """
+        ...
+
 class MarginalRelease:
     """One-way marginals released at once (`Session.marginals`): per column, a noisy count per key of its public
     domain, all with one Gaussian σ and paid for by one debit.
@@ -442,6 +490,30 @@ class Session:
         ['age', 'person']
         >>> s.sql("SELECT AVG(age) AS mean_age FROM people").columns
         ['mean_age']
+        """
+        ...
+    def workload(
+        self,
+        table: str,
+        columns: Sequence[str],
+        *,
+        way: Optional[int] = None,
+        sets: Optional[Sequence[Sequence[str]]] = None,
+        rho: Optional[float] = None,
+        target_std: Optional[float] = None,
+        target: Optional[float] = None,
+        confidence: Optional[float] = None,
+    ) -> WorkloadRelease:
+        """Releases many marginals of `columns` of `table` (each with a public domain) in one debit: every marginal of
+        `way` of the columns (2, the default: every two-way table), or the marginals listed in `sets` (lists of
+        columns; `[]` is the total). The noise of each cell is chosen jointly for the least total error, and the
+        counts agree across marginals. Give `rho` (the cost), `target` (the half-width wanted of each cell's
+        interval, in counts) or `target_std`; `confidence` is the level of the intervals.
+
+        >>> w = s.workload("pums", ["sex", "race"], sets=[["sex", "race"], ["sex"], []], rho=0.05)
+        >>> t = w.to_pandas()
+        >>> bool(abs(t[t.marginal == "sex"]["count"].sum() - t[t.marginal == ""]["count"].sum()) < 1e-6)
+        True
         """
         ...
     def marginals(

@@ -53,6 +53,7 @@ fn dpfusion_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<release::Release>()?;
     m.add_class::<release::Explanation>()?;
     m.add_class::<release::MarginalRelease>()?;
+    m.add_class::<release::WorkloadRelease>()?;
     m.add_class::<chart::Chart>()?;
     errors::add(m)?;
     #[cfg(feature = "test-util")]

@@ -411,3 +411,73 @@ impl MarginalRelease {
         to_python(py, &json!({"id": c.id(), "rho": c.rho().get()}))
     }
 }
+
+/// Many marginals released at once (`Session.workload`): every cell of every marginal, the noise of each chosen
+/// jointly for the least total error (ResidualPlanner), the counts consistent across marginals, one debit.
+///
+/// >>> w = s.workload("pums", ["sex", "race", "married"], way=2, rho=0.05)
+/// >>> w.to_arrow().num_rows          # sex × race, sex × married, race × married
+/// 28
+#[pyclass(frozen, module = "dpfusion")]
+pub(crate) struct WorkloadRelease {
+    inner: dpfusion::workload::WorkloadRelease,
+    columns: Vec<String>,
+}
+
+impl WorkloadRelease {
+    pub(crate) fn new(inner: dpfusion::workload::WorkloadRelease, columns: Vec<String>) -> Self {
+        WorkloadRelease { inner, columns }
+    }
+}
+
+#[pymethods]
+impl WorkloadRelease {
+    /// A long `pyarrow.Table`: `marginal` (its columns), one column per chosen column (the cell's key, None where
+    /// the marginal does not group by it), `count` (least squares, consistent) and `ci_half_width`.
+    ///
+    /// >>> s.workload("pums", ["sex", "married"], way=2, rho=0.05).to_arrow().column_names
+    /// ['marginal', 'sex', 'married', 'count', 'ci_half_width']
+    fn to_arrow<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let batch = self.inner.to_record_batch(&self.columns).map_err(crate::errors::to_py)?;
+        let schema = batch.schema();
+        let table = arrow_pyarrow::Table::try_new(vec![batch], schema)
+            .map_err(|e| crate::errors::usage("internal_error", e.to_string()))?;
+        table.into_pyarrow(py)
+    }
+
+    /// The same as a pandas DataFrame.
+    ///
+    /// >>> t = s.workload("pums", ["sex", "race", "married"], way=2, rho=0.05).to_pandas()
+    /// >>> t.groupby("marginal").size().to_dict()
+    /// {'race, married': 12, 'sex, married': 4, 'sex, race': 12}
+    fn to_pandas<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        self.to_arrow(py)?.call_method0("to_pandas")
+    }
+
+    /// The noise and accuracy: per marginal (`sets`: `columns`, `cells`, `std`, `ci_half_width`), per residual
+    /// (`residuals`: `columns`, `contrasts`, `rho`, `sigma`), `rho`, `epsilon`, `confidence`, and the sum of every
+    /// cell's variance (`total_variance`) beside the optimum for that ρ and answering each marginal alone
+    /// (`optimal_variance`, `one_by_one_variance`).
+    ///
+    /// >>> p = s.workload("pums", ["sex", "race"], way=2, rho=0.05).plan
+    /// >>> round(p["total_variance"] / p["optimal_variance"], 6), len(p["residuals"])
+    /// (1.0, 4)
+    #[getter]
+    fn plan(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        let v = serde_json::to_value(self.inner.plan())
+            .map_err(|e| crate::errors::usage("internal_error", e.to_string()))?;
+        to_python(py, &v)
+    }
+
+    /// What it cost: `id` and `rho` of the charge that paid, and `reused_from`: that charge's id when the same
+    /// workload was released before and this one was answered from it (nothing spent), else None.
+    ///
+    /// >>> c = s.workload("pums", ["sex", "race"], way=2, rho=0.05).charge
+    /// >>> c["id"], round(c["rho"], 9), c["reused_from"]
+    /// (1, 0.05, None)
+    #[getter]
+    fn charge(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        let c = self.inner.charge();
+        to_python(py, &json!({"id": c.id(), "rho": c.rho().get(), "reused_from": self.inner.reused_from()}))
+    }
+}

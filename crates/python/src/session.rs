@@ -1,13 +1,14 @@
 //! `dpfusion.Session`: one engine session (its tables, policies and budget ledger), shared safely by threads.
 
 use crate::errors::{to_py, usage};
-use crate::release::{Explanation, MarginalRelease, Release, to_python};
+use crate::release::{Explanation, MarginalRelease, Release, WorkloadRelease, to_python};
 use crate::run::run;
 use arrow_array::ffi_stream::ArrowArrayStreamReader;
 use arrow_pyarrow::FromPyArrow;
 use datafusion::arrow::array::RecordBatch;
 use datafusion::arrow::datatypes::{Field, Schema};
 use dpfusion::marginals::{MarginalBudget, MarginalSpec};
+use dpfusion::session::WorkloadSets;
 use dpfusion::{DpSession, Response, SessionConfig};
 use pyo3::prelude::*;
 use serde_json::{Value, json};
@@ -255,6 +256,49 @@ impl Session {
         let spec = MarginalSpec { budget, consistency, confidence, selection_delta };
         let m = run(py, || async move { self.inner.read().await.marginals(table, &columns, &spec).await })?;
         Ok(MarginalRelease::new(m))
+    }
+
+    /// Releases many marginals of `columns` of `table` (each with a public domain) in one debit: every marginal of
+    /// `way` of the columns (2, the default: every two-way table), or the marginals listed in `sets` (lists of
+    /// columns; `[]` is the total). The noise of each cell is chosen jointly for the least total error, and the
+    /// counts agree across marginals. Give `rho` (the cost), `target` (the half-width wanted of each cell's
+    /// interval, in counts) or `target_std`; `confidence` is the level of the intervals.
+    ///
+    /// >>> w = s.workload("pums", ["sex", "race"], sets=[["sex", "race"], ["sex"], []], rho=0.05)
+    /// >>> t = w.to_pandas()
+    /// >>> bool(abs(t[t.marginal == "sex"]["count"].sum() - t[t.marginal == ""]["count"].sum()) < 1e-6)
+    /// True
+    #[allow(clippy::too_many_arguments)] // the keyword arguments of the Python method
+    #[pyo3(signature = (
+        table, columns, *, way = None, sets = None, rho = None, target_std = None, target = None, confidence = None
+    ))]
+    fn workload(
+        &self,
+        py: Python<'_>,
+        table: &str,
+        columns: Vec<String>,
+        way: Option<usize>,
+        sets: Option<Vec<Vec<String>>>,
+        rho: Option<f64>,
+        target_std: Option<f64>,
+        target: Option<f64>,
+        confidence: Option<f64>,
+    ) -> PyResult<WorkloadRelease> {
+        let budget = match (rho, target_std, target) {
+            (Some(r), None, None) => MarginalBudget::Rho(r),
+            (None, Some(s), None) => MarginalBudget::TargetStd(s),
+            (None, None, Some(h)) => MarginalBudget::TargetHalfWidth(h),
+            _ => return Err(usage("invalid_parameter", "give exactly one of rho=, target= and target_std=".into())),
+        };
+        let sets = match (way, sets) {
+            (Some(_), Some(_)) => return Err(usage("invalid_parameter", "give way= or sets=, not both".into())),
+            (_, Some(sets)) => WorkloadSets::Sets(sets),
+            (way, None) => WorkloadSets::Ways(way.unwrap_or(2)),
+        };
+        let spec = MarginalSpec { budget, consistency: true, confidence, selection_delta: None };
+        let cols = columns.clone();
+        let w = run(py, || async move { self.inner.read().await.workload(table, &cols, &sets, &spec).await })?;
+        Ok(WorkloadRelease::new(w, columns))
     }
 
     fn __repr__(&self) -> String {
