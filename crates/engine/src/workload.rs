@@ -35,22 +35,23 @@
 //! the discrete Gaussian's Rényi divergences are at most the continuous one's, under integer shifts), and the
 //! residual's independent contrasts compose to ‖P_A v‖²/(2σ_A²) ≤ k²p_A/(2σ_A²) (BS16 Lemma 2.3): residual A is
 //! charged as one Gaussian measurement of L2 sensitivity k·√p_A and variance σ_A², and the workload as the sum of
-//! its residuals' ρ. The rebuild and the intervals are post-processing (BS16 Lemma 1.8). Test vectors: the audit
-//! in `tests/workload.rs` computes ‖P_A v‖² for every way one unit can change a small table and checks it against
-//! the claimed k²p_A.
+//! its residuals' ρ. The rebuild and the intervals are post-processing (BS16 Lemma 1.8). Tests: the unit test
+//! `one_unit_moves_each_residual_within_its_claimed_sensitivity` computes each residual's whitened shift for every
+//! way one unit can be added to a small table and checks it against the claimed k²p_A (reached exactly), and
+//! `tests/workload.rs` audits whole releases on neighbouring tables.
 //!
 //! # Allocation
 //! The loss is the sum of the variances of every released cell, Σ_A σ_A² u_A with
 //! u_A = Σ_{W ⊇ A} Π_{i∈A}(nᵢ − 1) / Π_{i∈W∖A} nᵢ, under Σ_A k²p_A/(2σ_A²) = ρ. Its minimiser (Lagrange) gives
 //! residual A the share ρ_A = ρ·√(u_A p_A)/S, S = Σ_A √(u_A p_A), and the total variance k²S²/(2ρ): the optimum
-//! among all linear mechanisms with Gaussian noise for this loss (ResidualPlanner §5, Thm 5.1 and its closed form
-//! for the sum of variances), reached here up to the dyadic rounding of each σ_A² (rounded up, so the privacy
+//! among all linear mechanisms with Gaussian noise for this loss (ResidualPlanner's optimality result, in its
+//! closed form for the sum of variances; recomputed apart in BENCHMARKS.md), reached here up to the dyadic rounding of each σ_A² (rounded up, so the privacy
 //! claim holds and the variance is at most 2⁻⁴⁰ relatively larger).
 //!
 //! # Accuracy
 //! A cell of the marginal on W has error variance at most V_W = Σ_{A⊆W} σ_A² p_A / Π_{i∈W∖A} nᵢ², the same for
 //! every cell. Its error is a weighted sum of independent discrete Gaussians, each sub-Gaussian with its σ
-//! (CKS20 §2.5: N_ℤ(0, σ²) is σ-sub-Gaussian), hence √V_W-sub-Gaussian: |error| ≤ √(2·V_W·ln(2/(1 − c))) with
+//! (CKS20: N_ℤ(0, σ²) is σ-sub-Gaussian), hence √V_W-sub-Gaussian: |error| ≤ √(2·V_W·ln(2/(1 − c))) with
 //! probability at least c. This interval is conservative (a Gaussian of the same variance would need 1.96 where
 //! this takes 2.72 at 95 %), and it is what the release states.
 
