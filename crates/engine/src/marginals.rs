@@ -383,7 +383,13 @@ pub(crate) fn check_counted_types(h: &Histograms, schema: &Schema) -> Result<()>
         None => h.domains.iter().map(Option::as_deref).collect(),
         Some(attrs) => vec![Some(attrs.as_slice()), h.domains.first().and_then(Option::as_deref)],
     };
-    for (field, domain) in schema.fields().iter().zip(counted) {
+    check_domain_types(&counted, schema)
+}
+
+/// [`check_counted_types`] for the first columns of `schema`, counted into the domains `counted` (None: a column
+/// counted by its own values).
+pub(crate) fn check_domain_types(counted: &[Option<&[DomainValue]>], schema: &Schema) -> Result<()> {
+    for (field, domain) in schema.fields().iter().zip(counted.iter().copied()) {
         // A column without a domain is counted by its own values (its type was checked when it was chosen).
         let Some(domain) = domain else { continue };
         let to = lookup_type(domain);

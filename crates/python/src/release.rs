@@ -1,5 +1,5 @@
 //! What a query gives back to Python: a `Release` (the engine's noisy answer, its accuracy and its charge), an
-//! `Explanation` (EXPLAIN DP, nothing spent) and a `MarginalRelease`. All of it is the engine's release, already
+//! `Explanation` (EXPLAIN DP, nothing spent), a `MarginalRelease` and a `WorkloadRelease`. All of it is the engine's release, already
 //! debited and noised; converting it (to pyarrow, pandas, polars, HTML) is post-processing.
 
 use crate::chart::Chart;
@@ -10,6 +10,22 @@ use dpfusion_charts::Chart as Drawing;
 use pyo3::prelude::*;
 use serde_json::{Value, json};
 use std::fmt::Write as _;
+
+/// `batches` (of `schema`) as a `pyarrow.Table`, handed over in place (no copy).
+pub(crate) fn to_pyarrow<'py>(
+    py: Python<'py>,
+    batches: Vec<datafusion::arrow::array::RecordBatch>,
+    schema: datafusion::arrow::datatypes::SchemaRef,
+) -> PyResult<Bound<'py, PyAny>> {
+    let table = arrow_pyarrow::Table::try_new(batches, schema)
+        .map_err(|e| crate::errors::usage("internal_error", e.to_string()))?;
+    table.into_pyarrow(py)
+}
+
+/// An engine value (a plan) serialised to JSON, as the Python objects that JSON makes.
+fn serialized(py: Python<'_>, v: serde_json::Result<Value>) -> PyResult<Py<PyAny>> {
+    to_python(py, &v.map_err(|e| crate::errors::usage("internal_error", e.to_string()))?)
+}
 
 /// A JSON value as the Python object `json.loads` makes of it.
 pub(crate) fn to_python(py: Python<'_>, v: &Value) -> PyResult<Py<PyAny>> {
@@ -103,9 +119,7 @@ impl Release {
     /// >>> t.column_names, t.num_rows
     /// (['sex', 'n'], 2)
     fn to_arrow<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        let table = arrow_pyarrow::Table::try_new(self.inner.batches().to_vec(), self.inner.schema().clone())
-            .map_err(|e| crate::errors::usage("internal_error", e.to_string()))?;
-        table.into_pyarrow(py)
+        to_pyarrow(py, self.inner.batches().to_vec(), self.inner.schema().clone())
     }
 
     /// The result as a pandas DataFrame (needs pandas).
@@ -353,10 +367,7 @@ impl MarginalRelease {
     /// ['column', 'key', 'noisy_count', 'count', 'frequency']
     fn to_arrow<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let batch = self.inner.to_record_batch().map_err(crate::errors::to_py)?;
-        let schema = batch.schema();
-        let table = arrow_pyarrow::Table::try_new(vec![batch], schema)
-            .map_err(|e| crate::errors::usage("internal_error", e.to_string()))?;
-        table.into_pyarrow(py)
+        to_pyarrow(py, vec![batch.clone()], batch.schema())
     }
 
     /// The same as a pandas DataFrame.
@@ -375,9 +386,7 @@ impl MarginalRelease {
     /// (10.0, 0.95, True)
     #[getter]
     fn plan(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
-        let v = serde_json::to_value(self.inner.plan())
-            .map_err(|e| crate::errors::usage("internal_error", e.to_string()))?;
-        to_python(py, &v)
+        serialized(py, serde_json::to_value(self.inner.plan()))
     }
 
     /// The noisy common total (every histogram sums to it when the release is consistent).
@@ -439,10 +448,7 @@ impl WorkloadRelease {
     /// ['marginal', 'sex', 'married', 'count', 'ci_half_width']
     fn to_arrow<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let batch = self.inner.to_record_batch(&self.columns).map_err(crate::errors::to_py)?;
-        let schema = batch.schema();
-        let table = arrow_pyarrow::Table::try_new(vec![batch], schema)
-            .map_err(|e| crate::errors::usage("internal_error", e.to_string()))?;
-        table.into_pyarrow(py)
+        to_pyarrow(py, vec![batch.clone()], batch.schema())
     }
 
     /// The same as a pandas DataFrame.
@@ -464,9 +470,7 @@ impl WorkloadRelease {
     /// (1.0, 4)
     #[getter]
     fn plan(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
-        let v = serde_json::to_value(self.inner.plan())
-            .map_err(|e| crate::errors::usage("internal_error", e.to_string()))?;
-        to_python(py, &v)
+        serialized(py, serde_json::to_value(self.inner.plan()))
     }
 
     /// What it cost: `id` and `rho` of the charge that paid, and `reused_from`: that charge's id when the same

@@ -119,12 +119,7 @@ impl Session {
         match response {
             Response::Release(r) => Ok(Py::new(py, Release::new(*r))?.into_any()),
             Response::Explain(e) => Ok(Py::new(py, Explanation::new(*e))?.into_any()),
-            Response::Public(p) => {
-                use arrow_pyarrow::IntoPyArrow;
-                let table = arrow_pyarrow::Table::try_new(p.batches, p.schema)
-                    .map_err(|e| usage("internal_error", e.to_string()))?;
-                Ok(table.into_pyarrow(py)?.unbind())
-            }
+            Response::Public(p) => Ok(crate::release::to_pyarrow(py, p.batches, p.schema)?.unbind()),
             Response::Set { .. } => Ok(py.None()),
         }
     }
@@ -247,12 +242,7 @@ impl Session {
         confidence: Option<f64>,
         selection_delta: Option<f64>,
     ) -> PyResult<MarginalRelease> {
-        let budget = match (rho, target_std, target) {
-            (Some(r), None, None) => MarginalBudget::Rho(r),
-            (None, Some(s), None) => MarginalBudget::TargetStd(s),
-            (None, None, Some(h)) => MarginalBudget::TargetHalfWidth(h),
-            _ => return Err(usage("invalid_parameter", "give exactly one of rho=, target= and target_std=".into())),
-        };
+        let budget = marginal_budget(rho, target_std, target)?;
         let spec = MarginalSpec { budget, consistency, confidence, selection_delta };
         let m = run(py, || async move { self.inner.read().await.marginals(table, &columns, &spec).await })?;
         Ok(MarginalRelease::new(m))
@@ -284,12 +274,7 @@ impl Session {
         target: Option<f64>,
         confidence: Option<f64>,
     ) -> PyResult<WorkloadRelease> {
-        let budget = match (rho, target_std, target) {
-            (Some(r), None, None) => MarginalBudget::Rho(r),
-            (None, Some(s), None) => MarginalBudget::TargetStd(s),
-            (None, None, Some(h)) => MarginalBudget::TargetHalfWidth(h),
-            _ => return Err(usage("invalid_parameter", "give exactly one of rho=, target= and target_std=".into())),
-        };
+        let budget = marginal_budget(rho, target_std, target)?;
         let sets = match (way, sets) {
             (Some(_), Some(_)) => return Err(usage("invalid_parameter", "give way= or sets=, not both".into())),
             (_, Some(sets)) => WorkloadSets::Sets(sets),
@@ -306,6 +291,16 @@ impl Session {
             Ok(s) => format!("dpfusion.Session(tables={:?})", s.tables().keys().collect::<Vec<_>>()),
             Err(_) => "dpfusion.Session(<busy>)".into(),
         }
+    }
+}
+
+/// The budget of a marginal or workload release from its keyword arguments: exactly one of them.
+fn marginal_budget(rho: Option<f64>, target_std: Option<f64>, target: Option<f64>) -> PyResult<MarginalBudget> {
+    match (rho, target_std, target) {
+        (Some(r), None, None) => Ok(MarginalBudget::Rho(r)),
+        (None, Some(s), None) => Ok(MarginalBudget::TargetStd(s)),
+        (None, None, Some(h)) => Ok(MarginalBudget::TargetHalfWidth(h)),
+        _ => Err(usage("invalid_parameter", "give exactly one of rho=, target= and target_std=".into())),
     }
 }
 

@@ -360,7 +360,7 @@ fn stored_release(id: &str, sql: &str, charge: Charge, bytes: &[u8]) -> Result<R
 }
 
 /// Whether a charge's measurements are the quoted ones (see [`Calibration::same_noise`]).
-fn same_noise(charged: &[Calibration], quoted: &[Calibration]) -> bool {
+pub(crate) fn same_noise(charged: &[Calibration], quoted: &[Calibration]) -> bool {
     charged.len() == quoted.len() && charged.iter().zip(quoted).all(|(c, q)| c.same_noise(q))
 }
 

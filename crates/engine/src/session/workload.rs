@@ -12,6 +12,7 @@ use crate::error::{DpError, Result};
 use crate::marginals::{self, Lookup, MarginalBudget, MarginalSpec};
 use crate::noise::{Mechanism, accuracy};
 use crate::plan::grouping::{self, GroupingOutput, GroupingPlan};
+use crate::policy::DomainValue;
 use crate::refusal::Refusal;
 use crate::release::{Accuracy, ColumnAccuracy, Parts, Release};
 use crate::session::explain::{ExplainedMeasure, Explanation};
@@ -39,7 +40,7 @@ pub(crate) struct PreparedWorkload {
     table: String,
     workload: Workload,
     /// Each column's domain.
-    domains: Vec<Vec<crate::policy::DomainValue>>,
+    domains: Vec<Vec<DomainValue>>,
     plan: WorkloadPlan,
     quote: Quote,
     k: u64,
@@ -86,8 +87,7 @@ impl DpSession {
         match claim {
             Claim::New(debit) | Claim::Resumed(debit) => self.draw_workload(p, debit, Some(&key)).await,
             Claim::Existing(Prior::Drawn(charge, bytes)) if !bytes.is_empty() => {
-                let (stored, quoted) = (charge.measurements(), &p.quote.measurements);
-                if stored.len() != quoted.len() || !stored.iter().zip(quoted).all(|(c, q)| c.same_noise(q)) {
+                if !super::execute::same_noise(charge.measurements(), &p.quote.measurements) {
                     return Err(DpError::Ledger(format!("the workload stored under `{key}` has other noise")));
                 }
                 let measured = Measured::of(&p.workload, Measured::from_bytes(&bytes)?)?;
@@ -203,14 +203,8 @@ impl DpSession {
         let plan = WorkloadPlan::new(&workload, k, &noise, quote.epsilon, confidence);
         let (over_limit, rows, logical) =
             self.bounded_rows(input, policy.privacy_unit.as_deref(), columns, None, k).await?;
-        let histograms = marginals::Histograms {
-            table: table.to_string(),
-            names: columns.to_vec(),
-            domains: domains.iter().cloned().map(Some).collect(),
-            attributes: None,
-            consistency: false,
-        };
-        marginals::check_counted_types(&histograms, &rows.schema())?;
+        let counted: Vec<Option<&[DomainValue]>> = domains.iter().map(|d| Some(d.as_slice())).collect();
+        marginals::check_domain_types(&counted, &rows.schema())?;
         let rows_text = logical.display_indent().to_string();
         Ok(PreparedWorkload {
             table: table.to_string(),
@@ -281,8 +275,8 @@ fn label(table: &str, w: &Workload) -> String {
 /// Whether `sql` may group by a grouping set (a cheap test on the text before the plan decides: a statement that
 /// does not name GROUPING, CUBE or ROLLUP takes the usual path unchanged).
 fn mentions_grouping(sql: &str) -> bool {
-    let lower = sql.to_ascii_lowercase();
-    ["grouping", "cube", "rollup"].iter().any(|w| lower.contains(w))
+    let text = sql.as_bytes();
+    ["grouping", "cube", "rollup"].iter().any(|w| text.windows(w.len()).any(|t| t.eq_ignore_ascii_case(w.as_bytes())))
 }
 
 impl DpSession {
@@ -346,7 +340,7 @@ impl DpSession {
         let (count, half) = (cells.column(g.columns.len() + 1), cells.column(g.columns.len() + 2));
         let (count, half) = (count.as_primitive::<Float64Type>(), half.as_primitive::<Float64Type>());
         // ORDER BY and LIMIT (post-processing): the rows kept, in order.
-        let rows = present(&g, &cells)?;
+        let rows = present(&g, &schema, &cells)?;
         let intervals: Vec<[f64; 2]> =
             rows.iter().map(|&i| [count.value(i) - half.value(i), count.value(i) + half.value(i)]).collect();
         let take = datafusion::arrow::array::UInt32Array::from_iter_values(rows.iter().map(|&i| i as u32));
@@ -480,12 +474,11 @@ fn describe_workload(plan: &WorkloadPlan) -> String {
 /// The rows of the release's `cells` (`WorkloadRelease::to_record_batch` over `g`'s key columns) that the
 /// statement returns, in its order: sorted by its ORDER BY (keys by value in their declared type, counts by value),
 /// then cut by its OFFSET and LIMIT. Post-processing of public keys and noisy counts.
-fn present(g: &GroupingPlan, cells: &RecordBatch) -> Result<Vec<usize>> {
+fn present(g: &GroupingPlan, schema: &SchemaRef, cells: &RecordBatch) -> Result<Vec<usize>> {
     use datafusion::arrow::compute::{SortColumn, SortOptions, lexsort_to_indices};
     let n = cells.num_rows();
     let mut rows: Vec<usize> = (0..n).collect();
     if !g.order.is_empty() {
-        let schema = grouping_schema(g);
         let columns = g
             .order
             .iter()
