@@ -9,6 +9,8 @@ mod cli;
 mod cluster;
 /// The configuration file: the example loads, mistakes are reported with their fix.
 mod config;
+/// Answers derived from stored releases (issue 39, `SET dp.reuse = 'derive'`): sub-totals and totals, free.
+mod derived;
 /// Differential fuzzing of the guarantee: generated queries on neighbouring tables.
 mod differential;
 /// The README and docs/: every relative link and `#anchor` leads somewhere; the README stays short.

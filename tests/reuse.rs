@@ -48,7 +48,7 @@ async fn the_same_measurements_are_answered_again_for_free() {
     assert!(fresh.note().is_none());
     assert!(!s.explain(BY_SEX).await.unwrap().to_string().contains("Reused"));
     assert_eq!(s.budget().unwrap().charges.len(), 4);
-    for bad in ["derive", "maybe"] {
+    for bad in ["derived", "maybe"] {
         let e = s.sql(&format!("SET dp.reuse = '{bad}'")).await.unwrap_err();
         assert_eq!(e.code(), "bad_option_value", "{e}");
     }

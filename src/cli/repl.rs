@@ -90,6 +90,7 @@ fn help() -> String {
   SET dp.rho = 0.02;                ρ per query (also dp.mechanism = 'laplace' or 'auto', dp.confidence = 0.9)
   SET dp.target = '±10';            instead of ρ: the smallest ρ giving every noisy column ± 10 ('n:±10' per column)
   SET dp.reuse = 'off';             pay for new noise when a query repeats (by default a repeat is free)
+  SET dp.reuse = 'derive';          also answer sub-totals of a stored GROUP BY from its cells, free
 Meta-commands:",
     );
     for (_, names, arg, what) in META {

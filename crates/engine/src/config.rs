@@ -330,7 +330,8 @@ pub struct SessionSettings {
     /// absent.
     pub min_max_quantile: Option<f64>,
     /// `"exact"` (the default): a query whose measurements were charged before is answered from them, free;
-    /// `"off"`: every query is charged (`SET dp.reuse` changes it per session).
+    /// `"derive"`: also sub-totals and totals of a stored GROUP BY, summed from its cells, free; `"off"`: every
+    /// query is charged (`SET dp.reuse` changes it per session).
     pub reuse: Option<String>,
 }
 

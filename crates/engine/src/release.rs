@@ -167,6 +167,8 @@ pub struct Release {
     session_epsilon: EpsilonBound,
     budget: BudgetStatus,
     note: Option<String>,
+    /// Answered from an earlier charge (reused, shared or derived): this query spent nothing.
+    free: bool,
 }
 
 /// Everything of a release but its data and its charge (which the ledger keeps), for storage.
@@ -191,13 +193,15 @@ pub(crate) struct Parts {
     pub(crate) session_epsilon: EpsilonBound,
     pub(crate) budget: BudgetStatus,
     pub(crate) note: Option<String>,
+    /// Answered from an earlier charge (reused, shared or derived): this query spent nothing.
+    pub(crate) free: bool,
 }
 
 impl Release {
     /// A release of `parts`, paid for by `charge` (taken by value: one charge, one release).
     pub(crate) fn new(parts: Parts, charge: Charge) -> Self {
-        let Parts { sql, schema, batches, accuracy, query_epsilon, session_epsilon, budget, note } = parts;
-        Release { sql, schema, batches, accuracy, charge, query_epsilon, session_epsilon, budget, note }
+        let Parts { sql, schema, batches, accuracy, query_epsilon, session_epsilon, budget, note, free } = parts;
+        Release { sql, schema, batches, accuracy, charge, query_epsilon, session_epsilon, budget, note, free }
     }
 
     /// Why the result is not the query's own output, when it is not: its post-processing failed on the noisy
@@ -297,6 +301,7 @@ impl Release {
             session_epsilon: meta.session_epsilon,
             budget: meta.budget,
             note: meta.note,
+            free: false,
         })
     }
 
@@ -330,8 +335,16 @@ impl Release {
         out
     }
 
-    /// `ρ spent 0.05 (ε=1.368 at δ=1e-6) · remaining 0.95`: what this query cost and what remains.
+    /// `ρ spent 0.05 (ε=1.368 at δ=1e-6) · remaining 0.95`: what this query cost and what remains (`ρ spent 0
+    /// (answered from charge #3) · remaining 0.9` for an answer from an earlier charge).
     pub fn cost_line(&self) -> String {
+        if self.free {
+            return format!(
+                "ρ spent 0 (answered from charge #{}) · remaining {}",
+                self.charge.id(),
+                fmt_num(self.budget.rho_remaining)
+            );
+        }
         format!(
             "ρ spent {} (ε={:.3} at δ={}) · remaining {}",
             fmt_num(self.charge.rho().get()),
@@ -425,6 +438,10 @@ fn release_json(r: &Release) -> Value {
     }
     if let Some(note) = &r.note {
         v["note"] = json!(note);
+    }
+    // Answered from an earlier charge: `charge` is that charge, and this query spent nothing.
+    if r.free {
+        v["charge"]["free"] = json!(true);
     }
     v
 }

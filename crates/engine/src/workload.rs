@@ -60,6 +60,7 @@ use crate::accounting::convert::EpsilonBound;
 use crate::accounting::{Charge, Rho};
 use crate::error::{DpError, Result};
 use crate::noise::NoiseParams;
+use crate::noise::accuracy::sub_gaussian_half_width;
 use crate::noise::gaussian::DiscreteGaussian;
 use crate::noise::ratio::Ratio;
 use crate::noise::rng::NoiseRng;
@@ -608,11 +609,6 @@ pub struct WorkloadPlan {
     pub one_by_one_variance: f64,
 }
 
-/// The half-width of an interval at `confidence` for a √V-sub-Gaussian error (module docs).
-pub(crate) fn half_width(variance: f64, confidence: f64) -> f64 {
-    (2.0 * variance * (2.0 / (1.0 - confidence)).ln()).sqrt()
-}
-
 impl WorkloadPlan {
     /// The plan of `w` with `cals` (its residuals' calibrations) and the samplers' `noise`.
     pub(crate) fn new(w: &Workload, k: u64, noise: &Noise, epsilon: EpsilonBound, confidence: f64) -> Self {
@@ -626,7 +622,7 @@ impl WorkloadPlan {
                 columns: names(s),
                 cells: w.cells(s),
                 std: v.sqrt(),
-                ci_half_width: half_width(*v, confidence),
+                ci_half_width: sub_gaussian_half_width(*v, confidence),
             })
             .collect::<Vec<_>>();
         let residuals: Vec<ResidualPlan> = w

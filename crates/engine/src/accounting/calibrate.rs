@@ -40,10 +40,23 @@ pub struct Calibration {
     /// ρ-zCDP (BS16 Def. 1.4). 0 for every other measurement, and in charges recorded before dpfusion kept it.
     #[serde(default, skip_serializing_if = "is_zero")]
     delta: f64,
+    /// How many independent draws of this noise are added up in the values it describes: 1 for a measurement
+    /// (what a charge records); n for a derived answer that sums n stored cells ([`Calibration::summed`]), whose
+    /// accuracy only it describes and which is never charged.
+    #[serde(default = "one", skip_serializing_if = "is_one")]
+    summed: u64,
 }
 
 fn is_zero(x: &f64) -> bool {
     *x == 0.0
+}
+
+fn one() -> u64 {
+    1
+}
+
+fn is_one(x: &u64) -> bool {
+    *x == 1
 }
 
 /// How a session's budget is enforced, which decides how each measurement is priced.
@@ -114,6 +127,30 @@ impl Calibration {
             && self.pure_epsilon == other.pure_epsilon
             && self.gdp_mu == other.gdp_mu
             && self.delta == other.delta
+            && self.summed == other.summed
+    }
+
+    /// How many independent draws of this noise the values it describes add up: 1 for a measurement, n for a
+    /// derived answer summing n stored cells ([`Calibration::summed`]).
+    pub fn terms(&self) -> u64 {
+        self.summed
+    }
+
+    /// The noise of the sum of `n` independent draws of this measurement's noise (a sub-total derived from `n`
+    /// stored cells, [`crate::session::derive`]): it describes accuracy only. Nothing new is measured, so it is
+    /// never charged: every charge's total refuses it ([`crate::accounting::filter::total_rho`]). Only the Gaussian mechanism's sums have an interval dpfusion states (sub-Gaussian:
+    /// [`crate::noise::accuracy::sub_gaussian_half_width`]); others are refused.
+    pub(crate) fn summed(&self, n: u64) -> Result<Calibration> {
+        if self.mechanism() != Mechanism::Gaussian || self.summed != 1 || n == 0 {
+            return Err(DpError::Internal(format!("a sum of {n} draws of {} noise", self.mechanism())));
+        }
+        Ok(Calibration { summed: n, ..self.clone() })
+    }
+
+    /// σ (the Gaussian), b (the Laplace) or η (the exponential mechanism) of the noise the values carry: for a sum
+    /// of n draws of a Gaussian, √n·σ, its sub-Gaussian parameter (for display).
+    pub fn sigma_or_scale(&self) -> f64 {
+        self.params.sigma_or_scale() * (self.summed as f64).sqrt()
     }
 
     /// The δ of an approximate-zCDP measurement (key selection): 0 for a plain ρ-zCDP one.
@@ -239,6 +276,7 @@ pub fn gaussian(l2: f64, rho: Rho) -> Result<Calibration> {
         shape: None,
         gdp_mu: None,
         delta: 0.0,
+        summed: 1,
     })
 }
 
@@ -289,6 +327,7 @@ pub fn gaussian_for_sigma(l2: f64, sigma: f64) -> Result<Calibration> {
         shape: None,
         gdp_mu: None,
         delta: 0.0,
+        summed: 1,
     })
 }
 
@@ -355,6 +394,7 @@ pub fn laplace(l1: f64, rho: Rho) -> Result<Calibration> {
         shape: None,
         gdp_mu: None,
         delta: 0.0,
+        summed: 1,
     })
 }
 
@@ -398,6 +438,7 @@ pub fn gaussian_gdp(l2: f64, rho: Rho) -> Result<Calibration> {
                 shape: None,
                 gdp_mu: Some(mu),
                 delta: 0.0,
+                summed: 1,
             });
         }
         sigma *= mu / target * (1.0 + 1e-12);
@@ -433,6 +474,7 @@ pub fn laplace_gdp(l1: f64, rho: Rho) -> Result<Calibration> {
         shape: None,
         gdp_mu: Some(mu),
         delta: 0.0,
+        summed: 1,
     })
 }
 
@@ -490,6 +532,7 @@ pub fn exponential(score_sensitivity: u128, cells: u64, rho: Rho, accounting: Ac
         shape: None,
         gdp_mu,
         delta: 0.0,
+        summed: 1,
     })
 }
 
@@ -592,6 +635,26 @@ mod tests {
 
     fn rho(x: f64) -> Rho {
         Rho::new(x).unwrap()
+    }
+
+    /// A derived answer's noise (a sum of stored draws) describes accuracy only: no ledger can charge it, it is
+    /// never the same noise as the measurement it sums, and only Gaussian noise is summed.
+    #[test]
+    fn summed_noise_is_never_charged() {
+        let c = gaussian(2.0, rho(0.1)).unwrap();
+        let summed = c.summed(3).unwrap();
+        assert_eq!((summed.terms(), c.terms()), (3, 1));
+        assert!((summed.sigma_or_scale() - 3f64.sqrt() * c.sigma_or_scale()).abs() < 1e-12);
+        assert!(!summed.same_noise(&c));
+        assert!(crate::accounting::filter::total_rho(std::slice::from_ref(&summed)).is_err());
+        let ledger = crate::accounting::ledger::MemoryLedger::new(rho(1.0));
+        use crate::accounting::ledger::Ledger;
+        assert!(ledger.charge("q", &[], vec![summed.clone()]).is_err());
+        assert_eq!(ledger.status().unwrap().1.get(), 0.0);
+        assert!(summed.summed(2).is_err(), "a sum is not summed again");
+        assert!(laplace(2.0, rho(0.1)).unwrap().summed(2).is_err());
+        // Stored as a charge records it, a measurement has no `summed` field (older ledgers read the same).
+        assert!(!serde_json::to_string(&c).unwrap().contains("summed"));
     }
 
     #[test]

@@ -69,6 +69,22 @@ impl Claim {
     }
 }
 
+/// What a stored draw can answer beside its own statement ([`crate::session::derive`]): `shape` names the rows
+/// it counted and how (any statement it answers must have the same), `holds` what it measured (its keys with
+/// their domains, its measurements), as [`crate::session::derive`] writes them. Recorded with the draw, in the
+/// same transaction.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DrawIndex {
+    /// The rows' shape (a fingerprint).
+    pub shape: String,
+    /// What the draw holds.
+    pub holds: String,
+}
+
+/// How many indexed draws of one shape [`Ledger::indexed_draws`] returns (the newest): a statement looks at no
+/// more than these to derive an answer.
+pub const MAX_INDEXED: usize = 64;
+
 /// A budget ledger.
 pub trait Ledger: Send + Sync {
     /// Where the ledger lives, for banners and reports.
@@ -90,8 +106,12 @@ pub trait Ledger: Send + Sync {
     /// What is known about `request_id`.
     fn prior(&self, request_id: &str) -> Result<Prior>;
     /// Stores the noisy measurements drawn under `request_id`, unless some run stored them first; returns the
-    /// stored bytes (these, or the earlier ones), which are the only ones that may be used.
-    fn store_draw(&self, request_id: &str, draw: &[u8]) -> Result<Vec<u8>>;
+    /// stored bytes (these, or the earlier ones), which are the only ones that may be used. With `index`, records
+    /// what else the draw can answer ([`DrawIndex`]) in the same step.
+    fn store_draw(&self, request_id: &str, draw: &[u8], index: Option<&DrawIndex>) -> Result<Vec<u8>>;
+    /// This budget's stored draws indexed under `shape`, newest first, at most [`MAX_INDEXED`]: each one's
+    /// request id and what it holds ([`DrawIndex::holds`]).
+    fn indexed_draws(&self, shape: &str) -> Result<Vec<(String, String)>>;
     /// Stores the release made under `request_id` (before it is returned to the caller), unless one is stored.
     fn store_release(&self, request_id: &str, release: &[u8]) -> Result<()>;
     /// The first noisy measurements stored under `request_id` in **another** budget of this ledger, with the charge
@@ -122,6 +142,7 @@ struct RequestEntry {
     charge: Charge,
     draw: Option<Vec<u8>>,
     release: Option<Vec<u8>>,
+    index: Option<DrawIndex>,
 }
 
 impl RequestEntry {
@@ -198,18 +219,36 @@ impl Ledger for MemoryLedger {
             return Ok(Claim::known(e.prior()));
         }
         let charge = self.filter.lock().map_err(poisoned)?.charge(label, measurements)?;
-        requests.insert(request_id.to_string(), RequestEntry { charge: charge.clone(), draw: None, release: None });
+        requests.insert(
+            request_id.to_string(),
+            RequestEntry { charge: charge.clone(), draw: None, release: None, index: None },
+        );
         Ok(Claim::New(Debit::new(charge)))
     }
     fn prior(&self, request_id: &str) -> Result<Prior> {
         Ok(self.requests.lock().map_err(poisoned)?.get(request_id).map_or(Prior::None, RequestEntry::prior))
     }
-    fn store_draw(&self, request_id: &str, draw: &[u8]) -> Result<Vec<u8>> {
+    fn store_draw(&self, request_id: &str, draw: &[u8], index: Option<&DrawIndex>) -> Result<Vec<u8>> {
         let mut requests = self.requests.lock().map_err(poisoned)?;
         let entry = requests
             .get_mut(request_id)
             .ok_or_else(|| DpError::Ledger(format!("request id `{request_id}` has no charge to store a draw under")))?;
+        if entry.draw.is_none() {
+            entry.index = index.cloned();
+        }
         Ok(entry.draw.get_or_insert_with(|| draw.to_vec()).clone())
+    }
+    fn indexed_draws(&self, shape: &str) -> Result<Vec<(String, String)>> {
+        let requests = self.requests.lock().map_err(poisoned)?;
+        let mut found: Vec<(u64, String, String)> = requests
+            .iter()
+            .filter_map(|(id, e)| {
+                let index = e.index.as_ref().filter(|i| i.shape == shape)?;
+                Some((e.charge.id(), id.clone(), index.holds.clone()))
+            })
+            .collect();
+        found.sort_by(|a, b| b.0.cmp(&a.0).then_with(|| a.1.cmp(&b.1)));
+        Ok(found.into_iter().take(MAX_INDEXED).map(|(_, id, holds)| (id, holds)).collect())
     }
     fn store_release(&self, request_id: &str, release: &[u8]) -> Result<()> {
         if let Some(entry) = self.requests.lock().map_err(poisoned)?.get_mut(request_id) {
@@ -377,7 +416,10 @@ impl LedgerDb {
                  verifier TEXT NOT NULL, tables TEXT, disabled INTEGER NOT NULL DEFAULT 0, created INTEGER NOT NULL);
              CREATE TABLE IF NOT EXISTS table_caps (name TEXT PRIMARY KEY, cap REAL NOT NULL, spent REAL NOT NULL);
              CREATE TABLE IF NOT EXISTS charge_tables (charge INTEGER NOT NULL, name TEXT NOT NULL,
-                 PRIMARY KEY (charge, name));",
+                 PRIMARY KEY (charge, name));
+             CREATE TABLE IF NOT EXISTS draw_index (budget TEXT NOT NULL, request_id TEXT NOT NULL,
+                 shape TEXT NOT NULL, holds TEXT NOT NULL, PRIMARY KEY (budget, request_id));
+             CREATE INDEX IF NOT EXISTS draw_index_shape ON draw_index (budget, shape);",
         )
         .map_err(|e| write_error(display, e))?;
         tx.execute("INSERT OR IGNORE INTO meta VALUES ('application', ?1)", params![APPLICATION])
@@ -852,15 +894,23 @@ impl Ledger for SqliteLedger {
     fn prior(&self, request_id: &str) -> Result<Prior> {
         self.read_prior(&*self.conn()?, request_id)
     }
-    fn store_draw(&self, request_id: &str, draw: &[u8]) -> Result<Vec<u8>> {
+    fn store_draw(&self, request_id: &str, draw: &[u8], index: Option<&DrawIndex>) -> Result<Vec<u8>> {
         let display = self.display();
         let mut conn = self.conn()?;
         let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(|e| sql_error(&display, e))?;
-        tx.execute(
-            "INSERT OR IGNORE INTO draws (budget, request_id, at, body) VALUES (?1, ?2, ?3, ?4)",
-            params![self.budget, request_id, now(), draw],
-        )
-        .map_err(|e| sql_error(&display, e))?;
+        let stored = tx
+            .execute(
+                "INSERT OR IGNORE INTO draws (budget, request_id, at, body) VALUES (?1, ?2, ?3, ?4)",
+                params![self.budget, request_id, now(), draw],
+            )
+            .map_err(|e| sql_error(&display, e))?;
+        if let Some(index) = index.filter(|_| stored == 1) {
+            tx.execute(
+                "INSERT OR IGNORE INTO draw_index (budget, request_id, shape, holds) VALUES (?1, ?2, ?3, ?4)",
+                params![self.budget, request_id, index.shape, index.holds],
+            )
+            .map_err(|e| sql_error(&display, e))?;
+        }
         let stored: Vec<u8> = tx
             .query_row(
                 "SELECT body FROM draws WHERE budget = ?1 AND request_id = ?2",
@@ -870,6 +920,20 @@ impl Ledger for SqliteLedger {
             .map_err(|e| sql_error(&display, e))?;
         tx.commit().map_err(|e| sql_error(&display, e))?;
         Ok(stored)
+    }
+    fn indexed_draws(&self, shape: &str) -> Result<Vec<(String, String)>> {
+        let conn = self.conn()?;
+        let mut statement = conn
+            .prepare_cached(
+                "SELECT i.request_id, i.holds FROM draw_index i JOIN charges c \
+                 ON c.budget = i.budget AND c.request_id = i.request_id \
+                 WHERE i.budget = ?1 AND i.shape = ?2 ORDER BY c.id DESC LIMIT ?3",
+            )
+            .map_err(|e| sql_error(&self.display(), e))?;
+        let rows = statement
+            .query_map(params![self.budget, shape, MAX_INDEXED as i64], |r| Ok((r.get(0)?, r.get(1)?)))
+            .map_err(|e| sql_error(&self.display(), e))?;
+        rows.collect::<rusqlite::Result<Vec<_>>>().map_err(|e| sql_error(&self.display(), e))
     }
     fn shared_draw(&self, request_id: &str) -> Result<Option<(Charge, Vec<u8>)>> {
         let conn = self.conn()?;
@@ -935,6 +999,33 @@ impl SqliteLedger {
 #[cfg(test)]
 mod reprepare_tests {
     use super::*;
+
+    /// Draws stored with an index are listed under their shape, newest first, per budget; a draw stored second
+    /// under the same id keeps the first one's index (first writer wins).
+    #[test]
+    fn indexed_draws_are_listed_by_shape_newest_first() {
+        let dir = std::env::temp_dir().join(format!("dpfusion-index-{}-{}", std::process::id(), rand::random::<u64>()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("ledger.sqlite");
+        let a = SqliteLedger::open(&path, "a", Rho::new(100.0).unwrap(), Duration::from_secs(5)).unwrap();
+        let b = SqliteLedger::open(&path, "b", Rho::new(100.0).unwrap(), Duration::from_secs(5)).unwrap();
+        let memory = MemoryLedger::new(Rho::new(100.0).unwrap());
+        let cal = || crate::accounting::calibrate::gaussian(1.0, Rho::new(0.01).unwrap()).unwrap();
+        let index = |shape: &str, holds: &str| DrawIndex { shape: shape.into(), holds: holds.into() };
+        for l in [&a as &dyn Ledger, &memory] {
+            for (id, shape) in [("r1", "s"), ("r2", "t"), ("r3", "s")] {
+                assert!(matches!(l.claim(id, id, &[], vec![cal()]).unwrap(), Claim::New(_)));
+                l.store_draw(id, b"draw", Some(&index(shape, &format!("holds {id}")))).unwrap();
+            }
+            l.store_draw("r1", b"other", Some(&index("t", "late"))).unwrap();
+            let listed = l.indexed_draws("s").unwrap();
+            assert_eq!(listed, vec![("r3".into(), "holds r3".into()), ("r1".into(), "holds r1".into())]);
+            assert_eq!(l.indexed_draws("t").unwrap().len(), 1);
+        }
+        assert!(b.indexed_draws("s").unwrap().is_empty(), "another budget's draws are not listed");
+        drop((a, b));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 
     /// The ledger's cached statements are planned once: charging and composing ε again and again, with new
     /// values bound every time, never makes SQLite prepare one of them again.

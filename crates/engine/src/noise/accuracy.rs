@@ -107,6 +107,14 @@ pub fn discrete_gaussian_ci_half_width(sigma_sq: Ratio, confidence: f64) -> Resu
     Ok(h as f64)
 }
 
+/// The half-width of an interval at `confidence` for a sum of independent discrete Gaussian noises whose σ²
+/// add up to `variance`: √(2V·ln(2/β)), β = 1 − `confidence`. Each discrete Gaussian N_ℤ(0, σ²) is σ-sub-Gaussian
+/// (its moment generating function is at most the continuous one's: CKS20 Prop. 19), so the sum is √V-sub-Gaussian
+/// and P(|Z| > h) ≤ 2·exp(−h²/(2V)) = β (Chernoff). Conservative: 2.72·√V at 95 %, where a Gaussian would need 1.96·√V.
+pub(crate) fn sub_gaussian_half_width(variance: f64, confidence: f64) -> f64 {
+    (2.0 * variance * (2.0 / (1.0 - confidence)).ln()).sqrt()
+}
+
 /// Φ̄(x) = P(N(0, 1) > x).
 pub(crate) fn normal_sf(x: f64) -> f64 {
     0.5 * erfc(x / std::f64::consts::SQRT_2)

@@ -29,14 +29,22 @@ use datafusion::common::tree_node::TreeNode;
 use datafusion::logical_expr::{Expr, ExprSchemable, LogicalPlan, Operator};
 
 /// Standard deviation and CI half-width (grid units) of a calibrated mechanism; NaN for the exponential
-/// mechanism, which adds no noise to a value (its accuracy is a rank interval: [`rank_accuracy`]).
+/// mechanism, which adds no noise to a value (its accuracy is a rank interval: [`rank_accuracy`]). For the sum of
+/// n > 1 Gaussian draws (a derived answer, [`Calibration::terms`]): √n times the std, and the sub-Gaussian
+/// half-width of variance n·σ² ([`accuracy::sub_gaussian_half_width`]).
 pub(crate) fn noise_accuracy(c: &Calibration, confidence: f64) -> Result<(f64, f64)> {
+    let n = c.terms();
     let half = match c.params() {
+        NoiseParams::Gaussian { sigma_sq } if n > 1 => {
+            accuracy::check_confidence(confidence)?;
+            accuracy::sub_gaussian_half_width(n as f64 * sigma_sq.to_f64(), confidence)
+        }
+        _ if n > 1 => return Err(DpError::Internal("only Gaussian noise is summed in derived answers".into())),
         NoiseParams::Gaussian { sigma_sq } => accuracy::discrete_gaussian_ci_half_width(sigma_sq, confidence)?,
         NoiseParams::Laplace { scale } => accuracy::discrete_laplace_ci_half_width(scale, confidence)?,
         NoiseParams::Exponential { .. } => f64::NAN,
     };
-    Ok((c.params().std(), half))
+    Ok((c.params().std() * (n as f64).sqrt(), half))
 }
 
 /// Whether measurement `m` of `dp` is a quantile.
@@ -415,7 +423,7 @@ fn linear_accuracy(dp: &DpPlan, cals: &[Calibration], terms: Vec<(usize, f64)>, 
             let k = a.abs() * unit;
             Accuracy::Noisy {
                 mechanism: c.mechanism(),
-                sigma_or_scale: c.params().sigma_or_scale() * k,
+                sigma_or_scale: c.sigma_or_scale() * k,
                 std: std * k,
                 ci_half_width: ci * k,
                 confidence,

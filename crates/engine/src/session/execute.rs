@@ -41,7 +41,7 @@ use std::sync::Arc;
 /// domain, of the released keys, stored after the values (an Arrow IPC stream of one batch).
 pub(crate) struct Draw {
     fingerprint: u128,
-    values: Vec<Vec<i128>>,
+    pub(super) values: Vec<Vec<i128>>,
     /// The released keys of a selection (one row per cell of `values`); None: the product of the domains.
     keys: Option<RecordBatch>,
 }
@@ -51,6 +51,11 @@ const DRAW_MAGIC: &[u8; 8] = b"dpdraw01";
 const DRAW_KEYS_MAGIC: &[u8; 8] = b"dpdraw02";
 
 impl Draw {
+    /// The values of a plan's cells (fingerprint `fingerprint`), in the order of [`domain_product`].
+    pub(super) fn of_cells(fingerprint: u128, values: Vec<Vec<i128>>) -> Draw {
+        Draw { fingerprint, values, keys: None }
+    }
+
     /// The keys of the cells, in the order of the values.
     fn cells(&self, dp: &DpPlan) -> Result<Vec<Vec<ScalarValue>>> {
         let Some(keys) = &self.keys else { return Ok(domain_product(dp)) };
@@ -87,7 +92,7 @@ impl Draw {
         Ok(out)
     }
 
-    fn from_bytes(b: &[u8]) -> Result<Draw> {
+    pub(super) fn from_bytes(b: &[u8]) -> Result<Draw> {
         let bad = || DpError::Ledger("a stored draw of noisy values is unreadable".into());
         let word = |at: usize| b.get(at..at + 8).and_then(|w| <[u8; 8]>::try_from(w).ok()).map(u64::from_le_bytes);
         let with_keys = match b.get(..8) {
@@ -135,6 +140,8 @@ enum Next {
     Stored(Charge, Draw),
     /// Return this stored release.
     Done(Box<Release>),
+    /// Post-process these sums of a stored release's cells (`SET dp.reuse = 'derive'`: nothing is charged).
+    Derived(Box<super::derive::Derived>),
 }
 
 fn another_query(id: &str, charge: &Charge) -> DpError {
@@ -179,10 +186,12 @@ impl DpSession {
             // Without a request id, the measurements are stored under their reuse key ([`super::reuse`]): the same
             // measurements asked again are answered from them.
             let mut keyed = match request_id {
-                Some(id) => Some(Keyed { id: id.to_string(), request: true, shared: false }),
-                None if self.reuse() == Reuse::Exact => {
+                Some(id) => Some(Keyed { id: id.to_string(), request: true, shared: false, index: None }),
+                None if self.reuse().exact() => {
                     let id = reuse_key(&prepared.private, &prepared.dp, &quote);
-                    Some(Keyed { id, request: false, shared: false })
+                    // What else its draw can answer, recorded with it ([`super::derive`]).
+                    let index = self.draw_index(&prepared.dp, &quote.measurements, sql)?;
+                    Some(Keyed { id, request: false, shared: false, index })
                 }
                 None => None,
             };
@@ -195,6 +204,15 @@ impl DpSession {
                 }
                 _ => None,
             };
+            // With `SET dp.reuse = 'derive'`, measurements never charged but summed from a stored release's cells.
+            if self.reuse() == Reuse::Derive
+                && shared.is_none()
+                && let Some(k) = keyed.as_ref().filter(|k| !k.request)
+                && matches!(self.ledger.prior(&k.id)?, Prior::None)
+                && let Some(derived) = self.derivation(&prepared.dp)?
+            {
+                return self.release(sql, &prepared, Next::Derived(Box::new(derived)), None, &quote).await;
+            }
             let claimed = match (&keyed, shared) {
                 (Some(k), Some(prior)) => stored(k, sql, &prepared.dp, &quote, prior),
                 (None, _) => self.ledger.charge(sql, &tables, quote.measurements.clone()).map(Next::Run),
@@ -227,16 +245,22 @@ impl DpSession {
     ) -> Result<Release> {
         let confidence = quote.confidence;
         let dp = &prepared.dp;
-        let (charge, draw, reused) = match next {
+        let (charge, draw, reused, derived) = match next {
             Next::Done(r) => return Ok(*r),
-            Next::Stored(charge, draw) => (charge, draw, keyed.is_some_and(|k| !k.request)),
+            Next::Derived(d) => {
+                let source = d.source();
+                let super::derive::Derived { charge, draw, cals, .. } = *d;
+                (charge, draw, false, Some((cals, source)))
+            }
+            Next::Stored(charge, draw) => (charge, draw, keyed.is_some_and(|k| !k.request), None),
             Next::Run(debit) => {
                 let (charge, draw) = self.run_private(prepared, debit, quote.selection.as_ref()).await?;
                 let draw = match keyed {
                     None => draw,
                     Some(k) => {
                         // First writer wins: if another run stored its draw first, that one is used, this one dropped.
-                        let stored = Draw::from_bytes(&self.ledger.store_draw(&k.id, &draw.to_bytes()?)?)?;
+                        let bytes = self.ledger.store_draw(&k.id, &draw.to_bytes()?, k.index.as_ref())?;
+                        let stored = Draw::from_bytes(&bytes)?;
                         if stored.fingerprint != draw.fingerprint {
                             // Only a run under another policy can have stored another plan's draw under this id.
                             return Err(changed(&k.id, &charge, quote));
@@ -244,13 +268,15 @@ impl DpSession {
                         stored
                     }
                 };
-                (charge, draw, false)
+                (charge, draw, false, None)
             }
         };
+        // The noise the values carry: the charge's, or for a derived answer its sums' ([`super::derive`]).
+        let cals = derived.as_ref().map_or(charge.measurements(), |(cals, _)| cals.as_slice());
         let values = &draw.values;
         // Each measurement's half-width at level √c: an average's interval holds when both of its hold (p.
         // accuracy::avg_interval).
-        let half = charge.measurements().iter().map(|c| Halves::of(c, confidence)).collect::<Result<Vec<_>>>()?;
+        let half = cals.iter().map(|c| Halves::of(c, confidence)).collect::<Result<Vec<_>>>()?;
         let noisy = noisy_batch(dp, draw.cells(dp)?, values, &half)?;
         // Post-processing sees only noisy values; if it fails on them, the release holds those values (paid for),
         // never an error that would lose them.
@@ -277,15 +303,19 @@ impl DpSession {
             }
         };
         let (schema, batches, hidden) = split_hidden(&post.0, post.1)?;
-        let cals = charge.measurements();
         let accuracy = column_accuracy(dp, cals, &schema, &batches, &hidden, confidence, note.is_some())?;
         let note = match note {
             Some(n) => Some(n),
             None => selection_note(dp, cals, &accuracy, confidence)?,
         };
-        let note = match reused {
-            false => note,
-            true => {
+        let free = reused || derived.is_some();
+        let note = match (reused, derived) {
+            (false, None) => note,
+            (_, Some((_, source))) => Some(match note {
+                Some(n) => format!("derived: {source} (SET dp.reuse = 'exact' to pay for new measurements); {n}"),
+                None => format!("derived: {source} (SET dp.reuse = 'exact' to pay for new measurements)"),
+            }),
+            (true, None) => {
                 let first = if keyed.is_some_and(|k| k.shared) {
                     format!(
                         "shared: charge #{} of another analyst's budget paid for the same measurements, so they are \
@@ -315,6 +345,7 @@ impl DpSession {
             session_epsilon: self.ledger.epsilon(self.defaults.delta)?,
             query_epsilon: quote.epsilon,
             note,
+            free,
         };
         let release = Release::new(parts, charge);
         if let Some(k) = keyed.filter(|k| k.request) {
@@ -381,6 +412,8 @@ pub(crate) struct Keyed {
     request: bool,
     /// Answered from another budget's charge (`[server] share_releases`).
     shared: bool,
+    /// What else the draw can answer, recorded with it (reuse keys only).
+    index: Option<crate::accounting::ledger::DrawIndex>,
 }
 
 /// A request id charged before and never drawn: run under its debit, provided the query and its price (`quote`)

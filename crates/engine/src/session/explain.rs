@@ -71,7 +71,8 @@ pub struct Explanation {
     /// With `SET dp.target`: how ρ was solved for it, and whether the budget left covers it.
     pub target: Option<String>,
     /// When the same measurements were charged before under this budget (`SET dp.reuse = 'exact'`): which charge
-    /// the query would be answered from, at no cost.
+    /// the query would be answered from, at no cost; else, when sums of a stored release's cells can answer it
+    /// (`SET dp.reuse = 'derive'`), that answer's accuracy beside the fresh one's.
     pub reuse: Option<String>,
     /// Whether a variance or standard deviation shares ρ 1 : 2 : 1 between its three measurements (the others
     /// share it equally).
@@ -271,16 +272,49 @@ impl DpSession {
 }
 
 impl DpSession {
-    /// Whether the query would be answered from an earlier charge of the same measurements ([`super::reuse`]).
+    /// Whether the query would be answered from an earlier charge of the same measurements ([`super::reuse`]);
+    /// else, whether sums of a stored release's cells can answer it ([`super::derive`]): offered both ways, with the
+    /// derived accuracy of each noisy column, and which one `SET dp.reuse` picks.
     fn explained_reuse(&self, prepared: &prepare::Prepared, quote: &super::quote::Quote) -> Result<Option<String>> {
-        self.explained_reuse_of(&super::reuse::reuse_key(&prepared.private, &prepared.dp, quote), "measurements")
+        use super::reuse::Reuse;
+        let key = super::reuse::reuse_key(&prepared.private, &prepared.dp, quote);
+        let exact = self.explained_reuse_of(&key, "measurements")?;
+        if exact.is_some() || !self.reuse().exact() {
+            return Ok(exact);
+        }
+        let dp = &prepared.dp;
+        let Some(derived) = self.derivation(dp)? else { return Ok(None) };
+        let mut columns = Vec::new();
+        for (i, f) in dp.original.schema().fields().iter().enumerate() {
+            let planned = accuracy::plan_accuracy(dp, &derived.cals, i, quote.confidence)?;
+            if !matches!(planned, accuracy::Planned::Ready(crate::release::Accuracy::Public)) {
+                let text = accuracy::explain_output(dp, &derived.cals, i, quote.confidence)?;
+                columns.push(format!("\n  {}: {text}", f.name()));
+            }
+        }
+        let columns = columns.concat();
+        let rho = fmt_num(quote.rho.get());
+        Ok(Some(match self.reuse() {
+            Reuse::Derive => format!(
+                "Derived (SET dp.reuse = 'derive'): {}; the query would be answered so, spending nothing, with:\
+                 {columns}\nOr fresh (SET dp.reuse = 'exact'): ρ = {rho}, with the output columns' accuracy above",
+                derived.source()
+            ),
+            _ => format!(
+                "Derivable: {}; answered so (SET dp.reuse = 'derive'), spending nothing, it would have:{columns}\n\
+                 As set (dp.reuse = '{}'), it is charged ρ = {rho} for fresh measurements, with the output columns' \
+                 accuracy above",
+                derived.source(),
+                self.reuse_setting()
+            ),
+        }))
     }
 
     /// EXPLAIN DP's line when the `what` stored under reuse key `key` would answer the statement (this budget's
     /// charge, or with `[server] share_releases` another budget's); None when it would be charged.
     pub(crate) fn explained_reuse_of(&self, key: &str, what: &str) -> Result<Option<String>> {
         use crate::accounting::ledger::Prior;
-        if self.reuse() != super::reuse::Reuse::Exact {
+        if !self.reuse().exact() {
             return Ok(None);
         }
         let (prior, whose) = match self.ledger.prior(key)? {

@@ -23,6 +23,7 @@
 //! Neighbouring relation: add/remove all rows of one privacy unit.
 
 mod accuracy;
+pub(crate) mod derive;
 mod execute;
 mod explain;
 mod marginals;

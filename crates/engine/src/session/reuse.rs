@@ -37,6 +37,9 @@ pub(crate) const REUSE_PREFIX: &str = "dp-reuse:";
 pub enum Reuse {
     /// A statement with the measurements of an earlier release is answered from them (the default).
     Exact,
+    /// As `Exact`, and a statement whose answer is a sum of cells of an earlier GROUP BY (a sub-total, a total)
+    /// on the same rows is answered from those cells, at no cost ([`super::derive`]).
+    Derive,
     /// Every statement is charged and drawn afresh.
     Off,
 }
@@ -46,18 +49,22 @@ impl Reuse {
     pub fn parse(text: &str) -> Result<Reuse, String> {
         match text.trim().to_ascii_lowercase().as_str() {
             "exact" | "on" => Ok(Reuse::Exact),
+            "derive" => Ok(Reuse::Derive),
             "off" => Ok(Reuse::Off),
-            "derive" => Err("answers derived from stored releases (sub-totals) are not available yet; 'exact' \
-                             reuses the same measurements"
-                .into()),
-            _ => Err("must be 'exact' (the default) or 'off'".into()),
+            _ => Err("must be 'exact' (the default), 'derive' or 'off'".into()),
         }
+    }
+
+    /// Whether the same measurements released before are answered from them (`exact` and `derive`).
+    pub fn exact(self) -> bool {
+        self != Reuse::Off
     }
 
     /// The value as `SET dp.reuse` stores it and `SHOW dp.reuse` gives it.
     pub fn name(self) -> &'static str {
         match self {
             Reuse::Exact => "exact",
+            Reuse::Derive => "derive",
             Reuse::Off => "off",
         }
     }
@@ -88,7 +95,7 @@ impl DpSession {
     /// this budget has none of its own (its own are claimed as usual). Decided from the ledger only.
     pub(crate) fn shared_prior(&self, key: &str) -> crate::error::Result<Option<crate::accounting::ledger::Prior>> {
         use crate::accounting::ledger::Prior;
-        if !(self.defaults.share_releases && self.reuse() == Reuse::Exact) {
+        if !(self.defaults.share_releases && self.reuse().exact()) {
             return Ok(None);
         }
         if !matches!(self.ledger.prior(key)?, Prior::None) {
@@ -97,7 +104,7 @@ impl DpSession {
         Ok(self.ledger.shared_draw(key)?.map(|(charge, body)| Prior::Drawn(charge, body)))
     }
 
-    /// The session's reuse as `SHOW dp.reuse` gives it: `exact` or `off`.
+    /// The session's reuse as `SHOW dp.reuse` gives it: `exact`, `derive` or `off`.
     pub fn reuse_setting(&self) -> &'static str {
         self.reuse().name()
     }
@@ -116,7 +123,8 @@ mod tests {
     fn reuse_settings_parse() {
         assert_eq!(Reuse::parse("exact"), Ok(Reuse::Exact));
         assert_eq!(Reuse::parse(" OFF "), Ok(Reuse::Off));
-        assert!(Reuse::parse("derive").is_err_and(|e| e.contains("not available yet")));
+        assert_eq!(Reuse::parse("Derive"), Ok(Reuse::Derive));
+        assert!(Reuse::Derive.exact() && Reuse::Exact.exact() && !Reuse::Off.exact());
         assert!(Reuse::parse("sometimes").is_err());
     }
 }

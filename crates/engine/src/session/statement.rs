@@ -27,7 +27,7 @@ extensions_options! {
         /// ([`super::target`]); `None` or `off`: none, the query's ρ is `rho`.
         pub target: Option<String>, default = None
         /// Whether a query whose measurements were released before is answered from them, free: `exact` (`None`:
-        /// the default) or `off` ([`super::reuse`]).
+        /// the default), `derive` or `off` ([`super::reuse`], [`super::derive`]).
         pub reuse: Option<String>, default = None
     }
 }

@@ -17,7 +17,7 @@ use crate::refusal::Refusal;
 use crate::release::{Accuracy, ColumnAccuracy, Parts, Release};
 use crate::session::explain::{ExplainedMeasure, Explanation};
 use crate::session::quote::Quote;
-use crate::session::reuse::{REUSE_PREFIX, Reuse};
+use crate::session::reuse::REUSE_PREFIX;
 use crate::session::{DpSession, PrivatePlan, Target};
 use crate::workload::{Measured, Noise, Workload, WorkloadCounter, WorkloadPlan, WorkloadRelease};
 use datafusion::arrow::array::{ArrayRef, AsArray, RecordBatch, StringArray};
@@ -73,7 +73,7 @@ impl DpSession {
     async fn run_workload(&self, label: &str, p: PreparedWorkload) -> Result<WorkloadRelease> {
         let tables = std::slice::from_ref(&p.table);
         let cals = p.quote.measurements.clone();
-        let Some(key) = (self.reuse() == Reuse::Exact).then(|| workload_key(&p)) else {
+        let Some(key) = self.reuse().exact().then(|| workload_key(&p)) else {
             let debit = self.ledger.charge(label, tables, cals)?;
             return self.draw_workload(p, debit, None).await;
         };
@@ -118,7 +118,7 @@ impl DpSession {
         let noise = Noise::new(&p.workload, charge.measurements())?;
         let mut residuals = noise.draw(&p.workload, &counter.counts(), &mut *self.lock_rng()?)?;
         if let Some(key) = key {
-            residuals = Measured::from_bytes(&self.ledger.store_draw(key, &Measured::to_bytes(&residuals)?)?)?;
+            residuals = Measured::from_bytes(&self.ledger.store_draw(key, &Measured::to_bytes(&residuals)?, None)?)?;
         }
         let measured = Measured::of(&p.workload, residuals)?;
         let labels = domain_labels(&p);
@@ -232,7 +232,7 @@ fn calibrate(w: &Workload, k: u64, budget: MarginalBudget, confidence: f64) -> R
     let (target, of): (f64, &dyn Fn(f64) -> f64) = match budget {
         MarginalBudget::Rho(rho) => return at(rho),
         MarginalBudget::TargetStd(s) => (s, &|v: f64| v.sqrt()),
-        MarginalBudget::TargetHalfWidth(h) => (h, &|v: f64| crate::workload::half_width(v, confidence)),
+        MarginalBudget::TargetHalfWidth(h) => (h, &|v: f64| accuracy::sub_gaussian_half_width(v, confidence)),
     };
     if !(target.is_finite() && target > 0.0) {
         return Err(DpError::invalid("target", format!("must be finite and > 0, got {target}")));
@@ -361,6 +361,7 @@ impl DpSession {
             accuracy.push(ColumnAccuracy { column: name.clone(), accuracy: a });
         }
         let batch = RecordBatch::try_new(schema.clone(), arrays).map_err(|e| DpError::Internal(e.to_string()))?;
+        let free = r.reused_from().is_some();
         let parts = Parts {
             sql: label.to_string(),
             schema,
@@ -379,6 +380,7 @@ impl DpSession {
                      cost (SET dp.reuse = 'off' to pay for new ones)"
                 ),
             }),
+            free,
         };
         Ok(Release::new(parts, r.charge().clone()))
     }
@@ -401,7 +403,7 @@ impl DpSession {
                 derivation: format!("k·√p, p = Π (n − 1)/n over its columns; {} contrasts", r.contrasts),
                 calibration: c.clone(),
                 std: r.sigma,
-                ci_half_width: crate::workload::half_width(r.sigma * r.sigma, plan.confidence),
+                ci_half_width: accuracy::sub_gaussian_half_width(r.sigma * r.sigma, plan.confidence),
                 unit: 1.0,
             })
             .collect();

@@ -1,0 +1,307 @@
+//! Answers derived from stored releases (`SET dp.reuse = 'derive'`): a statement whose every noisy value is a
+//! sum of cells of a GROUP BY released before under this budget, over the same rows, is answered by summing those
+//! stored noisy cells, at no cost.
+//!
+//! **What can be derived.** A statement S is answered from the stored draw of an earlier statement R when
+//! - both read one private table (no join of private tables), under the same policy, and their aggregates read the
+//!   same rows: the analyst plans' inputs to the aggregate (the table and every WHERE over it, as the analyzer
+//!   typed them) print the same. With the policy this is R's *shape*, under which the ledger indexes its draw
+//!   ([`crate::accounting::ledger::DrawIndex`]);
+//! - every GROUP BY key of S is a key of R with the same public domain (R may have more keys; S may have none: a
+//!   total);
+//! - every measurement of S is one of R's (same kind, column, bounds and grid) and is additive: COUNT(*),
+//!   COUNT(column) and the clamped SUMs (which AVG, VARIANCE and STDDEV are computed from); never COUNT(DISTINCT
+//!   unit), a quantile, or keys without a domain;
+//! - R's noise on those measurements is Gaussian.
+//!
+//! Each cell of S is then the sum, measurement by measurement, of the n = |cells of R| / |cells of S| cells of R
+//! that agree with it on S's keys; S's outputs (AVG, expressions, HAVING, ORDER BY, ...) are post-processed from
+//! these sums as from any noisy measurement. Of several such R, the one with the least noise is used (the least
+//! product over S's measurements of n·σ²).
+//!
+//! **What a derived answer counts.** What R counted: the rows where every key of R is in its domain, each unit
+//! bounded as R's GROUP BY bounded it (k rows per cell of R, g cells of R). A fresh answer to S bounds by S's own
+//! cells, so the two estimate slightly different bounded quantities; EXPLAIN DP offers both, with their intervals.
+//!
+//! **Accuracy.** The noise of a derived value is the sum of n independent discrete Gaussians N_ℤ(0, σ²), R's σ
+//! for that measurement: it is √n·σ-sub-Gaussian (each N_ℤ(0, σ²) is σ-sub-Gaussian, CKS20 Prop. 19), so its
+//! interval at confidence c is √(2nσ²·ln(2/(1 − c))) ([`crate::noise::accuracy::sub_gaussian_half_width`]),
+//! computed from R's charge (its calibrations summed n times, [`Calibration::summed`]), never from the data.
+//!
+//! **Why it is private.** Summing stored noisy values is post-processing (BS16 Lemma 1.8): nothing is read and
+//! nothing is charged. Whether a statement is derived, and from which release, depends on the statement, the
+//! policy, the settings and this budget's ledger only, never on the data. Only this budget's own releases are
+//! summed (`[server] share_releases` extends exact reuse, not derivation).
+//!
+//! Neighbouring relation: add/remove all rows of one privacy unit.
+
+use crate::accounting::Charge;
+use crate::accounting::calibrate::Calibration;
+use crate::accounting::ledger::{DrawIndex, Prior};
+use crate::error::{DpError, Result};
+use crate::noise::NoiseParams;
+use crate::plan::{DpPlan, GroupKey, Measure, MeasureKind, fnv128};
+use crate::session::DpSession;
+use crate::session::execute::Draw;
+use serde::{Deserialize, Serialize};
+
+/// What a stored draw holds, as its index records it ([`DrawIndex::holds`], JSON).
+#[derive(Serialize, Deserialize)]
+struct Holds {
+    /// Each key in the draw's order: its base column, a fingerprint of its domain (values and type) and the
+    /// domain's size.
+    keys: Vec<(String, String, u64)>,
+    /// Each measurement ([`measure_text`]).
+    measures: Vec<String>,
+    /// Each measurement's σ² in grid units, as charged (NaN for other noise): to pick the least noisy release.
+    sigma_sq: Vec<f64>,
+    /// The first line of the statement, for EXPLAIN DP and notes.
+    statement: String,
+}
+
+/// A statement's answer derived from a stored release: the stored charge that paid for the cells, the summed
+/// cells (in the statement's cells' order), and the noise of each summed measurement.
+pub(crate) struct Derived {
+    /// The stored release's charge (nothing is charged for the derived answer).
+    pub(crate) charge: Charge,
+    /// The statement's cells, each the sum of `terms` stored cells.
+    pub(crate) draw: Draw,
+    /// The noise of each of the statement's measurements: the stored one summed `terms` times.
+    pub(crate) cals: Vec<Calibration>,
+    /// How many stored cells each derived cell sums.
+    pub(crate) terms: u64,
+    /// The stored statement (its first line).
+    pub(crate) statement: String,
+}
+
+impl Derived {
+    /// What a derived release's note and EXPLAIN DP say of where the values come from.
+    pub(crate) fn source(&self) -> String {
+        let cells = match self.terms {
+            1 => "its cells".to_string(),
+            n => format!("{n} of its cells for each value"),
+        };
+        format!(
+            "charge #{} of this budget measured the same rows (`{}`); summing {cells} answers this query at no cost, \
+             counting what that release counted (its keys' domains and per-unit bounds)",
+            self.charge.id(),
+            self.statement
+        )
+    }
+}
+
+/// A measurement as the index compares it: kind (with its bounds and grid) and column.
+fn measure_text(m: &Measure) -> String {
+    format!("{:?}|{:?}", m.kind, m.column)
+}
+
+/// A key as the index compares it: base column, a fingerprint of its domain, the domain's size.
+fn key_entry(k: &GroupKey) -> (String, String, u64) {
+    (k.base.clone(), format!("{:032x}", fnv128(&format!("{:?}", k.domain))), k.domain.len() as u64)
+}
+
+/// Whether a measurement's cells add up to the same measurement over coarser cells.
+fn additive(m: &Measure) -> bool {
+    matches!(m.kind, MeasureKind::CountRows | MeasureKind::CountValues | MeasureKind::Sum { .. })
+}
+
+impl DpSession {
+    /// The shape of `dp`'s rows (module docs), when sums of its cells can answer other statements, or it can be
+    /// answered by such sums: one private table, keys with public domains, additive measurements.
+    fn shape(&self, dp: &DpPlan) -> Result<Option<String>> {
+        let derivable = dp.selection.is_none()
+            && dp.join.is_none()
+            && dp.tables.len() == 1
+            && !dp.measures.is_empty()
+            && dp.keys.iter().all(|k| !k.selected)
+            && dp.measures.iter().all(additive);
+        let Some(policy) = self.private_table(&dp.table).filter(|_| derivable) else { return Ok(None) };
+        let located = crate::plan::validate::locate(&dp.original, &|t| self.private_table(t).is_some())?;
+        let rows = located.aggregate.input.display_indent().to_string();
+        Ok(Some(format!("{:032x}", fnv128(&format!("{}|{policy:?}|{rows}", dp.table)))))
+    }
+
+    /// What the ledger records with `dp`'s draw so that later statements can be derived from it (`charged`: its
+    /// measurements' calibrations), or None when nothing can be. Computed before the debit.
+    pub(crate) fn draw_index(&self, dp: &DpPlan, charged: &[Calibration], sql: &str) -> Result<Option<DrawIndex>> {
+        let Some(shape) = self.shape(dp)? else { return Ok(None) };
+        let sigma_sq = charged
+            .iter()
+            .map(|c| match c.params() {
+                NoiseParams::Gaussian { sigma_sq } => sigma_sq.to_f64(),
+                _ => f64::NAN,
+            })
+            .collect();
+        let holds = Holds {
+            keys: dp.keys.iter().map(key_entry).collect(),
+            measures: dp.measures.iter().map(measure_text).collect(),
+            sigma_sq,
+            statement: sql.lines().next().unwrap_or_default().trim().to_string(),
+        };
+        let holds = serde_json::to_string(&holds).map_err(|e| DpError::Internal(format!("indexing a draw: {e}")))?;
+        Ok(Some(DrawIndex { shape, holds }))
+    }
+
+    /// `dp`'s answer summed from the least noisy stored release of this budget it can be derived from (module
+    /// docs), or None. Reads the ledger only.
+    pub(crate) fn derivation(&self, dp: &DpPlan) -> Result<Option<Derived>> {
+        let Some(shape) = self.shape(dp)? else { return Ok(None) };
+        let mut candidates = Vec::new();
+        for (id, holds) in self.ledger.indexed_draws(&shape)? {
+            let holds: Holds = serde_json::from_str(&holds)
+                .map_err(|_| DpError::Ledger(format!("the index of the draw stored under `{id}` is unreadable")))?;
+            if let Some(fit) = Fit::of(dp, &holds) {
+                candidates.push((fit.noise(&holds), id, holds, fit));
+            }
+        }
+        // The least noisy; the newest of equals (the ledger lists the newest first and the sort is stable).
+        candidates.sort_by(|a, b| a.0.total_cmp(&b.0));
+        let Some((_, id, holds, fit)) = candidates.into_iter().next() else { return Ok(None) };
+        let Prior::Drawn(charge, bytes) = self.ledger.prior(&id)? else {
+            return Err(DpError::Ledger(format!("the draw indexed under `{id}` is not stored")));
+        };
+        let stored = Draw::from_bytes(&bytes)?;
+        let cals = fit
+            .measures
+            .iter()
+            .map(|&q| match charge.measurements().get(q) {
+                Some(c) if c.mechanism() == crate::noise::Mechanism::Gaussian => c.summed(fit.terms),
+                _ => Err(DpError::Ledger(format!("the draw stored under `{id}` does not match its index"))),
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let values = fit.sum(&stored, &holds).ok_or_else(|| {
+            DpError::Ledger(format!("the draw stored under `{id}` does not have the cells its index lists"))
+        })?;
+        let draw = Draw::of_cells(dp.fingerprint(), values);
+        Ok(Some(Derived { charge, draw, cals, terms: fit.terms, statement: holds.statement }))
+    }
+}
+
+/// How a statement's cells and measurements sit in a stored draw's.
+struct Fit {
+    /// For each key of the statement, its position among the stored keys.
+    keys: Vec<usize>,
+    /// For each measurement of the statement, its position among the stored measurements.
+    measures: Vec<usize>,
+    /// How many stored cells each of the statement's cells sums.
+    terms: u64,
+    /// The statement's keys' domain sizes.
+    sizes: Vec<u64>,
+}
+
+impl Fit {
+    /// Where `dp`'s keys and measurements are in `holds`, if they all are.
+    fn of(dp: &DpPlan, holds: &Holds) -> Option<Fit> {
+        let keys = dp
+            .keys
+            .iter()
+            .map(|k| {
+                let entry = key_entry(k);
+                holds.keys.iter().position(|h| *h == entry)
+            })
+            .collect::<Option<Vec<_>>>()?;
+        let measures = dp
+            .measures
+            .iter()
+            .map(|m| holds.measures.iter().position(|h| *h == measure_text(m)))
+            .collect::<Option<Vec<_>>>()?;
+        if measures.iter().any(|&q| !holds.sigma_sq.get(q).is_some_and(|s| s.is_finite())) {
+            return None;
+        }
+        let mut distinct = keys.clone();
+        distinct.sort_unstable();
+        distinct.dedup();
+        if distinct.len() != keys.len() {
+            return None;
+        }
+        let sizes: Vec<u64> = dp.keys.iter().map(|k| k.domain.len() as u64).collect();
+        let stored = holds.keys.iter().try_fold(1u64, |acc, k| acc.checked_mul(k.2))?;
+        let own = sizes.iter().try_fold(1u64, |acc, s| acc.checked_mul(*s))?;
+        let terms = stored.checked_div(own).filter(|t| *t >= 1 && t * own == stored)?;
+        Some(Fit { keys, measures, terms, sizes })
+    }
+
+    /// The noise a derived answer would carry, to compare releases: Σ ln(n·σ²) over the measurements (scale free).
+    fn noise(&self, holds: &Holds) -> f64 {
+        self.measures.iter().filter_map(|&q| holds.sigma_sq.get(q)).map(|s| (self.terms as f64 * s).ln()).sum()
+    }
+
+    /// The statement's cells (its domain product's order), each the sum of the stored cells that agree with it on
+    /// its keys; None when `stored` is not the draw `holds` describes.
+    fn sum(&self, stored: &Draw, holds: &Holds) -> Option<Vec<Vec<i128>>> {
+        let cells = self.sizes.iter().product::<u64>();
+        let mut out = vec![vec![0i128; self.measures.len()]; usize::try_from(cells).ok()?];
+        let stored_sizes: Vec<u64> = holds.keys.iter().map(|k| k.2).collect();
+        if stored.values.len() as u64 != stored_sizes.iter().product::<u64>() {
+            return None;
+        }
+        let mut digits = vec![0u64; stored_sizes.len()];
+        for cell in &stored.values {
+            if cell.len() != holds.measures.len() {
+                return None;
+            }
+            // Row-major over the statement's keys, the last fastest (as the domain product).
+            let at = self.keys.iter().zip(&self.sizes).fold(0u64, |acc, (&p, &size)| acc * size + digits[p]);
+            let target = out.get_mut(usize::try_from(at).ok()?)?;
+            for (t, &q) in target.iter_mut().zip(&self.measures) {
+                *t = t.checked_add(*cell.get(q)?)?;
+            }
+            // The next stored cell: row-major over the stored keys, the last fastest.
+            for (d, &size) in digits.iter_mut().zip(&stored_sizes).rev() {
+                *d += 1;
+                if *d < size {
+                    break;
+                }
+                *d = 0;
+            }
+        }
+        Some(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A stored draw of keys a (2 values) × b (3 values), two measurements: cell (a, b) holds [c, 10c] with c
+    /// = 3a + b (row-major, the last key fastest, as the domain product).
+    fn stored() -> (Draw, Holds) {
+        let values = (0..6).map(|c| vec![c, 10 * c]).collect();
+        let holds = Holds {
+            keys: vec![("a".into(), "x".into(), 2), ("b".into(), "y".into(), 3)],
+            measures: vec!["m0".into(), "m1".into()],
+            sigma_sq: vec![1.0, 4.0],
+            statement: "SELECT ...".into(),
+        };
+        (Draw::of_cells(0, values), holds)
+    }
+
+    #[test]
+    fn sums_follow_the_statement_keys_in_their_order() {
+        let (draw, holds) = stored();
+        // GROUP BY b, measurement m1: b's value sums the cells (0, b) and (1, b).
+        let by_b = Fit { keys: vec![1], measures: vec![1], terms: 2, sizes: vec![3] };
+        assert_eq!(by_b.sum(&draw, &holds), Some(vec![vec![30], vec![50], vec![70]]));
+        // GROUP BY b, a: every cell once, in the statement's order (b slowest).
+        let by_b_a = Fit { keys: vec![1, 0], measures: vec![0, 1], terms: 1, sizes: vec![3, 2] };
+        let expected: Vec<Vec<i128>> =
+            (0..3).flat_map(|b| (0..2).map(move |a| vec![3 * a + b, 10 * (3 * a + b)])).collect();
+        assert_eq!(by_b_a.sum(&draw, &holds), Some(expected));
+        // A total: every cell.
+        let total = Fit { keys: vec![], measures: vec![0], terms: 6, sizes: vec![] };
+        assert_eq!(total.sum(&draw, &holds), Some(vec![vec![15]]));
+        // The noise score: Σ ln(n·σ²) over the measurements (m0 summed 6 times at σ² = 1).
+        assert!((total.noise(&holds) - 6f64.ln()).abs() < 1e-12);
+    }
+
+    #[test]
+    fn a_draw_that_is_not_the_indexed_one_is_not_summed() {
+        let (draw, mut holds) = stored();
+        let by_b = Fit { keys: vec![1], measures: vec![1], terms: 2, sizes: vec![3] };
+        holds.keys[0].2 = 3;
+        assert_eq!(by_b.sum(&draw, &holds), None, "fewer cells than the index lists");
+        let (draw, mut holds) = stored();
+        holds.measures.push("m2".into());
+        assert_eq!(by_b.sum(&draw, &holds), None, "fewer measurements than the index lists");
+    }
+}

@@ -1,0 +1,189 @@
+//! Answers derived from stored releases (issue 39, `SET dp.reuse = 'derive'`): a sub-total or total of a GROUP BY
+//! released before, on the same rows, is the sum of its stored noisy cells, free, with the interval of that sum.
+
+use crate::support::{TempDir, column_f64, ledger_config, pums_config, release, session_from, with_reuse};
+use dpfusion::format::fmt_num;
+use dpfusion::noise::NoiseParams;
+use dpfusion::release::Accuracy;
+use dpfusion::{DpSession, SessionConfig};
+
+const FINE: &str = "SELECT sex, race, COUNT(*) AS n, SUM(income) AS total FROM pums WHERE age > 30 GROUP BY sex, race ORDER BY sex, race";
+const BY_RACE: &str =
+    "SELECT race, COUNT(*) AS n, SUM(income) AS total FROM pums WHERE age > 30 GROUP BY race ORDER BY race";
+const TOTAL: &str = "SELECT COUNT(*) AS n FROM pums WHERE age > 30";
+
+/// A session over the PUMS sample with reuse as configured by default (stored draws, hence derivations).
+async fn session() -> DpSession {
+    session_from(&with_reuse(&pums_config("pums_dup.csv", 10.0, 2, 1))).await
+}
+
+/// σ² (grid units) of measurement `m` of a release's charge.
+fn sigma_sq(r: &dpfusion::Release, m: usize) -> f64 {
+    match r.charge().measurements()[m].params() {
+        NoiseParams::Gaussian { sigma_sq } => sigma_sq.to_f64(),
+        other => panic!("not Gaussian: {other:?}"),
+    }
+}
+
+/// The half-width and std a column's accuracy states.
+fn stated(r: &dpfusion::Release, column: &str) -> (f64, f64) {
+    match r.accuracy().iter().find(|c| c.column == column).map(|c| &c.accuracy) {
+        Some(Accuracy::Noisy { ci_half_width, std, .. }) => (*ci_half_width, *std),
+        other => panic!("{column}: {other:?}"),
+    }
+}
+
+/// The sub-Gaussian half-width at 95 % of a sum of n draws of variance σ² each, written out independently of the
+/// engine: √(2·n·σ²·ln(2/0.05)).
+fn sub_gaussian(n: f64, sigma_sq: f64) -> f64 {
+    (2.0 * n * sigma_sq * (2.0f64 / 0.05).ln()).sqrt()
+}
+
+/// The issue's test: a derived sub-total equals the sum of the stored cells, and its interval is the one EXPLAIN
+/// DP stated (the sub-Gaussian interval of the sum of the stored noises). Nothing is spent; the note and the cost
+/// line say where the numbers come from. A total (no GROUP BY) is the sum of every cell.
+#[tokio::test]
+async fn a_derived_sub_total_is_the_sum_of_stored_cells_with_the_stated_interval() {
+    let s = session().await;
+    let fine = release(&s, FINE).await;
+    let spent = s.budget().unwrap().status.rho_spent;
+    s.sql("SET dp.reuse = 'derive'").await.unwrap();
+    let explained = s.explain(BY_RACE).await.unwrap().to_string();
+    assert!(explained.contains("Derived (SET dp.reuse = 'derive'): charge #1 of this budget"), "{explained}");
+    let coarse = release(&s, BY_RACE).await;
+    assert_eq!(s.budget().unwrap().status.rho_spent, spent, "a derived answer spends nothing");
+    assert_eq!(s.budget().unwrap().charges.len(), 1);
+    assert_eq!(coarse.charge().id(), fine.charge().id());
+    assert!(coarse.note().is_some_and(|n| n.starts_with("derived: charge #1")), "{:?}", coarse.note());
+    assert!(coarse.cost_line().starts_with("ρ spent 0 (answered from charge #1)"), "{}", coarse.cost_line());
+    // Each race's values are the sums of its two stored cells (sex 0 and 1), exactly.
+    let (fine_n, fine_total) = (column_f64(&fine, 2), column_f64(&fine, 3));
+    let (n, total) = (column_f64(&coarse, 1), column_f64(&coarse, 2));
+    assert_eq!(n.len(), 6);
+    for race in 0..6 {
+        assert_eq!(n[race], fine_n[race] + fine_n[6 + race], "race {}", race + 1);
+        assert_eq!(total[race], fine_total[race] + fine_total[6 + race], "race {}", race + 1);
+    }
+    // The interval: two draws summed per value, stated before (EXPLAIN DP) as after (the release).
+    for (column, m) in [("n", 0), ("total", 1)] {
+        let (half, std) = stated(&coarse, column);
+        let expected = sub_gaussian(2.0, sigma_sq(&fine, m));
+        assert!((half - expected).abs() <= 1e-9 * expected, "{column}: {half} vs {expected}");
+        assert!((std - (2.0 * sigma_sq(&fine, m)).sqrt()).abs() <= 1e-6 * std, "{column}: std {std}");
+        assert!(explained.contains(&format!("{column}: ± {} at 95%", fmt_num(half))), "{column}: {explained}");
+    }
+    // A total: the sum of all twelve cells.
+    let total = release(&s, TOTAL).await;
+    assert_eq!(column_f64(&total, 0), vec![fine_n.iter().sum::<f64>()]);
+    let expected = sub_gaussian(12.0, sigma_sq(&fine, 0));
+    assert!((stated(&total, "n").0 - expected).abs() <= 1e-9 * expected);
+    // Post-processing of derived values: HAVING and ORDER BY over the sums.
+    let having = format!("{} HAVING COUNT(*) > 0", BY_RACE.trim_end_matches(" ORDER BY race"));
+    assert!(release(&s, &having).await.note().is_some_and(|n| n.starts_with("derived")));
+    assert_eq!(s.budget().unwrap().charges.len(), 1);
+}
+
+/// What is not a sum of stored cells is charged: another WHERE, a key the stored release does not have, a
+/// measurement it did not make (COUNT(income) for an AVG), a distinct count. With `dp.reuse = 'exact'` a derivable
+/// statement is charged, and EXPLAIN DP offers both; with 'off' neither.
+#[tokio::test]
+async fn what_is_not_a_sum_of_stored_cells_is_charged() {
+    let s = session().await;
+    release(&s, FINE).await;
+    let explained = s.explain(BY_RACE).await.unwrap().to_string();
+    assert!(explained.contains("Derivable: charge #1 of this budget"), "{explained}");
+    assert!(explained.contains("As set (dp.reuse = 'exact'), it is charged ρ = 0.05"), "{explained}");
+    let fresh = release(&s, BY_RACE).await;
+    assert_eq!(fresh.charge().id(), 2, "exact reuse does not derive");
+    assert!(fresh.note().is_none());
+    s.sql("SET dp.reuse = 'derive'").await.unwrap();
+    // The statement measured afresh is now reused exactly (its own draw), not derived.
+    assert!(release(&s, BY_RACE).await.note().is_some_and(|n| n.starts_with("reused from charge #2")));
+    for sql in [
+        "SELECT sex, COUNT(*) AS n FROM pums WHERE age > 40 GROUP BY sex",
+        "SELECT married, COUNT(*) AS n FROM pums WHERE age > 30 GROUP BY married",
+        "SELECT sex, AVG(income) AS a FROM pums WHERE age > 30 GROUP BY sex",
+        "SELECT sex, COUNT(DISTINCT pid) AS u FROM pums WHERE age > 30 GROUP BY sex",
+        "SELECT sex, SUM(age) AS a FROM pums WHERE age > 30 GROUP BY sex",
+    ] {
+        assert!(!s.explain(sql).await.unwrap().to_string().contains("Deriv"), "{sql}");
+        let before = s.budget().unwrap().charges.len();
+        let r = release(&s, sql).await;
+        assert!(r.note().is_none_or(|n| !n.starts_with("derived")), "{sql}: {:?}", r.note());
+        assert_eq!(s.budget().unwrap().charges.len(), before + 1, "{sql}");
+    }
+    // The AVG's measurements (COUNT(*), SUM and COUNT of income) by sex and race make its AVG by sex derivable.
+    release(&s, "SELECT sex, race, AVG(income) AS a FROM pums WHERE age > 30 GROUP BY sex, race").await;
+    let avg = release(&s, "SELECT race, AVG(income) AS a FROM pums WHERE age > 30 GROUP BY race").await;
+    assert!(avg.note().is_some_and(|n| n.starts_with("derived")), "{:?}", avg.note());
+    assert!(matches!(avg.accuracy()[1].accuracy, Accuracy::PerRow { .. }), "{:?}", avg.accuracy());
+    s.sql("SET dp.reuse = 'off'").await.unwrap();
+    assert!(!s.explain(TOTAL).await.unwrap().to_string().contains("Deriv"));
+    assert!(release(&s, TOTAL).await.note().is_none());
+}
+
+/// With a durable ledger the index outlives the process; another budget of the same ledger never derives from this
+/// one's releases; a change of the policy (another bound) stops derivation.
+#[tokio::test]
+async fn derivation_is_durable_per_budget_and_stops_when_the_policy_changes() {
+    let dir = TempDir::new("derive");
+    let config = ledger_config(&dir, 10.0);
+    let open = |text: String| {
+        let config = config.clone();
+        async move {
+            std::fs::write(&config, text).unwrap();
+            DpSession::from_config(&SessionConfig::from_file(&config).unwrap()).await.unwrap()
+        }
+    };
+    let base = std::fs::read_to_string(&config).unwrap();
+    let derive = base.replace("reuse = \"off\"", "reuse = \"derive\"");
+    assert_ne!(derive, base);
+    let fine = release(&open(derive.clone()).await, FINE).await;
+    let s = open(derive.clone()).await;
+    let total = release(&s, TOTAL).await;
+    assert_eq!((total.charge().id(), s.budget().unwrap().charges.len()), (fine.charge().id(), 1));
+    assert_eq!(column_f64(&total, 0), vec![column_f64(&fine, 2).iter().sum::<f64>()]);
+    // Another budget of the same file, even with releases shared: charged.
+    let other = open(derive.replace("budget = \"test\"", "budget = \"other\"")).await.with_shared_releases(true);
+    let theirs = release(&other, TOTAL).await;
+    assert!(theirs.note().is_none(), "{:?}", theirs.note());
+    assert_eq!(other.budget().unwrap().charges.len(), 1);
+    // Another bound: another policy, nothing derived.
+    let narrower = derive.replace("bounds = [0, 500000]", "bounds = [0, 400000]");
+    assert_ne!(narrower, derive);
+    let s = open(narrower).await;
+    assert!(!s.explain(TOTAL).await.unwrap().to_string().contains("Deriv"));
+    assert!(release(&s, TOTAL).await.note().is_none());
+}
+
+/// Differential: on neighbouring tables (D, and D plus one person), the same statements are derived or charged the
+/// same way, from the same charges, with the same schemas and accuracy statements, whatever the data.
+#[tokio::test]
+async fn derivations_are_the_same_on_neighbouring_tables() {
+    let statements = [
+        "SET dp.reuse = 'derive'",
+        "SELECT sex, COUNT(*) AS n, SUM(income) AS s FROM people WHERE age > 20 GROUP BY sex",
+        "SELECT COUNT(*) AS n FROM people WHERE age > 20",
+        "SELECT SUM(income) AS s, COUNT(*) AS n FROM people WHERE age > 20",
+        "SELECT COUNT(*) AS n FROM people",
+        "SELECT COUNT(*) AS n FROM people WHERE age > 20 HAVING COUNT(*) > 10",
+    ];
+    let mut seen = vec![];
+    for extra in [false, true] {
+        let s = crate::support::people_session(300, extra, 100.0, 0.1).with_reuse(true);
+        let mut trace = vec![];
+        for sql in statements {
+            let r = match s.sql(sql).await.unwrap() {
+                dpfusion::Response::Release(r) => r,
+                _ => continue,
+            };
+            let note = r.note().map(|n| n.split(':').next().unwrap_or_default().to_string());
+            let accuracy: Vec<String> = r.accuracy().iter().filter_map(|c| c.describe()).collect();
+            trace.push(format!("{} {note:?} {:?} {accuracy:?}", r.charge().id(), r.schema()));
+        }
+        trace.push(format!("{}", s.budget().unwrap().charges.len()));
+        seen.push(trace);
+    }
+    assert_eq!(seen[0], seen[1], "D and D′ differ in what is derived");
+    assert_eq!(seen[0].last().map(String::as_str), Some("2"), "{:?}", seen[0]);
+}
