@@ -83,8 +83,8 @@ async fn a_derived_sub_total_is_the_sum_of_stored_cells_with_the_stated_interval
     assert_eq!(s.budget().unwrap().charges.len(), 1);
 }
 
-/// What is not a sum of stored cells is charged: another WHERE, a key the stored release does not have, a
-/// measurement it did not make (COUNT(income) for an AVG), a distinct count. With `dp.reuse = 'exact'` a derivable
+/// What is not a sum of stored cells is charged: another WHERE, a WHERE with `now()`, a key the stored release does
+/// not have, a measurement it did not make (COUNT(income) for an AVG), a distinct count. With `dp.reuse = 'exact'` a derivable
 /// statement is charged, and EXPLAIN DP offers both; with 'off' neither.
 #[tokio::test]
 async fn what_is_not_a_sum_of_stored_cells_is_charged() {
@@ -99,7 +99,12 @@ async fn what_is_not_a_sum_of_stored_cells_is_charged() {
     s.sql("SET dp.reuse = 'derive'").await.unwrap();
     // The statement measured afresh is now reused exactly (its own draw), not derived.
     assert!(release(&s, BY_RACE).await.note().is_some_and(|n| n.starts_with("reused from charge #2")));
+    // A WHERE that calls now() reads other rows at every run, though it prints the same: never derived.
+    let timed = "FROM pums WHERE age > 30 AND now() > TIMESTAMP '2000-01-01 00:00:00'";
+    release(&s, &format!("SELECT sex, COUNT(*) AS n {timed} GROUP BY sex")).await;
+    let timed_total = format!("SELECT COUNT(*) AS n {timed}");
     for sql in [
+        timed_total.as_str(),
         "SELECT sex, COUNT(*) AS n FROM pums WHERE age > 40 GROUP BY sex",
         "SELECT married, COUNT(*) AS n FROM pums WHERE age > 30 GROUP BY married",
         "SELECT sex, AVG(income) AS a FROM pums WHERE age > 30 GROUP BY sex",

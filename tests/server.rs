@@ -819,3 +819,34 @@ async fn a_repeated_query_is_free_for_its_analyst_only() {
     alice.simple_query(q).await.unwrap();
     assert_eq!(spent(&s.db, "alice").1, 2);
 }
+
+/// `SET dp.reuse = 'derive'` over the wire: alice's sub-total of her stored GROUP BY is the sum of its cells and
+/// costs her nothing; bob, whose budget never measured them, pays for his own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_sub_total_is_derived_for_its_analyst_only() {
+    let s = start().await;
+    let (alice, bob) = (connect(s.addr, "alice").await, connect(s.addr, "bob").await);
+    for c in [&alice, &bob] {
+        c.simple_query("SET dp.reuse = 'derive'").await.unwrap();
+    }
+    let counts = |m: &[SimpleQueryMessage], column: usize| -> Vec<i64> {
+        m.iter()
+            .filter_map(|m| match m {
+                SimpleQueryMessage::Row(r) => r.get(column).and_then(|v| v.parse().ok()),
+                _ => None,
+            })
+            .collect()
+    };
+    let fine = alice
+        .simple_query("SELECT sex, race, COUNT(*) AS n FROM pums GROUP BY sex, race ORDER BY race, sex")
+        .await
+        .unwrap();
+    let by_race = "SELECT race, COUNT(*) AS n FROM pums GROUP BY race ORDER BY race";
+    let derived = alice.simple_query(by_race).await.unwrap();
+    let fine = counts(&fine, 2);
+    let expected: Vec<i64> = fine.chunks(2).map(|pair| pair.iter().sum()).collect();
+    assert_eq!(counts(&derived, 1), expected);
+    assert_eq!(spent(&s.db, "alice").1, 1, "the sub-total was derived");
+    bob.simple_query(by_race).await.unwrap();
+    assert_eq!(spent(&s.db, "bob").1, 1, "bob pays for his own");
+}

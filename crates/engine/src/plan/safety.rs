@@ -215,9 +215,14 @@ fn is_constant(e: &Expr) -> bool {
 }
 
 /// Evaluates a constant expression (one that reads no column, aggregate, window, subquery or volatile function).
+/// Functions of the query's start time (`now()`, `current_date`) are first replaced by their value now, as the
+/// optimizer replaces them in the plan that runs (they cannot be invoked otherwise).
 pub fn evaluate_constant(e: &Expr) -> datafusion::error::Result<ScalarValue> {
+    use datafusion::logical_expr::simplify::SimplifyContext;
+    use datafusion::optimizer::simplify_expressions::ExprSimplifier;
+    let e = ExprSimplifier::new(SimplifyContext::builder().with_current_time().build()).simplify(e.clone())?;
     let phys = datafusion::physical_expr::create_physical_expr(
-        e,
+        &e,
         &DFSchema::empty(),
         &ExecutionProps::new(),
         &datafusion::logical_expr::physical_planning_context::PhysicalPlanningContext::default(),

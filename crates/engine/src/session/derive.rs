@@ -5,7 +5,8 @@
 //! **What can be derived.** A statement S is answered from the stored draw of an earlier statement R when
 //! - both read one private table (no join of private tables), under the same policy, and their aggregates read the
 //!   same rows: the analyst plans' inputs to the aggregate (the table and every WHERE over it, as the analyzer
-//!   typed them) print the same. With the policy this is R's *shape*, under which the ledger indexes its draw
+//!   typed them) print the same, and call no function whose value changes between runs (`now()`, `random()`).
+//!   With the policy this is R's *shape*, under which the ledger indexes its draw
 //!   ([`crate::accounting::ledger::DrawIndex`]);
 //! - every GROUP BY key of S is a key of R with the same public domain (R may have more keys; S may have none: a
 //!   total);
@@ -114,7 +115,9 @@ impl DpSession {
             && dp.tables.len() == 1
             && !dp.measures.is_empty()
             && dp.keys.iter().all(|k| !k.selected)
-            && dp.measures.iter().all(additive);
+            && dp.measures.iter().all(additive)
+            // `now()` prints the same at every run but counts other rows: never the same rows twice.
+            && super::prepare::immutable(&dp.original);
         let Some(policy) = self.private_table(&dp.table).filter(|_| derivable) else { return Ok(None) };
         let located = crate::plan::validate::locate(&dp.original, &|t| self.private_table(t).is_some())?;
         let rows = located.aggregate.input.display_indent().to_string();

@@ -184,7 +184,7 @@ fn check_reserved_names(plan: &LogicalPlan) -> Result<()> {
 
 /// Whether every function of `plan` is immutable: a plan with `now()` (folded to a constant by the optimizer) or
 /// `random()` is prepared afresh every time, never remembered.
-fn immutable(plan: &LogicalPlan) -> bool {
+pub(crate) fn immutable(plan: &LogicalPlan) -> bool {
     use datafusion::logical_expr::{Expr, Volatility};
     let changing =
         |e: &Expr| matches!(e, Expr::ScalarFunction(f) if f.func.signature().volatility != Volatility::Immutable);
