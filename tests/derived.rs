@@ -192,3 +192,48 @@ async fn derivations_are_the_same_on_neighbouring_tables() {
     assert_eq!(seen[0], seen[1], "D and D′ differ in what is derived");
     assert_eq!(seen[0].last().map(String::as_str), Some("2"), "{:?}", seen[0]);
 }
+
+/// A plain GROUP BY (COUNT(*) only) of keys within a stored workload's marginal is that marginal, rebuilt from the
+/// workload's residuals and rounded: each count is the workload's own (consistent) count rounded, whatever the
+/// order of the keys, and its interval the workload's plus ½. Anything but COUNT(*) is charged.
+#[tokio::test]
+async fn a_marginal_of_a_stored_workload_is_derived_from_it() {
+    let s = session().await;
+    let cube = release(&s, "SELECT sex, race, COUNT(*) AS n FROM pums WHERE age > 30 GROUP BY CUBE (sex, race)").await;
+    let (sex, race, n) = (column_f64(&cube, 0), column_f64(&cube, 1), column_f64(&cube, 2));
+    let Accuracy::PerRow { intervals, .. } = &cube.accuracy()[2].accuracy else { panic!("{:?}", cube.accuracy()) };
+    // The workload's count and half-width of a row by its keys (NaN: the key is not grouped on).
+    let find = |sx: f64, rc: f64| {
+        let same = |a: f64, b: f64| a == b || (a.is_nan() && b.is_nan());
+        let i = (0..n.len()).find(|&i| same(sex[i], sx) && same(race[i], rc)).unwrap();
+        (n[i], (intervals[i][1] - intervals[i][0]) / 2.0)
+    };
+    s.sql("SET dp.reuse = 'derive'").await.unwrap();
+    let explained = s.explain(BY_RACE_COUNT).await.unwrap().to_string();
+    assert!(
+        explained.contains("its marginal on this query's keys (rebuilt from its residuals, rounded)"),
+        "{explained}"
+    );
+    let by_race = release(&s, BY_RACE_COUNT).await;
+    for (i, r) in column_f64(&by_race, 1).into_iter().enumerate() {
+        let (count, half) = find(f64::NAN, (i + 1) as f64);
+        assert_eq!(r, count.round(), "race {}", i + 1);
+        let stated = stated(&by_race, "n").0;
+        assert!((stated - (half + 0.5)).abs() < 1e-6, "race {}: {stated} vs {half} + 0.5", i + 1);
+    }
+    // The keys in another order than the workload's: the same cells, permuted.
+    let race_sex = "SELECT race, sex, COUNT(*) AS n FROM pums WHERE age > 30 GROUP BY race, sex ORDER BY race, sex";
+    let r = release(&s, race_sex).await;
+    let (rs, ss, ns) = (column_f64(&r, 0), column_f64(&r, 1), column_f64(&r, 2));
+    for i in 0..12 {
+        assert_eq!(ns[i], find(ss[i], rs[i]).0.round(), "race {} sex {}", rs[i], ss[i]);
+    }
+    let total = release(&s, "SELECT COUNT(*) AS n FROM pums WHERE age > 30").await;
+    assert_eq!(column_f64(&total, 0), vec![find(f64::NAN, f64::NAN).0.round()]);
+    assert_eq!(s.budget().unwrap().charges.len(), 1, "every marginal derived");
+    let sums = release(&s, "SELECT race, SUM(income) AS t FROM pums WHERE age > 30 GROUP BY race").await;
+    assert!(sums.note().is_none(), "a workload counts rows only: {:?}", sums.note());
+    assert_eq!(s.budget().unwrap().charges.len(), 2);
+}
+
+const BY_RACE_COUNT: &str = "SELECT race, COUNT(*) AS n FROM pums WHERE age > 30 GROUP BY race ORDER BY race";

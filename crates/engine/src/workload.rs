@@ -190,7 +190,7 @@ impl Workload {
     }
 
     /// Contrasts of the residual on `a`: Π (nᵢ − 1).
-    fn contrasts(&self, a: &[usize]) -> usize {
+    pub(crate) fn contrasts(&self, a: &[usize]) -> usize {
         a.iter().map(|&i| self.sizes[i] - 1).product()
     }
 
@@ -245,8 +245,44 @@ impl Workload {
             .collect()
     }
 
+    /// The marginal on `set` (sorted column indices, within one of this workload's marginals, so that each of its
+    /// subsets is a measured residual), rebuilt by least squares from this workload's noisy `residuals` (as
+    /// [`Measured::of`] rebuilds the marginals asked for: post-processing), and the variance proxy of each of its
+    /// cells' noise, from the residuals' calibrations `cals` (the charge's: one per residual with contrasts). Cells
+    /// row-major over `set`, the last column fastest. Fails if `residuals` or `cals` are not this workload's.
+    pub(crate) fn marginal_of(
+        &self,
+        set: &[usize],
+        residuals: &[Vec<i128>],
+        cals: &[Calibration],
+    ) -> Result<(Vec<f64>, f64)> {
+        let fits = residuals.len() == self.residuals.len()
+            && self.residuals.iter().zip(residuals).all(|(a, y)| y.len() == self.contrasts(a));
+        let measured = self.residuals.iter().filter(|a| self.contrasts(a) > 0).count();
+        if !fits || cals.len() != measured {
+            return Err(DpError::Ledger("the stored measurements are not this workload's".into()));
+        }
+        let sub = Workload::new(self.names.clone(), self.sizes.clone(), vec![set.to_vec()])?;
+        let mut cals_of = cals.iter();
+        let cal_of: Vec<Option<&Calibration>> =
+            self.residuals.iter().map(|a| if self.contrasts(a) == 0 { None } else { cals_of.next() }).collect();
+        let (mut picked, mut picked_cals) = (Vec::new(), Vec::new());
+        for a in &sub.residuals {
+            let i = self
+                .residuals
+                .iter()
+                .position(|b| b == a)
+                .ok_or_else(|| DpError::Internal("a marginal outside the workload's residuals".into()))?;
+            picked.push(residuals[i].clone());
+            picked_cals.extend(cal_of[i].cloned());
+        }
+        let variance = Noise::new(&sub, &picked_cals)?.variances(&sub).first().copied().unwrap_or(f64::NAN);
+        let marginal = Measured::of(&sub, picked)?.marginals.into_iter().next();
+        Ok((marginal.ok_or_else(|| DpError::Internal("a workload of one marginal rebuilt none".into()))?, variance))
+    }
+
     /// The error variance of each cell of marginal `set`, given each residual's σ² (module docs, "Accuracy").
-    fn cell_variance(&self, set: &[usize], sigma_sq: &[f64]) -> f64 {
+    pub(crate) fn cell_variance(&self, set: &[usize], sigma_sq: &[f64]) -> f64 {
         let subset = |a: &[usize]| a.iter().all(|i| set.contains(i));
         self.residuals
             .iter()
@@ -861,6 +897,34 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// The marginal of a subset of a workload's marginal, rebuilt from the workload's residuals, is that marginal
+    /// summed over the other columns (the release is consistent), and its stated variance is the one the
+    /// workload states when it is one of its own marginals.
+    #[test]
+    fn a_sub_marginal_is_the_sum_of_its_marginal_with_the_stated_variance() {
+        let wl = w(&[2, 3, 4], vec![vec![0, 1, 2]]);
+        let cals: Vec<Calibration> = wl.calibrate(2, 1.0).unwrap().into_iter().flatten().collect();
+        let noise = Noise::new(&wl, &cals).unwrap();
+        let exact: Vec<Vec<i64>> = vec![(0..24).map(|c| (c * 7 % 11) as i64).collect()];
+        let mut rng = NoiseRng::insecure_seeded_for_tests(9);
+        let residuals = noise.draw(&wl, &exact, &mut rng).unwrap();
+        let full = Measured::of(&wl, residuals.clone()).unwrap().marginals.remove(0);
+        // Columns 2 and 0 (sizes 4 and 2) of the full marginal (row-major 2 × 3 × 4), summed over column 1.
+        let (sub, variance) = wl.marginal_of(&[0, 2], &residuals, &cals).unwrap();
+        for a in 0..2 {
+            for c in 0..4 {
+                let summed: f64 = (0..3).map(|b| full[a * 12 + b * 4 + c]).sum();
+                assert!((sub[a * 4 + c] - summed).abs() < 1e-6, "({a}, {c}): {} vs {summed}", sub[a * 4 + c]);
+            }
+        }
+        let formula = wl.cell_variance(&[0, 2], &noise.sigma_sq) * noise.excess;
+        assert!((variance - formula).abs() < 1e-9 * formula, "{variance} vs {formula}");
+        let (whole, full_variance) = wl.marginal_of(&[0, 1, 2], &residuals, &cals).unwrap();
+        assert_eq!(whole.len(), 24);
+        assert!((full_variance - noise.variances(&wl)[0]).abs() < 1e-9 * full_variance);
+        assert!(wl.marginal_of(&[0], &residuals[1..], &cals).is_err(), "not this workload's residuals");
     }
 
     #[test]

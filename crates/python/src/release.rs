@@ -157,7 +157,9 @@ impl Release {
         to_python(py, &self.accuracy_json())
     }
 
-    /// What the query cost: `id` (the ledger's charge number), `rho`, and `epsilon` at `delta` of this query.
+    /// What the query cost: `id` (the ledger's charge number), `rho`, and `epsilon` at `delta` of this query. An
+    /// answer from an earlier charge (the same query reused, or a sub-total derived with `SET dp.reuse = 'derive'`)
+    /// spent nothing: `free` is then True, and `id` and `rho` are that charge's.
     ///
     /// >>> c = s.sql("SELECT COUNT(*) AS n FROM pums").charge
     /// >>> c["id"], round(c["rho"], 9), round(c["epsilon"], 3), c["delta"]

@@ -40,23 +40,27 @@ pub struct Calibration {
     /// ρ-zCDP (BS16 Def. 1.4). 0 for every other measurement, and in charges recorded before dpfusion kept it.
     #[serde(default, skip_serializing_if = "is_zero")]
     delta: f64,
-    /// How many independent draws of this noise are added up in the values it describes: 1 for a measurement
-    /// (what a charge records); n for a derived answer that sums n stored cells ([`Calibration::summed`]), whose
-    /// accuracy only it describes and which is never charged.
-    #[serde(default = "one", skip_serializing_if = "is_one")]
-    summed: u64,
+    /// None for a measurement (what a charge records). For a derived answer's values (sums or a marginal of
+    /// stored noisy values, [`Calibration::derived`]): the noise they carry, whose accuracy only this describes;
+    /// never charged, never stored.
+    #[serde(skip)]
+    derived: Option<DerivedNoise>,
+}
+
+/// The noise of values derived from stored measurements (a sub-total summed from stored cells, a marginal rebuilt
+/// from a workload's residuals): a linear combination of independent discrete Gaussian noises, hence
+/// sub-Gaussian with variance proxy `variance` (the sum of the combination's squared weights times each σ²), then
+/// rounded to the grid (each value moved by at most `rounding`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct DerivedNoise {
+    /// The variance proxy (grid units²).
+    pub variance: f64,
+    /// How far rounding can have moved a value (grid units): 0 for sums of stored integers.
+    pub rounding: f64,
 }
 
 fn is_zero(x: &f64) -> bool {
     *x == 0.0
-}
-
-fn one() -> u64 {
-    1
-}
-
-fn is_one(x: &u64) -> bool {
-    *x == 1
 }
 
 /// How a session's budget is enforced, which decides how each measurement is priced.
@@ -127,30 +131,40 @@ impl Calibration {
             && self.pure_epsilon == other.pure_epsilon
             && self.gdp_mu == other.gdp_mu
             && self.delta == other.delta
-            && self.summed == other.summed
+            && self.derived == other.derived
     }
 
-    /// How many independent draws of this noise the values it describes add up: 1 for a measurement, n for a
-    /// derived answer summing n stored cells ([`Calibration::summed`]).
-    pub fn terms(&self) -> u64 {
-        self.summed
+    /// For a derived answer's values: the noise they carry (None for a measurement).
+    pub fn derived(&self) -> Option<DerivedNoise> {
+        self.derived
     }
 
-    /// The noise of the sum of `n` independent draws of this measurement's noise (a sub-total derived from `n`
-    /// stored cells, [`crate::session::derive`]): it describes accuracy only. Nothing new is measured, so it is
-    /// never charged: every charge's total refuses it ([`crate::accounting::filter::total_rho`]). Only the Gaussian mechanism's sums have an interval dpfusion states (sub-Gaussian:
-    /// [`crate::noise::accuracy::sub_gaussian_half_width`]); others are refused.
-    pub(crate) fn summed(&self, n: u64) -> Result<Calibration> {
-        if self.mechanism() != Mechanism::Gaussian || self.summed != 1 || n == 0 {
-            return Err(DpError::Internal(format!("a sum of {n} draws of {} noise", self.mechanism())));
+    /// The noise of values derived from this measurement's (Gaussian) draws and others' ([`DerivedNoise`], a
+    /// sub-total or marginal derived from stored releases, [`crate::session::derive`]): it describes accuracy
+    /// only. Nothing new is measured, so it is never charged: every charge's total refuses it
+    /// ([`crate::accounting::filter::total_rho`]). Only Gaussian noise is combined (its sums are sub-Gaussian, with
+    /// the interval of [`crate::noise::accuracy::sub_gaussian_half_width`]); anything else is refused.
+    pub(crate) fn derive(&self, noise: DerivedNoise) -> Result<Calibration> {
+        let valid = noise.variance.is_finite() && noise.variance > 0.0 && (0.0..=0.5).contains(&noise.rounding);
+        if self.mechanism() != Mechanism::Gaussian || self.derived.is_some() || !valid {
+            return Err(DpError::Internal(format!("derived noise {noise:?} from {} noise", self.mechanism())));
         }
-        Ok(Calibration { summed: n, ..self.clone() })
+        Ok(Calibration { derived: Some(noise), ..self.clone() })
     }
 
-    /// σ (the Gaussian), b (the Laplace) or η (the exponential mechanism) of the noise the values carry: for a sum
-    /// of n draws of a Gaussian, √n·σ, its sub-Gaussian parameter (for display).
+    /// The noise of the sum of `n` independent draws of this measurement's noise (a sub-total summed from `n`
+    /// stored cells): variance proxy n·σ² ([`Calibration::derive`]).
+    pub(crate) fn summed(&self, n: u64) -> Result<Calibration> {
+        let NoiseParams::Gaussian { sigma_sq } = self.params else {
+            return Err(DpError::Internal(format!("a sum of {n} draws of {} noise", self.mechanism())));
+        };
+        self.derive(DerivedNoise { variance: n as f64 * sigma_sq.to_f64(), rounding: 0.0 })
+    }
+
+    /// σ (the Gaussian), b (the Laplace) or η (the exponential mechanism) of the noise the values carry: for
+    /// derived values, the square root of their variance proxy (for display).
     pub fn sigma_or_scale(&self) -> f64 {
-        self.params.sigma_or_scale() * (self.summed as f64).sqrt()
+        self.derived.map_or_else(|| self.params.sigma_or_scale(), |d| d.variance.sqrt())
     }
 
     /// The δ of an approximate-zCDP measurement (key selection): 0 for a plain ρ-zCDP one.
@@ -276,7 +290,7 @@ pub fn gaussian(l2: f64, rho: Rho) -> Result<Calibration> {
         shape: None,
         gdp_mu: None,
         delta: 0.0,
-        summed: 1,
+        derived: None,
     })
 }
 
@@ -327,7 +341,7 @@ pub fn gaussian_for_sigma(l2: f64, sigma: f64) -> Result<Calibration> {
         shape: None,
         gdp_mu: None,
         delta: 0.0,
-        summed: 1,
+        derived: None,
     })
 }
 
@@ -394,7 +408,7 @@ pub fn laplace(l1: f64, rho: Rho) -> Result<Calibration> {
         shape: None,
         gdp_mu: None,
         delta: 0.0,
-        summed: 1,
+        derived: None,
     })
 }
 
@@ -438,7 +452,7 @@ pub fn gaussian_gdp(l2: f64, rho: Rho) -> Result<Calibration> {
                 shape: None,
                 gdp_mu: Some(mu),
                 delta: 0.0,
-                summed: 1,
+                derived: None,
             });
         }
         sigma *= mu / target * (1.0 + 1e-12);
@@ -474,7 +488,7 @@ pub fn laplace_gdp(l1: f64, rho: Rho) -> Result<Calibration> {
         shape: None,
         gdp_mu: Some(mu),
         delta: 0.0,
-        summed: 1,
+        derived: None,
     })
 }
 
@@ -532,7 +546,7 @@ pub fn exponential(score_sensitivity: u128, cells: u64, rho: Rho, accounting: Ac
         shape: None,
         gdp_mu,
         delta: 0.0,
-        summed: 1,
+        derived: None,
     })
 }
 
@@ -643,7 +657,7 @@ mod tests {
     fn summed_noise_is_never_charged() {
         let c = gaussian(2.0, rho(0.1)).unwrap();
         let summed = c.summed(3).unwrap();
-        assert_eq!((summed.terms(), c.terms()), (3, 1));
+        assert!(summed.derived().is_some() && c.derived().is_none());
         assert!((summed.sigma_or_scale() - 3f64.sqrt() * c.sigma_or_scale()).abs() < 1e-12);
         assert!(!summed.same_noise(&c));
         assert!(crate::accounting::filter::total_rho(std::slice::from_ref(&summed)).is_err());
@@ -653,8 +667,9 @@ mod tests {
         assert_eq!(ledger.status().unwrap().1.get(), 0.0);
         assert!(summed.summed(2).is_err(), "a sum is not summed again");
         assert!(laplace(2.0, rho(0.1)).unwrap().summed(2).is_err());
-        // Stored as a charge records it, a measurement has no `summed` field (older ledgers read the same).
-        assert!(!serde_json::to_string(&c).unwrap().contains("summed"));
+        assert!(c.derive(DerivedNoise { variance: 1.0, rounding: 0.6 }).is_err(), "rounding is at most 0.5");
+        // Stored as a charge records it, a measurement has no `derived` field (older ledgers read the same).
+        assert!(!serde_json::to_string(&c).unwrap().contains("derived"));
     }
 
     #[test]

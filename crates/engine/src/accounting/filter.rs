@@ -112,7 +112,7 @@ impl Charge {
 
 /// Sum of the costs of `measurements`, rounded up.
 pub fn total_rho(measurements: &[Calibration]) -> Result<Rho> {
-    if measurements.iter().any(|m| m.terms() != 1) {
+    if measurements.iter().any(|m| m.derived().is_some()) {
         return Err(DpError::Internal("a derived answer's noise is not a measurement to charge".into()));
     }
     measurements.iter().try_fold(Rho::ZERO, |acc, m| acc.add_up(m.rho()))

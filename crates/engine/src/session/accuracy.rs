@@ -29,22 +29,20 @@ use datafusion::common::tree_node::TreeNode;
 use datafusion::logical_expr::{Expr, ExprSchemable, LogicalPlan, Operator};
 
 /// Standard deviation and CI half-width (grid units) of a calibrated mechanism; NaN for the exponential
-/// mechanism, which adds no noise to a value (its accuracy is a rank interval: [`rank_accuracy`]). For the sum of
-/// n > 1 Gaussian draws (a derived answer, [`Calibration::terms`]): √n times the std, and the sub-Gaussian
-/// half-width of variance n·σ² ([`accuracy::sub_gaussian_half_width`]).
+/// mechanism, which adds no noise to a value (its accuracy is a rank interval: [`rank_accuracy`]). For derived
+/// values ([`Calibration::derived`]): the square root of their variance proxy V (a bound on the std), and the
+/// sub-Gaussian half-width for V ([`accuracy::sub_gaussian_half_width`]) plus what rounding can add.
 pub(crate) fn noise_accuracy(c: &Calibration, confidence: f64) -> Result<(f64, f64)> {
-    let n = c.terms();
+    if let Some(d) = c.derived() {
+        accuracy::check_confidence(confidence)?;
+        return Ok((d.variance.sqrt(), accuracy::sub_gaussian_half_width(d.variance, confidence) + d.rounding));
+    }
     let half = match c.params() {
-        NoiseParams::Gaussian { sigma_sq } if n > 1 => {
-            accuracy::check_confidence(confidence)?;
-            accuracy::sub_gaussian_half_width(n as f64 * sigma_sq.to_f64(), confidence)
-        }
-        _ if n > 1 => return Err(DpError::Internal("only Gaussian noise is summed in derived answers".into())),
         NoiseParams::Gaussian { sigma_sq } => accuracy::discrete_gaussian_ci_half_width(sigma_sq, confidence)?,
         NoiseParams::Laplace { scale } => accuracy::discrete_laplace_ci_half_width(scale, confidence)?,
         NoiseParams::Exponential { .. } => f64::NAN,
     };
-    Ok((c.params().std() * (n as f64).sqrt(), half))
+    Ok((c.params().std(), half))
 }
 
 /// Whether measurement `m` of `dp` is a quantile.

@@ -17,17 +17,27 @@
 //!
 //! Each cell of S is then the sum, measurement by measurement, of the n = |cells of R| / |cells of S| cells of R
 //! that agree with it on S's keys; S's outputs (AVG, expressions, HAVING, ORDER BY, ...) are post-processed from
-//! these sums as from any noisy measurement. Of several such R, the one with the least noise is used (the least
-//! product over S's measurements of n·σ²).
+//! these sums as from any noisy measurement.
 //!
-//! **What a derived answer counts.** What R counted: the rows where every key of R is in its domain, each unit
-//! bounded as R's GROUP BY bounded it (k rows per cell of R, g cells of R). A fresh answer to S bounds by S's own
+//! R may also be a **workload** (GROUPING SETS, CUBE, ROLLUP: [`crate::workload`]) over the same rows, when S's
+//! only measurement is COUNT(*) and its keys lie within one of R's marginals: S's cells are then the marginal on
+//! S's keys rebuilt from R's stored residuals by least squares (the same rebuild R's own marginals come from, so
+//! it equals the sum of any of them over the other keys), rounded to integers.
+//!
+//! Of several such R, the one with the least noise is used (the least product, over S's measurements, of each
+//! derived value's variance).
+//!
+//! **What a derived value counts.** What R counted: the rows where every key of R is in its domain, each unit
+//! bounded as R's GROUP BY bounded it (k rows per cell of R, g cells of R; a workload: k rows in all). A fresh answer to S bounds by S's own
 //! cells, so the two estimate slightly different bounded quantities; EXPLAIN DP offers both, with their intervals.
 //!
 //! **Accuracy.** The noise of a derived value is the sum of n independent discrete Gaussians N_ℤ(0, σ²), R's σ
 //! for that measurement: it is √n·σ-sub-Gaussian (each N_ℤ(0, σ²) is σ-sub-Gaussian, CKS20 Prop. 19), so its
 //! interval at confidence c is √(2nσ²·ln(2/(1 − c))) ([`crate::noise::accuracy::sub_gaussian_half_width`]),
-//! computed from R's charge (its calibrations summed n times, [`Calibration::summed`]), never from the data.
+//! computed from R's charge (its calibrations summed n times, [`Calibration::summed`]), never from the data. A
+//! workload's marginal is a linear combination of its residuals' independent discrete Gaussian noises, sub-Gaussian
+//! with the variance R's own marginals state ([`crate::workload`], "Accuracy"); rounding to an integer adds at
+//! most ½ to the interval.
 //!
 //! **Why it is private.** Summing stored noisy values is post-processing (BS16 Lemma 1.8): nothing is read and
 //! nothing is charged. Whether a statement is derived, and from which release, depends on the statement, the
@@ -37,13 +47,16 @@
 //! Neighbouring relation: add/remove all rows of one privacy unit.
 
 use crate::accounting::Charge;
-use crate::accounting::calibrate::Calibration;
+use crate::accounting::calibrate::{Calibration, DerivedNoise};
 use crate::accounting::ledger::{DrawIndex, Prior};
 use crate::error::{DpError, Result};
 use crate::noise::NoiseParams;
 use crate::plan::{DpPlan, GroupKey, Measure, MeasureKind, fnv128};
 use crate::session::DpSession;
 use crate::session::execute::Draw;
+use crate::workload::{Measured, Workload};
+use datafusion::common::TableReference;
+use datafusion::logical_expr::LogicalPlan;
 use serde::{Deserialize, Serialize};
 
 /// What a stored draw holds, as its index records it ([`DrawIndex::holds`], JSON).
@@ -55,9 +68,14 @@ struct Holds {
     /// Each measurement ([`measure_text`]).
     measures: Vec<String>,
     /// Each measurement's σ² in grid units, as charged (NaN for other noise): to pick the least noisy release.
+    /// For a workload, each residual's σ² (0 for one without contrasts).
     sigma_sq: Vec<f64>,
     /// The first line of the statement, for EXPLAIN DP and notes.
     statement: String,
+    /// For a workload release: its marginals, as positions in `keys` (its draw holds its residuals' noisy
+    /// contrasts, and `measures` its one COUNT(*)).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    marginals: Option<Vec<Vec<usize>>>,
 }
 
 /// A statement's answer derived from a stored release: the stored charge that paid for the cells, the summed
@@ -67,10 +85,10 @@ pub(crate) struct Derived {
     pub(crate) charge: Charge,
     /// The statement's cells, each the sum of `terms` stored cells.
     pub(crate) draw: Draw,
-    /// The noise of each of the statement's measurements: the stored one summed `terms` times.
+    /// The noise of each of the statement's measurements (derived from the stored ones).
     pub(crate) cals: Vec<Calibration>,
-    /// How many stored cells each derived cell sums.
-    pub(crate) terms: u64,
+    /// How many stored cells each derived cell sums; None for a workload's marginal.
+    pub(crate) terms: Option<u64>,
     /// The stored statement (its first line).
     pub(crate) statement: String,
 }
@@ -78,13 +96,14 @@ pub(crate) struct Derived {
 impl Derived {
     /// What a derived release's note and EXPLAIN DP say of where the values come from.
     pub(crate) fn source(&self) -> String {
-        let cells = match self.terms {
-            1 => "its cells".to_string(),
-            n => format!("{n} of its cells for each value"),
+        let how = match self.terms {
+            Some(1) => "its cells answer".to_string(),
+            Some(n) => format!("summing {n} of its cells for each value answers"),
+            None => "its marginal on this query's keys (rebuilt from its residuals, rounded) answers".to_string(),
         };
         format!(
-            "charge #{} of this budget measured the same rows (`{}`); summing {cells} answers this query at no cost, \
-             counting what that release counted (its keys' domains and per-unit bounds)",
+            "charge #{} of this budget measured the same rows (`{}`); {how} this query at no cost, counting what \
+             that release counted (its keys' domains and per-unit bounds)",
             self.charge.id(),
             self.statement
         )
@@ -93,7 +112,11 @@ impl Derived {
 
 /// A measurement as the index compares it: kind (with its bounds and grid) and column.
 fn measure_text(m: &Measure) -> String {
-    format!("{:?}|{:?}", m.kind, m.column)
+    measure_key(&m.kind, m.column.as_deref())
+}
+
+fn measure_key(kind: &MeasureKind, column: Option<&str>) -> String {
+    format!("{kind:?}|{column:?}")
 }
 
 /// A key as the index compares it: base column, a fingerprint of its domain, the domain's size.
@@ -115,13 +138,56 @@ impl DpSession {
             && dp.tables.len() == 1
             && !dp.measures.is_empty()
             && dp.keys.iter().all(|k| !k.selected)
-            && dp.measures.iter().all(additive)
-            // `now()` prints the same at every run but counts other rows: never the same rows twice.
-            && super::prepare::immutable(&dp.original);
-        let Some(policy) = self.private_table(&dp.table).filter(|_| derivable) else { return Ok(None) };
+            && dp.measures.iter().all(additive);
+        if !derivable {
+            return Ok(None);
+        }
         let located = crate::plan::validate::locate(&dp.original, &|t| self.private_table(t).is_some())?;
-        let rows = located.aggregate.input.display_indent().to_string();
-        Ok(Some(format!("{:032x}", fnv128(&format!("{}|{policy:?}|{rows}", dp.table)))))
+        Ok(self.rows_shape(&dp.table, &located.aggregate.input))
+    }
+
+    /// The shape of the rows `rows` (an aggregate's input, as analyzed) reads from private table `table`: a
+    /// fingerprint of the table, its policy and the plan as printed; None when the plan calls a function whose
+    /// value changes between runs (`now()` prints the same at every run but reads other rows).
+    fn rows_shape(&self, table: &TableReference, rows: &LogicalPlan) -> Option<String> {
+        let policy = self.private_table(table).filter(|_| super::prepare::immutable(rows))?;
+        let rows = rows.display_indent().to_string();
+        Some(format!("{:032x}", fnv128(&format!("{table}|{policy:?}|{rows}"))))
+    }
+
+    /// What the ledger records with a workload's draw (GROUPING SETS over `rows` of `table`, the statement `sql`,
+    /// its residuals' calibrations `cals`) so that a plain GROUP BY of its keys can be derived from it.
+    pub(crate) fn workload_index(
+        &self,
+        table: &TableReference,
+        rows: &LogicalPlan,
+        w: &Workload,
+        cals: &[Calibration],
+        sql: &str,
+    ) -> Result<Option<DrawIndex>> {
+        let Some(shape) = self.rows_shape(table, rows) else { return Ok(None) };
+        let mut cals = cals.iter();
+        let sigma_sq = w
+            .residuals()
+            .iter()
+            .map(|a| match (w.contrasts(a), cals.next()) {
+                (0, _) => 0.0,
+                (_, Some(c)) => match c.params() {
+                    NoiseParams::Gaussian { sigma_sq } => sigma_sq.to_f64(),
+                    _ => f64::NAN,
+                },
+                (_, None) => f64::NAN,
+            })
+            .collect();
+        let holds = Holds {
+            keys: w.names().iter().enumerate().map(|(i, n)| (n.clone(), String::new(), w.cells(&[i]) as u64)).collect(),
+            measures: vec![measure_key(&MeasureKind::CountRows, None)],
+            sigma_sq,
+            statement: sql.lines().next().unwrap_or_default().trim().to_string(),
+            marginals: Some(w.sets().to_vec()),
+        };
+        let holds = serde_json::to_string(&holds).map_err(|e| DpError::Internal(format!("indexing a draw: {e}")))?;
+        Ok(Some(DrawIndex { shape, holds }))
     }
 
     /// What the ledger records with `dp`'s draw so that later statements can be derived from it (`charged`: its
@@ -140,6 +206,7 @@ impl DpSession {
             measures: dp.measures.iter().map(measure_text).collect(),
             sigma_sq,
             statement: sql.lines().next().unwrap_or_default().trim().to_string(),
+            marginals: None,
         };
         let holds = serde_json::to_string(&holds).map_err(|e| DpError::Internal(format!("indexing a draw: {e}")))?;
         Ok(Some(DrawIndex { shape, holds }))
@@ -153,7 +220,11 @@ impl DpSession {
         for (id, holds) in self.ledger.indexed_draws(&shape)? {
             let holds: Holds = serde_json::from_str(&holds)
                 .map_err(|_| DpError::Ledger(format!("the index of the draw stored under `{id}` is unreadable")))?;
-            if let Some(fit) = Fit::of(dp, &holds) {
+            let fit = match &holds.marginals {
+                None => Fit::of(dp, &holds).map(Source::Cells),
+                Some(marginals) => MarginalFit::of(dp, &holds, marginals)?.map(Source::Marginal),
+            };
+            if let Some(fit) = fit {
                 candidates.push((fit.noise(&holds), id, holds, fit));
             }
         }
@@ -163,20 +234,112 @@ impl DpSession {
         let Prior::Drawn(charge, bytes) = self.ledger.prior(&id)? else {
             return Err(DpError::Ledger(format!("the draw indexed under `{id}` is not stored")));
         };
-        let stored = Draw::from_bytes(&bytes)?;
-        let cals = fit
-            .measures
-            .iter()
-            .map(|&q| match charge.measurements().get(q) {
-                Some(c) if c.mechanism() == crate::noise::Mechanism::Gaussian => c.summed(fit.terms),
-                _ => Err(DpError::Ledger(format!("the draw stored under `{id}` does not match its index"))),
-            })
-            .collect::<Result<Vec<_>>>()?;
-        let values = fit.sum(&stored, &holds).ok_or_else(|| {
-            DpError::Ledger(format!("the draw stored under `{id}` does not have the cells its index lists"))
-        })?;
+        let mismatch = || DpError::Ledger(format!("the draw stored under `{id}` does not match its index"));
+        let (values, cals, terms) = match fit {
+            Source::Cells(fit) => {
+                let cals = fit
+                    .measures
+                    .iter()
+                    .map(|&q| match charge.measurements().get(q) {
+                        Some(c) if c.mechanism() == crate::noise::Mechanism::Gaussian => c.summed(fit.terms),
+                        _ => Err(mismatch()),
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                let values = fit.sum(&Draw::from_bytes(&bytes)?, &holds).ok_or_else(mismatch)?;
+                (values, cals, Some(fit.terms))
+            }
+            Source::Marginal(fit) => {
+                let residuals = Measured::from_bytes(&bytes)?;
+                let (marginal, variance) = fit.workload.marginal_of(&fit.set, &residuals, charge.measurements())?;
+                let base = charge.measurements().first().ok_or_else(mismatch)?;
+                let cal = base.derive(DerivedNoise { variance, rounding: 0.5 })?;
+                (fit.cells(&marginal).ok_or_else(mismatch)?, vec![cal], None)
+            }
+        };
         let draw = Draw::of_cells(dp.fingerprint(), values);
-        Ok(Some(Derived { charge, draw, cals, terms: fit.terms, statement: holds.statement }))
+        Ok(Some(Derived { charge, draw, cals, terms, statement: holds.statement }))
+    }
+}
+
+/// Where a statement's answer comes from in a stored draw.
+enum Source {
+    /// Sums of a GROUP BY's cells.
+    Cells(Fit),
+    /// A workload's marginal.
+    Marginal(MarginalFit),
+}
+
+impl Source {
+    /// The noise a derived answer would carry, to compare releases: Σ ln(variance) over the measurements (scale
+    /// free), from the index alone.
+    fn noise(&self, holds: &Holds) -> f64 {
+        match self {
+            Source::Cells(fit) => fit.noise(holds),
+            Source::Marginal(fit) => fit.workload.cell_variance(&fit.set, &holds.sigma_sq).ln(),
+        }
+    }
+}
+
+/// How a statement's keys sit in a stored workload: within one of its marginals.
+struct MarginalFit {
+    /// The stored workload.
+    workload: Workload,
+    /// The statement's keys as the workload's columns, sorted (the marginal rebuilt).
+    set: Vec<usize>,
+    /// The statement's keys as the workload's columns, in the statement's order.
+    keys: Vec<usize>,
+}
+
+impl MarginalFit {
+    /// Where `dp`'s keys are in the workload `holds` describes, if `dp` counts rows only and its keys lie within
+    /// one of the workload's `marginals`.
+    fn of(dp: &DpPlan, holds: &Holds, marginals: &[Vec<usize>]) -> Result<Option<MarginalFit>> {
+        let counts_rows = matches!(dp.measures.as_slice(), [m] if m.kind == MeasureKind::CountRows);
+        let keys = dp
+            .keys
+            .iter()
+            .map(|k| holds.keys.iter().position(|h| h.0 == k.base && h.2 == k.domain.len() as u64))
+            .collect::<Option<Vec<_>>>();
+        let Some(keys) = keys.filter(|_| counts_rows) else { return Ok(None) };
+        let mut set = keys.clone();
+        set.sort_unstable();
+        set.dedup();
+        if set.len() != keys.len() || !marginals.iter().any(|m| set.iter().all(|i| m.contains(i))) {
+            return Ok(None);
+        }
+        let names = holds.keys.iter().map(|k| k.0.clone()).collect();
+        let sizes = holds.keys.iter().map(|k| usize::try_from(k.2).unwrap_or(usize::MAX)).collect();
+        let workload = Workload::new(names, sizes, marginals.to_vec())?;
+        Ok(Some(MarginalFit { workload, set, keys }))
+    }
+
+    /// The statement's cells (its domain product's order: its keys' order, the last fastest) from the rebuilt
+    /// `marginal` (row-major over `set`), each rounded to an integer; None if the marginal has not the cells of
+    /// `set`.
+    fn cells(&self, marginal: &[f64]) -> Option<Vec<Vec<i128>>> {
+        let size = |i: usize| self.workload.cells(&[i]);
+        if marginal.len() != self.workload.cells(&self.set) {
+            return None;
+        }
+        let total = self.keys.iter().map(|&i| size(i)).product::<usize>();
+        let mut digits = vec![0usize; self.keys.len()];
+        let mut out = Vec::with_capacity(total);
+        for _ in 0..total {
+            // The same cell row-major over `set`: each column's digit is the statement key's that it is.
+            let at = self.set.iter().fold(0usize, |acc, &c| {
+                let j = self.keys.iter().position(|&k| k == c).unwrap_or_default();
+                acc * size(c) + digits[j]
+            });
+            out.push(vec![marginal.get(at)?.round() as i128]);
+            for (d, &k) in digits.iter_mut().zip(&self.keys).rev() {
+                *d += 1;
+                if *d < size(k) {
+                    break;
+                }
+                *d = 0;
+            }
+        }
+        Some(out)
     }
 }
 
@@ -275,6 +438,7 @@ mod tests {
             measures: vec!["m0".into(), "m1".into()],
             sigma_sq: vec![1.0, 4.0],
             statement: "SELECT ...".into(),
+            marginals: None,
         };
         (Draw::of_cells(0, values), holds)
     }

@@ -48,6 +48,8 @@ pub(crate) struct PreparedWorkload {
     rows: PrivatePlan,
     /// The rows' optimized logical plan, indented (EXPLAIN DP).
     rows_text: String,
+    /// What else its draw can answer, recorded with it (a GROUPING SETS statement: [`super::derive`]).
+    index: Option<crate::accounting::ledger::DrawIndex>,
 }
 
 impl DpSession {
@@ -118,7 +120,8 @@ impl DpSession {
         let noise = Noise::new(&p.workload, charge.measurements())?;
         let mut residuals = noise.draw(&p.workload, &counter.counts(), &mut *self.lock_rng()?)?;
         if let Some(key) = key {
-            residuals = Measured::from_bytes(&self.ledger.store_draw(key, &Measured::to_bytes(&residuals)?, None)?)?;
+            let bytes = self.ledger.store_draw(key, &Measured::to_bytes(&residuals)?, p.index.as_ref())?;
+            residuals = Measured::from_bytes(&bytes)?;
         }
         let measured = Measured::of(&p.workload, residuals)?;
         let labels = domain_labels(&p);
@@ -216,6 +219,7 @@ impl DpSession {
             over_limit,
             rows,
             rows_text,
+            index: None,
         })
     }
 }
@@ -315,7 +319,9 @@ impl DpSession {
         };
         let spec = MarginalSpec { budget, consistency: true, confidence: Some(confidence), selection_delta: None };
         let sets = WorkloadSets::Sets(g.sets.clone());
-        let p = self.prepare_workload_over(g.table.table(), g.input.clone(), &g.columns, &sets, &spec).await?;
+        let mut p = self.prepare_workload_over(g.table.table(), g.input.clone(), &g.columns, &sets, &spec).await?;
+        // A plain GROUP BY of its keys can be derived from its draw ([`super::derive`]).
+        p.index = self.workload_index(&g.table, &g.input, &p.workload, &p.quote.measurements, sql)?;
         // Every domain value must convert to its key's type: checked here, so that the release cannot fail on it.
         let schema = grouping_schema(&g);
         for ((_, what), field) in g.outputs.iter().zip(schema.fields()) {
