@@ -173,24 +173,9 @@ async fn derivations_are_the_same_on_neighbouring_tables() {
         "SELECT COUNT(*) AS n FROM people",
         "SELECT COUNT(*) AS n FROM people WHERE age > 20 HAVING COUNT(*) > 10",
     ];
-    let mut seen = vec![];
-    for extra in [false, true] {
-        let s = crate::support::people_session(300, extra, 100.0, 0.1).with_reuse(true);
-        let mut trace = vec![];
-        for sql in statements {
-            let r = match s.sql(sql).await.unwrap() {
-                dpfusion::Response::Release(r) => r,
-                _ => continue,
-            };
-            let note = r.note().map(|n| n.split(':').next().unwrap_or_default().to_string());
-            let accuracy: Vec<String> = r.accuracy().iter().filter_map(|c| c.describe()).collect();
-            trace.push(format!("{} {note:?} {:?} {accuracy:?}", r.charge().id(), r.schema()));
-        }
-        trace.push(format!("{}", s.budget().unwrap().charges.len()));
-        seen.push(trace);
-    }
-    assert_eq!(seen[0], seen[1], "D and D′ differ in what is derived");
-    assert_eq!(seen[0].last().map(String::as_str), Some("2"), "{:?}", seen[0]);
+    let [d, neighbour] = crate::support::reuse_traces(&statements).await;
+    assert_eq!(d, neighbour, "D and D′ differ in what is derived");
+    assert_eq!(d.last().map(String::as_str), Some("2"), "{d:?}");
 }
 
 /// A plain GROUP BY (COUNT(*) only) of keys within a stored workload's marginal is that marginal, rebuilt from the

@@ -101,18 +101,7 @@ async fn reuse_decisions_are_the_same_on_neighbouring_tables() {
         "SELECT AVG(income) AS a FROM people",
         "SELECT AVG(income) AS a FROM people",
     ];
-    let mut seen = vec![];
-    for extra in [false, true] {
-        let s = crate::support::people_session(300, extra, 100.0, 0.1).with_reuse(true);
-        let mut trace = vec![];
-        for sql in statements {
-            let r = release(&s, sql).await;
-            let note = r.note().map(|n| n.split(':').next().unwrap_or_default().to_string());
-            trace.push((r.charge().id(), note));
-        }
-        trace.push((s.budget().unwrap().charges.len() as u64, None));
-        seen.push(trace);
-    }
-    assert_eq!(seen[0], seen[1], "D and D′ differ in what is reused");
-    assert_eq!(seen[0].last(), Some(&(3, None)), "{:?}", seen[0]);
+    let [d, neighbour] = crate::support::reuse_traces(&statements).await;
+    assert_eq!(d, neighbour, "D and D′ differ in what is reused");
+    assert_eq!(d.last().map(String::as_str), Some("3"), "{d:?}");
 }

@@ -191,6 +191,30 @@ pub(crate) fn people_session_of(batch: RecordBatch, total: f64, query_rho: f64) 
     session_with(total, query_rho, "people", batch, TablePolicy::with_unit("pid", 2, 1, cols).unwrap())
 }
 
+/// The differential trace of reuse and derivation decisions: `statements` run on the people table D and on D plus
+/// one person (reuse on; `SET` statements run, not traced), each answer traced by what is observable of it but its
+/// numbers (the charge it comes from, its note's first words, its schema, its accuracy statements but per-row
+/// intervals, which hold noisy values), then the number of charges.
+pub(crate) async fn reuse_traces(statements: &[&str]) -> [Vec<String>; 2] {
+    let mut traces = [vec![], vec![]];
+    for (extra, trace) in [false, true].into_iter().zip(&mut traces) {
+        let s = people_session(300, extra, 100.0, 0.1).with_reuse(true);
+        for sql in statements {
+            let Response::Release(r) = s.sql(sql).await.unwrap_or_else(|e| panic!("{sql}: {e}")) else { continue };
+            let note = r.note().map(|n| n.split(':').next().unwrap_or_default().to_string());
+            let accuracy: Vec<String> = r
+                .accuracy()
+                .iter()
+                .filter(|c| !matches!(c.accuracy, dpfusion::Accuracy::PerRow { .. }))
+                .filter_map(|c| c.describe())
+                .collect();
+            trace.push(format!("{} {note:?} {:?} {accuracy:?}", r.charge().id(), r.schema()));
+        }
+        trace.push(s.budget().unwrap().charges.len().to_string());
+    }
+    traces
+}
+
 /// Digits replaced by `#`: a post-processing error may quote a noisy number, which may differ from run to run.
 pub(crate) fn mask_numbers(s: &str) -> String {
     let mut out = String::with_capacity(s.len());

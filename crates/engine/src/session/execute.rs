@@ -311,10 +311,10 @@ impl DpSession {
         let free = reused || derived.is_some();
         let note = match (reused, derived) {
             (false, None) => note,
-            (_, Some((_, source))) => Some(match note {
-                Some(n) => format!("derived: {source} (SET dp.reuse = 'exact' to pay for new measurements); {n}"),
-                None => format!("derived: {source} (SET dp.reuse = 'exact' to pay for new measurements)"),
-            }),
+            (_, Some((_, source))) => {
+                let first = format!("derived: {source} (SET dp.reuse = 'exact' to pay for new measurements)");
+                Some(note.map_or_else(|| first.clone(), |n| format!("{first}; {n}")))
+            }
             (true, None) => {
                 let first = if keyed.is_some_and(|k| k.shared) {
                     format!(

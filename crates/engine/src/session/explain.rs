@@ -296,14 +296,13 @@ impl DpSession {
         let rho = fmt_num(quote.rho.get());
         Ok(Some(match self.reuse() {
             Reuse::Derive => format!(
-                "Derived (SET dp.reuse = 'derive'): {}; the query would be answered so, spending nothing, with:\
-                 {columns}\nOr fresh (SET dp.reuse = 'exact'): ρ = {rho}, with the output columns' accuracy above",
+                "Derived (SET dp.reuse = 'derive'): {}, with:{columns}\nOr fresh (SET dp.reuse = 'exact'): ρ = {rho}, \
+                 with the output columns' accuracy above",
                 derived.source()
             ),
             _ => format!(
-                "Derivable: {}; answered so (SET dp.reuse = 'derive'), spending nothing, it would have:{columns}\n\
-                 As set (dp.reuse = '{}'), it is charged ρ = {rho} for fresh measurements, with the output columns' \
-                 accuracy above",
+                "Derivable: {}; with SET dp.reuse = 'derive' it would have:{columns}\nAs set (dp.reuse = '{}'), it is \
+                 charged ρ = {rho} for fresh measurements, with the output columns' accuracy above",
                 derived.source(),
                 self.reuse_setting()
             ),
