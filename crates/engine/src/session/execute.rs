@@ -144,7 +144,8 @@ enum Next {
     Derived(Box<super::derive::Derived>),
 }
 
-fn another_query(id: &str, charge: &Charge) -> DpError {
+/// The refusal of a request id retried with another statement than the one it was charged for.
+pub(super) fn another_query(id: &str, charge: &Charge) -> DpError {
     DpError::Refused(Refusal::RequestIdReused { id: id.to_string(), charge: charge.id() })
 }
 
@@ -163,11 +164,7 @@ impl DpSession {
             return stored_release(id, sql, charge, &bytes);
         }
         if let Some((g, p)) = self.prepare_grouping(text, params).await? {
-            if request_id.is_some() {
-                let why = "are not retried under a request id yet: send the statement without one".into();
-                return Err(DpError::Refused(Refusal::GroupingSets { why }));
-            }
-            return super::grow_stack(self.answer_grouping(sql, g, p)).await;
+            return super::grow_stack(self.answer_grouping(sql, g, p, request_id)).await;
         }
         let prepared = self.prepare(text, params).await?;
         let quote = self.quote(&prepared.dp)?;
@@ -396,7 +393,7 @@ pub(crate) fn same_noise(charged: &[Calibration], quoted: &[Calibration]) -> boo
 }
 
 /// The refusal of a retry whose price changed since its charge.
-fn changed(id: &str, charge: &Charge, quote: &Quote) -> DpError {
+pub(super) fn changed(id: &str, charge: &Charge, quote: &Quote) -> DpError {
     DpError::Refused(Refusal::PolicyChanged {
         id: id.to_string(),
         charged: charge.rho().get(),

@@ -65,42 +65,69 @@ impl DpSession {
     ) -> Result<WorkloadRelease> {
         let p = self.prepare_workload(table, columns, sets, spec).await?;
         let label = label(table, &p.workload);
-        self.run_workload(&label, p).await
+        self.run_workload(&label, p, None).await
     }
 
     /// Debits `p`'s quote under `label`, counts the bounded rows into every marginal, draws the residuals' noise
     /// and rebuilds the marginals. With `SET dp.reuse = 'exact'` (the default) the draw is stored under the
     /// workload's reuse key ([`workload_key`], claimed in the ledger as a request id is: one charge, first draw
-    /// wins), and the same workload asked again is rebuilt from it, spending nothing.
-    async fn run_workload(&self, label: &str, p: PreparedWorkload) -> Result<WorkloadRelease> {
+    /// wins), and the same workload asked again is rebuilt from it, spending nothing. With a caller's `request`
+    /// id, the draw is stored under it instead, and a retry (after a crash, concurrent) with the same statement is
+    /// rebuilt from it: one charge, one draw, the same numbers (the rest of the release is computed from them
+    /// without failing, so no release need be stored); the id used for another statement, or at another price,
+    /// is refused.
+    async fn run_workload(&self, label: &str, p: PreparedWorkload, request: Option<&str>) -> Result<WorkloadRelease> {
+        use super::execute::{another_query, changed};
         let tables = std::slice::from_ref(&p.table);
         let cals = p.quote.measurements.clone();
-        let Some(key) = self.reuse().exact().then(|| workload_key(&p)) else {
-            let debit = self.ledger.charge(label, tables, cals)?;
-            return self.draw_workload(p, debit, None).await;
+        let key = match request {
+            Some(id) => id.to_string(),
+            None if self.reuse().exact() => workload_key(&p),
+            None => {
+                let debit = self.ledger.charge(label, tables, cals)?;
+                return self.draw_workload(p, debit, None).await;
+            }
         };
         // With `[server] share_releases`, the same workload paid for by another budget (and not by this one).
-        let shared = self.shared_prior(&key)?;
+        let shared = if request.is_some() { None } else { self.shared_prior(&key)? };
         let from_other = shared.is_some();
         let claim = match shared {
             Some(prior) => Claim::Existing(prior),
             None => self.ledger.claim(label, &key, tables, cals)?,
         };
-        match claim {
-            Claim::New(debit) | Claim::Resumed(debit) => self.draw_workload(p, debit, Some(&key)).await,
-            Claim::Existing(Prior::Drawn(charge, bytes)) if !bytes.is_empty() => {
-                if !super::execute::same_noise(charge.measurements(), &p.quote.measurements) {
-                    return Err(DpError::Ledger(format!("the workload stored under `{key}` has other noise")));
-                }
-                let measured = Measured::of(&p.workload, Measured::from_bytes(&bytes)?)?;
-                let labels = domain_labels(&p);
-                let r = WorkloadRelease::new(&p.table, &p.workload, &labels, measured, p.plan, charge, self.status()?);
-                Ok(r.reused(from_other))
+        let (charge, bytes) = match claim {
+            Claim::New(debit) => return self.draw_workload(p, debit, Some(&key)).await,
+            Claim::Resumed(debit) if request.is_some() && debit.charge().label() != label => {
+                return Err(another_query(&key, debit.charge()));
+            }
+            Claim::Resumed(debit)
+                if !super::execute::same_noise(debit.charge().measurements(), &p.quote.measurements) =>
+            {
+                return Err(changed(&key, debit.charge(), &p.quote));
+            }
+            Claim::Resumed(debit) => return self.draw_workload(p, debit, Some(&key)).await,
+            Claim::Existing(Prior::Drawn(charge, bytes)) if !bytes.is_empty() => (charge, bytes),
+            Claim::Existing(Prior::Drawn(..)) if request.is_some() => {
+                return Err(DpError::Refused(Refusal::RequestIdLost { id: key }));
+            }
+            Claim::Existing(Prior::Released(charge, _)) if request.is_some() => {
+                return Err(another_query(&key, &charge));
             }
             Claim::Existing(_) => {
-                Err(DpError::Ledger(format!("the workload stored under `{key}` has no measurements")))
+                return Err(DpError::Ledger(format!("the workload stored under `{key}` has no measurements")));
             }
+        };
+        if request.is_some() && charge.label() != label {
+            return Err(another_query(&key, &charge));
         }
+        if !super::execute::same_noise(charge.measurements(), &p.quote.measurements) {
+            return Err(changed(&key, &charge, &p.quote));
+        }
+        let measured = Measured::of(&p.workload, Measured::from_bytes(&bytes)?)?;
+        let labels = domain_labels(&p);
+        let r = WorkloadRelease::new(&p.table, &p.workload, &labels, measured, p.plan, charge, self.status()?);
+        // A retried request is this request's own release again; a reuse key's answers a new statement for free.
+        Ok(if request.is_some() { r } else { r.reused(from_other) })
     }
 
     /// [`DpSession::run_workload`] under `debit`: the one run, the one draw (stored under `key` before anything
@@ -336,9 +363,15 @@ impl DpSession {
     /// The release of a grouping-sets statement prepared by [`DpSession::prepare_grouping`]: one charge under the
     /// statement's text `label`, then the rows in SELECT order, marginal after marginal (in the order the
     /// statement lists them), each marginal's cells in domain order; NULL in a key the marginal does not group by.
-    pub(crate) async fn answer_grouping(&self, label: &str, g: GroupingPlan, p: PreparedWorkload) -> Result<Release> {
+    pub(crate) async fn answer_grouping(
+        &self,
+        label: &str,
+        g: GroupingPlan,
+        p: PreparedWorkload,
+        request: Option<&str>,
+    ) -> Result<Release> {
         let query_epsilon = p.quote.epsilon;
-        let r = self.run_workload(label, p).await?;
+        let r = self.run_workload(label, p, request).await?;
         let confidence = r.plan().confidence;
         let schema = grouping_schema(&g);
         // The release's cells (`marginal`, one text column per key, `count`, `ci_half_width`), in SELECT order.
