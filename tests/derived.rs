@@ -81,6 +81,20 @@ async fn a_derived_sub_total_is_the_sum_of_stored_cells_with_the_stated_interval
     let having = format!("{} HAVING COUNT(*) > 0", BY_RACE.trim_end_matches(" ORDER BY race"));
     assert!(release(&s, &having).await.note().is_some_and(|n| n.starts_with("derived")));
     assert_eq!(s.budget().unwrap().charges.len(), 1);
+    // Under an accuracy target, only a derived answer that meets it: n ± 20 is not met by the sum of two stored
+    // cells (± 34), so the query is charged at the ρ that meets it; n ± 40 is met.
+    let count_by_race = "SELECT race, COUNT(*) AS n FROM pums WHERE age > 30 GROUP BY race";
+    s.sql("SET dp.target = 'n:±20'").await.unwrap();
+    assert!(!s.explain(count_by_race).await.unwrap().to_string().contains("Deriv"));
+    let targeted = release(&s, count_by_race).await;
+    assert!(targeted.note().is_none(), "{:?}", targeted.note());
+    assert!(stated(&targeted, "n").0 <= 20.0);
+    assert_eq!(s.budget().unwrap().charges.len(), 2);
+    s.sql("SET dp.target = 'n:±40'").await.unwrap();
+    let met = release(&s, &format!("{count_by_race} ORDER BY n")).await;
+    assert!(met.note().is_some_and(|n| n.starts_with("derived")), "{:?}", met.note());
+    assert!(stated(&met, "n").0 <= 40.0);
+    assert_eq!(s.budget().unwrap().charges.len(), 2);
 }
 
 /// What is not a sum of stored cells is charged: another WHERE, a WHERE with `now()`, a key the stored release does

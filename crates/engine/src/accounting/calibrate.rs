@@ -153,11 +153,15 @@ impl Calibration {
     }
 
     /// The noise of the sum of `n` independent draws of this measurement's noise (a sub-total summed from `n`
-    /// stored cells): variance proxy n·σ² ([`Calibration::derive`]).
+    /// stored cells): variance proxy n·σ² ([`Calibration::derive`]); for one draw, this measurement itself (whose
+    /// exact interval then still holds).
     pub(crate) fn summed(&self, n: u64) -> Result<Calibration> {
         let NoiseParams::Gaussian { sigma_sq } = self.params else {
             return Err(DpError::Internal(format!("a sum of {n} draws of {} noise", self.mechanism())));
         };
+        if n == 1 && self.derived.is_none() {
+            return Ok(self.clone());
+        }
         self.derive(DerivedNoise { variance: n as f64 * sigma_sq.to_f64(), rounding: 0.0 })
     }
 
@@ -658,6 +662,7 @@ mod tests {
         let c = gaussian(2.0, rho(0.1)).unwrap();
         let summed = c.summed(3).unwrap();
         assert!(summed.derived().is_some() && c.derived().is_none());
+        assert_eq!(c.summed(1).unwrap(), c, "one draw keeps its exact interval");
         assert!((summed.sigma_or_scale() - 3f64.sqrt() * c.sigma_or_scale()).abs() < 1e-12);
         assert!(!summed.same_noise(&c));
         assert!(crate::accounting::filter::total_rho(std::slice::from_ref(&summed)).is_err());

@@ -213,8 +213,9 @@ impl DpSession {
     }
 
     /// `dp`'s answer summed from the least noisy stored release of this budget it can be derived from (module
-    /// docs), or None. Reads the ledger only.
-    pub(crate) fn derivation(&self, dp: &DpPlan) -> Result<Option<Derived>> {
+    /// docs), or None; under `SET dp.target`, None unless its intervals at `confidence` meet the target. Reads the
+    /// ledger only.
+    pub(crate) fn derivation(&self, dp: &DpPlan, confidence: f64) -> Result<Option<Derived>> {
         let Some(shape) = self.shape(dp)? else { return Ok(None) };
         let mut candidates = Vec::new();
         for (id, holds) in self.ledger.indexed_draws(&shape)? {
@@ -256,6 +257,11 @@ impl DpSession {
                 (fit.cells(&marginal).ok_or_else(mismatch)?, vec![cal], None)
             }
         };
+        if let Some(target) = self.target()?
+            && !super::target::meets_target(dp, &cals, &target, confidence)?
+        {
+            return Ok(None);
+        }
         let draw = Draw::of_cells(dp.fingerprint(), values);
         Ok(Some(Derived { charge, draw, cals, terms, statement: holds.statement }))
     }

@@ -206,7 +206,7 @@ impl DpSession {
                 && shared.is_none()
                 && let Some(k) = keyed.as_ref().filter(|k| !k.request)
                 && matches!(self.ledger.prior(&k.id)?, Prior::None)
-                && let Some(derived) = self.derivation(&prepared.dp)?
+                && let Some(derived) = self.derivation(&prepared.dp, quote.confidence)?
             {
                 return self.release(sql, &prepared, Next::Derived(Box::new(derived)), None, &quote).await;
             }

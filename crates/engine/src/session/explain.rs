@@ -283,7 +283,7 @@ impl DpSession {
             return Ok(exact);
         }
         let dp = &prepared.dp;
-        let Some(derived) = self.derivation(dp)? else { return Ok(None) };
+        let Some(derived) = self.derivation(dp, quote.confidence)? else { return Ok(None) };
         let mut columns = Vec::new();
         for (i, f) in dp.original.schema().fields().iter().enumerate() {
             let planned = accuracy::plan_accuracy(dp, &derived.cals, i, quote.confidence)?;

@@ -202,6 +202,20 @@ fn fixed_half_width(
     })
 }
 
+/// Whether calibrations `cals` give every output column `target` constrains an interval at most its target (a
+/// derived answer is used under a target only then: [`super::derive`]).
+pub(crate) fn meets_target(dp: &DpPlan, cals: &[Calibration], target: &Target, confidence: f64) -> Result<bool> {
+    for (i, name) in output_names(dp).iter().enumerate() {
+        let Some(want) = target.of(name) else { continue };
+        match fixed_half_width(dp, cals, i, confidence)? {
+            Ok(None) => {}
+            Ok(Some(h)) if h <= want * (1.0 + 1e-12) => {}
+            _ => return Ok(false),
+        }
+    }
+    Ok(true)
+}
+
 impl DpSession {
     /// The session's accuracy target (`SET dp.target`) as text, if it has one.
     pub fn accuracy_target(&self) -> Option<String> {
