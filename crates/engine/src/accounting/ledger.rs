@@ -389,7 +389,11 @@ impl LedgerDb {
         if integrity != "ok" {
             return Err(DpError::Ledger(format!("{display} is corrupt ({integrity}); restore it from a backup")));
         }
-        conn.pragma_update(None, "journal_mode", "WAL").map_err(|e| write_error(&display, e))?;
+        // Switching a file to WAL can fail at once when other processes open it at the same moment: SQLite does not
+        // wait for its busy timeout there (8 processes opening a new file together fail about once in 100 tries).
+        // Retried until the busy timeout has passed, as any other lock is waited for.
+        retry_busy(busy_timeout, || conn.pragma_update(None, "journal_mode", "WAL"))
+            .map_err(|e| write_error(&display, e))?;
         conn.pragma_update(None, "synchronous", "FULL").map_err(|e| write_error(&display, e))?;
         let mut conn = conn;
         Self::create_schema(&mut conn, &display)?;
@@ -799,6 +803,23 @@ impl SqliteLedger {
     }
 }
 
+/// Runs `f` until it succeeds, fails otherwise than on a lock held by another connection (busy or locked), or
+/// `timeout` has passed, pausing 5 to 25 ms between tries; the last result.
+fn retry_busy<T>(timeout: Duration, mut f: impl FnMut() -> rusqlite::Result<T>) -> rusqlite::Result<T> {
+    let start = std::time::Instant::now();
+    loop {
+        match f() {
+            Err(e)
+                if matches!(e.sqlite_error_code(), Some(ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked))
+                    && start.elapsed() < timeout =>
+            {
+                std::thread::sleep(Duration::from_millis(5 + rand::random::<u64>() % 20));
+            }
+            other => return other,
+        }
+    }
+}
+
 /// Adds `column` (a name and its declaration) to `table` unless it has it already.
 fn add_column(tx: &rusqlite::Transaction<'_>, table: &str, column: &str) -> rusqlite::Result<()> {
     let name = column.split(' ').next().unwrap_or(column);
@@ -999,6 +1020,28 @@ impl SqliteLedger {
 #[cfg(test)]
 mod reprepare_tests {
     use super::*;
+
+    /// A lock held by another process is waited for until the busy timeout, then reported; other errors at once.
+    #[test]
+    fn busy_locks_are_retried_until_the_timeout() {
+        let busy = || rusqlite::Error::SqliteFailure(rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_BUSY), None);
+        let mut tries = 0;
+        let r = retry_busy(Duration::from_secs(5), || {
+            tries += 1;
+            if tries < 4 { Err(busy()) } else { Ok(tries) }
+        });
+        assert_eq!(r.unwrap(), 4, "retried until it succeeded");
+        let start = std::time::Instant::now();
+        let r: rusqlite::Result<()> = retry_busy(Duration::from_millis(100), || Err(busy()));
+        assert_eq!(r.unwrap_err().sqlite_error_code(), Some(ErrorCode::DatabaseBusy));
+        assert!(start.elapsed() >= Duration::from_millis(100), "waited for the timeout");
+        let mut tries = 0;
+        let r: rusqlite::Result<()> = retry_busy(Duration::from_secs(5), || {
+            tries += 1;
+            Err(rusqlite::Error::InvalidQuery)
+        });
+        assert!(r.is_err() && tries == 1, "another error is not retried");
+    }
 
     /// Draws stored with an index are listed under their shape, newest first, per budget; a draw stored second
     /// under the same id keeps the first one's index (first writer wins).
