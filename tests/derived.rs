@@ -131,6 +131,14 @@ async fn what_is_not_a_sum_of_stored_cells_is_charged() {
         assert!(r.note().is_none_or(|n| !n.starts_with("derived")), "{sql}: {:?}", r.note());
         assert_eq!(s.budget().unwrap().charges.len(), before + 1, "{sql}");
     }
+    // A Laplace release is not indexed (its noise's sums have no interval stated here): what it could have
+    // answered is charged, without error.
+    s.sql("SET dp.mechanism = 'laplace'").await.unwrap();
+    release(&s, "SELECT sex, COUNT(*) AS n FROM pums WHERE age > 50 GROUP BY sex").await;
+    s.sql("SET dp.mechanism = 'gaussian'").await.unwrap();
+    let before = s.budget().unwrap().charges.len();
+    assert!(release(&s, "SELECT COUNT(*) AS n FROM pums WHERE age > 50").await.note().is_none());
+    assert_eq!(s.budget().unwrap().charges.len(), before + 1);
     // The AVG's measurements (COUNT(*), SUM and COUNT of income) by sex and race make its AVG by sex derivable.
     release(&s, "SELECT sex, race, AVG(income) AS a FROM pums WHERE age > 30 GROUP BY sex, race").await;
     let avg = release(&s, "SELECT race, AVG(income) AS a FROM pums WHERE age > 30 GROUP BY race").await;

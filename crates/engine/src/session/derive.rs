@@ -67,8 +67,8 @@ struct Holds {
     keys: Vec<(String, String, u64)>,
     /// Each measurement ([`measure_text`]).
     measures: Vec<String>,
-    /// Each measurement's σ² in grid units, as charged (NaN for other noise): to pick the least noisy release.
-    /// For a workload, each residual's σ² (0 for one without contrasts).
+    /// Each measurement's σ² in grid units, as charged (only Gaussian draws are indexed): to pick the least noisy
+    /// release. For a workload, each residual's σ² (0 for one without contrasts).
     sigma_sq: Vec<f64>,
     /// The first line of the statement, for EXPLAIN DP and notes.
     statement: String,
@@ -124,6 +124,14 @@ fn key_entry(k: &GroupKey) -> (String, String, u64) {
     (k.base.clone(), format!("{:032x}", fnv128(&format!("{:?}", k.domain))), k.domain.len() as u64)
 }
 
+/// σ² of a Gaussian measurement (grid units); None for other noise.
+fn gaussian_sigma_sq(c: &Calibration) -> Option<f64> {
+    match c.params() {
+        NoiseParams::Gaussian { sigma_sq } => Some(sigma_sq.to_f64()),
+        _ => None,
+    }
+}
+
 /// Whether a measurement's cells add up to the same measurement over coarser cells.
 fn additive(m: &Measure) -> bool {
     matches!(m.kind, MeasureKind::CountRows | MeasureKind::CountValues | MeasureKind::Sum { .. })
@@ -166,19 +174,17 @@ impl DpSession {
         sql: &str,
     ) -> Result<Option<DrawIndex>> {
         let Some(shape) = self.rows_shape(table, rows) else { return Ok(None) };
+        // Each residual's σ² (0 without contrasts: it has no calibration).
         let mut cals = cals.iter();
-        let sigma_sq = w
-            .residuals()
-            .iter()
-            .map(|a| match (w.contrasts(a), cals.next()) {
-                (0, _) => 0.0,
-                (_, Some(c)) => match c.params() {
-                    NoiseParams::Gaussian { sigma_sq } => sigma_sq.to_f64(),
-                    _ => f64::NAN,
-                },
-                (_, None) => f64::NAN,
-            })
-            .collect();
+        let mut sigma_sq = Vec::with_capacity(w.residuals().len());
+        for a in w.residuals() {
+            if w.contrasts(a) == 0 {
+                sigma_sq.push(0.0);
+                continue;
+            }
+            let Some(s2) = cals.next().and_then(gaussian_sigma_sq) else { return Ok(None) };
+            sigma_sq.push(s2);
+        }
         let holds = Holds {
             keys: w.names().iter().enumerate().map(|(i, n)| (n.clone(), String::new(), w.cells(&[i]) as u64)).collect(),
             measures: vec![measure_key(&MeasureKind::CountRows, None)],
@@ -194,13 +200,10 @@ impl DpSession {
     /// measurements' calibrations), or None when nothing can be. Computed before the debit.
     pub(crate) fn draw_index(&self, dp: &DpPlan, charged: &[Calibration], sql: &str) -> Result<Option<DrawIndex>> {
         let Some(shape) = self.shape(dp)? else { return Ok(None) };
-        let sigma_sq = charged
-            .iter()
-            .map(|c| match c.params() {
-                NoiseParams::Gaussian { sigma_sq } => sigma_sq.to_f64(),
-                _ => f64::NAN,
-            })
-            .collect();
+        // Only Gaussian noise is summed: a draw with other noise answers nothing else.
+        let Some(sigma_sq) = charged.iter().map(gaussian_sigma_sq).collect::<Option<Vec<_>>>() else {
+            return Ok(None);
+        };
         let holds = Holds {
             keys: dp.keys.iter().map(key_entry).collect(),
             measures: dp.measures.iter().map(measure_text).collect(),
