@@ -175,6 +175,14 @@ async fn derivation_is_durable_per_budget_and_stops_when_the_policy_changes() {
     let theirs = release(&other, TOTAL).await;
     assert!(theirs.note().is_none(), "{:?}", theirs.note());
     assert_eq!(other.budget().unwrap().charges.len(), 1);
+    // A damaged index refuses derivation with what to do, spending nothing.
+    let db = rusqlite::Connection::open(dir.join("ledger.db")).unwrap();
+    db.execute("UPDATE draw_index SET holds = '{'", []).unwrap();
+    drop(db);
+    let s = open(derive.clone()).await;
+    let e = s.sql("SELECT race, COUNT(*) AS n FROM pums WHERE age > 30 GROUP BY race").await.unwrap_err().to_string();
+    assert!(e.contains("cannot be derived from") && e.contains("SET dp.reuse = 'exact'"), "{e}");
+    assert_eq!(s.budget().unwrap().charges.len(), 1);
     // Another bound: another policy, nothing derived.
     let narrower = derive.replace("bounds = [0, 500000]", "bounds = [0, 400000]");
     assert_ne!(narrower, derive);

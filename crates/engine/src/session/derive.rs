@@ -124,6 +124,14 @@ fn key_entry(k: &GroupKey) -> (String, String, u64) {
     (k.base.clone(), format!("{:032x}", fnv128(&format!("{:?}", k.domain))), k.domain.len() as u64)
 }
 
+/// The error of a stored draw the ledger lists for derivation but cannot give as listed (nothing was spent).
+fn damaged(id: &str, what: &str) -> DpError {
+    DpError::Ledger(format!(
+        "the draw stored under `{id}` cannot be derived from: {what}; nothing was spent (SET dp.reuse = 'exact' answers \
+         without deriving)"
+    ))
+}
+
 /// σ² of a Gaussian measurement (grid units); None for other noise.
 fn gaussian_sigma_sq(c: &Calibration) -> Option<f64> {
     match c.params() {
@@ -222,8 +230,7 @@ impl DpSession {
         let Some(shape) = self.shape(dp)? else { return Ok(None) };
         let mut candidates = Vec::new();
         for (id, holds) in self.ledger.indexed_draws(&shape)? {
-            let holds: Holds = serde_json::from_str(&holds)
-                .map_err(|_| DpError::Ledger(format!("the index of the draw stored under `{id}` is unreadable")))?;
+            let holds: Holds = serde_json::from_str(&holds).map_err(|_| damaged(&id, "its index is unreadable"))?;
             let fit = match &holds.marginals {
                 None => Fit::of(dp, &holds).map(Source::Cells),
                 Some(marginals) => MarginalFit::of(dp, &holds, marginals)?.map(Source::Marginal),
@@ -236,9 +243,9 @@ impl DpSession {
         candidates.sort_by(|a, b| a.0.total_cmp(&b.0));
         let Some((_, id, holds, fit)) = candidates.into_iter().next() else { return Ok(None) };
         let Prior::Drawn(charge, bytes) = self.ledger.prior(&id)? else {
-            return Err(DpError::Ledger(format!("the draw indexed under `{id}` is not stored")));
+            return Err(damaged(&id, "it is indexed but not stored"));
         };
-        let mismatch = || DpError::Ledger(format!("the draw stored under `{id}` does not match its index"));
+        let mismatch = || damaged(&id, "it does not match its index");
         let (values, cals, terms) = match fit {
             Source::Cells(fit) => {
                 let cals = fit
