@@ -294,3 +294,24 @@ async fn derived_intervals_cover_the_exact_counts() {
     eprintln!("derived intervals: {misses} misses of 600");
     assert!(misses < 20, "{misses} of 600 derived intervals miss the exact count");
 }
+
+/// A workload released through the API (as `dpfusion marginals --way k` does) over the whole table answers a
+/// plain GROUP BY COUNT(*) of its keys without WHERE.
+#[tokio::test]
+async fn an_api_workload_is_derived_from_too() {
+    use dpfusion::marginals::{MarginalBudget, MarginalSpec};
+    let s = session().await;
+    let spec =
+        MarginalSpec { budget: MarginalBudget::Rho(0.1), consistency: true, confidence: None, selection_delta: None };
+    let columns = ["sex".to_string(), "race".to_string()];
+    let w = s.workload("pums", &columns, &dpfusion::session::WorkloadSets::Ways(2), &spec).await.unwrap();
+    s.sql("SET dp.reuse = 'derive'").await.unwrap();
+    let by_race = release(&s, "SELECT race, COUNT(*) AS n FROM pums GROUP BY race ORDER BY race").await;
+    assert!(by_race.note().is_some_and(|n| n.starts_with("derived: charge #1")), "{:?}", by_race.note());
+    // The one marginal (sex, race), 2 × 6 row-major: each race's count is its column summed, rounded.
+    let m = &w.marginals()[0];
+    assert_eq!(m.columns, columns);
+    let expected: Vec<f64> = (0..6).map(|r| (m.counts[r] + m.counts[6 + r]).round()).collect();
+    assert_eq!(column_f64(&by_race, 1), expected);
+    assert_eq!(s.budget().unwrap().charges.len(), 1);
+}

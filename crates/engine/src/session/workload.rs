@@ -63,8 +63,12 @@ impl DpSession {
         sets: &WorkloadSets,
         spec: &MarginalSpec,
     ) -> Result<WorkloadRelease> {
-        let p = self.prepare_workload(table, columns, sets, spec).await?;
+        let scan = self.tables.scan(table).await?;
+        let mut p = self.prepare_workload_over(table, scan.clone(), columns, sets, spec).await?;
         let label = label(table, &p.workload);
+        // A plain GROUP BY of its keys over the whole table can be derived from its draw ([`super::derive`]).
+        let reference = datafusion::common::TableReference::bare(table);
+        p.index = self.workload_index(&reference, &scan, &p.workload, &p.quote.measurements, &label)?;
         self.run_workload(&label, p, None).await
     }
 
