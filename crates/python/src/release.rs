@@ -188,7 +188,9 @@ impl Release {
         self.inner.sql()
     }
 
-    /// Why the table holds the noisy aggregates rather than the query's own expression, if it does; else None.
+    /// A note on the release, else None: where its numbers come from when they were not drawn for it (reused,
+    /// shared or derived from an earlier charge), or why the table holds the noisy aggregates rather than the
+    /// query's own expression.
     ///
     /// >>> s.sql("SELECT COUNT(*) AS n FROM pums").note is None
     /// True

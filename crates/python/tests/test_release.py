@@ -210,3 +210,15 @@ def test_grouping_sets_are_one_consistent_charge(session):
     assert r.accuracy["n"]["kind"] == "per_row" and len(r.accuracy["n"]["intervals"]) == 7
     assert spent(session) == pytest.approx(0.05)
     assert "Workload: 2 marginals" in str(session.explain("SELECT sex, COUNT(*) FROM pums GROUP BY CUBE (sex)"))
+
+
+def test_a_sub_total_is_derived_free_with_dp_reuse_derive(session):
+    fine = session.sql("SELECT sex, race, COUNT(*) AS n FROM pums GROUP BY sex, race ORDER BY sex, race")
+    session.sql("SET dp.reuse = 'derive'")
+    by_sex = session.sql(COUNT_BY_SEX)
+    n = fine.to_pandas()["n"].tolist()
+    assert by_sex.to_pandas()["n"].tolist() == [sum(n[:6]), sum(n[6:])]
+    assert by_sex.charge["free"] is True and by_sex.charge["id"] == fine.charge["id"]
+    assert by_sex.note.startswith("derived: charge #1")
+    assert spent(session) == pytest.approx(0.05)
+    assert "Derived (SET dp.reuse = 'derive')" in str(session.explain("SELECT COUNT(*) AS n FROM pums"))
