@@ -104,6 +104,10 @@ fn target_flags_solve_for_rho() {
     let o = dpfusion(&["explain", "--target", "±20", "SELECT COUNT(*) AS n FROM pums"]);
     let out = text(&o.stdout);
     assert!(o.status.success() && out.contains("ρ solved for dp.target = '±20'"), "{out}{}", text(&o.stderr));
+    let o = dpfusion(&["query", "--target", "±20", "--format", "json", "EXPLAIN DP SELECT COUNT(*) AS n FROM pums"]);
+    let v: Value = serde_json::from_slice(&o.stdout).expect("json");
+    assert!(v["target"].as_str().is_some_and(|t| t.contains("ρ solved for dp.target")), "{v}");
+    assert!(v.get("reuse").is_none(), "nothing to reuse: {v}");
     let o = dpfusion(&["query", "--target", "n:±20", "--format", "json", "SELECT COUNT(*) AS n FROM pums"]);
     let v: Value = serde_json::from_slice(&o.stdout).expect("json");
     let rho = v["charge"]["rho"].as_f64().unwrap();

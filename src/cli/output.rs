@@ -64,9 +64,17 @@ fn explain_json(e: &Explanation) -> Value {
                    "rho": m.calibration.rho().get(), "std": m.std, "ci_half_width": m.ci_half_width})
         })
         .collect();
-    json!({"status": "explain", "sql": e.sql, "plan": e.private_plan, "cells": e.cells, "join": e.join, "measurements": measures,
+    let mut v = json!({"status": "explain", "sql": e.sql, "plan": e.private_plan, "cells": e.cells, "join": e.join, "measurements": measures,
            "outputs": e.outputs.iter().map(|(c, a)| json!({"column": c, "accuracy": a})).collect::<Vec<_>>(),
-           "charge": {"rho": e.rho, "epsilon": e.epsilon.epsilon, "delta": e.epsilon.delta}, "spent": 0.0})
+           "charge": {"rho": e.rho, "epsilon": e.epsilon.epsilon, "delta": e.epsilon.delta}, "spent": 0.0});
+    // How ρ was solved for a target, and whether the query would be answered from stored releases (reused or
+    // derived, offered beside the fresh answer): present only when there is something to say.
+    for (key, text) in [("target", &e.target), ("reuse", &e.reuse)] {
+        if let Some(text) = text {
+            v[key] = json!(text);
+        }
+    }
+    v
 }
 
 /// Renders the outcome of one statement in `format`.

@@ -633,7 +633,7 @@ impl Refusal {
             BadOptionValue { option: "selection_delta", .. } => "give a δ in (0, 0.001), e.g. SET \
                 dp.selection_delta = 1e-8"
                 .into(),
-            BadOptionValue { option: "reuse", .. } => "SET dp.reuse = 'exact' (the default) or 'off'".into(),
+            BadOptionValue { option: "reuse", .. } => "SET dp.reuse = 'exact' (the default), 'derive' or 'off'".into(),
             BadOptionValue { option: "target", .. } => "give a half-width for every noisy column (SET dp.target = \
                 '±10') or per column (SET dp.target = 'n:±10, total:±500'); 'off' removes it"
                 .into(),
