@@ -232,7 +232,7 @@ async fn a_marginal_of_a_stored_workload_is_derived_from_it() {
     let by_race = release(&s, BY_RACE_COUNT).await;
     for (i, r) in column_f64(&by_race, 1).into_iter().enumerate() {
         let (count, half) = find(f64::NAN, (i + 1) as f64);
-        assert_eq!(r, count.round(), "race {}", i + 1);
+        assert!(rounded(r, count), "race {}: {r} vs {count}", i + 1);
         let stated = stated(&by_race, "n").0;
         assert!((stated - (half + 0.5)).abs() < 1e-6, "race {}: {stated} vs {half} + 0.5", i + 1);
     }
@@ -241,14 +241,21 @@ async fn a_marginal_of_a_stored_workload_is_derived_from_it() {
     let r = release(&s, race_sex).await;
     let (rs, ss, ns) = (column_f64(&r, 0), column_f64(&r, 1), column_f64(&r, 2));
     for i in 0..12 {
-        assert_eq!(ns[i], find(ss[i], rs[i]).0.round(), "race {} sex {}", rs[i], ss[i]);
+        assert!(rounded(ns[i], find(ss[i], rs[i]).0), "race {} sex {}", rs[i], ss[i]);
     }
     let total = release(&s, "SELECT COUNT(*) AS n FROM pums WHERE age > 30").await;
-    assert_eq!(column_f64(&total, 0), vec![find(f64::NAN, f64::NAN).0.round()]);
+    assert!(rounded(column_f64(&total, 0)[0], find(f64::NAN, f64::NAN).0));
     assert_eq!(s.budget().unwrap().charges.len(), 1, "every marginal derived");
     let sums = release(&s, "SELECT race, SUM(income) AS t FROM pums WHERE age > 30 GROUP BY race").await;
     assert!(sums.note().is_none(), "a workload counts rows only: {:?}", sums.note());
     assert_eq!(s.budget().unwrap().charges.len(), 2);
+}
+
+/// Whether `v` is an integer that rounds `x` — to the nearest, or either neighbour when `x` is a half: a workload's
+/// marginals are rationals with small denominators, often exactly k + ½, where two float computations of the same
+/// value (the marginal rebuilt alone, or a finer one summed) may round either way.
+fn rounded(v: f64, x: f64) -> bool {
+    v.fract() == 0.0 && (v - x).abs() <= 0.5 + 1e-9
 }
 
 const BY_RACE_COUNT: &str = "SELECT race, COUNT(*) AS n FROM pums WHERE age > 30 GROUP BY race ORDER BY race";
@@ -311,7 +318,8 @@ async fn an_api_workload_is_derived_from_too() {
     // The one marginal (sex, race), 2 × 6 row-major: each race's count is its column summed, rounded.
     let m = &w.marginals()[0];
     assert_eq!(m.columns, columns);
-    let expected: Vec<f64> = (0..6).map(|r| (m.counts[r] + m.counts[6 + r]).round()).collect();
-    assert_eq!(column_f64(&by_race, 1), expected);
+    for (r, v) in column_f64(&by_race, 1).into_iter().enumerate() {
+        assert!(rounded(v, m.counts[r] + m.counts[6 + r]), "race {}: {v}", r + 1);
+    }
     assert_eq!(s.budget().unwrap().charges.len(), 1);
 }
