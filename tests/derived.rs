@@ -2,10 +2,10 @@
 //! released before, on the same rows, is the sum of its stored noisy cells, free, with the interval of that sum.
 
 use crate::support::{TempDir, column_f64, ledger_config, pums_config, release, session_from, with_reuse};
+use dpfusion::DpSession;
 use dpfusion::format::fmt_num;
 use dpfusion::noise::NoiseParams;
 use dpfusion::release::Accuracy;
-use dpfusion::{DpSession, SessionConfig};
 
 const FINE: &str = "SELECT sex, race, COUNT(*) AS n, SUM(income) AS total FROM pums WHERE age > 30 GROUP BY sex, race ORDER BY sex, race";
 const BY_RACE: &str =
@@ -155,13 +155,7 @@ async fn what_is_not_a_sum_of_stored_cells_is_charged() {
 async fn derivation_is_durable_per_budget_and_stops_when_the_policy_changes() {
     let dir = TempDir::new("derive");
     let config = ledger_config(&dir, 10.0);
-    let open = |text: String| {
-        let config = config.clone();
-        async move {
-            std::fs::write(&config, text).unwrap();
-            DpSession::from_config(&SessionConfig::from_file(&config).unwrap()).await.unwrap()
-        }
-    };
+    let open = |text: String| crate::support::session_at(&config, text);
     let base = std::fs::read_to_string(&config).unwrap();
     let derive = base.replace("reuse = \"off\"", "reuse = \"derive\"");
     assert_ne!(derive, base);

@@ -3,7 +3,6 @@
 
 use crate::support::{TempDir, ledger_config, pums_config, release, session_from, with_reuse};
 use datafusion::arrow::util::pretty::pretty_format_batches;
-use dpfusion::{DpSession, SessionConfig};
 
 /// A release's rows as text, sorted (the same numbers whatever the row order).
 fn rows(r: &dpfusion::Release) -> Vec<String> {
@@ -70,13 +69,7 @@ async fn concurrent_duplicates_share_one_charge_and_one_draw() {
 async fn reuse_survives_a_restart_and_stops_when_the_policy_changes() {
     let dir = TempDir::new("reuse");
     let config = ledger_config(&dir, 10.0);
-    let open = |text: String| {
-        let config = config.clone();
-        async move {
-            std::fs::write(&config, text).unwrap();
-            DpSession::from_config(&SessionConfig::from_file(&config).unwrap()).await.unwrap()
-        }
-    };
+    let open = |text: String| crate::support::session_at(&config, text);
     let text = with_reuse(&std::fs::read_to_string(&config).unwrap());
     let first = release(&open(text.clone()).await, BY_SEX).await;
     let s = open(text.clone()).await;

@@ -98,6 +98,13 @@ pub(crate) fn with_reuse(text: &str) -> String {
     text.replace(NO_REUSE, "")
 }
 
+/// Writes `text` to the configuration file `config` and opens a session from it (a process restarting with this
+/// configuration: its ledger file is the one it names).
+pub(crate) async fn session_at(config: &Path, text: String) -> DpSession {
+    std::fs::write(config, text).unwrap();
+    DpSession::from_config(&SessionConfig::from_file(config).unwrap()).await.unwrap()
+}
+
 /// Opens a session from configuration text whose relative paths resolve against the repository root.
 pub(crate) async fn session_from(text: &str) -> DpSession {
     let cfg = SessionConfig::from_toml_str(text, Path::new(env!("CARGO_MANIFEST_DIR"))).expect("config");

@@ -256,10 +256,8 @@ impl Workload {
         residuals: &[Vec<i128>],
         cals: &[Calibration],
     ) -> Result<(Vec<f64>, f64)> {
-        let fits = residuals.len() == self.residuals.len()
-            && self.residuals.iter().zip(residuals).all(|(a, y)| y.len() == self.contrasts(a));
-        let measured = self.residuals.iter().filter(|a| self.contrasts(a) > 0).count();
-        if !fits || cals.len() != measured {
+        self.check_residuals(residuals)?;
+        if cals.len() != self.residuals.iter().filter(|a| self.contrasts(a) > 0).count() {
             return Err(DpError::Ledger("the stored measurements are not this workload's".into()));
         }
         let sub = Workload::new(self.names.clone(), self.sizes.clone(), vec![set.to_vec()])?;
@@ -279,6 +277,14 @@ impl Workload {
         let variance = Noise::new(&sub, &picked_cals)?.variances(&sub).first().copied().unwrap_or(f64::NAN);
         let marginal = Measured::of(&sub, picked)?.marginals.into_iter().next();
         Ok((marginal.ok_or_else(|| DpError::Internal("a workload of one marginal rebuilt none".into()))?, variance))
+    }
+
+    /// Refuses noisy `residuals` that are not this workload's (one list of contrasts per residual, each as long
+    /// as that residual has contrasts): stored measurements of another workload.
+    fn check_residuals(&self, residuals: &[Vec<i128>]) -> Result<()> {
+        let fits = residuals.len() == self.residuals.len()
+            && self.residuals.iter().zip(residuals).all(|(a, y)| y.len() == self.contrasts(a));
+        if fits { Ok(()) } else { Err(DpError::Ledger("the stored measurements are not this workload's".into())) }
     }
 
     /// The error variance of each cell of marginal `set`, given each residual's σ² (module docs, "Accuracy").
@@ -385,11 +391,7 @@ impl Measured {
     /// Every marginal of `w` rebuilt from its residuals' noisy contrasts (drawn now, or stored by an earlier
     /// release of the same workload: post-processing either way). Fails if they are not `w`'s.
     pub(crate) fn of(w: &Workload, residuals: Vec<Vec<i128>>) -> Result<Self> {
-        let fits = residuals.len() == w.residuals.len()
-            && w.residuals.iter().zip(&residuals).all(|(a, y)| y.len() == w.contrasts(a));
-        if !fits {
-            return Err(DpError::Ledger("the stored measurements are not this workload's".into()));
-        }
+        w.check_residuals(&residuals)?;
         Ok(Measured { marginals: rebuild(w, &residuals), residuals })
     }
 

@@ -78,6 +78,19 @@ struct Holds {
     marginals: Option<Vec<Vec<usize>>>,
 }
 
+impl Holds {
+    /// The ledger's record of a draw of rows of `shape` that holds this.
+    fn index(&self, shape: String) -> Result<DrawIndex> {
+        let holds = serde_json::to_string(self).map_err(|e| DpError::Internal(format!("indexing a draw: {e}")))?;
+        Ok(DrawIndex { shape, holds })
+    }
+}
+
+/// The first line of a statement, trimmed (what an index records of it).
+fn first_line(sql: &str) -> String {
+    sql.lines().next().unwrap_or_default().trim().to_string()
+}
+
 /// A statement's answer derived from a stored release: the stored charge that paid for the cells, the summed
 /// cells (in the statement's cells' order), and the noise of each summed measurement.
 pub(crate) struct Derived {
@@ -197,11 +210,10 @@ impl DpSession {
             keys: w.names().iter().enumerate().map(|(i, n)| (n.clone(), String::new(), w.cells(&[i]) as u64)).collect(),
             measures: vec![measure_key(&MeasureKind::CountRows, None)],
             sigma_sq,
-            statement: sql.lines().next().unwrap_or_default().trim().to_string(),
+            statement: first_line(sql),
             marginals: Some(w.sets().to_vec()),
         };
-        let holds = serde_json::to_string(&holds).map_err(|e| DpError::Internal(format!("indexing a draw: {e}")))?;
-        Ok(Some(DrawIndex { shape, holds }))
+        holds.index(shape).map(Some)
     }
 
     /// What the ledger records with `dp`'s draw so that later statements can be derived from it (`charged`: its
@@ -216,11 +228,10 @@ impl DpSession {
             keys: dp.keys.iter().map(key_entry).collect(),
             measures: dp.measures.iter().map(measure_text).collect(),
             sigma_sq,
-            statement: sql.lines().next().unwrap_or_default().trim().to_string(),
+            statement: first_line(sql),
             marginals: None,
         };
-        let holds = serde_json::to_string(&holds).map_err(|e| DpError::Internal(format!("indexing a draw: {e}")))?;
-        Ok(Some(DrawIndex { shape, holds }))
+        holds.index(shape).map(Some)
     }
 
     /// `dp`'s answer summed from the least noisy stored release of this budget it can be derived from (module
@@ -338,14 +349,14 @@ impl MarginalFit {
             return None;
         }
         let total = self.keys.iter().map(|&i| size(i)).product::<usize>();
+        // For each column of `set`, which statement key it is (`set` is the statement's keys, sorted).
+        let key_of: Vec<usize> =
+            self.set.iter().map(|c| self.keys.iter().position(|k| k == c).unwrap_or_default()).collect();
         let mut digits = vec![0usize; self.keys.len()];
         let mut out = Vec::with_capacity(total);
         for _ in 0..total {
-            // The same cell row-major over `set`: each column's digit is the statement key's that it is.
-            let at = self.set.iter().fold(0usize, |acc, &c| {
-                let j = self.keys.iter().position(|&k| k == c).unwrap_or_default();
-                acc * size(c) + digits[j]
-            });
+            // The same cell row-major over `set`: each column's digit is its statement key's.
+            let at = self.set.iter().zip(&key_of).fold(0usize, |acc, (&c, &j)| acc * size(c) + digits[j]);
             out.push(vec![marginal.get(at)?.round() as i128]);
             for (d, &k) in digits.iter_mut().zip(&self.keys).rev() {
                 *d += 1;
