@@ -116,7 +116,7 @@ fn a_charge_read_back_from_the_ledger_is_the_one_debited() {
     use dpfusion::accounting::ledger::{Ledger, SqliteLedger};
     let dir = crate::support::TempDir::new("readback");
     let l = SqliteLedger::open(&dir.join("l.db"), "b", rho(1.0), std::time::Duration::from_secs(5)).unwrap();
-    let c = l.charge("q", &[], vec![gauss(0.1), calibrate::laplace(2.0, rho(0.2)).unwrap()]).unwrap();
+    let c = l.charge("q", &[], vec![gauss(0.1), calibrate::laplace(2.0, rho(0.2)).unwrap()], &[]).unwrap();
     assert_eq!(l.charges().unwrap(), vec![c.charge().clone()]);
 }
 

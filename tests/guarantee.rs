@@ -12,7 +12,7 @@ use datafusion::arrow::compute::cast;
 use datafusion::arrow::datatypes::{DataType, Field, Int64Type, Schema};
 use dpfusion::accounting::Rho;
 use dpfusion::accounting::calibrate;
-use dpfusion::accounting::ledger::{Claim, Ledger, Prior, SqliteLedger};
+use dpfusion::accounting::ledger::{Claim, Ledger, LedgerKey, Prior, SqliteLedger};
 use dpfusion::{ColumnPolicy, DomainValue, DpError, DpSession, Release, Response, TablePolicy};
 use std::collections::BTreeMap;
 use std::process::Command;
@@ -155,7 +155,10 @@ async fn c2_a_charge_whose_run_stopped_before_its_draw_is_answered_once_under_th
     drop(s);
     // A run that was charged and then killed before it drew its noise.
     let l = SqliteLedger::open(&dir.join("ledger.db"), "test", Rho::new(1.0).unwrap(), Duration::from_secs(5)).unwrap();
-    let Claim::New(c) = l.claim(sql, "job-7", &[], cals.clone()).unwrap() else { panic!("new id") };
+    let Claim::New(c) = l.claim(sql, &LedgerKey::Request("job-7".to_string()), &[], cals.clone(), &e.plans).unwrap()
+    else {
+        panic!("new id")
+    };
     drop(l);
     let s = DpSession::open(&cfg).await.unwrap();
     let a: Release = match s.sql_with_request_id(sql, Some("job-7")).await.unwrap() {
@@ -169,9 +172,23 @@ async fn c2_a_charge_whose_run_stopped_before_its_draw_is_answered_once_under_th
     // A charge made for other sensitivities (the policy changed since) is never answered with new noise.
     let l = SqliteLedger::open(&dir.join("ledger.db"), "test", Rho::new(1.0).unwrap(), Duration::from_secs(5)).unwrap();
     let other = vec![calibrate::gaussian(7.0, Rho::new(0.05).unwrap()).unwrap()];
-    let Claim::New(_) = l.claim(sql, "job-8", &[], other).unwrap() else { panic!("new id") };
-    let e = s.sql_with_request_id(sql, Some("job-8")).await.unwrap_err();
-    assert_eq!(e.code(), "policy_changed", "{e}");
+    let Claim::New(_) = l.claim(sql, &LedgerKey::Request("job-8".to_string()), &[], other, &e.plans).unwrap() else {
+        panic!("new id")
+    };
+    let refused = s.sql_with_request_id(sql, Some("job-8")).await.unwrap_err();
+    assert_eq!(refused.code(), "policy_changed", "{refused}");
+    // Nor is a charge that paid for running another plan (or, made by an older dpfusion, named none).
+    for (id, plans) in
+        [("job-9", vec![dpfusion::plan::fingerprint::Fingerprint::from_bytes([9; 32])]), ("job-10", vec![])]
+    {
+        let Claim::New(_) = l.claim(sql, &LedgerKey::Request(id.to_string()), &[], cals.clone(), &plans).unwrap()
+        else {
+            panic!("new id")
+        };
+        let refused = s.sql_with_request_id(sql, Some(id)).await.unwrap_err();
+        assert_eq!(refused.code(), "policy_changed", "{id}: {refused}");
+    }
+    assert_eq!(s.budget().unwrap().charges.len(), 4, "no charge but the ones made here");
 }
 
 #[tokio::test]
@@ -219,14 +236,18 @@ fn c2_a_ledger_of_format_1_never_recomputes_a_charged_unreleased_request() {
     let cal = calibrate::gaussian(2.0, Rho::new(0.05).unwrap()).unwrap();
     {
         let l = SqliteLedger::open(&path, "test", Rho::new(1.0).unwrap(), Duration::from_secs(5)).unwrap();
-        let Claim::New(_) = l.claim("SELECT COUNT(*) FROM pums", "old", &[], vec![cal]).unwrap() else { panic!() };
+        let Claim::New(_) =
+            l.claim("SELECT COUNT(*) FROM pums", &LedgerKey::Request("old".to_string()), &[], vec![cal], &[]).unwrap()
+        else {
+            panic!()
+        };
     }
     // Make it what dpfusion's format 1 was: no draws table.
     let conn = rusqlite::Connection::open(&path).unwrap();
     conn.execute_batch("DROP TABLE draws; UPDATE meta SET value = '1' WHERE key = 'format';").unwrap();
     drop(conn);
     let l = SqliteLedger::open(&path, "test", Rho::new(1.0).unwrap(), Duration::from_secs(5)).unwrap();
-    match l.prior("old").unwrap() {
+    match l.prior(&LedgerKey::Request("old".to_string())).unwrap() {
         Prior::Drawn(_, body) => assert!(body.is_empty(), "marked as drawn and lost"),
         other => panic!("{other:?}"),
     }

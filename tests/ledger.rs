@@ -4,7 +4,7 @@
 
 use dpfusion::accounting::Rho;
 use dpfusion::accounting::calibrate;
-use dpfusion::accounting::ledger::{Ledger, SqliteLedger};
+use dpfusion::accounting::ledger::{Ledger, LedgerKey, SqliteLedger};
 use dpfusion::{DpError, DpSession, Response};
 use std::io::Read;
 use std::process::{Command, Stdio};
@@ -51,7 +51,7 @@ fn sixteen_threads_at_the_edge_of_the_budget_never_overspend() {
                     let l = SqliteLedger::open(&path, "b", rho(1.0), Duration::from_secs(30)).unwrap();
                     let mut ok = 0;
                     for _ in 0..10 {
-                        match l.charge("q", &[], vec![m.clone()]) {
+                        match l.charge("q", &[], vec![m.clone()], &[]) {
                             Ok(_) => ok += 1,
                             Err(DpError::OverBudget { .. }) => {}
                             Err(e) => panic!("unexpected: {e}"),
@@ -224,11 +224,11 @@ fn a_locked_ledger_is_an_error_after_the_timeout_and_spends_nothing() {
     let holder = rusqlite::Connection::open(&path).unwrap();
     holder.execute_batch("BEGIN EXCLUSIVE").unwrap();
     let m = calibrate::gaussian(1.0, rho(0.1)).unwrap();
-    let e = l.charge("q", &[], vec![m.clone()]).unwrap_err();
+    let e = l.charge("q", &[], vec![m.clone()], &[]).unwrap_err();
     assert!(e.to_string().contains("locked") && e.to_string().contains("nothing was spent"), "{e}");
     holder.execute_batch("ROLLBACK").unwrap();
     assert_eq!(l.status().unwrap().1, Rho::ZERO);
-    l.charge("q", &[], vec![m]).unwrap();
+    l.charge("q", &[], vec![m], &[]).unwrap();
 }
 
 #[test]
@@ -281,11 +281,11 @@ fn a_ledger_reads_only_newer_charges_and_sees_another_handles_charges() {
     let other = SqliteLedger::open(&path, "other", rho(1.0), Duration::from_secs(5)).unwrap();
     let m = || vec![calibrate::gaussian(1.0, rho(0.01)).unwrap()];
     assert!(a.charges().unwrap().is_empty());
-    b.charge("one", &[], m()).unwrap();
-    other.charge("elsewhere", &[], m()).unwrap();
+    b.charge("one", &[], m(), &[]).unwrap();
+    other.charge("elsewhere", &[], m(), &[]).unwrap();
     let e1 = a.epsilon(1e-6).unwrap().epsilon;
-    a.charge("two", &[], m()).unwrap();
-    b.charge("three", &[], m()).unwrap();
+    a.charge("two", &[], m(), &[]).unwrap();
+    b.charge("three", &[], m(), &[]).unwrap();
     let seen: Vec<(u64, String)> = a.charges().unwrap().iter().map(|c| (c.id(), c.label().to_string())).collect();
     assert_eq!(seen, [(1, "one".to_string()), (2, "two".to_string()), (3, "three".to_string())]);
     let e3 = a.epsilon(1e-6).unwrap().epsilon;
@@ -303,9 +303,9 @@ fn the_handles_of_one_budget_share_what_they_read() {
     let db = dpfusion::accounting::LedgerDb::open(&path, Duration::from_secs(5)).unwrap();
     let (a, b) = (db.budget("b").unwrap(), db.budget("b").unwrap());
     let m = || vec![calibrate::gaussian(1.0, rho(0.01)).unwrap()];
-    a.charge("one", &[], m()).unwrap();
+    a.charge("one", &[], m(), &[]).unwrap();
     let e1 = b.epsilon(1e-6).unwrap().epsilon;
-    b.charge("two", &[], m()).unwrap();
+    b.charge("two", &[], m(), &[]).unwrap();
     let labels: Vec<String> = a.charges().unwrap().iter().map(|c| format!("{} {}", c.id(), c.label())).collect();
     assert_eq!(labels, ["1 one", "2 two"]);
     let e2 = a.epsilon(1e-6).unwrap().epsilon;
@@ -325,7 +325,7 @@ fn a_format_3_ledger_gets_each_charges_number_per_budget() {
     {
         let (a, b) = (open("a"), open("b"));
         for (l, id) in [(&a, "a1"), (&b, "b1"), (&a, "a2"), (&b, "b2"), (&a, "a3")] {
-            l.claim("SELECT COUNT(*) FROM pums", id, &[], cal()).unwrap();
+            l.claim("SELECT COUNT(*) FROM pums", &LedgerKey::Request(id.to_string()), &[], cal(), &[]).unwrap();
         }
     }
     let conn = rusqlite::Connection::open(&path).unwrap();
@@ -336,15 +336,15 @@ fn a_format_3_ledger_gets_each_charges_number_per_budget() {
     .unwrap();
     drop(conn);
     let (a, b) = (open("a"), open("b"));
-    let number = |l: &SqliteLedger, id: &str| match l.prior(id).unwrap() {
+    let number = |l: &SqliteLedger, id: &str| match l.prior(&LedgerKey::Request(id.to_string())).unwrap() {
         dpfusion::accounting::ledger::Prior::Charged(c) => c.id(),
         other => panic!("{id}: {other:?}"),
     };
     let numbers: Vec<u64> =
         [(&a, "a1"), (&a, "a2"), (&a, "a3"), (&b, "b1"), (&b, "b2")].iter().map(|(l, id)| number(l, id)).collect();
     assert_eq!(numbers, [1, 2, 3, 1, 2]);
-    assert_eq!(a.charge("next", &[], cal()).unwrap().charge().id(), 4);
-    assert_eq!(b.charge("next", &[], cal()).unwrap().charge().id(), 3);
+    assert_eq!(a.charge("next", &[], cal(), &[]).unwrap().charge().id(), 4);
+    assert_eq!(b.charge("next", &[], cal(), &[]).unwrap().charge().id(), 3);
 }
 
 /// Issue 38: a ledger of format 4 (no δ anywhere) is upgraded when opened: its history reports exactly the same ε as
@@ -363,7 +363,7 @@ fn a_format_4_ledger_opens_with_the_same_history_and_gets_a_delta_budget() {
     let before = {
         let a = open("a");
         for i in 0..5 {
-            a.charge(&format!("q{i}"), &["pums".to_string()], shaped()).unwrap();
+            a.charge(&format!("q{i}"), &["pums".to_string()], shaped(), &[]).unwrap();
         }
         a.epsilon(1e-6).unwrap()
     };
@@ -379,30 +379,30 @@ fn a_format_4_ledger_opens_with_the_same_history_and_gets_a_delta_budget() {
     assert_eq!(a.epsilon(1e-6).unwrap(), before, "the same history, the same ε");
     assert_eq!(a.delta().unwrap(), dpfusion::accounting::filter::DeltaBudget { total: 0.0, spent: 0.0 });
     let (sel, _) = calibrate::selection(1, 1, rho(0.05), 1e-7).unwrap();
-    let e = a.charge("selection", &[], vec![sel.clone()]).unwrap_err();
+    let e = a.charge("selection", &[], vec![sel.clone()], &[]).unwrap_err();
     assert_eq!(e.code(), "over_delta_budget");
     a.configure_delta(Some(2.5e-7)).unwrap();
     a.configure_delta(Some(2.5e-7)).unwrap();
     let e = a.configure_delta(Some(1e-6)).unwrap_err().to_string();
     assert!(e.contains("--set-delta") && e.contains("authoritative"), "{e}");
-    a.charge("selection", &[], vec![sel.clone()]).unwrap();
+    a.charge("selection", &[], vec![sel.clone()], &[]).unwrap();
     let after = open("a").delta().unwrap();
     assert_eq!((after.total, after.spent), (2.5e-7, sel.delta()));
     assert!(open("a").epsilon(1e-6).unwrap().selection_delta == sel.delta());
     // What remains (2.5e-7 − δ) is less than another selection's δ: refused, nothing spent.
     let (total, spent) = a.status().unwrap();
-    let e = a.charge("again", &[], vec![sel.clone(), sel.clone(), sel.clone()]).unwrap_err();
+    let e = a.charge("again", &[], vec![sel.clone(), sel.clone(), sel.clone()], &[]).unwrap_err();
     assert_eq!(e.code(), "over_delta_budget");
     assert_eq!(a.status().unwrap(), (total, spent));
     assert_eq!(a.delta().unwrap(), after);
     // A capped table allows no δ until the owner gives it some.
     let db = dpfusion::accounting::LedgerDb::open(&path, Duration::from_secs(5)).unwrap();
     db.set_table_cap("pums", rho(10.0), "test").unwrap();
-    let e = a.charge("capped", &["pums".to_string()], vec![sel.clone()]).unwrap_err();
+    let e = a.charge("capped", &["pums".to_string()], vec![sel.clone()], &[]).unwrap_err();
     assert_eq!(e.code(), "table_cap");
     db.set_table_delta_cap("pums", 1e-6, "test").unwrap();
     a.set_delta_total(1e-6, "more").unwrap();
-    a.charge("capped", &["pums".to_string()], vec![sel.clone()]).unwrap();
+    a.charge("capped", &["pums".to_string()], vec![sel.clone()], &[]).unwrap();
     let cap = db.table_caps().unwrap().pop().unwrap();
     assert_eq!(cap.delta_spent, sel.delta());
     let log = db.admin_log().unwrap();

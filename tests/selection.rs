@@ -402,7 +402,7 @@ async fn a_retried_selection_reuses_its_stored_keys_and_noise() {
     let a = get(s.sql_with_request_id(q, Some("sel-1")).await.unwrap());
     assert!(a.num_rows() > 0);
     let conn = rusqlite::Connection::open(dir.join("ledger.db")).unwrap();
-    assert_eq!(conn.execute("DELETE FROM releases WHERE request_id = 'sel-1'", []).unwrap(), 1);
+    assert_eq!(conn.execute("DELETE FROM releases WHERE request_id = 'request:sel-1'", []).unwrap(), 1);
     drop(conn);
     let b = get(s.sql_with_request_id(q, Some("sel-1")).await.unwrap());
     let c = get(s.sql_with_request_id(q, Some("sel-1")).await.unwrap());

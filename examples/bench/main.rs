@@ -623,7 +623,7 @@ fn bench_ledger(out: &Path, n: usize) -> Res<()> {
     let m = dpfusion::accounting::calibrate::gaussian(1.0, Rho::new(1e-6)?)?;
     let t = Instant::now();
     for _ in 0..n {
-        l.charge("SELECT COUNT(*) FROM t", &[], vec![m.clone()])?;
+        l.charge("SELECT COUNT(*) FROM t", &[], vec![m.clone()], &[])?;
     }
     let single = n as f64 / t.elapsed().as_secs_f64();
     // Two processes contending: this binary re-invoked as a child charging concurrently.
@@ -649,7 +649,7 @@ fn ledger_child(path: &str, n: usize) -> Res<()> {
     let l = SqliteLedger::open(Path::new(path), "b", Rho::new(1e9)?, std::time::Duration::from_secs(30))?;
     let m = dpfusion::accounting::calibrate::gaussian(1.0, Rho::new(1e-6)?)?;
     for _ in 0..n {
-        l.charge("child", &[], vec![m.clone()])?;
+        l.charge("child", &[], vec![m.clone()], &[])?;
     }
     Ok(())
 }
@@ -676,7 +676,7 @@ fn bench_accounting() -> Res<()> {
             let mut eps = None;
             for i in 0..n {
                 let t = Instant::now();
-                ledger.charge("q", &[], vec![kinds[i % kinds.len()].clone()])?;
+                ledger.charge("q", &[], vec![kinds[i % kinds.len()].clone()], &[])?;
                 eps = Some(ledger.epsilon(1e-6)?);
                 last = t.elapsed();
             }

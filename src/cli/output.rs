@@ -64,7 +64,9 @@ fn explain_json(e: &Explanation) -> Value {
                    "rho": m.calibration.rho().get(), "std": m.std, "ci_half_width": m.ci_half_width})
         })
         .collect();
-    let mut v = json!({"status": "explain", "sql": e.sql, "plan": e.private_plan, "cells": e.cells, "join": e.join, "measurements": measures,
+    let plans: Vec<String> = e.plans.iter().map(|p| p.to_hex()).collect();
+    let mut v = json!({"status": "explain", "sql": e.sql, "plan": e.private_plan, "plan_fingerprints": plans,
+           "cells": e.cells, "join": e.join, "measurements": measures,
            "outputs": e.outputs.iter().map(|(c, a)| json!({"column": c, "accuracy": a})).collect::<Vec<_>>(),
            "charge": {"rho": e.rho, "epsilon": e.epsilon.epsilon, "delta": e.epsilon.delta}, "spent": 0.0});
     // How ρ was solved for a target, and whether the query would be answered from stored releases (reused or

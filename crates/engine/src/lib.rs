@@ -59,8 +59,6 @@
 //! ```
 
 pub mod accounting;
-#[cfg(feature = "cluster")]
-pub mod cluster;
 pub mod config;
 pub mod error;
 pub mod format;
@@ -69,12 +67,17 @@ pub mod noise;
 pub mod owner_log;
 pub mod plan;
 pub mod policy;
-pub mod progress;
 pub mod refusal;
 pub mod release;
 pub mod session;
 pub mod source;
 pub mod workload;
+
+/// Running private plans on a Ballista cluster (a part of the private tables' door: [`session::PrivateTables`]).
+#[cfg(feature = "cluster")]
+pub use session::private::cluster;
+/// How far a running private plan has read its table.
+pub use session::progress;
 
 pub use config::SessionConfig;
 pub use error::{DpError, Result};

@@ -17,8 +17,20 @@ use serde::{Deserialize, Serialize};
 ///
 /// This is also the record a [`crate::accounting::Charge`] stores for each measurement, so it is serialisable as
 /// it is (a durable ledger can store it without change). Only the functions of this module make one: its cost is
-/// always the one they computed for its parameter.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+/// always the one they computed for its parameter, and it is not `Deserialize` (a ledger reads its own records
+/// back with its own decoder, inside the crate), so no caller can make one with any cost it likes and charge it:
+///
+/// ```compile_fail,E0277
+/// fn forge(text: &str) -> dpfusion::accounting::calibrate::Calibration {
+///     serde_json::from_str(text).unwrap() // a calibration is not decoded from outside
+/// }
+/// ```
+/// ```
+/// fn record(c: &dpfusion::accounting::calibrate::Calibration) -> String {
+///     serde_json::to_string(c).unwrap() // it is written, for reports and the ledger
+/// }
+/// ```
+#[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Calibration {
     /// The sampler and its exact parameter.
     params: NoiseParams,
@@ -61,6 +73,39 @@ pub struct DerivedNoise {
 
 fn is_zero(x: &f64) -> bool {
     *x == 0.0
+}
+
+/// A [`Calibration`] as a ledger stored it (its serialised fields): read back only by [`decode_measurements`].
+#[derive(Deserialize)]
+struct Stored {
+    params: NoiseParams,
+    sensitivity: f64,
+    rho: Rho,
+    pure_epsilon: Option<f64>,
+    #[serde(default)]
+    shape: Option<Shape>,
+    #[serde(default)]
+    gdp_mu: Option<f64>,
+    #[serde(default)]
+    delta: f64,
+}
+
+/// The measurements of a charge as a ledger stored them (JSON of [`Calibration`]s); the error says what is wrong.
+pub(crate) fn decode_measurements(text: &str) -> std::result::Result<Vec<Calibration>, String> {
+    let stored: Vec<Stored> = serde_json::from_str(text).map_err(|e| e.to_string())?;
+    Ok(stored
+        .into_iter()
+        .map(|s| Calibration {
+            params: s.params,
+            sensitivity: s.sensitivity,
+            rho: s.rho,
+            pure_epsilon: s.pure_epsilon,
+            shape: s.shape,
+            gdp_mu: s.gdp_mu,
+            delta: s.delta,
+            derived: None,
+        })
+        .collect())
 }
 
 /// How a session's budget is enforced, which decides how each measurement is priced.
@@ -668,7 +713,7 @@ mod tests {
         assert!(crate::accounting::filter::total_rho(std::slice::from_ref(&summed)).is_err());
         let ledger = crate::accounting::ledger::MemoryLedger::new(rho(1.0));
         use crate::accounting::ledger::Ledger;
-        assert!(ledger.charge("q", &[], vec![summed.clone()]).is_err());
+        assert!(ledger.charge("q", &[], vec![summed.clone()], &[]).is_err());
         assert_eq!(ledger.status().unwrap().1.get(), 0.0);
         assert!(summed.summed(2).is_err(), "a sum is not summed again");
         assert!(laplace(2.0, rho(0.1)).unwrap().summed(2).is_err());

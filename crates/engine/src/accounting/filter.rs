@@ -9,6 +9,7 @@ use crate::accounting::Rho;
 use crate::accounting::calibrate::Calibration;
 use crate::accounting::convert::{EpsilonBound, epsilon_for_charges};
 use crate::error::{DpError, Result};
+use crate::plan::fingerprint::Fingerprint;
 use serde::Serialize;
 
 /// One debit: what it was for, the measurements it paid for, and its total cost.
@@ -22,6 +23,12 @@ pub struct Charge {
     label: String,
     measurements: Vec<Calibration>,
     rho: Rho,
+    /// The private tables it read (each counts against its cap): what an analyst must still be granted to be
+    /// answered from it again.
+    tables: Vec<String>,
+    /// The canonical fingerprints of the private plans it paid for running ([`crate::plan::fingerprint`]): the
+    /// only plans its debit runs ([`crate::session::Unlocked`]).
+    plans: Vec<Fingerprint>,
 }
 
 /// What pays for one release: a [`Charge`] the accountant has just debited (or, for a request id charged before
@@ -73,7 +80,24 @@ impl Debit {
 impl Charge {
     /// A charge the accountant has recorded (or read back from its ledger).
     pub(in crate::accounting) fn new(id: u64, label: String, measurements: Vec<Calibration>, rho: Rho) -> Self {
-        Charge { id, label, measurements, rho }
+        Charge { id, label, measurements, rho, tables: Vec::new(), plans: Vec::new() }
+    }
+
+    /// This charge, paying for running the private plans `plans` (their fingerprints) over `tables`.
+    pub(in crate::accounting) fn paying(mut self, tables: &[String], plans: &[Fingerprint]) -> Self {
+        self.tables = tables.to_vec();
+        self.plans = plans.to_vec();
+        self
+    }
+
+    /// The private tables it read.
+    pub fn tables(&self) -> &[String] {
+        &self.tables
+    }
+
+    /// The fingerprints of the private plans it paid for running: a debit runs these and no other.
+    pub fn plans(&self) -> &[Fingerprint] {
+        &self.plans
     }
 
     /// Sequence number within its budget, from 1.
@@ -262,4 +286,15 @@ impl ZcdpFilter {
     pub fn epsilon(&self, delta: f64) -> Result<EpsilonBound> {
         epsilon_for_charges(&self.charges, delta)
     }
+}
+
+/// The door's negative facts, checked by the compiler: a debit cannot be copied, written out or read back, and a
+/// calibration (what a charge's cost is computed from) cannot be read back from outside the accountant.
+#[cfg(test)]
+mod door {
+    use super::Debit;
+    use crate::accounting::calibrate::Calibration;
+    static_assertions::assert_not_impl_any!(Debit: Clone, Copy, serde::Serialize, serde::de::DeserializeOwned);
+    static_assertions::assert_not_impl_any!(Calibration: serde::de::DeserializeOwned);
+    static_assertions::assert_impl_all!(Calibration: serde::Serialize, Clone);
 }

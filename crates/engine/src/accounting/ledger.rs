@@ -7,9 +7,10 @@
 //! * **No overspending, even together.** Check and debit are one `BEGIN IMMEDIATE` transaction: it takes the
 //!   database's write lock, reads what was spent, refuses or inserts, and commits. Concurrent processes
 //!   serialise on the lock; a lock held longer than the busy timeout is reported as an error, never skipped.
-//! * **One charge, at most one draw of noise, per request id.** A charge may carry a request id, claimed in the
-//!   same transaction as the debit ([`Ledger::claim`]): a concurrent or later run with that id gets the existing
-//!   claim back and spends nothing. The noisy measurements drawn under it are stored before anything derived from
+//! * **One charge, at most one draw of noise, per key.** A charge may carry a key ([`LedgerKey`]: a caller's request
+//!   id, or the engine's reuse key of what a statement measures, in separate namespaces), claimed in the same
+//!   transaction as the debit ([`Ledger::claim`]): a concurrent or later run with that key gets the existing claim
+//!   back and spends nothing. The noisy measurements drawn under it are stored before anything derived from
 //!   them leaves the process ([`Ledger::store_draw`], first writer wins), and every retry post-processes the
 //!   stored values: drawing new noise for a retry would let a caller average the noise away. The release made
 //!   from them is stored too. Both are kept for the life of the ledger file.
@@ -21,13 +22,52 @@ use crate::accounting::convert::{EpsilonBound, PldCache, epsilon_with_cache};
 use crate::accounting::filter::{DeltaBudget, total_delta, total_rho};
 use crate::accounting::{Charge, Debit, Rho, ZcdpFilter};
 use crate::error::{DpError, Result};
+use crate::plan::fingerprint::Fingerprint;
 use rusqlite::{Connection, ErrorCode, OptionalExtension, TransactionBehavior, params};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-/// What the ledger knows about a request id.
+/// Where a charge, its draw and its release are recorded within a budget. A caller's request id and the engine's
+/// reuse key live in separate namespaces: no value a caller sends names a reuse key, so a request id can never
+/// store a draw that another statement (or, with `[server] share_releases`, another analyst) is answered from.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum LedgerKey {
+    /// A caller's request id (`SET dp.request_id`, `--request-id`): its statement, charge, draw and release.
+    Request(String),
+    /// The reuse key of a statement's measurements ([`crate::session::reuse`]): a canonical fingerprint the engine
+    /// derives, never a caller.
+    Reuse(Fingerprint),
+}
+
+impl LedgerKey {
+    /// The key as a ledger file stores it: `request:` and the id, or `reuse:` and the fingerprint in hexadecimal.
+    pub fn stored(&self) -> String {
+        match self {
+            LedgerKey::Request(id) => format!("request:{id}"),
+            LedgerKey::Reuse(f) => format!("reuse:{f}"),
+        }
+    }
+
+    /// The key a ledger file stored ([`LedgerKey::stored`]); None for text of no namespace.
+    pub fn from_stored(text: &str) -> Option<LedgerKey> {
+        if let Some(id) = text.strip_prefix("request:") {
+            return Some(LedgerKey::Request(id.to_string()));
+        }
+        text.strip_prefix("reuse:").and_then(Fingerprint::from_hex).map(LedgerKey::Reuse)
+    }
+
+    /// How an analyst sees the key: the request id, or `reuse key` and its first digits.
+    pub fn describe(&self) -> String {
+        match self {
+            LedgerKey::Request(id) => format!("request id `{id}`"),
+            LedgerKey::Reuse(f) => format!("reuse key {}", &f.to_hex()[..16]),
+        }
+    }
+}
+
+/// What the ledger knows about a key.
 #[derive(Clone, Debug)]
 pub enum Prior {
     /// Never seen.
@@ -75,8 +115,8 @@ impl Claim {
 /// same transaction.
 #[derive(Clone, Debug, PartialEq)]
 pub struct DrawIndex {
-    /// The rows' shape (a fingerprint).
-    pub shape: String,
+    /// The rows' shape (a canonical fingerprint).
+    pub shape: Fingerprint,
     /// What the draw holds.
     pub holds: String,
 }
@@ -99,26 +139,48 @@ pub trait Ledger: Send + Sync {
     /// otherwise. `tables` are the private tables the query reads: a durable ledger also checks and debits each
     /// one's global cap across all budgets ([`LedgerDb::set_table_cap`]) in the same transaction. Returns only
     /// once the charge is recorded, with the [`Debit`] that pays for the release.
-    fn charge(&self, label: &str, tables: &[String], measurements: Vec<Calibration>) -> Result<Debit>;
-    /// Like [`Ledger::charge`] for a query with a request id, in one atomic step: if the id is already claimed,
-    /// returns what is known about it and spends nothing; otherwise debits and records the id with the charge.
-    fn claim(&self, label: &str, request_id: &str, tables: &[String], measurements: Vec<Calibration>) -> Result<Claim>;
-    /// What is known about `request_id`.
-    fn prior(&self, request_id: &str) -> Result<Prior>;
-    /// Stores the noisy measurements drawn under `request_id`, unless some run stored them first; returns the
-    /// stored bytes (these, or the earlier ones), which are the only ones that may be used. With `index`, records
-    /// what else the draw can answer ([`DrawIndex`]) in the same step.
-    fn store_draw(&self, request_id: &str, draw: &[u8], index: Option<&DrawIndex>) -> Result<Vec<u8>>;
-    /// This budget's stored draws indexed under `shape`, newest first, at most [`MAX_INDEXED`]: each one's
-    /// request id and what it holds ([`DrawIndex::holds`]).
-    fn indexed_draws(&self, shape: &str) -> Result<Vec<(String, String)>>;
-    /// Stores the release made under `request_id` (before it is returned to the caller), unless one is stored.
-    fn store_release(&self, request_id: &str, release: &[u8]) -> Result<()>;
-    /// The first noisy measurements stored under `request_id` in **another** budget of this ledger, with the charge
-    /// that paid for them (numbered in its own budget), if any: what `[server] share_releases` answers from. Only
-    /// ever asked for reuse keys, never for a caller's request id. A ledger of one budget has none.
-    fn shared_draw(&self, _request_id: &str) -> Result<Option<(Charge, Vec<u8>)>> {
+    /// `plans` are the fingerprints of the private plans the charge pays for running ([`Charge::plans`]).
+    fn charge(
+        &self,
+        label: &str,
+        tables: &[String],
+        measurements: Vec<Calibration>,
+        plans: &[Fingerprint],
+    ) -> Result<Debit>;
+    /// Like [`Ledger::charge`] for a query with a key, in one atomic step: if the key is already claimed, returns
+    /// what is known about it and spends nothing; otherwise debits and records the key with the charge.
+    fn claim(
+        &self,
+        label: &str,
+        key: &LedgerKey,
+        tables: &[String],
+        measurements: Vec<Calibration>,
+        plans: &[Fingerprint],
+    ) -> Result<Claim>;
+    /// What is known about `key`.
+    fn prior(&self, key: &LedgerKey) -> Result<Prior>;
+    /// Stores the noisy measurements drawn under `key`, unless some run stored them first; returns the stored
+    /// bytes (these, or the earlier ones), which are the only ones that may be used. With `index`, records what
+    /// else the draw can answer ([`DrawIndex`]) in the same step.
+    fn store_draw(&self, key: &LedgerKey, draw: &[u8], index: Option<&DrawIndex>) -> Result<Vec<u8>>;
+    /// This budget's stored draws indexed under `shape`, newest first, at most [`MAX_INDEXED`]: each one's key and
+    /// what it holds ([`DrawIndex::holds`]).
+    fn indexed_draws(&self, shape: &Fingerprint) -> Result<Vec<(LedgerKey, String)>>;
+    /// Stores the release made under `key` (before it is returned to the caller), unless one is stored.
+    fn store_release(&self, key: &LedgerKey, release: &[u8]) -> Result<()>;
+    /// The first noisy measurements stored under the reuse key `key` in **another** budget of this ledger, with the
+    /// charge that paid for them (numbered in its own budget), if any: what `[server] share_releases` answers from.
+    /// Only reuse keys can be asked for (a caller's request id never names a shared draw). A ledger of one budget
+    /// has none.
+    fn shared_draw(&self, _key: &Fingerprint) -> Result<Option<(Charge, Vec<u8>)>> {
         Ok(None)
+    }
+    /// Checks that this budget may be answered now about `tables`: refused if its analyst has been disabled or is
+    /// no longer granted one of them (the grants as they are in the ledger at this moment). Every answer asks,
+    /// fresh or reused or shared or derived or public; a debit asks again in its own transaction. A ledger without
+    /// analysts allows everything.
+    fn check_access(&self, _tables: &[String]) -> Result<()> {
+        Ok(())
     }
     /// Administrative: sets a new total (recorded with `reason`). The new total may not be below what is spent.
     fn set_total(&self, total: Rho, reason: &str) -> Result<()>;
@@ -158,7 +220,7 @@ impl RequestEntry {
 /// The in-memory ledger: a [`ZcdpFilter`] and the releases of request ids, forgotten when the process exits.
 pub struct MemoryLedger {
     filter: Mutex<ZcdpFilter>,
-    requests: Mutex<HashMap<String, RequestEntry>>,
+    requests: Mutex<HashMap<LedgerKey, RequestEntry>>,
     pld: PldCache,
 }
 
@@ -203,55 +265,61 @@ impl Ledger for MemoryLedger {
     fn epsilon(&self, delta: f64) -> Result<EpsilonBound> {
         epsilon_with_cache(self.filter.lock().map_err(poisoned)?.charges(), delta, &self.pld)
     }
-    /// The in-memory ledger has no table caps (they live in a ledger file): `tables` is not used.
-    fn charge(&self, label: &str, _tables: &[String], measurements: Vec<Calibration>) -> Result<Debit> {
-        self.filter.lock().map_err(poisoned)?.charge(label, measurements).map(Debit::new)
+    /// The in-memory ledger has no table caps (they live in a ledger file): `tables` is only recorded.
+    fn charge(
+        &self,
+        label: &str,
+        tables: &[String],
+        measurements: Vec<Calibration>,
+        plans: &[Fingerprint],
+    ) -> Result<Debit> {
+        let charge = self.filter.lock().map_err(poisoned)?.charge(label, measurements)?;
+        Ok(Debit::new(charge.paying(tables, plans)))
     }
     fn claim(
         &self,
         label: &str,
-        request_id: &str,
-        _tables: &[String],
+        key: &LedgerKey,
+        tables: &[String],
         measurements: Vec<Calibration>,
+        plans: &[Fingerprint],
     ) -> Result<Claim> {
         let mut requests = self.requests.lock().map_err(poisoned)?;
-        if let Some(e) = requests.get(request_id) {
+        if let Some(e) = requests.get(key) {
             return Ok(Claim::known(e.prior()));
         }
-        let charge = self.filter.lock().map_err(poisoned)?.charge(label, measurements)?;
-        requests.insert(
-            request_id.to_string(),
-            RequestEntry { charge: charge.clone(), draw: None, release: None, index: None },
-        );
+        let charge = self.filter.lock().map_err(poisoned)?.charge(label, measurements)?.paying(tables, plans);
+        requests.insert(key.clone(), RequestEntry { charge: charge.clone(), draw: None, release: None, index: None });
         Ok(Claim::New(Debit::new(charge)))
     }
-    fn prior(&self, request_id: &str) -> Result<Prior> {
-        Ok(self.requests.lock().map_err(poisoned)?.get(request_id).map_or(Prior::None, RequestEntry::prior))
+    fn prior(&self, key: &LedgerKey) -> Result<Prior> {
+        Ok(self.requests.lock().map_err(poisoned)?.get(key).map_or(Prior::None, RequestEntry::prior))
     }
-    fn store_draw(&self, request_id: &str, draw: &[u8], index: Option<&DrawIndex>) -> Result<Vec<u8>> {
+    fn store_draw(&self, key: &LedgerKey, draw: &[u8], index: Option<&DrawIndex>) -> Result<Vec<u8>> {
         let mut requests = self.requests.lock().map_err(poisoned)?;
         let entry = requests
-            .get_mut(request_id)
-            .ok_or_else(|| DpError::Ledger(format!("request id `{request_id}` has no charge to store a draw under")))?;
+            .get_mut(key)
+            .ok_or_else(|| DpError::Ledger(format!("{} has no charge to store a draw under", key.describe())))?;
         if entry.draw.is_none() {
             entry.index = index.cloned();
         }
         Ok(entry.draw.get_or_insert_with(|| draw.to_vec()).clone())
     }
-    fn indexed_draws(&self, shape: &str) -> Result<Vec<(String, String)>> {
+    fn indexed_draws(&self, shape: &Fingerprint) -> Result<Vec<(LedgerKey, String)>> {
         let requests = self.requests.lock().map_err(poisoned)?;
-        let mut found: Vec<(u64, String, String)> = requests
+        let mut found: Vec<(u64, LedgerKey, String)> = requests
             .iter()
-            .filter_map(|(id, e)| {
-                let index = e.index.as_ref().filter(|i| i.shape == shape)?;
-                Some((e.charge.id(), id.clone(), index.holds.clone()))
+            .filter_map(|(key, e)| {
+                let index = e.index.as_ref().filter(|i| i.shape == *shape)?;
+                Some((e.charge.id(), key.clone(), index.holds.clone()))
             })
             .collect();
-        found.sort_by(|a, b| b.0.cmp(&a.0).then_with(|| a.1.cmp(&b.1)));
-        Ok(found.into_iter().take(MAX_INDEXED).map(|(_, id, holds)| (id, holds)).collect())
+        // Newest first (charge numbers are unique in a budget).
+        found.sort_by_key(|f| std::cmp::Reverse(f.0));
+        Ok(found.into_iter().take(MAX_INDEXED).map(|(_, key, holds)| (key, holds)).collect())
     }
-    fn store_release(&self, request_id: &str, release: &[u8]) -> Result<()> {
-        if let Some(entry) = self.requests.lock().map_err(poisoned)?.get_mut(request_id) {
+    fn store_release(&self, key: &LedgerKey, release: &[u8]) -> Result<()> {
+        if let Some(entry) = self.requests.lock().map_err(poisoned)?.get_mut(key) {
             entry.release.get_or_insert_with(|| release.to_vec());
         }
         Ok(())
@@ -287,9 +355,11 @@ fn check_delta_total(total: f64, spent: f64) -> Result<()> {
 /// The on-disk format version this build reads and writes. Version 2 added the stored draws; version 3 the
 /// analysts, the tables' global caps and the tables each charge read; version 4 each charge's ordinal within its
 /// budget (indexed, so a charge costs O(log n) whatever the history); version 5 the δ of each charge, each budget's
-/// and each table cap's δ total and spent (key selection: approximate zCDP). Older files are upgraded when opened
-/// (see [`LedgerDb::open`]); their charges all have δ = 0 and their history reports the same ε as before.
-pub const FORMAT_VERSION: i64 = 5;
+/// and each table cap's δ total and spent (key selection: approximate zCDP); version 6 each charge's plan
+/// fingerprints, and keys in two namespaces ([`LedgerKey`]: every id of an older file is kept as a request id).
+/// Older files are upgraded when opened (see [`LedgerDb::open`]); their charges all have δ = 0 and their history
+/// reports the same ε as before.
+pub const FORMAT_VERSION: i64 = 6;
 const APPLICATION: &str = "dpfusion-ledger";
 
 /// A ledger file: its budgets, its analysts and the tables' global caps. One connection, shared by every budget
@@ -311,6 +381,10 @@ struct BudgetCache {
     pld: PldCache,
     read: Mutex<(i64, Vec<Charge>)>,
 }
+
+/// A charge as a ledger file's row holds it: id, label, ρ, measurements (JSON), plan fingerprints, the tables it
+/// read (comma-separated).
+type ChargeRow = (i64, String, f64, String, Option<String>, Option<String>);
 
 /// One budget of a ledger file: a durable [`Ledger`], shared safely by several processes.
 pub struct SqliteLedger {
@@ -470,6 +544,19 @@ impl LedgerDb {
         ] {
             add_column(&tx, table, column).map_err(|e| write_error(display, e))?;
         }
+        // Version 6: each charge's plan fingerprints (space-separated hexadecimal; NULL before), and keys in two
+        // namespaces. Every id an older file holds is a caller's request id, or a reuse key hashed from printed
+        // plans, which nothing computes any more: both become request ids, so a retry of an old request id still
+        // finds its charge (one charge, one draw, ever).
+        if add_column(&tx, "charges", "plans TEXT").map_err(|e| write_error(display, e))? {
+            for table in ["charges", "draws", "releases", "draw_index"] {
+                tx.execute(
+                    &format!("UPDATE {table} SET request_id = 'request:' || request_id WHERE request_id IS NOT NULL"),
+                    [],
+                )
+                .map_err(|e| write_error(display, e))?;
+            }
+        }
         tx.execute("INSERT OR REPLACE INTO meta VALUES ('format', ?1)", params![FORMAT_VERSION.to_string()])
             .map_err(|e| write_error(display, e))?;
         tx.commit().map_err(|e| write_error(display, e))
@@ -627,7 +714,8 @@ impl SqliteLedger {
             let conn = self.conn()?;
             let mut st = conn
                 .prepare_cached(
-                    "SELECT id, label, rho, measurements FROM charges WHERE budget = ?1 AND id > ?2 ORDER BY id",
+                    "SELECT id, label, rho, measurements, plans, (SELECT group_concat(name, ',') FROM charge_tables \
+                     WHERE charge = charges.id) FROM charges WHERE budget = ?1 AND id > ?2 ORDER BY id",
                 )
                 .map_err(|e| sql_error(&self.display(), e))?;
             st.query_map(params![self.budget, read.0], Self::read_charge)
@@ -644,17 +732,27 @@ impl SqliteLedger {
         f(&read.1)
     }
 
-    fn read_charge(row: &rusqlite::Row<'_>) -> rusqlite::Result<(i64, String, f64, String)> {
-        Ok((row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?))
+    fn read_charge(row: &rusqlite::Row<'_>) -> rusqlite::Result<ChargeRow> {
+        Ok((row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?, row.get(4)?, row.get(5)?))
     }
 
     /// The charge read from a row, numbered `ordinal` (its place among its budget's charges, see
     /// [`SqliteLedger::ordinal`]).
-    fn decode(&self, ordinal: u64, (id, label, rho, m): (i64, String, f64, String)) -> Result<Charge> {
-        let measurements: Vec<Calibration> = serde_json::from_str(&m)
-            .map_err(|e| DpError::Ledger(format!("{}: charge {id} is unreadable ({e})", self.display())))?;
+    fn decode(&self, ordinal: u64, (id, label, rho, m, plans, tables): ChargeRow) -> Result<Charge> {
+        let unreadable =
+            |what: String| DpError::Ledger(format!("{}: charge {id} is unreadable ({what})", self.display()));
+        let measurements = crate::accounting::calibrate::decode_measurements(&m).map_err(unreadable)?;
+        let plans = plans
+            .as_deref()
+            .unwrap_or_default()
+            .split_whitespace()
+            .map(|p| Fingerprint::from_hex(p).ok_or_else(|| unreadable(format!("plan fingerprint `{p}`"))))
+            .collect::<Result<Vec<_>>>()?;
+        let mut tables: Vec<String> = tables.as_deref().unwrap_or_default().split(',').map(str::to_string).collect();
+        tables.retain(|t| !t.is_empty());
+        tables.sort();
         let rho = Rho::new(rho)?;
-        Ok(Charge::new(ordinal, label, measurements, rho))
+        Ok(Charge::new(ordinal, label, measurements, rho).paying(&tables, &plans))
     }
 
     /// The number a charge shows ([`Charge::id`]): its place among this budget's charges, from 1. The file's row
@@ -678,9 +776,10 @@ impl SqliteLedger {
     fn debit(
         &self,
         label: &str,
-        request_id: Option<&str>,
+        key: Option<&LedgerKey>,
         tables: &[String],
         measurements: Vec<Calibration>,
+        plans: &[Fingerprint],
     ) -> Result<Claim> {
         if measurements.is_empty() {
             return Err(DpError::invalid("charge", "a charge must pay for at least one measurement"));
@@ -691,31 +790,12 @@ impl SqliteLedger {
         let display = self.display();
         let mut conn = self.conn()?;
         let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(|e| sql_error(&display, e))?;
-        if let Some(id) = request_id {
-            let prior = self.read_prior(&tx, id)?;
+        // Access first, in the same transaction: a disabled analyst gets nothing, not even a claimed key's answer.
+        self.access(&tx, tables)?;
+        if let Some(key) = key {
+            let prior = self.read_prior(&tx, key)?;
             if !matches!(prior, Prior::None) {
                 return Ok(Claim::known(prior));
-            }
-        }
-        let analyst: Option<(String, i64, Option<String>)> =
-            row(&tx, "SELECT name, disabled, tables FROM analysts WHERE budget = ?1", params![self.budget], |r| {
-                Ok((r.get(0)?, r.get(1)?, r.get(2)?))
-            })
-            .optional()
-            .map_err(|e| sql_error(&display, e))?;
-        if let Some((name, disabled, granted)) = analyst {
-            if disabled != 0 {
-                return Err(DpError::Access(format!(
-                    "analyst `{name}` has been disabled by the data owner; nothing was spent"
-                )));
-            }
-            // The grants as they are now (the owner may have changed them since the session began): a table no
-            // longer granted is refused exactly as one never granted is, before planning.
-            if let Some(granted) = granted {
-                let granted: Vec<&str> = granted.split(',').collect();
-                if let Some(t) = tables.iter().find(|t| !granted.contains(&t.as_str())) {
-                    return Err(DpError::Refused(crate::refusal::Refusal::NotPrivateTable { table: t.clone() }));
-                }
             }
         }
         let (total, spent) = self.read_budget(&tx)?;
@@ -739,12 +819,14 @@ impl SqliteLedger {
                 capped.push((t, after, after_delta));
             }
         }
+        let stored_key = key.map(LedgerKey::stored);
+        let plan_text = plans.iter().map(Fingerprint::to_hex).collect::<Vec<_>>().join(" ");
         let (id, ordinal): (i64, i64) = row(
             &tx,
-            "INSERT INTO charges (budget, at, label, request_id, rho, measurements, ordinal, delta)
-             SELECT ?1, ?2, ?3, ?4, ?5, ?6, coalesce(max(ordinal), 0) + 1, ?7 FROM charges WHERE budget = ?1
+            "INSERT INTO charges (budget, at, label, request_id, rho, measurements, ordinal, delta, plans)
+             SELECT ?1, ?2, ?3, ?4, ?5, ?6, coalesce(max(ordinal), 0) + 1, ?7, ?8 FROM charges WHERE budget = ?1
              RETURNING id, ordinal",
-            params![self.budget, now(), label, request_id, rho.get(), text, delta],
+            params![self.budget, now(), label, stored_key, rho.get(), text, delta, plan_text],
             |r| Ok((r.get(0)?, r.get(1)?)),
         )
         .map_err(|e| sql_error(&display, e))?;
@@ -768,16 +850,44 @@ impl SqliteLedger {
         )
         .map_err(|e| sql_error(&display, e))?;
         tx.commit().map_err(|e| sql_error(&display, e))?;
-        Ok(Claim::New(Debit::new(Charge::new(ordinal, label.to_string(), measurements, rho))))
+        let charge = Charge::new(ordinal, label.to_string(), measurements, rho).paying(tables, plans);
+        Ok(Claim::New(Debit::new(charge)))
     }
 
-    /// What is stored for `request_id`, read on `conn` (inside a transaction when the caller holds one).
-    fn read_prior(&self, conn: &Connection, request_id: &str) -> Result<Prior> {
+    /// Refuses, on `conn` (inside a transaction when the caller holds one), a budget whose analyst has been
+    /// disabled or is not granted every table of `tables`, as the ledger says now (the owner may have changed it
+    /// since the session began): a table no longer granted is refused exactly as one never granted is.
+    fn access(&self, conn: &Connection, tables: &[String]) -> Result<()> {
+        let analyst: Option<(String, i64, Option<String>)> =
+            row(conn, "SELECT name, disabled, tables FROM analysts WHERE budget = ?1", params![self.budget], |r| {
+                Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+            })
+            .optional()
+            .map_err(|e| sql_error(&self.display(), e))?;
+        let Some((name, disabled, granted)) = analyst else { return Ok(()) };
+        if disabled != 0 {
+            return Err(DpError::Access(format!(
+                "analyst `{name}` has been disabled by the data owner; nothing was spent"
+            )));
+        }
+        if let Some(granted) = granted {
+            let granted: Vec<&str> = granted.split(',').collect();
+            if let Some(t) = tables.iter().find(|t| !granted.contains(&t.as_str())) {
+                return Err(DpError::Refused(crate::refusal::Refusal::NotPrivateTable { table: t.clone() }));
+            }
+        }
+        Ok(())
+    }
+
+    /// What is stored for `key`, read on `conn` (inside a transaction when the caller holds one).
+    fn read_prior(&self, conn: &Connection, key: &LedgerKey) -> Result<Prior> {
         let display = self.display();
+        let stored = key.stored();
         let found = row(
             conn,
-            "SELECT id, label, rho, measurements FROM charges WHERE budget = ?1 AND request_id = ?2",
-            params![self.budget, request_id],
+            "SELECT id, label, rho, measurements, plans, (SELECT group_concat(name, ',') FROM charge_tables \
+             WHERE charge = charges.id) FROM charges WHERE budget = ?1 AND request_id = ?2",
+            params![self.budget, stored],
             Self::read_charge,
         )
         .optional()
@@ -787,7 +897,7 @@ impl SqliteLedger {
             row(
                 conn,
                 &format!("SELECT body FROM {table} WHERE budget = ?1 AND request_id = ?2"),
-                params![self.budget, request_id],
+                params![self.budget, stored],
                 |r| r.get(0),
             )
             .optional()
@@ -820,15 +930,15 @@ fn retry_busy<T>(timeout: Duration, mut f: impl FnMut() -> rusqlite::Result<T>) 
     }
 }
 
-/// Adds `column` (a name and its declaration) to `table` unless it has it already.
-fn add_column(tx: &rusqlite::Transaction<'_>, table: &str, column: &str) -> rusqlite::Result<()> {
+/// Adds `column` (a name and its declaration) to `table` unless it has it already; whether it was added.
+fn add_column(tx: &rusqlite::Transaction<'_>, table: &str, column: &str) -> rusqlite::Result<bool> {
     let name = column.split(' ').next().unwrap_or(column);
     let has: i64 =
         tx.query_row("SELECT count(*) FROM pragma_table_info(?1) WHERE name = ?2", params![table, name], |r| r.get(0))?;
     if has == 0 {
         tx.execute_batch(&format!("ALTER TABLE {table} ADD COLUMN {column}"))?;
     }
-    Ok(())
+    Ok(has == 0)
 }
 
 /// `conn.query_row(sql, …)` with the statement prepared once per connection and cached: the ledger runs the same
@@ -901,22 +1011,39 @@ impl Ledger for SqliteLedger {
     fn epsilon(&self, delta: f64) -> Result<EpsilonBound> {
         self.with_charges(|charges| epsilon_with_cache(charges, delta, self.pld_cache()))
     }
-    fn charge(&self, label: &str, tables: &[String], measurements: Vec<Calibration>) -> Result<Debit> {
-        self.debit(label, None, tables, measurements).and_then(|c| match c {
+    fn charge(
+        &self,
+        label: &str,
+        tables: &[String],
+        measurements: Vec<Calibration>,
+        plans: &[Fingerprint],
+    ) -> Result<Debit> {
+        self.debit(label, None, tables, measurements, plans).and_then(|c| match c {
             Claim::New(d) => Ok(d),
             Claim::Resumed(_) | Claim::Existing(_) => {
                 Err(DpError::Ledger("a charge without a request id cannot exist already".into()))
             }
         })
     }
-    fn claim(&self, label: &str, request_id: &str, tables: &[String], measurements: Vec<Calibration>) -> Result<Claim> {
-        self.debit(label, Some(request_id), tables, measurements)
+    fn claim(
+        &self,
+        label: &str,
+        key: &LedgerKey,
+        tables: &[String],
+        measurements: Vec<Calibration>,
+        plans: &[Fingerprint],
+    ) -> Result<Claim> {
+        self.debit(label, Some(key), tables, measurements, plans)
     }
-    fn prior(&self, request_id: &str) -> Result<Prior> {
-        self.read_prior(&*self.conn()?, request_id)
+    fn prior(&self, key: &LedgerKey) -> Result<Prior> {
+        self.read_prior(&*self.conn()?, key)
     }
-    fn store_draw(&self, request_id: &str, draw: &[u8], index: Option<&DrawIndex>) -> Result<Vec<u8>> {
+    fn check_access(&self, tables: &[String]) -> Result<()> {
+        self.access(&*self.conn()?, tables)
+    }
+    fn store_draw(&self, key: &LedgerKey, draw: &[u8], index: Option<&DrawIndex>) -> Result<Vec<u8>> {
         let display = self.display();
+        let request_id = key.stored();
         let mut conn = self.conn()?;
         let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(|e| sql_error(&display, e))?;
         let stored = tx
@@ -928,7 +1055,7 @@ impl Ledger for SqliteLedger {
         if let Some(index) = index.filter(|_| stored == 1) {
             tx.execute(
                 "INSERT OR IGNORE INTO draw_index (budget, request_id, shape, holds) VALUES (?1, ?2, ?3, ?4)",
-                params![self.budget, request_id, index.shape, index.holds],
+                params![self.budget, request_id, index.shape.to_hex(), index.holds],
             )
             .map_err(|e| sql_error(&display, e))?;
         }
@@ -942,7 +1069,7 @@ impl Ledger for SqliteLedger {
         tx.commit().map_err(|e| sql_error(&display, e))?;
         Ok(stored)
     }
-    fn indexed_draws(&self, shape: &str) -> Result<Vec<(String, String)>> {
+    fn indexed_draws(&self, shape: &Fingerprint) -> Result<Vec<(LedgerKey, String)>> {
         let conn = self.conn()?;
         let mut statement = conn
             .prepare_cached(
@@ -952,30 +1079,41 @@ impl Ledger for SqliteLedger {
             )
             .map_err(|e| sql_error(&self.display(), e))?;
         let rows = statement
-            .query_map(params![self.budget, shape, MAX_INDEXED as i64], |r| Ok((r.get(0)?, r.get(1)?)))
+            .query_map(params![self.budget, shape.to_hex(), MAX_INDEXED as i64], |r| {
+                Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?))
+            })
             .map_err(|e| sql_error(&self.display(), e))?;
-        rows.collect::<rusqlite::Result<Vec<_>>>().map_err(|e| sql_error(&self.display(), e))
+        let rows = rows.collect::<rusqlite::Result<Vec<_>>>().map_err(|e| sql_error(&self.display(), e))?;
+        rows.into_iter()
+            .map(|(key, holds)| {
+                let key = LedgerKey::from_stored(&key).ok_or_else(|| {
+                    DpError::Ledger(format!("{}: a draw's index names no key (`{key}`)", self.display()))
+                })?;
+                Ok((key, holds))
+            })
+            .collect()
     }
-    fn shared_draw(&self, request_id: &str) -> Result<Option<(Charge, Vec<u8>)>> {
+    fn shared_draw(&self, key: &Fingerprint) -> Result<Option<(Charge, Vec<u8>)>> {
         let conn = self.conn()?;
         let found = row(
             &conn,
-            "SELECT c.id, c.label, c.rho, c.measurements, c.ordinal, d.body FROM draws d JOIN charges c \
+            "SELECT c.id, c.label, c.rho, c.measurements, c.plans, (SELECT group_concat(name, ',') FROM \
+             charge_tables WHERE charge = c.id), c.ordinal, d.body FROM draws d JOIN charges c \
              ON c.budget = d.budget AND c.request_id = d.request_id \
              WHERE d.request_id = ?1 AND d.budget <> ?2 AND length(d.body) > 0 ORDER BY c.id LIMIT 1",
-            params![request_id, self.budget],
-            |r| Ok((Self::read_charge(r)?, r.get::<_, i64>(4)?, r.get::<_, Vec<u8>>(5)?)),
+            params![LedgerKey::Reuse(*key).stored(), self.budget],
+            |r| Ok((Self::read_charge(r)?, r.get::<_, i64>(6)?, r.get::<_, Vec<u8>>(7)?)),
         )
         .optional()
         .map_err(|e| sql_error(&self.display(), e))?;
         let Some((charge, ordinal, body)) = found else { return Ok(None) };
         Ok(Some((self.decode(ordinal.max(0) as u64, charge)?, body)))
     }
-    fn store_release(&self, request_id: &str, release: &[u8]) -> Result<()> {
+    fn store_release(&self, key: &LedgerKey, release: &[u8]) -> Result<()> {
         self.conn()?
             .execute(
                 "INSERT OR IGNORE INTO releases (budget, request_id, at, body) VALUES (?1, ?2, ?3, ?4)",
-                params![self.budget, request_id, now(), release],
+                params![self.budget, key.stored(), now(), release],
             )
             .map_err(|e| sql_error(&self.display(), e))?;
         Ok(())
@@ -1054,18 +1192,20 @@ mod reprepare_tests {
         let b = SqliteLedger::open(&path, "b", Rho::new(100.0).unwrap(), Duration::from_secs(5)).unwrap();
         let memory = MemoryLedger::new(Rho::new(100.0).unwrap());
         let cal = || crate::accounting::calibrate::gaussian(1.0, Rho::new(0.01).unwrap()).unwrap();
-        let index = |shape: &str, holds: &str| DrawIndex { shape: shape.into(), holds: holds.into() };
+        let shape = |s: u8| Fingerprint::from_bytes([s; 32]);
+        let index = |s: u8, holds: &str| DrawIndex { shape: shape(s), holds: holds.into() };
+        let key = |id: &str| LedgerKey::Request(id.to_string());
         for l in [&a as &dyn Ledger, &memory] {
-            for (id, shape) in [("r1", "s"), ("r2", "t"), ("r3", "s")] {
-                assert!(matches!(l.claim(id, id, &[], vec![cal()]).unwrap(), Claim::New(_)));
-                l.store_draw(id, b"draw", Some(&index(shape, &format!("holds {id}")))).unwrap();
+            for (id, s) in [("r1", 1), ("r2", 2), ("r3", 1)] {
+                assert!(matches!(l.claim(id, &key(id), &[], vec![cal()], &[]).unwrap(), Claim::New(_)));
+                l.store_draw(&key(id), b"draw", Some(&index(s, &format!("holds {id}")))).unwrap();
             }
-            l.store_draw("r1", b"other", Some(&index("t", "late"))).unwrap();
-            let listed = l.indexed_draws("s").unwrap();
-            assert_eq!(listed, vec![("r3".into(), "holds r3".into()), ("r1".into(), "holds r1".into())]);
-            assert_eq!(l.indexed_draws("t").unwrap().len(), 1);
+            l.store_draw(&key("r1"), b"other", Some(&index(2, "late"))).unwrap();
+            let listed = l.indexed_draws(&shape(1)).unwrap();
+            assert_eq!(listed, vec![(key("r3"), "holds r3".into()), (key("r1"), "holds r1".into())]);
+            assert_eq!(l.indexed_draws(&shape(2)).unwrap().len(), 1);
         }
-        assert!(b.indexed_draws("s").unwrap().is_empty(), "another budget's draws are not listed");
+        assert!(b.indexed_draws(&shape(1)).unwrap().is_empty(), "another budget's draws are not listed");
         drop((a, b));
         let _ = std::fs::remove_dir_all(&dir);
     }
@@ -1082,14 +1222,15 @@ mod reprepare_tests {
         let l = SqliteLedger::open(&path, "b", Rho::new(100.0).unwrap(), Duration::from_secs(5)).unwrap();
         let cal = || crate::accounting::calibrate::gaussian(1.0, Rho::new(0.01).unwrap()).unwrap();
         for i in 0..20 {
-            l.charge(&format!("q{i}"), &["t".to_string()], vec![cal()]).unwrap();
+            l.charge(&format!("q{i}"), &["t".to_string()], vec![cal()], &[]).unwrap();
             l.epsilon(1e-6).unwrap();
             l.status().unwrap();
         }
         let conn = l.conn().unwrap();
         let mut total = 0;
         for sql in [
-            "SELECT id, label, rho, measurements FROM charges WHERE budget = ?1 AND id > ?2 ORDER BY id",
+            "SELECT id, label, rho, measurements, plans, (SELECT group_concat(name, ',') FROM charge_tables \
+             WHERE charge = charges.id) FROM charges WHERE budget = ?1 AND id > ?2 ORDER BY id",
             "SELECT total, spent FROM budgets WHERE name = ?1",
             "SELECT name, disabled, tables FROM analysts WHERE budget = ?1",
             "SELECT cap, spent FROM table_caps WHERE name = ?1",

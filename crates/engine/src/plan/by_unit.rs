@@ -41,6 +41,11 @@ impl ByUnit {
     pub(crate) fn new(input: LogicalPlan, unit: Expr) -> Self {
         ByUnit { input, unit }
     }
+
+    /// The unit it partitions by.
+    pub(crate) fn unit(&self) -> &Expr {
+        &self.unit
+    }
 }
 
 impl UserDefinedLogicalNodeCore for ByUnit {

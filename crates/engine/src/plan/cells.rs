@@ -269,7 +269,6 @@ impl CellIndex {
 }
 
 impl CellIndex {
-    #[cfg(feature = "cluster")]
     /// Each key's domain and stride (for a plan sent to a cluster).
     pub(crate) fn parts(&self) -> Vec<(&[ScalarValue], i64)> {
         self.keys.iter().map(|k| (k.domain.as_slice(), k.stride)).collect()
@@ -321,7 +320,6 @@ pub struct CellKey {
 }
 
 impl CellKey {
-    #[cfg(feature = "cluster")]
     /// The domain, stride, number of cells and type (for a plan sent to a cluster).
     pub(crate) fn parts(&self) -> (&[ScalarValue], i64, i64, &DataType) {
         (&self.domain, self.stride, self.cells, &self.data_type)

@@ -69,7 +69,6 @@ impl Clip {
         Clip { k, range }
     }
 
-    #[cfg(feature = "cluster")]
     /// The row limit and the sum range (for a plan sent to a cluster).
     pub(crate) fn parts(&self) -> (i64, Option<(i128, i128)>) {
         (self.k, self.range)
@@ -143,7 +142,6 @@ impl Clipped {
         Self::from_parts(measures, pick, args.len()).call(args)
     }
 
-    #[cfg(feature = "cluster")]
     /// The measurements, the pick, and the number of arguments (for a plan sent to a cluster).
     pub(crate) fn parts(&self) -> (&[(RowValue, Clip)], Option<usize>, usize) {
         let args = match self.signature.type_signature {

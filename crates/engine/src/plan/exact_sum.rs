@@ -30,7 +30,7 @@ use std::sync::Arc;
 const OUT: DataType = DataType::Decimal128(38, 0);
 
 /// How one value becomes a grid integer.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, serde::Serialize)]
 pub(crate) enum Grid {
     /// Integer input (as Int64), clamped to `[lo, hi]`; the grid is 1.
     Int { lo: i64, hi: i64 },

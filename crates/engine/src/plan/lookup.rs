@@ -178,7 +178,6 @@ impl KeyIndex {
     }
 
     /// The key column, as the join key's type.
-    #[cfg(feature = "cluster")]
     pub(crate) fn keys(&self) -> &ArrayRef {
         &self.keys
     }
@@ -240,7 +239,6 @@ impl PublicLookup {
     }
 
     /// Its parts, for the cluster codec: the name, the label, the key column and the looked-up column.
-    #[cfg(feature = "cluster")]
     pub(crate) fn parts(&self) -> (&str, &str, &ArrayRef, &ArrayRef) {
         (&self.name, &self.label, self.index.keys(), &self.values)
     }

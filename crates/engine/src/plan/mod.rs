@@ -13,7 +13,9 @@ pub mod bound;
 pub(crate) mod by_unit;
 pub mod cells;
 pub mod clip;
+pub(crate) mod codec;
 pub mod exact_sum;
+pub mod fingerprint;
 pub mod grouping;
 pub mod keys;
 pub mod lookup;
@@ -43,7 +45,7 @@ use sensitivity::{Contribution, Sensitivity};
 use std::sync::Arc;
 
 /// What one measurement computes (before noise).
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
 pub enum MeasureKind {
     /// COUNT(*) of the bounded rows.
     CountRows,
@@ -80,7 +82,7 @@ pub enum MeasureKind {
 }
 
 /// What a SUM measurement sums, per row, of a column clamped to its bounds `[lo, hi]`.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
 pub enum SumOf {
     /// The clamped value.
     Value,
@@ -124,7 +126,7 @@ impl Measure {
 }
 
 /// How an output column of the analyst's aggregate is computed from the measurements.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
 pub enum OutputKind {
     /// Directly one measurement.
     Measure(usize),
@@ -199,27 +201,39 @@ impl DpPlan {
         self.selection.is_none().then(|| cell_count(&self.keys))
     }
 
-    /// A fingerprint of what the noisy measurements of this plan are: the cells (keys and their domains), the
-    /// measurements (kind, column, sensitivity) and the outputs. Stored with a draw of noise, it tells whether a
-    /// retry's plan can reuse that draw. (FNV-1a over a stable text, 128 bits.)
-    pub fn fingerprint(&self) -> u128 {
-        let keys: Vec<_> = self.keys.iter().map(|k| (&k.base, &k.domain, k.selected)).collect();
-        let measures: Vec<_> =
-            self.measures.iter().map(|m| (&m.kind, &m.column, m.sensitivity.l1, m.sensitivity.l2)).collect();
-        fnv128(&format!("{keys:?}|{measures:?}|{:?}|{:?}", self.outputs, self.agg_schema.fields()))
+    /// The canonical fingerprint of what the noisy measurements of this plan are ([`fingerprint`]): the cells
+    /// (each key's column, base and typed domain, and whether the noise selects it), the measurements (kind,
+    /// column, sensitivity), the outputs and the aggregate's output fields. With the fingerprint of the private
+    /// plan that runs and the noise of each measurement, it identifies a stored draw
+    /// ([`crate::session::reuse`]).
+    pub fn fingerprint(&self) -> Result<fingerprint::Fingerprint> {
+        let mut c = fingerprint::Canon::new("measured plan");
+        c.u64(self.keys.len() as u64);
+        for k in &self.keys {
+            c.expr(&datafusion::logical_expr::Expr::Column(k.column.clone()))?.str(&k.base);
+            c.u64(k.domain.len() as u64).u64(u64::from(k.selected));
+            for v in &k.domain {
+                c.scalar(v)?;
+            }
+        }
+        c.u64(self.measures.len() as u64);
+        for m in &self.measures {
+            c.value(&m.kind)?.value(&m.column)?;
+            c.value(&(m.sensitivity.l1, m.sensitivity.l2, &m.sensitivity.shape))?;
+        }
+        c.value(&self.outputs)?.value(&self.selection)?;
+        let fields = self.agg_schema.fields();
+        c.u64(fields.len() as u64);
+        for f in fields {
+            c.str(f.name()).data_type(f.data_type())?.u64(u64::from(f.is_nullable()));
+        }
+        Ok(c.finish())
     }
 
     /// The output fields of the analyst's aggregate that are noisy (after the keys).
     pub fn aggregate_fields(&self) -> Vec<FieldRef> {
         self.agg_schema.fields().iter().skip(self.keys.len()).cloned().collect()
     }
-}
-
-/// The 128-bit FNV-1a hash of `text` (fingerprints: equal texts, equal hashes; not a secret).
-pub(crate) fn fnv128(text: &str) -> u128 {
-    text.bytes().fold(0x6c62272e07bb014262b821756295c58d_u128, |h, b| {
-        (h ^ u128::from(b)).wrapping_mul(0x0000000001000000000000000000013b)
-    })
 }
 
 /// The number of cells `keys` span: the product of their domains' sizes (1 without keys), saturating.

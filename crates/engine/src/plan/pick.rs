@@ -52,7 +52,6 @@ impl Priority {
         ScalarUDF::new_from_impl(Priority { key, signature: Signature::any(2, Volatility::Immutable) })
     }
 
-    #[cfg(feature = "cluster")]
     /// The key of the hash.
     pub(crate) fn key(&self) -> u64 {
         self.key

@@ -42,7 +42,7 @@ use std::sync::Arc;
 
 /// A quantile's public grid, as the plan carries it: the bounds (bit patterns, so that it can be compared and
 /// hashed), the number of points, and whether the column holds integers ([`QuantileGrid::integers`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, serde::Serialize)]
 pub struct GridSpec {
     lo: u64,
     hi: u64,
@@ -65,7 +65,6 @@ impl GridSpec {
         if self.integer { QuantileGrid::integers(lo, hi, n) } else { QuantileGrid::new(lo, hi, n) }
     }
 
-    #[cfg(feature = "cluster")]
     /// The parts, for the cluster codec: bounds, points, integer.
     pub(crate) fn parts(&self) -> (f64, f64, u64, bool) {
         (f64::from_bits(self.lo), f64::from_bits(self.hi), self.points, self.integer)
@@ -87,7 +86,6 @@ impl QuantileSlot {
         ScalarUDF::new_from_impl(QuantileSlot { spec, signature })
     }
 
-    #[cfg(feature = "cluster")]
     /// The grid.
     pub(crate) fn spec(&self) -> GridSpec {
         self.spec
@@ -269,7 +267,6 @@ impl KeepRows {
         AggregateUDF::new_from_impl(KeepRows { k, groups, kinds, signature })
     }
 
-    #[cfg(feature = "cluster")]
     /// The parts, for the cluster codec.
     pub(crate) fn parts(&self) -> (u64, Option<u64>, &[Kept]) {
         (self.k, self.groups, &self.kinds)

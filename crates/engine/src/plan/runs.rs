@@ -61,7 +61,7 @@ use std::fmt;
 use std::sync::Arc;
 
 /// What one measurement reads from each row.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, serde::Serialize)]
 pub(crate) enum RowValue {
     /// COUNT(*): nothing (the row count `n`).
     Rows,
@@ -75,7 +75,7 @@ pub(crate) enum RowValue {
 }
 
 /// One measurement of the pass: what a row gives, and the clip range of sums in grid units (`[k·lo, k·hi]`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, serde::Serialize)]
 pub(crate) struct RunMeasure {
     /// What a row gives.
     pub(crate) value: RowValue,
@@ -85,7 +85,7 @@ pub(crate) struct RunMeasure {
 
 /// The bounding the pass applies: `k` rows per unit and cell, at most `groups` cells per unit (None: all), over
 /// `cells` cells (1 without keys).
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, serde::Serialize)]
 pub(crate) struct Spec {
     /// `max_rows_per_unit`.
     pub(crate) k: u64,
@@ -166,6 +166,11 @@ impl UnitRuns {
     /// that reads a value; `fallback` is the hash plan of the same bounding.
     pub(crate) fn new(rows: LogicalPlan, fallback: LogicalPlan, spec: Spec) -> Self {
         UnitRuns { rows, fallback, spec }
+    }
+
+    /// The bounding the pass applies (what the plan's fingerprint encodes of it).
+    pub(crate) fn spec(&self) -> &Spec {
+        &self.spec
     }
 }
 

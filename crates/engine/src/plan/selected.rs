@@ -245,7 +245,6 @@ impl KeyPriority {
         ScalarUDF::new_from_impl(KeyPriority { key, signature: Signature::variadic_any(Volatility::Immutable) })
     }
 
-    #[cfg(feature = "cluster")]
     /// The key of the hash.
     pub(crate) fn key(&self) -> u64 {
         self.key

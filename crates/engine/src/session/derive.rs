@@ -3,10 +3,11 @@
 //! stored noisy cells, at no cost.
 //!
 //! **What can be derived.** A statement S is answered from the stored draw of an earlier statement R when
-//! - both read one private table (no join of private tables), under the same policy, and their aggregates read the
-//!   same rows: the analyst plans' inputs to the aggregate (the table and every WHERE over it, as the analyzer
-//!   typed them) print the same, and call no function whose value changes between runs (`now()`, `random()`).
-//!   With the policy this is R's *shape*, under which the ledger indexes its draw
+//! - both read one private table (no join of private tables), under the same policy and over the same data, and
+//!   their aggregates read the same rows: the analyst plans' inputs to the aggregate (the table and every WHERE
+//!   over it, as the analyzer typed them) have the same canonical fingerprint ([`crate::plan::fingerprint`]), and
+//!   call no function whose value changes between runs (`now()`, `random()`). With the policy and the identity
+//!   of the data of every table read, this is R's *shape*, under which the ledger indexes its draw
 //!   ([`crate::accounting::ledger::DrawIndex`]);
 //! - every GROUP BY key of S is a key of R with the same public domain (R may have more keys; S may have none: a
 //!   total);
@@ -51,9 +52,11 @@ use crate::accounting::calibrate::{Calibration, DerivedNoise};
 use crate::accounting::ledger::{DrawIndex, Prior};
 use crate::error::{DpError, Result};
 use crate::noise::NoiseParams;
-use crate::plan::{DpPlan, GroupKey, Measure, MeasureKind, fnv128};
+use crate::plan::fingerprint::{Canon, Fingerprint};
+use crate::plan::{DpPlan, GroupKey, Measure, MeasureKind};
 use crate::session::DpSession;
 use crate::session::execute::Draw;
+use crate::session::prepare::Prepared;
 use crate::workload::{Measured, Workload};
 use datafusion::common::TableReference;
 use datafusion::logical_expr::LogicalPlan;
@@ -62,11 +65,18 @@ use serde::{Deserialize, Serialize};
 /// What a stored draw holds, as its index records it ([`DrawIndex::holds`], JSON).
 #[derive(Serialize, Deserialize)]
 struct Holds {
-    /// Each key in the draw's order: its base column, a fingerprint of its domain (values and type) and the
+    /// Each key in the draw's order: its base column, the canonical fingerprint of its typed domain and the
     /// domain's size.
     keys: Vec<(String, String, u64)>,
-    /// Each measurement ([`measure_text`]).
+    /// Each measurement ([`measure_text`]: the fingerprint of its kind, bounds, grid and column).
     measures: Vec<String>,
+    /// The fingerprints of the plans the draw's charge paid for: a draw is summed only when the charge the ledger
+    /// gives for it names them (the index and the draw are of one release).
+    plans: Vec<String>,
+    /// What a draw of cells measures ([`crate::session::reuse::measured`]), which the stored draw must carry; None
+    /// for a workload's residuals.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    measured: Option<String>,
     /// Each measurement's σ² in grid units, as charged (only Gaussian draws are indexed): to pick the least noisy
     /// release. For a workload, each residual's σ² (0 for one without contrasts).
     sigma_sq: Vec<f64>,
@@ -80,7 +90,7 @@ struct Holds {
 
 impl Holds {
     /// The ledger's record of a draw of rows of `shape` that holds this.
-    fn index(&self, shape: String) -> Result<DrawIndex> {
+    fn index(&self, shape: Fingerprint) -> Result<DrawIndex> {
         let holds = serde_json::to_string(self).map_err(|e| DpError::Internal(format!("indexing a draw: {e}")))?;
         Ok(DrawIndex { shape, holds })
     }
@@ -123,18 +133,28 @@ impl Derived {
     }
 }
 
-/// A measurement as the index compares it: kind (with its bounds and grid) and column.
-fn measure_text(m: &Measure) -> String {
+/// A measurement as the index compares it: the canonical fingerprint of its kind (with its bounds and grid) and
+/// column.
+fn measure_text(m: &Measure) -> Result<String> {
     measure_key(&m.kind, m.column.as_deref())
 }
 
-fn measure_key(kind: &MeasureKind, column: Option<&str>) -> String {
-    format!("{kind:?}|{column:?}")
+fn measure_key(kind: &MeasureKind, column: Option<&str>) -> Result<String> {
+    Ok(Canon::new("indexed measurement").value(kind)?.value(&column)?.finish().to_hex())
 }
 
-/// A key as the index compares it: base column, a fingerprint of its domain, the domain's size.
-fn key_entry(k: &GroupKey) -> (String, String, u64) {
-    (k.base.clone(), format!("{:032x}", fnv128(&format!("{:?}", k.domain))), k.domain.len() as u64)
+/// A key as the index compares it: base column, the canonical fingerprint of its typed domain, the domain's size.
+fn key_entry(k: &GroupKey) -> Result<(String, String, u64)> {
+    let mut c = Canon::new("indexed domain");
+    for v in &k.domain {
+        c.scalar(v)?;
+    }
+    Ok((k.base.clone(), c.finish().to_hex(), k.domain.len() as u64))
+}
+
+/// The hexadecimal fingerprints of `plans`, as an index records them.
+fn plan_texts(plans: &[Fingerprint]) -> Vec<String> {
+    plans.iter().map(Fingerprint::to_hex).collect()
 }
 
 /// The error of a stored draw the ledger lists for derivation but cannot give as listed (nothing was spent).
@@ -161,7 +181,7 @@ fn additive(m: &Measure) -> bool {
 impl DpSession {
     /// The shape of `dp`'s rows (module docs), when sums of its cells can answer other statements, or it can be
     /// answered by such sums: one private table, keys with public domains, additive measurements.
-    fn shape(&self, dp: &DpPlan) -> Result<Option<String>> {
+    fn shape(&self, dp: &DpPlan) -> Result<Option<Fingerprint>> {
         let derivable = dp.selection.is_none()
             && dp.join.is_none()
             && dp.tables.len() == 1
@@ -172,16 +192,21 @@ impl DpSession {
             return Ok(None);
         }
         let located = crate::plan::validate::locate(&dp.original, &|t| self.private_table(t).is_some())?;
-        Ok(self.rows_shape(&dp.table, &located.aggregate.input))
+        self.rows_shape(&dp.table, &located.aggregate.input)
     }
 
-    /// The shape of the rows `rows` (an aggregate's input, as analyzed) reads from private table `table`: a
-    /// fingerprint of the table, its policy and the plan as printed; None when the plan calls a function whose
-    /// value changes between runs (`now()` prints the same at every run but reads other rows).
-    fn rows_shape(&self, table: &TableReference, rows: &LogicalPlan) -> Option<String> {
-        let policy = self.private_table(table).filter(|_| super::prepare::immutable(rows))?;
-        let rows = rows.display_indent().to_string();
-        Some(format!("{:032x}", fnv128(&format!("{table}|{policy:?}|{rows}"))))
+    /// The shape of the rows `rows` (an aggregate's input, as analyzed) reads from private table `table`: the
+    /// canonical fingerprint of the table, the plan, and every table it scans with its policy and the identity of
+    /// its data; None when the plan calls a function whose value changes between runs (`now()` reads other rows
+    /// at every run).
+    fn rows_shape(&self, table: &TableReference, rows: &LogicalPlan) -> Result<Option<Fingerprint>> {
+        if self.private_table(table).is_none() || !super::prepare::immutable(rows) {
+            return Ok(None);
+        }
+        let mut c = Canon::new("rows shape");
+        c.str(table.table()).plan(rows)?;
+        self.write_tables(&mut c, &crate::plan::fingerprint::scanned_tables(rows)?)?;
+        Ok(Some(c.finish()))
     }
 
     /// What the ledger records with a workload's draw (GROUPING SETS over `rows` of `table`, the statement `sql`,
@@ -191,10 +216,10 @@ impl DpSession {
         table: &TableReference,
         rows: &LogicalPlan,
         w: &Workload,
-        cals: &[Calibration],
+        (cals, plans): (&[Calibration], &[Fingerprint]),
         sql: &str,
     ) -> Result<Option<DrawIndex>> {
-        let Some(shape) = self.rows_shape(table, rows) else { return Ok(None) };
+        let Some(shape) = self.rows_shape(table, rows)? else { return Ok(None) };
         // Each residual's σ² (0 without contrasts: it has no calibration).
         let mut cals = cals.iter();
         let mut sigma_sq = Vec::with_capacity(w.residuals().len());
@@ -208,7 +233,9 @@ impl DpSession {
         }
         let holds = Holds {
             keys: w.names().iter().enumerate().map(|(i, n)| (n.clone(), String::new(), w.cells(&[i]) as u64)).collect(),
-            measures: vec![measure_key(&MeasureKind::CountRows, None)],
+            measures: vec![measure_key(&MeasureKind::CountRows, None)?],
+            plans: plan_texts(plans),
+            measured: None,
             sigma_sq,
             statement: first_line(sql),
             marginals: Some(w.sets().to_vec()),
@@ -216,17 +243,27 @@ impl DpSession {
         holds.index(shape).map(Some)
     }
 
-    /// What the ledger records with `dp`'s draw so that later statements can be derived from it (`charged`: its
-    /// measurements' calibrations), or None when nothing can be. Computed before the debit.
-    pub(crate) fn draw_index(&self, dp: &DpPlan, charged: &[Calibration], sql: &str) -> Result<Option<DrawIndex>> {
+    /// What the ledger records with `prepared`'s draw so that later statements can be derived from it (`charged`:
+    /// its measurements' calibrations; `measured`: what the draw measures), or None when nothing can be. Computed
+    /// before the debit.
+    pub(crate) fn draw_index(
+        &self,
+        prepared: &Prepared,
+        charged: &[Calibration],
+        sql: &str,
+        measured: &Fingerprint,
+    ) -> Result<Option<DrawIndex>> {
+        let dp = &prepared.dp;
         let Some(shape) = self.shape(dp)? else { return Ok(None) };
         // Only Gaussian noise is summed: a draw with other noise answers nothing else.
         let Some(sigma_sq) = charged.iter().map(gaussian_sigma_sq).collect::<Option<Vec<_>>>() else {
             return Ok(None);
         };
         let holds = Holds {
-            keys: dp.keys.iter().map(key_entry).collect(),
-            measures: dp.measures.iter().map(measure_text).collect(),
+            keys: dp.keys.iter().map(key_entry).collect::<Result<_>>()?,
+            measures: dp.measures.iter().map(measure_text).collect::<Result<_>>()?,
+            plans: plan_texts(&[*prepared.physical.fingerprint()]),
+            measured: Some(measured.to_hex()),
             sigma_sq,
             statement: first_line(sql),
             marginals: None,
@@ -236,27 +273,33 @@ impl DpSession {
 
     /// `dp`'s answer summed from the least noisy stored release of this budget it can be derived from (module
     /// docs), or None; under `SET dp.target`, None unless its intervals at `confidence` meet the target. Reads the
-    /// ledger only.
-    pub(crate) fn derivation(&self, dp: &DpPlan, confidence: f64) -> Result<Option<Derived>> {
+    /// ledger only. The derived draw carries `measured`, what the statement measures.
+    pub(crate) fn derivation(&self, dp: &DpPlan, confidence: f64, measured: &Fingerprint) -> Result<Option<Derived>> {
         let Some(shape) = self.shape(dp)? else { return Ok(None) };
         let mut candidates = Vec::new();
-        for (id, holds) in self.ledger.indexed_draws(&shape)? {
+        for (key, holds) in self.ledger.indexed_draws(&shape)? {
+            let id = key.describe();
             let holds: Holds = serde_json::from_str(&holds).map_err(|_| damaged(&id, "its index is unreadable"))?;
             let fit = match &holds.marginals {
-                None => Fit::of(dp, &holds).map(Source::Cells),
+                None => Fit::of(dp, &holds)?.map(Source::Cells),
                 Some(marginals) => MarginalFit::of(dp, &holds, marginals)?.map(Source::Marginal),
             };
             if let Some(fit) = fit {
-                candidates.push((fit.noise(&holds), id, holds, fit));
+                candidates.push((fit.noise(&holds), key, holds, fit));
             }
         }
         // The least noisy; the newest of equals (the ledger lists the newest first and the sort is stable).
         candidates.sort_by(|a, b| a.0.total_cmp(&b.0));
-        let Some((_, id, holds, fit)) = candidates.into_iter().next() else { return Ok(None) };
-        let Prior::Drawn(charge, bytes) = self.ledger.prior(&id)? else {
+        let Some((_, key, holds, fit)) = candidates.into_iter().next() else { return Ok(None) };
+        let id = key.describe();
+        let Prior::Drawn(charge, bytes) = self.ledger.prior(&key)? else {
             return Err(damaged(&id, "it is indexed but not stored"));
         };
         let mismatch = || damaged(&id, "it does not match its index");
+        // The draw summed is the one indexed: its charge names the indexed plans.
+        if plan_texts(charge.plans()) != holds.plans {
+            return Err(mismatch());
+        }
         let (values, cals, terms) = match fit {
             Source::Cells(fit) => {
                 let cals = fit
@@ -267,7 +310,11 @@ impl DpSession {
                         _ => Err(mismatch()),
                     })
                     .collect::<Result<Vec<_>>>()?;
-                let values = fit.sum(&Draw::from_bytes(&bytes)?, &holds).ok_or_else(mismatch)?;
+                let draw = Draw::from_bytes(&bytes)?;
+                if holds.measured.as_deref() != Some(draw.fingerprint().to_hex().as_str()) {
+                    return Err(mismatch());
+                }
+                let values = fit.sum(&draw, &holds).ok_or_else(mismatch)?;
                 (values, cals, Some(fit.terms))
             }
             Source::Marginal(fit) => {
@@ -283,7 +330,7 @@ impl DpSession {
         {
             return Ok(None);
         }
-        let draw = Draw::of_cells(dp.fingerprint(), values);
+        let draw = Draw::of_cells(*measured, values);
         Ok(Some(Derived { charge, draw, cals, terms, statement: holds.statement }))
     }
 }
@@ -384,20 +431,25 @@ struct Fit {
 
 impl Fit {
     /// Where `dp`'s keys and measurements are in `holds`, if they all are.
-    fn of(dp: &DpPlan, holds: &Holds) -> Option<Fit> {
-        let keys = dp
-            .keys
-            .iter()
-            .map(|k| {
-                let entry = key_entry(k);
-                holds.keys.iter().position(|h| *h == entry)
-            })
-            .collect::<Option<Vec<_>>>()?;
-        let measures = dp
-            .measures
-            .iter()
-            .map(|m| holds.measures.iter().position(|h| *h == measure_text(m)))
-            .collect::<Option<Vec<_>>>()?;
+    fn of(dp: &DpPlan, holds: &Holds) -> Result<Option<Fit>> {
+        let mut keys = Vec::with_capacity(dp.keys.len());
+        for k in &dp.keys {
+            let entry = key_entry(k)?;
+            let Some(at) = holds.keys.iter().position(|h| *h == entry) else { return Ok(None) };
+            keys.push(at);
+        }
+        let mut measures = Vec::with_capacity(dp.measures.len());
+        for m in &dp.measures {
+            let text = measure_text(m)?;
+            let Some(at) = holds.measures.iter().position(|h| *h == text) else { return Ok(None) };
+            measures.push(at);
+        }
+        Ok(Fit::placed(dp, holds, keys, measures))
+    }
+
+    /// The fit of `dp`'s keys and measurements found at `keys` and `measures` among `holds`', if the stored cells
+    /// add up to the statement's.
+    fn placed(dp: &DpPlan, holds: &Holds, keys: Vec<usize>, measures: Vec<usize>) -> Option<Fit> {
         if measures.iter().any(|&q| !holds.sigma_sq.get(q).is_some_and(|s| s.is_finite())) {
             return None;
         }
@@ -463,11 +515,13 @@ mod tests {
         let holds = Holds {
             keys: vec![("a".into(), "x".into(), 2), ("b".into(), "y".into(), 3)],
             measures: vec!["m0".into(), "m1".into()],
+            plans: vec![],
+            measured: None,
             sigma_sq: vec![1.0, 4.0],
             statement: "SELECT ...".into(),
             marginals: None,
         };
-        (Draw::of_cells(0, values), holds)
+        (Draw::of_cells(Fingerprint::from_bytes([0; 32]), values), holds)
     }
 
     #[test]

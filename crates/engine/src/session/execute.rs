@@ -10,7 +10,7 @@
 //! Neighbouring relation: add/remove all rows of one privacy unit.
 
 use crate::accounting::calibrate::Calibration;
-use crate::accounting::ledger::{Claim, Prior};
+use crate::accounting::ledger::{Claim, LedgerKey, Prior};
 use crate::accounting::{Charge, Debit};
 use crate::error::{DpError, Result, engine};
 use crate::marginals::{Counter, MarginalRelease, RowSampler};
@@ -19,6 +19,7 @@ use crate::noise::Ratio;
 use crate::noise::exponential::{Exponential, QuantileScores};
 use crate::noise::gaussian::DiscreteGaussian;
 use crate::noise::laplace::DiscreteLaplace;
+use crate::plan::fingerprint::Fingerprint;
 use crate::plan::{DpPlan, MeasureKind};
 use crate::refusal::Refusal;
 use crate::release::{Parts, Release};
@@ -27,7 +28,7 @@ use crate::session::marginals::PreparedMarginals;
 use crate::session::post::{PostFailure, domain_product, named_aggregates, noisy_batch, passthrough};
 use crate::session::prepare::Prepared;
 use crate::session::quote::Quote;
-use crate::session::reuse::{Reuse, reuse_key};
+use crate::session::reuse::Reuse;
 use crate::session::{DpSession, PrivatePlan, Unlocked};
 use datafusion::arrow::array::{Array, AsArray, Decimal128Array, Int64Array, RecordBatch};
 use datafusion::arrow::datatypes::{Float64Type, SchemaRef};
@@ -36,24 +37,32 @@ use futures::StreamExt;
 use std::collections::HashMap;
 use std::sync::Arc;
 
-/// The noisy measurements of one query as stored under its request id: a fingerprint of the plan they belong to,
-/// then `values[cell][measurement]` in grid units, cells in the order of [`domain_product`] or, for keys without a
-/// domain, of the released keys, stored after the values (an Arrow IPC stream of one batch).
+/// The noisy measurements of one query as stored under its key: the canonical fingerprint of what they measure
+/// ([`super::reuse::measured`]), then `values[cell][measurement]` in grid units, cells in the order of
+/// [`domain_product`] or, for keys without a domain, of the released keys, stored after the values (an Arrow IPC
+/// stream of one batch).
 pub(crate) struct Draw {
-    fingerprint: u128,
+    fingerprint: Fingerprint,
     pub(super) values: Vec<Vec<i128>>,
     /// The released keys of a selection (one row per cell of `values`); None: the product of the domains.
     keys: Option<RecordBatch>,
 }
 
-const DRAW_MAGIC: &[u8; 8] = b"dpdraw01";
+const DRAW_MAGIC: &[u8; 8] = b"dpdraw03";
 /// A draw followed by its released keys.
-const DRAW_KEYS_MAGIC: &[u8; 8] = b"dpdraw02";
+const DRAW_KEYS_MAGIC: &[u8; 8] = b"dpdraw04";
+/// The formats of older dpfusions (a 128-bit hash of printed plans, without or with released keys).
+const OLD_MAGICS: [&[u8; 8]; 2] = [b"dpdraw01", b"dpdraw02"];
 
 impl Draw {
-    /// The values of a plan's cells (fingerprint `fingerprint`), in the order of [`domain_product`].
-    pub(super) fn of_cells(fingerprint: u128, values: Vec<Vec<i128>>) -> Draw {
+    /// The values of a plan's cells (what they measure: `fingerprint`), in the order of [`domain_product`].
+    pub(super) fn of_cells(fingerprint: Fingerprint, values: Vec<Vec<i128>>) -> Draw {
         Draw { fingerprint, values, keys: None }
+    }
+
+    /// The fingerprint of what the values measure.
+    pub(super) fn fingerprint(&self) -> &Fingerprint {
+        &self.fingerprint
     }
 
     /// The keys of the cells, in the order of the values.
@@ -66,9 +75,9 @@ impl Draw {
 
     fn to_bytes(&self) -> Result<Vec<u8>> {
         let m = self.values.first().map_or(0, Vec::len);
-        let mut out = Vec::with_capacity(40 + self.values.len() * m * 16);
+        let mut out = Vec::with_capacity(HEAD + self.values.len() * m * 16);
         out.extend_from_slice(if self.keys.is_some() { DRAW_KEYS_MAGIC } else { DRAW_MAGIC });
-        out.extend_from_slice(&self.fingerprint.to_le_bytes());
+        out.extend_from_slice(self.fingerprint.as_bytes());
         out.extend_from_slice(&(self.values.len() as u64).to_le_bytes());
         out.extend_from_slice(&(m as u64).to_le_bytes());
         for cell in &self.values {
@@ -98,15 +107,23 @@ impl Draw {
         let with_keys = match b.get(..8) {
             Some(m) if m == DRAW_MAGIC.as_slice() => false,
             Some(m) if m == DRAW_KEYS_MAGIC.as_slice() => true,
+            Some(m) if OLD_MAGICS.iter().any(|old| m == old.as_slice()) => {
+                return Err(DpError::Ledger(
+                    "these noisy values were stored by an older dpfusion, which identified what they measure by a \
+                     hash of printed text: they cannot be checked against this statement, so they are not used \
+                     (nothing was spent); ask with a new request id"
+                        .into(),
+                ));
+            }
             _ => return Err(bad()),
         };
-        let fingerprint = b.get(8..24).and_then(|w| <[u8; 16]>::try_from(w).ok()).map(u128::from_le_bytes);
+        let fingerprint = b.get(8..40).and_then(|w| <[u8; 32]>::try_from(w).ok()).map(Fingerprint::from_bytes);
         let (fingerprint, cells, m) =
-            (fingerprint.ok_or_else(bad)?, word(24).ok_or_else(bad)?, word(32).ok_or_else(bad)?);
+            (fingerprint.ok_or_else(bad)?, word(40).ok_or_else(bad)?, word(48).ok_or_else(bad)?);
         let (cells, m) = (usize::try_from(cells).map_err(|_| bad())?, usize::try_from(m).map_err(|_| bad())?);
         let len = cells.checked_mul(m).and_then(|n| n.checked_mul(16)).ok_or_else(bad)?;
-        let body = b.get(40..40usize.checked_add(len).ok_or_else(bad)?).ok_or_else(bad)?;
-        let rest = b.get(40 + len..).unwrap_or_default();
+        let body = b.get(HEAD..HEAD.checked_add(len).ok_or_else(bad)?).ok_or_else(bad)?;
+        let rest = b.get(HEAD + len..).unwrap_or_default();
         let keys = match (with_keys, rest.is_empty()) {
             (false, true) => None,
             (true, false) => {
@@ -131,6 +148,9 @@ impl Draw {
         Ok(Draw { fingerprint, values, keys })
     }
 }
+
+/// Bytes of a stored draw before its values: magic, fingerprint, cells, measurements.
+const HEAD: usize = 8 + 32 + 8 + 8;
 
 /// What to do after looking at the request id.
 enum Next {
@@ -157,10 +177,12 @@ impl DpSession {
         let text = sql;
         let label = labelled(sql, params);
         let sql = label.as_str();
-        // A stored release is returned as it is: no planning, so a later change of the policy cannot alter it.
+        // A stored release is returned as it is: no planning, so a later change of the policy cannot alter it; the
+        // analyst must still be allowed every table it read.
         if let Some(id) = request_id
-            && let Prior::Released(charge, bytes) = self.ledger.prior(id)?
+            && let Prior::Released(charge, bytes) = self.ledger.prior(&LedgerKey::Request(id.to_string()))?
         {
+            self.ledger.check_access(charge.tables())?;
             return stored_release(id, sql, charge, &bytes);
         }
         if let Some((g, p)) = self.prepare_grouping(text, params).await? {
@@ -171,6 +193,8 @@ impl DpSession {
         let mut tables: Vec<String> = prepared.dp.tables.iter().map(|t| t.table().to_string()).collect();
         tables.sort();
         tables.dedup();
+        // Every answer, fresh or not, to an analyst the data owner still allows these tables.
+        self.ledger.check_access(&tables)?;
         // Over the budget with a target: refused with what the budget left would give.
         let for_target = |e: DpError| match &quote.target {
             Some(solved) => self.target_over_budget(e, &prepared.dp, solved, quote.confidence),
@@ -178,25 +202,26 @@ impl DpSession {
         };
         // Execution and post-processing recurse over the plan's expressions as planning does: on the same large
         // stack (a statement's depth is bounded by MAX_OPERATORS before it is parsed; this is the margin). So does
-        // the reuse key, which prints the plan.
+        // the fingerprint, which encodes the plan.
         super::grow_stack(async {
+            let measured = super::reuse::measured(&prepared, &quote.measurements)?;
             // Without a request id, the measurements are stored under their reuse key ([`super::reuse`]): the same
             // measurements asked again are answered from them.
             let mut keyed = match request_id {
-                Some(id) => Some(Keyed { id: id.to_string(), request: true, shared: false, index: None }),
+                Some(id) => Some(Keyed { key: LedgerKey::Request(id.to_string()), shared: false, index: None }),
                 None if self.reuse().exact() => {
-                    let id = reuse_key(&prepared.private, &prepared.dp, &quote);
+                    let key = self.reuse_key(&measured, &prepared.dp.tables)?;
                     // What else its draw can answer, recorded with it ([`super::derive`]).
-                    let index = self.draw_index(&prepared.dp, &quote.measurements, sql)?;
-                    Some(Keyed { id, request: false, shared: false, index })
+                    let index = self.draw_index(&prepared, &quote.measurements, sql, &measured)?;
+                    Some(Keyed { key: LedgerKey::Reuse(key), shared: false, index })
                 }
                 None => None,
             };
             // With `[server] share_releases`, measurements another budget paid for (and this one did not).
             let shared = match keyed.as_mut() {
-                Some(k) if !k.request => {
-                    let prior = self.shared_prior(&k.id)?;
-                    k.shared = prior.is_some();
+                Some(Keyed { key: LedgerKey::Reuse(key), shared, .. }) => {
+                    let prior = self.shared_prior(key)?;
+                    *shared = prior.is_some();
                     prior
                 }
                 _ => None,
@@ -204,24 +229,26 @@ impl DpSession {
             // With `SET dp.reuse = 'derive'`, measurements never charged but summed from a stored release's cells.
             if self.reuse() == Reuse::Derive
                 && shared.is_none()
-                && let Some(k) = keyed.as_ref().filter(|k| !k.request)
-                && matches!(self.ledger.prior(&k.id)?, Prior::None)
-                && let Some(derived) = self.derivation(&prepared.dp, quote.confidence)?
+                && let Some(k) = keyed.as_ref().filter(|k| !k.request())
+                && matches!(self.ledger.prior(&k.key)?, Prior::None)
+                && let Some(derived) = self.derivation(&prepared.dp, quote.confidence, &measured)?
             {
-                return self.release(sql, &prepared, Next::Derived(Box::new(derived)), None, &quote).await;
+                let next = Next::Derived(Box::new(derived));
+                return self.release(sql, &prepared, next, None, &quote, &measured).await;
             }
+            let plans = [*prepared.physical.fingerprint()];
             let claimed = match (&keyed, shared) {
-                (Some(k), Some(prior)) => stored(k, sql, &prepared.dp, &quote, prior),
-                (None, _) => self.ledger.charge(sql, &tables, quote.measurements.clone()).map(Next::Run),
-                (Some(k), None) => match self.ledger.claim(sql, &k.id, &tables, quote.measurements.clone()) {
+                (Some(k), Some(prior)) => stored(k, sql, &prepared, &measured, &quote, prior),
+                (None, _) => self.ledger.charge(sql, &tables, quote.measurements.clone(), &plans).map(Next::Run),
+                (Some(k), None) => match self.ledger.claim(sql, &k.key, &tables, quote.measurements.clone(), &plans) {
                     Ok(Claim::New(debit)) => Ok(Next::Run(debit)),
-                    Ok(Claim::Resumed(debit)) => resume(k, sql, &quote, debit),
-                    Ok(Claim::Existing(prior)) => stored(k, sql, &prepared.dp, &quote, prior),
+                    Ok(Claim::Resumed(debit)) => resume(k, sql, &prepared, &quote, debit),
+                    Ok(Claim::Existing(prior)) => stored(k, sql, &prepared, &measured, &quote, prior),
                     Err(e) => Err(e),
                 },
             };
             let next = claimed.map_err(for_target)?;
-            self.release(sql, &prepared, next, keyed.as_ref(), &quote).await
+            self.release(sql, &prepared, next, keyed.as_ref(), &quote, &measured).await
         })
         .await
     }
@@ -231,7 +258,8 @@ impl DpSession {
     /// key), the draw is stored (first writer wins) before anything derived from it is computed, and with a
     /// request id the release is stored before it is returned. With noisy values stored under the charge, only
     /// those are post-processed. The `quote` gives the confidence and the query's ε (its measurements are the
-    /// charge's: [`resume`] and [`stored`] refuse a retry whose price changed).
+    /// charge's: [`resume`] and [`stored`] refuse a retry whose price changed); `measured` is what the draw
+    /// measures ([`super::reuse::measured`]).
     async fn release(
         &self,
         sql: &str,
@@ -239,6 +267,7 @@ impl DpSession {
         next: Next,
         keyed: Option<&Keyed>,
         quote: &Quote,
+        measured: &Fingerprint,
     ) -> Result<Release> {
         let confidence = quote.confidence;
         let dp = &prepared.dp;
@@ -249,18 +278,18 @@ impl DpSession {
                 let super::derive::Derived { charge, draw, cals, .. } = *d;
                 (charge, draw, false, Some((cals, source)))
             }
-            Next::Stored(charge, draw) => (charge, draw, keyed.is_some_and(|k| !k.request), None),
+            Next::Stored(charge, draw) => (charge, draw, keyed.is_some_and(|k| !k.request()), None),
             Next::Run(debit) => {
-                let (charge, draw) = self.run_private(prepared, debit, quote.selection.as_ref()).await?;
+                let (charge, draw) = self.run_private(prepared, debit, quote.selection.as_ref(), measured).await?;
                 let draw = match keyed {
                     None => draw,
                     Some(k) => {
                         // First writer wins: if another run stored its draw first, that one is used, this one dropped.
-                        let bytes = self.ledger.store_draw(&k.id, &draw.to_bytes()?, k.index.as_ref())?;
+                        let bytes = self.ledger.store_draw(&k.key, &draw.to_bytes()?, k.index.as_ref())?;
                         let stored = Draw::from_bytes(&bytes)?;
                         if stored.fingerprint != draw.fingerprint {
                             // Only a run under another policy can have stored another plan's draw under this id.
-                            return Err(changed(&k.id, &charge, quote));
+                            return Err(changed(&k.key, &charge, quote));
                         }
                         stored
                     }
@@ -345,9 +374,9 @@ impl DpSession {
             free,
         };
         let release = Release::new(parts, charge);
-        if let Some(k) = keyed.filter(|k| k.request) {
+        if let Some(k) = keyed.filter(|k| k.request()) {
             // Stored before it is returned (unless a concurrent run stored the same answer first).
-            self.ledger.store_release(&k.id, &release.to_bytes()?)?;
+            self.ledger.store_release(&k.key, &release.to_bytes()?)?;
         }
         Ok(release)
     }
@@ -392,59 +421,83 @@ pub(crate) fn same_noise(charged: &[Calibration], quoted: &[Calibration]) -> boo
     charged.len() == quoted.len() && charged.iter().zip(quoted).all(|(c, q)| c.same_noise(q))
 }
 
-/// The refusal of a retry whose price changed since its charge.
-pub(super) fn changed(id: &str, charge: &Charge, quote: &Quote) -> DpError {
-    DpError::Refused(Refusal::PolicyChanged {
-        id: id.to_string(),
-        charged: charge.rho().get(),
-        quoted: quote.rho.get(),
-    })
+/// The refusal of a retry whose price or plan changed since its charge.
+pub(super) fn changed(key: &LedgerKey, charge: &Charge, quote: &Quote) -> DpError {
+    DpError::Refused(Refusal::PolicyChanged { id: key_text(key), charged: charge.rho().get(), quoted: quote.rho.get() })
 }
 
-/// The id a query's charge and draw are recorded under: the caller's request id (`request`: its release is
-/// stored too, and a retry must be the same SQL), or the reuse key of its measurements ([`reuse_key`]: another
-/// statement with the same measurements post-processes them).
+/// How a refusal names a key: a request id as the caller gave it, a reuse key as `reuse key …`.
+pub(super) fn key_text(key: &LedgerKey) -> String {
+    match key {
+        LedgerKey::Request(id) => id.clone(),
+        other => other.describe(),
+    }
+}
+
+/// The key a query's charge and draw are recorded under: the caller's request id (its release is stored too, and a
+/// retry must be the same SQL), or the reuse key of its measurements ([`DpSession::reuse_key`]: another statement
+/// with the same measurements post-processes them).
 pub(crate) struct Keyed {
-    id: String,
-    request: bool,
+    key: LedgerKey,
     /// Answered from another budget's charge (`[server] share_releases`).
     shared: bool,
     /// What else the draw can answer, recorded with it (reuse keys only).
     index: Option<crate::accounting::ledger::DrawIndex>,
 }
 
-/// A request id charged before and never drawn: run under its debit, provided the query and its price (`quote`)
-/// are the ones it was charged for (the noise is calibrated from the stored charge).
-fn resume(k: &Keyed, sql: &str, quote: &Quote, debit: Debit) -> Result<Next> {
-    let c = debit.charge();
-    if k.request && c.label() != sql {
-        return Err(another_query(&k.id, c));
+impl Keyed {
+    /// Whether the key is a caller's request id.
+    fn request(&self) -> bool {
+        matches!(self.key, LedgerKey::Request(_))
     }
-    if !same_noise(c.measurements(), &quote.measurements) {
-        return Err(changed(&k.id, c, quote));
+}
+
+/// Whether `charge` paid for exactly the plans `plans` (the statement's, as planned now): a stored answer is used
+/// only for the plan it was computed with. A charge recorded before dpfusion named its plans names none.
+pub(super) fn names(charge: &Charge, plans: &[Fingerprint]) -> bool {
+    charge.plans() == plans
+}
+
+/// A key charged before and never drawn: run under its debit, provided the query, its plan and its price
+/// (`quote`) are the ones it was charged for (the noise is calibrated from the stored charge).
+fn resume(k: &Keyed, sql: &str, prepared: &Prepared, quote: &Quote, debit: Debit) -> Result<Next> {
+    let c = debit.charge();
+    if k.request() && c.label() != sql {
+        return Err(another_query(&key_text(&k.key), c));
+    }
+    if !same_noise(c.measurements(), &quote.measurements) || !names(c, &[*prepared.physical.fingerprint()]) {
+        return Err(changed(&k.key, c, quote));
     }
     Ok(Next::Run(debit))
 }
 
-/// A request id whose noise was drawn before: return its release, or post-process its stored draw, provided the
-/// query, its plan and its price (`quote`) are the ones it was charged for.
-fn stored(k: &Keyed, sql: &str, dp: &DpPlan, quote: &Quote, prior: Prior) -> Result<Next> {
-    let id = k.id.as_str();
+/// A key whose noise was drawn before: return its release, or post-process its stored draw, provided the query,
+/// its plan, what it measures (`measured`) and its price (`quote`) are the ones it was charged for.
+fn stored(
+    k: &Keyed,
+    sql: &str,
+    prepared: &Prepared,
+    measured: &Fingerprint,
+    quote: &Quote,
+    prior: Prior,
+) -> Result<Next> {
+    let id = key_text(&k.key);
+    let plans = [*prepared.physical.fingerprint()];
     match prior {
         Prior::None | Prior::Charged(_) => {
-            Err(DpError::Ledger(format!("request id `{id}` was claimed but the ledger has no draw for it")))
+            Err(DpError::Ledger(format!("{} was claimed but the ledger has no draw for it", k.key.describe())))
         }
-        Prior::Released(c, bytes) => stored_release(id, sql, c, &bytes).map(|r| Next::Done(Box::new(r))),
-        Prior::Drawn(c, _) if k.request && c.label() != sql => Err(another_query(id, &c)),
-        // The noise was calibrated from the stored charge: it must be what this query costs now.
-        Prior::Drawn(c, _) if !same_noise(c.measurements(), &quote.measurements) => Err(changed(id, &c, quote)),
-        Prior::Drawn(_, bytes) if bytes.is_empty() => {
-            Err(DpError::Refused(Refusal::RequestIdLost { id: id.to_string() }))
+        Prior::Released(c, bytes) => stored_release(&id, sql, c, &bytes).map(|r| Next::Done(Box::new(r))),
+        Prior::Drawn(c, _) if k.request() && c.label() != sql => Err(another_query(&id, &c)),
+        // The noise was calibrated from the stored charge: it must be what this query costs now, for this plan.
+        Prior::Drawn(c, _) if !same_noise(c.measurements(), &quote.measurements) || !names(&c, &plans) => {
+            Err(changed(&k.key, &c, quote))
         }
+        Prior::Drawn(_, bytes) if bytes.is_empty() => Err(DpError::Refused(Refusal::RequestIdLost { id })),
         Prior::Drawn(c, bytes) => {
             let draw = Draw::from_bytes(&bytes)?;
-            if draw.fingerprint != dp.fingerprint() {
-                return Err(changed(id, &c, quote));
+            if draw.fingerprint != *measured {
+                return Err(changed(&k.key, &c, quote));
             }
             Ok(Next::Stored(c, draw))
         }
@@ -458,8 +511,9 @@ impl DpSession {
     /// [`MarginalRelease`] is made from the charge, taken by value. See [`crate::marginals`] for the privacy claim.
     pub(crate) async fn answer_marginals(&self, prepared: PreparedMarginals) -> Result<MarginalRelease> {
         let PreparedMarginals { histograms, plan, quote, k, selection, over_limit, rows } = prepared;
-        let debit =
-            self.ledger.charge(&histograms.label(), std::slice::from_ref(&histograms.table), quote.measurements)?;
+        let plans: Vec<Fingerprint> = over_limit.iter().chain([&rows]).map(|p| *p.fingerprint()).collect();
+        let tables = std::slice::from_ref(&histograms.table);
+        let debit = self.ledger.charge(&histograms.label(), tables, quote.measurements, &plans)?;
         let open = self.tables.open(debit);
         let mut counter = Counter::new(&histograms);
         self.count_bounded(&open, over_limit.as_ref(), &rows, k, &histograms.table, |b| counter.add(b)).await?;
@@ -520,6 +574,7 @@ impl DpSession {
         prepared: &Prepared,
         debit: Debit,
         selection: Option<&crate::noise::Selection>,
+        measured: &Fingerprint,
     ) -> Result<(Charge, Draw)> {
         let open = self.tables.open(debit);
         let running = self.start_progress(&[prepared.physical.physical()], prepared.dp.table.table(), 1).await;
@@ -538,7 +593,7 @@ impl DpSession {
         if let (Some(s), Some(selection)) = (dp.selection, selection) {
             let (keys, values) = select_cells(cells, &samplers, s, selection.threshold(), &mut rng)?;
             let keys = key_batch(dp, &keys)?;
-            return Ok((charge, Draw { fingerprint: dp.fingerprint(), values, keys: Some(keys) }));
+            return Ok((charge, Draw { fingerprint: *measured, values, keys: Some(keys) }));
         }
         let noisy = domain_product(dp)
             .iter()
@@ -551,7 +606,7 @@ impl DpSession {
                     .collect::<Result<Vec<i128>>>()
             })
             .collect::<Result<Vec<_>>>()?;
-        Ok((charge, Draw { fingerprint: dp.fingerprint(), values: noisy, keys: None }))
+        Ok((charge, Draw { fingerprint: *measured, values: noisy, keys: None }))
     }
 }
 
@@ -769,7 +824,8 @@ mod tests {
 
     #[test]
     fn draws_round_trip_and_damaged_ones_are_refused() {
-        let d = Draw { fingerprint: 0xfeed_beef, values: vec![vec![1, -2], vec![i128::MAX, i128::MIN]], keys: None };
+        let fingerprint = Fingerprint::from_bytes([7; 32]);
+        let d = Draw { fingerprint, values: vec![vec![1, -2], vec![i128::MAX, i128::MIN]], keys: None };
         let b = d.to_bytes().unwrap();
         let back = Draw::from_bytes(&b).unwrap();
         assert_eq!((back.fingerprint, back.values), (d.fingerprint, d.values));
@@ -778,6 +834,11 @@ mod tests {
         let mut wrong = b.clone();
         wrong[0] ^= 1;
         assert!(Draw::from_bytes(&wrong).is_err());
+        // A draw an older dpfusion stored (identified by a hash of printed text) is never used: it says so.
+        let mut old = b"dpdraw01".to_vec();
+        old.extend_from_slice(&[0; 32]);
+        let e = Draw::from_bytes(&old).err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(e.contains("older dpfusion") && e.contains("new request id"), "{e}");
     }
 
     /// A selection's draw keeps its released keys with its values: they come back as they were, and a draw whose
@@ -788,13 +849,14 @@ mod tests {
         use datafusion::arrow::datatypes::{DataType, Field, Schema};
         let schema = Arc::new(Schema::new(vec![Field::new("zip", DataType::Utf8, true)]));
         let keys = RecordBatch::try_new(schema, vec![Arc::new(StringArray::from(vec!["02139", "ünï"]))]).unwrap();
-        let d = Draw { fingerprint: 7, values: vec![vec![12, 3], vec![40, -1]], keys: Some(keys.clone()) };
+        let fingerprint = Fingerprint::from_bytes([7; 32]);
+        let d = Draw { fingerprint, values: vec![vec![12, 3], vec![40, -1]], keys: Some(keys.clone()) };
         let b = d.to_bytes().unwrap();
-        assert_eq!(&b[..8], b"dpdraw02");
+        assert_eq!(&b[..8], b"dpdraw04");
         let back = Draw::from_bytes(&b).unwrap();
         assert_eq!((back.values, back.keys), (d.values, Some(keys)));
         assert!(Draw::from_bytes(&b[..b.len() - 3]).is_err());
-        let one = Draw { fingerprint: 7, values: vec![vec![12, 3]], keys: d.keys.clone() };
+        let one = Draw { fingerprint, values: vec![vec![12, 3]], keys: d.keys.clone() };
         assert!(Draw::from_bytes(&one.to_bytes().unwrap()).is_err(), "two keys for one cell");
         let mut plain = Draw { keys: None, ..one }.to_bytes().unwrap();
         plain.extend_from_slice(b"trailing");

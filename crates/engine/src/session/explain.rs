@@ -52,6 +52,9 @@ pub struct Explanation {
     pub sql: String,
     /// The private plan (bounded aggregate), indented.
     pub private_plan: String,
+    /// The canonical fingerprints of the private plans the query would run ([`crate::plan::fingerprint`]): what
+    /// its charge names, and the only plans its debit would open the tables for.
+    pub plans: Vec<crate::plan::fingerprint::Fingerprint>,
     /// Number of GROUP BY cells released; `None` for keys without a domain, where it is noisy ([`Self::selection`]).
     pub cells: Option<u64>,
     /// For keys without a domain: how their values are selected.
@@ -207,11 +210,15 @@ impl DpSession {
     pub async fn explain_with_params(&self, sql: &str, params: &[ScalarValue]) -> Result<Explanation> {
         let label = super::execute::labelled(sql, params);
         if let Some((g, p)) = self.prepare_grouping(sql, params).await? {
+            self.ledger.check_access(&[g.table.table().to_string()])?;
             return self.explain_grouping(&label, &g, &p);
         }
         prepare::grow_stack(async {
             let prepared = self.prepare(sql, params).await?;
             let dp = &prepared.dp;
+            // What it would cost and whether it would be reused are answers too: only for tables still granted.
+            let tables: Vec<String> = dp.tables.iter().map(|t| t.table().to_string()).collect();
+            self.ledger.check_access(&tables)?;
             let quote = self.quote(dp)?;
             let mut measures = Vec::new();
             for (i, (m, c)) in dp.measures.iter().zip(&quote.measurements).enumerate() {
@@ -251,6 +258,7 @@ impl DpSession {
             Ok(Explanation {
                 sql: label,
                 private_plan: prepared.private.display_indent().to_string(),
+                plans: vec![*prepared.physical.fingerprint()],
                 cells: dp.cells(),
                 selection: explained_selection(dp, &quote),
                 join: dp.join.clone(),
@@ -277,13 +285,14 @@ impl DpSession {
     /// derived accuracy of each noisy column, and which one `SET dp.reuse` picks.
     fn explained_reuse(&self, prepared: &prepare::Prepared, quote: &super::quote::Quote) -> Result<Option<String>> {
         use super::reuse::Reuse;
-        let key = super::reuse::reuse_key(&prepared.private, &prepared.dp, quote);
+        let measured = super::reuse::measured(prepared, &quote.measurements)?;
+        let key = self.reuse_key(&measured, &prepared.dp.tables)?;
         let exact = self.explained_reuse_of(&key, "measurements")?;
         if exact.is_some() || !self.reuse().exact() {
             return Ok(exact);
         }
         let dp = &prepared.dp;
-        let Some(derived) = self.derivation(dp, quote.confidence)? else { return Ok(None) };
+        let Some(derived) = self.derivation(dp, quote.confidence, &measured)? else { return Ok(None) };
         let mut columns = Vec::new();
         for (i, f) in dp.original.schema().fields().iter().enumerate() {
             let planned = accuracy::plan_accuracy(dp, &derived.cals, i, quote.confidence)?;
@@ -311,12 +320,16 @@ impl DpSession {
 
     /// EXPLAIN DP's line when the `what` stored under reuse key `key` would answer the statement (this budget's
     /// charge, or with `[server] share_releases` another budget's); None when it would be charged.
-    pub(crate) fn explained_reuse_of(&self, key: &str, what: &str) -> Result<Option<String>> {
-        use crate::accounting::ledger::Prior;
+    pub(crate) fn explained_reuse_of(
+        &self,
+        key: &crate::plan::fingerprint::Fingerprint,
+        what: &str,
+    ) -> Result<Option<String>> {
+        use crate::accounting::ledger::{LedgerKey, Prior};
         if !self.reuse().exact() {
             return Ok(None);
         }
-        let (prior, whose) = match self.ledger.prior(key)? {
+        let (prior, whose) = match self.ledger.prior(&LedgerKey::Reuse(*key))? {
             Prior::None => (self.shared_prior(key)?, " of another analyst's budget"),
             own => (Some(own), ""),
         };

@@ -4,21 +4,34 @@
 //! 1. **Prepare** (`prepare.rs`, nothing read, nothing spent): DataFusion parses, plans and type-checks the SQL;
 //!    every constant is bounded and evaluated; [`crate::plan::compile`] validates the plan against the policies,
 //!    bounds every unit's contribution and derives each measurement's sensitivity; the optimized private plan is
-//!    checked total and physically planned; post-processing is tried on public stand-ins. Any failure is a refusal.
-//! 2. **Price** (`quote.rs`): each measurement is calibrated ([`crate::accounting::calibrate`]) with an equal
-//!    share ρ_q/m of the query's ρ (m = number of distinct measurements; AVG needs a SUM and a COUNT). This quote
-//!    is what `EXPLAIN DP` shows (`explain.rs`), what the debit pays, and what a retry is compared with.
-//! 3. **Execute** (`execute.rs`): the accountant debits the charge (claiming the request id, if any) **before**
-//!    anything is executed, and only the [`crate::accounting::Debit`] it mints opens the private tables
-//!    ([`PrivateTables`], `private.rs`); an over-budget query is refused and costs nothing. The private plan runs; every GROUP
-//!    BY cell of the public domain is filled (0 when the data has no rows) and exact discrete noise is added to
-//!    every cell of every measurement; with a request id, the noisy values are stored before they are used.
-//! 4. **Post-process** (`post.rs`): the analyst's nodes above the aggregate (arithmetic, aliases, HAVING, ORDER
-//!    BY, LIMIT) run over the noisy table on a memory-limited context: post-processing, which costs nothing
-//!    (BS16 Lemma 1.8).
+//!    checked total, physically planned and fingerprinted ([`crate::plan::fingerprint`]); post-processing is tried
+//!    on public stand-ins. Any failure is a refusal.
+//! 2. **Price** (`quote.rs`, `target.rs`): each measurement is calibrated ([`crate::accounting::calibrate`]) from
+//!    the query's ρ, shared between its measurements (equally; 1 : 2 : 1 for a variance's three), or solved for an
+//!    accuracy target (`SET dp.target`). This quote is what `EXPLAIN DP` shows (`explain.rs`), what the debit
+//!    pays, and what a retry is compared with.
+//! 3. **Look for an earlier answer** (`reuse.rs`, `derive.rs`): the analyst must still be allowed every table the
+//!    query reads ([`crate::accounting::Ledger::check_access`]); then, by canonical fingerprints of what the query
+//!    measures and of the data (never by text), a stored draw of the same measurements (this budget's, or with
+//!    `[server] share_releases` another's), or with `SET dp.reuse = 'derive'` stored cells that sum to the answer,
+//!    answers it without a debit: post-processing of exactly those draws.
+//! 4. **Execute** (`execute.rs`): otherwise the accountant debits the charge, naming the private plan it pays for
+//!    (and claiming the request id or the reuse key), **before** anything is executed, and only the
+//!    [`crate::accounting::Debit`] it mints opens the private tables ([`PrivateTables`], `private/`), for that plan
+//!    only; an over-budget query is refused and costs nothing. The private plan runs (here, or on a cluster:
+//!    `private/cluster/`); every GROUP BY cell of the public domain is filled (0 when the data has no rows) and
+//!    exact discrete noise is added to every cell of every measurement (or, for keys without a domain, the noisy
+//!    counts select the keys released); the noisy values are stored under the key before they are used.
+//! 5. **Post-process** (`post.rs`, `accuracy.rs`): the analyst's nodes above the aggregate (arithmetic, aliases,
+//!    HAVING, ORDER BY, LIMIT) run over the noisy table on a memory-limited context: post-processing, which costs
+//!    nothing (BS16 Lemma 1.8); each column gets its interval.
 //!
-//! The marginal release takes the same path: prepared and priced before anything is spent (`marginals.rs`),
-//! then debited, run once and noised by `execute.rs`, through the same door.
+//! The other answers take the same door: marginal releases (`marginals.rs`) and workload releases, GROUPING SETS /
+//! CUBE / ROLLUP among them (`workload.rs`), are prepared and priced before anything is spent, then reused or
+//! debited (naming their plans), run once and noised; queries over public tables only (`public.rs`) read no
+//! private row and are answered exactly, within limits, for free. `register.rs` registers tables (each with the
+//! identity of its data), `statement.rs` splits statements and applies `SET dp.…`, `progress.rs` measures how far
+//! a running private plan has read.
 //!
 //! Neighbouring relation: add/remove all rows of one privacy unit.
 
@@ -30,6 +43,7 @@ mod marginals;
 mod post;
 mod prepare;
 pub(crate) mod private;
+pub mod progress;
 mod public;
 mod quote;
 mod register;
@@ -45,7 +59,7 @@ pub use explain::{ExplainedMeasure, Explanation};
 pub use post::POST_MEMORY;
 pub use prepare::grow_stack;
 pub use prepare::{PLANNING_STACK, WORKER_STACK};
-pub(crate) use private::SealedScanExec;
+use private::SealedScanExec;
 #[cfg(test)]
 pub(crate) use private::private_context;
 pub use private::{PrivatePlan, PrivateTables, Unlocked};
@@ -124,13 +138,15 @@ pub struct DpSession {
     /// The public tables, and where queries over them only run.
     public: public::PublicTables,
     policies: BTreeMap<String, TablePolicy>,
+    /// The identity of each table's data, private and public: part of every reuse key ([`reuse`]).
+    identities: BTreeMap<String, crate::plan::fingerprint::DataIdentity>,
     defaults: Defaults,
     ledger: Box<dyn Ledger>,
     rng: Mutex<NoiseRng>,
     /// The data owner's log, if configured.
     owner_log: Option<Arc<OwnerLog>>,
     /// How far the running private plan has read (measured once [`DpSession::progress`] was called).
-    progress: crate::progress::Progress,
+    progress: progress::Progress,
     /// The ε of the query shapes this session priced last.
     quotes: crate::accounting::convert::QuoteMemo,
     /// The checked plans of the statements this session prepared last.
@@ -146,8 +162,8 @@ impl DpSession {
     }
 
     /// A handle on how far the private plan this session runs has read its table (a fraction, for a progress
-    /// bar; see [`crate::progress`]). Measuring starts with the first call.
-    pub fn progress(&self) -> crate::progress::Progress {
+    /// bar; see [`progress`]). Measuring starts with the first call.
+    pub fn progress(&self) -> progress::Progress {
         self.progress.enable();
         self.progress.clone()
     }
@@ -159,7 +175,7 @@ impl DpSession {
         plans: &[&Arc<dyn datafusion::physical_plan::ExecutionPlan>],
         table: &str,
         passes: u64,
-    ) -> crate::progress::Running<'_> {
+    ) -> progress::Running<'_> {
         if !self.tables.runs_here() {
             return self.progress.start(&[], None);
         }
@@ -167,13 +183,13 @@ impl DpSession {
     }
 
     /// The byte counter of `table` if it is a CSV or JSON table and progress is measured, for
-    /// [`crate::progress::Progress::start`]; `passes` is how many times the plan reads it.
-    pub(crate) async fn text_bytes(&self, table: &str, passes: u64) -> Option<crate::progress::TextBytes> {
+    /// [`progress::Progress::start`]; `passes` is how many times the plan reads it.
+    pub(crate) async fn text_bytes(&self, table: &str, passes: u64) -> Option<progress::TextBytes> {
         if !self.progress.enabled() {
             return None;
         }
         let (counter, size) = self.tables.text_bytes(table).await?;
-        Some(crate::progress::TextBytes { counter, total: size * passes })
+        Some(progress::TextBytes { counter, total: size * passes })
     }
 
     /// **Tests only: makes every later noise draw of this session predictable.** Replaces the session's CSPRNG
@@ -223,7 +239,7 @@ impl DpSession {
     /// Runs every private plan of this session on the Ballista cluster of `settings` ([`crate::cluster`]).
     #[cfg(feature = "cluster")]
     fn use_cluster(&mut self, settings: &crate::config::ClusterSettings) -> Result<()> {
-        let cluster = crate::cluster::Cluster::connect(settings)?;
+        let cluster = private::cluster::Cluster::connect(settings)?;
         self.tables.use_cluster(Arc::new(cluster));
         Ok(())
     }
@@ -290,6 +306,7 @@ impl DpSession {
             post: post::post_context(POST_MEMORY)?,
             public: public::PublicTables::new(POST_MEMORY)?,
             policies: BTreeMap::new(),
+            identities: BTreeMap::new(),
             defaults: Defaults {
                 accounting: Accounting::Zcdp,
                 query_rho: default_query_rho,
@@ -338,6 +355,7 @@ impl DpSession {
             post: post::post_context(memory_limit.min(POST_MEMORY))?,
             public,
             policies,
+            identities: self.identities.clone(),
             defaults: self.defaults.clone(),
             ledger,
             rng: Mutex::new(NoiseRng::from_os()?),
@@ -508,12 +526,18 @@ impl DpSession {
         {
             return Err(DpError::Refused(Refusal::EmptyRequestId));
         }
+        // An analyst the data owner disabled gets nothing, on a connection opened before too; the grants of each
+        // table are checked where the tables a statement reads are known ([`Ledger::check_access`]).
+        self.ledger.check_access(&[])?;
         match statement::classify(sql)? {
             Statement::Explain(q) => Ok(Response::Explain(Box::new(self.explain_with_params(q, params).await?))),
             Statement::Set(_) if !params.is_empty() => Err(DpError::Refused(Refusal::SetUnreadable)),
             Statement::Set(rest) => self.set(rest),
             Statement::Query(q) => match self.public_query(q, params).await? {
-                Some(rows) => Ok(Response::Public(Box::new(rows))),
+                Some(rows) => {
+                    self.ledger.check_access(&rows.tables)?;
+                    Ok(Response::Public(Box::new(rows)))
+                }
                 None => Ok(Response::Release(Box::new(self.query(q, params, request_id).await?))),
             },
         }
@@ -533,14 +557,14 @@ impl DpSession {
         self.tables.plan(&logical).await.expect("planned").1
     }
 
-    /// Tests only: the tables opened by a charge of this session's ledger.
-    pub(crate) fn open_for_tests(&self) -> Unlocked<'_> {
+    /// Tests only: the tables opened by a charge of this session's ledger that pays for running `plan`.
+    pub(crate) fn open_for_tests(&self, plan: &PrivatePlan) -> Unlocked<'_> {
         let cal = crate::accounting::calibrate::gaussian(1.0, Rho::new(1e-6).expect("ρ")).expect("calibrated");
-        self.tables.open(self.ledger.charge("test", &[], vec![cal]).expect("charged"))
+        self.tables.open(self.ledger.charge("test", &[], vec![cal], &[*plan.fingerprint()]).expect("charged"))
     }
 
     /// Tests only: the progress handle, without turning measuring on.
-    pub(crate) fn progress_for_tests(&self) -> &crate::progress::Progress {
+    pub(crate) fn progress_for_tests(&self) -> &progress::Progress {
         &self.progress
     }
 }

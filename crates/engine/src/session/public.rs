@@ -161,7 +161,9 @@ impl DpSession {
             )));
         }
         let rows = provider(&table)?;
+        let identity = crate::plan::fingerprint::DataIdentity::of_batches(std::slice::from_ref(table.rows()))?;
         self.tables.register_public(&name, Arc::clone(&rows))?;
+        self.identities.insert(name.clone(), identity);
         self.public.insert(Arc::new(table), rows)?;
         self.plans.clear();
         Ok(())

@@ -2,6 +2,7 @@
 
 use crate::config::{SessionConfig, TableSource};
 use crate::error::{DpError, Result};
+use crate::plan::fingerprint::DataIdentity;
 use crate::policy::TablePolicy;
 use crate::refusal::Refusal;
 use crate::session::DpSession;
@@ -15,11 +16,16 @@ use std::sync::Arc;
 impl DpSession {
     pub(crate) async fn register_source(&mut self, name: &str, src: &TableSource) -> Result<()> {
         let mut provider = crate::source::provider(name, src, self.owner_log.clone())?;
+        let mut identity = DataIdentity::Files(crate::source::files(name, &src.path)?);
         if src.in_memory {
+            // Loaded once: the files as they were when read.
+            identity = DataIdentity::Fixed(identity.now(name)?);
             let partitions = self.tables.state().config().target_partitions();
             provider = crate::source::into_memory(name, provider, partitions).await?;
         }
-        self.register_table(name, provider, src.policy.clone())
+        self.register_table(name, provider, src.policy.clone())?;
+        self.identities.insert(name.to_string(), identity);
+        Ok(())
     }
 
     /// A session over the tables of `cfg` as their policies declare them, with **no data**: each table is an empty
@@ -51,12 +57,17 @@ impl DpSession {
             .first()
             .map(|b| b.schema())
             .ok_or_else(|| DpError::Config(format!("table {name}: give at least one RecordBatch (it may be empty)")))?;
+        let identity = DataIdentity::of_batches(&batches)?;
         let mem =
             MemTable::try_new(schema, vec![batches]).map_err(|e| DpError::Config(format!("table {name}: {e}")))?;
-        self.register_table(name, Arc::new(mem), policy)
+        self.register_table(name, Arc::new(mem), policy)?;
+        self.identities.insert(name.to_string(), identity);
+        Ok(())
     }
 
-    /// Registers any DataFusion table provider as a private table with `policy`.
+    /// Registers any DataFusion table provider as a private table with `policy`. Its data cannot be hashed: an
+    /// answer about it is reused only in this session (and the sessions made from it), while it stays registered
+    /// ([`crate::plan::fingerprint::DataIdentity`]).
     pub fn register_table(&mut self, name: &str, provider: Arc<dyn TableProvider>, policy: TablePolicy) -> Result<()> {
         policy.validate(name)?;
         if self.public_tables().any(|t| t.name() == name) {
@@ -66,6 +77,7 @@ impl DpSession {
         self.tables.register(name, provider)?;
         self.plans.clear();
         self.policies.insert(name.to_string(), policy);
+        self.identities.insert(name.to_string(), DataIdentity::random());
         Ok(())
     }
 

@@ -7,17 +7,17 @@
 
 use crate::accounting::Debit;
 use crate::accounting::calibrate::{Accounting, Calibration, MechanismChoice};
-use crate::accounting::ledger::{Claim, Prior};
+use crate::accounting::ledger::{Claim, LedgerKey, Prior};
 use crate::error::{DpError, Result};
 use crate::marginals::{self, Lookup, MarginalBudget, MarginalSpec};
 use crate::noise::{Mechanism, accuracy};
+use crate::plan::fingerprint::{Canon, Fingerprint};
 use crate::plan::grouping::{self, GroupingOutput, GroupingPlan};
 use crate::policy::DomainValue;
 use crate::refusal::Refusal;
 use crate::release::{Accuracy, ColumnAccuracy, Parts, Release};
 use crate::session::explain::{ExplainedMeasure, Explanation};
 use crate::session::quote::Quote;
-use crate::session::reuse::REUSE_PREFIX;
 use crate::session::{DpSession, PrivatePlan, Target};
 use crate::workload::{Measured, Noise, Workload, WorkloadCounter, WorkloadPlan, WorkloadRelease};
 use datafusion::arrow::array::{ArrayRef, AsArray, RecordBatch, StringArray};
@@ -33,6 +33,14 @@ pub enum WorkloadSets {
     Ways(usize),
     /// These marginals, each a list of chosen columns (an empty list is the total), as GROUPING SETS lists them.
     Sets(Vec<Vec<String>>),
+}
+
+impl PreparedWorkload {
+    /// The fingerprints of the plans it runs (the rows over the limit, if any, then the bounded rows): what its
+    /// charge pays for.
+    fn plans(&self) -> Vec<Fingerprint> {
+        self.over_limit.iter().chain([&self.rows]).map(|p| *p.fingerprint()).collect()
+    }
 }
 
 /// A workload release planned and priced end to end; nothing has been spent or read.
@@ -68,63 +76,77 @@ impl DpSession {
         let label = label(table, &p.workload);
         // A plain GROUP BY of its keys over the whole table can be derived from its draw ([`super::derive`]).
         let reference = datafusion::common::TableReference::bare(table);
-        p.index = self.workload_index(&reference, &scan, &p.workload, &p.quote.measurements, &label)?;
+        p.index = self.workload_index(&reference, &scan, &p.workload, (&p.quote.measurements, &p.plans()), &label)?;
         self.run_workload(&label, p, None).await
     }
 
     /// Debits `p`'s quote under `label`, counts the bounded rows into every marginal, draws the residuals' noise
     /// and rebuilds the marginals. With `SET dp.reuse = 'exact'` (the default) the draw is stored under the
-    /// workload's reuse key ([`workload_key`], claimed in the ledger as a request id is: one charge, first draw
+    /// workload's reuse key ([`workload_measured`], claimed in the ledger as a request id is: one charge, first draw
     /// wins), and the same workload asked again is rebuilt from it, spending nothing. With a caller's `request`
     /// id, the draw is stored under it instead, and a retry (after a crash, concurrent) with the same statement is
     /// rebuilt from it: one charge, one draw, the same numbers (the rest of the release is computed from them
     /// without failing, so no release need be stored); the id used for another statement, or at another price,
     /// is refused.
     async fn run_workload(&self, label: &str, p: PreparedWorkload, request: Option<&str>) -> Result<WorkloadRelease> {
-        use super::execute::{another_query, changed};
+        use super::execute::{another_query, changed, key_text, names, same_noise};
         let tables = std::slice::from_ref(&p.table);
+        self.ledger.check_access(tables)?;
         let cals = p.quote.measurements.clone();
+        let plans = p.plans();
         let key = match request {
-            Some(id) => id.to_string(),
-            None if self.reuse().exact() => workload_key(&p),
+            Some(id) => LedgerKey::Request(id.to_string()),
+            None if self.reuse().exact() => {
+                let table = datafusion::common::TableReference::bare(p.table.as_str());
+                LedgerKey::Reuse(self.reuse_key(&workload_measured(&p)?, &[table])?)
+            }
             None => {
-                let debit = self.ledger.charge(label, tables, cals)?;
+                let debit = self.ledger.charge(label, tables, cals, &plans)?;
                 return self.draw_workload(p, debit, None).await;
             }
         };
         // With `[server] share_releases`, the same workload paid for by another budget (and not by this one).
-        let shared = if request.is_some() { None } else { self.shared_prior(&key)? };
+        let shared = match &key {
+            LedgerKey::Reuse(f) => self.shared_prior(f)?,
+            LedgerKey::Request(_) => None,
+        };
         let from_other = shared.is_some();
         let claim = match shared {
             Some(prior) => Claim::Existing(prior),
-            None => self.ledger.claim(label, &key, tables, cals)?,
+            None => self.ledger.claim(label, &key, tables, cals, &plans)?,
         };
+        let id = key_text(&key);
         let (charge, bytes) = match claim {
             Claim::New(debit) => return self.draw_workload(p, debit, Some(&key)).await,
             Claim::Resumed(debit) if request.is_some() && debit.charge().label() != label => {
-                return Err(another_query(&key, debit.charge()));
+                return Err(another_query(&id, debit.charge()));
             }
             Claim::Resumed(debit)
-                if !super::execute::same_noise(debit.charge().measurements(), &p.quote.measurements) =>
+                if !same_noise(debit.charge().measurements(), &p.quote.measurements)
+                    || !names(debit.charge(), &plans) =>
             {
                 return Err(changed(&key, debit.charge(), &p.quote));
             }
             Claim::Resumed(debit) => return self.draw_workload(p, debit, Some(&key)).await,
             Claim::Existing(Prior::Drawn(charge, bytes)) if !bytes.is_empty() => (charge, bytes),
             Claim::Existing(Prior::Drawn(..)) if request.is_some() => {
-                return Err(DpError::Refused(Refusal::RequestIdLost { id: key }));
+                return Err(DpError::Refused(Refusal::RequestIdLost { id }));
             }
             Claim::Existing(Prior::Released(charge, _)) if request.is_some() => {
-                return Err(another_query(&key, &charge));
+                return Err(another_query(&id, &charge));
             }
             Claim::Existing(_) => {
-                return Err(DpError::Ledger(format!("the workload stored under `{key}` has no measurements")));
+                return Err(DpError::Ledger(format!(
+                    "the workload stored under {} has no measurements",
+                    key.describe()
+                )));
             }
         };
         if request.is_some() && charge.label() != label {
-            return Err(another_query(&key, &charge));
+            return Err(another_query(&id, &charge));
         }
-        if !super::execute::same_noise(charge.measurements(), &p.quote.measurements) {
+        // The stored residuals are this workload's: its charge paid for these plans at this price.
+        if !same_noise(charge.measurements(), &p.quote.measurements) || !names(&charge, &plans) {
             return Err(changed(&key, &charge, &p.quote));
         }
         let measured = Measured::of(&p.workload, Measured::from_bytes(&bytes)?)?;
@@ -136,7 +158,12 @@ impl DpSession {
 
     /// [`DpSession::run_workload`] under `debit`: the one run, the one draw (stored under `key` before anything
     /// is derived from it; a draw stored first by a concurrent run of the same workload is used instead).
-    async fn draw_workload(&self, p: PreparedWorkload, debit: Debit, key: Option<&str>) -> Result<WorkloadRelease> {
+    async fn draw_workload(
+        &self,
+        p: PreparedWorkload,
+        debit: Debit,
+        key: Option<&LedgerKey>,
+    ) -> Result<WorkloadRelease> {
         let open = self.tables.open(debit);
         let lookups: Vec<Lookup> = p.domains.iter().map(|d| Lookup::new(d)).collect();
         let mut counter = WorkloadCounter::new(&p.workload);
@@ -289,12 +316,21 @@ fn domain_labels(p: &PreparedWorkload) -> Vec<Vec<String>> {
     p.domains.iter().map(|d| d.iter().map(marginals::domain_label).collect()).collect()
 }
 
-/// The ledger id under which a workload's measurements are stored for reuse: a hash of what decides them — the
-/// rows counted (the optimized plan: table, WHERE, columns, unit), the rows per unit, the domains, the marginals
-/// and the noise of every residual. A function of the statement, the policy and the settings only.
-fn workload_key(p: &PreparedWorkload) -> String {
-    let text = format!("workload|{}|{}|{:?}|{:?}|{:?}", p.rows_text, p.k, p.domains, p.workload, p.quote.measurements);
-    format!("{REUSE_PREFIX}{:032x}", crate::plan::fnv128(&text))
+/// What a workload release measures (its reuse key adds the table's policy and data, [`DpSession::reuse_key`]): the
+/// plans that count the rows (table, WHERE, columns, unit), the rows per unit, the domains, the marginals and the
+/// noise of every residual. A function of the statement, the policy and the settings only.
+fn workload_measured(p: &PreparedWorkload) -> Result<Fingerprint> {
+    let mut c = Canon::new("workload");
+    for plan in p.plans() {
+        c.fingerprint(&plan);
+    }
+    c.u64(p.k).value(p.workload.names())?.value(p.workload.sets())?;
+    c.u64(p.domains.len() as u64);
+    for d in &p.domains {
+        c.domain(d);
+    }
+    c.value(&p.quote.measurements)?;
+    Ok(c.finish())
 }
 
 /// The ledger's label: `WORKLOAD table: (a, b), (a, c), …`, cut at 200 bytes.
@@ -352,7 +388,7 @@ impl DpSession {
         let sets = WorkloadSets::Sets(g.sets.clone());
         let mut p = self.prepare_workload_over(g.table.table(), g.input.clone(), &g.columns, &sets, &spec).await?;
         // A plain GROUP BY of its keys can be derived from its draw ([`super::derive`]).
-        p.index = self.workload_index(&g.table, &g.input, &p.workload, &p.quote.measurements, sql)?;
+        p.index = self.workload_index(&g.table, &g.input, &p.workload, (&p.quote.measurements, &p.plans()), sql)?;
         // Every domain value must convert to its key's type: checked here, so that the release cannot fail on it.
         let schema = grouping_schema(&g);
         for ((_, what), field) in g.outputs.iter().zip(schema.fields()) {
@@ -469,10 +505,13 @@ impl DpSession {
             })
             .collect();
         let public = g.outputs.iter().map(|(_, o)| matches!(o, GroupingOutput::Key(_))).collect();
-        let reuse = self.explained_reuse_of(&workload_key(p), "marginals")?;
+        let table = datafusion::common::TableReference::bare(p.table.as_str());
+        let key = self.reuse_key(&workload_measured(p)?, &[table])?;
+        let reuse = self.explained_reuse_of(&key, "marginals")?;
         Ok(Explanation {
             sql: label.to_string(),
             private_plan: p.rows_text.clone(),
+            plans: p.plans(),
             cells: Some(plan.sets.iter().map(|s| s.cells as u64).sum()),
             selection: None,
             join: None,

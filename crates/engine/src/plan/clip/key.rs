@@ -67,7 +67,6 @@ impl KeptKey {
         AggregateUDF::new_from_impl(KeptKey { measures, signature: Signature::any(args, Volatility::Immutable) })
     }
 
-    #[cfg(feature = "cluster")]
     /// The measurements and the number of arguments (for a plan sent to a cluster).
     pub(crate) fn parts(&self) -> (&[(RowValue, Clip)], usize) {
         let args = match self.signature.type_signature {

@@ -34,10 +34,10 @@ mod codec;
 
 pub use codec::DpPhysicalCodec;
 
+use super::SealedScanExec;
 use crate::accounting::Charge;
 use crate::config::ClusterSettings;
 use crate::error::{DpError, Result};
-use crate::session::private::SealedScanExec;
 use ballista_core::extension::SessionConfigExt;
 use datafusion::common::DataFusionError;
 use datafusion::common::tree_node::{Transformed, TreeNode};

@@ -148,7 +148,7 @@ mod tests {
         let plan = s.plan_for_tests(&format!("SELECT * FROM {table}")).await;
         let running = p.start(&[plan.physical()], s.text_bytes(table, 1).await);
         let before = p.fraction();
-        s.open_for_tests().collect(&plan).await.unwrap();
+        s.open_for_tests(&plan).collect(&plan).await.unwrap();
         let after = p.fraction();
         drop(running);
         (before, after, p.fraction())

@@ -34,12 +34,29 @@
 //! ```
 //! ```compile_fail,E0451
 //! fn plan(p: std::sync::Arc<dyn datafusion::physical_plan::ExecutionPlan>) -> dpfusion::session::PrivatePlan {
-//!     dpfusion::session::PrivatePlan { physical: p } // only the planner makes a plan the door runs
+//!     let fingerprint = dpfusion::plan::fingerprint::Fingerprint::from_bytes([0; 32]);
+//!     dpfusion::session::PrivatePlan { physical: p, fingerprint } // only the planner makes a plan the door runs
+//! }
+//! ```
+//! ```compile_fail,E0451
+//! use dpfusion::session::{PrivateTables, Unlocked};
+//! fn forge(t: &PrivateTables, debit: dpfusion::accounting::Debit) -> Unlocked<'_> {
+//!     let task = std::sync::Arc::new(datafusion::execution::TaskContext::default());
+//!     Unlocked { task, debit, _tables: t } // the tables are opened only by `open`, which takes the debit
+//! }
+//! ```
+//! ```compile_fail,E0624
+//! fn tables() -> dpfusion::session::PrivateTables {
+//!     dpfusion::session::PrivateTables::new() // nobody outside the engine makes private tables
 //! }
 //! ```
 
+#[cfg(feature = "cluster")]
+pub mod cluster;
+
 use crate::accounting::{Charge, Debit};
 use crate::error::{DpError, Result};
+use crate::plan::fingerprint::Fingerprint;
 use crate::plan::{safety, size};
 use crate::refusal::Refusal;
 use crate::session::DpOptions;
@@ -68,9 +85,9 @@ use std::sync::atomic::AtomicU64;
 /// Its fields are private and it has no accessor; rows are read only through [`PrivateTables::open`].
 pub struct PrivateTables {
     ctx: SessionContext,
-    /// Where private plans run when not here: a Ballista cluster ([`crate::cluster`]).
+    /// Where private plans run when not here: a Ballista cluster ([`cluster`]).
     #[cfg(feature = "cluster")]
-    cluster: Option<Arc<crate::cluster::Cluster>>,
+    cluster: Option<Arc<cluster::Cluster>>,
 }
 
 /// The proof, inside a task context, that a debit opened the tables. Only [`PrivateTables::open`] makes one.
@@ -90,7 +107,7 @@ impl PrivateTables {
     /// Runs every private plan on `cluster` from now on: plans are made for its partitions and without the
     /// streaming pass ([`crate::plan::runs::RunsOnCluster`]); the debit, the noise and the release stay here.
     #[cfg(feature = "cluster")]
-    pub(crate) fn use_cluster(&mut self, cluster: Arc<crate::cluster::Cluster>) {
+    pub(crate) fn use_cluster(&mut self, cluster: Arc<cluster::Cluster>) {
         let state = self.ctx.state_ref();
         let mut st = state.write();
         let config = st.config_mut();
@@ -120,7 +137,7 @@ impl PrivateTables {
     /// Registers `provider` as the private table `name`, sealed.
     pub(crate) fn register(&self, name: &str, provider: Arc<dyn TableProvider>) -> Result<()> {
         #[cfg(feature = "cluster")]
-        if self.cluster.is_some() && !crate::cluster::readable_by_executors(provider.as_ref()) {
+        if self.cluster.is_some() && !cluster::readable_by_executors(provider.as_ref()) {
             return Err(DpError::Config(format!(
                 "table {name}: this session runs its private plans on a cluster ([engine] scheduler), whose \
                  executors read CSV, JSON and Parquet files only; a table held in memory (its rows would travel \
@@ -214,12 +231,14 @@ impl PrivateTables {
     }
 
     /// The physical plan of an optimized and checked private plan ([`PrivateTables::optimize`]): a fresh one on
-    /// every call (an executed plan may keep state), of exactly that logical plan. Reads nothing.
+    /// every call (an executed plan may keep state), of exactly that logical plan, with the canonical fingerprint of
+    /// that logical plan: what a charge must name for it to run ([`Unlocked::collect`]). Reads nothing.
     pub(crate) async fn physical(&self, private: &LogicalPlan) -> Result<PrivatePlan> {
+        let fingerprint = crate::plan::fingerprint::plan_fingerprint(private)?;
         let state = self.ctx.state();
         let physical =
             state.query_planner().create_physical_plan(private, &state).await.map_err(|e| refused("planned", e))?;
-        Ok(PrivatePlan { physical })
+        Ok(PrivatePlan { physical, fingerprint })
     }
 
     /// Opens the tables for the release `debit` pays for: the returned handle runs private plans until it is
@@ -241,14 +260,22 @@ fn refused(stage: &'static str, e: datafusion::error::DataFusionError) -> DpErro
     DpError::Refused(Refusal::PrivatePlan { stage, message: crate::refusal::engine_message(&e) })
 }
 
-/// A physical plan over the private tables, made by [`PrivateTables::plan`] from a checked plan: what an
-/// [`Unlocked`] runs. Its scans are sealed: run any other way, it reads no row.
+/// A physical plan over the private tables, made by [`PrivateTables::plan`] from a checked plan, with the canonical
+/// fingerprint of the logical plan it was made from: what an [`Unlocked`] runs, when its charge names that
+/// fingerprint. Its scans are sealed: run any other way, it reads no row.
 #[derive(Clone, Debug)]
 pub struct PrivatePlan {
     physical: Arc<dyn ExecutionPlan>,
+    fingerprint: Fingerprint,
 }
 
 impl PrivatePlan {
+    /// The canonical fingerprint of the logical plan it was made from ([`crate::plan::fingerprint`]): what a
+    /// charge names to pay for running it.
+    pub fn fingerprint(&self) -> &Fingerprint {
+        &self.fingerprint
+    }
+
     /// The physical plan, for display and progress (its scans read nothing outside [`Unlocked`]).
     pub fn physical(&self) -> &Arc<dyn ExecutionPlan> {
         &self.physical
@@ -260,7 +287,8 @@ impl PrivatePlan {
     }
 }
 
-/// The private tables opened by a [`Debit`]: runs private plans for the one release it pays for.
+/// The private tables opened by a [`Debit`]: runs the private plans its charge paid for ([`Charge::plans`]), and
+/// no other, for the one release it pays for.
 pub struct Unlocked<'a> {
     task: Arc<TaskContext>,
     debit: Debit,
@@ -268,8 +296,9 @@ pub struct Unlocked<'a> {
 }
 
 impl Unlocked<'_> {
-    /// Runs `plan` to completion (here, or on the cluster the tables use).
+    /// Runs `plan` to completion (here, or on the cluster the tables use), if the charge names it.
     pub async fn collect(&self, plan: &PrivatePlan) -> datafusion::error::Result<Vec<RecordBatch>> {
+        self.paid_for(plan)?;
         #[cfg(feature = "cluster")]
         if self._tables.cluster.is_some() {
             return futures::TryStreamExt::try_collect(self.stream(plan)?).await;
@@ -278,13 +307,22 @@ impl Unlocked<'_> {
     }
 
     /// Runs `plan` as a stream of batches (here, or on the cluster the tables use: then every sealed scan of
-    /// the plan carries a capability for this debit's charge, [`crate::cluster`]).
+    /// the plan carries a capability for this debit's charge, [`cluster`]), if the charge names it.
     pub fn stream(&self, plan: &PrivatePlan) -> datafusion::error::Result<SendableRecordBatchStream> {
+        self.paid_for(plan)?;
         #[cfg(feature = "cluster")]
         if let Some(cluster) = &self._tables.cluster {
             return cluster.stream(&plan.physical, self.debit.charge());
         }
         datafusion::physical_plan::execute_stream(Arc::clone(&plan.physical), Arc::clone(&self.task))
+    }
+
+    /// Refuses a plan the charge does not name: the plan that runs is the plan that was paid for.
+    fn paid_for(&self, plan: &PrivatePlan) -> datafusion::error::Result<()> {
+        if self.debit.charge().plans().contains(&plan.fingerprint) {
+            return Ok(());
+        }
+        internal_err!("a private plan that charge #{} did not pay for was not run", self.debit.charge().id())
     }
 
     /// The charge that paid for this.
@@ -342,16 +380,16 @@ impl TableProvider for SealedTable {
 /// A scan of a private table: a leaf that hides its reader, declares nothing about its rows, and reads only under
 /// a task context opened by a debit.
 #[derive(Debug)]
-pub(crate) struct SealedScanExec {
+pub(in crate::session) struct SealedScanExec {
     inner: Arc<dyn ExecutionPlan>,
     /// What `inner` reads, when it is a text table's scan (to read it again on a cluster's executor).
     #[cfg_attr(not(feature = "cluster"), allow(dead_code))]
     text: Option<Arc<TextScan>>,
     props: Arc<PlanProperties>,
     /// On a cluster: the scan as sent, with the capability that lets an executor read it, and the partitions of
-    /// `inner` this task reads ([`crate::cluster`]).
+    /// `inner` this task reads ([`cluster`]).
     #[cfg(feature = "cluster")]
-    remote: Option<(Arc<crate::cluster::Remote>, crate::cluster::Slice)>,
+    remote: Option<(Arc<cluster::Remote>, cluster::Slice)>,
 }
 
 /// A leaf's properties that say nothing about its rows: `partitions` partitions, no order, no keys.
@@ -365,7 +403,7 @@ fn unknown_rows(inner: &Arc<dyn ExecutionPlan>, partitions: usize) -> Arc<PlanPr
 }
 
 impl SealedScanExec {
-    pub(crate) fn new(inner: Arc<dyn ExecutionPlan>, text: Option<Arc<TextScan>>) -> Self {
+    fn new(inner: Arc<dyn ExecutionPlan>, text: Option<Arc<TextScan>>) -> Self {
         let props = unknown_rows(&inner, inner.output_partitioning().partition_count());
         SealedScanExec {
             inner,
@@ -376,27 +414,24 @@ impl SealedScanExec {
         }
     }
 
-    /// The reader, and what it reads when it is a text scan (for the cluster's codec).
+    /// The reader, and what it reads when it is a text scan (for the cluster's codec, in this module: the unsealed
+    /// reader is reachable nowhere else).
     #[cfg(feature = "cluster")]
-    pub(crate) fn source(&self) -> (&Arc<dyn ExecutionPlan>, Option<&TextScan>) {
+    fn source(&self) -> (&Arc<dyn ExecutionPlan>, Option<&TextScan>) {
         (&self.inner, self.text.as_deref())
     }
 
     /// The scan as sent to a cluster, if it was.
     #[cfg(feature = "cluster")]
-    pub(crate) fn remote(&self) -> Option<&Arc<crate::cluster::Remote>> {
+    fn remote(&self) -> Option<&Arc<cluster::Remote>> {
         self.remote.as_ref().map(|(remote, _)| remote)
     }
 
     /// A scan sent to (or received from) a cluster: `inner` reads what `remote` describes, and this scan the
     /// partitions of it that `slice` names (all of them when sent; the scheduler restricts them to each task's
-    /// share through the scan's one child, [`crate::cluster::Slice`]).
+    /// share through the scan's one child, [`cluster::Slice`]).
     #[cfg(feature = "cluster")]
-    pub(crate) fn sent(
-        inner: Arc<dyn ExecutionPlan>,
-        remote: Arc<crate::cluster::Remote>,
-        slice: crate::cluster::Slice,
-    ) -> Self {
+    fn sent(inner: Arc<dyn ExecutionPlan>, remote: Arc<cluster::Remote>, slice: cluster::Slice) -> Self {
         let props = unknown_rows(&inner, slice.len());
         SealedScanExec { inner, text: None, props, remote: Some((remote, slice)) }
     }
@@ -415,8 +450,8 @@ impl SealedScanExec {
     }
 
     /// The exact number of rows the scan will read, when its source knows it (Parquet metadata, in-memory
-    /// tables): the denominator of the progress bar only ([`crate::progress`]).
-    pub(crate) fn rows_to_read(&self) -> Option<u64> {
+    /// tables): the denominator of the progress bar only ([`super::progress`]).
+    pub(in crate::session) fn rows_to_read(&self) -> Option<u64> {
         let stats = StatisticsContext::new().compute(self.inner.as_ref(), &StatisticsArgs::new()).ok()?;
         match stats.num_rows {
             Precision::Exact(rows) => Some(rows as u64),
@@ -441,7 +476,7 @@ impl ExecutionPlan for SealedScanExec {
         &self.props
     }
 
-    /// None here; on a cluster, the carrier of its slice ([`crate::cluster::Slice`]), never read.
+    /// None here; on a cluster, the carrier of its slice ([`cluster::Slice`]), never read.
     fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
         #[cfg(feature = "cluster")]
         if let Some((_, slice)) = &self.remote {
@@ -468,7 +503,7 @@ impl ExecutionPlan for SealedScanExec {
     ) -> datafusion::error::Result<Arc<dyn ExecutionPlan>> {
         #[cfg(feature = "cluster")]
         if let (Some((remote, _)), [carrier]) = (&self.remote, children.as_slice()) {
-            let slice = crate::cluster::Slice::from_carrier(carrier, &self.inner)?;
+            let slice = cluster::Slice::from_carrier(carrier, &self.inner)?;
             return Ok(Arc::new(SealedScanExec::sent(Arc::clone(&self.inner), Arc::clone(remote), slice)));
         }
         if children.len() != self.children().len() {
@@ -591,9 +626,39 @@ mod tests {
         }
         let ledger = crate::accounting::MemoryLedger::new(crate::accounting::Rho::new(1.0).unwrap());
         let cal = crate::accounting::calibrate::gaussian(1.0, crate::accounting::Rho::new(0.5).unwrap()).unwrap();
-        let debit = crate::accounting::Ledger::charge(&ledger, "q", &[], vec![cal]).unwrap();
+        let debit = crate::accounting::Ledger::charge(&ledger, "q", &[], vec![cal], &[*plan.fingerprint()]).unwrap();
         let open = tables.open(debit);
         let rows: usize = open.collect(&plan).await.unwrap().iter().map(RecordBatch::num_rows).sum();
         assert_eq!((rows, open.close().id()), (3, 1));
+    }
+
+    /// A debit runs only the plans its charge names: another plan of the same tables, or the same plan under a
+    /// charge that names nothing, reads nothing (the plan that runs is the plan that was paid for).
+    #[tokio::test]
+    async fn a_debit_runs_only_the_plans_its_charge_names() {
+        let batch = RecordBatch::try_from_iter([("x", Arc::new(Int64Array::from(vec![1, 2, 3])) as _)]).unwrap();
+        let tables = PrivateTables::new();
+        let mem = MemTable::try_new(batch.schema(), vec![vec![batch]]).unwrap();
+        tables.register("t", Arc::new(mem)).unwrap();
+        let plan_of = |sql: &'static str| {
+            let tables = &tables;
+            async move {
+                let logical = tables.state().create_logical_plan(sql).await.unwrap();
+                tables.plan(&logical).await.unwrap().1
+            }
+        };
+        let (paid, other) = (plan_of("SELECT x FROM t").await, plan_of("SELECT x FROM t WHERE x > 1").await);
+        assert_ne!(paid.fingerprint(), other.fingerprint());
+        assert_eq!(paid.fingerprint(), plan_of("SELECT x FROM t").await.fingerprint(), "the same plan, the same name");
+        let ledger = crate::accounting::MemoryLedger::new(crate::accounting::Rho::new(1.0).unwrap());
+        let cal = || crate::accounting::calibrate::gaussian(1.0, crate::accounting::Rho::new(0.1).unwrap()).unwrap();
+        let charge = |plans: &[Fingerprint]| crate::accounting::Ledger::charge(&ledger, "q", &[], vec![cal()], plans);
+        let open = tables.open(charge(&[*paid.fingerprint()]).unwrap());
+        for e in [open.collect(&other).await.unwrap_err(), open.stream(&other).err().unwrap()] {
+            assert!(e.to_string().contains("did not pay for"), "{e}");
+        }
+        assert_eq!(open.collect(&paid).await.unwrap().iter().map(RecordBatch::num_rows).sum::<usize>(), 3);
+        let open = tables.open(charge(&[]).unwrap());
+        assert!(open.collect(&paid).await.is_err(), "a charge that names no plan runs none");
     }
 }
