@@ -229,8 +229,9 @@ async fn refusals_carry_a_sqlstate_and_a_hint_and_describe_spends_nothing() {
     assert_eq!(st.columns()[1].type_(), &tokio_postgres::types::Type::FLOAT8);
     assert!(c.prepare("SELECT income FROM pums").await.is_err(), "refused at Parse/Describe, before any debit");
     assert_eq!(spent(&s.db, "alice"), (0.0, 0));
-    // Over budget: refused with 53400 and nothing spent.
-    c.simple_query("SET dp.rho = 0.2").await.unwrap();
+    // Over budget: refused with 53400 and nothing spent. (`SET SESSION` sets a dp option as `SET` does; the engine
+    // was handed the `SESSION` and refused it, set_not_available.)
+    c.simple_query("SET SESSION dp.rho = 0.2").await.unwrap();
     c.simple_query("SELECT COUNT(*) FROM pums").await.unwrap();
     let e = c.simple_query("SELECT COUNT(*) FROM pums").await.unwrap_err();
     assert_eq!(code(&e), "53400");

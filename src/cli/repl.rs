@@ -4,7 +4,7 @@
 use super::output::{self, Format};
 use dpfusion::DpError;
 use dpfusion::policy::ColumnPolicy;
-use dpfusion::session::{DpSession, Response};
+use dpfusion::session::{DpSession, OPTIONS, Response};
 use rustyline::completion::{Completer, Pair};
 use rustyline::error::ReadlineError;
 use rustyline::highlight::Highlighter;
@@ -16,38 +16,8 @@ use std::path::Path;
 use std::time::Instant;
 
 const KEYWORDS: &[&str] = &[
-    "SELECT",
-    "FROM",
-    "WHERE",
-    "GROUP",
-    "BY",
-    "ORDER",
-    "HAVING",
-    "LIMIT",
-    "COUNT",
-    "SUM",
-    "AVG",
-    "AND",
-    "OR",
-    "NOT",
-    "IN",
-    "BETWEEN",
-    "LIKE",
-    "IS",
-    "NULL",
-    "AS",
-    "ASC",
-    "DESC",
-    "WITH",
-    "EXPLAIN",
-    "DP",
-    "SET",
-    "dp.rho",
-    "dp.mechanism",
-    "dp.confidence",
-    "dp.selection_delta",
-    "dp.target",
-    "dp.reuse",
+    "SELECT", "FROM", "WHERE", "GROUP", "BY", "ORDER", "HAVING", "LIMIT", "COUNT", "SUM", "AVG", "AND", "OR", "NOT",
+    "IN", "BETWEEN", "LIKE", "IS", "NULL", "AS", "ASC", "DESC", "WITH", "EXPLAIN", "DP", "SET",
 ];
 
 /// A meta-command of the shell.
@@ -81,18 +51,18 @@ const META: &[(Meta, &[&str], &str, &str)] = &[
     (Meta::Quit, &["\\q", "\\quit"], "", "leave"),
 ];
 
-/// The shell's help: the statements, then every meta-command of [`META`].
+/// The shell's help: the statements, every `SET dp.…` option ([`OPTIONS`]), then every meta-command of [`META`].
 fn help() -> String {
     let mut out = String::from(
         "Statements end with `;` and may span lines. Ctrl-C cancels the statement being typed, Ctrl-D leaves.
   SELECT ... ;                      a query: noisy answer, its accuracy and its cost
-  EXPLAIN DP SELECT ... ;           plan, sensitivity, noise and cost, without spending anything
-  SET dp.rho = 0.02;                ρ per query (also dp.mechanism = 'laplace' or 'auto', dp.confidence = 0.9)
-  SET dp.target = '±10';            instead of ρ: the smallest ρ giving every noisy column ± 10 ('n:±10' per column)
-  SET dp.reuse = 'off';             pay for new noise when a query repeats (by default a repeat is free)
-  SET dp.reuse = 'derive';          also answer sub-totals of a stored GROUP BY from its cells, free
-Meta-commands:",
+  EXPLAIN DP SELECT ... ;           plan, sensitivity, noise and cost, without spending anything",
     );
+    for o in OPTIONS {
+        let example = format!("SET dp.{} = {};", o.name, o.example);
+        out.push_str(&format!("\n  {example:<33} {}", o.help));
+    }
+    out.push_str("\nMeta-commands:");
     for (_, names, arg, what) in META {
         let usage = format!("{} {arg}", names[0]);
         out.push_str(&format!("\n  {:<18} {what}", usage.trim_end()));
@@ -295,6 +265,7 @@ pub(crate) async fn run(session: DpSession, config: &Path) -> Result<bool, DpErr
     }
     let meta = META.iter().map(|(_, names, ..)| names[0]);
     let mut words: Vec<String> = KEYWORDS.iter().copied().chain(meta).map(str::to_string).collect();
+    words.extend(OPTIONS.iter().map(|o| format!("dp.{}", o.name)));
     for name in session.tables().keys() {
         words.push(name.clone());
         if let Ok(s) = session.table_schema(name).await {
@@ -382,5 +353,19 @@ mod tests {
         names.sort_unstable();
         names.dedup();
         assert_eq!(names.len(), all);
+    }
+
+    /// The help shows every `SET dp.…` option (it left out dp.selection_delta, and dp.mechanism and dp.confidence
+    /// were an aside of dp.rho's line).
+    #[test]
+    fn the_help_lists_every_option() {
+        let text = help();
+        for o in OPTIONS {
+            assert!(
+                text.contains(&format!("\n  SET dp.{} = ", o.name)),
+                "dp.{} missing from the help:\n{text}",
+                o.name
+            );
+        }
     }
 }

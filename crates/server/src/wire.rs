@@ -115,19 +115,11 @@ fn wire_error(code: &str, message: impl Into<String>, hint: Option<String>) -> P
     PgWireError::UserError(Box::new(e))
 }
 
-/// The SQLSTATE of each refusal code that is not 42501 (`data/sqlstate.txt`).
-const REFUSAL_SQLSTATES: &str = include_str!("../data/sqlstate.txt");
-
-/// The SQLSTATE of a dpfusion error: by its kind, and a refusal by its stable code ([`DpError::code`]) through
-/// `data/sqlstate.txt`; never by its text.
+/// The SQLSTATE of a dpfusion error: by its kind, and a refusal's as the engine declares it
+/// ([`dpfusion::refusal::Refusal::sqlstate`]); never by its text.
 pub(crate) fn sqlstate(e: &DpError) -> &'static str {
     match e {
-        DpError::Refused(_) => REFUSAL_SQLSTATES
-            .lines()
-            .filter(|l| !l.starts_with('#'))
-            .filter_map(|l| l.split_once('|'))
-            .find(|(code, _)| code.trim() == e.code())
-            .map_or("42501", |(_, state)| state.trim()),
+        DpError::Refused(r) => r.sqlstate().code,
         DpError::OverBudget { .. }
         | DpError::TargetOverBudget { .. }
         | DpError::OverDelta { .. }
@@ -309,7 +301,7 @@ impl Analyst {
                 self.request_id = None;
                 return Ok(Answer::Tag(Tag::new("DISCARD ALL")));
             }
-            "SET" => return self.set(&text, rest).await,
+            "SET" => return self.set(rest).await,
             "RESET" => {
                 let name = rest.trim().to_ascii_lowercase();
                 self.settings.remove(&name);
@@ -357,7 +349,7 @@ impl Analyst {
         }
     }
 
-    async fn set(&mut self, sql: &str, rest: &str) -> PgWireResult<Answer> {
+    async fn set(&mut self, rest: &str) -> PgWireResult<Answer> {
         let (scope, body) = first_word(rest);
         let body = if matches!(scope.as_str(), "SESSION" | "LOCAL") { body } else { rest };
         if first_word(body).0 == "TRANSACTION" || first_word(body).0 == "CHARACTERISTICS" {
@@ -373,7 +365,8 @@ impl Analyst {
             return Ok(Answer::Tag(Tag::new("SET")));
         }
         if name.starts_with("dp.") {
-            return match self.session.sql(sql).await.map_err(|e| dp_error(&e))? {
+            // Without `SESSION` or `LOCAL`: the engine reads `SET <name> = <value>`.
+            return match self.session.sql(&format!("SET {body}")).await.map_err(|e| dp_error(&e))? {
                 DpResponse::Set { .. } => Ok(Answer::Tag(Tag::new("SET"))),
                 _ => Err(wire_error("XX000", "SET answered with something else", None)),
             };
@@ -434,32 +427,26 @@ impl Analyst {
                 .map_err(|e| wire_error("XX000", e.to_string(), None))?;
                 Ok(Answer::Rows(schema, vec![batch]))
             }
-            "dp.rho" | "dp.mechanism" | "dp.confidence" => {
-                let (rho, mech, conf) = self.session.query_settings().map_err(|e| dp_error(&e))?;
-                let v = match name.as_str() {
-                    "dp.rho" => rho.get().to_string(),
-                    "dp.mechanism" => mech.to_string(),
-                    _ => conf.to_string(),
-                };
-                text_rows(&name, [v])
-            }
-            "dp.selection_delta" => text_rows(&name, [format!("{:e}", self.session.selection_delta())]),
-            "dp.target" => text_rows(&name, [self.session.accuracy_target().unwrap_or_else(|| "off".into())]),
-            "dp.reuse" => text_rows(&name, [self.session.reuse_setting().into()]),
             "dp.request_id" => text_rows(&name, [self.request_id.clone().unwrap_or_default()]),
-            _ => match super::find_setting(&name) {
-                Some(s) => text_rows(&name, [self.settings.get(&name).cloned().unwrap_or_else(|| s.value.to_string())]),
-                None => Err(wire_error(
+            _ => match (self.session.show_option(&name), super::find_setting(&name)) {
+                (Some(value), _) => text_rows(&name, [value.map_err(|e| dp_error(&e))?]),
+                (None, Some(s)) => {
+                    text_rows(&name, [self.settings.get(&name).cloned().unwrap_or_else(|| s.value.to_string())])
+                }
+                (None, None) => Err(wire_error(
                     "42704",
                     format!("unrecognized configuration parameter \"{name}\""),
-                    Some(
-                        "SHOW dp.budget, dp.rho, dp.mechanism, dp.confidence, dp.selection_delta, or a client setting"
-                            .into(),
-                    ),
+                    Some(show_hint()),
                 )),
             },
         }
     }
+}
+
+/// The hint of a `SHOW` of something the server does not have: what it has.
+fn show_hint() -> String {
+    let options: Vec<String> = dpfusion::session::OPTIONS.iter().map(|o| format!("dp.{}", o.name)).collect();
+    format!("SHOW dp.budget, dp.request_id, {}, or a client setting", options.join(", "))
 }
 
 /// The rows of `dp_last_release()` for release `r`: one per column, with its accuracy and the charge.
@@ -995,6 +982,28 @@ mod tests {
             "Schema error: No field named relnam."
         );
         assert_eq!(without_suggestion("no suggestion here"), "no suggestion here");
+    }
+
+    /// A refusal's SQLSTATE is the one the engine declares; an unreadable `SET` is a syntax error whether the server
+    /// or the engine finds it (the engine's was 42704, undefined_object).
+    #[test]
+    fn refusals_take_the_sqlstate_the_engine_declares() {
+        use dpfusion::refusal::Refusal;
+        let state = |r: Refusal| sqlstate(&DpError::Refused(r));
+        assert_eq!(state(Refusal::SetUnreadable), "42601");
+        assert_eq!(state(Refusal::NoSuchOption { name: "x".into() }), "42704");
+        assert_eq!(state(Refusal::NoTable { table: "t".into() }), "42P01");
+        assert_eq!(state(Refusal::NoAggregate), "42501");
+    }
+
+    /// The hint of an unknown `SHOW` names every option (it left out dp.target, dp.reuse and dp.request_id).
+    #[test]
+    fn the_show_hint_names_every_option() {
+        let hint = show_hint();
+        for o in dpfusion::session::OPTIONS {
+            assert!(hint.contains(&format!("dp.{},", o.name)), "{hint}");
+        }
+        assert!(hint.contains("dp.budget") && hint.contains("dp.request_id"), "{hint}");
     }
 
     #[test]

@@ -65,7 +65,7 @@ pub(crate) use private::private_context;
 pub use private::{PrivatePlan, PrivateTables, Unlocked};
 pub use public::{PublicRows, read_public_table};
 use statement::Statement;
-pub use statement::{DpOptions, split_statements};
+pub use statement::{DpOption, DpOptions, OPTIONS, split_statements};
 pub use statement::{set_parts, strip_leading_comments};
 
 use crate::accounting::calibrate::{Accounting, MechanismChoice};

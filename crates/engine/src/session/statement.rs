@@ -9,28 +9,159 @@ use crate::session::{DpSession, Response};
 use datafusion::common::config::ConfigExtension;
 use datafusion::common::extensions_options;
 
-extensions_options! {
-    /// Per-query options the analyst may change with `SET dp.<name> = <value>`. They can only narrow: the total
-    /// budget, the policy, the ledger and the randomness come from the configuration file alone and are not
-    /// options. DataFusion's environment-variable mapping is not used for this session, so no `DP_*` or
-    /// `DATAFUSION_*` variable can change them either.
-    pub struct DpOptions {
-        /// ρ charged per query (`None`: the configuration's default_query_rho).
-        pub rho: Option<f64>, default = None
-        /// `gaussian`, `laplace` or `auto` (`None`: the configuration's mechanism).
-        pub mechanism: Option<String>, default = None
-        /// Confidence level of reported intervals (`None`: the configuration's).
-        pub confidence: Option<f64>, default = None
-        /// δ a key selection may spend (GROUP BY keys without a domain; `None`: [`DEFAULT_SELECTION_DELTA`]).
-        pub selection_delta: Option<f64>, default = None
-        /// Accuracy target (`±10`, or `n:±10, total:±500`): each query is priced at the smallest ρ that meets it
-        /// ([`super::target`]); `None` or `off`: none, the query's ρ is `rho`.
-        pub target: Option<String>, default = None
-        /// Whether a query whose measurements were released before is answered from them, free: `exact` (`None`:
-        /// the default), `derive` or `off` ([`super::reuse`], [`super::derive`]).
-        pub reuse: Option<String>, default = None
-    }
+/// The `SET dp.<name>` options, each declared once: its field of [`DpOptions`] (`Option<T>`, `None` until set; the
+/// line of documentation is the option's help, and DataFusion's description of it), an example value, its default,
+/// the hint when a value is refused, a paragraph for `docs/queries.md`, the function that checks a value (and gives
+/// the text it is stored and shown as) and the one that gives what `SHOW` shows.
+///
+/// `$then!` receives the declaration: [`DpOptions`] and [`OPTIONS`] here, and in `refusal` the list of options and
+/// their hints, which refusals quote (so that `refusal` does not depend on the session). Not part of the API.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! dp_options_table {
+    ($then:ident) => {
+        $then! {
+            /// ρ charged per query (the smaller, the more noise)
+            rho: Option<f64> {
+                example: "0.02",
+                default: "the configuration's `default_query_rho` (or `default_query_fraction` of the total)",
+                hint: "give a ρ > 0, e.g. SET dp.rho = 0.02",
+                doc: "The price of each query in the zCDP budget, at most the budget's total.",
+                check: check_rho,
+                show: show_rho,
+            },
+            /// the noise: 'gaussian', 'laplace' or 'auto' (the smaller per measurement)
+            mechanism: Option<String> {
+                example: "'laplace'",
+                default: "the configuration's `mechanism` (`gaussian` unless set)",
+                hint: "SET dp.mechanism = 'gaussian', 'laplace' or 'auto'",
+                doc: "What `auto` picks is in [accounting.md](accounting.md#mechanisms-and-auto).",
+                check: check_mechanism,
+                show: show_mechanism,
+            },
+            /// confidence level of the intervals answers state
+            confidence: Option<f64> {
+                example: "0.9",
+                default: "the configuration's `confidence` (0.95 unless set)",
+                hint: "give a level strictly between 0 and 1, e.g. SET dp.confidence = 0.9",
+                doc: "Changes the stated intervals, not the noise (except under `dp.target`, met at this level).",
+                check: check_confidence,
+                show: show_confidence,
+            },
+            /// δ a key selection may spend (GROUP BY keys without a public domain)
+            selection_delta: Option<f64> {
+                example: "1e-9",
+                default: "1e-8",
+                hint: "give a δ in (0, 0.001), e.g. SET dp.selection_delta = 1e-8",
+                doc: concat!(
+                    "A smaller δ raises the threshold a key's noisy count must pass ",
+                    "([below](#group-by-keys-without-a-public-domain)).",
+                ),
+                check: check_selection_delta_option,
+                show: show_selection_delta,
+            },
+            /// instead of ρ, the accuracy to meet: '±10', or per column 'n:±10, total:±500'
+            target: Option<String> {
+                example: "'±10'",
+                default: "`off`",
+                hint: concat!(
+                    "give a half-width for every noisy column (SET dp.target = '±10') or per column ",
+                    "(SET dp.target = 'n:±10, total:±500'); 'off' removes it",
+                ),
+                doc: concat!(
+                    "Each query is priced at the smallest ρ that meets the target; `off` goes back to `dp.rho` ",
+                    "([below](#ask-for-accuracy-instead-of-ρ-set-dptarget)).",
+                ),
+                check: check_target,
+                show: show_target,
+            },
+            /// repeats answered from earlier noise, free: 'exact', 'derive' (also sub-totals) or 'off'
+            reuse: Option<String> {
+                example: "'derive'",
+                default: "the configuration's `reuse` (`exact` unless set)",
+                hint: "SET dp.reuse = 'exact' (the default), 'derive' or 'off'",
+                doc: concat!(
+                    "`exact`: the same measurements; `derive`: also sub-totals and totals of a stored GROUP BY; ",
+                    "`off`: every query is charged and drawn anew ",
+                    "([below](#the-same-question-twice-costs-once-set-dpreuse)).",
+                ),
+                check: check_reuse,
+                show: show_reuse,
+            },
+        }
+    };
 }
+
+/// What a value of an option becomes once checked: the text it is stored and shown as, or why it is refused.
+type Checked = std::result::Result<String, String>;
+
+/// One `SET dp.<name>` option, as [`dp_options_table!`](crate::dp_options_table) declares it.
+pub struct DpOption {
+    /// The name after `dp.`.
+    pub name: &'static str,
+    /// One line: what it changes.
+    pub help: &'static str,
+    /// A value, as `SET dp.<name> = <example>` takes it.
+    pub example: &'static str,
+    /// What holds until it is set.
+    pub default: &'static str,
+    /// What to write instead of a value it refuses (the hint of [`Refusal::BadOptionValue`]).
+    pub hint: &'static str,
+    /// A few sentences for the documentation.
+    pub doc: &'static str,
+    /// Checks a value, and gives the text it is stored and shown as (or why it is refused); an error is a refusal
+    /// of its own (a ρ over the total).
+    check: fn(&DpSession, &str) -> Result<Checked>,
+    /// What `SHOW dp.<name>` shows: the value in force (set, or the default).
+    show: fn(&DpSession) -> Result<String>,
+}
+
+/// Expands the declaration into [`DpOptions`] (a DataFusion [`ConfigExtension`], which stores the values) and
+/// [`OPTIONS`].
+macro_rules! define_options {
+    (
+        $(
+            $(#[doc = $doc:literal])*
+            $name:ident: $type:ty {
+                example: $example:literal,
+                default: $default:literal,
+                hint: $hint:expr,
+                doc: $long:expr,
+                check: $check:path,
+                show: $show:path $(,)?
+            }
+        ),* $(,)?
+    ) => {
+        extensions_options! {
+            /// Per-query options the analyst may change with `SET dp.<name> = <value>` ([`OPTIONS`]): `None` until
+            /// set. They can only narrow: the total budget, the policy, the ledger and the randomness come from the
+            /// configuration file alone and are not options. DataFusion's environment-variable mapping is not used
+            /// for this session, so no `DP_*` or `DATAFUSION_*` variable can change them either.
+            pub struct DpOptions {
+                $(
+                    $(#[doc = $doc])*
+                    pub $name: $type, default = None
+                )*
+            }
+        }
+
+        /// Every `SET dp.<name>` option, in the order of the help.
+        pub const OPTIONS: &[DpOption] = &[
+            $(DpOption {
+                name: stringify!($name),
+                help: concat!($($doc),*).trim_ascii(),
+                example: $example,
+                default: $default,
+                hint: $hint,
+                doc: $long,
+                check: $check,
+                show: $show,
+            }),*
+        ];
+    };
+}
+
+crate::dp_options_table!(define_options);
 
 /// Checks a key selection's δ: in (0, 0.001), the range `SET dp.selection_delta` accepts.
 pub(crate) fn check_selection_delta(d: f64) -> std::result::Result<(), String> {
@@ -198,67 +329,128 @@ impl DpSession {
         let Some(opt) = name.strip_prefix("dp.") else {
             return Err(DpError::Refused(Refusal::SetNotAvailable { name }));
         };
-        let normalized = match opt {
-            "rho" => {
-                let bad = |reason: String| {
-                    DpError::Refused(Refusal::BadOptionValue { option: "rho", value: value.clone(), reason })
-                };
-                let r: f64 = value.parse().map_err(|_| bad("not a number".into()))?;
-                let r = Rho::positive(r).map_err(|e| bad(e.to_string()))?;
-                let total = self.ledger.status()?.0;
-                if r.get() > total.get() {
-                    return Err(DpError::Refused(Refusal::RhoOverTotal { rho: r.get(), total: total.get() }));
-                }
-                short_number(r.get())
-            }
-            "mechanism" => value
-                .parse::<MechanismChoice>()
-                .map_err(|e| {
-                    DpError::Refused(Refusal::BadOptionValue {
-                        option: "mechanism",
-                        value: value.clone(),
-                        reason: e.to_string(),
-                    })
-                })?
-                .to_string(),
-            "confidence" => {
-                let bad = |reason: String| {
-                    DpError::Refused(Refusal::BadOptionValue { option: "confidence", value: value.clone(), reason })
-                };
-                let c: f64 = value.parse().map_err(|_| bad("not a number".into()))?;
-                crate::noise::accuracy::check_confidence(c).map_err(|e| bad(e.to_string()))?;
-                short_number(c)
-            }
-            "selection_delta" => {
-                let bad = |reason: String| {
-                    DpError::Refused(Refusal::BadOptionValue {
-                        option: "selection_delta",
-                        value: value.clone(),
-                        reason,
-                    })
-                };
-                let d: f64 = value.parse().map_err(|_| bad("not a number".into()))?;
-                check_selection_delta(d).map_err(bad)?;
-                format!("{d:e}")
-            }
-            "reuse" => match super::reuse::Reuse::parse(&value) {
-                Ok(reuse) => reuse.name().into(),
-                Err(reason) => {
-                    return Err(DpError::Refused(Refusal::BadOptionValue { option: "reuse", value, reason }));
-                }
-            },
-            "target" => match super::target::Target::parse(&value) {
-                Ok(Some(t)) => t.to_string(),
-                Ok(None) => "off".into(),
-                Err(reason) => {
-                    return Err(DpError::Refused(Refusal::BadOptionValue { option: "target", value, reason }));
-                }
-            },
-            other => {
-                return Err(DpError::Refused(Refusal::NoSuchOption { name: other.to_string() }));
-            }
+        let Some(option) = OPTIONS.iter().find(|o| o.name == opt) else {
+            return Err(DpError::Refused(Refusal::NoSuchOption { name: opt.to_string() }));
         };
-        self.tables.set_option(&format!("dp.{opt}"), &normalized)?;
-        Ok(Response::Set { option: format!("dp.{opt}"), value: normalized })
+        let normalized = (option.check)(self, &value)?
+            .map_err(|reason| DpError::Refused(Refusal::BadOptionValue { option: option.name, value, reason }))?;
+        self.tables.set_option(&name, &normalized)?;
+        Ok(Response::Set { option: name, value: normalized })
+    }
+
+    /// What `SHOW <name>` shows for a `dp.<option>` of [`OPTIONS`]: the value in force, set or the default. `None`
+    /// for any other name.
+    pub fn show_option(&self, name: &str) -> Option<Result<String>> {
+        let option = OPTIONS.iter().find(|o| name.strip_prefix("dp.") == Some(o.name))?;
+        Some((option.show)(self))
+    }
+}
+
+/// `x` as a number, or why it is not one.
+fn number(x: &str) -> std::result::Result<f64, String> {
+    x.parse().map_err(|_| "not a number".to_string())
+}
+
+/// `SET dp.rho`: a ρ > 0, at most the budget's total.
+fn check_rho(s: &DpSession, value: &str) -> Result<Checked> {
+    let rho = match number(value).and_then(|r| Rho::positive(r).map_err(|e| e.to_string())) {
+        Ok(rho) => rho,
+        Err(reason) => return Ok(Err(reason)),
+    };
+    let total = s.ledger.status()?.0;
+    if rho.get() > total.get() {
+        return Err(DpError::Refused(Refusal::RhoOverTotal { rho: rho.get(), total: total.get() }));
+    }
+    Ok(Ok(short_number(rho.get())))
+}
+
+fn show_rho(s: &DpSession) -> Result<String> {
+    Ok(s.query_settings()?.0.get().to_string())
+}
+
+/// `SET dp.mechanism`: `gaussian`, `laplace` or `auto`.
+fn check_mechanism(_: &DpSession, value: &str) -> Result<Checked> {
+    Ok(value.parse::<MechanismChoice>().map(|m| m.to_string()).map_err(|e| e.to_string()))
+}
+
+fn show_mechanism(s: &DpSession) -> Result<String> {
+    Ok(s.query_settings()?.1.to_string())
+}
+
+/// `SET dp.confidence`: a level strictly between 0 and 1.
+fn check_confidence(_: &DpSession, value: &str) -> Result<Checked> {
+    Ok(number(value)
+        .and_then(|c| crate::noise::accuracy::check_confidence(c).map(|()| short_number(c)).map_err(|e| e.to_string())))
+}
+
+fn show_confidence(s: &DpSession) -> Result<String> {
+    Ok(s.query_settings()?.2.to_string())
+}
+
+/// `SET dp.selection_delta`: a δ in (0, 0.001).
+fn check_selection_delta_option(_: &DpSession, value: &str) -> Result<Checked> {
+    Ok(number(value).and_then(|d| check_selection_delta(d).map(|()| format!("{d:e}"))))
+}
+
+fn show_selection_delta(s: &DpSession) -> Result<String> {
+    Ok(format!("{:e}", s.selection_delta()))
+}
+
+/// `SET dp.target`: a target [`super::target::Target`] reads, or `off`.
+fn check_target(_: &DpSession, value: &str) -> Result<Checked> {
+    Ok(super::target::Target::parse(value).map(|t| t.map_or_else(|| "off".into(), |t| t.to_string())))
+}
+
+fn show_target(s: &DpSession) -> Result<String> {
+    Ok(s.accuracy_target().unwrap_or_else(|| "off".into()))
+}
+
+/// `SET dp.reuse`: `exact`, `derive` or `off`.
+fn check_reuse(_: &DpSession, value: &str) -> Result<Checked> {
+    Ok(super::reuse::Reuse::parse(value).map(|r| r.name().to_string()))
+}
+
+fn show_reuse(s: &DpSession) -> Result<String> {
+    Ok(s.reuse_setting().to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::noise::Mechanism;
+    use datafusion::common::config::ExtensionOptions;
+
+    /// DataFusion's entries of [`DpOptions`] and [`OPTIONS`] come from one declaration: the same names and help,
+    /// and the refusals' list of options names them all.
+    #[test]
+    fn the_options_are_datafusions_entries_and_the_refusals_list() {
+        let entries = DpOptions::default().entries();
+        let datafusion: Vec<(&str, &str)> = entries.iter().map(|e| (e.key.as_str(), e.description)).collect();
+        let table: Vec<(&str, &str)> = OPTIONS.iter().map(|o| (o.name, o.help)).collect();
+        assert_eq!(datafusion, table);
+        assert_eq!(
+            crate::refusal::SETTABLE,
+            "dp.rho, dp.mechanism, dp.confidence, dp.selection_delta, dp.target and dp.reuse"
+        );
+    }
+
+    /// Every option takes its example (the REPL's help shows it), `SHOW` then shows what was set, and a value it
+    /// does not accept is refused with the option's hint.
+    #[tokio::test]
+    async fn every_option_takes_its_example_shows_it_and_refuses_nonsense_with_its_hint() {
+        let rho = |r| Rho::new(r).unwrap();
+        let s = DpSession::empty(rho(1.0), rho(0.1), Mechanism::Gaussian, 1e-6, 0.95).unwrap();
+        for o in OPTIONS {
+            let name = format!("dp.{}", o.name);
+            let show = || s.show_option(&name).expect("an option").expect("shown");
+            let before = show();
+            let set = s.sql(&format!("SET {name} = {}", o.example)).await;
+            let Ok(Response::Set { option, value }) = set else { panic!("{name} = {}: {set:?}", o.example) };
+            assert_eq!((option.as_str(), show()), (name.as_str(), value.clone()));
+            assert_ne!(value, before, "{name}: the example is the default");
+            let e = s.sql(&format!("SET {name} = 'nonsense!'")).await.unwrap_err();
+            assert_eq!((e.code(), e.hint()), ("bad_option_value", Some(o.hint.to_string())), "{name}");
+        }
+        assert!(s.show_option("dp.budget").is_none() && s.show_option("rho").is_none());
     }
 }
