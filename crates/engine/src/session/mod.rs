@@ -211,8 +211,8 @@ impl DpSession {
             s.use_cluster(c)?;
         }
         for (name, src) in &cfg.tables {
-            if src.public {
-                s.register_public_source(name, src).await?;
+            if let Some(public) = &src.public {
+                s.register_public_source(public).await?;
             } else {
                 s.register_source(name, src).await?;
             }
