@@ -99,21 +99,7 @@ fn the_audits_public_statements_are_refused_before_any_work() {
         ("SELECT COUNT(*) FROM educ_levels e CROSS JOIN unnest(range(1, 100000000)) u", "public_query"),
         ("SELECT COUNT(*) FROM (SELECT unnest(range(1, 100000000)) FROM educ_levels) x", "public_query"),
     ];
-    let limited = |args: &[&str], input: &str| {
-        let mut child = Command::new("sh")
-            .args(["-c", "ulimit -v 4000000; exec \"$0\" \"$@\"", BIN])
-            .args(args)
-            .current_dir(ROOT)
-            .env("HOME", std::env::temp_dir())
-            .env("NO_COLOR", "1")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn dpfusion");
-        child.stdin.take().unwrap().write_all(input.as_bytes()).unwrap();
-        child.wait_with_output().unwrap()
-    };
+    let limited = |args: &[&str], input: &str| piped(args, input, Some(4_000_000));
     for (sql, code) in AUDIT {
         let o = limited(&["query", "--format", "json", sql], "");
         assert_eq!(o.status.code(), Some(1), "{sql}: refused, not aborted\n{}", text(&o.stderr));
@@ -216,7 +202,21 @@ fn every_worked_example_answers_or_is_refused_as_its_name_says() {
 }
 
 fn repl(input: &str) -> Output {
-    let mut child = Command::new(BIN)
+    piped(&[], input, None)
+}
+
+/// `dpfusion args` with `input` on its standard input, under an address-space limit of `limit_kib` KiB if given.
+fn piped(args: &[&str], input: &str, limit_kib: Option<u64>) -> Output {
+    let mut command = match limit_kib {
+        Some(kib) => {
+            let mut sh = Command::new("sh");
+            sh.args(["-c", &format!("ulimit -v {kib}; exec \"$0\" \"$@\""), BIN]);
+            sh
+        }
+        None => Command::new(BIN),
+    };
+    let mut child = command
+        .args(args)
         .current_dir(ROOT)
         .env("HOME", std::env::temp_dir())
         .env("NO_COLOR", "1")
@@ -224,7 +224,7 @@ fn repl(input: &str) -> Output {
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .expect("spawn repl");
+        .expect("spawn dpfusion");
     child.stdin.take().unwrap().write_all(input.as_bytes()).unwrap();
     child.wait_with_output().unwrap()
 }

@@ -394,9 +394,10 @@ fn catalogue() -> Vec<String> {
 fn within_the_value_cap(batches: &[RecordBatch]) -> bool {
     use datafusion::common::ScalarValue;
     let cap = dpfusion::plan::size::MAX_VALUE_BYTES as usize + 4096;
-    batches.iter().flat_map(|b| b.columns()).all(|c| {
-        (0..c.len()).all(|i| ScalarValue::try_from_array(c, i).is_ok_and(|v| v.size() <= cap))
-    })
+    batches
+        .iter()
+        .flat_map(|b| b.columns())
+        .all(|c| (0..c.len()).all(|i| ScalarValue::try_from_array(c, i).is_ok_and(|v| v.size() <= cap)))
 }
 
 /// The public path fuzzed as the private one is (audit 2026-11-28, H-1): generated queries over the public table

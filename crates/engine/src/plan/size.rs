@@ -8,10 +8,13 @@
 //!
 //! * every constant is bounded before [`crate::plan::safety::check_constants`] evaluates it
 //!   ([`check_constant_sizes`]);
-//! * every expression of the post-processing plan, which runs over the noisy table (one row per GROUP BY cell, so
-//!   at most [`crate::plan::MAX_CELLS`] rows), is bounded per value and per column ([`check_post_sizes`]).
+//! * a plan over one table whose rows and largest values are public is bounded whole ([`check_plan_sizes`]): only
+//!   nodes whose output is no larger than their input, every value, what every expression computes over the rows,
+//!   and the statement's total. Two plans are: post-processing, over the noisy table (one row per GROUP BY cell,
+//!   so at most [`crate::plan::MAX_CELLS`] rows; [`check_post_sizes`]), and a query over a public table
+//!   (`session/public.rs`), whose rows and value sizes are public data.
 //!
-//! The bounds depend only on the query, the types and the public domains: never on the data.
+//! The bounds depend only on the query, the types, the public domains and public tables: never on private data.
 
 use crate::error::{DpError, Result, engine};
 use crate::plan::safety::evaluate_constant;

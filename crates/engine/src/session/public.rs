@@ -277,8 +277,8 @@ impl DpSession {
             .analyzer()
             .execute_and_check(plan, state.config_options(), |_, _| {})
             .map_err(|e| DpError::Refused(Refusal::TypeCheck { message: crate::refusal::engine_message(&e) }))?;
-        // A plan the bounds allow is a chain over one scan (a second one is refused there, as a join or subquery).
-        let table = scanned(&plan)?.into_iter().next().and_then(|t| self.public.tables.get(&t).cloned());
+        // A plan the bounds allow is a chain over one scan (any other is refused there, as a join or subquery).
+        let table = scanned(&plan)?.into_iter().find_map(|t| self.public.tables.get(&t).cloned());
         let Some(table) = table else {
             return Err(refuse_public("a query that reads no table"));
         };
@@ -398,26 +398,11 @@ impl ExecutionPlan for YieldingExec {
         let input = self.input.execute(partition, context)?;
         let schema = input.schema();
         let yielding = input.then(|batch| async move {
-            yield_now().await;
+            tokio::task::yield_now().await;
             batch
         });
         Ok(Box::pin(RecordBatchStreamAdapter::new(schema, yielding)))
     }
-}
-
-/// Returns to the runtime once, asking to be polled again at once (what `tokio::task::yield_now` does; the engine
-/// does not depend on tokio).
-async fn yield_now() {
-    let mut yielded = false;
-    std::future::poll_fn(|cx| {
-        if yielded {
-            return std::task::Poll::Ready(());
-        }
-        yielded = true;
-        cx.waker().wake_by_ref();
-        std::task::Poll::Pending
-    })
-    .await
 }
 
 #[cfg(test)]

@@ -13,7 +13,7 @@
 //!   per-query event), then DataFusion reads them;
 //! * only regular files are read: a FIFO or a device as a table path would hang or never end.
 //!
-//! The readers ([`provider`], [`read_all`], [`into_memory`], [`text`]) are the engine's own: outside it, a table's
+//! The readers (`provider`, `read_all`, `into_memory`, the `text` module) are the engine's own: outside it, a table's
 //! rows are read only through a session (a private table's, after a debit) or by
 //! [`crate::session::read_public_table`] (a public table's, from the [`crate::config::PublicSource`] only the
 //! configuration makes).
