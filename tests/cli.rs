@@ -88,6 +88,33 @@ fn refusals_exit_non_zero_with_the_error_on_stderr_and_in_json() {
     assert!(text(&o.stderr).contains("nope.toml"));
 }
 
+/// The free public-table statements of the 2026-11-28 audit (H-1): one asked for an 11.8 GB allocation and aborted
+/// the process, the others made 10⁸ rows. Each is refused before any work, by `dpfusion query` and in the REPL,
+/// which then answers the next statement. Both run under a 4 GB address-space limit (as the audit did), so a
+/// regression aborts the child instead of filling the machine's memory.
+#[test]
+fn the_audits_public_statements_are_refused_before_any_work() {
+    const AUDIT: [(&str, &str); 3] = [
+        ("SELECT SUM(length(repeat(label, 40000000))) FROM educ_levels", "value_too_large"),
+        ("SELECT COUNT(*) FROM educ_levels e CROSS JOIN unnest(range(1, 100000000)) u", "public_query"),
+        ("SELECT COUNT(*) FROM (SELECT unnest(range(1, 100000000)) FROM educ_levels) x", "public_query"),
+    ];
+    let limited = |args: &[&str], input: &str| piped(args, input, Some(4_000_000));
+    for (sql, code) in AUDIT {
+        let o = limited(&["query", "--format", "json", sql], "");
+        assert_eq!(o.status.code(), Some(1), "{sql}: refused, not aborted\n{}", text(&o.stderr));
+        let v: Value = serde_json::from_slice(&o.stdout).expect("json");
+        assert_eq!(v["code"], code, "{sql}: {v}");
+        assert!(!v["hint"].as_str().unwrap_or_default().is_empty(), "{sql}: {v}");
+    }
+    let statements: String = AUDIT.iter().map(|(sql, _)| format!("{sql};\n")).collect();
+    let o = limited(&[], &format!("{statements}SELECT label FROM educ_levels WHERE educ = 16;\n"));
+    let (out, err) = (text(&o.stdout), text(&o.stderr));
+    assert!(o.status.success(), "{out}{err}");
+    assert_eq!(err.matches("query refused").count(), 3, "{err}");
+    assert!(out.contains("Doctorate degree"), "the REPL goes on:\n{out}");
+}
+
 #[test]
 fn rho_flag_sets_the_per_query_budget() {
     let o = dpfusion(&["query", "--rho", "0.02", "--format", "json", "SELECT COUNT(*) FROM pums"]);
@@ -175,7 +202,21 @@ fn every_worked_example_answers_or_is_refused_as_its_name_says() {
 }
 
 fn repl(input: &str) -> Output {
-    let mut child = Command::new(BIN)
+    piped(&[], input, None)
+}
+
+/// `dpfusion args` with `input` on its standard input, under an address-space limit of `limit_kib` KiB if given.
+fn piped(args: &[&str], input: &str, limit_kib: Option<u64>) -> Output {
+    let mut command = match limit_kib {
+        Some(kib) => {
+            let mut sh = Command::new("sh");
+            sh.args(["-c", &format!("ulimit -v {kib}; exec \"$0\" \"$@\""), BIN]);
+            sh
+        }
+        None => Command::new(BIN),
+    };
+    let mut child = command
+        .args(args)
         .current_dir(ROOT)
         .env("HOME", std::env::temp_dir())
         .env("NO_COLOR", "1")
@@ -183,7 +224,7 @@ fn repl(input: &str) -> Output {
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .expect("spawn repl");
+        .expect("spawn dpfusion");
     child.stdin.take().unwrap().write_all(input.as_bytes()).unwrap();
     child.wait_with_output().unwrap()
 }

@@ -14,6 +14,9 @@
 //!   differ between D and D′ as the noisy values do; it is the only difference allowed;
 //! * no other error may ever occur (nothing fails while the private data is read).
 //!
+//! The public path is fuzzed too ([`generated_public_queries_answer_within_the_limits_or_are_refused`]): queries
+//! over the public table alone must answer within the limits or be refused before they run.
+//!
 //! The default run is sized for CI (a few seconds);
 //! `DPFUSION_FUZZ_CASES=20000 cargo test differential` runs a longer one (seed: `DPFUSION_FUZZ_SEED`).
 
@@ -278,17 +281,166 @@ impl Gen {
     }
 }
 
+/// Counts and lengths for the value-making functions of public queries: small, near a value's cap, above it.
+/// (Above the caps yet harmless if a regression let them run: the audit's own statements are in `tests/cli.rs`.)
+const SIZES: &[&str] = &["3", "100", "1000", "300000", "400000"];
+/// Select items of public queries: plain, bounded, over the caps, producing rows, reading another query.
+const PUBLIC_ITEMS: &[&str] = &[
+    "years",
+    "band",
+    "upper(band)",
+    "years * 2 + 1",
+    "length(band)",
+    "concat(band, '-', CAST(years AS VARCHAR))",
+    "band || band || band",
+    "repeat(band, {n})",
+    "length(repeat(band, {n}))",
+    "lpad(band, {n})",
+    "rpad(band, {n}, 'x')",
+    "array_repeat(years, {n})",
+    "cardinality(range(1, {n}))",
+    "cardinality(generate_series(1, {n}))",
+    "make_array(years, years)",
+    "unnest(range(1, {n}))",
+    "unnest(make_array(band, band))",
+    "(SELECT COUNT(*) FROM bands)",
+    "ROW_NUMBER() OVER (ORDER BY years)",
+    "MEDIAN(years) OVER (ORDER BY years ROWS BETWEEN {n} PRECEDING AND CURRENT ROW)",
+    "lag(band, 1) OVER (ORDER BY years)",
+    "CASE WHEN years > 50 THEN band ELSE repeat(band, {n}) END",
+    "CAST(band AS BIGINT)",
+];
+/// FROM clauses of public queries: the table, bounded wrappings of it, and what makes more rows than it has.
+const PUBLIC_FROMS: &[&str] = &[
+    "bands",
+    "bands",
+    "bands",
+    "(SELECT * FROM bands WHERE years > 10) x",
+    "bands CROSS JOIN unnest(range(1, {n})) u",
+    "bands, bands b2",
+    "bands JOIN bands b2 ON bands.years = b2.years",
+    "bands, generate_series(1, {n})",
+];
+
+impl Gen {
+    /// `template` with each `{n}` replaced by one of [`SIZES`].
+    fn sized(&mut self, template: &str) -> String {
+        let n = self.pick(SIZES).to_string();
+        template.replace("{n}", &n)
+    }
+
+    /// A query over the public table alone: any mix of the pieces above, catalogue functions, WHERE, GROUP BY with
+    /// aggregates, ORDER BY, LIMIT, subqueries, UNION and recursive queries.
+    fn public_query(&mut self) -> String {
+        let grouped = self.rng.random_bool(0.25);
+        let n = self.rng.random_range(1..=3);
+        let mut items: Vec<String> = (0..n)
+            .map(|i| {
+                let item = if grouped {
+                    let aggs = ["COUNT(*)", "SUM(years)", "MIN(band)", "MEDIAN(years)", "MAX(repeat(band, {n}))"];
+                    aggs.choose(&mut self.rng).copied().unwrap_or("COUNT(*)").to_string()
+                } else if self.rng.random_bool(0.2) {
+                    self.catalogue_call(&["years", "band"])
+                } else {
+                    self.pick(PUBLIC_ITEMS).to_string()
+                };
+                format!("{} AS c{i}", self.sized(&item))
+            })
+            .collect();
+        if grouped {
+            items.insert(0, "band".into());
+        }
+        let from = self.pick(PUBLIC_FROMS).to_string();
+        let from = self.sized(&from);
+        let mut q = format!("SELECT {} FROM {from}", items.join(", "));
+        match self.rng.random_range(0..6) {
+            0 => q.push_str(" WHERE years > 40"),
+            1 => q.push_str(&format!(" WHERE {} IS NOT NULL", self.catalogue_call(&["years", "band"]))),
+            2 => q.push_str(&self.sized(" WHERE length(repeat(band, {n})) > 2")),
+            3 => q.push_str(" WHERE years IN (SELECT years FROM bands WHERE years < 5)"),
+            _ => {}
+        }
+        if grouped {
+            q.push_str(" GROUP BY band");
+        }
+        if self.rng.random_bool(0.3) {
+            q.push_str(" ORDER BY 1");
+        }
+        if self.rng.random_bool(0.2) {
+            q.push_str(" LIMIT 10");
+        }
+        match self.rng.random_range(0..12) {
+            0 => format!("SELECT COUNT(*) FROM ({q}) t"),
+            1 => format!("{q} UNION ALL SELECT * FROM ({q}) t"),
+            2 => "WITH RECURSIVE r(n) AS (SELECT years FROM bands UNION ALL SELECT n + 1 FROM r WHERE n < 1000) \
+                  SELECT COUNT(*) FROM r"
+                .to_string(),
+            _ => q,
+        }
+    }
+}
+
+/// DataFusion's scalar functions, sorted (the generator's catalogue).
+fn catalogue() -> Vec<String> {
+    let ctx = datafusion::prelude::SessionContext::new();
+    let mut f: Vec<String> = ctx.state().scalar_functions().keys().cloned().collect();
+    f.sort();
+    assert!(f.len() > 50, "DataFusion's catalogue has its functions");
+    f
+}
+
+/// Whether every value of `batches` is within a value's cap ([`dpfusion::plan::size::MAX_VALUE_BYTES`], with a
+/// little room for what a value's in-memory form adds).
+fn within_the_value_cap(batches: &[RecordBatch]) -> bool {
+    use datafusion::common::ScalarValue;
+    let cap = dpfusion::plan::size::MAX_VALUE_BYTES as usize + 4096;
+    batches
+        .iter()
+        .flat_map(|b| b.columns())
+        .all(|c| (0..c.len()).all(|i| ScalarValue::try_from_array(c, i).is_ok_and(|v| v.size() <= cap)))
+}
+
+/// The public path fuzzed as the private one is (audit 2026-11-28, H-1): generated queries over the public table
+/// alone, mixing bounded pieces with the ones that took the server down (values made by `repeat`, `lpad`, lists,
+/// rows made by joins, UNNEST and set-returning functions, subqueries, recursive queries) and random functions of
+/// DataFusion's catalogue. Every statement must answer exactly, within the limits, or be refused before it runs
+/// (a failure of the query on the public values, a failing cast say, is a clear error too); none may panic, abort
+/// the process, fail inside dpfusion, or run unbounded (a generous minute each).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn generated_public_queries_answer_within_the_limits_or_are_refused() {
+    let cases: usize = std::env::var("DPFUSION_FUZZ_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(250);
+    let seed: u64 = std::env::var("DPFUSION_FUZZ_SEED").ok().and_then(|v| v.parse().ok()).unwrap_or(20261128);
+    let mut g = Gen { rng: ChaCha8Rng::seed_from_u64(seed), functions: catalogue() };
+    let s = session(false, false);
+    let mut kinds: BTreeMap<&str, usize> = BTreeMap::new();
+    for i in 0..cases {
+        let sql = g.public_query();
+        let outcome = tokio::time::timeout(std::time::Duration::from_secs(60), s.sql(&sql)).await;
+        let kind = match outcome {
+            Err(_) => panic!("case {i}, seed {seed}: ran past a minute\n{sql}"),
+            Ok(Ok(dpfusion::Response::Public(p))) => {
+                assert!(p.num_rows() <= dpfusion::plan::lookup::MAX_PUBLIC_ROWS, "case {i}: {sql}");
+                assert!(within_the_value_cap(&p.batches), "case {i}, seed {seed}: a value over the cap\n{sql}");
+                "answered"
+            }
+            Ok(Ok(other)) => panic!("case {i}, seed {seed}: a public answer, not {other:?}\n{sql}"),
+            Ok(Err(e)) if e.is_refusal() => "refused",
+            Ok(Err(dpfusion::DpError::Engine(_))) => "failed on the public values",
+            Ok(Err(e)) => panic!("case {i}, seed {seed}: an error that must never happen: {e}\n{sql}"),
+        };
+        *kinds.entry(kind).or_default() += 1;
+    }
+    eprintln!("{cases} generated public queries (seed {seed}): {kinds:?}");
+    for k in ["answered", "refused"] {
+        assert!(kinds.get(k).copied().unwrap_or(0) * 20 >= cases, "too few {k} outcomes: {kinds:?}");
+    }
+}
+
 #[tokio::test]
 async fn neighbouring_tables_give_identical_outcomes_on_generated_queries() {
     let cases: usize = std::env::var("DPFUSION_FUZZ_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(250);
     let seed: u64 = std::env::var("DPFUSION_FUZZ_SEED").ok().and_then(|v| v.parse().ok()).unwrap_or(20261123);
-    let functions: Vec<String> = {
-        let ctx = datafusion::prelude::SessionContext::new();
-        let mut f: Vec<String> = ctx.state().scalar_functions().keys().cloned().collect();
-        f.sort();
-        f
-    };
-    assert!(functions.len() > 50, "DataFusion's catalogue has its functions");
+    let functions = catalogue();
     // The same queries over strings as Utf8 and as Utf8View (Parquet tables): every string function and cast
     // must be as total on either.
     for view in [false, true] {

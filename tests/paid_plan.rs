@@ -113,7 +113,8 @@ async fn m2_a_request_id_cannot_plant_a_reuse_draw() {
 
 /// H-2 and L-2: on sessions opened before the data owner acted, an analyst no longer granted `pums`, and one
 /// disabled, get nothing about it: not another analyst's shared draw, not their own earlier release (reused or
-/// under a request id), not an EXPLAIN DP; once granted and enabled again, they do.
+/// under a request id), not an EXPLAIN DP, nor a public table no longer granted; once granted and enabled again,
+/// they do.
 #[tokio::test]
 async fn h2_revoked_or_disabled_analysts_get_no_answer_until_allowed_again() {
     let dir = TempDir::new("revoke");
@@ -123,7 +124,8 @@ async fn h2_revoked_or_disabled_analysts_get_no_answer_until_allowed_again() {
     for name in ["alice", "bob", "carol"] {
         db.add_analyst(name, "verifier", rho, None, "test").unwrap();
     }
-    let base = session_from(&with_reuse(&pums_config("pums_dup.csv", 10.0, 2, 1))).await;
+    let config = with_reuse(&pums_config("pums_dup.csv", 10.0, 2, 1)) + &crate::public::educ_levels_config();
+    let base = session_from(&config).await;
     let open = |name: &str| {
         let budget = dpfusion::accounting::admin::analyst_budget(name);
         let ledger = db.budget(&budget).unwrap();
@@ -138,10 +140,13 @@ async fn h2_revoked_or_disabled_analysts_get_no_answer_until_allowed_again() {
         release(s, own).await;
         assert!(matches!(s.sql_with_request_id(own, Some("r1")).await, Ok(Response::Release(_))));
     }
+    let public = "SELECT COUNT(*) FROM educ_levels";
+    assert!(matches!(alice.sql(public).await, Ok(Response::Public(_))));
     db.set_tables("alice", Some(&["other".to_string()]), "test").unwrap();
     db.set_disabled("carol", true, "test").unwrap();
     for (who, s) in [("alice", &alice), ("carol", &carol)] {
-        let asks = [(q, None), (own, None), (own, Some("r1")), ("EXPLAIN DP SELECT COUNT(*) FROM pums", None)];
+        let explain = "EXPLAIN DP SELECT COUNT(*) FROM pums";
+        let asks = [(q, None), (own, None), (own, Some("r1")), (explain, None), (public, None)];
         for (sql, id) in asks {
             let e = s.sql_with_request_id(sql, id).await.err().unwrap_or_else(|| panic!("{who}: {sql} was answered"));
             let code = e.code();

@@ -115,6 +115,85 @@ async fn a_public_table_is_answered_exactly_and_for_free() {
     assert!(s.table_schemas().await.unwrap().iter().any(|(n, _)| n == "codes"));
 }
 
+/// The public rows of `sql`, or the refusal's code.
+async fn public_rows(s: &DpSession, sql: &str) -> Result<Vec<RecordBatch>, String> {
+    match s.sql(sql).await {
+        Ok(Response::Public(p)) => Ok(p.batches),
+        Ok(other) => panic!("{sql}: a public answer, not {other:?}"),
+        Err(e) => {
+            assert!(e.is_refusal(), "{sql}: a refusal, not {e}");
+            assert!(!e.hint().unwrap_or_default().is_empty(), "{sql}: a hint");
+            Err(e.code().to_string())
+        }
+    }
+}
+
+/// A free query over a public table has the private path's limits, decided before it runs (audit 2026-11-28,
+/// H-1): the values that functions make (repeat, lpad, rpad, concat chains, lists), the rows that joins, UNNEST and
+/// set-returning functions make, subqueries and grouping sets are bounded or refused, saying what to change;
+/// constants are evaluated first; what stays within the limits is answered. (The sizes are over the limits, yet
+/// harmless if a regression let them run; the audit's own statements are in `tests/cli.rs` and
+/// `tests/server.rs`, under an address-space limit.)
+#[tokio::test]
+async fn a_public_query_is_bounded_before_it_runs() {
+    let s = session(1.0);
+    // A chain of doublings: each step's text is short, its value twice the last one (5 bytes × 2¹⁸).
+    let steps: Vec<String> = (1..=18).map(|i| format!("c{i} AS (SELECT concat(v, v) AS v FROM c{})", i - 1)).collect();
+    let doubled = format!("WITH c0 AS (SELECT name AS v FROM codes), {} SELECT length(v) FROM c18", steps.join(", "));
+    for (sql, code) in [
+        ("SELECT SUM(length(repeat(name, 300000))) FROM codes", "value_too_large"),
+        ("SELECT lpad(name, 300000) FROM codes", "value_too_large"),
+        ("SELECT rpad(name, 300000, 'x') FROM codes", "value_too_large"),
+        (doubled.as_str(), "value_too_large"),
+        ("SELECT name || repeat(name, 300000) FROM codes", "value_too_large"),
+        ("SELECT array_repeat(name, 300000) FROM codes", "value_too_large"),
+        ("SELECT cardinality(range(1, 300000)) FROM codes", "value_too_large"),
+        ("SELECT cardinality(generate_series(k, 30)) FROM codes", "value_too_large"),
+        ("SELECT COUNT(*) FROM codes e CROSS JOIN unnest(range(1, 1000)) u", "public_query"),
+        ("SELECT COUNT(*) FROM (SELECT unnest(range(1, 1000)) FROM codes) x", "public_query"),
+        ("SELECT unnest(make_array(name, name)) FROM codes", "public_query"),
+        ("SELECT COUNT(*) FROM codes WHERE k IN (SELECT unnest(range(1, 1000)))", "public_query"),
+        ("SELECT (SELECT COUNT(*) FROM unnest(range(1, 1000))) FROM codes", "public_query"),
+        ("SELECT k, COUNT(*) FROM codes GROUP BY CUBE (k, grp)", "public_query"),
+        ("SELECT name FROM codes WHERE k > 1 / 0", "constant_fails"),
+    ] {
+        assert_eq!(public_rows(&s, sql).await, Err(code.to_string()), "{sql}");
+    }
+    let e = s.sql("SELECT COUNT(*) FROM codes e CROSS JOIN unnest(range(1, 1000)) u").await.unwrap_err();
+    assert!(e.to_string().contains("a join") && e.to_string().contains("remove it"), "{e}");
+    for (sql, rows) in [
+        ("SELECT name, length(repeat(name, 1000)) FROM codes ORDER BY k", 4),
+        ("SELECT grp, COUNT(*), MIN(name), MAX(w) FROM codes GROUP BY grp", 2),
+        ("SELECT name, ROW_NUMBER() OVER (ORDER BY k DESC) FROM codes", 4),
+        ("SELECT DISTINCT grp FROM (SELECT grp FROM codes WHERE k > 0) x LIMIT 5", 2),
+        ("SELECT cardinality(range(1, 100)), concat(name, '-', upper(name)) FROM codes", 4),
+    ] {
+        let batches = public_rows(&s, sql).await.unwrap_or_else(|e| panic!("{sql}: {e}"));
+        assert_eq!(batches.iter().map(RecordBatch::num_rows).sum::<usize>(), rows, "{sql}");
+    }
+    assert_eq!(s.budget().unwrap().status.rho_spent, 0.0);
+}
+
+/// A public query runs on a task of its own whose operators yield after every batch: dropping the query's future (as
+/// the server's statement timeout and the REPL's Ctrl-C do) stops the work between two batches, however long the
+/// whole query would take (a median over a sliding frame of 5 000 rows, for each of 300 000 rows: minutes). On one
+/// thread, as here, the timeout itself fires only when the query yields, and the next statement runs only once the
+/// abandoned work has stopped: before, each operator took the table's rows as one batch, in one call.
+#[tokio::test]
+async fn a_long_public_query_can_be_abandoned() {
+    let mut s = session(1.0);
+    let big = RecordBatch::try_from_iter([("x", ints((0..300_000).rev().collect()))]).unwrap();
+    s.register_public_batches("big", vec![big]).unwrap();
+    let slow = "SELECT SUM(m) FROM (SELECT MEDIAN(x) OVER (ORDER BY x ROWS BETWEEN 5000 PRECEDING AND CURRENT ROW) AS m \
+                FROM big) t";
+    // Generous bounds: the query takes minutes when it runs to its end.
+    let (started, generous) = (std::time::Instant::now(), std::time::Duration::from_secs(10));
+    assert!(tokio::time::timeout(std::time::Duration::from_millis(300), s.sql(slow)).await.is_err(), "still running");
+    assert!(started.elapsed() < generous, "abandoned after {:?}", started.elapsed());
+    let next = tokio::time::timeout(generous, s.sql("SELECT COUNT(*) FROM big")).await;
+    assert!(matches!(next, Ok(Ok(Response::Public(_)))), "the next statement runs at once");
+}
+
 /// INNER, LEFT (and RIGHT from the public table) joins are lookups: each private row gains its public row's
 /// columns. At a huge ρ the noise is negligible and the answers are the exact bounded aggregates: unit 99 counts
 /// 2 of its 50 rows (the bound holds after the join); GROUP BY a public column releases each of its distinct
@@ -182,7 +261,7 @@ async fn other_joins_are_refused_before_the_debit() {
 #[tokio::test]
 async fn the_configuration_declares_public_tables_without_a_policy() {
     let cfg = SessionConfig::from_file(Path::new(ROOT).join("config/pums.toml")).unwrap();
-    assert!(cfg.tables["educ_levels"].public);
+    assert!(cfg.tables["educ_levels"].public.is_some());
     let s = DpSession::from_config(&cfg).await.unwrap();
     let t = s.public_tables().find(|t| t.name() == "educ_levels").unwrap();
     assert_eq!(t.rows().num_rows(), 16);

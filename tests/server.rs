@@ -783,6 +783,79 @@ async fn a_kill_9_during_a_query_storm_leaves_every_answered_charge_on_disk() {
     child.wait().unwrap();
 }
 
+/// Free public-table statements cannot take the server down (audit 2026-11-28, H-1 and L-2), run as the audit ran
+/// them: `dpfusion serve` under an 8 GB address-space limit, with `statement_timeout_secs = 1` and
+/// `memory_limit_mb = 64`. The audit's statements (one asked for an 11.8 GB allocation and aborted the server, the
+/// others made 10⁸ rows, 30 s past the timeout) are refused at once; a long public query within the limits (a
+/// sliding median over 300 000 rows, minutes of work) is stopped by the statement timeout, whose hint says that
+/// nothing was spent; the server answers another analyst at once afterwards, and is still running at the end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn free_public_queries_cannot_take_the_server_down() {
+    let dir = TempDir::new("serve-public-limits");
+    let root = std::env::var("CARGO_MANIFEST_DIR").unwrap_or_else(|_| env!("CARGO_MANIFEST_DIR").to_owned());
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let big = dir.join("big.csv");
+    std::fs::write(&big, (0..300_000).map(|i| format!("{i}\n")).fold(String::from("x\n"), |a, l| a + &l)).unwrap();
+    let base = pums_config("pums_dup.csv", 1.0, 2, 1).replace("examples/data/", &format!("{root}/examples/data/"));
+    let ledger = dir.join("ledger.sqlite");
+    let text = format!(
+        "{base}{}\n[tables.big]\npath = \"{}\"\nformat = \"csv\"\npublic = true\n[tables.big.columns]\n\
+         x = {{ type = \"int64\" }}\n\n[ledger]\npath = \"{}\"\n\n[server]\nlisten = \"127.0.0.1:{port}\"\n\
+         statement_timeout_secs = 1\nmemory_limit_mb = 64\n",
+        crate::public::educ_levels_config(),
+        big.display(),
+        ledger.display()
+    );
+    std::fs::write(dir.join("server.toml"), text).unwrap();
+    let db = LedgerDb::open(&ledger, Duration::from_secs(30)).unwrap();
+    db.add_analyst("alice", &scram::verifier(PASSWORD), Rho::new(1.0).unwrap(), None, "test").unwrap();
+    db.add_analyst("bob", &scram::verifier(PASSWORD), Rho::new(1.0).unwrap(), Some(&["pums".to_string()]), "test")
+        .unwrap();
+    let mut child = std::process::Command::new("sh")
+        .args(["-c", "ulimit -v 8000000; exec \"$0\" \"$@\"", crate::support::BIN, "serve", "-c"])
+        .arg(dir.join("server.toml"))
+        .stderr(std::fs::File::create(dir.join("serve.log")).unwrap())
+        .spawn()
+        .unwrap();
+    let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let mut alice = None;
+    for _ in 0..600 {
+        if let Ok((c, _)) = connect_as(addr, "alice", PASSWORD).await {
+            alice = Some(c);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let alice = alice.expect("the server did not come up");
+    let at_once = Duration::from_secs(10);
+    for sql in [
+        "SELECT SUM(length(repeat(label, 40000000))) FROM educ_levels",
+        "SELECT COUNT(*) FROM educ_levels e CROSS JOIN unnest(range(1, 100000000)) u",
+        "SELECT COUNT(*) FROM (SELECT unnest(range(1, 100000000)) FROM educ_levels) x",
+    ] {
+        let e = tokio::time::timeout(at_once, alice.simple_query(sql)).await.expect("refused at once").unwrap_err();
+        assert_eq!(code(&e), "42501", "{sql}: {e:?}");
+        assert!(e.as_db_error().unwrap().message().starts_with("query refused"), "{sql}: {e:?}");
+    }
+    let slow = "SELECT SUM(m) FROM (SELECT MEDIAN(x) OVER (ORDER BY x ROWS BETWEEN 5000 PRECEDING AND CURRENT ROW) \
+                AS m FROM big) t";
+    let e = tokio::time::timeout(at_once, alice.simple_query(slow)).await.expect("stopped at the timeout").unwrap_err();
+    assert_eq!(code(&e), "57014", "{e:?}");
+    let hint = e.as_db_error().and_then(|d| d.hint()).unwrap_or_default();
+    assert!(hint.contains("nothing was spent") && !hint.contains("charged"), "{hint}");
+    let bob = tokio::time::timeout(at_once, connect(addr, "bob")).await.expect("bob logs in at once");
+    tokio::time::timeout(at_once, bob.simple_query("SELECT COUNT(*) FROM pums")).await.expect("answered").unwrap();
+    let rows = tokio::time::timeout(at_once, alice.simple_query("SELECT label FROM educ_levels WHERE educ = 16"))
+        .await
+        .expect("answered")
+        .unwrap();
+    assert!(rows.iter().any(|m| matches!(m, SimpleQueryMessage::Row(r) if r.get(0) == Some("Doctorate degree"))));
+    assert!(child.try_wait().unwrap().is_none(), "the server is running");
+    assert_eq!(spent(&db, "alice").1, 0, "nothing was charged to alice");
+    child.kill().unwrap();
+    child.wait().unwrap();
+}
+
 /// Reuse is per analyst: alice's repeated query costs her once, and bob pays for his own (`SET dp.reuse = 'off'`
 /// charges again).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

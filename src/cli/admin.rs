@@ -253,7 +253,7 @@ pub(crate) fn cap(a: CapArgs) -> Result<bool, DpError> {
     let (db, cfg) = ledger(a.config)?;
     if let (Some(t), Some(rho)) = (&a.table, a.rho) {
         check_tables(&cfg, &Some(vec![t.clone()]))?;
-        if cfg.tables.get(t).is_some_and(|s| s.public) {
+        if cfg.tables.get(t).is_some_and(|s| s.public.is_some()) {
             return Err(DpError::Config(format!(
                 "table `{t}` is public: queries over it cost nothing, and a query joining it is charged to its private \
                  table; cap the private table instead"

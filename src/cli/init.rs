@@ -194,9 +194,9 @@ pub(crate) async fn check(config: &Path) -> Result<bool, DpError> {
     }
     let session = DpSession::schema_only(&cfg)?;
     for (name, t) in &cfg.tables {
-        if t.public {
+        if let Some(public) = &t.public {
             // Public data: reading it is what the owner declared harmless, and the only way to know its keys.
-            let table = dpfusion::session::read_public_table(name, t, None).await?;
+            let table = dpfusion::session::read_public_table(public, None).await?;
             let unique: Vec<&str> = table.unique_columns().collect();
             outln!("\ntable {name} ({}, {} columns): public", t.path.display(), t.columns.len());
             outln!(

@@ -78,7 +78,7 @@ fn cluster_settings(
     if !(1..=4096).contains(&partitions) {
         return Err(DpError::Config(format!("[engine] cluster_partitions = {partitions} must be in 1..=4096")));
     }
-    if let Some((name, _)) = tables.iter().find(|(_, t)| t.in_memory && !t.public) {
+    if let Some((name, _)) = tables.iter().find(|(_, t)| t.in_memory && t.public.is_none()) {
         return Err(DpError::Config(format!(
             "[tables.{name}] in_memory = true cannot run on a cluster ([engine] scheduler): its rows would travel \
              inside every plan. Remove in_memory, or the scheduler"
@@ -425,8 +425,8 @@ pub enum DataFormat {
     Json,
 }
 
-/// A private table as the configuration declares it: where the data is, its columns and their types, and its
-/// policy.
+/// A table as the configuration declares it: where the data is, its columns and their types, and its policy (or,
+/// for a public table, its [`PublicSource`]).
 #[derive(Clone, Debug)]
 pub struct TableSource {
     /// Resolved path, directory or glob.
@@ -439,8 +439,31 @@ pub struct TableSource {
     pub policy: TablePolicy,
     /// Read once into memory at start ([`TableConfig::in_memory`]).
     pub in_memory: bool,
-    /// A public table ([`TableConfig::public`]): its `policy` is unused.
-    pub public: bool,
+    /// Set for a table declared public ([`TableConfig::public`]), whose `policy` is unused: what reads its rows.
+    pub public: Option<PublicSource>,
+}
+
+/// A table the configuration declares public (`public = true`), ready to be read: the only source dpfusion reads
+/// without a debit ([`crate::session::read_public_table`]). Only the configuration makes one, for a table declared
+/// public, from that table's own declaration, which it keeps in a private field: a private table's [`TableSource`]
+/// cannot become one, and nothing a caller changes in its copy of the configuration (a path, a `public` set by
+/// hand) reaches the files a public source reads.
+#[derive(Clone, Debug)]
+pub struct PublicSource {
+    name: String,
+    declared: Box<TableSource>,
+}
+
+impl PublicSource {
+    /// The table's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Its files, format and columns, as the configuration declared them.
+    pub(crate) fn declared(&self) -> &TableSource {
+        &self.declared
+    }
 }
 
 /// The validated session configuration.
@@ -716,14 +739,18 @@ fn table_source(name: &str, t: TableConfig, base_dir: &Path) -> Result<TableSour
         },
     };
     policy.validate(name)?;
-    Ok(TableSource {
+    let mut source = TableSource {
         path: resolve(base_dir, &t.path),
         format,
         columns: types,
         policy,
         in_memory: t.in_memory,
-        public: t.public,
-    })
+        public: None,
+    };
+    if t.public {
+        source.public = Some(PublicSource { name: name.to_string(), declared: Box::new(source.clone()) });
+    }
+    Ok(source)
 }
 
 /// A public table has no privacy policy: refuses the settings that only a private table takes.

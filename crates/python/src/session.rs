@@ -331,7 +331,7 @@ fn parse_table_policy(
     let source =
         parsed.tables.get(name).ok_or_else(|| usage("config_error", format!("{what}: give the table a plain name")))?;
     let columns = source.columns.iter().map(|(c, t)| (c.clone(), t.data_type().clone())).collect();
-    Ok((columns, (!source.public).then(|| source.policy.clone())))
+    Ok((columns, source.public.is_none().then(|| source.policy.clone())))
 }
 
 /// The data's batches with only the declared columns, in the policy's order, cast to their declared types (within

@@ -321,10 +321,17 @@ impl Analyst {
         )
         .await
         .map_err(|_| {
+            // A query over public tables only is free: stopping it leaves nothing spent.
+            let hint = if self.session.is_public_query(sql) {
+                "a query over public tables is free: nothing was spent; ask for less work (fewer rows, narrower \
+                 window frames)"
+            } else {
+                "a query stopped after its debit stays charged; ask for fewer cells or a smaller table"
+            };
             wire_error(
                 "57014",
                 format!("canceling statement due to statement timeout ({:?})", shared.settings.statement_timeout),
-                Some("a query stopped after its debit stays charged; ask for fewer cells or a smaller table".into()),
+                Some(hint.into()),
             )
         })?
         .map_err(|e| dp_error(&e))?;

@@ -39,14 +39,39 @@ use std::sync::{Arc, Mutex};
 /// Most rows a public table may have (it is held in memory, and a lookup index is built over its keys).
 pub const MAX_PUBLIC_ROWS: usize = 1_000_000;
 
-/// A public table, in memory: its rows and which of its columns hold unique values (the join keys).
+/// A public table, in memory: its rows, which of its columns hold unique values (the join keys), and the size of
+/// the largest value of each column (what bounds a query over it before it runs: [`crate::plan::size`]).
 #[derive(Debug)]
 pub struct PublicTable {
     name: String,
     rows: RecordBatch,
     unique: BTreeSet<String>,
+    /// Bytes of the largest value of each column, by index.
+    value_bytes: Vec<u64>,
     /// Lookup indexes by key column and key type, built on first use.
     indexes: Mutex<HashMap<(String, DataType), Arc<KeyIndex>>>,
+}
+
+/// Bytes of the largest value of `column` (its type's width for a fixed-width type; 0 without values).
+fn largest_value(column: &ArrayRef) -> Result<u64> {
+    fn longest<'a, T: AsRef<[u8]> + ?Sized + 'a>(values: impl Iterator<Item = Option<&'a T>>) -> u64 {
+        values.flatten().map(|v| v.as_ref().len() as u64).max().unwrap_or(0)
+    }
+    Ok(match column.data_type() {
+        DataType::Utf8 => longest(column.as_string::<i32>().iter()),
+        DataType::LargeUtf8 => longest(column.as_string::<i64>().iter()),
+        DataType::Utf8View => longest(column.as_string_view().iter()),
+        DataType::Binary => longest(column.as_binary::<i32>().iter()),
+        DataType::LargeBinary => longest(column.as_binary::<i64>().iter()),
+        DataType::BinaryView => longest(column.as_binary_view().iter()),
+        dt => match crate::plan::size::fixed_width(dt) {
+            Some(w) => w,
+            None => (0..column.len())
+                .map(|i| ScalarValue::try_from_array(column, i).map(|v| crate::plan::size::literal_bytes(&v)))
+                .try_fold(0, |acc, b| b.map(|b| acc.max(b)))
+                .map_err(engine)?,
+        },
+    })
 }
 
 /// Whether values of this type can be a join key: they compare exactly (no floats, where -0.0 = 0.0 and NaN ≠ NaN).
@@ -78,7 +103,13 @@ impl PublicTable {
                 unique.insert(field.name().clone());
             }
         }
-        Ok(PublicTable { name: name.to_string(), rows, unique, indexes: Mutex::default() })
+        let value_bytes = rows.columns().iter().map(largest_value).collect::<Result<_>>()?;
+        Ok(PublicTable { name: name.to_string(), rows, unique, value_bytes, indexes: Mutex::default() })
+    }
+
+    /// Bytes of the largest value of column `i` (public data: the rows are known exactly), `None` for no column.
+    pub fn value_bytes(&self, i: usize) -> Option<u64> {
+        self.value_bytes.get(i).copied()
     }
 
     /// The table's name.

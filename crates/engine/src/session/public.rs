@@ -2,26 +2,52 @@
 //! ([`crate::plan::lookup`]), and queried directly, exactly and for free.
 //!
 //! A public table's rows are public data (the owner says so with `public = true`), so a query that reads only
-//! public tables is answered as plain SQL: no noise, no charge, no privacy unit. It may read one public table (a
-//! join of public tables could make a cross product far larger than the tables), and its answer holds at most
-//! [`MAX_PUBLIC_ROWS`] rows; it runs on a context of its own with a limited memory pool, which holds no private
-//! table.
+//! public tables is answered as plain SQL: no noise, no charge, no privacy unit. Free is not unbounded: nobody may
+//! take the service down for others, so such a query has the limits of the private path, decided before it runs:
+//!
+//! * it reads one public table, through nodes whose output is no larger than their input (projection, WHERE,
+//!   GROUP BY, ORDER BY, LIMIT, DISTINCT, window functions): a join, UNNEST, a set-returning function (`range`,
+//!   `generate_series`, `unnest`), a union, a recursive query or a subquery is refused, saying so;
+//! * every value, every column and the whole statement are bounded ([`crate::plan::size::check_plan_sizes`]) from
+//!   the table's rows and the size of its largest value in each column, known exactly because the data is public
+//!   (measured once, when the table is registered); `repeat`, `lpad`, `concat` chains and the like are bounded by
+//!   what they make of the values, or refused;
+//! * every constant is evaluated before the query runs, as on the private path
+//!   ([`crate::plan::safety::check_constants`]);
+//! * its answer holds at most [`MAX_PUBLIC_ROWS`] rows; it runs on a context of its own with a limited memory pool,
+//!   which holds no private table, on a task of its own whose operators yield after every batch, so that dropping
+//!   the query (the server's statement timeout, Ctrl-C in the REPL) stops it between two batches.
+//!
+//! Reading a public table needs no debit: [`read_public_table`] reads a [`PublicSource`], which only the
+//! configuration makes, for a table it declares public.
 
+use crate::config::PublicSource;
 use crate::error::{DpError, Result, engine};
 use crate::plan::lookup::{MAX_PUBLIC_ROWS, PublicTable};
+use crate::plan::{safety, size};
 use crate::refusal::Refusal;
 use crate::session::DpSession;
 use datafusion::arrow::array::RecordBatch;
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::catalog::TableProvider;
-use datafusion::common::tree_node::TreeNodeRecursion;
-use datafusion::common::{ScalarValue, TableReference};
+use datafusion::common::runtime::SpawnedTask;
+use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
+use datafusion::common::{ScalarValue, TableReference, internal_err};
 use datafusion::datasource::MemTable;
+use datafusion::execution::session_state::SessionState;
+use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::logical_expr::LogicalPlan;
+use datafusion::physical_expr::PhysicalExpr;
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties};
 use datafusion::prelude::SessionContext;
+use datafusion::sql::parser::Statement;
 use futures::StreamExt;
 use std::collections::BTreeMap;
 use std::sync::Arc;
+
+/// Rows per batch of a public table's scan: the most any operator reads between two yields.
+const PUBLIC_BATCH: usize = 8192;
 
 /// The answer to a query over public tables only: exact rows, nothing spent.
 #[derive(Clone, Debug)]
@@ -108,30 +134,62 @@ fn scanned(plan: &LogicalPlan) -> Result<Vec<String>> {
     Ok(tables)
 }
 
-/// The table provider over a public table's rows, registered in both the public and the private context.
+/// The table provider over a public table's rows (in batches of [`PUBLIC_BATCH`] rows, views of the one batch the
+/// table holds), registered in both the public and the private context.
 fn provider(table: &PublicTable) -> Result<Arc<dyn TableProvider>> {
-    let mem = MemTable::try_new(table.rows().schema(), vec![vec![table.rows().clone()]])
+    let rows = table.rows();
+    let batches =
+        (0..rows.num_rows()).step_by(PUBLIC_BATCH).map(|at| rows.slice(at, PUBLIC_BATCH.min(rows.num_rows() - at)));
+    let mem = MemTable::try_new(rows.schema(), vec![batches.collect()])
         .map_err(|e| DpError::Config(format!("table {}: {e}", table.name())))?;
     Ok(Arc::new(mem))
 }
 
-/// Reads the configured public table `name` into memory (values that do not parse as their declared type are
-/// NULL and counted in the owner's `log`, as for private tables).
+/// Reads the public table of `source` into memory (values that do not parse as their declared type are NULL and
+/// counted in the owner's `log`, as for private tables). Only the configuration makes a [`PublicSource`], for a
+/// table it declares public, so this reads public rows only; the rules as compile-time tests (each checked to
+/// fail with the error code it names):
+///
+/// ```compile_fail,E0308
+/// async fn peek(cfg: &dpfusion::SessionConfig) -> dpfusion::Result<()> {
+///     dpfusion::session::read_public_table(&cfg.tables["pums"], None).await?; // a private table's source is no public one
+///     Ok(())
+/// }
+/// ```
+/// ```compile_fail,E0451
+/// fn forge(src: dpfusion::config::TableSource) -> dpfusion::config::PublicSource {
+///     dpfusion::config::PublicSource { name: "pums".into(), declared: Box::new(src) } // nor can one be made
+/// }
+/// ```
+/// ```compile_fail,E0603
+/// fn raw(cfg: &dpfusion::SessionConfig) {
+///     let _ = dpfusion::source::provider("pums", &cfg.tables["pums"], None); // the readers are the engine's own
+/// }
+/// ```
+/// ```
+/// async fn codes(cfg: &dpfusion::SessionConfig) -> dpfusion::Result<()> {
+///     if let Some(public) = &cfg.tables["educ_levels"].public {
+///         let table = dpfusion::session::read_public_table(public, None).await?; // a public table is read freely
+///         println!("{} rows", table.rows().num_rows());
+///     }
+///     Ok(())
+/// }
+/// ```
 pub async fn read_public_table(
-    name: &str,
-    src: &crate::config::TableSource,
+    source: &PublicSource,
     log: Option<Arc<crate::owner_log::OwnerLog>>,
 ) -> Result<PublicTable> {
-    let provider = crate::source::provider(name, src, log)?;
+    let name = source.name();
+    let provider = crate::source::provider(name, source.declared(), log)?;
     let schema = provider.schema();
     let batches = crate::source::read_all(name, provider).await?;
     PublicTable::new(name, schema, &batches)
 }
 
 impl DpSession {
-    /// Reads the configured public table `name` into memory and registers it.
-    pub(crate) async fn register_public_source(&mut self, name: &str, src: &crate::config::TableSource) -> Result<()> {
-        let table = read_public_table(name, src, self.owner_log.clone()).await?;
+    /// Reads the configured public table of `source` into memory and registers it.
+    pub(crate) async fn register_public_source(&mut self, source: &PublicSource) -> Result<()> {
+        let table = read_public_table(source, self.owner_log.clone()).await?;
         self.register_public(table)
     }
 
@@ -179,55 +237,205 @@ impl DpSession {
         super::prepare::default_schema(t).then(|| self.public.tables.get(t.table()).cloned()).flatten()
     }
 
+    /// Whether `sql` is a query that names public tables only: one [`DpSession::sql`] answers (or refuses) on the
+    /// public path, exactly and for free, never charging anything.
+    pub fn is_public_query(&self, sql: &str) -> bool {
+        safety::check_statement_size(sql).is_ok() && self.public_statement(&self.public.ctx.state(), sql).is_some()
+    }
+
+    /// `sql` parsed, if it is a query that names public tables only (`None` otherwise: the private path answers
+    /// or refuses it). Its size must have been checked.
+    fn public_statement(&self, state: &SessionState, sql: &str) -> Option<Statement> {
+        if self.public.tables.is_empty() {
+            return None;
+        }
+        let dialect = state.config().options().sql_parser.dialect;
+        let statement = state.sql_to_statement(sql, &dialect).ok()?;
+        if !super::prepare::is_query(&statement) {
+            return None;
+        }
+        let named = state.resolve_table_references(&statement).ok()?;
+        (!named.is_empty() && named.iter().all(|t| self.public_table(t).is_some())).then_some(statement)
+    }
+
     /// The plan of `sql` and the table it reads, if it is a query that reads public tables only (`None` otherwise:
-    /// the private path answers or refuses it), checked: read-only, one table, no subquery.
+    /// the private path answers or refuses it), checked and bounded before anything runs (see the module docs).
     pub(crate) async fn public_plan(&self, sql: &str, params: &[ScalarValue]) -> Result<Option<(LogicalPlan, String)>> {
         if self.public.tables.is_empty() {
             return Ok(None);
         }
-        crate::plan::safety::check_statement_size(sql)?;
+        safety::check_statement_size(sql)?;
         super::prepare::grow_stack(self.public_plan_checked(sql, params)).await
     }
 
     /// [`DpSession::public_plan`] of a statement whose size was checked, on a large stack.
     async fn public_plan_checked(&self, sql: &str, params: &[ScalarValue]) -> Result<Option<(LogicalPlan, String)>> {
         let state = self.public.ctx.state();
-        let dialect = state.config().options().sql_parser.dialect;
-        let Ok(statement) = state.sql_to_statement(sql, &dialect) else { return Ok(None) };
-        if !super::prepare::is_query(&statement) {
-            return Ok(None);
-        }
-        let Ok(named) = state.resolve_table_references(&statement) else { return Ok(None) };
-        if named.is_empty() || !named.iter().all(|t| self.public_table(t).is_some()) {
-            return Ok(None);
-        }
+        let Some(statement) = self.public_statement(&state, sql) else { return Ok(None) };
         let plan = state.statement_to_plan(statement).await.map_err(super::prepare::planning_error)?;
         let plan = super::prepare::bind_read_only(plan, params)?;
-        let [table] = <[String; 1]>::try_from(scanned(&plan)?).map_err(|_| {
-            DpError::Refused(Refusal::PublicQuery {
-                what: "a query over public tables reads one table once (no joins, unions or subqueries)".into(),
-            })
-        })?;
-        Ok(Some((plan, table)))
+        // The analyzer makes every implicit cast explicit: what is bounded below is what runs.
+        let plan = state
+            .analyzer()
+            .execute_and_check(plan, state.config_options(), |_, _| {})
+            .map_err(|e| DpError::Refused(Refusal::TypeCheck { message: crate::refusal::engine_message(&e) }))?;
+        // A plan the bounds allow is a chain over one scan (any other is refused there, as a join or subquery).
+        let table = scanned(&plan)?.into_iter().find_map(|t| self.public.tables.get(&t).cloned());
+        let Some(table) = table else {
+            return Err(refuse_public("a query that reads no table"));
+        };
+        let input = size::PlanInput {
+            rows: table.rows().num_rows() as u64,
+            column: &|i| table.value_bytes(i),
+            refuse: &refuse_public,
+        };
+        size::check_plan_sizes(&plan, &input)?;
+        safety::check_constants(&plan)?;
+        Ok(Some((plan, table.name().to_string())))
     }
 
     /// Answers `sql` exactly if it reads public tables only (see the module docs); `None` otherwise.
     pub(crate) async fn public_query(&self, sql: &str, params: &[ScalarValue]) -> Result<Option<PublicRows>> {
         let Some((plan, table)) = self.public_plan(sql, params).await? else { return Ok(None) };
-        let frame = self.public.ctx.execute_logical_plan(plan).await.map_err(engine)?;
-        let schema: SchemaRef = Arc::new(frame.schema().as_arrow().clone());
-        let mut stream = frame.execute_stream().await.map_err(engine)?;
-        let (mut batches, mut rows) = (Vec::new(), 0usize);
-        while let Some(batch) = stream.next().await {
-            let batch = batch.map_err(engine)?;
-            rows += batch.num_rows();
-            if rows > MAX_PUBLIC_ROWS {
-                return Err(DpError::Refused(Refusal::PublicQuery {
-                    what: format!("the answer has more than {MAX_PUBLIC_ROWS} rows"),
-                }));
-            }
-            batches.push(batch);
-        }
+        // A revoked grant reads nothing, public tables included (the server's owner grants them as others).
+        self.ledger.check_access(std::slice::from_ref(&table))?;
+        let state = self.public.ctx.state();
+        let physical = state.create_physical_plan(&plan).await.map_err(engine)?;
+        let physical = physical.transform_up(|p| Ok(Transformed::yes(YieldingExec::over(p)))).map_err(engine)?.data;
+        let schema = physical.schema();
+        let stream =
+            datafusion::physical_plan::execute_stream(physical, Arc::new(TaskContext::from(&state))).map_err(engine)?;
+        // On a task of its own: dropping this future (a statement timeout) aborts it at its next yield.
+        let batches = SpawnedTask::spawn(collect_public(stream))
+            .join()
+            .await
+            .map_err(|e| DpError::Internal(format!("a query over a public table stopped: {e}")))??;
         Ok(Some(PublicRows { tables: vec![table], schema, batches }))
+    }
+}
+
+/// The refusal of what a query over a public table may not do (`what`, in words), saying what it may.
+fn refuse_public(what: &str) -> DpError {
+    DpError::Refused(Refusal::PublicQuery {
+        what: format!(
+            "a query over a public table cannot use {what}: it reads the rows of one table, and may filter, compute, \
+             group, sort, limit and window them, but nothing that can make more rows than the table has (a join, \
+             UNNEST, a set-returning function such as range or generate_series, UNION, a recursive query) or run \
+             another query (a subquery); remove it"
+        ),
+    })
+}
+
+/// Every batch of `stream`, refused above [`MAX_PUBLIC_ROWS`] rows.
+async fn collect_public(mut stream: SendableRecordBatchStream) -> Result<Vec<RecordBatch>> {
+    let (mut batches, mut rows) = (Vec::new(), 0usize);
+    while let Some(batch) = stream.next().await {
+        let batch = batch.map_err(engine)?;
+        rows += batch.num_rows();
+        if rows > MAX_PUBLIC_ROWS {
+            return Err(DpError::Refused(Refusal::PublicQuery {
+                what: format!("the answer has more than {MAX_PUBLIC_ROWS} rows"),
+            }));
+        }
+        batches.push(batch);
+    }
+    Ok(batches)
+}
+
+/// A node of a public query's physical plan, as it is, handing on each of its batches after a yield to the
+/// runtime. Every node is wrapped, so no operator does more than one batch's work between two yields, and the
+/// task running the query can be aborted there (DataFusion alone yields once its task has used tokio's budget, 128
+/// batches, which can be a whole table, and an operator over an in-memory input never does). Only on the public
+/// path; a private plan runs as it is.
+#[derive(Debug)]
+struct YieldingExec {
+    input: Arc<dyn ExecutionPlan>,
+}
+
+impl YieldingExec {
+    fn over(input: Arc<dyn ExecutionPlan>) -> Arc<dyn ExecutionPlan> {
+        Arc::new(YieldingExec { input })
+    }
+}
+
+impl DisplayAs for YieldingExec {
+    fn fmt_as(&self, _t: DisplayFormatType, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        write!(f, "DpYieldingExec")
+    }
+}
+
+impl ExecutionPlan for YieldingExec {
+    fn name(&self) -> &str {
+        "DpYieldingExec"
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        self.input.properties()
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        vec![&self.input]
+    }
+
+    fn apply_expressions(
+        &self,
+        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> datafusion::error::Result<TreeNodeRecursion>,
+    ) -> datafusion::error::Result<TreeNodeRecursion> {
+        Ok(TreeNodeRecursion::Continue)
+    }
+
+    fn with_new_children(
+        self: Arc<Self>,
+        children: Vec<Arc<dyn ExecutionPlan>>,
+    ) -> datafusion::error::Result<Arc<dyn ExecutionPlan>> {
+        match <[Arc<dyn ExecutionPlan>; 1]>::try_from(children) {
+            Ok([input]) => Ok(YieldingExec::over(input)),
+            Err(_) => internal_err!("DpYieldingExec has one input"),
+        }
+    }
+
+    fn execute(
+        &self,
+        partition: usize,
+        context: Arc<TaskContext>,
+    ) -> datafusion::error::Result<SendableRecordBatchStream> {
+        let input = self.input.execute(partition, context)?;
+        let schema = input.schema();
+        let yielding = input.then(|batch| async move {
+            tokio::task::yield_now().await;
+            batch
+        });
+        Ok(Box::pin(RecordBatchStreamAdapter::new(schema, yielding)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::config::SessionConfig;
+
+    /// Only the configuration makes a public source, for a table it declares public (the review of 2026-11-28,
+    /// §2.3.1): a private table has none, and a copy of the configuration changed by hand reaches nothing a public
+    /// source reads (it keeps its own declaration).
+    #[tokio::test]
+    async fn only_a_table_declared_public_is_read_without_a_debit() {
+        let file = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/data/educ_levels.csv");
+        let table = |name: &str, public: bool| {
+            format!(
+                "[tables.{name}]\npath = \"{file}\"\nformat = \"csv\"\npublic = {public}\n[tables.{name}.columns]\n\
+                 educ = {{ type = \"int64\" }}\nlabel = {{ type = \"string\" }}\n"
+            )
+        };
+        let text =
+            format!("[session]\nrho = 1\ndefault_query_rho = 0.1\n{}{}", table("codes", true), table("secret", false));
+        let mut cfg = SessionConfig::from_toml_str(&text, std::path::Path::new(".")).unwrap();
+        assert!(cfg.tables["secret"].public.is_none(), "a private table has no public source");
+        let public = cfg.tables["codes"].public.clone().unwrap();
+        assert_eq!(public.name(), "codes");
+        // The caller's copy pointed elsewhere: the source still reads the file the configuration declared.
+        if let Some(t) = cfg.tables.get_mut("codes") {
+            t.path = "/nonexistent/secret.csv".into();
+        }
+        let read = super::read_public_table(&public, None).await.unwrap();
+        assert_eq!((read.name(), read.rows().num_rows()), ("codes", 16));
     }
 }

@@ -38,7 +38,7 @@ impl DpSession {
             let fields: Vec<Field> =
                 src.columns.iter().map(|(c, t)| Field::new(c, t.data_type().clone(), true)).collect();
             let schema = Arc::new(Schema::new(fields));
-            if src.public {
+            if src.public.is_some() {
                 // A public table without its rows: every column counts as unique and every domain is empty, so what
                 // this session says of joins with it is what the real table allows at most.
                 s.register_public_batches(name, vec![RecordBatch::new_empty(schema)])?;

@@ -12,8 +12,13 @@
 //!   when the table is registered (a mismatch is a configuration error naming the file and column, never a
 //!   per-query event), then DataFusion reads them;
 //! * only regular files are read: a FIFO or a device as a table path would hang or never end.
+//!
+//! The readers (`provider`, `read_all`, `into_memory`, the `text` module) are the engine's own: outside it, a table's
+//! rows are read only through a session (a private table's, after a debit) or by
+//! [`crate::session::read_public_table`] (a public table's, from the [`crate::config::PublicSource`] only the
+//! configuration makes).
 
-pub mod text;
+pub(crate) mod text;
 
 use crate::config::{DataFormat, TableSource};
 use crate::error::{DpError, Result};
@@ -69,7 +74,7 @@ pub fn files(table: &str, path: &Path) -> Result<Vec<PathBuf>> {
 }
 
 /// The table provider of a configured table: its declared schema over its files.
-pub fn provider(name: &str, src: &TableSource, log: Option<Arc<OwnerLog>>) -> Result<Arc<dyn TableProvider>> {
+pub(crate) fn provider(name: &str, src: &TableSource, log: Option<Arc<OwnerLog>>) -> Result<Arc<dyn TableProvider>> {
     let files = files(name, &src.path)?;
     let declared = |order: &[String]| -> SchemaRef {
         let mut cols: Vec<(&String, &crate::policy::ColumnType)> = src.columns.iter().collect();
@@ -107,7 +112,7 @@ pub fn provider(name: &str, src: &TableSource, log: Option<Arc<OwnerLog>>) -> Re
 /// This is the data owner's load at start, like reading a table's metadata: no analyst statement triggers it, and
 /// the rows go straight into the private tables' sealed context. A read that fails is a configuration error for
 /// the owner (the text reader turns unparseable values into NULL, so only I/O fails).
-pub async fn into_memory(
+pub(crate) async fn into_memory(
     name: &str,
     provider: Arc<dyn TableProvider>,
     partitions: usize,
@@ -126,7 +131,7 @@ pub async fn into_memory(
 
 /// Every row of `provider` (the owner's load at start: an `in_memory` table, a public table). A read that fails is a
 /// configuration error for the owner.
-pub async fn read_all(
+pub(crate) async fn read_all(
     name: &str,
     provider: Arc<dyn TableProvider>,
 ) -> Result<Vec<datafusion::arrow::array::RecordBatch>> {

@@ -39,11 +39,11 @@ const BATCH: usize = 8192;
 
 /// Longest line read as a row (bytes, 16 MiB): a longer line is one row of NULLs (counted in the owner's log),
 /// and is skipped without being held in memory.
-pub const MAX_LINE: usize = 16 << 20;
+pub(crate) const MAX_LINE: usize = 16 << 20;
 
 /// The text formats.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum TextFormat {
+pub(crate) enum TextFormat {
     /// CSV; without a header the columns are named `column_1`, `column_2`, ...
     Csv {
         /// The first record names the columns.
@@ -59,7 +59,7 @@ pub enum TextFormat {
 
 /// A private table in CSV or JSON files, read with a fixed schema.
 #[derive(Debug)]
-pub struct TextTable {
+pub(crate) struct TextTable {
     name: String,
     schema: SchemaRef,
     files: Vec<PathBuf>,
@@ -78,7 +78,7 @@ impl TextTable {
     }
 
     /// A table `name` over `files` with `schema` (the declared columns and types).
-    pub fn new(
+    pub(crate) fn new(
         name: &str,
         schema: SchemaRef,
         files: Vec<PathBuf>,

@@ -324,7 +324,7 @@ async fn a_sort_order_that_a_table_declares_is_not_trusted() {
         columns: [("pid", "int64"), ("k", "int64")].map(|(c, t)| (c.to_string(), t.parse().unwrap())).into(),
         policy: TablePolicy::with_unit("pid", 3, 1, cols).unwrap(),
         in_memory: false,
-        public: false,
+        public: None,
     };
     let parquet = crate::source::provider("t", &source, None).unwrap();
     let memory = MemTable::try_new(Arc::clone(&schema), vec![vec![batch.clone(), batch]])
