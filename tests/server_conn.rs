@@ -161,6 +161,9 @@ async fn silent_sockets_neither_take_slots_nor_lock_an_analyst_out() {
     }
 }
 
+/// Startup and login timeouts far beyond any test: through a full server, only a place given up lets a login in.
+const NO_TIMEOUTS: &str = "login_timeout_secs = 30\nstartup_timeout_secs = 30";
+
 /// A TCP connection to `addr` from `source` (on Linux any 127.x.y.z is this machine).
 async fn connect_from(addr: SocketAddr, source: &str) -> TcpStream {
     let sock = tokio::net::TcpSocket::new_v4().unwrap();
@@ -203,10 +206,8 @@ async fn login_from_within_5s(addr: SocketAddr, source: &str, user: &str) -> tok
 async fn silent_sockets_from_two_addresses_do_not_keep_a_third_out() {
     // The audit's H-3: 32 places, 24 per address, silent sockets from 127.0.0.2 and 127.0.0.3 take them all.
     let dir = TempDir::new("conn-two-addresses");
-    // Timeouts far beyond the test: only a place given up can let the login in.
-    let settings = "max_pending_logins = 32\nmax_pending_logins_per_address = 24\nlogin_timeout_secs = 30\n\
-                    startup_timeout_secs = 30";
-    let s = serve(&dir, settings).await;
+    let settings = format!("max_pending_logins = 32\nmax_pending_logins_per_address = 24\n{NO_TIMEOUTS}");
+    let s = serve(&dir, &settings).await;
     let mut silent = Vec::new();
     for source in ["127.0.0.2", "127.0.0.3"] {
         for _ in 0..24 {
@@ -223,7 +224,7 @@ async fn silent_sockets_from_two_addresses_do_not_keep_a_third_out() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_login_gets_in_through_a_flood_of_reconnecting_silent_sockets_from_many_addresses() {
     let dir = TempDir::new("conn-flood");
-    let s = serve(&dir, "max_pending_logins = 16\nlogin_timeout_secs = 30\nstartup_timeout_secs = 30").await;
+    let s = serve(&dir, &format!("max_pending_logins = 16\n{NO_TIMEOUTS}")).await;
     // Two silent sockets from each of 24 addresses (more addresses than places, and three times the places), each
     // opened again as soon as the server closes it: the places change hands all the time.
     let closed = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
@@ -290,9 +291,8 @@ async fn complete_login(
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_address_at_its_share_gives_up_its_own_silent_places_and_nobody_elses() {
     let dir = TempDir::new("conn-per-address");
-    let settings = "max_pending_logins = 3\nmax_pending_logins_per_address = 2\nlogin_timeout_secs = 30\n\
-                    startup_timeout_secs = 30";
-    let s = serve(&dir, settings).await;
+    let settings = format!("max_pending_logins = 3\nmax_pending_logins_per_address = 2\n{NO_TIMEOUTS}");
+    let s = serve(&dir, &settings).await;
     // Logged in from 127.0.0.2 (no place held), and a login under way from 127.0.0.3 (one place).
     let logged_in = login_from(s.addr, "127.0.0.2", "bob").await.unwrap();
     let under_way = login_under_way(s.addr, "127.0.0.3", "alice").await;
@@ -319,7 +319,7 @@ async fn an_address_at_its_share_gives_up_its_own_silent_places_and_nobody_elses
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn with_every_place_under_way_the_least_recently_active_login_gives_way_and_is_told_why() {
     let dir = TempDir::new("conn-under-way");
-    let s = serve(&dir, "max_pending_logins = 2\nlogin_timeout_secs = 30\nstartup_timeout_secs = 30").await;
+    let s = serve(&dir, &format!("max_pending_logins = 2\n{NO_TIMEOUTS}")).await;
     let first = login_under_way(s.addr, "127.0.0.2", "alice").await;
     let second = login_under_way(s.addr, "127.0.0.3", "bob").await;
     // No silent connection to take a place from: a newcomer takes the first login's.
@@ -362,7 +362,7 @@ fn the_per_address_default_spares_loopback_and_a_setting_covers_every_address() 
     // The startup message is due within 2 s unless set, never later than the login.
     assert_eq!(default.startup_timeout, Duration::from_secs(2));
     assert_eq!(settings("login_timeout_secs = 1").startup_timeout, Duration::from_secs(1));
-    let set = settings("login_timeout_secs = 30\nstartup_timeout_secs = 30");
+    let set = settings(NO_TIMEOUTS);
     assert_eq!((set.startup_timeout, set.login_timeout), (Duration::from_secs(30), Duration::from_secs(30)));
     let refused = |lines: &str| {
         let text =
