@@ -357,14 +357,6 @@ enum Event {
     Stop,
 }
 
-/// Completes when `place` (while there is one) was given to a newer connection.
-async fn evicted(place: &mut Option<PendingPlace>) {
-    match place {
-        Some(p) => p.evicted().await,
-        None => std::future::pending().await,
-    }
-}
-
 /// Has the login completed? (The connection slot is taken only then; see [`super::auth`].)
 fn logged_in(socket: &Socket) -> bool {
     socket.session_extensions().get::<super::auth::Slot>().is_some()
@@ -406,12 +398,14 @@ async fn negotiate(
 ) -> io::Result<Option<Socket>> {
     let mut startup_deadline = startup_deadline;
     // Silent until its first byte (peeked, left for pgwire to read): nothing was written either, so a refusal can
-    // go on the bare socket whatever the client meant to negotiate.
+    // go on the bare socket whatever the client meant to negotiate. Here too what has arrived goes first (see
+    // `serve`).
     let mut byte = [0u8; 1];
     let first = tokio::select! {
+        biased;
+        r = tcp.peek(&mut byte) => Ok(r),
         _ = &mut startup_deadline => Err(Cut::StartupTimeout),
         () = place.evicted() => Err(Cut::Evicted),
-        r = tcp.peek(&mut byte) => Ok(r),
     };
     match first {
         Err(cut) => {
@@ -423,9 +417,10 @@ async fn negotiate(
     }
     let plain = tls.is_none();
     let negotiated = tokio::select! {
+        biased;
+        s = negotiate_tls::<WireStatement>(tcp, tls) => Ok(s?),
         _ = &mut startup_deadline => Err(Cut::StartupTimeout),
         () = place.evicted() => Err(Cut::Evicted),
-        s = negotiate_tls::<WireStatement>(tcp, tls) => Ok(s?),
     };
     let negotiated = match negotiated {
         Ok(Some(n)) => n,
@@ -482,18 +477,32 @@ pub(crate) async fn serve(
             pending = None;
             socket.get_mut().logged_in(settings.max_query_bytes.saturating_add(MESSAGE_OVERHEAD));
         }
-        let logging_in = pending.is_some();
-        let awaiting_startup = logging_in && matches!(socket.state(), PgWireConnectionState::AwaitingStartup);
-        let next = tokio::select! {
-            m = socket.next() => Event::Message(m),
-            _ = &mut startup_deadline, if awaiting_startup => Event::Cut(Cut::StartupTimeout),
-            _ = &mut login_deadline, if logging_in => Event::Cut(Cut::LoginTimeout),
-            () = evicted(&mut pending), if logging_in => Event::Cut(Cut::Evicted),
-            _ = tokio::time::sleep(idle), if !logging_in => Event::Idle,
-            r = stop.wait_for(|s| *s) => {
-                drop(r);
-                Event::Stop
+        // Before the login, a message that has arrived goes first (`biased`): on a busy server a task may be polled
+        // late, when its client's message and a deadline are both due, and the client must not be cut off for the
+        // server's delay (what it may send before login is bounded, so it cannot hold a deadline off for long).
+        let next = match pending.as_mut() {
+            Some(place) => {
+                let awaiting_startup = matches!(socket.state(), PgWireConnectionState::AwaitingStartup);
+                tokio::select! {
+                    biased;
+                    m = socket.next() => Event::Message(m),
+                    () = place.evicted() => Event::Cut(Cut::Evicted),
+                    _ = &mut startup_deadline, if awaiting_startup => Event::Cut(Cut::StartupTimeout),
+                    _ = &mut login_deadline => Event::Cut(Cut::LoginTimeout),
+                    r = stop.wait_for(|s| *s) => {
+                        drop(r);
+                        Event::Stop
+                    }
+                }
             }
+            None => tokio::select! {
+                m = socket.next() => Event::Message(m),
+                _ = tokio::time::sleep(idle) => Event::Idle,
+                r = stop.wait_for(|s| *s) => {
+                    drop(r);
+                    Event::Stop
+                }
+            },
         };
         let next = match next {
             Event::Message(m) => m,
