@@ -19,9 +19,9 @@
 //! Why this order. A real client sends its startup message right after connecting, so it is silent only until
 //! those bytes arrive; from then on no silent connection, from any number of addresses and however fast they come,
 //! can take its place while a silent one is left to take (and each newcomer makes one). Connections that do speak
-//! (a startup message, then nothing: as cheap to open) are met by rule 2: from fewer groups than places, a flood
-//! always holds a bigger group than a client with one or two logins under way, so it only takes places from
-//! itself. What is left is a flood of speaking connections from more groups than there are places, arriving
+//! (a startup message, then nothing: as cheap to open) are met by rule 2: from fewer groups than places, some group
+//! of the flood holds more places than a client with a single login under way, and a newcomer takes from the
+//! biggest group or from its own, so the flood only takes places from itself. What is left is a flood of speaking connections from more groups than there are places, arriving
 //! faster than `max_pending_logins` per login round trip: it can close real logins under way (they get 53300 and
 //! retry), and only more places help there.
 
