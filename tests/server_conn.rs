@@ -1,7 +1,9 @@
-//! `dpfusion serve` under hostile connections (issue 34, audit 2026-11-26 N3, N4, N7, L-N1..L-N3): slots taken
-//! after login, a non-sleeping login throttle, a per-analyst cap, small messages before login, an idle timeout, a
-//! shutdown that closes waiting connections, a statement stopped when its client leaves, grants checked at each
-//! debit, a decoy salt kept in the ledger, and charge numbers per analyst. All on 127.0.0.1, every wait bounded.
+//! `dpfusion serve` under hostile connections (issue 34, audit 2026-11-26 N3, N4, N7, L-N1..L-N3, audit
+//! 2026-11-28 H-3): slots taken after login, pre-login places that silent sockets from any number of addresses
+//! cannot keep (a newcomer takes a silent one's place), a non-sleeping login throttle, a per-analyst cap, small
+//! messages before login, an idle timeout, a shutdown that closes waiting connections, a statement stopped when its
+//! client leaves, grants checked at each debit, a decoy salt kept in the ledger, and charge numbers per analyst.
+//! All on loopback addresses (any 127.x.y.z is this machine on Linux), every wait bounded.
 
 use crate::server::{PASSWORD, code, connect_as, frontend, raw_login, read_message, server_config, spent};
 use crate::support::{BIN, TempDir, pums_config};
@@ -159,19 +161,189 @@ async fn silent_sockets_neither_take_slots_nor_lock_an_analyst_out() {
     }
 }
 
+/// Startup and login timeouts far beyond any test: through a full server, only a place given up lets a login in.
+const NO_TIMEOUTS: &str = "login_timeout_secs = 30\nstartup_timeout_secs = 30";
+
+/// A TCP connection to `addr` from `source` (on Linux any 127.x.y.z is this machine).
+async fn connect_from(addr: SocketAddr, source: &str) -> TcpStream {
+    let sock = tokio::net::TcpSocket::new_v4().unwrap();
+    sock.bind(SocketAddr::new(source.parse().unwrap(), 0)).unwrap();
+    sock.connect(addr).await.unwrap()
+}
+
+/// Logs in as `user` over a connection from `source`.
+async fn login_from(
+    addr: SocketAddr,
+    source: &str,
+    user: &str,
+) -> Result<tokio_postgres::Client, tokio_postgres::Error> {
+    let stream = connect_from(addr, source).await;
+    let config = tokio_postgres::Config::new().user(user).password(PASSWORD).dbname("dpfusion").clone();
+    let (client, conn) = config.connect_raw(stream, tokio_postgres::NoTls).await?;
+    tokio::spawn(conn);
+    Ok(client)
+}
+
+/// Logs in as `user` from `source` within the issue's bound of 5 s, retrying while the server says to try again
+/// (53300).
+async fn login_from_within_5s(addr: SocketAddr, source: &str, user: &str) -> tokio_postgres::Client {
+    let bound = Duration::from_secs(5);
+    let t = Instant::now();
+    loop {
+        let left = bound.saturating_sub(t.elapsed());
+        match tokio::time::timeout(left, login_from(addr, source, user)).await {
+            Ok(Ok(c)) => return c,
+            Ok(Err(e)) if code(&e) == "53300" && t.elapsed() < bound => {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Ok(Err(e)) => panic!("{user} from {source}: no login after {:?}: {e:?}", t.elapsed()),
+            Err(_) => panic!("{user} from {source}: no login within 5 s"),
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn one_address_cannot_hold_every_place_before_login() {
+async fn silent_sockets_from_two_addresses_do_not_keep_a_third_out() {
+    // The audit's H-3: 32 places, 24 per address, silent sockets from 127.0.0.2 and 127.0.0.3 take them all.
+    let dir = TempDir::new("conn-two-addresses");
+    let settings = format!("max_pending_logins = 32\nmax_pending_logins_per_address = 24\n{NO_TIMEOUTS}");
+    let s = serve(&dir, &settings).await;
+    let mut silent = Vec::new();
+    for source in ["127.0.0.2", "127.0.0.3"] {
+        for _ in 0..24 {
+            silent.push(connect_from(s.addr, source).await);
+        }
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let c = login_from_within_5s(s.addr, "127.0.0.4", "alice").await;
+    c.simple_query("SHOW dp.budget").await.unwrap();
+    // The oldest silent socket of the address holding the most places made room, and was told why.
+    assert_eq!(next_error(&mut silent[0], Duration::from_secs(5)).await.as_deref(), Some("53300"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_login_gets_in_through_a_flood_of_reconnecting_silent_sockets_from_many_addresses() {
+    let dir = TempDir::new("conn-flood");
+    let s = serve(&dir, &format!("max_pending_logins = 16\n{NO_TIMEOUTS}")).await;
+    // Two silent sockets from each of 24 addresses (more addresses than places, and three times the places), each
+    // opened again as soon as the server closes it: the places change hands all the time.
+    let closed = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut flood = tokio::task::JoinSet::new();
+    for i in 0..48 {
+        let (addr, source, closed) = (s.addr, format!("127.0.1.{}", 1 + i % 24), closed.clone());
+        flood.spawn(async move {
+            loop {
+                let mut sock = connect_from(addr, &source).await;
+                let mut buf = [0u8; 256];
+                while let Ok(n) = sock.read(&mut buf).await
+                    && n > 0
+                {}
+                closed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+        });
+    }
+    let churning = tokio::time::timeout(Duration::from_secs(30), async {
+        while closed.load(std::sync::atomic::Ordering::Relaxed) < 32 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    });
+    churning.await.expect("the flood never filled the places");
+    let c = login_from_within_5s(s.addr, "127.0.0.4", "alice").await;
+    c.simple_query("SHOW dp.budget").await.unwrap();
+    flood.abort_all();
+}
+
+/// A login as `user` from `source` brought to the SCRAM challenge (startup message and the client's first message
+/// sent, the challenge read): the socket, the client's SCRAM state (with the right password) and the challenge.
+async fn login_under_way(
+    addr: SocketAddr,
+    source: &str,
+    user: &str,
+) -> (TcpStream, postgres_protocol::authentication::sasl::ScramSha256, Vec<u8>) {
+    use postgres_protocol::authentication::sasl::{ChannelBinding, ScramSha256};
+    let mut sock = connect_from(addr, source).await;
+    sock.write_all(&startup(user)).await.unwrap();
+    let mut scram = ScramSha256::new(PASSWORD.as_bytes(), ChannelBinding::unsupported());
+    let (tag, payload) = tokio::time::timeout(Duration::from_secs(10), read_message(&mut sock)).await.unwrap().unwrap();
+    assert_eq!((tag, &payload[..4]), (b'R', &10i32.to_be_bytes()[..]));
+    crate::server::scram_reply(&mut sock, &mut scram, Some(10), &payload).await;
+    let (tag, challenge) =
+        tokio::time::timeout(Duration::from_secs(10), read_message(&mut sock)).await.unwrap().unwrap();
+    assert_eq!((tag, &challenge[..4]), (b'R', &11i32.to_be_bytes()[..]), "{}", String::from_utf8_lossy(&challenge));
+    (sock, scram, challenge)
+}
+
+/// Completes a [`login_under_way`]: Ok once the server is ready for queries, else its error.
+async fn complete_login(
+    (mut sock, mut scram, challenge): (TcpStream, postgres_protocol::authentication::sasl::ScramSha256, Vec<u8>),
+) -> Result<(), String> {
+    crate::server::scram_reply(&mut sock, &mut scram, Some(11), &challenge).await;
+    loop {
+        match tokio::time::timeout(Duration::from_secs(10), read_message(&mut sock)).await {
+            Ok(Ok((b'Z', _))) => return Ok(()),
+            Ok(Ok((b'E', payload))) => return Err(String::from_utf8_lossy(&payload).into_owned()),
+            Ok(Ok(_)) => {}
+            other => return Err(format!("{other:?}")),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_address_at_its_share_gives_up_its_own_silent_places_and_nobody_elses() {
     let dir = TempDir::new("conn-per-address");
-    let s = serve(&dir, "max_pending_logins = 8\nmax_pending_logins_per_address = 2\nlogin_timeout_secs = 30").await;
-    // Two connections from 127.0.0.1 that never log in hold its two places, not the eight.
-    let silent = [TcpStream::connect(s.addr).await.unwrap(), TcpStream::connect(s.addr).await.unwrap()];
+    let settings = format!("max_pending_logins = 3\nmax_pending_logins_per_address = 2\n{NO_TIMEOUTS}");
+    let s = serve(&dir, &settings).await;
+    // Logged in from 127.0.0.2 (no place held), and a login under way from 127.0.0.3 (one place).
+    let logged_in = login_from(s.addr, "127.0.0.2", "bob").await.unwrap();
+    let under_way = login_under_way(s.addr, "127.0.0.3", "alice").await;
+    // 127.0.0.2 takes its share of silent sockets: every place is taken.
+    let mut silent = vec![connect_from(s.addr, "127.0.0.2").await, connect_from(s.addr, "127.0.0.2").await];
     tokio::time::sleep(Duration::from_millis(200)).await;
-    let Err(e) = connect_as(s.addr, "alice", PASSWORD).await else { panic!("a third login from one address") };
-    assert_eq!(code(&e), "53300", "{e:?}");
-    assert!(e.as_db_error().unwrap().message().contains("from your address"), "{e:?}");
-    // Once they are gone, the address logs in again.
-    drop(silent);
-    login_within(s.addr, "alice", Duration::from_secs(10)).await.simple_query("SHOW dp.rho").await.unwrap();
+    // A real login from that address takes the place of its own oldest silent socket, which is told why.
+    let mine = login_from_within_5s(s.addr, "127.0.0.2", "alice").await;
+    assert_eq!(next_error(&mut silent[0], Duration::from_secs(5)).await.as_deref(), Some("53300"));
+    // Twenty more from it take only its own places.
+    for _ in 0..20 {
+        silent.push(connect_from(s.addr, "127.0.0.2").await);
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // A login from another address takes a place of the address holding the most (silent ones first).
+    let other = login_from_within_5s(s.addr, "127.0.0.5", "bob").await;
+    // Nothing else was touched: the login under way completes, the logged-in connections answer.
+    complete_login(under_way).await.expect("the login under way was closed");
+    for c in [&logged_in, &mine, &other] {
+        c.simple_query("SHOW dp.rho").await.unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn with_every_place_under_way_the_least_recently_active_login_gives_way_and_is_told_why() {
+    let dir = TempDir::new("conn-under-way");
+    let s = serve(&dir, &format!("max_pending_logins = 2\n{NO_TIMEOUTS}")).await;
+    let first = login_under_way(s.addr, "127.0.0.2", "alice").await;
+    let second = login_under_way(s.addr, "127.0.0.3", "bob").await;
+    // No silent connection to take a place from: a newcomer takes the first login's.
+    let mut newcomer = connect_from(s.addr, "127.0.0.4").await;
+    let mut first = first.0;
+    assert_eq!(next_error(&mut first, Duration::from_secs(5)).await.as_deref(), Some("53300"));
+    complete_login(second).await.expect("the second login was closed");
+    // Full again with another silent socket: a login takes the place of the oldest silent one, the newcomer.
+    let _younger = connect_from(s.addr, "127.0.0.6").await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    login_from_within_5s(s.addr, "127.0.0.5", "bob").await.simple_query("SHOW dp.rho").await.unwrap();
+    assert_eq!(next_error(&mut newcomer, Duration::from_secs(5)).await.as_deref(), Some("53300"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_startup_message_is_due_within_its_timeout_and_the_login_within_its_own() {
+    let dir = TempDir::new("conn-startup-timeout");
+    let s = serve(&dir, "startup_timeout_secs = 1\nlogin_timeout_secs = 30").await;
+    let mut silent = connect_from(s.addr, "127.0.0.2").await;
+    let under_way = login_under_way(s.addr, "127.0.0.3", "alice").await;
+    assert_eq!(next_error(&mut silent, Duration::from_secs(10)).await.as_deref(), Some("08006"));
+    // Past the startup timeout, the login that sent its startup message goes on.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    complete_login(under_way).await.expect("a login was cut off by the startup timeout");
 }
 
 #[test]
@@ -180,17 +352,29 @@ fn the_per_address_default_spares_loopback_and_a_setting_covers_every_address() 
     let remote: std::net::IpAddr = "192.0.2.7".parse().unwrap();
     let local: std::net::IpAddr = "127.0.0.1".parse().unwrap();
     let settings = |lines: &str| server_config(&dir, "", lines).server.unwrap();
+    let mapped: std::net::IpAddr = "::ffff:127.0.0.1".parse().unwrap();
     let default = settings("max_pending_logins = 32");
-    assert_eq!((default.pending_logins_per_address(remote), default.pending_logins_per_address(local)), (24, 32));
+    // A quarter: two addresses hold half of the places at most.
+    assert_eq!((default.pending_logins_per_address(remote), default.pending_logins_per_address(local)), (8, 32));
+    assert_eq!(default.pending_logins_per_address(mapped), 32, "loopback as a dual-stack listener sees it");
     let set = settings("max_pending_logins = 32\nmax_pending_logins_per_address = 5");
     assert_eq!((set.pending_logins_per_address(remote), set.pending_logins_per_address(local)), (5, 5));
-    let wrong = "[server]\nlisten = \"127.0.0.1:0\"\nmax_pending_logins_per_address = 0\n";
-    let e = dpfusion::SessionConfig::from_toml_str(
-        &format!("[session]\nrho = 1.0\ndefault_query_rho = 0.05\n{wrong}"),
-        Path::new("."),
-    );
-    let e = e.map(|_| ()).unwrap_err().to_string();
+    // The startup message is due within 2 s unless set, never later than the login.
+    assert_eq!(default.startup_timeout, Duration::from_secs(2));
+    assert_eq!(settings("login_timeout_secs = 1").startup_timeout, Duration::from_secs(1));
+    let set = settings(NO_TIMEOUTS);
+    assert_eq!((set.startup_timeout, set.login_timeout), (Duration::from_secs(30), Duration::from_secs(30)));
+    let refused = |lines: &str| {
+        let text =
+            format!("[session]\nrho = 1.0\ndefault_query_rho = 0.05\n[server]\nlisten = \"127.0.0.1:0\"\n{lines}\n");
+        dpfusion::SessionConfig::from_toml_str(&text, Path::new(".")).map(|_| ()).unwrap_err().to_string()
+    };
+    let e = refused("max_pending_logins_per_address = 0");
     assert!(e.contains("max_pending_logins_per_address = 0"), "{e}");
+    let e = refused("login_timeout_secs = 5\nstartup_timeout_secs = 6");
+    assert!(e.contains("startup_timeout_secs = 6") && e.contains("login_timeout_secs (5)"), "{e}");
+    let e = refused("startup_timeout_secs = 0");
+    assert!(e.contains("startup_timeout_secs = 0"), "{e}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -110,17 +110,26 @@ pub struct ServerConfig {
     /// Most connections of one analyst at once (within `max_connections`); more are refused with 53300.
     #[serde(default = "default_max_connections_per_analyst")]
     pub max_connections_per_analyst: usize,
-    /// Most connections still logging in at once (TCP accepted, not yet authenticated); more are closed at
-    /// once with 53300. Separate from `max_connections`, so clients that never log in cannot take their slots.
+    /// Places for connections still logging in (TCP accepted, not yet authenticated). Separate from
+    /// `max_connections`, so clients that never log in cannot take their slots. When every place is taken, a new
+    /// connection takes the place of the one that has shown the least (closed with 53300): a silent one (no byte
+    /// received) before one whose login is under way, one of the address holding the most places (never one of an
+    /// address holding no more than the newcomer's own), the oldest first; so silent sockets, from any number of
+    /// addresses, cannot keep a real login out. A logged-in connection holds no place.
     #[serde(default = "default_max_pending_logins")]
     pub max_pending_logins: usize,
-    /// Most of those places held by connections from one client address; more from it are closed at once with
-    /// 53300, so one address cannot hold every place. Default: three quarters of `max_pending_logins` for every
-    /// address but a loopback one (a local proxy or tunnel brings every client from it); when set, for all.
+    /// Most of those places held by connections from one client address (an IPv6 client counts by its /64
+    /// prefix, which one host usually holds whole); a further connection from it takes the place of one of that
+    /// address's own, chosen as above. Default: a quarter of `max_pending_logins` for every address but a loopback
+    /// one (a local proxy or tunnel brings every client from it); when set, for all.
     pub max_pending_logins_per_address: Option<usize>,
     /// Seconds a connection has to complete its login (TLS, startup, SCRAM) before it is closed.
     #[serde(default = "default_login_timeout")]
     pub login_timeout_secs: u64,
+    /// Seconds a connection has, from its TCP accept, to send its startup message (TLS first, if it uses it)
+    /// before it is closed; the rest of the login stays within `login_timeout_secs`. Default: 2, or
+    /// `login_timeout_secs` if that is less; at most `login_timeout_secs`.
+    pub startup_timeout_secs: Option<u64>,
     /// Seconds a logged-in connection may stay without sending anything before it is closed (SQLSTATE 57P05).
     #[serde(default = "default_idle_timeout")]
     pub idle_timeout_secs: u64,
@@ -155,6 +164,9 @@ fn default_max_pending_logins() -> usize {
 fn default_login_timeout() -> u64 {
     10
 }
+/// `startup_timeout_secs` unless set (or `login_timeout_secs` is less): a client sends its startup message right
+/// after connecting (after TLS's round trips, if it uses it), so two seconds leave room for a slow network.
+const DEFAULT_STARTUP_TIMEOUT_SECS: u64 = 2;
 fn default_idle_timeout() -> u64 {
     3600
 }
@@ -188,6 +200,8 @@ pub struct ServerSettings {
     pub max_pending_logins_per_address: Option<usize>,
     /// Time to complete a login.
     pub login_timeout: std::time::Duration,
+    /// Time to send the startup message (within `login_timeout`).
+    pub startup_timeout: std::time::Duration,
     /// Time a logged-in connection may stay silent.
     pub idle_timeout: std::time::Duration,
     /// Statement timeout.
@@ -202,12 +216,13 @@ pub struct ServerSettings {
 
 impl ServerSettings {
     /// The most connections from `address` that may be logging in at once: `max_pending_logins_per_address` if
-    /// set; else three quarters of `max_pending_logins`, and no limit of its own for a loopback address.
+    /// set; else a quarter of `max_pending_logins` (at least 1), and no limit of its own for a loopback address
+    /// (an IPv4-mapped IPv6 one included: what a dual-stack listener sees).
     pub fn pending_logins_per_address(&self, address: std::net::IpAddr) -> usize {
         match self.max_pending_logins_per_address {
             Some(most) => most,
-            None if address.is_loopback() => self.max_pending_logins,
-            None => (self.max_pending_logins - self.max_pending_logins / 4).max(1),
+            None if address.to_canonical().is_loopback() => self.max_pending_logins,
+            None => (self.max_pending_logins / 4).max(1),
         }
     }
 }
@@ -250,6 +265,13 @@ fn server_settings(c: ServerConfig, base_dir: &Path) -> Result<ServerSettings> {
             return Err(DpError::Config(format!("[server] {name} = {value}: give a whole number from 1 to {most}")));
         }
     }
+    let login = c.login_timeout_secs;
+    let startup = c.startup_timeout_secs.unwrap_or(DEFAULT_STARTUP_TIMEOUT_SECS.min(login));
+    if startup == 0 || startup > login {
+        return Err(DpError::Config(format!(
+            "[server] startup_timeout_secs = {startup}: give a whole number from 1 to login_timeout_secs ({login})"
+        )));
+    }
     Ok(ServerSettings {
         listen,
         tls,
@@ -258,7 +280,8 @@ fn server_settings(c: ServerConfig, base_dir: &Path) -> Result<ServerSettings> {
         max_connections_per_analyst: c.max_connections_per_analyst,
         max_pending_logins: c.max_pending_logins,
         max_pending_logins_per_address: c.max_pending_logins_per_address,
-        login_timeout: std::time::Duration::from_secs(c.login_timeout_secs),
+        login_timeout: std::time::Duration::from_secs(login),
+        startup_timeout: std::time::Duration::from_secs(startup),
         idle_timeout: std::time::Duration::from_secs(c.idle_timeout_secs),
         statement_timeout: std::time::Duration::from_secs(c.statement_timeout_secs),
         memory_limit: c.memory_limit_mb.saturating_mul(1 << 20),

@@ -5,9 +5,10 @@
 //!   arrive and fails the read as soon as a message announces a length over the current limit, before its body is
 //!   buffered: [`PRE_LOGIN_MESSAGE`] bytes until the login completes (and [`PRE_LOGIN_TOTAL`] in all), then
 //!   `max_query_bytes` plus [`MESSAGE_OVERHEAD`]. (pgwire itself accepts messages of up to 1 GiB in any state.)
-//! * **Login timeout.** TLS, startup and SCRAM must complete within `login_timeout_secs`; the connection holds one
-//!   of the `max_pending_logins` pre-login places until then (at most `max_pending_logins_per_address` of them for
-//!   one client address), never a connection slot (taken after the password checked out, see [`super::auth`]).
+//! * **Login timeout.** TLS, startup and SCRAM must complete within `login_timeout_secs`, and the startup message
+//!   arrive within `startup_timeout_secs`; the connection holds one of the `max_pending_logins` pre-login places
+//!   until then, never a connection slot (taken after the password checked out, see [`super::auth`]). When a newer
+//!   connection is given its place ([`super::pending`]: silent ones go first), it is closed with 53300.
 //! * **Idle timeout** after the login: no message for `idle_timeout_secs` closes the connection (57P05).
 //! * **A client that leaves stops its statement.** pgwire reads nothing from the socket while a logged-in
 //!   connection's statement runs, so a second descriptor on the same socket (`watched`) waits for the kernel's
@@ -19,8 +20,10 @@
 //! * **Shutdown.** A connection waiting for its next message is closed (57P01) as soon as the server stops; one
 //!   running a statement is closed after it (or aborted by [`super::Server::run`] after the grace period).
 
+use super::pending::PendingPlace;
 use super::wire::{Connection, WireStatement};
 use super::{Shared, log};
+use dpfusion::config::ServerSettings;
 use futures::{SinkExt, StreamExt};
 use pgwire::api::cancel::DefaultCancelHandler;
 use pgwire::api::{ClientInfo, NoopHandler, PgWireConnectionState};
@@ -28,16 +31,13 @@ use pgwire::error::{ErrorInfo, PgWireError};
 use pgwire::messages::{PgWireBackendMessage, PgWireFrontendMessage};
 use pgwire::tokio::TlsAcceptor;
 use pgwire::tokio::server::{MaybeTls, PgWireMessageServerCodec, negotiate_tls, process_error, process_message};
-use std::collections::HashMap;
 use std::io;
-use std::net::IpAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, Interest, ReadBuf};
 use tokio::net::TcpStream;
-use tokio::sync::OwnedSemaphorePermit;
 use tokio_util::codec::{Framed, FramedParts};
 
 /// The longest message accepted before the login completes (pgwire's own limit for the startup message; SCRAM's
@@ -289,68 +289,70 @@ async fn close_with(socket: &mut Socket, message: PgWireBackendMessage) {
     .await;
 }
 
-/// Pre-login places taken per client address (see [`PendingPlace`]).
-pub(crate) type PendingPerAddress = Arc<std::sync::Mutex<HashMap<IpAddr, usize>>>;
-
-/// A connection's pre-login place: one of `max_pending_logins`, and one of its address's
-/// `max_pending_logins_per_address`; both given back when it is dropped (at login, or when the connection ends).
-pub(crate) struct PendingPlace {
-    _permit: OwnedSemaphorePermit,
-    address: IpAddr,
-    per_address: PendingPerAddress,
-}
-
-impl PendingPlace {
-    /// Takes a place for a connection from `address`, or says why there is none (the message for the client).
-    pub(crate) fn take(
-        all: &Arc<tokio::sync::Semaphore>,
-        per_address: &PendingPerAddress,
-        address: IpAddr,
-        settings: &dpfusion::config::ServerSettings,
-    ) -> Result<PendingPlace, String> {
-        let busy = |what: String| format!("too many connections {what}; try again in a few seconds");
-        let mut counts = per_address.lock().map_err(|_| busy("are logging in".into()))?;
-        let mine = counts.get(&address).copied().unwrap_or(0);
-        let most = settings.pending_logins_per_address(address);
-        if mine >= most {
-            return Err(busy(format!("from your address are logging in (this server accepts {most} at once)")));
-        }
-        let Ok(permit) = all.clone().try_acquire_owned() else {
-            let most = settings.max_pending_logins;
-            return Err(busy(format!("are logging in (this server accepts {most} at once)")));
-        };
-        counts.insert(address, mine + 1);
-        Ok(PendingPlace { _permit: permit, address, per_address: per_address.clone() })
+/// Writes `message` on a socket nothing has been written to yet, without waiting (its send buffer is empty, so a
+/// short message fits; should it not, it is given up). Written through a descriptor of its own: the runtime's
+/// `try_write` gives up on a socket it has not yet seen writable, as a freshly accepted one often is not.
+fn write_now(socket: &TcpStream, message: PgWireBackendMessage) {
+    use std::io::Write;
+    let mut bytes = Default::default();
+    if message.encode(&mut bytes).is_ok()
+        && let Some(mut socket) = super::pending::duplicate(socket)
+    {
+        let _ = socket.write(&bytes);
     }
 }
 
-impl Drop for PendingPlace {
-    fn drop(&mut self) {
-        if let Ok(mut counts) = self.per_address.lock()
-            && let Some(n) = counts.get_mut(&self.address)
-        {
-            *n = n.saturating_sub(1);
-            if *n == 0 {
-                counts.remove(&self.address);
+/// Refuses a connection that got no pre-login place: a FATAL error written without waiting, then closed.
+pub(crate) fn refuse_now(socket: TcpStream, why: String) {
+    write_now(&socket, fatal("53300", why, None));
+}
+
+/// Why a connection is closed before its login completed.
+#[derive(Clone, Copy)]
+enum Cut {
+    /// Its pre-login place was given to a newer connection ([`PendingPlace::evicted`]).
+    Evicted,
+    StartupTimeout,
+    LoginTimeout,
+}
+
+impl Cut {
+    fn message(self, settings: &ServerSettings) -> PgWireBackendMessage {
+        match self {
+            Cut::Evicted => fatal(
+                "53300",
+                "too many connections are logging in: this one had not completed its login and was closed to make \
+                 room for a newer one"
+                    .into(),
+                Some("reconnect and log in; when every place is taken, connections that have sent nothing go first"),
+            ),
+            Cut::StartupTimeout => {
+                fatal("08006", format!("startup message not received within {:?}", settings.startup_timeout), None)
+            }
+            Cut::LoginTimeout => {
+                fatal("08006", format!("login not completed within {:?}", settings.login_timeout), None)
             }
         }
     }
 }
 
-/// Refuses a connection accepted over `max_pending_logins` (or its address's share): a FATAL error written without
-/// waiting (the socket's buffer is empty), then closed.
-pub(crate) fn refuse_now(socket: TcpStream, why: String) {
-    let message = fatal("53300", why, None);
-    let mut bytes = Default::default();
-    if message.encode(&mut bytes).is_ok() {
-        let _ = socket.try_write(&bytes);
-    }
+/// Sends a FATAL error to a client that may be writing (a login under way), shuts our end, and reads and drops
+/// what the client still sends (at most the bytes it may send before login) until it closes too, all within a
+/// second: closing with a message of its unread would reset the connection, and a client writing then would
+/// see the reset, not the error.
+async fn close_draining(socket: &mut Socket, message: PgWireBackendMessage) {
+    let _ = tokio::time::timeout(Duration::from_secs(1), async {
+        let _ = socket.send(message).await;
+        let _ = socket.close().await;
+        while let Some(Ok(_)) = socket.next().await {}
+    })
+    .await;
 }
 
 /// What a connection waits for.
 enum Event {
     Message(Option<Result<PgWireFrontendMessage, PgWireError>>),
-    LoginTimeout,
+    Cut(Cut),
     Idle,
     Stop,
 }
@@ -383,23 +385,55 @@ async fn client_left(watch: &TcpStream) {
     }
 }
 
-/// Serves one accepted socket until it closes. `pending` is its pre-login place, released at login.
-pub(crate) async fn serve(
+/// Brings an accepted socket to its startup message: its first byte, TLS if it asks for it, then the bounded
+/// socket; `None` if it was closed meanwhile (cut off by the startup timeout or by losing its place: told so
+/// while nothing else was written on the socket, or after TLS was refused; or gone, or over a size limit).
+async fn negotiate(
     tcp: TcpStream,
+    watch: &TcpStream,
     tls: Option<TlsAcceptor>,
-    handler: Arc<Connection>,
-    shared: Arc<Shared>,
-    pending: PendingPlace,
-    mut stop: tokio::sync::watch::Receiver<bool>,
-) -> io::Result<()> {
-    let login_deadline = tokio::time::sleep(shared.settings.login_timeout);
-    tokio::pin!(login_deadline);
-    let (tcp, watch) = watched(tcp)?;
-    let negotiated = tokio::select! {
-        _ = &mut login_deadline => return Ok(()),
-        s = negotiate_tls::<WireStatement>(tcp, tls) => s?,
+    place: &mut PendingPlace,
+    startup_deadline: Pin<&mut tokio::time::Sleep>,
+    settings: &ServerSettings,
+) -> io::Result<Option<Socket>> {
+    let mut startup_deadline = startup_deadline;
+    // Silent until its first byte (peeked, left for pgwire to read): nothing was written either, so a refusal can
+    // go on the bare socket whatever the client meant to negotiate. Here too what has arrived goes first (see
+    // `serve`).
+    let mut byte = [0u8; 1];
+    let first = tokio::select! {
+        biased;
+        r = tcp.peek(&mut byte) => Ok(r),
+        _ = &mut startup_deadline => Err(Cut::StartupTimeout),
+        () = place.evicted() => Err(Cut::Evicted),
     };
-    let Some(negotiated) = negotiated else { return Ok(()) };
+    match first {
+        Err(cut) => {
+            write_now(watch, cut.message(settings));
+            return Ok(None);
+        }
+        Ok(Ok(0) | Err(_)) => return Ok(None),
+        Ok(Ok(_)) => place.step(),
+    }
+    let plain = tls.is_none();
+    let negotiated = tokio::select! {
+        biased;
+        s = negotiate_tls::<WireStatement>(tcp, tls) => Ok(s?),
+        _ = &mut startup_deadline => Err(Cut::StartupTimeout),
+        () = place.evicted() => Err(Cut::Evicted),
+    };
+    let negotiated = match negotiated {
+        Ok(Some(n)) => n,
+        Ok(None) => return Ok(None),
+        Err(cut) => {
+            // Without TLS configured, pgwire wrote at most its refusal of an SSL or GSS request: a message may
+            // follow. With it, a TLS handshake may be under way, and bare bytes would only garble it.
+            if plain {
+                write_now(watch, cut.message(settings));
+            }
+            return Ok(None);
+        }
+    };
     let old = negotiated.into_parts();
     let mut io = Bounded::new(old.io);
     let early = io.observe(&old.read_buf);
@@ -410,31 +444,77 @@ pub(crate) async fn serve(
     if let Err(e) = early {
         log(&format!("connection from {} closed: {e}", socket.socket_addr()));
         close_with(&mut socket, fatal("54000", e.to_string(), None)).await;
-        return Ok(());
+        return Ok(None);
     }
-    let mut pending = Some(pending);
+    Ok(Some(socket))
+}
+
+/// Serves one accepted socket until it closes. `place` is its pre-login place, given up at login; until then the
+/// connection is closed when the place is given to a newer one, or when its startup message or its login takes
+/// too long.
+pub(crate) async fn serve(
+    tcp: TcpStream,
+    tls: Option<TlsAcceptor>,
+    handler: Arc<Connection>,
+    shared: Arc<Shared>,
+    mut place: PendingPlace,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) -> io::Result<()> {
+    let settings = &shared.settings;
+    let startup_deadline = tokio::time::sleep(settings.startup_timeout);
+    let login_deadline = tokio::time::sleep(settings.login_timeout);
+    tokio::pin!(startup_deadline, login_deadline);
+    let (tcp, watch) = watched(tcp)?;
+    let Some(mut socket) = negotiate(tcp, &watch, tls, &mut place, startup_deadline.as_mut(), settings).await? else {
+        return Ok(());
+    };
+    let mut pending = Some(place);
     let copy = Arc::new(NoopHandler);
     let cancel = Arc::new(DefaultCancelHandler::new(shared.cancels.clone()));
-    let idle = shared.settings.idle_timeout;
+    let idle = settings.idle_timeout;
     loop {
         if pending.is_some() && logged_in(&socket) {
             pending = None;
-            socket.get_mut().logged_in(shared.settings.max_query_bytes.saturating_add(MESSAGE_OVERHEAD));
+            socket.get_mut().logged_in(settings.max_query_bytes.saturating_add(MESSAGE_OVERHEAD));
         }
-        let next = tokio::select! {
-            m = socket.next() => Event::Message(m),
-            _ = &mut login_deadline, if pending.is_some() => Event::LoginTimeout,
-            _ = tokio::time::sleep(idle), if pending.is_none() => Event::Idle,
-            r = stop.wait_for(|s| *s) => {
-                drop(r);
-                Event::Stop
+        // Before the login, a message that has arrived goes first (`biased`): on a busy server a task may be polled
+        // late, when its client's message and a deadline are both due, and the client must not be cut off for the
+        // server's delay (what it may send before login is bounded, so it cannot hold a deadline off for long).
+        let next = match pending.as_mut() {
+            Some(place) => {
+                let awaiting_startup = matches!(socket.state(), PgWireConnectionState::AwaitingStartup);
+                tokio::select! {
+                    biased;
+                    m = socket.next() => Event::Message(m),
+                    () = place.evicted() => Event::Cut(Cut::Evicted),
+                    _ = &mut startup_deadline, if awaiting_startup => Event::Cut(Cut::StartupTimeout),
+                    _ = &mut login_deadline => Event::Cut(Cut::LoginTimeout),
+                    r = stop.wait_for(|s| *s) => {
+                        drop(r);
+                        Event::Stop
+                    }
+                }
             }
+            None => tokio::select! {
+                m = socket.next() => Event::Message(m),
+                _ = tokio::time::sleep(idle) => Event::Idle,
+                r = stop.wait_for(|s| *s) => {
+                    drop(r);
+                    Event::Stop
+                }
+            },
         };
         let next = match next {
             Event::Message(m) => m,
-            Event::LoginTimeout => {
-                let m = format!("login not completed within {:?}", shared.settings.login_timeout);
-                close_with(&mut socket, fatal("08006", m, None)).await;
+            Event::Cut(cut) => {
+                // Its client may be sending its next login message: wait for it to read the error, if the server
+                // can afford to (held until the end of this block).
+                let lingering = pending.as_ref().filter(|_| matches!(cut, Cut::Evicted)).and_then(PendingPlace::linger);
+                if lingering.is_some() {
+                    close_draining(&mut socket, cut.message(settings)).await;
+                } else {
+                    close_with(&mut socket, cut.message(settings)).await;
+                }
                 break;
             }
             Event::Idle => {
@@ -469,6 +549,13 @@ pub(crate) async fn serve(
                 break;
             }
         };
+        // A login step keeps the place from going before those of connections that did less. At most three: one
+        // startup message, two SCRAM messages (the second ends the login either way); others are ignored here.
+        if let Some(p) = &pending
+            && matches!(message, PgWireFrontendMessage::Startup(_) | PgWireFrontendMessage::PasswordMessageFamily(_))
+        {
+            p.step();
+        }
         let extended_query = match socket.state() {
             PgWireConnectionState::CopyInProgress(e) => e,
             _ => message.is_extended_query(),

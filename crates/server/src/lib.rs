@@ -16,7 +16,9 @@
 //! * **Limits** ([`conn`], [`auth`]). A connection slot is taken only after the password checked out
 //!   (`max_connections`, at most `max_connections_per_analyst` per analyst); before that a connection holds one of
 //!   `max_pending_logins` places (`max_pending_logins_per_address` from one address) for at most
-//!   `login_timeout_secs`, and may send only small messages. Failed logins make later attempts on the same user or
+//!   `login_timeout_secs` (its startup message within `startup_timeout_secs`), and may send only small messages;
+//!   when they are all taken a newcomer takes the place of a silent connection first ([`pending`]), so connections
+//!   that never log in cannot keep others out. Failed logins make later attempts on the same user or
 //!   address wait, refused at once ("try again in N s"), never queued. Messages after the login are bounded by `max_query_bytes`; an idle connection is closed after
 //!   `idle_timeout_secs`. A statement timeout, a memory pool per connection, PostgreSQL cancel requests, a
 //!   statement stopped when its client leaves ([`conn`]), and a shutdown that ends within its grace period, by a
@@ -30,6 +32,7 @@
 pub mod auth;
 mod catalog;
 pub mod conn;
+mod pending;
 pub mod scram;
 mod types;
 mod wire;
@@ -229,8 +232,7 @@ impl Server {
     /// ends the process then.
     pub async fn run(self, shutdown: impl Future<Output = ()>) -> Result<()> {
         let Server { shared, listener, tls } = self;
-        let pending = Arc::new(Semaphore::new(shared.settings.max_pending_logins));
-        let pending_per_address = conn::PendingPerAddress::default();
+        let pending = Arc::new(pending::PendingLogins::new(shared.settings.max_pending_logins));
         let (stop, stopped) = tokio::sync::watch::channel(false);
         let mut tasks = tokio::task::JoinSet::new();
         tokio::pin!(shutdown);
@@ -246,8 +248,7 @@ impl Server {
                             continue;
                         }
                     };
-                    let taken = conn::PendingPlace::take(&pending, &pending_per_address, peer.ip(), &shared.settings);
-                    let place = match taken {
+                    let place = match pending.take(&socket, peer.ip(), &shared.settings) {
                         Ok(place) => place,
                         Err(why) => {
                             conn::refuse_now(socket, why);
