@@ -286,3 +286,49 @@ fn every_refusal_code_is_unique_and_snake_case_and_every_sqlstate_of_a_known_cla
     }
     assert!(all.len() >= 80, "{} refusals: the catalogue lost some", all.len());
 }
+
+/// The engine's source files (paths under `crates/engine/src`, `/`-separated) that `text` does not name as a code
+/// span (`` `plan/size.rs` ``).
+fn unnamed_sources(src: &Path, text: &str) -> Vec<String> {
+    fn walk(dir: &Path, base: &Path, out: &mut Vec<String>) {
+        for entry in std::fs::read_dir(dir).expect("a readable source directory") {
+            let path = entry.expect("a source entry").path();
+            if path.is_dir() {
+                walk(&path, base, out);
+            } else if path.extension().is_some_and(|x| x == "rs") {
+                let relative = path.strip_prefix(base).expect("under the base").to_string_lossy().replace('\\', "/");
+                out.push(relative);
+            }
+        }
+    }
+    let mut files = Vec::new();
+    walk(src, src, &mut files);
+    files.sort();
+    files.retain(|f| !text.contains(&format!("`{f}`")));
+    files
+}
+
+/// docs/architecture.md names every source file of the engine (its module map), so that a new module cannot be
+/// added without saying where it stands in the flow of data.
+#[test]
+fn architecture_md_names_every_engine_source_file() {
+    let root = Path::new(ROOT);
+    let text = std::fs::read_to_string(root.join("docs/architecture.md")).expect("docs/architecture.md");
+    let missing = unnamed_sources(&root.join("crates/engine/src"), &text);
+    assert!(
+        missing.is_empty(),
+        "docs/architecture.md does not name these engine files (add them to its module map): {missing:?}"
+    );
+}
+
+/// The check sees a file the text leaves out, and not one it names.
+#[test]
+fn the_module_map_check_finds_an_unnamed_file() {
+    let dir = TempDir::new("module-map");
+    std::fs::create_dir_all(dir.join("plan")).unwrap();
+    for f in ["lib.rs", "plan/new.rs"] {
+        std::fs::write(dir.join(f), "").unwrap();
+    }
+    assert_eq!(unnamed_sources(dir.as_ref(), "| `lib.rs` | `plan/new` |"), ["plan/new.rs"]);
+    assert!(unnamed_sources(dir.as_ref(), "`lib.rs`, `plan/new.rs`").is_empty());
+}

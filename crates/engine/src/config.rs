@@ -507,7 +507,7 @@ pub struct SessionConfig {
     /// Confidence level of reported intervals.
     pub confidence: f64,
     /// Whether a query whose measurements were charged before is answered from them (`[session] reuse`).
-    pub reuse: crate::session::Reuse,
+    pub reuse: Reuse,
     /// The private tables.
     pub tables: BTreeMap<String, TableSource>,
     /// The durable ledger, if configured.
@@ -600,8 +600,8 @@ impl SessionConfig {
         let mechanism: MechanismChoice = s.mechanism.parse().map_err(|e| cfg_err(e, "mechanism"))?;
         crate::noise::accuracy::check_confidence(s.confidence).map_err(|e| cfg_err(e, "confidence"))?;
         let confidence = s.confidence;
-        let reuse = match s.reuse.as_deref().map(crate::session::Reuse::parse) {
-            None => crate::session::Reuse::Exact,
+        let reuse = match s.reuse.as_deref().map(Reuse::parse) {
+            None => Reuse::Exact,
             Some(r) => r.map_err(|e| DpError::Config(format!("[session] reuse: {e}")))?,
         };
         let mut tables = BTreeMap::new();
@@ -803,5 +803,43 @@ fn check_public(name: &str, t: &TableConfig) -> Result<()> {
              (or make the table private: remove `public = true`)",
             set.join(", ")
         ))),
+    }
+}
+
+/// What `SET dp.reuse` and `[session] reuse` allow.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reuse {
+    /// A statement with the measurements of an earlier release is answered from them (the default).
+    Exact,
+    /// As `Exact`, and a statement whose answer is a sum of cells of an earlier GROUP BY (a sub-total, a total)
+    /// on the same rows is answered from those cells, at no cost (`session::derive`).
+    Derive,
+    /// Every statement is charged and drawn afresh.
+    Off,
+}
+
+impl Reuse {
+    /// Parses a `SET dp.reuse` or `[session] reuse` value.
+    pub fn parse(text: &str) -> Result<Reuse, String> {
+        match text.trim().to_ascii_lowercase().as_str() {
+            "exact" | "on" => Ok(Reuse::Exact),
+            "derive" => Ok(Reuse::Derive),
+            "off" => Ok(Reuse::Off),
+            _ => Err("must be 'exact' (the default), 'derive' or 'off'".into()),
+        }
+    }
+
+    /// Whether the same measurements released before are answered from them (`exact` and `derive`).
+    pub fn exact(self) -> bool {
+        self != Reuse::Off
+    }
+
+    /// The value as `SET dp.reuse` stores it and `SHOW dp.reuse` gives it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Reuse::Exact => "exact",
+            Reuse::Derive => "derive",
+            Reuse::Off => "off",
+        }
     }
 }

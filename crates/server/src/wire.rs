@@ -14,7 +14,7 @@
 //!
 //! **Limits on every message.** Before anything parses or routes a statement ([`admit`]): `max_query_bytes` on
 //! the Query message, the Parse text, the text after Bind's substitution and Describe's; UTF-8; and the operator
-//! count of [`dpfusion::plan::safety::check_statement_size`], which keeps every syntax tree shallow. Routing and
+//! count of [`dpfusion::session::check_statement_size`], which keeps every syntax tree shallow. Routing and
 //! catalog answers run on the planning stack ([`dpfusion::session::PLANNING_STACK`]), catalog queries under the
 //! statement timeout. A simple Query holds at most [`MAX_STATEMENTS_PER_MESSAGE`] statements, and each one's
 //! response is sent before the next statement runs (nothing is collected across statements).
@@ -188,14 +188,14 @@ fn too_long(len: usize, max: usize) -> PgWireError {
 
 /// The checks every statement text passes before anything parses or routes it (a Query's statements, Parse's
 /// text, the text after Bind's substitution, Describe's): at most `max_bytes`, UTF-8, and at most
-/// [`dpfusion::plan::safety::MAX_OPERATORS`] operators (counted on tokens, without building a tree: a deeper tree
+/// [`dpfusion::session::MAX_OPERATORS`] operators (counted on tokens, without building a tree: a deeper tree
 /// would overflow a stack while it is parsed, walked or dropped).
 fn admit(max_bytes: usize, sql: &str) -> PgWireResult<()> {
     if sql.len() > max_bytes {
         return Err(too_long(sql.len(), max_bytes));
     }
     check_utf8(sql)?;
-    dpfusion::plan::safety::check_statement_size(sql).map_err(|e| dp_error(&e))
+    dpfusion::session::check_statement_size(sql).map_err(|e| dp_error(&e))
 }
 
 /// The statements of one simple Query message, refused whole if the message is over `max_bytes` or holds more

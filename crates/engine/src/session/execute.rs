@@ -12,6 +12,7 @@
 use crate::accounting::calibrate::Calibration;
 use crate::accounting::ledger::{Claim, LedgerKey, Prior};
 use crate::accounting::{Charge, Debit};
+use crate::config::Reuse;
 use crate::error::{DpError, Result, engine};
 use crate::marginals::{Counter, MarginalRelease, RowSampler};
 use crate::noise::NoiseParams;
@@ -28,7 +29,6 @@ use crate::session::marginals::PreparedMarginals;
 use crate::session::post::{PostFailure, domain_product, named_aggregates, noisy_batch, passthrough};
 use crate::session::prepare::Prepared;
 use crate::session::quote::Quote;
-use crate::session::reuse::Reuse;
 use crate::session::{DpSession, PrivatePlan, Unlocked};
 use datafusion::arrow::array::{Array, AsArray, Decimal128Array, Int64Array, RecordBatch};
 use datafusion::arrow::datatypes::{Float64Type, SchemaRef};

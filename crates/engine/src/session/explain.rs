@@ -284,7 +284,7 @@ impl DpSession {
     /// else, whether sums of a stored release's cells can answer it ([`super::derive`]): offered both ways, with the
     /// derived accuracy of each noisy column, and which one `SET dp.reuse` picks.
     fn explained_reuse(&self, prepared: &prepare::Prepared, quote: &super::quote::Quote) -> Result<Option<String>> {
-        use super::reuse::Reuse;
+        use crate::config::Reuse;
         let measured = super::reuse::measured(prepared, &quote.measurements)?;
         let key = self.reuse_key(&measured, &prepared.dp.tables)?;
         let exact = self.explained_reuse_of(&key, "measurements")?;

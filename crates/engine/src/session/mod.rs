@@ -51,10 +51,13 @@ pub(crate) mod reuse;
 mod statement;
 mod target;
 mod workload;
-pub use reuse::Reuse;
+pub use crate::config::Reuse;
 pub use target::Target;
 pub use workload::WorkloadSets;
 
+/// The size check every statement passes before it is parsed (a front end, such as the server, runs it on each
+/// statement of a message before routing it): at most [`MAX_OPERATORS`] operators, counted on tokens.
+pub use crate::plan::safety::{MAX_OPERATORS, check_statement_size};
 pub use explain::{ExplainedMeasure, Explanation};
 pub use post::POST_MEMORY;
 pub use prepare::grow_stack;
@@ -385,7 +388,7 @@ impl DpSession {
     /// The types DataFusion infers for the `$n` placeholders of `sql` (planned over the schemas only, nothing is
     /// read), in order of n; `None` where it cannot tell.
     pub async fn parameter_types(&self, sql: &str) -> Result<Vec<Option<datafusion::arrow::datatypes::DataType>>> {
-        crate::plan::safety::check_statement_size(sql)?;
+        check_statement_size(sql)?;
         let plan = grow_stack(self.tables.state().create_logical_plan(sql)).await.map_err(crate::error::engine)?;
         let mut types = plan.get_parameter_types().map_err(crate::error::engine)?;
         // DataFusion leaves LIMIT and OFFSET placeholders untyped; they take integers.

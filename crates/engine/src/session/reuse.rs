@@ -32,49 +32,12 @@
 //! changed the table's files since (the identity above), never on the rows.
 
 use crate::accounting::calibrate::Calibration;
+use crate::config::Reuse;
 use crate::error::Result;
 use crate::plan::fingerprint::{Canon, Fingerprint};
 use crate::session::DpSession;
 use crate::session::prepare::Prepared;
 use datafusion::common::TableReference;
-
-/// What `SET dp.reuse` and `[session] reuse` allow.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Reuse {
-    /// A statement with the measurements of an earlier release is answered from them (the default).
-    Exact,
-    /// As `Exact`, and a statement whose answer is a sum of cells of an earlier GROUP BY (a sub-total, a total)
-    /// on the same rows is answered from those cells, at no cost ([`super::derive`]).
-    Derive,
-    /// Every statement is charged and drawn afresh.
-    Off,
-}
-
-impl Reuse {
-    /// Parses a `SET dp.reuse` or `[session] reuse` value.
-    pub fn parse(text: &str) -> Result<Reuse, String> {
-        match text.trim().to_ascii_lowercase().as_str() {
-            "exact" | "on" => Ok(Reuse::Exact),
-            "derive" => Ok(Reuse::Derive),
-            "off" => Ok(Reuse::Off),
-            _ => Err("must be 'exact' (the default), 'derive' or 'off'".into()),
-        }
-    }
-
-    /// Whether the same measurements released before are answered from them (`exact` and `derive`).
-    pub fn exact(self) -> bool {
-        self != Reuse::Off
-    }
-
-    /// The value as `SET dp.reuse` stores it and `SHOW dp.reuse` gives it.
-    pub fn name(self) -> &'static str {
-        match self {
-            Reuse::Exact => "exact",
-            Reuse::Derive => "derive",
-            Reuse::Off => "off",
-        }
-    }
-}
 
 /// The fingerprint of what `prepared` measures with the noise `cals` (module docs): what its draw carries.
 pub(crate) fn measured(prepared: &Prepared, cals: &[Calibration]) -> Result<Fingerprint> {

@@ -407,7 +407,7 @@ fn show_target(s: &DpSession) -> Result<String> {
 
 /// `SET dp.reuse`: `exact`, `derive` or `off`.
 fn check_reuse(_: &DpSession, value: &str) -> Result<Checked> {
-    Ok(super::reuse::Reuse::parse(value).map(|r| r.name().to_string()))
+    Ok(crate::config::Reuse::parse(value).map(|r| r.name().to_string()))
 }
 
 fn show_reuse(s: &DpSession) -> Result<String> {
