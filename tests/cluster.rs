@@ -16,7 +16,7 @@ use crate::sql_refuse::REFUSED;
 use crate::support::{ROOT, TempDir, column_f64, pums_config, release, session_from};
 use dpfusion::DpSession;
 use dpfusion::cluster::ClusterKey;
-use std::sync::Arc;
+use dpfusion::config::ClusterTransport;
 
 /// pums_dup.csv in `parts` files, row i in file i mod `parts`.
 fn split_pums(dir: &TempDir, parts: usize) -> String {
@@ -34,15 +34,44 @@ fn split_pums(dir: &TempDir, parts: usize) -> String {
     dir.join("part-*.csv").display().to_string()
 }
 
-/// A cluster of two executors (two task slots each) and the `[engine]` section that sends plans to it.
+/// The cluster's certificates in `dir/certs` (an authority, and one certificate for each of the scheduler, the
+/// executors and the dpfusion process), made once per directory.
+fn certificates(dir: &TempDir) -> std::path::PathBuf {
+    let certs = dir.join("certs");
+    if !certs.join("ca.pem").exists() {
+        let members = dpfusion_cluster::DEFAULT_MEMBERS.map(String::from);
+        dpfusion_cluster::write_certificates(&certs, &members, 1).unwrap();
+    }
+    certs
+}
+
+/// The transport of `member` (`scheduler`, `executor`, `dpfusion`) of the cluster whose certificates are in `certs`.
+fn member(certs: &std::path::Path, name: &str) -> ClusterTransport {
+    let (cert, key) = (certs.join(format!("{name}.pem")), certs.join(format!("{name}.key")));
+    ClusterTransport::Tls { ca: certs.join("ca.pem"), cert, key }
+}
+
+/// The `[engine]` lines of the dpfusion process's credentials in `certs`.
+fn engine_tls(certs: &std::path::Path) -> String {
+    let d = certs.display();
+    format!(
+        "cluster_ca = \"{d}/ca.pem\"\ncluster_cert = \"{d}/dpfusion.pem\"\ncluster_cert_key = \"{d}/dpfusion.key\"\n"
+    )
+}
+
+/// A cluster of two executors (two task slots each) and the `[engine]` section that sends plans to it, every
+/// connection over mutual TLS.
 async fn start_cluster(dir: &TempDir) -> String {
     let key_file = dir.join("cluster.key");
-    ClusterKey::write_new(&key_file).unwrap();
-    let key = Arc::new(ClusterKey::from_file(&key_file).unwrap());
-    let addr = dpfusion_cluster::standalone(key, 2, 2).await.unwrap();
+    if !key_file.exists() {
+        ClusterKey::write_new(&key_file).unwrap();
+    }
+    let certs = certificates(dir);
+    let addr = dpfusion_cluster::standalone(&key_file, &member(&certs, "executor"), 2, 2).await.unwrap().scheduler;
     format!(
-        "\n[engine]\nscheduler = \"df://{addr}\"\ncluster_key_file = \"{}\"\ncluster_partitions = 4\n",
-        key_file.display()
+        "\n[engine]\nscheduler = \"df://{addr}\"\ncluster_key_file = \"{}\"\ncluster_partitions = 4\n{}",
+        key_file.display(),
+        engine_tls(&certs)
     )
 }
 
@@ -143,7 +172,8 @@ async fn a_cluster_that_cannot_work_is_refused_at_start() {
     let key_file = dir.join("k");
     ClusterKey::write_new(&key_file).unwrap();
     let engine = |addr: &str| {
-        format!("\n[engine]\nscheduler = \"df://{addr}\"\ncluster_key_file = \"{}\"\n", key_file.display())
+        let key = key_file.display();
+        format!("\n[engine]\nscheduler = \"df://{addr}\"\ncluster_key_file = \"{key}\"\ninsecure_plaintext = true\n")
     };
     let base = pums_config("pums_dup.csv", 1.0, 2, 1);
     let in_memory = base.replace("format = \"csv\"", "format = \"csv\"\nin_memory = true") + &engine("localhost:1");
@@ -163,6 +193,45 @@ async fn a_cluster_that_cannot_work_is_refused_at_start() {
         dpfusion::SessionConfig::from_toml_str(&(base + &engine(&closed.to_string())), std::path::Path::new(ROOT));
     let e = DpSession::from_config(&cfg.unwrap()).await.err().expect("refused");
     assert!(e.to_string().contains("[engine] scheduler"), "{e}");
+}
+
+/// Membership is not optional: a cluster session without the credentials, with only some of them, or in plaintext
+/// to a scheduler on another machine is a configuration error (and `dpfusion scheduler` and `executor` refuse the
+/// same with their flags); plaintext is accepted on a loopback address only.
+#[test]
+fn a_cluster_without_credentials_is_refused() {
+    let engine = |scheduler: &str, extra: &str| {
+        let e = format!("\n[engine]\nscheduler = \"df://{scheduler}\"\ncluster_key_file = \"k\"\n{extra}");
+        dpfusion::SessionConfig::from_toml_str(
+            &(pums_config("pums_dup.csv", 1.0, 2, 1) + &e),
+            std::path::Path::new(ROOT),
+        )
+    };
+    let refused = |scheduler: &str, extra: &str, why: &str| {
+        let e = engine(scheduler, extra).err().unwrap_or_else(|| panic!("{scheduler} {extra}: accepted"));
+        assert!(e.to_string().contains(why), "{scheduler} {extra}: {e}");
+    };
+    refused("10.0.0.1:50050", "", "talk over mutual TLS");
+    refused("10.0.0.1:50050", "cluster_ca = \"ca.pem\"\n", "give all three");
+    refused("10.0.0.1:50050", "insecure_plaintext = true\n", "10.0.0.1 is not");
+    refused("scheduler.example:50050", "insecure_plaintext = true\n", "loopback");
+    let tls = "cluster_ca = \"a\"\ncluster_cert = \"b\"\ncluster_cert_key = \"c\"\n";
+    refused("localhost:50050", &format!("{tls}insecure_plaintext = true\n"), "not both");
+    for local in ["localhost:50050", "127.0.0.1:50050", "[::1]:50050"] {
+        let cfg = engine(local, "insecure_plaintext = true\n").unwrap();
+        assert_eq!(cfg.cluster.unwrap().transport, ClusterTransport::InsecurePlaintext);
+    }
+    assert!(matches!(engine("10.0.0.1", tls).unwrap().cluster.unwrap().transport, ClusterTransport::Tls { .. }));
+    let run = |args: &[&str]| {
+        let out = std::process::Command::new(crate::support::BIN).args(args).output().unwrap();
+        (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    let (code, err) = run(&["scheduler", "--bind", "0.0.0.0:1", "--insecure-plaintext"]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("--insecure-plaintext is allowed only"), "{err}");
+    let (code, err) = run(&["executor", "--scheduler", "10.0.0.1:1", "--key-file", "k"]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("--ca, --cert and --cert-key"), "{err}");
 }
 
 /// Prints a file (the owner's log, with the causes of failures the analyst does not see) if the test panics.
@@ -222,35 +291,34 @@ fn spawn_listening(args: &[&str], port: u16, log: std::path::PathBuf) -> Proc {
 /// An executor process of the cluster at `scheduler` (on free ports: up to three tries, since a port found free
 /// can be taken by another test before the executor binds it).
 fn executor(dir: &TempDir, scheduler: u16, key: &str, name: &str) -> Proc {
+    let certs = certificates(dir);
+    try_executor(dir, scheduler, key, name, &member_args(&certs, "executor")).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// The flags of `member`'s credentials in `certs`.
+fn member_args(certs: &std::path::Path, name: &str) -> Vec<String> {
+    let file = |f: String| certs.join(f).display().to_string();
+    let (ca, cert, key) = (file("ca.pem".into()), file(format!("{name}.pem")), file(format!("{name}.key")));
+    ["--ca".into(), ca, "--cert".into(), cert, "--cert-key".into(), key].into()
+}
+
+/// An executor process with the credentials `member` (flags), or why none listened.
+fn try_executor(dir: &TempDir, scheduler: u16, key: &str, name: &str, member: &[String]) -> Result<Proc, String> {
     let work = dir.join(format!("work-{name}"));
     std::fs::create_dir_all(&work).unwrap();
     let mut failures = vec![];
     for _ in 0..3 {
-        let (port, grpc) = (free_port(), free_port());
-        let (port_s, grpc_s, sched) = (port.to_string(), grpc.to_string(), format!("127.0.0.1:{scheduler}"));
-        let args = [
-            "executor",
-            "--scheduler",
-            &sched,
-            "--key-file",
-            key,
-            "--port",
-            &port_s,
-            "--grpc-port",
-            &grpc_s,
-            "--vcores",
-            "2",
-            "--work-dir",
-            work.to_str().unwrap(),
-            "--heartbeat-secs",
-            "1",
-        ];
+        let port = free_port();
+        let (port_s, sched) = (port.to_string(), format!("127.0.0.1:{scheduler}"));
+        let mut args = vec!["executor", "--scheduler", &sched, "--key-file", key, "--port", &port_s];
+        args.extend(["--vcores", "2", "--work-dir", work.to_str().unwrap(), "--heartbeat-secs", "1"]);
+        args.extend(member.iter().map(String::as_str));
         match try_spawn_listening(&args, port, &dir.join(format!("{name}.log"))) {
-            Ok(p) => return p,
+            Ok(p) => return Ok(p),
             Err(e) => failures.push(e),
         }
     }
-    panic!("no executor {name} started: {failures:#?}");
+    Err(format!("no executor {name} started: {failures:#?}"))
 }
 
 /// pums_dup.csv as Parquet (its rows in two row groups' worth of files), for the Parquet table of the cluster.
@@ -276,8 +344,11 @@ async fn a_cluster_of_processes_survives_a_lost_executor() {
     assert!(std::process::Command::new(crate::support::BIN).args(["cluster-key", &key_s]).status().unwrap().success());
     let sched = free_port();
     let bind = format!("127.0.0.1:{sched}");
-    let _scheduler =
-        spawn_listening(&["scheduler", "--bind", &bind, "--executor-timeout-secs", "5"], sched, dir.join("s.log"));
+    let certs = certificates(&dir);
+    let mut args = vec!["scheduler".to_string(), "--bind".into(), bind.clone(), "--executor-timeout-secs".into()];
+    args.extend(["5".to_string()].into_iter().chain(member_args(&certs, "scheduler")));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let _scheduler = spawn_listening(&args, sched, dir.join("s.log"));
     let mut first = Some(executor(&dir, sched, &key_s, "e1"));
     let _second = executor(&dir, sched, &key_s, "e2");
     let parquet = pums_parquet(&dir).await;
@@ -291,10 +362,11 @@ async fn a_cluster_of_processes_survives_a_lost_executor() {
     let owner_log = dir.join("owner.log");
     let cfg = format!(
         "{}{parquet_table}\n[ledger]\npath = \"{}\"\nbudget = \"b\"\n\n[engine]\nscheduler = \"df://{bind}\"\n\
-         cluster_key_file = \"{key_s}\"\ncluster_partitions = 4\n",
+         cluster_key_file = \"{key_s}\"\ncluster_partitions = 4\n{}",
         base.replace("examples/data/pums_dup.csv", &split)
             .replace("[session]\n", &format!("[session]\nowner_log = \"{}\"\n", owner_log.display())),
-        ledger.display()
+        ledger.display(),
+        engine_tls(&certs)
     );
     let local = session_from(&pums_config("pums_dup.csv", 100.0, 2, 1)).await;
     let cluster = session_from(&cfg).await;
@@ -359,7 +431,105 @@ fn the_scheduler_flag_never_does_nothing() {
     assert_eq!(code, Some(2), "{err}");
     assert!(err.contains("applies to the commands that run queries"), "{err}");
     // An executor's --scheduler is the one it serves: accepted (it then fails on the missing key file).
-    let (code, err) = run(&["executor", "--scheduler", "df://127.0.0.1:1", "--key-file", "/nonexistent/k"]);
+    let plain = "--insecure-plaintext";
+    let (code, err) = run(&["executor", "--scheduler", "df://127.0.0.1:1", "--key-file", "/nonexistent/k", plain]);
     assert_eq!(code, Some(2), "{err}");
     assert!(err.contains("cluster key /nonexistent/k"), "{err}");
+}
+
+/// A client of the cluster at `addr` with the transport `t` (the endpoint as Ballista's processes make it).
+async fn channel(addr: std::net::SocketAddr, t: &ClusterTransport) -> Result<tonic::transport::Channel, String> {
+    let transport = dpfusion::cluster::Transport::load(t).map_err(|e| e.to_string())?;
+    let endpoint = ballista_core::utils::create_grpc_client_endpoint(format!("http://{addr}"), None).unwrap();
+    let endpoint = transport.client_endpoint(endpoint).map_err(|e| e.to_string())?;
+    endpoint.connect().await.map_err(|e| e.to_string())
+}
+
+/// Whether a process with the transport `t` is answered by the scheduler at `scheduler` (a job's status) and by the
+/// executor at `executor` (a partition's data: here a bogus ticket, which a member is told is not a partition).
+async fn answered(scheduler: std::net::SocketAddr, executor: std::net::SocketAddr, t: &ClusterTransport) -> [bool; 2] {
+    use ballista_core::serde::protobuf::GetJobStatusParams;
+    use ballista_core::serde::protobuf::scheduler_grpc_client::SchedulerGrpcClient;
+    let status = match channel(scheduler, t).await {
+        Ok(c) => SchedulerGrpcClient::new(c).get_job_status(GetJobStatusParams { job_id: "j".into() }).await.is_ok(),
+        Err(_) => false,
+    };
+    let fetch = match channel(executor, t).await {
+        Ok(c) => {
+            let mut client = arrow_flight::flight_service_client::FlightServiceClient::new(c);
+            let ticket = arrow_flight::Ticket { ticket: b"not a partition".to_vec().into() };
+            // A member reaches the service, which refuses the ticket with its own error ("Ballista Error: … Decode…");
+            // anyone else never reaches it (the connection is cancelled when the handshake fails).
+            match client.do_get(ticket).await {
+                Ok(_) => true,
+                Err(status) => status.message().contains("Ballista Error"),
+            }
+        }
+        Err(_) => false,
+    };
+    [status, fetch]
+}
+
+/// Issue 55, membership: a process without a certificate of the cluster's authority gets nothing. One holding
+/// the (public) authority certificate and a certificate of its own making, or none, is answered neither by the
+/// scheduler nor by an executor's Flight server, and an executor of its own, with its own key, registers with
+/// nothing and is given no task: its work directory stays empty while the cluster answers queries as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_process_without_the_clusters_certificate_gets_nothing() {
+    let dir = TempDir::new("cluster-rogue");
+    let key_file = dir.join("cluster.key");
+    ClusterKey::write_new(&key_file).unwrap();
+    let certs = certificates(&dir);
+    let cluster = dpfusion_cluster::standalone(&key_file, &member(&certs, "executor"), 2, 2).await.unwrap();
+    // The rogue's own authority and certificate, and the cluster's public authority certificate.
+    let rogue_certs = dir.join("rogue");
+    dpfusion_cluster::write_certificates(&rogue_certs, &["executor".to_string()], 1).unwrap();
+    let rogue = ClusterTransport::Tls {
+        ca: certs.join("ca.pem"),
+        cert: rogue_certs.join("executor.pem"),
+        key: rogue_certs.join("executor.key"),
+    };
+    let (scheduler, executor) = (cluster.scheduler, cluster.executors[0]);
+    // A member is answered (once the processes listen: they start in the background).
+    let mut member_answered = [false; 2];
+    for _ in 0..300 {
+        member_answered = answered(scheduler, executor, &member(&certs, "dpfusion")).await;
+        if member_answered == [true; 2] {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert_eq!(member_answered, [true, true], "a member is answered");
+    assert_eq!(answered(scheduler, executor, &rogue).await, [false, false], "a certificate of another authority");
+    let plain = ClusterTransport::InsecurePlaintext;
+    assert_eq!(answered(scheduler, executor, &plain).await, [false, false], "no TLS");
+    // A rogue executor with many task slots and its own key.
+    let rogue_key = dir.join("rogue.key");
+    ClusterKey::write_new(&rogue_key).unwrap();
+    let rogue_work = dir.join("rogue-work");
+    std::fs::create_dir_all(&rogue_work).unwrap();
+    let opts = dpfusion_cluster::ExecutorOptions {
+        scheduler: scheduler.to_string(),
+        bind_host: "127.0.0.1".into(),
+        external_host: None,
+        port: free_port(),
+        vcores: Some(16),
+        work_dir: Some(rogue_work.clone()),
+        key_file: rogue_key,
+        heartbeat_secs: 1,
+        transport: rogue,
+    };
+    let rogue_executor = tokio::spawn(async move { dpfusion_cluster::run_executor(&opts).await });
+    let engine = format!(
+        "\n[engine]\nscheduler = \"df://{scheduler}\"\ncluster_key_file = \"{}\"\ncluster_partitions = 8\n{}",
+        key_file.display(),
+        engine_tls(&certs)
+    );
+    let session = session_from(&(pums_config("pums_dup.csv", 10.0, 2, 1) + &engine)).await;
+    for sql in CHECKED.iter().take(6) {
+        release(&session, sql).await;
+    }
+    let written: Vec<_> = std::fs::read_dir(&rogue_work).unwrap().collect();
+    assert!(written.is_empty(), "the rogue executor ran tasks: {written:?}");
+    rogue_executor.abort();
 }

@@ -59,24 +59,37 @@ fn spawn(cmd: &mut Command, log: &Path) -> Res<Child> {
     Ok(cmd.stdout(out.try_clone()?).stderr(out).stdin(Stdio::null()).spawn()?)
 }
 
-/// One scheduler on `port` and two executors (Flight on `port + 1 + 2i`, gRPC on `port + 2 + 2i`), the
-/// executors started by `executor` (given the scheduler, ports and work directory).
+/// The flags of member `name` of the cluster whose certificates are in `certs` (`None`: insecure plaintext).
+fn member(certs: Option<&Path>, name: &str) -> Vec<String> {
+    match certs {
+        Some(d) => {
+            let f = |n: String| d.join(n).display().to_string();
+            let (ca, cert, key) = (f("ca.pem".into()), f(format!("{name}.pem")), f(format!("{name}.key")));
+            vec!["--ca".into(), ca, "--cert".into(), cert, "--cert-key".into(), key]
+        }
+        None => vec!["--insecure-plaintext".into()],
+    }
+}
+
+/// One scheduler on `port` (with `certs`, mutual TLS) and two executors (Flight on `port + 1 + 2i`), the executors
+/// started by `executor` (given the scheduler, port and work directory).
 fn start_cluster(
     procs: &mut Processes,
     dpfusion: &Path,
     dir: &Path,
     port: u16,
-    executor: impl Fn(&str, u16, u16, &Path) -> Command,
+    certs: Option<&Path>,
+    executor: impl Fn(&str, u16, &Path) -> Command,
 ) -> Res<()> {
     let mut scheduler = Command::new(dpfusion);
-    scheduler.args(["scheduler", "--bind", &format!("127.0.0.1:{port}")]);
+    scheduler.args(["scheduler", "--bind", &format!("127.0.0.1:{port}")]).args(member(certs, "scheduler"));
     procs.0.push(spawn(&mut scheduler, &dir.join(format!("scheduler-{port}.log")))?);
     wait_for(port)?;
     for i in 0..2u16 {
-        let (flight, grpc) = (port + 1 + 2 * i, port + 2 + 2 * i);
+        let flight = port + 1 + 2 * i;
         let work = dir.join(format!("work-{flight}"));
         std::fs::create_dir_all(&work)?;
-        let mut cmd = executor(&format!("127.0.0.1:{port}"), flight, grpc, &work);
+        let mut cmd = executor(&format!("127.0.0.1:{port}"), flight, &work);
         procs.0.push(spawn(&mut cmd, &dir.join(format!("executor-{flight}.log")))?);
         wait_for(flight)?;
     }
@@ -85,7 +98,8 @@ fn start_cluster(
     Ok(())
 }
 
-/// `bench cluster-executor`: a plain Ballista executor (Ballista's engine, dpfusion's codec for the plans).
+/// `bench cluster-executor`: a plain Ballista executor (Ballista's engine, dpfusion's codec for the plans), polling
+/// for tasks as dpfusion's do, in plaintext.
 pub(crate) async fn plain_executor(args: &[String]) -> Res<()> {
     use ballista_executor::executor_process::{ExecutorProcessConfig, start_executor_process};
     let need = |name: &str| arg(args, name).ok_or_else(|| format!("{name} is required"));
@@ -95,7 +109,7 @@ pub(crate) async fn plain_executor(args: &[String]) -> Res<()> {
         bind_host: "127.0.0.1".into(),
         external_host: Some("127.0.0.1".into()),
         port: need("--port")?.parse()?,
-        grpc_port: need("--grpc-port")?.parse()?,
+        task_scheduling_policy: ballista_core::config::TaskSchedulingPolicy::PullStaged,
         scheduler_host: host,
         scheduler_port: port.parse()?,
         work_dir: Some(need("--work-dir")?),
@@ -147,19 +161,25 @@ pub(crate) async fn bench(args: &[String], data: &Path, reps: usize, sel: &Selec
     std::fs::create_dir_all(&dir)?;
     let key = dir.join("cluster.key");
     ClusterKey::write_new(&key)?;
+    // dpfusion's cluster over mutual TLS unless `--plaintext` (to measure what TLS costs).
+    let certs = (!args.iter().any(|a| a == "--plaintext")).then(|| dir.join("certs"));
+    if let Some(d) = &certs {
+        dpfusion_cluster::write_certificates(d, &dpfusion_cluster::DEFAULT_MEMBERS.map(String::from), 1)?;
+    }
     let mut procs = Processes(vec![]);
     let (dp_port, plain_port) = (50250u16, 50270u16);
-    start_cluster(&mut procs, &dpfusion, &dir, dp_port, |scheduler, flight, grpc, work| {
+    start_cluster(&mut procs, &dpfusion, &dir, dp_port, certs.as_deref(), |scheduler, flight, work| {
         let mut c = Command::new(&dpfusion);
         c.args(["--scheduler", scheduler, "executor", "--key-file"]).arg(&key);
-        c.args(["--bind-host", "127.0.0.1", "--port", &flight.to_string(), "--grpc-port", &grpc.to_string()]);
+        c.args(["--bind-host", "127.0.0.1", "--port", &flight.to_string()]);
         c.args(["--heartbeat-secs", "1", "--work-dir"]).arg(work);
+        c.args(member(certs.as_deref(), "executor"));
         c
     })?;
-    start_cluster(&mut procs, &dpfusion, &dir, plain_port, |scheduler, flight, grpc, work| {
+    start_cluster(&mut procs, &dpfusion, &dir, plain_port, None, |scheduler, flight, work| {
         let mut c = Command::new(&exe);
         c.args(["cluster-executor", "--scheduler", scheduler, "--port", &flight.to_string()]);
-        c.args(["--grpc-port", &grpc.to_string(), "--work-dir"]).arg(work);
+        c.args(["--work-dir"]).arg(work);
         if dp_on_plain {
             c.arg("--key-file").arg(&key);
         }
@@ -175,8 +195,17 @@ pub(crate) async fn bench(args: &[String], data: &Path, reps: usize, sel: &Selec
     let schema = ctx.table("people").await?.schema().as_arrow().clone();
     let strings =
         schema.field_with_name("state").is_ok_and(|f| f.data_type() != &datafusion::arrow::datatypes::DataType::Int64);
+    let transport = match (&certs, dp_on_plain) {
+        (Some(d), false) => {
+            let d = d.display();
+            format!(
+                "cluster_ca = \"{d}/ca.pem\"\ncluster_cert = \"{d}/dpfusion.pem\"\ncluster_cert_key = \"{d}/dpfusion.key\"\n"
+            )
+        }
+        _ => "insecure_plaintext = true\n".into(),
+    };
     let engine = format!(
-        "\n[engine]\nscheduler = \"df://127.0.0.1:{}\"\ncluster_key_file = \"{}\"\ncluster_partitions = {partitions}\n",
+        "\n[engine]\nscheduler = \"df://127.0.0.1:{}\"\ncluster_key_file = \"{}\"\ncluster_partitions = {partitions}\n{transport}",
         if dp_on_plain { plain_port } else { dp_port },
         key.display()
     );

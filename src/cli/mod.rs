@@ -144,6 +144,9 @@ enum Command {
         /// The file to create.
         file: PathBuf,
     },
+    /// Cluster: write a certificate authority and a certificate for each process (mutual TLS between them).
+    #[cfg(feature = "cluster")]
+    ClusterCerts(cluster::CertsArgs),
     /// Data owner: the analysts of a server (add, list, set-budget, passwd, grant, disable, enable, log).
     Analyst(admin::AnalystArgs),
     /// Data owner: a table's global cap across all analysts (without arguments: list the caps).
@@ -476,6 +479,8 @@ async fn run(cli: Cli) -> Result<bool, DpError> {
         Command::Executor(a) => cluster::executor(a, SCHEDULER.get().cloned()).await,
         #[cfg(feature = "cluster")]
         Command::ClusterKey { file } => cluster::cluster_key(&file),
+        #[cfg(feature = "cluster")]
+        Command::ClusterCerts(a) => cluster::cluster_certs(a),
         Command::Analyst(a) => admin::analyst(a),
         Command::Cap(a) => admin::cap(a),
         Command::Pin(a) => pin::run(a).await,

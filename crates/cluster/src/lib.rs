@@ -6,11 +6,18 @@
 //! a private table only for a scan whose capability, minted by the dpfusion process when it debited the query,
 //! verifies under that key ([`dpfusion::cluster`]). The scheduler has no key and reads nothing.
 //!
+//! Only members join: every connection (to the scheduler, between executors, back to the dpfusion process) is
+//! mutual TLS under the cluster's certificate authority ([`membership`]; plaintext only on loopback addresses).
+//!
 //! No noise, budget or ledger is on any of these processes: a dpfusion session (`[engine] scheduler`) debits,
 //! submits the plan it checked, and adds the noise to the exact aggregates that come back.
 
+mod membership;
+
+pub use membership::{DEFAULT_MEMBERS, write_certificates};
+
+use ballista_core::config::TaskSchedulingPolicy;
 use ballista_core::extension::SessionConfigExt;
-use ballista_core::serde::{BallistaCodec, BallistaLogicalExtensionCodec};
 use ballista_executor::execution_engine::{DefaultExecutionEngine, ExecutionEngine, QueryStageExecutor};
 use ballista_executor::executor_process::{ExecutorProcessConfig, start_executor_process};
 use ballista_scheduler::cluster::BallistaCluster;
@@ -18,10 +25,10 @@ use ballista_scheduler::config::SchedulerConfig;
 use datafusion::common::DataFusionError;
 use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
 use datafusion::datasource::source::DataSourceExec;
-use datafusion::execution::SessionStateBuilder;
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::prelude::SessionConfig;
-use dpfusion::cluster::{ClusterKey, DpPhysicalCodec};
+use dpfusion::cluster::{ClusterKey, DpPhysicalCodec, Transport};
+use dpfusion::config::ClusterTransport;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -44,23 +51,22 @@ pub struct SchedulerOptions {
     pub bind: SocketAddr,
     /// Seconds without a heartbeat after which an executor is lost and its tasks run elsewhere.
     pub executor_timeout_secs: u64,
-}
-
-impl Default for SchedulerOptions {
-    fn default() -> Self {
-        SchedulerOptions { bind: SocketAddr::from(([127, 0, 0, 1], 50050)), executor_timeout_secs: 180 }
-    }
+    /// Mutual TLS (or, on a loopback address only, plaintext).
+    pub transport: ClusterTransport,
 }
 
 /// Ballista's scheduler config with dpfusion's codec; the job data of finished jobs (exact aggregates, per-unit
 /// shuffle files on the executors) is cleaned up after 60 s instead of Ballista's 300.
-fn scheduler_config(opts: &SchedulerOptions) -> SchedulerConfig {
+/// Executors poll for tasks (so none of them serves gRPC), and job ids are random ([`membership`]).
+fn scheduler_config(bind: SocketAddr, executor_timeout_secs: u64) -> SchedulerConfig {
     SchedulerConfig {
-        bind_host: opts.bind.ip().to_string(),
-        external_host: opts.bind.ip().to_string(),
-        bind_port: opts.bind.port(),
-        executor_timeout_seconds: opts.executor_timeout_secs,
+        bind_host: bind.ip().to_string(),
+        external_host: bind.ip().to_string(),
+        bind_port: bind.port(),
+        executor_timeout_seconds: executor_timeout_secs,
         finished_job_data_clean_up_interval_seconds: 60,
+        scheduling_policy: TaskSchedulingPolicy::PullStaged,
+        job_id_generator: Some(Arc::new(membership::RandomJobIds)),
         override_physical_codec: Some(Arc::new(DpPhysicalCodec::default())),
         ..SchedulerConfig::default()
     }
@@ -68,10 +74,29 @@ fn scheduler_config(opts: &SchedulerOptions) -> SchedulerConfig {
 
 /// Runs the scheduler until the process ends.
 pub async fn run_scheduler(opts: &SchedulerOptions) -> Result<(), ClusterError> {
-    let config = scheduler_config(opts);
+    let transport = load(&opts.transport)?;
+    let listener = tokio::net::TcpListener::bind(opts.bind)
+        .await
+        .map_err(|e| ClusterError::Config(format!("--bind {}: {e}", opts.bind)))?;
+    serve(listener, opts.executor_timeout_secs, &transport).await
+}
+
+/// The scheduler on `listener`, until the process ends.
+async fn serve(
+    listener: tokio::net::TcpListener,
+    executor_timeout_secs: u64,
+    transport: &Transport,
+) -> Result<(), ClusterError> {
+    let bind = listener.local_addr().map_err(|e| ClusterError::Config(e.to_string()))?;
+    let config = Arc::new(scheduler_config(bind, executor_timeout_secs));
+    config.validate()?;
     let cluster = BallistaCluster::new_from_config(&config).await?;
-    ballista_scheduler::scheduler_process::start_server(cluster, opts.bind, Arc::new(config)).await?;
-    Ok(())
+    let scheduler = ballista_scheduler::scheduler_process::create_scheduler(cluster, config).await?;
+    membership::serve_scheduler(listener, scheduler, transport).await
+}
+
+fn load(transport: &ClusterTransport) -> Result<Transport, ClusterError> {
+    Transport::load(transport).map_err(|e| ClusterError::Config(e.to_string()))
 }
 
 /// `dpfusion executor`'s settings.
@@ -85,8 +110,6 @@ pub struct ExecutorOptions {
     pub external_host: Option<String>,
     /// The Flight port (Ballista's default 50051).
     pub port: u16,
-    /// The gRPC port (Ballista's default 50052).
-    pub grpc_port: u16,
     /// Tasks it runs at once (default: its cores).
     pub vcores: Option<usize>,
     /// Where shuffle files go (default: a temporary directory).
@@ -95,11 +118,14 @@ pub struct ExecutorOptions {
     pub key_file: PathBuf,
     /// Seconds between heartbeats to the scheduler (keep it well below the scheduler's executor timeout).
     pub heartbeat_secs: u64,
+    /// Mutual TLS (or, with every address a loopback one, plaintext).
+    pub transport: ClusterTransport,
 }
 
-/// The config producer of an executor: Ballista's, with the cluster key.
-fn executor_config_producer(key: Arc<ClusterKey>) -> ballista_core::ConfigProducer {
-    Arc::new(move || key.executor_config(SessionConfig::new_with_ballista()))
+/// The config producer of an executor: Ballista's, with the cluster key, and the transport for the connections
+/// its tasks open (shuffle fetches from other executors).
+fn executor_config_producer(key: Arc<ClusterKey>, transport: Transport) -> ballista_core::ConfigProducer {
+    Arc::new(move || transport.session_config(key.executor_config(SessionConfig::new_with_ballista())))
 }
 
 /// The execution engine of dpfusion's executors: Ballista's, behind a check that a task reads data only through
@@ -155,16 +181,20 @@ pub async fn run_executor(opts: &ExecutorOptions) -> Result<(), ClusterError> {
         .rsplit_once(':')
         .and_then(|(h, p)| Some((h.to_string(), p.parse::<u16>().ok()?)))
         .ok_or_else(|| ClusterError::Config(format!("--scheduler `{}` is not host:port", opts.scheduler)))?;
+    let transport = load(&opts.transport)?;
     let mut config = ExecutorProcessConfig {
         bind_host: opts.bind_host.clone(),
-        external_host: opts.external_host.clone(),
+        // Always named: the scheduler then never needs the connection's address.
+        external_host: Some(opts.external_host.clone().unwrap_or_else(|| opts.bind_host.clone())),
         port: opts.port,
-        grpc_port: opts.grpc_port,
         scheduler_host,
         scheduler_port,
         work_dir: opts.work_dir.as_ref().map(|d| d.to_string_lossy().into_owned()),
+        task_scheduling_policy: TaskSchedulingPolicy::PullStaged,
         override_physical_codec: Some(Arc::new(DpPhysicalCodec::default())),
-        override_config_producer: Some(executor_config_producer(key)),
+        override_config_producer: Some(executor_config_producer(key, transport.clone())),
+        override_create_grpc_client_endpoint: transport.endpoint_override(),
+        override_arrow_flight_service: Some(membership::flight_server(transport)),
         executor_heartbeat_interval_seconds: opts.heartbeat_secs,
         ..ExecutorProcessConfig::default()
     };
@@ -180,30 +210,51 @@ pub async fn run_executor(opts: &ExecutorOptions) -> Result<(), ClusterError> {
 }
 
 /// A cluster inside this process, for tests: a scheduler on a free port of localhost and `executors` executors of
-/// `vcores` task slots each, all with dpfusion's codec, the executors with `key`. Returns the scheduler's
-/// address (`[engine] scheduler = "df://<it>"`). They run on the caller's tokio runtime until it ends.
-pub async fn standalone(key: Arc<ClusterKey>, executors: usize, vcores: usize) -> Result<SocketAddr, ClusterError> {
-    use ballista_core::serde::protobuf::scheduler_grpc_client::SchedulerGrpcClient;
-    let codec =
-        || BallistaCodec::new(Arc::new(BallistaLogicalExtensionCodec::default()), Arc::new(DpPhysicalCodec::default()));
-    let session_builder: ballista_scheduler::scheduler_server::SessionBuilder = Arc::new(|config: SessionConfig| {
-        Ok(SessionStateBuilder::new().with_config(config).with_default_features().build())
-    });
-    let plain: ballista_core::ConfigProducer = Arc::new(SessionConfig::new_with_ballista);
-    let addr =
-        ballista_scheduler::standalone::new_standalone_scheduler_with_builder(session_builder, plain, codec()).await?;
+/// `vcores` task slots each (separate processes in all but the address space: they talk gRPC and Flight over
+/// localhost, through `transport`), all with dpfusion's codec, the executors with `key`. They run on the caller's
+/// tokio runtime until it ends.
+pub async fn standalone(
+    key: &std::path::Path,
+    transport: &ClusterTransport,
+    executors: usize,
+    vcores: usize,
+) -> Result<Standalone, ClusterError> {
+    let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0))
+        .await
+        .map_err(|e| ClusterError::Config(format!("a port for the scheduler: {e}")))?;
+    let addr = listener.local_addr().map_err(|e| ClusterError::Config(e.to_string()))?;
+    let scheduler_transport = load(transport)?;
+    tokio::spawn(async move { serve(listener, 180, &scheduler_transport).await });
+    let mut flight = Vec::new();
     for _ in 0..executors {
-        let scheduler = SchedulerGrpcClient::connect(format!("http://{addr}"))
-            .await
-            .map_err(|e| ClusterError::Config(format!("the standalone scheduler at {addr}: {e}")))?;
-        let config = executor_config_producer(Arc::clone(&key));
-        let runtime: ballista_core::RuntimeProducer =
-            Arc::new(|_: &SessionConfig| Ok(Arc::new(datafusion::execution::runtime_env::RuntimeEnv::default())));
-        let registry = ballista_core::registry::BallistaFunctionRegistry::default();
-        ballista_executor::new_standalone_executor_from_builder(scheduler, vcores, config, runtime, codec(), registry)
-            .await?;
+        let port = std::net::TcpListener::bind(("127.0.0.1", 0))
+            .and_then(|l| l.local_addr())
+            .map_err(|e| ClusterError::Config(format!("a port for an executor: {e}")))?
+            .port();
+        let opts = ExecutorOptions {
+            scheduler: addr.to_string(),
+            bind_host: "127.0.0.1".into(),
+            external_host: None,
+            port,
+            vcores: Some(vcores),
+            work_dir: None,
+            key_file: key.to_path_buf(),
+            heartbeat_secs: 1,
+            transport: transport.clone(),
+        };
+        flight.push(SocketAddr::from(([127, 0, 0, 1], port)));
+        tokio::spawn(async move { run_executor(&opts).await });
     }
-    Ok(addr)
+    Ok(Standalone { scheduler: addr, executors: flight })
+}
+
+/// The addresses of a cluster [`standalone`] started.
+#[derive(Clone, Debug)]
+pub struct Standalone {
+    /// The scheduler's (`[engine] scheduler = "df://<it>"`).
+    pub scheduler: SocketAddr,
+    /// Each executor's Flight server.
+    pub executors: Vec<SocketAddr>,
 }
 
 #[cfg(test)]

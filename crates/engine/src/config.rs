@@ -37,6 +37,74 @@ pub struct EngineConfig {
     pub cluster_partitions: Option<usize>,
     /// The cluster key shared with the executors (`dpfusion cluster-key FILE` writes one).
     pub cluster_key_file: Option<String>,
+    /// The cluster's certificate authority (PEM): only processes holding a certificate it signed are members
+    /// (`dpfusion cluster-certs DIR` makes one, and a certificate for each process).
+    pub cluster_ca: Option<String>,
+    /// This process's certificate (PEM), signed by `cluster_ca`.
+    pub cluster_cert: Option<String>,
+    /// The private key of `cluster_cert` (PEM).
+    pub cluster_cert_key: Option<String>,
+    /// Talk to the cluster without TLS: anyone who can reach its ports can join it and read what it computes.
+    /// Refused unless the scheduler is on a loopback address (a test, or one machine).
+    #[serde(default)]
+    pub insecure_plaintext: bool,
+}
+
+/// How the processes of a cluster talk to each other (`docs/cluster.md`, "Membership").
+#[derive(Clone, Debug, PartialEq)]
+pub enum ClusterTransport {
+    /// Mutual TLS: every connection shows a certificate signed by the cluster's authority, and checks the other's.
+    Tls {
+        /// The cluster's certificate authority (PEM).
+        ca: PathBuf,
+        /// This process's certificate (PEM).
+        cert: PathBuf,
+        /// Its private key (PEM).
+        key: PathBuf,
+    },
+    /// No TLS (`insecure_plaintext = true`), only where every address is a loopback one.
+    InsecurePlaintext,
+}
+
+impl ClusterTransport {
+    /// The transport of a process given the three TLS files or insecure plaintext (exactly one of the two),
+    /// whose peers are at `hosts` (plaintext only if every one of them is a loopback address). `names` says how
+    /// the settings are spelt where they were given: the three files' names, then the plaintext one's.
+    pub fn choose(
+        files: [Option<PathBuf>; 3],
+        insecure_plaintext: bool,
+        hosts: &[&str],
+        names: [&str; 4],
+    ) -> Result<ClusterTransport> {
+        let [ca_name, cert_name, key_name, plaintext] = names;
+        let tls = format!("{ca_name}, {cert_name} and {key_name}");
+        let fail = |m: String| Err(DpError::Config(m));
+        match (files, insecure_plaintext) {
+            ([Some(ca), Some(cert), Some(key)], false) => Ok(ClusterTransport::Tls { ca, cert, key }),
+            ([None, None, None], true) => match hosts.iter().find(|h| !is_loopback_host(h)) {
+                None => Ok(ClusterTransport::InsecurePlaintext),
+                Some(host) => fail(format!(
+                    "{plaintext} is allowed only when every address is a loopback one, and {host} is not: anyone \
+                     who can reach the cluster's ports could join it and read exact aggregates. Give {tls} \
+                     instead (`dpfusion cluster-certs DIR` makes them)"
+                )),
+            },
+            ([None, None, None], false) => fail(format!(
+                "a cluster's processes talk over mutual TLS: give {tls} (`dpfusion cluster-certs DIR` makes a \
+                 certificate authority and a certificate for each process), or, with every process on this \
+                 machine only, {plaintext}"
+            )),
+            (_, true) => fail(format!("give either {tls}, or {plaintext}, not both")),
+            (_, false) => fail(format!("give all three of {tls}")),
+        }
+    }
+}
+
+/// Whether `host` (a name or an address, IPv6 in brackets or not) is a loopback address.
+pub fn is_loopback_host(host: &str) -> bool {
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    host.eq_ignore_ascii_case("localhost")
+        || host.parse::<std::net::IpAddr>().is_ok_and(|a| a.to_canonical().is_loopback())
 }
 
 /// The validated `[engine] scheduler` and what goes with it.
@@ -48,6 +116,8 @@ pub struct ClusterSettings {
     pub partitions: usize,
     /// The file holding the cluster key.
     pub key_file: PathBuf,
+    /// How this process reaches the scheduler and the executors.
+    pub transport: ClusterTransport,
 }
 
 /// Partitions of a private plan on a cluster unless `[engine] cluster_partitions` says otherwise.
@@ -59,9 +129,11 @@ fn cluster_settings(
     base_dir: &Path,
 ) -> Result<Option<ClusterSettings>> {
     let Some(scheduler) = e.scheduler else {
-        if e.cluster_partitions.is_some() || e.cluster_key_file.is_some() {
+        let tls = [&e.cluster_ca, &e.cluster_cert, &e.cluster_cert_key].iter().any(|f| f.is_some());
+        if e.cluster_partitions.is_some() || e.cluster_key_file.is_some() || tls || e.insecure_plaintext {
             return Err(DpError::Config(
-                "[engine] cluster_partitions and cluster_key_file apply to a cluster: add scheduler = \"df://host:50050\""
+                "[engine] cluster_partitions, cluster_key_file, cluster_ca, cluster_cert, cluster_cert_key and \
+                 insecure_plaintext apply to a cluster: add scheduler = \"df://host:50050\""
                     .into(),
             ));
         }
@@ -84,7 +156,20 @@ fn cluster_settings(
              inside every plan. Remove in_memory, or the scheduler"
         )));
     }
-    Ok(Some(ClusterSettings { scheduler, partitions, key_file: resolve(base_dir, &key_file) }))
+    let files = [e.cluster_ca, e.cluster_cert, e.cluster_cert_key].map(|f| f.map(|f| resolve(base_dir, &f)));
+    let host = scheduler_host(&scheduler);
+    let names = ["[engine] cluster_ca", "cluster_cert", "cluster_cert_key", "[engine] insecure_plaintext = true"];
+    let transport = ClusterTransport::choose(files, e.insecure_plaintext, &[host], names)?;
+    Ok(Some(ClusterSettings { scheduler, partitions, key_file: resolve(base_dir, &key_file), transport }))
+}
+
+/// The host of a scheduler address (`df://host:port`, `host:port`, `[::1]:port`).
+fn scheduler_host(scheduler: &str) -> &str {
+    let rest = scheduler.split_once("://").map_or(scheduler, |(_, r)| r).trim_end_matches('/');
+    match rest.rsplit_once(':') {
+        Some((host, port)) if port.parse::<u16>().is_ok() => host,
+        _ => rest,
+    }
 }
 
 /// `[server]`: the PostgreSQL-wire server (`dpfusion serve`).

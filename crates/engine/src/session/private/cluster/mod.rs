@@ -31,8 +31,10 @@
 //!   request id resumes the claimed charge and draws its noise once.
 
 mod codec;
+mod transport;
 
 pub use codec::DpPhysicalCodec;
+pub use transport::{SERVER_NAME, Transport};
 
 use super::SealedScanExec;
 use crate::accounting::Charge;
@@ -308,6 +310,7 @@ fn file_groups(inner: &Arc<dyn ExecutionPlan>, parts: &[usize]) -> Option<Arc<dy
 #[derive(Debug)]
 pub struct Cluster {
     url: String,
+    transport: Transport,
     key: Arc<ClusterKey>,
     partitions: usize,
     codec: Arc<DpPhysicalCodec>,
@@ -324,7 +327,8 @@ impl Cluster {
         if settings.partitions == 0 {
             return Err(DpError::invalid("[engine] cluster_partitions", "must be at least 1"));
         }
-        Ok(Cluster { url, key, partitions: settings.partitions, codec: Arc::default() })
+        let transport = Transport::load(&settings.transport)?;
+        Ok(Cluster { url, transport, key, partitions: settings.partitions, codec: Arc::default() })
     }
 
     /// Partitions of every private plan.
@@ -343,7 +347,8 @@ impl Cluster {
         let not_after = now_secs().saturating_add(CAPABILITY_LIFETIME.as_secs());
         let minted = self.mint(plan, charge.id(), not_after)?;
         let (url, codec, schema) = (self.url.clone(), Arc::clone(&self.codec), plan.schema());
-        let config = SessionConfig::new_with_ballista().with_target_partitions(self.partitions);
+        let config =
+            self.transport.session_config(SessionConfig::new_with_ballista().with_target_partitions(self.partitions));
         let job = format!("dpfusion-charge-{}-{:016x}", charge.id(), rand::random::<u64>());
         let submitted = async move {
             let ballista = config.ballista_config();

@@ -24,8 +24,18 @@ fn pums_scan_of(files: usize) -> Arc<dyn ExecutionPlan> {
     Arc::new(SealedScanExec::new(inner, Some(Arc::new(text))))
 }
 
+fn plaintext() -> Transport {
+    Transport::load(&crate::config::ClusterTransport::InsecurePlaintext).unwrap()
+}
+
 fn cluster(key: ClusterKey) -> Cluster {
-    Cluster { url: "http://localhost:1".into(), key: Arc::new(key), partitions: 2, codec: Arc::default() }
+    Cluster {
+        url: "http://localhost:1".into(),
+        transport: plaintext(),
+        key: Arc::new(key),
+        partitions: 2,
+        codec: Arc::default(),
+    }
 }
 
 fn encode(plan: &Arc<dyn ExecutionPlan>, codec: &DpPhysicalCodec) -> Vec<u8> {
