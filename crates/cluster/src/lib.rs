@@ -4,27 +4,27 @@
 //! Both processes are Ballista's own, with dpfusion's plan codec ([`dpfusion::cluster::DpPhysicalCodec`]), which
 //! knows the sealed scans, the bounding's operators and functions. Executors also hold the cluster key: they read
 //! a private table only for a scan whose capability, minted by the dpfusion process when it debited the query,
-//! verifies under that key ([`dpfusion::cluster`]). The scheduler has no key and reads nothing.
+//! verifies under that key ([`dpfusion::cluster`]). The scheduler has no key and reads nothing. And an executor
+//! runs a task only when every operator of its plan is one dpfusion's private plans use ([`allow`]): whoever
+//! submits a job, an executor never writes files (a sink) or reads them outside a sealed scan.
 //!
 //! No noise, budget or ledger is on any of these processes: a dpfusion session (`[engine] scheduler`) debits,
 //! submits the plan it checked, and adds the noise to the exact aggregates that come back.
 
 use ballista_core::extension::SessionConfigExt;
 use ballista_core::serde::{BallistaCodec, BallistaLogicalExtensionCodec};
-use ballista_executor::execution_engine::{DefaultExecutionEngine, ExecutionEngine, QueryStageExecutor};
+use ballista_executor::execution_engine::{DefaultExecutionEngine, ExecutionEngine};
 use ballista_executor::executor_process::{ExecutorProcessConfig, start_executor_process};
 use ballista_scheduler::cluster::BallistaCluster;
 use ballista_scheduler::config::SchedulerConfig;
-use datafusion::common::DataFusionError;
-use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
-use datafusion::datasource::source::DataSourceExec;
 use datafusion::execution::SessionStateBuilder;
-use datafusion::physical_plan::ExecutionPlan;
 use datafusion::prelude::SessionConfig;
 use dpfusion::cluster::{ClusterKey, DpPhysicalCodec};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
+
+pub mod allow;
 
 /// What can go wrong starting or running a process of the cluster.
 #[derive(Debug, thiserror::Error)]
@@ -102,50 +102,6 @@ fn executor_config_producer(key: Arc<ClusterKey>) -> ballista_core::ConfigProduc
     Arc::new(move || key.executor_config(SessionConfig::new_with_ballista()))
 }
 
-/// The execution engine of dpfusion's executors: Ballista's, behind a check that a task reads data only through
-/// dpfusion's sealed scans (whose capabilities they verify). A task that would read files any other way (a
-/// Parquet, CSV or JSON scan of DataFusion's own, which anyone able to submit jobs to the scheduler could send) is
-/// refused before it starts: the executors of a dpfusion cluster run dpfusion's plans only.
-struct SealedReadsOnly(Arc<dyn ExecutionEngine>);
-
-/// The first node of `plan` that reads files outside a sealed scan, by name (a sealed scan is a leaf that shows
-/// no reader, so any reader a walk of the plan finds is someone else's).
-fn foreign_reader(plan: &Arc<dyn ExecutionPlan>) -> Option<String> {
-    let mut found = None;
-    let _ = plan.apply(|node| {
-        let reads_files = node
-            .downcast_ref::<DataSourceExec>()
-            .is_some_and(|d| d.data_source().is::<datafusion::datasource::physical_plan::FileScanConfig>());
-        if reads_files || node.is::<datafusion::physical_plan::streaming::StreamingTableExec>() {
-            found = Some(node.name().to_string());
-            return Ok(TreeNodeRecursion::Stop);
-        }
-        Ok(TreeNodeRecursion::Continue)
-    });
-    found
-}
-
-impl ExecutionEngine for SealedReadsOnly {
-    fn create_query_stage_exec(
-        &self,
-        job_id: ballista_core::JobId,
-        stage_id: usize,
-        task_id: usize,
-        global_output_partition_ids: Vec<usize>,
-        plan: Arc<dyn ExecutionPlan>,
-        work_dir: &str,
-        config: &SessionConfig,
-    ) -> datafusion::error::Result<Arc<dyn QueryStageExecutor>> {
-        if let Some(reader) = foreign_reader(&plan) {
-            return Err(DataFusionError::Plan(format!(
-                "this dpfusion executor runs only dpfusion's plans, whose private tables are read through sealed \
-                 scans; the task reads data with {reader}"
-            )));
-        }
-        self.0.create_query_stage_exec(job_id, stage_id, task_id, global_output_partition_ids, plan, work_dir, config)
-    }
-}
-
 /// Runs an executor until the process ends (or the scheduler tells it to stop).
 pub async fn run_executor(opts: &ExecutorOptions) -> Result<(), ClusterError> {
     let key = Arc::new(ClusterKey::from_file(&opts.key_file).map_err(|e| ClusterError::Config(e.to_string()))?);
@@ -168,10 +124,10 @@ pub async fn run_executor(opts: &ExecutorOptions) -> Result<(), ClusterError> {
         executor_heartbeat_interval_seconds: opts.heartbeat_secs,
         ..ExecutorProcessConfig::default()
     };
-    // Ballista's engine behind the check. (Without its pool of clients to the other executors, which Ballista does
-    // not export: a shuffle fetch opens its own connection.)
+    // Ballista's engine behind the allow-list. (Without its pool of clients to the other executors, which Ballista
+    // does not export: a shuffle fetch opens its own connection.)
     let engine: Arc<dyn ExecutionEngine> = Arc::new(DefaultExecutionEngine::new());
-    config.override_execution_engine = Some(Arc::new(SealedReadsOnly(engine)));
+    config.override_execution_engine = Some(Arc::new(allow::AllowListed(engine)));
     if let Some(v) = opts.vcores {
         config.vcores = v;
     }
@@ -183,48 +139,186 @@ pub async fn run_executor(opts: &ExecutorOptions) -> Result<(), ClusterError> {
 /// `vcores` task slots each, all with dpfusion's codec, the executors with `key`. Returns the scheduler's
 /// address (`[engine] scheduler = "df://<it>"`). They run on the caller's tokio runtime until it ends.
 pub async fn standalone(key: Arc<ClusterKey>, executors: usize, vcores: usize) -> Result<SocketAddr, ClusterError> {
-    use ballista_core::serde::protobuf::scheduler_grpc_client::SchedulerGrpcClient;
     let codec =
-        || BallistaCodec::new(Arc::new(BallistaLogicalExtensionCodec::default()), Arc::new(DpPhysicalCodec::default()));
+        BallistaCodec::new(Arc::new(BallistaLogicalExtensionCodec::default()), Arc::new(DpPhysicalCodec::default()));
     let session_builder: ballista_scheduler::scheduler_server::SessionBuilder = Arc::new(|config: SessionConfig| {
         Ok(SessionStateBuilder::new().with_config(config).with_default_features().build())
     });
     let plain: ballista_core::ConfigProducer = Arc::new(SessionConfig::new_with_ballista);
     let addr =
-        ballista_scheduler::standalone::new_standalone_scheduler_with_builder(session_builder, plain, codec()).await?;
+        ballista_scheduler::standalone::new_standalone_scheduler_with_builder(session_builder, plain, codec).await?;
     for _ in 0..executors {
-        let scheduler = SchedulerGrpcClient::connect(format!("http://{addr}"))
-            .await
-            .map_err(|e| ClusterError::Config(format!("the standalone scheduler at {addr}: {e}")))?;
-        let config = executor_config_producer(Arc::clone(&key));
-        let runtime: ballista_core::RuntimeProducer =
-            Arc::new(|_: &SessionConfig| Ok(Arc::new(datafusion::execution::runtime_env::RuntimeEnv::default())));
-        let registry = ballista_core::registry::BallistaFunctionRegistry::default();
-        ballista_executor::new_standalone_executor_from_builder(scheduler, vcores, config, runtime, codec(), registry)
-            .await?;
+        in_process_executor(addr, vcores, Arc::clone(&key)).await?;
     }
     Ok(addr)
+}
+
+/// An executor of [`standalone`] on a free port of 127.0.0.1, with dpfusion's codec, `key`, and the engine of
+/// `dpfusion executor` ([`allow::AllowListed`]), so that the tests run every task through the allow-list. (Ballista's
+/// own in-process executor has its default engine.) Its work directory is a new directory under the system's
+/// temporary one.
+async fn in_process_executor(scheduler: SocketAddr, vcores: usize, key: Arc<ClusterKey>) -> Result<(), ClusterError> {
+    use ballista_core::serde::protobuf::ExecutorRegistration;
+    use ballista_core::serde::protobuf::scheduler_grpc_client::SchedulerGrpcClient;
+    use ballista_core::serde::scheduler::{ExecutorOperatingSystemSpecification, ExecutorSpecification};
+    use ballista_core::utils::{GrpcServerConfig, create_grpc_server, create_grpc_server_incoming};
+    use ballista_executor::flight_service::BallistaFlightService;
+    let client = SchedulerGrpcClient::connect(format!("http://{scheduler}"))
+        .await
+        .map_err(|e| ClusterError::Config(format!("the standalone scheduler at {scheduler}: {e}")))?;
+    let grpc = GrpcServerConfig::default();
+    let incoming = create_grpc_server_incoming(SocketAddr::from(([127, 0, 0, 1], 0)), &grpc)?;
+    let port = incoming.local_addr().map_err(|e| ClusterError::Config(format!("an in-process executor: {e}")))?.port();
+    let id = ballista_core::ids::new_instance_id();
+    let work_dir = std::env::temp_dir().join(format!("dpfusion-executor-{id}"));
+    std::fs::create_dir_all(&work_dir).map_err(|e| {
+        ClusterError::Config(format!("an in-process executor's work directory {}: {e}", work_dir.display()))
+    })?;
+    let work_dir = work_dir.to_string_lossy().into_owned();
+    let metadata = ExecutorRegistration {
+        id,
+        host: Some("127.0.0.1".to_string()),
+        port: u32::from(port),
+        grpc_port: 0,
+        specification: Some(ExecutorSpecification::default().with_vcores(vcores as u32).into()),
+        os_info: Some(ExecutorOperatingSystemSpecification::default().into()),
+        ballista_protocol_version: ballista_core::BALLISTA_PROTOCOL_VERSION,
+    };
+    let config = executor_config_producer(key);
+    let max_message = config().ballista_grpc_client_max_message_size();
+    let runtime: ballista_core::RuntimeProducer =
+        Arc::new(|_: &SessionConfig| Ok(Arc::new(datafusion::execution::runtime_env::RuntimeEnv::default())));
+    let engine: Arc<dyn ExecutionEngine> = Arc::new(allow::AllowListed(Arc::new(DefaultExecutionEngine::new())));
+    let executor = Arc::new(ballista_executor::executor::Executor::new(
+        metadata,
+        &work_dir,
+        runtime,
+        config,
+        Arc::new(ballista_core::registry::BallistaFunctionRegistry::default()),
+        Arc::new(ballista_executor::metrics::LoggingMetricsCollector::default()),
+        vcores,
+        engine,
+    ));
+    let flight = arrow_flight::flight_service_server::FlightServiceServer::new(BallistaFlightService::new(work_dir))
+        .max_decoding_message_size(max_message)
+        .max_encoding_message_size(max_message);
+    tokio::spawn(create_grpc_server(&grpc).add_service(flight).serve_with_incoming(incoming));
+    let codec: BallistaCodec =
+        BallistaCodec::new(Arc::new(BallistaLogicalExtensionCodec::default()), Arc::new(DpPhysicalCodec::default()));
+    let health = ballista_executor::health::ExecutorHealth::new();
+    tokio::spawn(ballista_executor::execution_loop::poll_loop(client, executor, codec, None, None, health));
+    Ok(())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use ballista_executor::execution_engine::QueryStageExecutor;
+
+    /// What `dpfusion executor` does with a task of `plan`: Ballista's engine behind the allow-list.
+    fn run_as_executor(
+        plan: Arc<dyn datafusion::physical_plan::ExecutionPlan>,
+    ) -> datafusion::error::Result<Arc<dyn QueryStageExecutor>> {
+        let engine = allow::AllowListed(Arc::new(DefaultExecutionEngine::new()));
+        let job = ballista_core::JobId::new("j".to_string());
+        engine.create_query_stage_exec(job, 1, 1, vec![0], plan, "/tmp", &SessionConfig::new())
+    }
 
     /// A task reading a file with DataFusion's own CSV scan is refused by a dpfusion executor; a plan that reads
-    /// no file passes the check.
+    /// no file and uses listed operators only passes the check.
     #[tokio::test]
     async fn executors_refuse_tasks_that_read_files_outside_sealed_scans() {
         let ctx = datafusion::prelude::SessionContext::new();
         let csv = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/data/pums.csv");
         let df = ctx.read_csv(csv, Default::default()).await.unwrap();
         let plan = df.create_physical_plan().await.unwrap();
-        assert_eq!(foreign_reader(&plan).as_deref(), Some("DataSourceExec"));
-        let engine = SealedReadsOnly(Arc::new(DefaultExecutionEngine::new()));
-        let job = ballista_core::JobId::new("j".to_string());
-        let refused = engine.create_query_stage_exec(job.clone(), 1, 1, vec![0], plan, "/tmp", &SessionConfig::new());
-        let e = refused.expect_err("refused");
-        assert!(e.to_string().contains("runs only dpfusion's plans"), "{e}");
-        let empty = ctx.sql("SELECT 1 AS x").await.unwrap().create_physical_plan().await.unwrap();
-        assert_eq!(foreign_reader(&empty), None);
+        let refused = allow::refused_operator(&plan).expect("a file scan is refused");
+        assert!(refused.starts_with("DataSourceExec reading files outside a sealed scan"), "{refused}");
+        let e = run_as_executor(plan).expect_err("refused");
+        assert!(e.to_string().contains("runs only the operators of dpfusion's private plans"), "{e}");
+        assert!(e.to_string().contains("DataSourceExec reading files"), "{e}");
+        let batch = datafusion::arrow::array::RecordBatch::try_from_iter([(
+            "x",
+            Arc::new(datafusion::arrow::array::Int64Array::from(vec![1, 2, 2])) as _,
+        )])
+        .unwrap();
+        ctx.register_batch("m", batch).unwrap();
+        let grouped = ctx.sql("SELECT x, COUNT(*) FROM m WHERE x > 0 GROUP BY x").await.unwrap();
+        let held_in_plan = grouped.create_physical_plan().await.unwrap();
+        assert_eq!(
+            allow::refused_operator(&held_in_plan),
+            None,
+            "{}",
+            datafusion::physical_plan::displayable(held_in_plan.as_ref()).indent(false)
+        );
+    }
+
+    /// The plan of `sql` (a statement that writes files) on a plain DataFusion context, as anyone able to submit
+    /// jobs could send it: encoded and decoded by dpfusion's codec, as an executor receives it.
+    async fn sink_plan(
+        ctx: &datafusion::prelude::SessionContext,
+        sql: &str,
+    ) -> Arc<dyn datafusion::physical_plan::ExecutionPlan> {
+        use datafusion_proto::physical_plan::AsExecutionPlan;
+        use datafusion_proto::protobuf::PhysicalPlanNode;
+        let plan = ctx.sql(sql).await.unwrap().create_physical_plan().await.unwrap();
+        let codec = DpPhysicalCodec::default();
+        let node = PhysicalPlanNode::try_from_physical_plan(plan, &codec).unwrap();
+        node.try_into_physical_plan(&ctx.task_ctx(), &codec).unwrap()
+    }
+
+    /// A `COPY … TO` a CSV file and an `INSERT INTO` a Parquet listing table (DataSinkExec with DataFusion's sinks,
+    /// which datafusion-proto decodes) are refused by a dpfusion executor, naming the sink; nothing is written.
+    #[tokio::test]
+    async fn executors_refuse_sinks() {
+        let dir = std::env::temp_dir().join(format!("dpfusion-sink-{}", ballista_core::ids::new_instance_id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let ctx = datafusion::prelude::SessionContext::new();
+        let out = dir.join("out.csv");
+        let table = dir.join("t");
+        std::fs::create_dir_all(&table).unwrap();
+        let create = format!("CREATE EXTERNAL TABLE t (x BIGINT) STORED AS PARQUET LOCATION '{}/'", table.display());
+        ctx.sql(&create).await.unwrap();
+        let statements = [
+            format!("COPY (SELECT 1 AS x) TO '{}' STORED AS CSV", out.display()),
+            "INSERT INTO t VALUES (1), (2)".to_string(),
+        ];
+        for sql in statements {
+            let plan = sink_plan(&ctx, &sql).await;
+            let refused = allow::refused_operator(&plan).expect("a sink is refused");
+            assert!(refused.starts_with("DataSinkExec"), "{sql}: {refused}");
+            let e = run_as_executor(plan).expect_err("refused");
+            assert!(e.to_string().contains("the task has DataSinkExec"), "{e}");
+        }
+        assert!(!out.exists());
+        assert_eq!(std::fs::read_dir(&table).unwrap().count(), 0, "nothing written to the table");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A sink plan submitted to a running in-process cluster's scheduler (as a dpfusion session submits its plans,
+    /// but by anyone who can reach the scheduler) fails: its executor refuses the task, and no file is written.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_submitted_sink_plan_is_refused_by_the_cluster() {
+        use futures::TryStreamExt;
+        let dir = std::env::temp_dir().join(format!("dpfusion-sink-{}", ballista_core::ids::new_instance_id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let out = dir.join("out.csv");
+        let addr = standalone(Arc::new(ClusterKey::generate().unwrap()), 1, 1).await.unwrap();
+        let ctx = datafusion::prelude::SessionContext::new();
+        let sql = format!("COPY (SELECT 1 AS x) TO '{}' STORED AS CSV", out.display());
+        let plan = ctx.sql(&sql).await.unwrap().create_physical_plan().await.unwrap();
+        let config = SessionConfig::new_with_ballista();
+        let (ballista, codec) = (config.ballista_config(), DpPhysicalCodec::default());
+        let submitted = ballista_core::execution_plans::execute_physical_plan::<
+            datafusion_proto::protobuf::PhysicalPlanNode,
+        >(format!("http://{addr}"), &ballista, plan, &codec, "sink".to_string(), config.clone());
+        let outcome = match submitted.await {
+            Ok(stream) => stream.try_collect::<Vec<_>>().await.map(|_| ()),
+            Err(e) => Err(e),
+        };
+        let e = outcome.expect_err("the job fails");
+        assert!(e.to_string().contains("DataSinkExec"), "{e}");
+        assert!(!out.exists(), "no file written");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }
