@@ -4,7 +4,9 @@
 //! Both processes are Ballista's own, with dpfusion's plan codec ([`dpfusion::cluster::DpPhysicalCodec`]), which
 //! knows the sealed scans, the bounding's operators and functions. Executors also hold the cluster key: they read
 //! a private table only for a scan whose capability, minted by the dpfusion process when it debited the query,
-//! verifies under that key ([`dpfusion::cluster`]). The scheduler has no key and reads nothing.
+//! verifies under that key ([`dpfusion::cluster`]). The scheduler has no key and reads nothing. And an executor
+//! runs a task only when every operator of its plan is one dpfusion's private plans use ([`allow`]): whoever
+//! submits a job, an executor never writes files (a sink) or reads them outside a sealed scan.
 //!
 //! Only members join: every connection (to the scheduler, between executors, back to the dpfusion process) is
 //! mutual TLS under the cluster's certificate authority ([`membership`]; plaintext only on loopback addresses).
@@ -18,20 +20,18 @@ pub use membership::{DEFAULT_MEMBERS, write_certificates};
 
 use ballista_core::config::TaskSchedulingPolicy;
 use ballista_core::extension::SessionConfigExt;
-use ballista_executor::execution_engine::{DefaultExecutionEngine, ExecutionEngine, QueryStageExecutor};
+use ballista_executor::execution_engine::{DefaultExecutionEngine, ExecutionEngine};
 use ballista_executor::executor_process::{ExecutorProcessConfig, start_executor_process};
 use ballista_scheduler::cluster::BallistaCluster;
 use ballista_scheduler::config::SchedulerConfig;
-use datafusion::common::DataFusionError;
-use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
-use datafusion::datasource::source::DataSourceExec;
-use datafusion::physical_plan::ExecutionPlan;
 use datafusion::prelude::SessionConfig;
 use dpfusion::cluster::{ClusterKey, DpPhysicalCodec, Transport};
 use dpfusion::config::ClusterTransport;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
+
+pub mod allow;
 
 /// What can go wrong starting or running a process of the cluster.
 #[derive(Debug, thiserror::Error)]
@@ -128,50 +128,6 @@ fn executor_config_producer(key: Arc<ClusterKey>, transport: Transport) -> balli
     Arc::new(move || transport.session_config(key.executor_config(SessionConfig::new_with_ballista())))
 }
 
-/// The execution engine of dpfusion's executors: Ballista's, behind a check that a task reads data only through
-/// dpfusion's sealed scans (whose capabilities they verify). A task that would read files any other way (a
-/// Parquet, CSV or JSON scan of DataFusion's own, which anyone able to submit jobs to the scheduler could send) is
-/// refused before it starts: the executors of a dpfusion cluster run dpfusion's plans only.
-struct SealedReadsOnly(Arc<dyn ExecutionEngine>);
-
-/// The first node of `plan` that reads files outside a sealed scan, by name (a sealed scan is a leaf that shows
-/// no reader, so any reader a walk of the plan finds is someone else's).
-fn foreign_reader(plan: &Arc<dyn ExecutionPlan>) -> Option<String> {
-    let mut found = None;
-    let _ = plan.apply(|node| {
-        let reads_files = node
-            .downcast_ref::<DataSourceExec>()
-            .is_some_and(|d| d.data_source().is::<datafusion::datasource::physical_plan::FileScanConfig>());
-        if reads_files || node.is::<datafusion::physical_plan::streaming::StreamingTableExec>() {
-            found = Some(node.name().to_string());
-            return Ok(TreeNodeRecursion::Stop);
-        }
-        Ok(TreeNodeRecursion::Continue)
-    });
-    found
-}
-
-impl ExecutionEngine for SealedReadsOnly {
-    fn create_query_stage_exec(
-        &self,
-        job_id: ballista_core::JobId,
-        stage_id: usize,
-        task_id: usize,
-        global_output_partition_ids: Vec<usize>,
-        plan: Arc<dyn ExecutionPlan>,
-        work_dir: &str,
-        config: &SessionConfig,
-    ) -> datafusion::error::Result<Arc<dyn QueryStageExecutor>> {
-        if let Some(reader) = foreign_reader(&plan) {
-            return Err(DataFusionError::Plan(format!(
-                "this dpfusion executor runs only dpfusion's plans, whose private tables are read through sealed \
-                 scans; the task reads data with {reader}"
-            )));
-        }
-        self.0.create_query_stage_exec(job_id, stage_id, task_id, global_output_partition_ids, plan, work_dir, config)
-    }
-}
-
 /// Runs an executor until the process ends (or the scheduler tells it to stop).
 pub async fn run_executor(opts: &ExecutorOptions) -> Result<(), ClusterError> {
     let key = Arc::new(ClusterKey::from_file(&opts.key_file).map_err(|e| ClusterError::Config(e.to_string()))?);
@@ -198,10 +154,10 @@ pub async fn run_executor(opts: &ExecutorOptions) -> Result<(), ClusterError> {
         executor_heartbeat_interval_seconds: opts.heartbeat_secs,
         ..ExecutorProcessConfig::default()
     };
-    // Ballista's engine behind the check. (Without its pool of clients to the other executors, which Ballista does
-    // not export: a shuffle fetch opens its own connection.)
+    // Ballista's engine behind the allow-list. (Without its pool of clients to the other executors, which Ballista
+    // does not export: a shuffle fetch opens its own connection.)
     let engine: Arc<dyn ExecutionEngine> = Arc::new(DefaultExecutionEngine::new());
-    config.override_execution_engine = Some(Arc::new(SealedReadsOnly(engine)));
+    config.override_execution_engine = Some(Arc::new(allow::AllowListed(engine)));
     if let Some(v) = opts.vcores {
         config.vcores = v;
     }
@@ -260,22 +216,115 @@ pub struct Standalone {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use ballista_executor::execution_engine::QueryStageExecutor;
+
+    /// What `dpfusion executor` does with a task of `plan`: Ballista's engine behind the allow-list.
+    fn run_as_executor(
+        plan: Arc<dyn datafusion::physical_plan::ExecutionPlan>,
+    ) -> datafusion::error::Result<Arc<dyn QueryStageExecutor>> {
+        let engine = allow::AllowListed(Arc::new(DefaultExecutionEngine::new()));
+        let job = ballista_core::JobId::new("j".to_string());
+        engine.create_query_stage_exec(job, 1, 1, vec![0], plan, "/tmp", &SessionConfig::new())
+    }
 
     /// A task reading a file with DataFusion's own CSV scan is refused by a dpfusion executor; a plan that reads
-    /// no file passes the check.
+    /// no file and uses listed operators only passes the check.
     #[tokio::test]
     async fn executors_refuse_tasks_that_read_files_outside_sealed_scans() {
         let ctx = datafusion::prelude::SessionContext::new();
         let csv = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/data/pums.csv");
         let df = ctx.read_csv(csv, Default::default()).await.unwrap();
         let plan = df.create_physical_plan().await.unwrap();
-        assert_eq!(foreign_reader(&plan).as_deref(), Some("DataSourceExec"));
-        let engine = SealedReadsOnly(Arc::new(DefaultExecutionEngine::new()));
-        let job = ballista_core::JobId::new("j".to_string());
-        let refused = engine.create_query_stage_exec(job.clone(), 1, 1, vec![0], plan, "/tmp", &SessionConfig::new());
-        let e = refused.expect_err("refused");
-        assert!(e.to_string().contains("runs only dpfusion's plans"), "{e}");
-        let empty = ctx.sql("SELECT 1 AS x").await.unwrap().create_physical_plan().await.unwrap();
-        assert_eq!(foreign_reader(&empty), None);
+        let refused = allow::refused_operator(&plan).expect("a file scan is refused");
+        assert!(refused.starts_with("DataSourceExec reading files outside a sealed scan"), "{refused}");
+        let e = run_as_executor(plan).expect_err("refused");
+        assert!(e.to_string().contains("runs only the operators of dpfusion's private plans"), "{e}");
+        assert!(e.to_string().contains("DataSourceExec reading files"), "{e}");
+        let batch = datafusion::arrow::array::RecordBatch::try_from_iter([(
+            "x",
+            Arc::new(datafusion::arrow::array::Int64Array::from(vec![1, 2, 2])) as _,
+        )])
+        .unwrap();
+        ctx.register_batch("m", batch).unwrap();
+        let grouped = ctx.sql("SELECT x, COUNT(*) FROM m WHERE x > 0 GROUP BY x").await.unwrap();
+        let held_in_plan = grouped.create_physical_plan().await.unwrap();
+        assert_eq!(
+            allow::refused_operator(&held_in_plan),
+            None,
+            "{}",
+            datafusion::physical_plan::displayable(held_in_plan.as_ref()).indent(false)
+        );
+    }
+
+    /// The plan of `sql` (a statement that writes files) on a plain DataFusion context, as anyone able to submit
+    /// jobs could send it: encoded and decoded by dpfusion's codec, as an executor receives it.
+    async fn sink_plan(
+        ctx: &datafusion::prelude::SessionContext,
+        sql: &str,
+    ) -> Arc<dyn datafusion::physical_plan::ExecutionPlan> {
+        use datafusion_proto::physical_plan::AsExecutionPlan;
+        use datafusion_proto::protobuf::PhysicalPlanNode;
+        let plan = ctx.sql(sql).await.unwrap().create_physical_plan().await.unwrap();
+        let codec = DpPhysicalCodec::default();
+        let node = PhysicalPlanNode::try_from_physical_plan(plan, &codec).unwrap();
+        node.try_into_physical_plan(&ctx.task_ctx(), &codec).unwrap()
+    }
+
+    /// A `COPY … TO` a CSV file and an `INSERT INTO` a Parquet listing table (DataSinkExec with DataFusion's sinks,
+    /// which datafusion-proto decodes) are refused by a dpfusion executor, naming the sink; nothing is written.
+    #[tokio::test]
+    async fn executors_refuse_sinks() {
+        let dir = std::env::temp_dir().join(format!("dpfusion-sink-{}", ballista_core::ids::new_instance_id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let ctx = datafusion::prelude::SessionContext::new();
+        let out = dir.join("out.csv");
+        let table = dir.join("t");
+        std::fs::create_dir_all(&table).unwrap();
+        let create = format!("CREATE EXTERNAL TABLE t (x BIGINT) STORED AS PARQUET LOCATION '{}/'", table.display());
+        ctx.sql(&create).await.unwrap();
+        let statements = [
+            format!("COPY (SELECT 1 AS x) TO '{}' STORED AS CSV", out.display()),
+            "INSERT INTO t VALUES (1), (2)".to_string(),
+        ];
+        for sql in statements {
+            let plan = sink_plan(&ctx, &sql).await;
+            let refused = allow::refused_operator(&plan).expect("a sink is refused");
+            assert!(refused.starts_with("DataSinkExec"), "{sql}: {refused}");
+            let e = run_as_executor(plan).expect_err("refused");
+            assert!(e.to_string().contains("the task has DataSinkExec"), "{e}");
+        }
+        assert!(!out.exists());
+        assert_eq!(std::fs::read_dir(&table).unwrap().count(), 0, "nothing written to the table");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A sink plan submitted to a running in-process cluster's scheduler (as a dpfusion session submits its plans,
+    /// but by any member: here on loopback, in plaintext) fails: its executor refuses the task, and no file is
+    /// written.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_submitted_sink_plan_is_refused_by_the_cluster() {
+        use futures::TryStreamExt;
+        let dir = std::env::temp_dir().join(format!("dpfusion-sink-{}", ballista_core::ids::new_instance_id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let out = dir.join("out.csv");
+        let key = dir.join("cluster.key");
+        ClusterKey::write_new(&key).unwrap();
+        let addr = standalone(&key, &ClusterTransport::InsecurePlaintext, 1, 1).await.unwrap().scheduler;
+        let ctx = datafusion::prelude::SessionContext::new();
+        let sql = format!("COPY (SELECT 1 AS x) TO '{}' STORED AS CSV", out.display());
+        let plan = ctx.sql(&sql).await.unwrap().create_physical_plan().await.unwrap();
+        let config = SessionConfig::new_with_ballista();
+        let (ballista, codec) = (config.ballista_config(), DpPhysicalCodec::default());
+        let submitted = ballista_core::execution_plans::execute_physical_plan::<
+            datafusion_proto::protobuf::PhysicalPlanNode,
+        >(format!("http://{addr}"), &ballista, plan, &codec, "sink".to_string(), config.clone());
+        let outcome = match submitted.await {
+            Ok(stream) => stream.try_collect::<Vec<_>>().await.map(|_| ()),
+            Err(e) => Err(e),
+        };
+        let e = outcome.expect_err("the job fails");
+        assert!(e.to_string().contains("DataSinkExec"), "{e}");
+        assert!(!out.exists(), "no file written");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

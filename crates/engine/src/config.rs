@@ -48,6 +48,10 @@ pub struct EngineConfig {
     /// Refused unless the scheduler is on a loopback address (a test, or one machine).
     #[serde(default)]
     pub insecure_plaintext: bool,
+    /// Seconds a scan's capability lets the executors read it, for sessions without a server (the CLI, the REPL,
+    /// the library); [`DEFAULT_CAPABILITY_LIFETIME_SECS`] unless set. With a `[server]` section the server's
+    /// `statement_timeout_secs` is the lifetime, and setting this too is refused.
+    pub capability_lifetime_secs: Option<u64>,
 }
 
 /// How the processes of a cluster talk to each other (`docs/cluster.md`, "Membership").
@@ -118,22 +122,67 @@ pub struct ClusterSettings {
     pub key_file: PathBuf,
     /// How this process reaches the scheduler and the executors.
     pub transport: ClusterTransport,
+    /// How long after its debit a query's scans may be read by the executors: the statement timeout
+    /// (`[server] statement_timeout_secs`), or `[engine] capability_lifetime_secs` without a server.
+    pub capability_lifetime: std::time::Duration,
 }
 
 /// Partitions of a private plan on a cluster unless `[engine] cluster_partitions` says otherwise.
 pub const DEFAULT_CLUSTER_PARTITIONS: usize = 16;
 
+/// Seconds a scan's capability lives, without a server, unless `[engine] capability_lifetime_secs` says
+/// otherwise: the server's default statement timeout, so that a query runs on a cluster as long as a server would
+/// let it.
+pub const DEFAULT_CAPABILITY_LIFETIME_SECS: u64 = DEFAULT_STATEMENT_TIMEOUT_SECS;
+
+/// The longest `[engine] capability_lifetime_secs` (a day).
+pub const MAX_CAPABILITY_LIFETIME_SECS: u64 = 24 * 3600;
+
+/// The capability lifetime: `[engine] capability_lifetime_secs` (`configured`), or the server's statement timeout
+/// when the configuration has `[server]`.
+fn capability_lifetime(configured: Option<u64>, statement_timeout_secs: Option<u64>) -> Result<std::time::Duration> {
+    let most = MAX_CAPABILITY_LIFETIME_SECS;
+    let secs = match (configured, statement_timeout_secs) {
+        (Some(_), Some(timeout)) => {
+            return Err(DpError::Config(format!(
+                "[engine] capability_lifetime_secs is for sessions without a server: with [server], a query's scans \
+                 may be read for its statement_timeout_secs ({timeout}). Remove capability_lifetime_secs, or change \
+                 statement_timeout_secs"
+            )));
+        }
+        (None, Some(timeout)) if timeout > most => {
+            return Err(DpError::Config(format!(
+                "[server] statement_timeout_secs = {timeout}: on a cluster ([engine] scheduler) the executors may read \
+                 a query's tables for its statement timeout after the debit; give at most {most} (a day)"
+            )));
+        }
+        (None, Some(timeout)) => timeout,
+        (Some(secs), None) if !(1..=most).contains(&secs) => {
+            return Err(DpError::Config(format!(
+                "[engine] capability_lifetime_secs = {secs}: give a whole number of seconds from 1 to {most} (a \
+                 day), at least as long as the longest query should run on the cluster"
+            )));
+        }
+        (Some(secs), None) => secs,
+        (None, None) => DEFAULT_CAPABILITY_LIFETIME_SECS,
+    };
+    Ok(std::time::Duration::from_secs(secs))
+}
+
 fn cluster_settings(
     e: EngineConfig,
     tables: &BTreeMap<String, TableSource>,
     base_dir: &Path,
+    statement_timeout_secs: Option<u64>,
 ) -> Result<Option<ClusterSettings>> {
     let Some(scheduler) = e.scheduler else {
         let tls = [&e.cluster_ca, &e.cluster_cert, &e.cluster_cert_key].iter().any(|f| f.is_some());
-        if e.cluster_partitions.is_some() || e.cluster_key_file.is_some() || tls || e.insecure_plaintext {
+        let lifetime = e.capability_lifetime_secs.is_some();
+        if e.cluster_partitions.is_some() || e.cluster_key_file.is_some() || tls || e.insecure_plaintext || lifetime {
             return Err(DpError::Config(
-                "[engine] cluster_partitions, cluster_key_file, cluster_ca, cluster_cert, cluster_cert_key and \
-                 insecure_plaintext apply to a cluster: add scheduler = \"df://host:50050\""
+                "[engine] cluster_partitions, cluster_key_file, cluster_ca, cluster_cert, cluster_cert_key, \
+                 insecure_plaintext and capability_lifetime_secs apply to a cluster: add scheduler = \
+                 \"df://host:50050\""
                     .into(),
             ));
         }
@@ -146,6 +195,7 @@ fn cluster_settings(
                 .into(),
         )
     })?;
+    let capability_lifetime = capability_lifetime(e.capability_lifetime_secs, statement_timeout_secs)?;
     let partitions = e.cluster_partitions.unwrap_or(DEFAULT_CLUSTER_PARTITIONS);
     if !(1..=4096).contains(&partitions) {
         return Err(DpError::Config(format!("[engine] cluster_partitions = {partitions} must be in 1..=4096")));
@@ -160,7 +210,8 @@ fn cluster_settings(
     let host = scheduler_host(&scheduler);
     let names = ["[engine] cluster_ca", "cluster_cert", "cluster_cert_key", "[engine] insecure_plaintext = true"];
     let transport = ClusterTransport::choose(files, e.insecure_plaintext, &[host], names)?;
-    Ok(Some(ClusterSettings { scheduler, partitions, key_file: resolve(base_dir, &key_file), transport }))
+    let key_file = resolve(base_dir, &key_file);
+    Ok(Some(ClusterSettings { scheduler, partitions, key_file, transport, capability_lifetime }))
 }
 
 /// The host of a scheduler address (`df://host:port`, `host:port`, `[::1]:port`).
@@ -255,8 +306,10 @@ const DEFAULT_STARTUP_TIMEOUT_SECS: u64 = 2;
 fn default_idle_timeout() -> u64 {
     3600
 }
+/// `[server] statement_timeout_secs` unless set.
+pub const DEFAULT_STATEMENT_TIMEOUT_SECS: u64 = 300;
 fn default_statement_timeout() -> u64 {
-    300
+    DEFAULT_STATEMENT_TIMEOUT_SECS
 }
 fn default_memory_mb() -> usize {
     1024
@@ -724,9 +777,10 @@ impl SessionConfig {
             }
         }
         let owner_log = s.owner_log.as_deref().map(|p| resolve(base_dir, p));
+        let statement_timeout_secs = raw.server.as_ref().map(|c| c.statement_timeout_secs);
         let server = raw.server.map(|c| server_settings(c, base_dir)).transpose()?;
         let cluster = match raw.engine {
-            Some(e) => cluster_settings(e, &tables, base_dir)?,
+            Some(e) => cluster_settings(e, &tables, base_dir, statement_timeout_secs)?,
             None => None,
         };
         Ok(SessionConfig {

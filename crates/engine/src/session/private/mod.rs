@@ -238,6 +238,16 @@ impl PrivateTables {
         let state = self.ctx.state();
         let physical =
             state.query_planner().create_physical_plan(private, &state).await.map_err(|e| refused("planned", e))?;
+        // On a cluster: an operator its executors would refuse is refused here, before anything is spent.
+        #[cfg(feature = "cluster")]
+        if self.cluster.is_some()
+            && let Some(operator) = cluster::refused_operator(&physical)
+        {
+            return Err(DpError::Refused(Refusal::PrivatePlan {
+                stage: "run on the cluster",
+                message: format!("it needs {operator}, which the cluster's executors do not run"),
+            }));
+        }
         Ok(PrivatePlan { physical, fingerprint })
     }
 

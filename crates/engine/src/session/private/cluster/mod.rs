@@ -20,18 +20,23 @@
 //!   [`crate::accounting::Debit`]. An executor builds its own task context, so that proof cannot travel; instead
 //!   each sealed scan of a submitted plan carries a [`Capability`]: a keyed BLAKE3 MAC, under the cluster key
 //!   that this process and the executors share (the scheduler does not have it), over the scan's exact encoded
-//!   description, the charge that paid for it and an expiry. It is minted only in [`Cluster::stream`], which
-//!   only [`crate::session::Unlocked`] calls, which only a debit opens. An executor reads a private table only for
-//!   a scan whose capability verifies. What this does not protect against is said in `docs/cluster.md`: anyone
-//!   holding the storage, an executor host or the key, and a capability replayed within its lifetime by someone
-//!   who saw the plan's bytes on an unencrypted network.
+//!   description, the charge that paid for it and an expiry: the statement timeout after the debit (the server's
+//!   `statement_timeout_secs`, or `[engine] capability_lifetime_secs` without a server) plus a small allowance
+//!   for clock skew ([`CLOCK_SKEW_ALLOWANCE`]). It is minted only in [`Cluster::stream`], which only
+//!   [`crate::session::Unlocked`] calls, which only a debit opens. An executor reads a private table only for a
+//!   scan whose capability verifies. What this does not protect against is said in `docs/cluster.md`: anyone
+//!   holding the storage, an executor host or the key, and a capability replayed within its lifetime (the
+//!   statement timeout) by someone who saw the plan's bytes on an unencrypted network.
 //! * **Failures.** A job that fails (an executor lost beyond Ballista's retries, a file unreadable on an executor)
 //!   fails after the debit: the charge stays spent and the error reaches the analyst without its text (which
 //!   could quote a value; the owner's log keeps it), as for any failure while reading. A retry with the same
 //!   request id resumes the claimed charge and draws its noise once.
 
+mod allow;
 mod codec;
 mod transport;
+
+pub use allow::{ALLOWED, refused_operator};
 
 pub use codec::DpPhysicalCodec;
 pub use transport::{SERVER_NAME, Transport};
@@ -53,9 +58,12 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-/// How long a capability lets executors read its scan: longer than any job should run (a task retried after it
-/// fails to read, after the debit: the job's error then reaches the analyst and the charge stays spent).
-const CAPABILITY_LIFETIME: Duration = Duration::from_secs(24 * 3600);
+/// What a capability's expiry allows for the executors' clocks being ahead of this process's: a capability
+/// lets its scan be read until [`ClusterSettings::capability_lifetime`] (the statement timeout) plus this after
+/// the debit, by this process's clock. An executor whose clock is ahead by up to this still reads for the whole
+/// lifetime; one whose clock is behind by `s` reads for up to the lifetime + this + `s` (keep the clocks of a
+/// cluster synchronised, e.g. by NTP; `docs/cluster.md`).
+pub const CLOCK_SKEW_ALLOWANCE: Duration = Duration::from_secs(30);
 
 /// The domain of the capability MAC (a new layout gets a new string).
 const MAC_DOMAIN: &[u8] = b"dpfusion-scan-capability-v1";
@@ -158,13 +166,19 @@ fn now_secs() -> u64 {
 }
 
 impl Remote {
-    /// Whether `context` (an executor's task) may read this scan: its config carries the cluster key, the
-    /// capability verifies under it (a constant-time comparison), and it has not expired.
+    /// Whether `context` (an executor's task) may read this scan now, by the executor's clock ([`Remote::verify_at`]).
     pub(crate) fn verify(&self, context: &TaskContext) -> bool {
+        self.verify_at(context, now_secs())
+    }
+
+    /// Whether `context` may read this scan at `now` (seconds since the Unix epoch): its config carries the cluster
+    /// key, the capability verifies under it (a constant-time comparison), and `now` is not after its expiry (which
+    /// the MAC covers, so nobody without the key can extend it).
+    pub(crate) fn verify_at(&self, context: &TaskContext, now: u64) -> bool {
         let (Some(key), Some(cap)) = (context.session_config().get_extension::<ClusterKey>(), &self.capability) else {
             return false;
         };
-        now_secs() <= cap.not_after && key.mac(cap.charge, cap.not_after, &self.source) == blake3::Hash::from(cap.mac)
+        now <= cap.not_after && key.mac(cap.charge, cap.not_after, &self.source) == blake3::Hash::from(cap.mac)
     }
 }
 
@@ -305,14 +319,16 @@ fn file_groups(inner: &Arc<dyn ExecutionPlan>, parts: &[usize]) -> Option<Arc<dy
     Some(DataSourceExec::from_data_source(restricted))
 }
 
-/// A Ballista cluster that runs private plans: the scheduler's address, the key capabilities are minted with, and
-/// the codec.
+/// A Ballista cluster that runs private plans: the scheduler's address, the key capabilities are minted with, how
+/// long they live, and the codec.
 #[derive(Debug)]
 pub struct Cluster {
     url: String,
     transport: Transport,
     key: Arc<ClusterKey>,
     partitions: usize,
+    /// [`ClusterSettings::capability_lifetime`]: the statement timeout.
+    lifetime: Duration,
     codec: Arc<DpPhysicalCodec>,
 }
 
@@ -328,7 +344,15 @@ impl Cluster {
             return Err(DpError::invalid("[engine] cluster_partitions", "must be at least 1"));
         }
         let transport = Transport::load(&settings.transport)?;
-        Ok(Cluster { url, transport, key, partitions: settings.partitions, codec: Arc::default() })
+        let lifetime = settings.capability_lifetime;
+        Ok(Cluster { url, transport, key, partitions: settings.partitions, lifetime, codec: Arc::default() })
+    }
+
+    /// The expiry of a capability minted at `now` (seconds since the Unix epoch, this process's clock): the
+    /// statement timeout later, plus [`CLOCK_SKEW_ALLOWANCE`]. A statement stopped at its timeout (the server drops
+    /// it; Ballista may still be running its job) leaves the executors unable to read its tables shortly after.
+    fn not_after(&self, now: u64) -> u64 {
+        now.saturating_add(self.lifetime.as_secs()).saturating_add(CLOCK_SKEW_ALLOWANCE.as_secs())
     }
 
     /// Partitions of every private plan.
@@ -336,15 +360,15 @@ impl Cluster {
         self.partitions
     }
 
-    /// Runs `plan` on the cluster for `charge`: every sealed scan gets a capability for it ([`Capability`]), the
-    /// plan is submitted as it is, and its output comes back as a stream. Only [`crate::session::Unlocked`] calls
-    /// this, so only a debit mints capabilities.
+    /// Runs `plan` on the cluster for `charge`: every sealed scan gets a capability for it ([`Capability`]), valid
+    /// for the statement timeout ([`Cluster::not_after`]), the plan is submitted as it is, and its output comes
+    /// back as a stream. Only [`crate::session::Unlocked`] calls this, so only a debit mints capabilities.
     pub(crate) fn stream(
         &self,
         plan: &Arc<dyn ExecutionPlan>,
         charge: &Charge,
     ) -> datafusion::error::Result<SendableRecordBatchStream> {
-        let not_after = now_secs().saturating_add(CAPABILITY_LIFETIME.as_secs());
+        let not_after = self.not_after(now_secs());
         let minted = self.mint(plan, charge.id(), not_after)?;
         let (url, codec, schema) = (self.url.clone(), Arc::clone(&self.codec), plan.schema());
         let config =

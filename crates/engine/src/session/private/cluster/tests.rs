@@ -29,11 +29,18 @@ fn plaintext() -> Transport {
 }
 
 fn cluster(key: ClusterKey) -> Cluster {
+    cluster_for(key, Duration::from_secs(crate::config::DEFAULT_CAPABILITY_LIFETIME_SECS))
+}
+
+/// A cluster whose capabilities live `lifetime` (the statement timeout).
+fn cluster_for(key: ClusterKey, lifetime: Duration) -> Cluster {
+    let transport = plaintext();
     Cluster {
         url: "http://localhost:1".into(),
-        transport: plaintext(),
+        transport,
         key: Arc::new(key),
         partitions: 2,
+        lifetime,
         codec: Arc::default(),
     }
 }
@@ -162,6 +169,89 @@ async fn a_sent_scan_is_read_once_over_the_tasks_that_share_it() {
     #[allow(deprecated)]
     let e = two.with_new_children(vec![carrier]).unwrap_err();
     assert!(e.to_string().contains("out of 2"), "{e}");
+}
+
+/// The capability of a decoded (sent) scan, with the executor-side check at an explicit time.
+fn sent_remote(plan: &Arc<dyn ExecutionPlan>) -> Arc<Remote> {
+    let scan = plan.downcast_ref::<SealedScanExec>().expect("a sealed scan");
+    Arc::clone(scan.remote().expect("a sent scan"))
+}
+
+/// An executor refuses a capability after its expiry (by its own clock), and only then: the check an executor
+/// runs, at explicit times; and a scan past its expiry reads no row.
+#[tokio::test]
+async fn an_expired_capability_is_refused_by_the_executor() {
+    let key = ClusterKey::generate().unwrap();
+    let c = cluster(key.clone());
+    let not_after = 1_700_000_000;
+    let decoded = decode(&encode(&c.mint(&pums_scan(), 7, not_after).unwrap(), &c.codec), &c.codec);
+    let remote = sent_remote(&decoded);
+    let task = executor(Some(&key));
+    assert!(remote.verify_at(&task, not_after - 1000));
+    assert!(remote.verify_at(&task, not_after), "valid through its last second");
+    assert!(!remote.verify_at(&task, not_after + 1), "expired");
+    assert!(!remote.verify_at(&task, u64::MAX));
+    // By the executor's clock (now), a capability that expired a second ago reads nothing.
+    let expired = decode(&encode(&c.mint(&pums_scan(), 7, now_secs() - 1).unwrap(), &c.codec), &c.codec);
+    let e = rows(&expired, executor(Some(&key))).await.unwrap_err();
+    assert!(e.to_string().contains("without a debit"), "{e}");
+    // Moving the expiry later (without the key) breaks the MAC.
+    let mut capability = remote.capability.clone().expect("minted");
+    capability.not_after += 3600;
+    let extended = Remote { source: remote.source.clone(), capability: Some(capability) };
+    assert!(!extended.verify_at(&task, not_after - 1000), "a changed expiry does not verify");
+}
+
+/// A capability minted by a cluster whose statement timeout is 5 s verifies for those 5 s and the clock-skew
+/// allowance after the debit, and not a second more (explicit times: nothing waits).
+#[test]
+fn a_capability_lives_for_the_statement_timeout() {
+    let key = ClusterKey::generate().unwrap();
+    let c = cluster_for(key.clone(), Duration::from_secs(5));
+    let debit = 1_700_000_000;
+    let not_after = c.not_after(debit);
+    assert_eq!(not_after, debit + 5 + CLOCK_SKEW_ALLOWANCE.as_secs());
+    let decoded = decode(&encode(&c.mint(&pums_scan(), 7, not_after).unwrap(), &c.codec), &c.codec);
+    let remote = sent_remote(&decoded);
+    let task = executor(Some(&key));
+    for t in [debit, debit + 5, not_after] {
+        assert!(remote.verify_at(&task, t), "at debit + {}", t - debit);
+    }
+    assert!(!remote.verify_at(&task, not_after + 1));
+    assert!(!remote.verify_at(&task, debit + 24 * 3600), "not a day as before");
+}
+
+/// `[engine] capability_lifetime_secs` (300 s by default) without a server; the server's `statement_timeout_secs`
+/// with one; both, or a value out of 1..=86400, refused with what to change.
+#[test]
+fn the_capability_lifetime_is_the_statement_timeout() {
+    const ENGINE: &str = "scheduler = \"df://localhost:1\"\ncluster_key_file = \"k\"\ninsecure_plaintext = true\n";
+    let parse = |extra: &str| {
+        let text = format!("[session]\nrho = 1.0\ndefault_query_rho = 0.05\n{extra}\n[engine]\n{ENGINE}");
+        crate::config::SessionConfig::from_toml_str(&text, Path::new("/"))
+            .map(|c| c.cluster.expect("a cluster").capability_lifetime.as_secs())
+    };
+    assert_eq!(parse("").unwrap(), 300);
+    assert_eq!(parse("[server]\nstatement_timeout_secs = 120\n").unwrap(), 120);
+    assert_eq!(parse("[server]\n").unwrap(), 300, "the server's default statement timeout");
+    let lifetime = |secs: &str| {
+        let text = format!(
+            "[session]\nrho = 1.0\ndefault_query_rho = 0.05\n\n[engine]\n{ENGINE}capability_lifetime_secs = {secs}\n"
+        );
+        crate::config::SessionConfig::from_toml_str(&text, Path::new("/"))
+            .map(|c| c.cluster.expect("a cluster").capability_lifetime.as_secs())
+    };
+    assert_eq!(lifetime("60").unwrap(), 60);
+    for bad in ["0", "86401"] {
+        let e = lifetime(bad).unwrap_err().to_string();
+        assert!(e.contains("capability_lifetime_secs") && e.contains("from 1 to 86400"), "{e}");
+    }
+    let both = "[session]\nrho = 1.0\ndefault_query_rho = 0.05\n\n[server]\nstatement_timeout_secs = 60\n\n[engine]\n\
+                scheduler = \"df://h\"\ncluster_key_file = \"k\"\ncapability_lifetime_secs = 60\n";
+    let e = crate::config::SessionConfig::from_toml_str(both, Path::new("/")).unwrap_err().to_string();
+    assert!(e.contains("for sessions without a server"), "{e}");
+    let e = parse("[server]\nstatement_timeout_secs = 100000\n").unwrap_err().to_string();
+    assert!(e.contains("statement_timeout_secs = 100000") && e.contains("at most 86400"), "{e}");
 }
 
 /// Changing what a minted scan reads (another file) breaks its capability.
