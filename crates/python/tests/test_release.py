@@ -86,7 +86,7 @@ def test_refusal_raises_refused_with_code_and_hint_and_spends_nothing(session):
 
 
 def test_budget_exhausted_spends_nothing(session):
-    assert session.sql("SET dp.rho = 0.6") is None
+    assert session.sql("SET dp.rho = 0.6") == {"option": "dp.rho", "value": "0.6"}
     session.sql("SELECT COUNT(*) AS n FROM pums")
     with pytest.raises(dpfusion.BudgetExhausted) as info:
         session.sql("SELECT COUNT(*) AS n FROM pums WHERE age > 30")
