@@ -171,19 +171,24 @@ fn rust_audit() -> String {
     serde_json::Value::Object(out).to_string()
 }
 
+/// `cargo tree -p dpfusion-python <args>`: its output.
+fn python_tree(args: &[&str]) -> String {
+    let out = Command::new(env!("CARGO"))
+        .args(["tree", "-p", "dpfusion-python"])
+        .args(args)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .expect("cargo tree");
+    assert!(out.status.success(), "cargo tree: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 /// The `test-util` feature of the Python package (and through it the engine's) is off unless asked for: a wheel
 /// built by `pip install ./crates/python` or `maturin develop` without `--features` has no reseeding.
 #[test]
 fn the_default_python_build_has_no_test_util() {
     let tree = |extra: &[&str]| {
-        let out = Command::new(env!("CARGO"))
-            .args(["tree", "-p", "dpfusion-python", "-e", "features", "-i", "dpfusion"])
-            .args(extra)
-            .current_dir(env!("CARGO_MANIFEST_DIR"))
-            .output()
-            .expect("cargo tree");
-        assert!(out.status.success(), "cargo tree: {}", String::from_utf8_lossy(&out.stderr));
-        String::from_utf8_lossy(&out.stdout).contains("dpfusion feature \"test-util\"")
+        python_tree(&[&["-e", "features", "-i", "dpfusion"], extra].concat()).contains("dpfusion feature \"test-util\"")
     };
     assert!(!tree(&[]), "the default build of dpfusion-python turns on the engine's test-util");
     assert!(tree(&["-F", "dpfusion-python/test-util"]), "the check sees the feature when it is on");
@@ -193,25 +198,16 @@ fn the_default_python_build_has_no_test_util() {
 /// not the cluster crate; the `cluster` feature brings Ballista in.
 #[test]
 fn the_default_python_build_has_no_cluster() {
-    let tree = |extra: &[&str]| {
-        let out = Command::new(env!("CARGO"))
-            .args(["tree", "-p", "dpfusion-python", "-e", "normal", "--prefix", "none"])
-            .args(extra)
-            .current_dir(env!("CARGO_MANIFEST_DIR"))
-            .output()
-            .expect("cargo tree");
-        assert!(out.status.success(), "cargo tree: {}", String::from_utf8_lossy(&out.stderr));
-        let names: std::collections::BTreeSet<String> = String::from_utf8_lossy(&out.stdout)
+    let crates = |extra: &[&str]| -> std::collections::BTreeSet<String> {
+        python_tree(&[&["-e", "normal", "--prefix", "none"], extra].concat())
             .lines()
             .filter_map(|l| l.split_whitespace().next().map(str::to_string))
-            .collect();
-        names
+            .collect()
     };
-    let lean = tree(&[]);
+    let lean = crates(&[]);
     assert!(lean.contains("datafusion") && lean.contains("pyo3"), "the tree is read: {lean:?}");
     let unwanted: Vec<&String> =
         lean.iter().filter(|n| n.starts_with("ballista") || *n == "dpfusion-cluster").collect();
     assert!(unwanted.is_empty(), "the default dpfusion-python build depends on {unwanted:?}");
-    let cluster = tree(&["-F", "dpfusion-python/cluster"]);
-    assert!(cluster.contains("ballista-core"), "the `cluster` feature brings Ballista in");
+    assert!(crates(&["-F", "dpfusion-python/cluster"]).contains("ballista-core"), "`cluster` brings Ballista in");
 }

@@ -32,6 +32,12 @@ struct Placeholder {
 /// `sql` with `params` (None, a list, a tuple or a dict) bound as the engine binds values.
 pub(crate) fn bind(sql: &str, params: Option<&Bound<'_, PyAny>>) -> PyResult<Binding> {
     let Some(params) = params.filter(|p| !p.is_none()) else {
+        if let Some(p) = placeholders(sql).first() {
+            return Err(usage(
+                "invalid_parameter",
+                format!("the query has the placeholder `{}`: give its value with params=", p.text),
+            ));
+        }
         return Ok(Binding { sql: sql.to_string(), values: Vec::new() });
     };
     let found = placeholders(sql);
@@ -140,6 +146,9 @@ fn bind_named(sql: &str, found: &[Placeholder], dict: &Bound<'_, PyDict>) -> PyR
 /// The placeholders of `sql`, in order, as the engine's tokenizer sees them (none when it cannot tokenize: the
 /// engine then refuses the statement with the syntax error).
 fn placeholders(sql: &str) -> Vec<Placeholder> {
+    if !sql.contains(['?', '$']) {
+        return Vec::new();
+    }
     let Ok(tokens) = Tokenizer::new(&GenericDialect {}, sql).tokenize_with_location() else { return Vec::new() };
     // The tokenizer's locations are (line, column) in characters, both from 1.
     let line_starts: Vec<usize> =

@@ -30,6 +30,17 @@ pub(crate) fn stream_capsule(
     PyCapsule::new_with_value(py, FFI_ArrowArrayStream::new(Box::new(reader)), c"arrow_array_stream")
 }
 
+/// One batch (a marginal or workload release's table) as an Arrow C stream ([`stream_capsule`]).
+fn batch_capsule(py: Python<'_>, batch: RecordBatch) -> PyResult<Bound<'_, PyCapsule>> {
+    let schema = batch.schema();
+    stream_capsule(py, vec![batch], schema)
+}
+
+/// A pyarrow table as a polars DataFrame (`polars.from_arrow`: needs polars).
+fn to_polars<'py>(py: Python<'py>, table: Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+    py.import("polars")?.call_method1("from_arrow", (table,))
+}
+
 /// The Arrow PyCapsule protocol's `__arrow_c_schema__`: `schema` in a capsule named `arrow_schema`.
 pub(crate) fn schema_capsule<'py>(py: Python<'py>, schema: &SchemaRef) -> PyResult<Bound<'py, PyCapsule>> {
     let ffi = FFI_ArrowSchema::try_from(schema.as_ref())
@@ -258,7 +269,7 @@ impl Release {
     /// >>> df.columns, df["sex"].to_list()
     /// (['sex', 'n'], [0, 1])
     fn to_polars<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        py.import("polars")?.call_method1("from_arrow", (self.to_arrow(py)?,))
+        to_polars(py, self.to_arrow(py)?)
     }
 
     /// Per output column: `kind` (`public`, `noisy`, `combined`, `per_row`, `rank`, `no_interval`) and, for a noisy
@@ -549,7 +560,7 @@ impl MarginalRelease {
     /// >>> s.marginals("pums", ["sex"], rho=0.05).to_polars()["key"].to_list()
     /// ['0', '1']
     fn to_polars<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        py.import("polars")?.call_method1("from_arrow", (self.to_arrow(py)?,))
+        to_polars(py, self.to_arrow(py)?)
     }
 
     /// The Arrow PyCapsule protocol: the table of `to_arrow` as an Arrow C stream (`pyarrow.table(m)`,
@@ -565,9 +576,7 @@ impl MarginalRelease {
         requested_schema: Option<Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyCapsule>> {
         let _ = requested_schema;
-        let batch = self.inner.to_record_batch().map_err(crate::errors::to_py)?;
-        let schema = batch.schema();
-        stream_capsule(py, vec![batch], schema)
+        batch_capsule(py, self.inner.to_record_batch().map_err(crate::errors::to_py)?)
     }
 
     /// The Arrow PyCapsule protocol: the schema of `to_arrow` as an Arrow C schema.
@@ -576,8 +585,7 @@ impl MarginalRelease {
     /// >>> pa.schema(s.marginals("pums", ["sex"], rho=0.05)).names
     /// ['column', 'key', 'noisy_count', 'count', 'frequency']
     fn __arrow_c_schema__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyCapsule>> {
-        let batch = self.inner.to_record_batch().map_err(crate::errors::to_py)?;
-        schema_capsule(py, &batch.schema())
+        schema_capsule(py, &self.inner.to_record_batch().map_err(crate::errors::to_py)?.schema())
     }
 
     /// The noise and accuracy: `sigma`, `std`, `ci_half_width` (each cell), `max_error` (all cells at once),
@@ -658,7 +666,7 @@ impl WorkloadRelease {
     /// >>> s.workload("pums", ["sex", "married"], way=2, rho=0.05).to_polars().height
     /// 4
     fn to_polars<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        py.import("polars")?.call_method1("from_arrow", (self.to_arrow(py)?,))
+        to_polars(py, self.to_arrow(py)?)
     }
 
     /// The Arrow PyCapsule protocol: the table of `to_arrow` as an Arrow C stream (`pyarrow.table(w)`,
@@ -674,9 +682,7 @@ impl WorkloadRelease {
         requested_schema: Option<Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyCapsule>> {
         let _ = requested_schema;
-        let batch = self.inner.to_record_batch(&self.columns).map_err(crate::errors::to_py)?;
-        let schema = batch.schema();
-        stream_capsule(py, vec![batch], schema)
+        batch_capsule(py, self.inner.to_record_batch(&self.columns).map_err(crate::errors::to_py)?)
     }
 
     /// The Arrow PyCapsule protocol: the schema of `to_arrow` as an Arrow C schema.
@@ -685,8 +691,7 @@ impl WorkloadRelease {
     /// >>> pa.schema(s.workload("pums", ["sex", "married"], way=2, rho=0.05)).names
     /// ['marginal', 'sex', 'married', 'count', 'ci_half_width']
     fn __arrow_c_schema__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyCapsule>> {
-        let batch = self.inner.to_record_batch(&self.columns).map_err(crate::errors::to_py)?;
-        schema_capsule(py, &batch.schema())
+        schema_capsule(py, &self.inner.to_record_batch(&self.columns).map_err(crate::errors::to_py)?.schema())
     }
 
     /// The same as a pandas DataFrame.

@@ -7,7 +7,7 @@ import polars
 import pyarrow
 import pytest
 
-from conftest import spent
+from conftest import assert_zero_copy, spent
 
 COUNT_BY_SEX = "SELECT sex, COUNT(*) AS n FROM pums GROUP BY sex ORDER BY sex"
 
@@ -47,11 +47,8 @@ def test_duckdb_queries_a_release_like_a_table(session):
 
 def test_the_stream_is_zero_copy(session):
     r = session.sql("SELECT COUNT(*) AS n, SUM(income) AS total FROM pums")
-    t = pyarrow.table(r)
-    rust = r._buffer_addresses()
-    for i in range(t.num_columns):
-        for b, chunk in enumerate(t.column(i).chunks):
-            assert chunk.buffers()[1].address == rust[b][i]
+    assert_zero_copy(pyarrow.table(r), r)
+    assert_zero_copy(pyarrow.RecordBatchReader.from_stream(r).read_all(), r)
 
 
 def test_an_unconsumed_capsule_is_released_and_a_consumed_one_cannot_be_read_twice(session):

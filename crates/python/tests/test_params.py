@@ -65,6 +65,7 @@ def test_value_types(session):
         (OVER.format("?", "?"), [60, [1]], "params[1] is a list"),
         (OVER.format("?", "?"), [2**70, 1], "does not fit in a 64-bit integer"),
         (OVER.format("?", "?"), "60", "params must be a list or tuple"),
+        (OVER.format("?", "?"), None, "the query has the placeholder `?`: give its value with params="),
     ],
 )
 def test_a_mistake_in_params_is_a_clear_error_and_spends_nothing(session, sql, params, says):
