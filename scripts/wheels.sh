@@ -94,5 +94,9 @@ listing=$(tar -tzf "$sdist")
 for f in pyproject.toml crates/python/Cargo.toml crates/engine/Cargo.toml crates/charts/Cargo.toml Cargo.lock; do
   grep -q "^dpfusion-[^/]*/$f$" <<<"$listing" || { echo "the sdist has no $f" >&2; exit 1; }
 done
+# ... and its workspace resolves (members, the `wheel` profile; cargo prunes the lock file of the members left out).
+tar -xzf "$sdist" -C "$work"
+cargo metadata --offline --format-version 1 --manifest-path "$work"/dpfusion-*/crates/python/Cargo.toml >/dev/null
+grep -q '^\[profile.wheel\]' "$work"/dpfusion-*/Cargo.toml || { echo "the sdist has no [profile.wheel]" >&2; exit 1; }
 check_wheel "$wheel"
 ls -l "$wheel" "$sdist"

@@ -87,7 +87,7 @@ pub(crate) struct Release {
 
 /// What a `Release` holds: the engine's noisy release, or the exact answer of a query over public tables only.
 enum Answer {
-    Noisy(dpfusion::Release),
+    Noisy(Box<dpfusion::Release>),
     Public {
         rows: PublicRows,
         /// The SQL as written (with its placeholders).
@@ -98,7 +98,7 @@ enum Answer {
 }
 
 impl Release {
-    pub(crate) fn new(inner: dpfusion::Release) -> Self {
+    pub(crate) fn new(inner: Box<dpfusion::Release>) -> Self {
         Release { inner: Answer::Noisy(inner) }
     }
 

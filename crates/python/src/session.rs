@@ -163,7 +163,7 @@ impl Session {
             Ok::<_, Failure>((response, budget))
         })?;
         match (response, budget) {
-            (Response::Release(r), _) => Ok(Py::new(py, Release::new(*r))?.into_any()),
+            (Response::Release(r), _) => Ok(Py::new(py, Release::new(r))?.into_any()),
             (Response::Explain(e), _) => Ok(Py::new(py, Explanation::new(*e))?.into_any()),
             (Response::Public(p), Some(b)) => Ok(Py::new(py, Release::public_answer(*p, sql, &b))?.into_any()),
             (Response::Public(_), None) => Err(usage("internal_error", "a public answer without its budget".into())),
