@@ -107,7 +107,10 @@ fn python_package_tests_pass() {
     let build = must(
         "maturin develop",
         Command::new(bin.join("maturin"))
-            .args(["develop", "--features", "test-util", "--manifest-path"])
+            // The dev profile (the package's pyproject names the wheel's profile for wheels), with the test-only
+            // features: the engine's predictable noise, and the root build's feature set (`workspace-build`), so
+            // that DataFusion is the build the root's `cargo test` made.
+            .args(["develop", "--profile", "dev", "--features", "test-util,workspace-build", "--manifest-path"])
             .arg(crate_dir.join("Cargo.toml"))
             .env("VIRTUAL_ENV", &venv)
             .env("PATH", &path)
@@ -118,7 +121,7 @@ fn python_package_tests_pass() {
     assert!(
         !build.lines().any(|l| l.trim_start().starts_with("Compiling datafusion ")),
         "maturin compiled DataFusion again: the Python crate's features differ from the root build's; align the \
-         feature-unification dependencies of crates/python/Cargo.toml (compare `cargo tree -e features`):\n{build}"
+         `workspace-build` feature's dependencies in crates/python/Cargo.toml (compare `cargo tree -e features`):\n{build}"
     );
 
     let (ok, output) = run_logged(
@@ -168,20 +171,43 @@ fn rust_audit() -> String {
     serde_json::Value::Object(out).to_string()
 }
 
+/// `cargo tree -p dpfusion-python <args>`: its output.
+fn python_tree(args: &[&str]) -> String {
+    let out = Command::new(env!("CARGO"))
+        .args(["tree", "-p", "dpfusion-python"])
+        .args(args)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .expect("cargo tree");
+    assert!(out.status.success(), "cargo tree: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 /// The `test-util` feature of the Python package (and through it the engine's) is off unless asked for: a wheel
 /// built by `pip install ./crates/python` or `maturin develop` without `--features` has no reseeding.
 #[test]
 fn the_default_python_build_has_no_test_util() {
     let tree = |extra: &[&str]| {
-        let out = Command::new(env!("CARGO"))
-            .args(["tree", "-p", "dpfusion-python", "-e", "features", "-i", "dpfusion"])
-            .args(extra)
-            .current_dir(env!("CARGO_MANIFEST_DIR"))
-            .output()
-            .expect("cargo tree");
-        assert!(out.status.success(), "cargo tree: {}", String::from_utf8_lossy(&out.stderr));
-        String::from_utf8_lossy(&out.stdout).contains("dpfusion feature \"test-util\"")
+        python_tree(&[&["-e", "features", "-i", "dpfusion"], extra].concat()).contains("dpfusion feature \"test-util\"")
     };
     assert!(!tree(&[]), "the default build of dpfusion-python turns on the engine's test-util");
     assert!(tree(&["-F", "dpfusion-python/test-util"]), "the check sees the feature when it is on");
+}
+
+/// The Python package's default build (a wheel: `pip install ./crates/python`, scripts/wheels.sh) has no Ballista and
+/// not the cluster crate; the `cluster` feature brings Ballista in.
+#[test]
+fn the_default_python_build_has_no_cluster() {
+    let crates = |extra: &[&str]| -> std::collections::BTreeSet<String> {
+        python_tree(&[&["-e", "normal", "--prefix", "none"], extra].concat())
+            .lines()
+            .filter_map(|l| l.split_whitespace().next().map(str::to_string))
+            .collect()
+    };
+    let lean = crates(&[]);
+    assert!(lean.contains("datafusion") && lean.contains("pyo3"), "the tree is read: {lean:?}");
+    let unwanted: Vec<&String> =
+        lean.iter().filter(|n| n.starts_with("ballista") || *n == "dpfusion-cluster").collect();
+    assert!(unwanted.is_empty(), "the default dpfusion-python build depends on {unwanted:?}");
+    assert!(crates(&["-F", "dpfusion-python/cluster"]).contains("ballista-core"), "`cluster` brings Ballista in");
 }

@@ -13,10 +13,249 @@ The examples of this package's docstrings run from the root of the dpfusion chec
 (['sex', 'n'], 2)
 """
 
+from datetime import date, datetime
 from os import PathLike
-from typing import Any, Optional, Sequence, Union
+from typing import Any, Literal, Mapping, Optional, TypedDict, Sequence, Union
 
 __version__: str
+
+#: A value `Session.sql(..., params=...)` binds to a placeholder.
+ParamValue = Union[None, bool, int, float, str, bytes, date, datetime]
+#: `params=`: a list (or tuple) for `?` or `$1` placeholders, a dict for `$name` placeholders.
+Params = Union[list[ParamValue], tuple[ParamValue, ...], Mapping[str, ParamValue]]
+
+class _AccuracyKind(TypedDict):
+    kind: Literal["public", "noisy", "combined", "per_row", "rank", "no_interval"]
+
+
+class ColumnAccuracy(_AccuracyKind, total=False):
+    """How far off one column of a release may be (`Release.accuracy[column]`): `kind` always; the other keys as
+    the kind has them (`noisy`: `mechanism`, `sigma_or_scale`, `std`, `ci_half_width`, `confidence`; `combined`:
+    `ci_half_width`, `confidence`, `measurements`; `per_row`: `confidence`, `intervals`; `rank`: `mechanism`,
+    `rank_half_width`, `confidence`, `quantile`, `candidates`, `spacing`; `no_interval`: `reason`).
+
+    >>> a: dpfusion.ColumnAccuracy = s.sql("SELECT COUNT(*) AS n FROM pums").accuracy["n"]
+    >>> a["kind"], a["ci_half_width"]
+    ('noisy', 12.0)
+    """
+
+    mechanism: str
+    sigma_or_scale: float
+    std: float
+    ci_half_width: float
+    confidence: float
+    measurements: int
+    intervals: list[list[float]]
+    rank_half_width: float
+    quantile: float
+    candidates: int
+    spacing: float
+    reason: str
+
+
+class _ChargeKeys(TypedDict):
+    id: Optional[int]
+    rho: float
+    epsilon: float
+    delta: float
+
+
+class Charge(_ChargeKeys, total=False):
+    """What one query cost (`Release.charge`): `id` (the ledger's charge; None for a query over public tables only),
+    `rho`, and `epsilon` at `delta`; `free` (True) when it spent nothing (answered from an earlier charge, or
+    public); `selection_delta` when it selected GROUP BY keys.
+
+    >>> c: dpfusion.Charge = s.sql("SELECT COUNT(*) AS n FROM pums").charge
+    >>> c["id"], round(c["rho"], 9)
+    (1, 0.05)
+    """
+
+    free: bool
+    selection_delta: float
+
+
+class _ReleaseBudgetKeys(TypedDict):
+    rho_total: float
+    rho_spent: float
+    rho_remaining: float
+    epsilon: float
+    delta: float
+
+
+class ReleaseBudget(_ReleaseBudgetKeys, total=False):
+    """The budget after one query (`Release.budget`): ρ in all, spent and remaining, and the ε of what was spent at
+    `delta`; `delta_remaining` when the query selected GROUP BY keys.
+
+    >>> b: dpfusion.ReleaseBudget = s.sql("SELECT COUNT(*) AS n FROM pums").budget
+    >>> round(b["rho_remaining"], 9)
+    0.95
+    """
+
+    delta_remaining: float
+
+
+class Budget(TypedDict):
+    """The session's budget (`Session.budget()`): ρ in all, spent and remaining, ε of what was spent at `delta`,
+    how many `charges`, and the δ budget of key selections (`delta_total`, `delta_spent`, `delta_remaining`).
+
+    >>> b: dpfusion.Budget = s.budget()
+    >>> b["rho_total"], b["charges"]
+    (1.0, 0)
+    """
+
+    rho_total: float
+    rho_spent: float
+    rho_remaining: float
+    epsilon: float
+    delta: float
+    charges: int
+    delta_total: float
+    delta_spent: float
+    delta_remaining: float
+
+
+class HistoryEntry(TypedDict):
+    """One charge of the budget (`Session.history()`): `id`, `label` (the SQL), `rho`, `measurements`.
+
+    >>> _ = s.sql("SELECT COUNT(*) AS n FROM pums")
+    >>> h: dpfusion.HistoryEntry = s.history()[0]
+    >>> h["id"], h["measurements"]
+    (1, 1)
+    """
+
+    id: int
+    label: str
+    rho: float
+    measurements: int
+
+
+class Setting(TypedDict):
+    """What `SET dp.<option> = <value>` set (`Session.sql` returns it): the option and its new value, as text.
+
+    >>> s.sql("SET dp.confidence = 0.9")
+    {'option': 'dp.confidence', 'value': '0.9'}
+    """
+
+    option: str
+    value: str
+
+
+class MarginalCharge(TypedDict):
+    """What one-way marginals cost (`MarginalRelease.charge`): the ledger's charge `id` and its `rho`.
+
+    >>> c: dpfusion.MarginalCharge = s.marginals("pums", ["sex"], rho=0.05).charge
+    >>> c["id"]
+    1
+    """
+
+    id: int
+    rho: float
+
+
+class WorkloadCharge(TypedDict):
+    """What a workload cost (`WorkloadRelease.charge`): `id` and `rho` of the charge that paid, and `reused_from`
+    (that charge's id when an earlier release of the same workload answered it, else None).
+
+    >>> c: dpfusion.WorkloadCharge = s.workload("pums", ["sex", "race"], rho=0.05).charge
+    >>> c["reused_from"] is None
+    True
+    """
+
+    id: int
+    rho: float
+    reused_from: Optional[int]
+
+
+class Epsilon(TypedDict):
+    """An (ε, δ) bound (`MarginalPlan["epsilon"]`, `WorkloadPlan["epsilon"]`): `epsilon` at `delta`, and `kind`, the
+    conversion that gave it (e.g. `cks20`).
+
+    >>> e: dpfusion.Epsilon = s.marginals("pums", ["sex"], rho=0.05).plan["epsilon"]
+    >>> e["delta"], e["kind"]
+    (1e-06, 'cks20')
+    """
+
+    epsilon: float
+    delta: float
+    kind: str
+
+
+class _MarginalPlanKeys(TypedDict):
+    d: int
+    rows_per_unit: int
+    cells: int
+    l2_sensitivity: float
+    rho: float
+    sigma: float
+    std: float
+    ci_half_width: float
+    max_error: float
+    confidence: float
+    sigma_frequency: Optional[float]
+    epsilon: Epsilon
+
+
+class MarginalPlan(_MarginalPlanKeys, total=False):
+    """The noise and accuracy of one-way marginals (`MarginalRelease.plan`): `d` columns, `cells`, the L2
+    sensitivity, `rho`, `sigma`, each cell's `std` and `ci_half_width`, `max_error` (all cells at once),
+    `confidence`, `epsilon`, and `selection` when keys were selected.
+
+    >>> p: dpfusion.MarginalPlan = s.marginals("pums", ["sex", "race"], rho=0.05).plan
+    >>> p["d"], p["cells"]
+    (2, 8)
+    """
+
+    selection: dict[str, Any]
+
+
+class WorkloadSet(TypedDict):
+    """One marginal of a workload's plan (`WorkloadPlan["sets"]`): its `columns`, `cells`, `std`, `ci_half_width`.
+
+    >>> w: dpfusion.WorkloadSet = s.workload("pums", ["sex", "race"], rho=0.05).plan["sets"][0]
+    >>> w["columns"], w["cells"]
+    (['sex', 'race'], 12)
+    """
+
+    columns: list[str]
+    cells: int
+    std: float
+    ci_half_width: float
+
+
+class WorkloadResidual(TypedDict):
+    """One residual of a workload's plan (`WorkloadPlan["residuals"]`): `columns`, `contrasts`, `rho`, `sigma`.
+
+    >>> r: dpfusion.WorkloadResidual = s.workload("pums", ["sex", "race"], rho=0.05).plan["residuals"][0]
+    >>> r["columns"]
+    []
+    """
+
+    columns: list[str]
+    contrasts: int
+    rho: float
+    sigma: float
+
+
+class WorkloadPlan(TypedDict):
+    """The noise and accuracy of a workload (`WorkloadRelease.plan`): per marginal (`sets`), per residual
+    (`residuals`), `rows_per_unit`, `rho`, `epsilon`, `confidence`, and the sum of every cell's variance (`total_variance`) beside
+    the optimum for that ρ and answering each marginal alone (`optimal_variance`, `one_by_one_variance`).
+
+    >>> p: dpfusion.WorkloadPlan = s.workload("pums", ["sex", "race"], rho=0.05).plan
+    >>> len(p["sets"]), len(p["residuals"])
+    (1, 4)
+    """
+
+    sets: list[WorkloadSet]
+    residuals: list[WorkloadResidual]
+    rows_per_unit: int
+    rho: float
+    epsilon: Epsilon
+    confidence: float
+    total_variance: float
+    optimal_variance: float
+    one_by_one_variance: float
+
 
 def split_statements(text: str) -> list[str]:
     """The statements of a SQL script, split on `;` outside quotes and comments, as the `dpfusion` command splits a
@@ -82,7 +321,7 @@ class Release:
     """
 
     @property
-    def accuracy(self) -> dict[str, dict[str, Any]]:
+    def accuracy(self) -> dict[str, ColumnAccuracy]:
         """Per output column: `kind` (`public`, `noisy`, `combined`, `per_row`, `rank`, `no_interval`) and, for a noisy
         column, `mechanism`, `std`, `ci_half_width` and `confidence` (the value and the bounded query's exact
         answer differ by at most the half-width with at least that probability); for a quantile (`rank`),
@@ -98,18 +337,23 @@ class Release:
         """
         ...
     @property
-    def charge(self) -> dict[str, Any]:
+    def charge(self) -> Charge:
         """What the query cost: `id` (the ledger's charge number), `rho`, and `epsilon` at `delta` of this query. An
         answer from an earlier charge (the same query reused, or a sub-total derived with `SET dp.reuse = 'derive'`)
         spent nothing: `free` is then True, and `id` and `rho` are that charge's.
 
+        A query over public tables only spent nothing and made no charge: `free` is True, `rho` and `epsilon`
+        are 0 and `id` is None.
+
         >>> c = s.sql("SELECT COUNT(*) AS n FROM pums").charge
         >>> c["id"], round(c["rho"], 9), round(c["epsilon"], 3), c["delta"]
         (1, 0.05, 1.369, 1e-06)
+        >>> s.sql("SELECT COUNT(*) AS n FROM educ_levels").charge
+        {'delta': 1e-06, 'epsilon': 0.0, 'free': True, 'id': None, 'rho': 0.0}
         """
         ...
     @property
-    def budget(self) -> dict[str, float]:
+    def budget(self) -> ReleaseBudget:
         """The budget after this query: `rho_total`, `rho_spent`, `rho_remaining`, `epsilon`, `delta`.
 
         >>> b = s.sql("SELECT COUNT(*) AS n FROM pums").budget
@@ -180,6 +424,34 @@ class Release:
         0.05
         """
         ...
+    @property
+    def public(self) -> bool:
+        """True when the query read public tables only: its values are exact, every column's accuracy is
+        `{'kind': 'public'}`, and it spent nothing (`charge["free"]` is True, `charge["id"]` None).
+
+        >>> s.sql("SELECT COUNT(*) AS n FROM educ_levels").public, s.sql("SELECT COUNT(*) AS n FROM pums").public
+        (True, False)
+        """
+        ...
+    def __arrow_c_stream__(self, requested_schema: Optional[object] = None) -> object:
+        """The Arrow PyCapsule protocol: the result as an Arrow C stream, read in place (no copy) by any Arrow
+        library: `pyarrow.table(r)`, `polars.DataFrame(r)`, duckdb's `SELECT * FROM r`. `requested_schema` is
+        accepted and ignored (the protocol allows it): the stream has the release's own schema.
+
+        >>> import pyarrow as pa
+        >>> r = s.sql("SELECT sex, COUNT(*) AS n FROM pums GROUP BY sex ORDER BY sex")
+        >>> pa.table(r).column_names
+        ['sex', 'n']
+        """
+        ...
+    def __arrow_c_schema__(self) -> object:
+        """The Arrow PyCapsule protocol: the result's schema as an Arrow C schema.
+
+        >>> import pyarrow as pa
+        >>> pa.schema(s.sql("SELECT COUNT(*) AS n FROM pums")).names
+        ['n']
+        """
+        ...
     def __len__(self) -> int: ...
     def _repr_html_(self) -> str: ...
 
@@ -234,7 +506,7 @@ class WorkloadRelease:
     """
 
     @property
-    def plan(self) -> dict[str, Any]:
+    def plan(self) -> WorkloadPlan:
         """The noise and accuracy: per marginal (`sets`: `columns`, `cells`, `std`, `ci_half_width`), per residual
         (`residuals`: `columns`, `contrasts`, `rho`, `sigma`), `rho`, `epsilon`, `confidence`, and the sum of every
         cell's variance (`total_variance`) beside the optimum for that ρ and answering each marginal alone
@@ -246,7 +518,7 @@ class WorkloadRelease:
         """
         ...
     @property
-    def charge(self) -> dict[str, Any]:
+    def charge(self) -> WorkloadCharge:
         """What it cost: `id` and `rho` of the charge that paid, and `reused_from`: that charge's id when the same
         workload was released before and this one was answered from it (nothing spent), else None.
 
@@ -271,6 +543,30 @@ class WorkloadRelease:
         {'race, married': 12, 'sex, married': 4, 'sex, race': 12}
         """
         ...
+    def to_polars(self) -> Any:
+        """The same as a polars DataFrame (needs polars).
+
+        >>> s.workload("pums", ["sex", "married"], way=2, rho=0.05).to_polars().height
+        4
+        """
+        ...
+    def __arrow_c_stream__(self, requested_schema: Optional[object] = None) -> object:
+        """The Arrow PyCapsule protocol: the table of `to_arrow` as an Arrow C stream (`pyarrow.table(w)`,
+        `polars.DataFrame(w)`, duckdb's `SELECT * FROM w`), read in place; `requested_schema` is ignored.
+
+        >>> import pyarrow as pa
+        >>> pa.table(s.workload("pums", ["sex", "married"], way=2, rho=0.05)).num_rows
+        4
+        """
+        ...
+    def __arrow_c_schema__(self) -> object:
+        """The Arrow PyCapsule protocol: the schema of `to_arrow` as an Arrow C schema.
+
+        >>> import pyarrow as pa
+        >>> pa.schema(s.workload("pums", ["sex", "married"], way=2, rho=0.05)).names
+        ['marginal', 'sex', 'married', 'count', 'ci_half_width']
+        """
+        ...
 
 class MarginalRelease:
     """One-way marginals released at once (`Session.marginals`): per column, a noisy count per key of its public
@@ -282,7 +578,7 @@ class MarginalRelease:
     """
 
     @property
-    def plan(self) -> dict[str, Any]:
+    def plan(self) -> MarginalPlan:
         """The noise and accuracy: `sigma`, `std`, `ci_half_width` (each cell), `max_error` (all cells at once),
         `confidence`, `rho`, `epsilon`.
 
@@ -302,7 +598,7 @@ class MarginalRelease:
         """
         ...
     @property
-    def charge(self) -> dict[str, Any]:
+    def charge(self) -> MarginalCharge:
         """What it cost: `id` and `rho`.
 
         >>> c = s.marginals("pums", ["sex", "race"], rho=0.05).charge
@@ -322,6 +618,30 @@ class MarginalRelease:
 
         >>> s.marginals("pums", ["sex", "race"], rho=0.05).to_pandas().groupby("column").size().to_dict()
         {'race': 6, 'sex': 2}
+        """
+        ...
+    def to_polars(self) -> Any:
+        """The same as a polars DataFrame (needs polars).
+
+        >>> s.marginals("pums", ["sex"], rho=0.05).to_polars()["key"].to_list()
+        ['0', '1']
+        """
+        ...
+    def __arrow_c_stream__(self, requested_schema: Optional[object] = None) -> object:
+        """The Arrow PyCapsule protocol: the table of `to_arrow` as an Arrow C stream (`pyarrow.table(m)`,
+        `polars.DataFrame(m)`, duckdb's `SELECT * FROM m`), read in place; `requested_schema` is ignored.
+
+        >>> import pyarrow as pa
+        >>> pa.table(s.marginals("pums", ["sex"], rho=0.05)).num_rows
+        2
+        """
+        ...
+    def __arrow_c_schema__(self) -> object:
+        """The Arrow PyCapsule protocol: the schema of `to_arrow` as an Arrow C schema.
+
+        >>> import pyarrow as pa
+        >>> pa.schema(s.marginals("pums", ["sex"], rho=0.05)).names
+        ['column', 'key', 'noisy_count', 'count', 'frequency']
         """
         ...
     def chart(self) -> Chart:
@@ -398,6 +718,14 @@ class Session:
        sex    n
     0    0  ...
     1    1  ...
+
+    A session holds its ledger (a SQLite file when the configuration has a `[ledger]`) until `close()`, or the
+    end of a `with` block:
+
+    >>> with dpfusion.Session("config/pums.toml") as s2:
+    ...     n = s2.sql("SELECT COUNT(*) AS n FROM pums").columns
+    >>> s2.closed
+    True
     """
 
     def __init__(self, config: Union[str, PathLike[str]]) -> None: ...
@@ -421,10 +749,17 @@ class Session:
         0.1
         """
         ...
-    def sql(self, sql: str, request_id: Optional[str] = None) -> Union[Release, Explanation, Any, None]:
-        """Runs one statement: a query returns a `Release` (noisy, debited, with its accuracy and charge); a query
-        over public tables only, a `pyarrow.Table` (exact, nothing spent); `EXPLAIN DP <query>` an `Explanation`
-        (nothing spent); `SET dp.<option> = <value>` returns None.
+    def sql(
+        self, sql: str, request_id: Optional[str] = None, *, params: Optional[Params] = None
+    ) -> Union[Release, Explanation, Setting]:
+        """Runs one statement: a query returns a `Release`: noisy, debited, with its accuracy and charge, or, over
+        public tables only, exact and free (`public` is True, every column's accuracy `{'kind': 'public'}`), with
+        the same `to_arrow`, `to_pandas`, `to_polars` and Arrow stream. `EXPLAIN DP <query>` returns an
+        `Explanation` (nothing spent); `SET dp.<option> = <value>` the new setting, `{'option': ..., 'value': ...}`.
+
+        `params`: values for the query's placeholders, as duckdb takes them: a list for `?` (in order) or `$1`,
+        `$2`, ...; a dict for `$name`. They are bound as values (None, bool, int, float, str, bytes, date,
+        datetime), never spliced into the SQL text.
 
         `request_id`: an idempotency key. A query whose id was released before returns the same release again
         (the same noisy numbers) and is not charged again; the same id with another query is refused.
@@ -433,24 +768,31 @@ class Session:
         >>> again = s.sql("SELECT COUNT(*) AS n FROM pums", request_id="nightly-1")   # a retry
         >>> again.to_arrow().equals(r.to_arrow()), again.charge["id"], len(s.history())
         (True, 1, 1)
-        >>> s.sql("SET dp.rho = 0.1") is None
-        True
-        >>> s.sql("SELECT COUNT(*) AS n FROM educ_levels").to_pydict()   # a public table: exact, nothing spent
+        >>> s.sql("SET dp.rho = 0.1")
+        {'option': 'dp.rho', 'value': '0.1'}
+        >>> s.sql("SELECT COUNT(*) AS n FROM educ_levels").to_arrow().to_pydict()   # public: exact, nothing spent
         {'n': [16]}
-        >>> round(s.sql("SELECT AVG(age) AS a FROM pums").charge["rho"], 9)
+        >>> round(s.sql("SELECT AVG(age) AS a FROM pums WHERE age >= ?", params=[18]).charge["rho"], 9)
         0.1
+        >>> level = s.sql("SELECT level FROM educ_levels WHERE educ = $educ", params={"educ": 16})
+        >>> level.to_arrow().to_pydict()
+        {'level': ['graduate']}
         """
         ...
-    def explain(self, sql: str) -> Explanation:
+    def explain(self, sql: str, *, params: Optional[Params] = None) -> Explanation:
         """What `sql` would do and cost (private plan, sensitivities, noise, accuracy of each column), without
         reading or spending anything; raises `Refused` exactly when the query would be refused.
+
+        `params` as in `sql`.
 
         >>> e = s.explain("SELECT AVG(age) AS a FROM pums")
         >>> round(e.rho, 9), s.budget()["rho_spent"]
         (0.05, 0.0)
+        >>> s.explain("SELECT COUNT(*) AS n FROM pums WHERE age > ?", params=[60]).outputs[0][0]
+        'n'
         """
         ...
-    def budget(self) -> dict[str, float]:
+    def budget(self) -> Budget:
         """The budget: `rho_total`, `rho_spent`, `rho_remaining`, `epsilon` of everything spent at `delta`, how many
         `charges` were made, and the δ budget of key selections (`delta_total`, `delta_spent`, `delta_remaining`).
 
@@ -459,7 +801,7 @@ class Session:
         {'charges': 0, 'delta': 1e-06, 'epsilon': 0.0, 'rho_remaining': 1.0, 'rho_spent': 0.0, 'rho_total': 1.0}
         """
         ...
-    def history(self) -> list[dict[str, Any]]:
+    def history(self) -> list[HistoryEntry]:
         """Every charge of the budget, oldest first: `id`, `label` (the SQL), `rho`, `measurements` (how many noisy
         measurements it paid for).
 
@@ -547,3 +889,28 @@ class Session:
         0.05
         """
         ...
+    def close(self) -> None:
+        """Closes the session: its ledger (and its SQLite file, when it has one) is released, and every later call
+        raises `dpfusion.Error` (`code` `session_closed`). Waits for the queries running in other threads; closing
+        a closed session does nothing. `with dpfusion.Session(...) as s:` closes it at the end of the block.
+
+        >>> s.close()
+        >>> s.closed
+        True
+        >>> try:
+        ...     s.sql("SELECT COUNT(*) AS n FROM pums")
+        ... except dpfusion.Error as e:
+        ...     print(e.code)
+        session_closed
+        """
+        ...
+    @property
+    def closed(self) -> bool:
+        """Whether `close()` was called (or the session's `with` block ended).
+
+        >>> s.closed
+        False
+        """
+        ...
+    def __enter__(self) -> Session: ...
+    def __exit__(self, exc_type: object, exc: object, traceback: object) -> Literal[False]: ...

@@ -16,6 +16,7 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
+from typing import Any, Callable
 
 import dpfusion
 
@@ -23,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[2]
 QUERY = "SELECT COUNT(*) FROM pums"
 
 
-def config(dir):
+def config(dir: str) -> Path:
     """The demo configuration with a budget for every call (an in-memory ledger) and absolute data paths."""
     text = (ROOT / "config" / "pums.toml").read_text()
     text = text.replace("../examples", str(ROOT / "examples")).replace("rho = 1.0 ", "reuse = \"off\"\nrho = 1000000.0 ")
@@ -32,7 +33,7 @@ def config(dir):
     return path
 
 
-def timed(call, n):
+def timed(call: Callable[[], Any], n: int) -> tuple[float, float, float]:
     """Milliseconds per call of `call()`, n times (after 10 warm-up calls): p50, mean, p99."""
     for _ in range(10):
         call()
@@ -45,14 +46,18 @@ def timed(call, n):
     return ms[len(ms) // 2], statistics.fmean(ms), ms[min(len(ms) - 1, int(len(ms) * 0.99))]
 
 
-def main():
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def main() -> None:
+    p = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     p.add_argument("--calls", type=int, default=500)
     a = p.parse_args()
     with tempfile.TemporaryDirectory() as dir:
         s = dpfusion.Session(str(config(dir)))
         print("| call | calls | p50 ms | mean ms | p99 ms |\n|---|---:|---:|---:|---:|")
-        calls = [("s.tables()", s.tables), ("s.budget()", s.budget), (f's.sql("{QUERY}")', lambda: s.sql(QUERY))]
+        calls: list[tuple[str, Callable[[], Any]]] = [
+            ("s.tables()", s.tables),
+            ("s.budget()", s.budget),
+            (f's.sql("{QUERY}")', lambda: s.sql(QUERY)),
+        ]
         for name, call in calls:  # the query last: the budget's history grows with each
             p50, mean, p99 = timed(call, a.calls)
             print(f"| `{name}` | {a.calls} | {p50:.3f} | {mean:.3f} | {p99:.3f} |")

@@ -22,13 +22,13 @@ import dpfusion
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def default_queries():
+def default_queries() -> list[Path]:
     """Queries 01 to 08 of the repository's `queries/` folder."""
     files = sorted((ROOT / "queries").glob("*.sql"))
     return [f for f in files if f.name[:2].isdigit() and 1 <= int(f.name[:2]) <= 8]
 
 
-def main(argv):
+def main(argv: list[str]) -> list[Path]:
     config = Path(argv[0]) if argv else ROOT / "config" / "pums.toml"
     out = Path(argv[1]) if len(argv) > 1 else Path("pipeline-out")
     files = [Path(a) for a in argv[2:]] or default_queries()
@@ -43,8 +43,8 @@ def main(argv):
                 # A refusal spends nothing; say why and go on.
                 print(f"{file.name} #{i}: refused ({e.code}): {e}. {e.hint}", file=sys.stderr)
                 continue
-            if not isinstance(r, dpfusion.Release):
-                continue  # SET and EXPLAIN DP: nothing to write
+            if not isinstance(r, dpfusion.Release) or r.public:
+                continue  # SET, EXPLAIN DP and public tables (exact, free): nothing to write
             base = out / f"{file.stem}_{i}"
             pq.write_table(r.to_arrow(), base.with_suffix(".parquet"))
             record = {"sql": sql, "rows": r.to_arrow().to_pylist(), "accuracy": r.accuracy, "charge": r.charge}

@@ -90,3 +90,17 @@ pub(crate) fn usage(code: &'static str, message: String) -> PyErr {
     });
     err
 }
+
+/// The `dpfusion.Error` (`code` `session_closed`) of a call on a closed session.
+pub(crate) fn closed() -> PyErr {
+    let err = Error::new_err(
+        "this dpfusion.Session is closed (by close() or at the end of its `with` block): open a new session, e.g. \
+         dpfusion.Session(\"config.toml\"), to query again"
+            .to_string(),
+    );
+    Python::attach(|py| {
+        let _ = err.value(py).setattr("code", "session_closed");
+        let _ = err.value(py).setattr("hint", "open a new dpfusion.Session");
+    });
+    err
+}

@@ -9,11 +9,12 @@
 //!
 //! Layout: `session.rs` (the `Session` class: opening, queries, budget, registering data), `release.rs` (the
 //! `Release`, `Explanation` and `MarginalRelease` classes), `chart.rs` (the `Chart` class), `errors.rs` (the exception classes and how each engine
-//! error maps to one), `run.rs` (the Tokio runtime, the GIL released while a query runs, Ctrl-C), `testing.rs` (tests only: the
+//! error maps to one), `params.rs` (`sql(..., params=...)`: placeholders bound as values), `run.rs` (the Tokio runtime, the GIL released while a query runs, Ctrl-C), `testing.rs` (tests only: the
 //! `test-util` feature, never in a wheel built without it).
 
 mod chart;
 mod errors;
+mod params;
 mod release;
 mod run;
 mod session;
@@ -31,6 +32,36 @@ use pyo3::prelude::*;
 fn split_statements(text: &str) -> Vec<String> {
     dpfusion::split_statements(text)
 }
+
+/// The TypedDicts of the dicts the API returns (`types.py`, also in the stubs), added to the module.
+fn add_types(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    let py = m.py();
+    let code = pyo3::ffi::c_str!(include_str!("types.py"));
+    let types = PyModule::from_code(py, code, c"dpfusion/types.py", c"dpfusion._types")?;
+    for name in TYPES {
+        let class = types.getattr(name)?;
+        class.setattr("__module__", "dpfusion")?;
+        m.add(name, class)?;
+    }
+    Ok(())
+}
+
+/// The public TypedDicts of `types.py`.
+const TYPES: [&str; 13] = [
+    "ColumnAccuracy",
+    "Charge",
+    "ReleaseBudget",
+    "Budget",
+    "HistoryEntry",
+    "Setting",
+    "Epsilon",
+    "MarginalCharge",
+    "WorkloadCharge",
+    "MarginalPlan",
+    "WorkloadSet",
+    "WorkloadResidual",
+    "WorkloadPlan",
+];
 
 /// Differentially private SQL on Apache DataFusion: `Session` opens private tables under their policies and a
 /// privacy budget; `Session.sql` answers a query with a noisy `Release` (Arrow, pandas, polars), debited before any
@@ -56,6 +87,7 @@ fn dpfusion_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<release::WorkloadRelease>()?;
     m.add_class::<chart::Chart>()?;
     errors::add(m)?;
+    add_types(m)?;
     #[cfg(feature = "test-util")]
     testing::add(m)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;

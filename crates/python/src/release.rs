@@ -3,19 +3,56 @@
 //! debited and noised; converting it (to pyarrow, pandas, polars, HTML) is post-processing.
 
 use crate::chart::Chart;
+use arrow_array::ffi_stream::FFI_ArrowArrayStream;
+use arrow_array::{RecordBatch, RecordBatchIterator};
 use arrow_pyarrow::IntoPyArrow;
+use arrow_schema::SchemaRef;
+use arrow_schema::ffi::FFI_ArrowSchema;
 use dpfusion::Accuracy;
 use dpfusion::format::fmt_num;
+use dpfusion::session::{BudgetReport, PublicRows};
 use dpfusion_charts::Chart as Drawing;
 use pyo3::prelude::*;
+use pyo3::types::PyCapsule;
 use serde_json::{Value, json};
 use std::fmt::Write as _;
+
+/// The Arrow PyCapsule protocol's `__arrow_c_stream__`: `batches` (of `schema`) as an `ArrowArrayStream` in a
+/// capsule named `arrow_array_stream`. The consumer (pyarrow, polars, duckdb, ...) reads the batches' buffers in
+/// place (no copy); a capsule it never consumed releases the stream when Python frees it. The protocol lets a
+/// producer ignore `requested_schema`: the release's own schema is always given (a release is not cast).
+pub(crate) fn stream_capsule(
+    py: Python<'_>,
+    batches: Vec<RecordBatch>,
+    schema: SchemaRef,
+) -> PyResult<Bound<'_, PyCapsule>> {
+    let reader = RecordBatchIterator::new(batches.into_iter().map(Ok), schema);
+    PyCapsule::new_with_value(py, FFI_ArrowArrayStream::new(Box::new(reader)), c"arrow_array_stream")
+}
+
+/// One batch (a marginal or workload release's table) as an Arrow C stream ([`stream_capsule`]).
+fn batch_capsule(py: Python<'_>, batch: RecordBatch) -> PyResult<Bound<'_, PyCapsule>> {
+    let schema = batch.schema();
+    stream_capsule(py, vec![batch], schema)
+}
+
+/// A pyarrow table as a polars DataFrame (`polars.from_arrow`: needs polars).
+fn to_polars<'py>(py: Python<'py>, table: Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+    py.import("polars")?.call_method1("from_arrow", (table,))
+}
+
+/// The Arrow PyCapsule protocol's `__arrow_c_schema__`: `schema` in a capsule named `arrow_schema`.
+pub(crate) fn schema_capsule<'py>(py: Python<'py>, schema: &SchemaRef) -> PyResult<Bound<'py, PyCapsule>> {
+    let ffi = FFI_ArrowSchema::try_from(schema.as_ref())
+        .map_err(|e| crate::errors::usage("internal_error", format!("the schema cannot be exported to Arrow: {e}")))?;
+    PyCapsule::new_with_value(py, ffi, c"arrow_schema")
+}
 
 /// `batches` (of `schema`) as a `pyarrow.Table`, handed over in place (no copy).
 pub(crate) fn to_pyarrow<'py>(
     py: Python<'py>,
-    batches: Vec<datafusion::arrow::array::RecordBatch>,
-    schema: datafusion::arrow::datatypes::SchemaRef,
+    batches: Vec<RecordBatch>,
+    schema: SchemaRef,
 ) -> PyResult<Bound<'py, PyAny>> {
     let table = arrow_pyarrow::Table::try_new(batches, schema)
         .map_err(|e| crate::errors::usage("internal_error", e.to_string()))?;
@@ -45,19 +82,64 @@ pub(crate) fn to_python(py: Python<'_>, v: &Value) -> PyResult<Py<PyAny>> {
 /// 12.0
 #[pyclass(frozen, module = "dpfusion")]
 pub(crate) struct Release {
-    inner: dpfusion::Release,
+    inner: Answer,
+}
+
+/// What a `Release` holds: the engine's noisy release, or the exact answer of a query over public tables only.
+enum Answer {
+    Noisy(Box<dpfusion::Release>),
+    Public {
+        rows: PublicRows,
+        /// The SQL as written (with its placeholders).
+        sql: String,
+        /// The budget when it was answered (it spent nothing), as a release's `budget`.
+        budget: Value,
+    },
 }
 
 impl Release {
-    pub(crate) fn new(inner: dpfusion::Release) -> Self {
-        Release { inner }
+    pub(crate) fn new(inner: Box<dpfusion::Release>) -> Self {
+        Release { inner: Answer::Noisy(inner) }
     }
 
-    /// Per column name: its accuracy as a dict.
+    /// The exact answer of a query over public tables only, `budget` the session's when it was answered.
+    pub(crate) fn public_answer(rows: PublicRows, sql: &str, budget: &BudgetReport) -> Self {
+        let budget = json!({
+            "rho_total": budget.status.rho_total, "rho_spent": budget.status.rho_spent,
+            "rho_remaining": budget.status.rho_remaining, "epsilon": budget.epsilon.epsilon,
+            "delta": budget.epsilon.delta,
+        });
+        Release { inner: Answer::Public { rows, sql: sql.to_string(), budget } }
+    }
+
+    fn batches(&self) -> &[RecordBatch] {
+        match &self.inner {
+            Answer::Noisy(r) => r.batches(),
+            Answer::Public { rows, .. } => &rows.batches,
+        }
+    }
+
+    fn schema(&self) -> &SchemaRef {
+        match &self.inner {
+            Answer::Noisy(r) => r.schema(),
+            Answer::Public { rows, .. } => &rows.schema,
+        }
+    }
+
+    /// Per column name: its accuracy as a dict (every column of a public answer is exact).
     fn accuracy_json(&self) -> Value {
         let mut out = serde_json::Map::new();
-        for c in self.inner.accuracy() {
-            out.insert(c.column.clone(), accuracy_json(&c.accuracy));
+        match &self.inner {
+            Answer::Noisy(r) => {
+                for c in r.accuracy() {
+                    out.insert(c.column.clone(), accuracy_json(&c.accuracy));
+                }
+            }
+            Answer::Public { rows, .. } => {
+                for f in rows.schema.fields() {
+                    out.insert(f.name().clone(), accuracy_json(&Accuracy::Public));
+                }
+            }
         }
         Value::Object(out)
     }
@@ -110,6 +192,29 @@ fn html_escape(s: &str) -> String {
     s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
 }
 
+/// A public answer as an HTML table: its exact values, and that it spent nothing.
+fn public_html(rows: &PublicRows) -> String {
+    let j = rows.to_json();
+    let mut h = String::from("<table><thead><tr>");
+    for c in rows.schema.fields() {
+        let _ = write!(h, "<th>{}</th>", html_escape(c.name()));
+    }
+    h.push_str("</tr></thead><tbody>");
+    for (i, row) in j["rows"].as_array().into_iter().flatten().enumerate() {
+        h.push_str("<tr>");
+        for v in row.as_array().into_iter().flatten() {
+            let _ = write!(h, "<td>{}</td>", cell_html(v, &Accuracy::Public, i));
+        }
+        h.push_str("</tr>");
+    }
+    let _ = write!(
+        h,
+        "</tbody></table><p><small>public table {}: exact values, nothing spent</small></p>",
+        html_escape(&rows.tables.join(", "))
+    );
+    h
+}
+
 #[pymethods]
 impl Release {
     /// The result as a `pyarrow.Table`, through the Arrow C stream interface: pyarrow reads the engine's buffers
@@ -119,7 +224,34 @@ impl Release {
     /// >>> t.column_names, t.num_rows
     /// (['sex', 'n'], 2)
     fn to_arrow<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        to_pyarrow(py, self.inner.batches().to_vec(), self.inner.schema().clone())
+        to_pyarrow(py, self.batches().to_vec(), self.schema().clone())
+    }
+
+    /// The Arrow PyCapsule protocol: the result as an Arrow C stream, read in place (no copy) by any Arrow
+    /// library: `pyarrow.table(r)`, `polars.DataFrame(r)`, duckdb's `SELECT * FROM r`. `requested_schema` is
+    /// accepted and ignored (the protocol allows it): the stream has the release's own schema.
+    ///
+    /// >>> import pyarrow as pa
+    /// >>> r = s.sql("SELECT sex, COUNT(*) AS n FROM pums GROUP BY sex ORDER BY sex")
+    /// >>> pa.table(r).column_names
+    /// ['sex', 'n']
+    #[pyo3(signature = (requested_schema = None))]
+    fn __arrow_c_stream__<'py>(
+        &self,
+        py: Python<'py>,
+        requested_schema: Option<Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyCapsule>> {
+        let _ = requested_schema;
+        stream_capsule(py, self.batches().to_vec(), self.schema().clone())
+    }
+
+    /// The Arrow PyCapsule protocol: the result's schema as an Arrow C schema.
+    ///
+    /// >>> import pyarrow as pa
+    /// >>> pa.schema(s.sql("SELECT COUNT(*) AS n FROM pums")).names
+    /// ['n']
+    fn __arrow_c_schema__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyCapsule>> {
+        schema_capsule(py, self.schema())
     }
 
     /// The result as a pandas DataFrame (needs pandas).
@@ -137,7 +269,7 @@ impl Release {
     /// >>> df.columns, df["sex"].to_list()
     /// (['sex', 'n'], [0, 1])
     fn to_polars<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        py.import("polars")?.call_method1("from_arrow", (self.to_arrow(py)?,))
+        to_polars(py, self.to_arrow(py)?)
     }
 
     /// Per output column: `kind` (`public`, `noisy`, `combined`, `per_row`, `rank`, `no_interval`) and, for a noisy
@@ -157,16 +289,36 @@ impl Release {
         to_python(py, &self.accuracy_json())
     }
 
+    /// True when the query read public tables only: its values are exact, every column's accuracy is
+    /// `{'kind': 'public'}`, and it spent nothing (`charge["free"]` is True, `charge["id"]` None).
+    ///
+    /// >>> s.sql("SELECT COUNT(*) AS n FROM educ_levels").public, s.sql("SELECT COUNT(*) AS n FROM pums").public
+    /// (True, False)
+    #[getter]
+    fn public(&self) -> bool {
+        matches!(self.inner, Answer::Public { .. })
+    }
+
     /// What the query cost: `id` (the ledger's charge number), `rho`, and `epsilon` at `delta` of this query. An
     /// answer from an earlier charge (the same query reused, or a sub-total derived with `SET dp.reuse = 'derive'`)
     /// spent nothing: `free` is then True, and `id` and `rho` are that charge's.
     ///
+    /// A query over public tables only spent nothing and made no charge: `free` is True, `rho` and `epsilon`
+    /// are 0 and `id` is None.
+    ///
     /// >>> c = s.sql("SELECT COUNT(*) AS n FROM pums").charge
     /// >>> c["id"], round(c["rho"], 9), round(c["epsilon"], 3), c["delta"]
     /// (1, 0.05, 1.369, 1e-06)
+    /// >>> s.sql("SELECT COUNT(*) AS n FROM educ_levels").charge
+    /// {'delta': 1e-06, 'epsilon': 0.0, 'free': True, 'id': None, 'rho': 0.0}
     #[getter]
     fn charge(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
-        to_python(py, &self.inner.to_json()["charge"])
+        match &self.inner {
+            Answer::Noisy(r) => to_python(py, &r.to_json()["charge"]),
+            Answer::Public { budget, .. } => {
+                to_python(py, &json!({"id": null, "rho": 0.0, "epsilon": 0.0, "delta": budget["delta"], "free": true}))
+            }
+        }
     }
 
     /// The budget after this query: `rho_total`, `rho_spent`, `rho_remaining`, `epsilon`, `delta`.
@@ -176,7 +328,10 @@ impl Release {
     /// (0.05, 0.95)
     #[getter]
     fn budget(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
-        to_python(py, &self.inner.to_json()["budget"])
+        match &self.inner {
+            Answer::Noisy(r) => to_python(py, &r.to_json()["budget"]),
+            Answer::Public { budget, .. } => to_python(py, budget),
+        }
     }
 
     /// The SQL text.
@@ -185,7 +340,10 @@ impl Release {
     /// 'SELECT COUNT(*) AS n FROM pums'
     #[getter]
     fn sql(&self) -> &str {
-        self.inner.sql()
+        match &self.inner {
+            Answer::Noisy(r) => r.sql(),
+            Answer::Public { sql, .. } => sql,
+        }
     }
 
     /// A note on the release, else None: where its numbers come from when they were not drawn for it (reused,
@@ -196,7 +354,10 @@ impl Release {
     /// True
     #[getter]
     fn note(&self) -> Option<&str> {
-        self.inner.note()
+        match &self.inner {
+            Answer::Noisy(r) => r.note(),
+            Answer::Public { .. } => None,
+        }
     }
 
     /// The output column names.
@@ -205,33 +366,39 @@ impl Release {
     /// ['n', 'mean_age']
     #[getter]
     fn columns(&self) -> Vec<String> {
-        self.inner.schema().fields().iter().map(|f| f.name().clone()).collect()
+        self.schema().fields().iter().map(|f| f.name().clone()).collect()
     }
 
     fn __len__(&self) -> usize {
-        self.inner.num_rows()
+        self.batches().iter().map(RecordBatch::num_rows).sum()
     }
 
     fn __repr__(&self) -> String {
-        self.inner.to_pretty_string()
+        match &self.inner {
+            Answer::Noisy(r) => r.to_pretty_string(),
+            Answer::Public { rows, .. } => rows.to_pretty_string(),
+        }
     }
 
     /// The release as an HTML table for notebooks: each noisy cell with its ± half-width (or its interval), and
     /// the cost.
     fn _repr_html_(&self) -> String {
-        let j = self.inner.to_json();
+        let r = match &self.inner {
+            Answer::Noisy(r) => r,
+            Answer::Public { rows, .. } => return public_html(rows),
+        };
+        let j = r.to_json();
         let mut h = String::from("<table><thead><tr>");
-        for c in self.inner.schema().fields() {
+        for c in r.schema().fields() {
             let _ = write!(h, "<th>{}</th>", html_escape(c.name()));
         }
         h.push_str("</tr></thead><tbody>");
         let public = Accuracy::Public;
-        let acc: Vec<&Accuracy> = self
-            .inner
+        let acc: Vec<&Accuracy> = r
             .schema()
             .fields()
             .iter()
-            .map(|f| self.inner.accuracy().iter().find(|c| c.column == *f.name()).map_or(&public, |c| &c.accuracy))
+            .map(|f| r.accuracy().iter().find(|c| c.column == *f.name()).map_or(&public, |c| &c.accuracy))
             .collect();
         for (i, row) in j["rows"].as_array().into_iter().flatten().enumerate() {
             h.push_str("<tr>");
@@ -240,7 +407,7 @@ impl Release {
             }
             h.push_str("</tr>");
         }
-        let confidence = self.inner.accuracy().iter().find_map(|c| match c.accuracy {
+        let confidence = r.accuracy().iter().find_map(|c| match c.accuracy {
             Accuracy::Noisy { confidence, .. } | Accuracy::Combined { confidence, .. } => Some(confidence),
             Accuracy::PerRow { confidence, .. } => Some(confidence),
             _ => None,
@@ -249,10 +416,10 @@ impl Release {
         let _ = write!(
             h,
             "</tbody></table><p><small>charge {}: {}{level}</small></p>",
-            self.inner.charge().id(),
-            html_escape(&self.inner.cost_line())
+            r.charge().id(),
+            html_escape(&r.cost_line())
         );
-        if let Some(note) = self.inner.note() {
+        if let Some(note) = r.note() {
             let _ = write!(h, "<p><small>note: {}</small></p>", html_escape(note));
         }
         h
@@ -268,13 +435,19 @@ impl Release {
     /// >>> round(s.budget()["rho_spent"], 9)
     /// 0.05
     fn chart(&self, py: Python<'_>) -> PyResult<Chart> {
-        Chart::new(py, Drawing::of_release(&self.inner).map_err(crate::errors::to_py)?)
+        match &self.inner {
+            Answer::Noisy(r) => Chart::new(py, Drawing::of_release(r).map_err(crate::errors::to_py)?),
+            Answer::Public { .. } => Err(crate::errors::usage(
+                "invalid_parameter",
+                "this result is exact (public tables only): it has no intervals to chart; plot its table (to_pandas())"
+                    .into(),
+            )),
+        }
     }
 
     /// Tests only (zero-copy): the address of each column's first values buffer in the engine, per batch.
     fn _buffer_addresses(&self) -> Vec<Vec<usize>> {
-        self.inner
-            .batches()
+        self.batches()
             .iter()
             .map(|b| {
                 b.columns().iter().map(|c| c.to_data().buffers().first().map_or(0, |x| x.as_ptr() as usize)).collect()
@@ -382,6 +555,39 @@ impl MarginalRelease {
         self.to_arrow(py)?.call_method0("to_pandas")
     }
 
+    /// The same as a polars DataFrame (needs polars).
+    ///
+    /// >>> s.marginals("pums", ["sex"], rho=0.05).to_polars()["key"].to_list()
+    /// ['0', '1']
+    fn to_polars<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        to_polars(py, self.to_arrow(py)?)
+    }
+
+    /// The Arrow PyCapsule protocol: the table of `to_arrow` as an Arrow C stream (`pyarrow.table(m)`,
+    /// `polars.DataFrame(m)`, duckdb's `SELECT * FROM m`), read in place; `requested_schema` is ignored.
+    ///
+    /// >>> import pyarrow as pa
+    /// >>> pa.table(s.marginals("pums", ["sex"], rho=0.05)).num_rows
+    /// 2
+    #[pyo3(signature = (requested_schema = None))]
+    fn __arrow_c_stream__<'py>(
+        &self,
+        py: Python<'py>,
+        requested_schema: Option<Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyCapsule>> {
+        let _ = requested_schema;
+        batch_capsule(py, self.inner.to_record_batch().map_err(crate::errors::to_py)?)
+    }
+
+    /// The Arrow PyCapsule protocol: the schema of `to_arrow` as an Arrow C schema.
+    ///
+    /// >>> import pyarrow as pa
+    /// >>> pa.schema(s.marginals("pums", ["sex"], rho=0.05)).names
+    /// ['column', 'key', 'noisy_count', 'count', 'frequency']
+    fn __arrow_c_schema__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyCapsule>> {
+        schema_capsule(py, &self.inner.to_record_batch().map_err(crate::errors::to_py)?.schema())
+    }
+
     /// The noise and accuracy: `sigma`, `std`, `ci_half_width` (each cell), `max_error` (all cells at once),
     /// `confidence`, `rho`, `epsilon`.
     ///
@@ -453,6 +659,39 @@ impl WorkloadRelease {
     fn to_arrow<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let batch = self.inner.to_record_batch(&self.columns).map_err(crate::errors::to_py)?;
         to_pyarrow(py, vec![batch.clone()], batch.schema())
+    }
+
+    /// The same as a polars DataFrame (needs polars).
+    ///
+    /// >>> s.workload("pums", ["sex", "married"], way=2, rho=0.05).to_polars().height
+    /// 4
+    fn to_polars<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        to_polars(py, self.to_arrow(py)?)
+    }
+
+    /// The Arrow PyCapsule protocol: the table of `to_arrow` as an Arrow C stream (`pyarrow.table(w)`,
+    /// `polars.DataFrame(w)`, duckdb's `SELECT * FROM w`), read in place; `requested_schema` is ignored.
+    ///
+    /// >>> import pyarrow as pa
+    /// >>> pa.table(s.workload("pums", ["sex", "married"], way=2, rho=0.05)).num_rows
+    /// 4
+    #[pyo3(signature = (requested_schema = None))]
+    fn __arrow_c_stream__<'py>(
+        &self,
+        py: Python<'py>,
+        requested_schema: Option<Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyCapsule>> {
+        let _ = requested_schema;
+        batch_capsule(py, self.inner.to_record_batch(&self.columns).map_err(crate::errors::to_py)?)
+    }
+
+    /// The Arrow PyCapsule protocol: the schema of `to_arrow` as an Arrow C schema.
+    ///
+    /// >>> import pyarrow as pa
+    /// >>> pa.schema(s.workload("pums", ["sex", "married"], way=2, rho=0.05)).names
+    /// ['marginal', 'sex', 'married', 'count', 'ci_half_width']
+    fn __arrow_c_schema__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyCapsule>> {
+        schema_capsule(py, &self.inner.to_record_batch(&self.columns).map_err(crate::errors::to_py)?.schema())
     }
 
     /// The same as a pandas DataFrame.

@@ -24,12 +24,37 @@ fn runtime() -> PyResult<&'static tokio::runtime::Runtime> {
         .map_err(|e| PyRuntimeError::new_err(format!("dpfusion cannot start its worker threads: {e}")))
 }
 
-/// Runs `make()`'s future to completion with the GIL released, mapping the engine's error to its exception; a
-/// `KeyboardInterrupt` (or another signal handler's exception) cancels it.
-pub(crate) fn run<T, F, Fut>(py: Python<'_>, make: F) -> PyResult<T>
+/// Why a call into the engine failed: the engine's error, or the session was closed before it.
+#[derive(Debug)]
+pub(crate) enum Failure {
+    /// The engine's error (a refusal, a configuration or ledger error, ...).
+    Engine(dpfusion::DpError),
+    /// The session was closed (`close()`, or the end of its `with` block).
+    Closed,
+}
+
+impl From<dpfusion::DpError> for Failure {
+    fn from(e: dpfusion::DpError) -> Self {
+        Failure::Engine(e)
+    }
+}
+
+impl From<Failure> for PyErr {
+    fn from(f: Failure) -> Self {
+        match f {
+            Failure::Engine(e) => crate::errors::to_py(e),
+            Failure::Closed => crate::errors::closed(),
+        }
+    }
+}
+
+/// Runs `make()`'s future to completion with the GIL released, mapping the engine's error (or a closed session)
+/// to its exception; a `KeyboardInterrupt` (or another signal handler's exception) cancels it.
+pub(crate) fn run<T, E, F, Fut>(py: Python<'_>, make: F) -> PyResult<T>
 where
     F: FnOnce() -> Fut + Send,
-    Fut: Future<Output = dpfusion::Result<T>>,
+    Fut: Future<Output = Result<T, E>>,
+    E: Into<Failure> + Send,
     T: Send,
 {
     let rt = runtime()?;
@@ -45,5 +70,5 @@ where
             }
         })
     });
-    out?.map_err(crate::errors::to_py)
+    out?.map_err(|e| PyErr::from(e.into()))
 }

@@ -2,7 +2,7 @@
 
 use crate::errors::{to_py, usage};
 use crate::release::{Explanation, MarginalRelease, Release, WorkloadRelease, to_python};
-use crate::run::run;
+use crate::run::{Failure, run};
 use arrow_array::ffi_stream::ArrowArrayStreamReader;
 use arrow_pyarrow::FromPyArrow;
 use datafusion::arrow::array::RecordBatch;
@@ -13,7 +13,7 @@ use dpfusion::{DpSession, Response, SessionConfig};
 use pyo3::prelude::*;
 use serde_json::{Value, json};
 use std::sync::Arc;
-use tokio::sync::RwLock;
+use tokio::sync::{RwLock, RwLockMappedWriteGuard, RwLockReadGuard, RwLockWriteGuard};
 
 /// A differentially private SQL session over private tables, with its privacy budget.
 ///
@@ -36,10 +36,18 @@ use tokio::sync::RwLock;
 ///    sex    n
 /// 0    0  ...
 /// 1    1  ...
+///
+/// A session holds its ledger (a SQLite file when the configuration has a `[ledger]`) until `close()`, or the
+/// end of a `with` block:
+///
+/// >>> with dpfusion.Session("config/pums.toml") as s2:
+/// ...     n = s2.sql("SELECT COUNT(*) AS n FROM pums").columns
+/// >>> s2.closed
+/// True
 #[pyclass(frozen, module = "dpfusion")]
 pub(crate) struct Session {
-    /// Queries share it; registering a table takes it alone.
-    inner: RwLock<DpSession>,
+    /// Queries share it; registering a table takes it alone; `close()` empties it.
+    inner: RwLock<Option<DpSession>>,
 }
 
 /// `value` (a dict) as configuration text: the engine parses and checks it exactly as it does a file.
@@ -55,10 +63,23 @@ fn to_toml(v: &Value, what: &str) -> PyResult<String> {
 }
 
 impl Session {
-    /// The engine session (tests only: the `test-util` functions reach it).
-    #[cfg(feature = "test-util")]
-    pub(crate) fn inner(&self) -> &RwLock<DpSession> {
-        &self.inner
+    fn opened(s: DpSession) -> Self {
+        Session { inner: RwLock::new(Some(s)) }
+    }
+
+    /// The engine session, shared with other readers, or [`Failure::Closed`].
+    async fn open(&self) -> Result<RwLockReadGuard<'_, DpSession>, Failure> {
+        RwLockReadGuard::try_map(self.inner.read().await, Option::as_ref).map_err(|_| Failure::Closed)
+    }
+
+    /// The same from a thread outside the runtime (with the GIL released).
+    pub(crate) fn open_blocking(&self) -> Result<RwLockReadGuard<'_, DpSession>, Failure> {
+        RwLockReadGuard::try_map(self.inner.blocking_read(), Option::as_ref).map_err(|_| Failure::Closed)
+    }
+
+    /// The engine session alone (no query runs meanwhile), or [`Failure::Closed`].
+    pub(crate) fn open_blocking_mut(&self) -> Result<RwLockMappedWriteGuard<'_, DpSession>, Failure> {
+        RwLockWriteGuard::try_map(self.inner.blocking_write(), Option::as_mut).map_err(|_| Failure::Closed)
     }
 }
 
@@ -68,7 +89,7 @@ impl Session {
     #[new]
     fn new(py: Python<'_>, config: std::path::PathBuf) -> PyResult<Self> {
         let s = run(py, || DpSession::open(config))?;
-        Ok(Session { inner: RwLock::new(s) })
+        Ok(Session::opened(s))
     }
 
     /// Opens a session from a dict with the configuration file's structure (`session`, `tables`, `ledger`, ...),
@@ -93,12 +114,17 @@ impl Session {
         let base = std::env::current_dir().unwrap_or_default();
         let cfg = SessionConfig::from_toml_str(&text, &base).map_err(to_py)?;
         let s = run(py, || async move { DpSession::from_config(&cfg).await })?;
-        Ok(Session { inner: RwLock::new(s) })
+        Ok(Session::opened(s))
     }
 
-    /// Runs one statement: a query returns a `Release` (noisy, debited, with its accuracy and charge); a query
-    /// over public tables only, a `pyarrow.Table` (exact, nothing spent); `EXPLAIN DP <query>` an `Explanation`
-    /// (nothing spent); `SET dp.<option> = <value>` returns None.
+    /// Runs one statement: a query returns a `Release`: noisy, debited, with its accuracy and charge, or, over
+    /// public tables only, exact and free (`public` is True, every column's accuracy `{'kind': 'public'}`), with
+    /// the same `to_arrow`, `to_pandas`, `to_polars` and Arrow stream. `EXPLAIN DP <query>` returns an
+    /// `Explanation` (nothing spent); `SET dp.<option> = <value>` the new setting, `{'option': ..., 'value': ...}`.
+    ///
+    /// `params`: values for the query's placeholders, as duckdb takes them: a list for `?` (in order) or `$1`,
+    /// `$2`, ...; a dict for `$name`. They are bound as values (None, bool, int, float, str, bytes, date,
+    /// datetime), never spliced into the SQL text.
     ///
     /// `request_id`: an idempotency key. A query whose id was released before returns the same release again
     /// (the same noisy numbers) and is not charged again; the same id with another query is refused.
@@ -107,31 +133,60 @@ impl Session {
     /// >>> again = s.sql("SELECT COUNT(*) AS n FROM pums", request_id="nightly-1")   # a retry
     /// >>> again.to_arrow().equals(r.to_arrow()), again.charge["id"], len(s.history())
     /// (True, 1, 1)
-    /// >>> s.sql("SET dp.rho = 0.1") is None
-    /// True
-    /// >>> s.sql("SELECT COUNT(*) AS n FROM educ_levels").to_pydict()   # a public table: exact, nothing spent
+    /// >>> s.sql("SET dp.rho = 0.1")
+    /// {'option': 'dp.rho', 'value': '0.1'}
+    /// >>> s.sql("SELECT COUNT(*) AS n FROM educ_levels").to_arrow().to_pydict()   # public: exact, nothing spent
     /// {'n': [16]}
-    /// >>> round(s.sql("SELECT AVG(age) AS a FROM pums").charge["rho"], 9)
+    /// >>> round(s.sql("SELECT AVG(age) AS a FROM pums WHERE age >= ?", params=[18]).charge["rho"], 9)
     /// 0.1
-    #[pyo3(signature = (sql, request_id = None))]
-    fn sql(&self, py: Python<'_>, sql: &str, request_id: Option<&str>) -> PyResult<Py<PyAny>> {
-        let response = run(py, || async move { self.inner.read().await.sql_with_request_id(sql, request_id).await })?;
-        match response {
-            Response::Release(r) => Ok(Py::new(py, Release::new(*r))?.into_any()),
-            Response::Explain(e) => Ok(Py::new(py, Explanation::new(*e))?.into_any()),
-            Response::Public(p) => Ok(crate::release::to_pyarrow(py, p.batches, p.schema)?.unbind()),
-            Response::Set { .. } => Ok(py.None()),
+    /// >>> level = s.sql("SELECT level FROM educ_levels WHERE educ = $educ", params={"educ": 16})
+    /// >>> level.to_arrow().to_pydict()
+    /// {'level': ['graduate']}
+    #[pyo3(signature = (sql, request_id = None, *, params = None))]
+    fn sql(
+        &self,
+        py: Python<'_>,
+        sql: &str,
+        request_id: Option<&str>,
+        params: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Py<PyAny>> {
+        let bound = crate::params::bind(sql, params)?;
+        let (sql, values) = (bound.sql.as_str(), bound.values.as_slice());
+        let (response, budget) = run(py, || async move {
+            let s = self.open().await?;
+            let response = s.sql_with_params(sql, values, request_id).await?;
+            // A public answer carries the budget as it stands (it spent nothing), as a release carries its own.
+            let budget = match response {
+                Response::Public(_) => Some(s.budget()?),
+                _ => None,
+            };
+            Ok::<_, Failure>((response, budget))
+        })?;
+        match (response, budget) {
+            (Response::Release(r), _) => Ok(Py::new(py, Release::new(r))?.into_any()),
+            (Response::Explain(e), _) => Ok(Py::new(py, Explanation::new(*e))?.into_any()),
+            (Response::Public(p), Some(b)) => Ok(Py::new(py, Release::public_answer(*p, sql, &b))?.into_any()),
+            (Response::Public(_), None) => Err(usage("internal_error", "a public answer without its budget".into())),
+            (Response::Set { option, value }, _) => to_python(py, &json!({"option": option, "value": value})),
         }
     }
 
     /// What `sql` would do and cost (private plan, sensitivities, noise, accuracy of each column), without
     /// reading or spending anything; raises `Refused` exactly when the query would be refused.
     ///
+    /// `params` as in `sql`.
+    ///
     /// >>> e = s.explain("SELECT AVG(age) AS a FROM pums")
     /// >>> round(e.rho, 9), s.budget()["rho_spent"]
     /// (0.05, 0.0)
-    fn explain(&self, py: Python<'_>, sql: &str) -> PyResult<Explanation> {
-        let e = run(py, || async move { self.inner.read().await.explain(sql).await })?;
+    /// >>> s.explain("SELECT COUNT(*) AS n FROM pums WHERE age > ?", params=[60]).outputs[0][0]
+    /// 'n'
+    #[pyo3(signature = (sql, *, params = None))]
+    fn explain(&self, py: Python<'_>, sql: &str, params: Option<&Bound<'_, PyAny>>) -> PyResult<Explanation> {
+        let bound = crate::params::bind(sql, params)?;
+        let (sql, values) = (bound.sql.as_str(), bound.values.as_slice());
+        let e =
+            run(py, || async move { Ok::<_, Failure>(self.open().await?.explain_with_params(sql, values).await?) })?;
         Ok(Explanation::new(e))
     }
 
@@ -142,7 +197,7 @@ impl Session {
     /// >>> {k: b[k] for k in ("charges", "delta", "epsilon", "rho_remaining", "rho_spent", "rho_total")}
     /// {'charges': 0, 'delta': 1e-06, 'epsilon': 0.0, 'rho_remaining': 1.0, 'rho_spent': 0.0, 'rho_total': 1.0}
     fn budget(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
-        let b = py.detach(|| self.inner.blocking_read().budget()).map_err(to_py)?;
+        let b = py.detach(|| Ok::<_, Failure>(self.open_blocking()?.budget()?))?;
         let v = json!({
             "rho_total": b.status.rho_total, "rho_spent": b.status.rho_spent, "rho_remaining": b.status.rho_remaining,
             "epsilon": b.epsilon.epsilon, "delta": b.epsilon.delta, "charges": b.charges.len(),
@@ -159,7 +214,7 @@ impl Session {
     /// >>> [(h["id"], h["label"], h["measurements"]) for h in s.history()]
     /// [(1, 'SELECT COUNT(*) AS n FROM pums', 1)]
     fn history(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
-        let charges = py.detach(|| self.inner.blocking_read().ledger().charges()).map_err(to_py)?;
+        let charges = py.detach(|| Ok::<_, Failure>(self.open_blocking()?.ledger().charges()?))?;
         let v: Vec<Value> = charges
             .iter()
             .map(|c| json!({"id": c.id(), "label": c.label(), "rho": c.rho().get(), "measurements": c.measurements().len()}))
@@ -172,7 +227,7 @@ impl Session {
     /// >>> s.tables()
     /// {'educ_levels': ['educ', 'label', 'level'], 'pums': ['age', 'sex', 'educ', 'race', 'income', 'married', 'pid']}
     fn tables(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
-        let schemas = run(py, || async move { self.inner.read().await.table_schemas().await })?;
+        let schemas = run(py, || async move { Ok::<_, Failure>(self.open().await?.table_schemas().await?) })?;
         let v: serde_json::Map<String, Value> = schemas
             .iter()
             .map(|(n, s)| (n.clone(), json!(s.fields().iter().map(|f| f.name().clone()).collect::<Vec<_>>())))
@@ -203,13 +258,14 @@ impl Session {
         let reader = ArrowArrayStreamReader::from_pyarrow_bound(data)?;
         let batches = declared_batches(name, reader, &columns)?;
         py.detach(|| {
-            let mut session = self.inner.blocking_write();
+            let mut session = self.open_blocking_mut()?;
             match table_policy {
                 Some(policy) => session.register_batches(name, batches, policy),
                 None => session.register_public_batches(name, batches),
             }
+            .map_err(Failure::from)
         })
-        .map_err(to_py)
+        .map_err(PyErr::from)
     }
 
     /// Releases the one-way marginals (histograms) of `columns` of `table` in one debit: each cell a noisy count,
@@ -244,7 +300,8 @@ impl Session {
     ) -> PyResult<MarginalRelease> {
         let budget = marginal_budget(rho, target_std, target)?;
         let spec = MarginalSpec { budget, consistency, confidence, selection_delta };
-        let m = run(py, || async move { self.inner.read().await.marginals(table, &columns, &spec).await })?;
+        let m =
+            run(py, || async move { Ok::<_, Failure>(self.open().await?.marginals(table, &columns, &spec).await?) })?;
         Ok(MarginalRelease::new(m))
     }
 
@@ -282,13 +339,61 @@ impl Session {
         };
         let spec = MarginalSpec { budget, consistency: true, confidence, selection_delta: None };
         let cols = columns.clone();
-        let w = run(py, || async move { self.inner.read().await.workload(table, &cols, &sets, &spec).await })?;
+        let w = run(
+            py,
+            || async move { Ok::<_, Failure>(self.open().await?.workload(table, &cols, &sets, &spec).await?) },
+        )?;
         Ok(WorkloadRelease::new(w, columns))
+    }
+
+    /// Closes the session: its ledger (and its SQLite file, when it has one) is released, and every later call
+    /// raises `dpfusion.Error` (`code` `session_closed`). Waits for the queries running in other threads; closing
+    /// a closed session does nothing. `with dpfusion.Session(...) as s:` closes it at the end of the block.
+    ///
+    /// >>> s.close()
+    /// >>> s.closed
+    /// True
+    /// >>> try:
+    /// ...     s.sql("SELECT COUNT(*) AS n FROM pums")
+    /// ... except dpfusion.Error as e:
+    /// ...     print(e.code)
+    /// session_closed
+    fn close(&self, py: Python<'_>) {
+        let session = py.detach(|| self.inner.blocking_write().take());
+        // The engine session (its ledger, its tables) is dropped here, with the GIL released.
+        py.detach(move || drop(session));
+    }
+
+    /// Whether `close()` was called (or the session's `with` block ended).
+    ///
+    /// >>> s.closed
+    /// False
+    #[getter]
+    fn closed(&self, py: Python<'_>) -> bool {
+        py.detach(|| self.inner.blocking_read().is_none())
+    }
+
+    fn __enter__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    fn __exit__(
+        &self,
+        py: Python<'_>,
+        _exc_type: &Bound<'_, PyAny>,
+        _exc: &Bound<'_, PyAny>,
+        _traceback: &Bound<'_, PyAny>,
+    ) -> bool {
+        self.close(py);
+        false
     }
 
     fn __repr__(&self) -> String {
         match self.inner.try_read() {
-            Ok(s) => format!("dpfusion.Session(tables={:?})", s.tables().keys().collect::<Vec<_>>()),
+            Ok(s) => match s.as_ref() {
+                Some(s) => format!("dpfusion.Session(tables={:?})", s.tables().keys().collect::<Vec<_>>()),
+                None => "dpfusion.Session(<closed>)".into(),
+            },
             Err(_) => "dpfusion.Session(<busy>)".into(),
         }
     }

@@ -3,6 +3,7 @@
 //! (a barrier inside a running query, after its debit), for the Ctrl-C test. Nothing here is part of the API.
 
 use crate::errors::to_py;
+use crate::run::Failure;
 use crate::session::Session;
 use datafusion::arrow::array::{Int64Array, RecordBatch};
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
@@ -33,7 +34,8 @@ static OPEN: AtomicBool = AtomicBool::new(false);
 #[pyfunction]
 #[pyo3(name = "_insecure_reseed_for_tests")]
 fn insecure_reseed(py: Python<'_>, session: &Session, seed: u64) -> PyResult<()> {
-    py.detach(|| session.inner().blocking_read().insecure_reseed_for_tests(seed)).map_err(to_py)
+    py.detach(|| Ok::<_, Failure>(session.open_blocking()?.insecure_reseed_for_tests(seed)?))?;
+    Ok(())
 }
 
 /// Tests only: registers the table `name` (one int64 column `x` in [0, 1], each row its own unit) whose scan, while
@@ -46,7 +48,8 @@ fn register_gate(py: Python<'_>, session: &Session, name: &str) -> PyResult<()> 
         .map_err(|e| crate::errors::usage("internal_error", e.to_string()))?;
     let policy = TablePolicy::row_level(BTreeMap::from([("x".into(), ColumnPolicy::Bounds { lo: 0.0, hi: 1.0 })]))
         .map_err(to_py)?;
-    py.detach(|| session.inner().blocking_write().register_table(name, Arc::new(table), policy)).map_err(to_py)
+    py.detach(|| Ok::<_, Failure>(session.open_blocking_mut()?.register_table(name, Arc::new(table), policy)?))?;
+    Ok(())
 }
 
 /// Tests only: opens (or shuts) the gate for the scans that start from now on.

@@ -18,3 +18,12 @@ def session():
 
 def spent(s):
     return s.budget()["rho_spent"]
+
+
+def assert_zero_copy(table, release):
+    """`table` (pyarrow) holds the engine's own buffers of `release`: pyarrow's buffers of a primitive array are
+    [validity, values], and the values' address is the engine's."""
+    rust = release._buffer_addresses()
+    for i in range(table.num_columns):
+        for b, chunk in enumerate(table.column(i).chunks):
+            assert chunk.buffers()[1].address == rust[b][i]

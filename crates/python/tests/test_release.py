@@ -6,7 +6,7 @@ import pyarrow
 import pytest
 
 import dpfusion
-from conftest import CONFIG, spent
+from conftest import CONFIG, assert_zero_copy, spent
 
 COUNT_BY_SEX = "SELECT sex, COUNT(*) AS n FROM pums GROUP BY sex ORDER BY sex"
 
@@ -38,12 +38,7 @@ def test_release_is_noisy_debited_and_described(session):
 
 def test_to_arrow_is_zero_copy(session):
     r = session.sql("SELECT COUNT(*) AS n, SUM(income) AS total FROM pums")
-    t = r.to_arrow()
-    rust = r._buffer_addresses()
-    for i in range(t.num_columns):
-        for b, chunk in enumerate(t.column(i).chunks):
-            # pyarrow's buffers of a primitive array: [validity, values]; the values are the engine's bytes.
-            assert chunk.buffers()[1].address == rust[b][i]
+    assert_zero_copy(r.to_arrow(), r)
 
 
 def test_pandas_and_polars_hold_the_same_numbers(session):
@@ -86,7 +81,7 @@ def test_refusal_raises_refused_with_code_and_hint_and_spends_nothing(session):
 
 
 def test_budget_exhausted_spends_nothing(session):
-    assert session.sql("SET dp.rho = 0.6") is None
+    assert session.sql("SET dp.rho = 0.6") == {"option": "dp.rho", "value": "0.6"}
     session.sql("SELECT COUNT(*) AS n FROM pums")
     with pytest.raises(dpfusion.BudgetExhausted) as info:
         session.sql("SELECT COUNT(*) AS n FROM pums WHERE age > 30")
