@@ -54,7 +54,7 @@ impl std::fmt::Debug for Transport {
 fn read_pem(path: &Path, what: &str, parse: fn(&[u8]) -> bool) -> Result<Vec<u8>> {
     let fail = |m: String| DpError::Config(format!("{what} {}: {m}", path.display()));
     let bytes = std::fs::read(path).map_err(|e| fail(e.to_string()))?;
-    if parse(&bytes) { Ok(bytes) } else { Err(fail("no PEM-encoded {what} in it".replace("{what}", what))) }
+    if parse(&bytes) { Ok(bytes) } else { Err(fail(format!("no PEM-encoded {what} in it"))) }
 }
 
 fn has_certificate(pem: &[u8]) -> bool {
