@@ -4,7 +4,8 @@
 //! every other row: `age > 92`, `name = 'zed'`, ...) and combine that with pieces that can fail at run time
 //! (overflowing literals, divisions by zero, failing casts, huge LIKE patterns, invalid regexes, functions taken
 //! at random from DataFusion's own catalogue) behind AND / OR / NOT / CASE, plus post-processing expressions,
-//! HAVING, ORDER BY and LIMIT, GROUP BY keys with a public domain or without one (selected by their noisy counts;
+//! HAVING, ORDER BY and LIMIT, aggregates of computed values and with FILTER, GROUP BY keys with a public domain,
+//! computed ones (an image of the policy, or selected) or without one (selected by their noisy counts;
 //! the crafted unit holds a name no one else does), over the private table alone, joined with a public one (whose keys the crafted
 //! unit holds or not; GROUP BY a public column; joins that are refused) or with itself (on the unit, or refused). Each query runs on D and on D′ = D plus the crafted unit, with the same noise seed:
 //!
@@ -155,7 +156,50 @@ const AGGS: &[&str] = &[
     "STDDEV(age)",
 ];
 
+/// Computed values an aggregate may take (issue 56): bounded from the policy, or refused (unbounded, or able to
+/// fail on a value: the crafted unit's age 95 makes `age - 95` zero).
+const VALUES: &[&str] = &[
+    "income * 2",
+    "LEAST(income, 1000)",
+    "age - 95",
+    "income / NULLIF(age - 95, 0)",
+    "age / (age - 95)",
+    "ABS(age - 95) * 1.5",
+    "CASE WHEN age > 92 THEN income ELSE 0 END",
+    "CASE WHEN name = 'zed' THEN 1 END",
+    "pid * 2",
+    "CAST(income AS BIGINT)",
+    "sqrt(age - 95)",
+    "power(age - 95, -1)",
+];
+/// Computed GROUP BY keys: with a public domain (an image of bounds or domains, a CASE's literals, a condition),
+/// or without one (selected by their noisy counts).
+const COMPUTED_KEYS: &[&str] = &[
+    "age / 10 * 10",
+    "CASE WHEN age > 92 THEN 'old' ELSE 'young' END",
+    "income > 1234",
+    "age % 7",
+    "upper(name)",
+    "sex * 2 + 1",
+];
+
 impl Gen {
+    /// An aggregate of the corpus, of a computed value, or with a FILTER (issue 56).
+    fn aggregate(&mut self) -> String {
+        match self.rng.random_range(0..4) {
+            0 => {
+                let f = ["SUM", "AVG", "COUNT", "MEDIAN", "VAR_POP", "MAX"].choose(&mut self.rng).copied();
+                format!("{}({})", f.unwrap_or("SUM"), self.pick(VALUES))
+            }
+            1 => {
+                let agg = self.pick(AGGS).to_string();
+                let depth = self.rng.random_range(0..3);
+                format!("{agg} FILTER (WHERE {})", self.predicate(depth))
+            }
+            _ => self.pick(AGGS).to_string(),
+        }
+    }
+
     fn pick<'a>(&mut self, xs: &'a [&'a str]) -> &'a str {
         xs.choose(&mut self.rng).copied().unwrap_or("TRUE")
     }
@@ -236,16 +280,17 @@ impl Gen {
         let n = self.rng.random_range(1..=3);
         let mut items: Vec<String> = (0..n)
             .map(|i| {
-                let agg = self.pick(AGGS).to_string();
+                let agg = self.aggregate();
                 format!("{} AS c{i}", self.post(&agg))
             })
             .collect();
         let from = self.pick(FROMS);
-        let key = match self.rng.random_range(0..6) {
+        let key = match self.rng.random_range(0..8) {
             0 | 1 if from.contains("bands") => "b.band",
             // Keys without a domain: selected by their noisy counts.
             2 => "name",
             3 => "age",
+            4 | 5 => self.pick(COMPUTED_KEYS),
             _ => "sex",
         };
         if grouped {

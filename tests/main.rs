@@ -7,6 +7,8 @@ mod cli;
 /// Private plans on a Ballista cluster in this process (issue 36): the same releases as one machine.
 #[cfg(feature = "cluster")]
 mod cluster;
+/// Computed values, FILTER and computed GROUP BY keys (issue 56): accuracy, neighbours, refusals.
+mod computed;
 /// The configuration file: the example loads, mistakes are reported with their fix.
 mod config;
 /// Answers derived from stored releases (issue 39, `SET dp.reuse = 'derive'`): sub-totals and totals, free.

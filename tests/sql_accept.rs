@@ -46,7 +46,7 @@ const POST: &[(&str, Option<usize>)] = &[
     ("SELECT married, sex, AVG(age) AS a FROM pums WHERE educ >= 9 GROUP BY married, sex ORDER BY a", Some(4)),
 ];
 
-async fn exact_ctx() -> SessionContext {
+pub(crate) async fn exact_ctx() -> SessionContext {
     let ctx = SessionContext::new();
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/data/pums_pid.csv");
     ctx.register_csv("pums", path, CsvReadOptions::new()).await.unwrap();
@@ -54,7 +54,7 @@ async fn exact_ctx() -> SessionContext {
 }
 
 /// Exact answers keyed by the rendered key columns.
-async fn exact(ctx: &SessionContext, sql: &str, nkeys: usize) -> HashMap<Vec<String>, Vec<f64>> {
+pub(crate) async fn exact(ctx: &SessionContext, sql: &str, nkeys: usize) -> HashMap<Vec<String>, Vec<f64>> {
     use datafusion::arrow::util::display::array_value_to_string;
     let batches = ctx.sql(sql).await.unwrap().collect().await.unwrap();
     let mut out = HashMap::new();
@@ -81,7 +81,7 @@ async fn exact(ctx: &SessionContext, sql: &str, nkeys: usize) -> HashMap<Vec<Str
 }
 
 /// Smallest k with P[Binomial(n, p) > k] ≤ alpha.
-fn binomial_upper(n: usize, p: f64, alpha: f64) -> usize {
+pub(crate) fn binomial_upper(n: usize, p: f64, alpha: f64) -> usize {
     let mut pmf = (1.0 - p).powi(n as i32);
     let mut cdf = pmf;
     let mut k = 0;

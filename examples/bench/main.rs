@@ -452,6 +452,30 @@ const WORKLOADS: &[(&str, &str, &str, &str)] = &[
         "SELECT p.sex, COUNT(*), SUM(v.cost) FROM persons p JOIN visits v ON p.person_id = v.person_id \
          WHERE p.person_id >= 0 GROUP BY p.sex",
     ),
+    // Computed values and keys (issue 56): each against the same shape over a plain column (W2, W3, W4).
+    (
+        "W14",
+        "SELECT SUM(income * 2) FROM people",
+        "SELECT SUM(s) FROM (SELECT person_id, SUM(income * 2) AS s FROM people GROUP BY person_id) t",
+        "SELECT SUM(income * 2) FROM people WHERE person_id >= 0",
+    ),
+    (
+        "W15",
+        "SELECT age / 10 * 10 AS decade, COUNT(*) FROM people GROUP BY age / 10 * 10",
+        "SELECT decade, SUM(n) FROM (SELECT person_id, age / 10 * 10 AS decade, COUNT(*) AS n FROM people \
+         GROUP BY person_id, age / 10 * 10) t GROUP BY decade",
+        "SELECT age / 10 * 10 AS decade, COUNT(*) FROM people WHERE person_id >= 0 GROUP BY age / 10 * 10",
+    ),
+    (
+        "W16",
+        "SELECT education, sex, COUNT(*) FILTER (WHERE age >= 18), SUM(income) FILTER (WHERE age >= 30) FROM people \
+         GROUP BY education, sex",
+        "SELECT education, sex, SUM(n), SUM(s) FROM (SELECT person_id, education, sex, \
+         COUNT(*) FILTER (WHERE age >= 18) AS n, SUM(income) FILTER (WHERE age >= 30) AS s FROM people \
+         GROUP BY person_id, education, sex) t GROUP BY education, sex",
+        "SELECT education, sex, COUNT(*) FILTER (WHERE age >= 18), SUM(income) FILTER (WHERE age >= 30) FROM people \
+         WHERE person_id >= 0 GROUP BY education, sex",
+    ),
 ];
 
 /// Workloads only answerable at person level (a join of private tables needs their privacy units).

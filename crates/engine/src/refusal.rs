@@ -476,13 +476,45 @@ refusals! {
             /// What the statement must change.
             why: String,
         },
-        /// A computed GROUP BY key.
+        /// A computed GROUP BY key whose values cannot be listed from the policy, without a δ budget to select
+        /// them.
         #[code = "computed_key", sqlstate = INSUFFICIENT_PRIVILEGE]
-        #[error("GROUP BY `{expr}` is computed, and a computed key has no public domain")]
-        #[hint("GROUP BY columns that have a `domain` in the policy")]
+        #[error("GROUP BY `{expr}` has no public domain: {why}")]
+        #[hint(
+            "group by an expression of columns with a domain or integer bounds (age / 10 * 10, CASE WHEN age < 30 \
+             THEN 'young' ELSE 'older' END), or give the session a δ budget so that its values are selected by \
+             their noisy counts"
+        )]
         ComputedKey {
             /// The key.
             expr: String,
+            /// Why its values cannot be listed.
+            why: String,
+        },
+        /// A computed value or key that could fail on some value of the columns it reads.
+        #[code = "computed_fails", sqlstate = INSUFFICIENT_PRIVILEGE]
+        #[error("`{expr}` could fail on some values: {what}")]
+        #[hint(
+            "declare bounds for the columns it reads, clamp them (LEAST(GREATEST(x, lo), hi)), or guard the \
+             operation (x / NULLIF(y, 0))"
+        )]
+        ComputedFails {
+            /// The expression, as written.
+            expr: String,
+            /// The sub-expression that could fail, and why.
+            what: String,
+        },
+        /// An aggregate (other than COUNT) of a computed value without finite bounds.
+        #[code = "unbounded_value", sqlstate = INSUFFICIENT_PRIVILEGE]
+        #[error("{aggregate}({expr}) needs bounds on `{expr}`, and {why}")]
+        #[hint("declare bounds for the columns it reads in the policy, or clamp it: LEAST(GREATEST({expr}, lo), hi)")]
+        UnboundedValue {
+            /// The aggregate.
+            aggregate: String,
+            /// The value, as written.
+            expr: String,
+            /// Why it has no bounds.
+            why: String,
         },
         /// A GROUP BY key that is not a table column.
         #[code = "key_not_column", sqlstate = INSUFFICIENT_PRIVILEGE]
@@ -564,14 +596,6 @@ refusals! {
             /// The aggregate.
             name: String,
         },
-        /// `AGG(...) FILTER (WHERE ...)`.
-        #[code = "filtered_aggregate", sqlstate = INSUFFICIENT_PRIVILEGE]
-        #[error("{name}(...) FILTER (WHERE ...) is not supported")]
-        #[hint("move the condition into WHERE")]
-        FilteredAggregate {
-            /// The aggregate.
-            name: String,
-        },
         /// `AGG(... ORDER BY ...)`.
         #[code = "ordered_aggregate", sqlstate = INSUFFICIENT_PRIVILEGE]
         #[error("{name}(... ORDER BY ...) is not supported")]
@@ -588,12 +612,12 @@ refusals! {
             /// The aggregate.
             aggregate: &'static str,
         },
-        /// An aggregate of a computed value.
+        /// An aggregate of a constant.
         #[code = "computed_argument", sqlstate = INSUFFICIENT_PRIVILEGE]
-        #[error("{aggregate}({arg}) aggregates a computed value, which dpfusion cannot bound")]
+        #[error("{aggregate}({arg}) aggregates a constant")]
         #[hint(
-            "aggregate a table column ({aggregate}(income)); arithmetic on the result is fine ({aggregate}(income) * \
-             2)"
+            "aggregate a column or an expression of columns ({aggregate}(income), {aggregate}(income * 2)); COUNT(*) \
+             counts rows"
         )]
         ComputedArgument {
             /// The aggregate.

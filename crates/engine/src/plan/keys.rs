@@ -1,12 +1,14 @@
 //! Phase 1 of [`crate::plan::compile`]: the GROUP BY keys, the cells they span, and the rows that can reach a
 //! cell.
 //!
-//! A key is a bare column with a public domain, never the privacy unit, or a column of a public table joined in
+//! A key is a bare column with a public domain, never the privacy unit, a computed key with the domain
+//! [`crate::plan::computed`] derived, or a column of a public table joined in
 //! ([`crate::plan::lookup`]), whose domain is that column's distinct values: the released cells are the product of
 //! the domains, whatever the private data. Rows outside the domain (and NULL keys) are dropped before any bounding, so they
 //! never use up a unit's contribution limits.
 
 use crate::error::{DpError, Result, engine};
+use crate::plan::computed::Computed;
 use crate::plan::{GroupKey, MAX_CELLS, bound, cell_count, cells, lookup, validate};
 use crate::policy::TablePolicy;
 use crate::refusal::Refusal;
@@ -16,7 +18,12 @@ use datafusion::logical_expr::{Aggregate, Expr, LogicalPlan, LogicalPlanBuilder}
 
 /// The GROUP BY keys of `agg`, each with its public domain as literals of the column's type; refused if a key is
 /// computed, is not a column of `table`, is the privacy unit, or has no domain.
-pub fn group_keys(agg: &Aggregate, policy: &TablePolicy, table: &TableReference) -> Result<Vec<GroupKey>> {
+pub fn group_keys(
+    agg: &Aggregate,
+    policy: &TablePolicy,
+    table: &TableReference,
+    computed: &Computed,
+) -> Result<Vec<GroupKey>> {
     let input = agg.input.as_ref();
     if agg.group_expr.iter().any(|e| matches!(e, Expr::GroupingSet(_))) {
         let why = "are answered as one workload release, in the shape SELECT <keys>, COUNT(*) ... only".into();
@@ -26,7 +33,7 @@ pub fn group_keys(agg: &Aggregate, policy: &TablePolicy, table: &TableReference)
         .iter()
         .map(|g| {
             let Expr::Column(c) = validate::strip_aliases(g).clone() else {
-                return Err(DpError::Refused(Refusal::ComputedKey { expr: g.to_string() }));
+                return Err(DpError::Internal(format!("GROUP BY `{g}` was not made a column")));
             };
             let Some(base) = validate::base_column(input, &c) else {
                 // A column of a public table joined in: its domain is the public column's distinct values.
@@ -40,6 +47,17 @@ pub fn group_keys(agg: &Aggregate, policy: &TablePolicy, table: &TableReference)
                 return Err(DpError::Refused(Refusal::UnitAsKey { column: base }));
             }
             let (_, field) = input.schema().qualified_field_from_column(&c).map_err(engine)?;
+            if let Some(key) = computed.get(&base) {
+                let base = key.label.clone();
+                return match &key.domain {
+                    Some(Ok(domain)) => Ok(GroupKey { column: c, base, domain: domain.clone(), selected: false }),
+                    _ if crate::plan::selected::selectable(field.data_type()) => {
+                        Ok(GroupKey { column: c, base, domain: vec![], selected: true })
+                    }
+                    Some(Err(why)) => Err(DpError::Refused(Refusal::ComputedKey { expr: base, why: why.clone() })),
+                    None => Err(DpError::Internal(format!("`{base}` is a computed value, not a key"))),
+                };
+            }
             let Some(domain) = policy.domain(&base) else {
                 // No public domain: its values are selected by the noisy counts (issue 38), if its type allows.
                 if crate::plan::selected::selectable(field.data_type()) {

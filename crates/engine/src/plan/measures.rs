@@ -248,9 +248,6 @@ fn quantile(
     if p.distinct {
         return Err(DpError::Refused(Refusal::DistinctAggregate { name: asked.to_string() }));
     }
-    if p.filter.is_some() {
-        return Err(DpError::Refused(Refusal::FilteredAggregate { name: asked.to_string() }));
-    }
     // The value is the one argument that is not a constant; the first constant is the fraction (a second one,
     // APPROX_PERCENTILE_CONT's number of centroids, is an accuracy setting of an exact algorithm: not needed).
     let (values, constants): (Vec<&Expr>, Vec<&Expr>) = p.args.iter().partition(|a| a.any_column_refs());
@@ -331,14 +328,11 @@ fn distinct_units(agg: &Aggregate, af: &AggregateFunction, policy: &TablePolicy)
     Ok(argument(agg, arg, "COUNT").ok().filter(|(_, base)| base == unit).map(|(_, base)| base))
 }
 
-/// Refuses an aggregate with DISTINCT, FILTER or ORDER BY.
+/// Refuses an aggregate with DISTINCT or ORDER BY (a FILTER was folded into its argument: `plan::computed`).
 fn plain(af: &AggregateFunction) -> Result<()> {
     let (name, p) = (af.func.name().to_uppercase(), &af.params);
     if p.distinct {
         return Err(DpError::Refused(Refusal::DistinctAggregate { name }));
-    }
-    if p.filter.is_some() {
-        return Err(DpError::Refused(Refusal::FilteredAggregate { name }));
     }
     if !p.order_by.is_empty() {
         return Err(DpError::Refused(Refusal::OrderedAggregate { name }));

@@ -14,9 +14,11 @@ pub(crate) mod by_unit;
 pub mod cells;
 pub mod clip;
 pub(crate) mod codec;
+pub mod computed;
 pub mod exact_sum;
 pub mod fingerprint;
 pub mod grouping;
+pub mod interval;
 pub mod keys;
 pub mod lookup;
 pub mod measures;
@@ -192,6 +194,8 @@ pub struct DpPlan {
     /// With keys without a domain ([`selected`]): the COUNT(*) measurement whose noisy value selects the released
     /// keys (and is their released COUNT).
     pub selection: Option<usize>,
+    /// The computed values and keys ([`computed`]), as (the expression, where its bounds or domain come from).
+    pub computed: Vec<(String, String)>,
 }
 
 impl DpPlan {
@@ -288,9 +292,14 @@ fn check_histograms(measures: &[Measure], cells: u64) -> Result<()> {
 pub fn compile(plan: &LogicalPlan, policy_of: &dyn Fn(&TableReference) -> Option<TablePolicy>) -> Result<DpPlan> {
     validate::check_statement_kind(plan)?;
     let located = validate::locate(plan, &|t| policy_of(t).is_some())?;
-    let (agg, table, tables) = (located.aggregate, located.table, located.tables);
-    let (policy, join) = unit_join::policy_of_input(agg.input.as_ref(), &tables, policy_of)?;
-    let keys = keys::group_keys(agg, &policy, &table)?;
+    let (written, table, tables) = (located.aggregate, located.table, located.tables);
+    let (policy, join) = unit_join::policy_of_input(written.input.as_ref(), &tables, policy_of)?;
+    let rewritten = computed::rewrite(written, &policy)?;
+    let (agg, policy, computed) = match &rewritten {
+        Some(r) => (&r.aggregate, r.policy.clone(), r.computed.clone()),
+        None => (written, policy, computed::Computed::default()),
+    };
+    let keys = keys::group_keys(agg, &policy, &table, &computed)?;
     let (private, measured, selection) = if keys.iter().any(|k| k.selected) {
         let (private, measured, selection) = selected::bounded(agg, &policy, &table, &keys)?;
         (private, measured, Some(selection))
@@ -302,7 +311,12 @@ pub fn compile(plan: &LogicalPlan, policy_of: &dyn Fn(&TableReference) -> Option
         check_histograms(&measured.measures, if keys.is_empty() { 1 } else { cells })?;
         (bound::bounded_aggregate(scoped, &policy, &keys, cells, contribution, &measured)?, measured, None)
     };
-    let measures::Measured { measures, outputs, .. } = measured;
+    let measures::Measured { mut measures, outputs, .. } = measured;
+    for m in &mut measures {
+        if let Some(c) = m.column.as_mut() {
+            *c = computed.label(c).to_string();
+        }
+    }
     Ok(DpPlan {
         private,
         keys,
@@ -312,7 +326,8 @@ pub fn compile(plan: &LogicalPlan, policy_of: &dyn Fn(&TableReference) -> Option
         table,
         tables,
         join,
-        agg_schema: agg.schema.clone(),
+        agg_schema: written.schema.clone(),
         selection,
+        computed: computed.columns.into_iter().map(|c| (c.label, c.origin)).collect(),
     })
 }

@@ -188,7 +188,7 @@ pub fn check_statement_size(sql: &str) -> Result<()> {
 }
 
 /// Whether `e` reads no data: no column, aggregate, window, subquery, placeholder or volatile function.
-fn is_constant(e: &Expr) -> bool {
+pub(crate) fn is_constant(e: &Expr) -> bool {
     !e.is_volatile()
         && !e
             .exists(|x| {
@@ -390,11 +390,18 @@ pub fn total(e: &Expr, schema: &DFSchema) -> std::result::Result<(), String> {
             if t.is_floating() || matches!(t, DataType::Decimal128(..)) {
                 Ok(())
             } else {
-                Err(format!("`{e}`, a unary minus on {t} (it overflows on the smallest value)"))
+                // Total when the operand's range excludes the smallest value (`plan::interval`).
+                bounded(e, schema)
             }
         }
         Expr::BinaryExpr(b) => {
             use Operator::*;
+            if matches!(b.op, Plus | Minus | Multiply | Divide | Modulo)
+                && !(ty(&b.left)?.is_floating() && ty(&b.right)?.is_floating())
+            {
+                // Integer arithmetic is total when the operands' ranges prove it (`plan::interval`).
+                return bounded(e, schema);
+            }
             all(&[&b.left, &b.right])?;
             let (lt, rt) = (ty(&b.left)?, ty(&b.right)?);
             match b.op {
@@ -407,6 +414,7 @@ pub fn total(e: &Expr, schema: &DFSchema) -> std::result::Result<(), String> {
                     }
                 }
                 Plus | Minus | Multiply | Divide | Modulo if lt.is_floating() && rt.is_floating() => Ok(()),
+                StringConcat if is_text(&lt) && is_text(&rt) => Ok(()),
                 LikeMatch | ILikeMatch | NotLikeMatch | NotILikeMatch => match string_literal(&b.right) {
                     Some(Some(p)) => check_like_pattern(p, matches!(b.op, ILikeMatch | NotILikeMatch)),
                     Some(None) => Ok(()),
@@ -446,41 +454,16 @@ pub fn total(e: &Expr, schema: &DFSchema) -> std::result::Result<(), String> {
             if cast_is_total(&from, c.field.data_type()) {
                 Ok(())
             } else {
-                Err(format!("`{e}`, a CAST from {from} to {} that fails on some values", c.field.data_type()))
+                // A narrowing cast is total when the value's range fits (`plan::interval`).
+                bounded(e, schema)
             }
         }
         Expr::TryCast(c) => total(&c.expr, schema),
-        Expr::Case(c) => {
-            if let Some(x) = &c.expr {
-                total(x, schema)?;
-            }
-            for (w, t) in &c.when_then_expr {
-                all(&[w, t])?;
-            }
-            match &c.else_expr {
-                Some(x) => total(x, schema),
-                None => Ok(()),
-            }
-        }
-        Expr::ScalarFunction(f) => {
-            let inner = f.func.inner();
-            // A struct field by a literal name (the fields of `dp_clipped`): total; a computed name could fail.
-            let field_by_name = inner.is::<GetFieldFunc>()
-                && matches!(f.args.as_slice(), [_, Expr::Literal(ScalarValue::Utf8(Some(_)), _)]);
-            if inner.is::<Priority>()
-                || inner.is::<RandomFunc>()
-                || inner.is::<CellIndex>()
-                || inner.is::<CellKey>()
-                || inner.is::<crate::plan::quantile::QuantileSlot>()
-                || inner.is::<crate::plan::lookup::PublicLookup>()
-                || inner.is::<crate::plan::selected::KeyPriority>()
-                || field_by_name
-            {
-                f.args.iter().try_for_each(|a| total(a, schema))
-            } else {
-                Err(format!("the function `{}`", f.name()))
-            }
-        }
+        // Each branch is total where it runs: under what the earlier conditions say (`plan::interval`).
+        Expr::Case(_) => bounded(e, schema),
+        Expr::ScalarFunction(f) if listed_function(f) => f.args.iter().try_for_each(|a| total(a, schema)),
+        // The numeric, text and date functions dpfusion bounds (`plan::interval`); any other is refused.
+        Expr::ScalarFunction(_) => bounded(e, schema),
         Expr::AggregateFunction(a) => {
             let inner = a.func.inner();
             let p = &a.params;
@@ -498,6 +481,32 @@ pub fn total(e: &Expr, schema: &DFSchema) -> std::result::Result<(), String> {
         }
         other => Err(format!("`{other}`")),
     }
+}
+
+/// Whether `e` is total by the bounds of [`crate::plan::interval`], which proves the operations whose totality
+/// depends on the values (it hands every other node back to [`total`]).
+fn bounded(e: &Expr, schema: &DFSchema) -> std::result::Result<(), String> {
+    crate::plan::interval::derive(e, schema).map(|_| ())
+}
+
+fn is_text(t: &DataType) -> bool {
+    matches!(t, DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View | DataType::Null)
+}
+
+/// dpfusion's own scalar functions (the bounding's, all total on any value), and a struct field by a literal name
+/// (the fields of `dp_clipped`; a computed name could fail).
+pub(crate) fn listed_function(f: &datafusion::logical_expr::expr::ScalarFunction) -> bool {
+    let inner = f.func.inner();
+    let field_by_name =
+        inner.is::<GetFieldFunc>() && matches!(f.args.as_slice(), [_, Expr::Literal(ScalarValue::Utf8(Some(_)), _)]);
+    inner.is::<Priority>()
+        || inner.is::<RandomFunc>()
+        || inner.is::<CellIndex>()
+        || inner.is::<CellKey>()
+        || inner.is::<crate::plan::quantile::QuantileSlot>()
+        || inner.is::<crate::plan::lookup::PublicLookup>()
+        || inner.is::<crate::plan::selected::KeyPriority>()
+        || field_by_name
 }
 
 fn like_total(l: &datafusion::logical_expr::Like, schema: &DFSchema) -> std::result::Result<(), String> {

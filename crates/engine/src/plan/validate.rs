@@ -242,8 +242,20 @@ pub(crate) fn source_column(plan: &LogicalPlan, col: &Column) -> Option<(TableRe
             let (q, f) = a.input.schema().qualified_field(idx);
             source_column(&a.input, &Column::new(q.cloned(), f.name()))
         }
-        LogicalPlan::Projection(p) => match strip_aliases(p.expr.get(idx)?) {
-            Expr::Column(c) => source_column(&p.input, c),
+        LogicalPlan::Projection(p) => match (p.expr.get(idx)?, strip_aliases(p.expr.get(idx)?)) {
+            (_, Expr::Column(c)) => source_column(&p.input, c),
+            // A computed value or key (`plan::computed`) is its own base column, of the table it reads.
+            (Expr::Alias(a), _) if a.name.starts_with(crate::plan::computed::PREFIX) => {
+                let mut table = None;
+                let _ = p.input.apply(|n| {
+                    if let LogicalPlan::TableScan(s) = n {
+                        table = Some(s.table_name.clone());
+                        return Ok(TreeNodeRecursion::Stop);
+                    }
+                    Ok(TreeNodeRecursion::Continue)
+                });
+                Some((table?, a.name.clone()))
+            }
             _ => None,
         },
         LogicalPlan::Join(j) => {

@@ -61,6 +61,8 @@ pub struct Explanation {
     pub selection: Option<ExplainedSelection>,
     /// How a join of private tables on their unit is bounded, if the query has one.
     pub join: Option<String>,
+    /// Each computed value or key ([`crate::plan::computed`]) and where its bounds or domain come from.
+    pub computed: Vec<(String, String)>,
     /// Each measurement.
     pub measures: Vec<ExplainedMeasure>,
     /// Total ρ the query would cost.
@@ -99,6 +101,12 @@ impl std::fmt::Display for Explanation {
         }
         if let Some(join) = &self.join {
             writeln!(f, "Join: {join}")?;
+        }
+        if !self.computed.is_empty() {
+            writeln!(f, "Computed (every column they read clamped to its bounds first):")?;
+            for (expr, origin) in &self.computed {
+                writeln!(f, "  {expr}: {origin}")?;
+            }
         }
         match (self.cells, &self.selection) {
             (Some(cells), _) => writeln!(f, "Cells released: {cells}")?,
@@ -262,6 +270,7 @@ impl DpSession {
                 cells: dp.cells(),
                 selection: explained_selection(dp, &quote),
                 join: dp.join.clone(),
+                computed: dp.computed.clone(),
                 measures,
                 rho: quote.rho.get(),
                 epsilon: quote.epsilon,

@@ -79,6 +79,10 @@ impl DpSession {
         }
         if self.ledger.delta()?.total <= 0.0 {
             // No δ to select keys with: the key needs a domain, as before key selection existed.
+            if let Some((_, origin)) = dp.computed.iter().find(|(expr, _)| *expr == column) {
+                let why = format!("{origin}, and this budget has no δ to select them with");
+                return Err(DpError::Refused(Refusal::ComputedKey { expr: column, why }));
+            }
             return Err(DpError::Refused(Refusal::NoDomain { table: dp.table.to_string(), column }));
         }
         let (Some(m), Some(slot)) = (dp.measures.get(i), measurements.get_mut(i)) else {

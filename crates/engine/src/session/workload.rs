@@ -515,6 +515,7 @@ impl DpSession {
             cells: Some(plan.sets.iter().map(|s| s.cells as u64).sum()),
             selection: None,
             join: None,
+            computed: vec![],
             measures,
             rho: p.quote.rho.get(),
             epsilon: p.quote.epsilon,

@@ -581,9 +581,18 @@ pub(crate) fn private_context() -> SessionContext {
     // First of all: no declared order or partitioning of a table is relied upon (`plan::unordered`).
     let mut rules = datafusion::physical_optimizer::optimizer::PhysicalOptimizer::new().rules;
     rules.insert(0, Arc::new(crate::plan::unordered::ForgetDeclaredOrder));
+    // Without common sub-expression elimination: it would move the clamp of a computed value (`plan::computed`)
+    // into a column of its own, and the check of the optimized plan (`plan::safety`) would no longer see the bound
+    // that makes the arithmetic above it total. Private plans compute little that is shared.
+    let optimizer = datafusion::optimizer::Optimizer::new()
+        .rules
+        .into_iter()
+        .filter(|r| r.name() != "common_sub_expression_eliminate")
+        .collect();
     let state = SessionStateBuilder::new()
         .with_config(config)
         .with_default_features()
+        .with_optimizer_rules(optimizer)
         .with_query_planner(Arc::new(PrivatePlanner))
         .with_physical_optimizer_rules(rules)
         .build();

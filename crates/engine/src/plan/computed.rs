@@ -1,0 +1,444 @@
+//! Computed values and keys: aggregates of expressions (`SUM(income * 2)`, `COUNT(CASE WHEN sex = 1 THEN 1 END)`),
+//! `AGG(...) FILTER (WHERE ...)`, and GROUP BY expressions (`age / 10 * 10`, `CASE WHEN ... THEN 'young' ... END`),
+//! bounded from the policy. A rewrite of the located Aggregate, before its keys and measurements are compiled, so
+//! that every computed value goes through the bounding, the sensitivities and the one price of a plain column:
+//!
+//! 1. `AGG(x) FILTER (WHERE p)` becomes `AGG(CASE WHEN p THEN x END)`, and `COUNT(*) FILTER (WHERE p)` becomes
+//!    `COUNT(CASE WHEN p THEN 1 END)`. The condition is evaluated on each unit's bounded rows, like the value, so
+//!    a unit still moves the aggregate by at most what it moves it without the condition: the same sensitivity.
+//! 2. Every column with bounds (or an integer domain) that a computed expression reads is clamped to them,
+//!    `CASE WHEN c < lo THEN lo WHEN c > hi THEN hi ELSE c END`, in its conditions too: so an expression means the
+//!    same on every dataset, and its bounds are a fact of the plan that runs ([`crate::plan::interval`]).
+//! 3. Its bounds are derived ([`crate::plan::interval::derive`]); an expression that could fail on some value is
+//!    refused, and so is an aggregate other than COUNT of a value without finite bounds, naming the sub-expression.
+//! 4. Each computed argument or key becomes a column `__dp_c{i}` of a projection under the aggregate. The derived
+//!    policy gives each value its bounds (which the bounding clamps to, as for a column); each key gets its public
+//!    domain, the image of its inputs' domains and bounds ([`key_domain`]), released like a declared domain; a
+//!    key without one is selected by its noisy counts where a δ budget allows it ([`crate::plan::selected`]).
+//!
+//! The rewrite reads the policy and the query only: whether a query is answered, what it is refused with, and
+//! every bound and domain are the same on every dataset.
+
+use crate::error::{DpError, Result, engine};
+use crate::plan::interval::{self, Bounds, Range};
+use crate::plan::{bound, safety, validate};
+use crate::policy::{ColumnPolicy, TablePolicy};
+use crate::refusal::Refusal;
+use datafusion::arrow::array::{ArrayRef, RecordBatch};
+use datafusion::arrow::datatypes::DataType;
+use datafusion::common::tree_node::{Transformed, TreeNode};
+use datafusion::common::{Column, DFSchema, ScalarValue};
+use datafusion::functions_aggregate::count::Count;
+use datafusion::logical_expr::{Aggregate, Expr, ExprSchemable, LogicalPlan, Projection, lit, when};
+use std::sync::Arc;
+
+/// Prefix of the computed columns' names (reserved: no query or table may use `__dp_`).
+pub const PREFIX: &str = "__dp_c";
+
+/// Most combinations of input values enumerated to find a computed key's values.
+pub const MAX_ENUMERATED: u64 = 1_000_000;
+
+/// Most values a computed integer key takes from its bounds alone (when its inputs cannot be enumerated).
+pub const MAX_RANGE_KEYS: u128 = 100_000;
+
+/// One computed value or key.
+#[derive(Clone, Debug)]
+pub struct ComputedColumn {
+    /// Its column under the aggregate (`__dp_c{i}`).
+    pub name: String,
+    /// The expression as the analyst wrote it (SQL).
+    pub label: String,
+    /// Its derived bounds.
+    pub bounds: Bounds,
+    /// For a key: its public domain, or why it has none.
+    pub domain: Option<std::result::Result<Vec<ScalarValue>, String>>,
+    /// Where its bounds or domain come from, for `EXPLAIN DP`.
+    pub origin: String,
+}
+
+/// The computed values and keys of one query.
+#[derive(Clone, Debug, Default)]
+pub struct Computed {
+    /// In the order they were met.
+    pub columns: Vec<ComputedColumn>,
+}
+
+impl Computed {
+    /// The computed column named `name`.
+    pub fn get(&self, name: &str) -> Option<&ComputedColumn> {
+        self.columns.iter().find(|c| c.name == name)
+    }
+
+    /// The label of `name` if it is a computed column, else `name`.
+    pub fn label<'a>(&'a self, name: &'a str) -> &'a str {
+        self.get(name).map_or(name, |c| c.label.as_str())
+    }
+}
+
+/// The aggregate with its computed values and keys as columns, and the policy that bounds them.
+pub struct Rewritten {
+    /// The aggregate over a projection that computes the `__dp_c{i}` columns.
+    pub aggregate: Aggregate,
+    /// The table's policy with the computed values' bounds.
+    pub policy: TablePolicy,
+    /// The computed columns.
+    pub computed: Computed,
+}
+
+/// The rewrite of the module docs; `None` when `agg` computes nothing (no expression argument or key, no FILTER).
+pub fn rewrite(agg: &Aggregate, policy: &TablePolicy) -> Result<Option<Rewritten>> {
+    let input = agg.input.as_ref();
+    let mut cx = Rewrite { input, schema: input.schema(), policy, computed: Computed::default(), exprs: vec![] };
+    let aggr_expr = agg.aggr_expr.iter().map(|a| cx.aggregate(a)).collect::<Result<Vec<_>>>()?;
+    let group_expr = agg.group_expr.iter().map(|g| cx.key(g)).collect::<Result<Vec<_>>>()?;
+    if cx.exprs.is_empty() && aggr_expr == agg.aggr_expr && group_expr == agg.group_expr {
+        return Ok(None);
+    }
+    let mut exprs: Vec<Expr> = cx.schema.columns().into_iter().map(Expr::Column).collect();
+    exprs.append(&mut cx.exprs);
+    let projection = Projection::try_new(exprs, Arc::clone(&agg.input)).map_err(engine)?;
+    let aggregate =
+        Aggregate::try_new(Arc::new(LogicalPlan::Projection(projection)), group_expr, aggr_expr).map_err(engine)?;
+    let mut policy = policy.clone();
+    for c in cx.computed.columns.iter().filter(|c| c.domain.is_none()) {
+        if let Some((lo, hi)) = c.bounds.finite() {
+            policy.columns.insert(c.name.clone(), ColumnPolicy::Bounds { lo, hi });
+        }
+    }
+    Ok(Some(Rewritten { aggregate, policy, computed: cx.computed }))
+}
+
+struct Rewrite<'a> {
+    input: &'a LogicalPlan,
+    schema: &'a DFSchema,
+    policy: &'a TablePolicy,
+    computed: Computed,
+    /// The projection's computed expressions, aliased.
+    exprs: Vec<Expr>,
+}
+
+impl Rewrite<'_> {
+    /// An aggregate with its FILTER folded in and its computed arguments replaced by columns.
+    fn aggregate(&mut self, a: &Expr) -> Result<Expr> {
+        let Expr::AggregateFunction(original) = validate::strip_aliases(a) else { return Ok(a.clone()) };
+        let mut af = original.clone();
+        let filter = af.params.filter.take();
+        let counts = af.func.inner().is::<Count>();
+        let star = counts && matches!(af.params.args.as_slice(), [] | [Expr::Literal(..)]);
+        if let Some(p) = &filter {
+            // (The condition's totality is checked with the value it guards, its columns clamped: `value`.)
+            let guarded = |x: Expr| when(p.as_ref().clone(), x).end().map_err(engine);
+            af.params.args = if star {
+                vec![guarded(lit(1i64))?]
+            } else {
+                af.params
+                    .args
+                    .iter()
+                    .map(|x| if x.any_column_refs() { guarded(x.clone()) } else { Ok(x.clone()) })
+                    .collect::<Result<_>>()?
+            };
+        }
+        let name = af.func.name().to_uppercase();
+        let mut changed = filter.is_some();
+        for (arg, was) in
+            af.params.args.iter_mut().zip(original.params.args.iter().map(Some).chain(std::iter::repeat(None)))
+        {
+            if !arg.any_column_refs() || matches!(validate::strip_total_casts(arg, self.schema), Expr::Column(_)) {
+                continue;
+            }
+            let written = match (was, &filter) {
+                (Some(w), None) => self.label(w),
+                (Some(w), Some(p)) if !star => format!("{} FILTER (WHERE {})", self.label(w), self.label(p)),
+                (_, Some(p)) => format!("* FILTER (WHERE {})", self.label(p)),
+                (None, None) => self.label(arg),
+            };
+            *arg = self.value(arg, written, (!counts).then_some(name.as_str()))?;
+            changed = true;
+        }
+        if !changed {
+            return Ok(a.clone());
+        }
+        // Named as the analyst's aggregate: the names stay distinct.
+        Ok(Expr::AggregateFunction(af).alias(a.schema_name().to_string()))
+    }
+
+    /// A computed value: clamped, bounded (finite bounds when `aggregate` needs them), as a computed column.
+    fn value(&mut self, e: &Expr, label: String, aggregate: Option<&str>) -> Result<Expr> {
+        let clamped = self.clamp(e)?;
+        let bounds = interval::derive(&clamped, self.schema)
+            .map_err(|what| DpError::Refused(Refusal::ComputedFails { expr: label.clone(), what }))?;
+        let finite = bounds.finite();
+        if let Some(aggregate) = aggregate
+            && finite.is_none()
+        {
+            let why = match (&bounds.loose, &bounds.range) {
+                (Some(c), _) => format!("`{c}` has no bounds in the policy"),
+                (None, Range::Other) => "its values are not numbers".into(),
+                (None, _) => "its values are not bounded (a division by a value that can be 0?)".into(),
+            };
+            return Err(DpError::Refused(Refusal::UnboundedValue { aggregate: aggregate.into(), expr: label, why }));
+        }
+        let origin = match finite {
+            Some((lo, hi)) => format!("∈ [{lo}, {hi}]{}", self.sources(e)),
+            None => format!("unbounded{}", self.sources(e)),
+        };
+        Ok(self.add(clamped, label, bounds, None, origin))
+    }
+
+    /// A GROUP BY key: a column is left as it is; an expression becomes a computed column with its domain.
+    fn key(&mut self, g: &Expr) -> Result<Expr> {
+        let e = validate::strip_aliases(g);
+        if matches!(e, Expr::Column(_) | Expr::GroupingSet(_)) {
+            return Ok(g.clone());
+        }
+        let label = self.label(e);
+        let clamped = self.clamp(e)?;
+        let bounds = interval::derive(&clamped, self.schema)
+            .map_err(|what| DpError::Refused(Refusal::ComputedFails { expr: label.clone(), what }))?;
+        let (domain, origin) = self.key_domain(&clamped, &bounds)?;
+        let origin = match &domain {
+            Ok(values) => {
+                let mut shown: Vec<String> = values.iter().take(6).map(ToString::to_string).collect();
+                if values.len() > 6 {
+                    shown.push("…".into());
+                }
+                format!("{} keys ({}), {origin}{}", values.len(), shown.join(", "), self.sources(e))
+            }
+            Err(why) => format!("no public domain: {why}"),
+        };
+        Ok(self.add(clamped, label, bounds, Some(domain), origin).alias(g.schema_name().to_string()))
+    }
+
+    /// The column of a computed expression (the same column for the same expression).
+    fn add(
+        &mut self,
+        clamped: Expr,
+        label: String,
+        bounds: Bounds,
+        domain: Option<std::result::Result<Vec<ScalarValue>, String>>,
+        origin: String,
+    ) -> Expr {
+        let at = self.exprs.iter().position(|x| validate::strip_aliases(x) == &clamped);
+        let name = match at {
+            Some(i) => self.computed.columns[i].name.clone(),
+            None => {
+                let name = format!("{PREFIX}{}", self.exprs.len());
+                self.exprs.push(clamped.alias(&name));
+                self.computed.columns.push(ComputedColumn { name: name.clone(), label, bounds, domain, origin });
+                name
+            }
+        };
+        Expr::Column(Column::from_name(name))
+    }
+
+    /// The bounds a column is clamped to: its declared bounds, or the smallest and largest values of an integer
+    /// domain, as literals of its type; `None` without either.
+    fn clamp_bounds(&self, c: &Column) -> Option<(ScalarValue, ScalarValue)> {
+        let base = validate::base_column(self.input, c)?;
+        let (_, field) = self.schema.qualified_field_from_column(c).ok()?;
+        let dt = field.data_type();
+        let (lo, hi) = match self.policy.columns.get(&base)? {
+            ColumnPolicy::Bounds { lo, hi } if dt.is_integer() => (lo.ceil(), hi.floor()),
+            ColumnPolicy::Bounds { lo, hi } if dt.is_floating() => (*lo, *hi),
+            ColumnPolicy::Domain(values) if dt.is_integer() => {
+                let ints = values.iter().filter_map(|v| match v {
+                    crate::policy::DomainValue::Int(i) => Some(*i as f64),
+                    _ => None,
+                });
+                let (lo, hi) = ints.fold((f64::INFINITY, f64::NEG_INFINITY), |(l, h), v| (l.min(v), h.max(v)));
+                (lo, hi)
+            }
+            _ => return None,
+        };
+        if lo > hi || lo.is_nan() || hi.is_nan() {
+            return None;
+        }
+        let typed = |v: f64| {
+            let s = if dt.is_integer() { ScalarValue::Int64(Some(v as i64)) } else { ScalarValue::Float64(Some(v)) };
+            s.cast_to(dt).ok()
+        };
+        Some((typed(lo)?, typed(hi)?))
+    }
+
+    /// `e` with every column that has bounds clamped to them (step 2 of the module docs).
+    fn clamp(&self, e: &Expr) -> Result<Expr> {
+        e.clone()
+            .transform_up(|x| {
+                let Expr::Column(c) = &x else { return Ok(Transformed::no(x)) };
+                let Some((lo, hi)) = self.clamp_bounds(c) else { return Ok(Transformed::no(x)) };
+                let clamped = when(x.clone().lt(lit(lo.clone())), lit(lo))
+                    .when(x.clone().gt(lit(hi.clone())), lit(hi))
+                    .otherwise(x)?;
+                Ok(Transformed::yes(clamped))
+            })
+            .map(|t| t.data)
+            .map_err(engine)
+    }
+
+    /// The expression as SQL, without the numeric casts the analyzer added (those that cannot fail).
+    fn label(&self, e: &Expr) -> String {
+        let schema = self.schema;
+        let plain = e
+            .clone()
+            .transform_up(|x| match x {
+                Expr::Cast(c)
+                    if c.field.data_type().is_numeric()
+                        && c.expr.get_type(schema).is_ok_and(|from| {
+                            from.is_numeric() && safety::cast_is_total(&from, c.field.data_type())
+                        }) =>
+                {
+                    Ok(Transformed::yes(*c.expr))
+                }
+                other => Ok(Transformed::no(other)),
+            })
+            .map_or_else(|_| e.clone(), |t| t.data);
+        interval::shown(&plain)
+    }
+
+    /// `, from c ∈ [lo, hi], d ∈ {…}`: the policy entries of the columns `e` reads.
+    fn sources(&self, e: &Expr) -> String {
+        let mut read: Vec<String> = Vec::new();
+        let mut columns: Vec<&Column> = e.column_refs().into_iter().collect();
+        columns.sort_by(|a, b| a.name.cmp(&b.name));
+        for c in columns {
+            let Some(base) = validate::base_column(self.input, c) else { continue };
+            let entry = match self.policy.columns.get(&base) {
+                Some(ColumnPolicy::Bounds { lo, hi }) => format!("{base} ∈ [{lo}, {hi}]"),
+                Some(ColumnPolicy::Domain(d)) => format!("{base} in its domain of {} values", d.len()),
+                None => continue,
+            };
+            read.push(entry);
+        }
+        if read.is_empty() { String::new() } else { format!(", from {}", read.join(", ")) }
+    }
+
+    /// A computed key's public domain (or why it has none) and where it comes from, from the policy only:
+    /// a condition's {false, true}; else the image of the product of its inputs' domains and integer bounds,
+    /// evaluated by DataFusion itself on every combination (at most [`MAX_ENUMERATED`]), NULL included; else a
+    /// CASE's literal values; else the integers of its bounds (at most [`MAX_RANGE_KEYS`]).
+    fn key_domain(&self, e: &Expr, bounds: &Bounds) -> Result<(std::result::Result<Vec<ScalarValue>, String>, String)> {
+        let dt = e.get_type(self.schema).map_err(engine)?;
+        if dt == DataType::Boolean {
+            let values = vec![ScalarValue::Boolean(Some(false)), ScalarValue::Boolean(Some(true))];
+            return Ok((Ok(values), "{false, true}".into()));
+        }
+        let why = match self.image(e)? {
+            Ok(values) => return Ok((Ok(values), "the image of its inputs".into())),
+            Err(why) => why,
+        };
+        if let Some(values) = literal_outputs(e, &dt) {
+            return Ok((Ok(values), "the CASE's values".into()));
+        }
+        if let (Range::Int(lo, hi), Some(n)) = (&bounds.range, bounds.integer_count())
+            && n <= MAX_RANGE_KEYS
+        {
+            let values = (*lo..=*hi)
+                .map(|i| ScalarValue::Int64(Some(i as i64)).cast_to(&dt))
+                .collect::<std::result::Result<Vec<_>, _>>()
+                .map_err(engine)?;
+            return Ok((Ok(values), format!("the integers of its bounds [{lo}, {hi}]")));
+        }
+        Ok((Err(why), "no public domain".into()))
+    }
+
+    /// The distinct non-NULL values of `e` over every combination of its inputs' values, or why they cannot be
+    /// listed.
+    fn image(&self, e: &Expr) -> Result<std::result::Result<Vec<ScalarValue>, String>> {
+        let mut columns: Vec<&Column> = e.column_refs().into_iter().collect();
+        columns.sort_by_key(|c| c.flat_name());
+        let mut inputs: Vec<(Column, Vec<ScalarValue>)> = Vec::new();
+        let mut combinations = 1u64;
+        for c in columns {
+            let Some(values) = self.input_values(c)? else {
+                return Ok(Err(format!("`{}` has neither a domain nor integer bounds", c.name)));
+            };
+            combinations = combinations.saturating_mul(values.len() as u64);
+            if combinations > MAX_ENUMERATED {
+                return Ok(Err(format!("its inputs take more than {MAX_ENUMERATED} combinations of values")));
+            }
+            inputs.push((c.clone(), values));
+        }
+        let mut fields = Vec::with_capacity(inputs.len());
+        let mut arrays: Vec<ArrayRef> = Vec::with_capacity(inputs.len());
+        let mut repeat = 1usize;
+        for (c, values) in &inputs {
+            let (q, f) = self.schema.qualified_field_from_column(c).map_err(engine)?;
+            fields.push((q.cloned(), Arc::new(f.as_ref().clone().with_nullable(true))));
+            // The cartesian product: this column's values, each repeated `repeat` times, cycled to the end.
+            let column: Vec<ScalarValue> =
+                (0..combinations as usize).map(|i| values[(i / repeat) % values.len()].clone()).collect();
+            repeat *= values.len();
+            arrays.push(ScalarValue::iter_to_array(column).map_err(engine)?);
+        }
+        let schema = DFSchema::new_with_metadata(fields, Default::default()).map_err(engine)?;
+        let options = datafusion::arrow::array::RecordBatchOptions::new().with_row_count(Some(combinations as usize));
+        let batch = RecordBatch::try_new_with_options(Arc::new(schema.as_arrow().clone()), arrays, &options)
+            .map_err(|e| DpError::Internal(e.to_string()))?;
+        let physical = interval::physical(e, &schema).map_err(engine)?;
+        let out = physical.evaluate(&batch).and_then(|v| v.into_array(batch.num_rows())).map_err(|err| {
+            DpError::Refused(Refusal::ComputedFails { expr: self.label(e), what: crate::refusal::engine_message(&err) })
+        })?;
+        let mut values: Vec<ScalarValue> = Vec::new();
+        for i in 0..out.len() {
+            let v = ScalarValue::try_from_array(&out, i).map_err(engine)?;
+            if !v.is_null() && !values.contains(&v) {
+                values.push(v);
+            }
+        }
+        values.sort_by(|a, b| a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal));
+        Ok(Ok(values))
+    }
+
+    /// Every value a key's input column can hold, NULL included: its domain, its integer bounds (clamped to
+    /// them), or a boolean's two values; `None` otherwise.
+    fn input_values(&self, c: &Column) -> Result<Option<Vec<ScalarValue>>> {
+        let Ok((_, field)) = self.schema.qualified_field_from_column(c) else { return Ok(None) };
+        let dt = field.data_type();
+        let null = ScalarValue::try_from(dt).map_err(engine)?;
+        let base = validate::base_column(self.input, c);
+        let mut values = match base.as_deref().and_then(|b| self.policy.columns.get(b)) {
+            Some(ColumnPolicy::Domain(d)) => {
+                let name = base.as_deref().unwrap_or_default();
+                d.iter().map(|v| bound::domain_literal(v, dt, name)).collect::<Result<Vec<_>>>()?
+            }
+            Some(ColumnPolicy::Bounds { .. }) if dt.is_integer() => {
+                let Some((lo, hi)) = self.clamp_bounds(c) else { return Ok(None) };
+                let (Ok(ScalarValue::Int64(Some(lo))), Ok(ScalarValue::Int64(Some(hi)))) =
+                    (lo.cast_to(&DataType::Int64), hi.cast_to(&DataType::Int64))
+                else {
+                    return Ok(None);
+                };
+                if (hi as i128 - lo as i128) >= i128::from(MAX_ENUMERATED) {
+                    return Ok(None);
+                }
+                (lo..=hi)
+                    .map(|i| ScalarValue::Int64(Some(i)).cast_to(dt))
+                    .collect::<std::result::Result<_, _>>()
+                    .map_err(engine)?
+            }
+            _ if dt == &DataType::Boolean => vec![ScalarValue::Boolean(Some(false)), ScalarValue::Boolean(Some(true))],
+            _ => return Ok(None),
+        };
+        values.push(null);
+        Ok(Some(values))
+    }
+}
+
+/// The non-NULL values a CASE (or COALESCE of literals) can return when all its results are literals.
+fn literal_outputs(e: &Expr, dt: &DataType) -> Option<Vec<ScalarValue>> {
+    let results: Vec<&Expr> = match validate::strip_aliases(e) {
+        Expr::Case(c) => c.when_then_expr.iter().map(|(_, t)| t.as_ref()).chain(c.else_expr.as_deref()).collect(),
+        _ => return None,
+    };
+    let mut values = Vec::new();
+    for r in results {
+        let Expr::Literal(v, _) = validate::strip_aliases(r) else { return None };
+        if !v.is_null() {
+            let v = v.cast_to(dt).ok()?;
+            if !values.contains(&v) {
+                values.push(v);
+            }
+        }
+    }
+    Some(values)
+}

@@ -1,0 +1,7 @@
+-- Aggregates of expressions: each column is clamped to its declared bounds, and the expression's bounds follow
+-- (income * 2 is in [0, 1000000]); FILTER gives each aggregate its own condition. See docs/queries.md.
+SELECT SUM(income * 2) AS doubled,
+       SUM(CASE WHEN income > 50000 THEN 1 ELSE 0 END) AS above_50k,
+       COUNT(*) FILTER (WHERE sex = 1) AS sex_1,
+       AVG(income) FILTER (WHERE age > 30) AS mean_income_over_30
+FROM pums;
