@@ -80,6 +80,18 @@ pub(crate) async fn exact(ctx: &SessionContext, sql: &str, nkeys: usize) -> Hash
     out
 }
 
+/// The key columns of a release, row by row, as text.
+pub(crate) fn keys_of(r: &dpfusion::Release, nkeys: usize) -> Vec<Vec<String>> {
+    use datafusion::arrow::util::display::array_value_to_string;
+    r.batches()
+        .iter()
+        .flat_map(|b| {
+            (0..b.num_rows())
+                .map(move |row| (0..nkeys).map(|c| array_value_to_string(b.column(c), row).unwrap()).collect())
+        })
+        .collect()
+}
+
 /// Smallest k with P[Binomial(n, p) > k] ≤ alpha.
 pub(crate) fn binomial_upper(n: usize, p: f64, alpha: f64) -> usize {
     let mut pmf = (1.0 - p).powi(n as i32);
@@ -112,16 +124,7 @@ async fn answered_queries_have_full_domains_and_honest_intervals() {
             r.schema().fields().iter().take(nkeys).map(|f| domain_sizes[f.name().as_str()]).product();
         assert_eq!(r.num_rows(), expected_rows, "{sql}: every domain key must appear once");
         let truth = exact(&ctx, sql, nkeys).await;
-        let keys: Vec<Vec<String>> = {
-            use datafusion::arrow::util::display::array_value_to_string;
-            r.batches()
-                .iter()
-                .flat_map(|b| {
-                    (0..b.num_rows())
-                        .map(move |row| (0..nkeys).map(|c| array_value_to_string(b.column(c), row).unwrap()).collect())
-                })
-                .collect()
-        };
+        let keys = keys_of(&r, nkeys);
         for (c, acc) in r.accuracy().iter().enumerate().skip(nkeys) {
             let Accuracy::Noisy { ci_half_width, confidence: conf, .. } = acc.accuracy else {
                 panic!("{sql}: column {} should be a direct noisy measurement", acc.column)

@@ -32,7 +32,7 @@ pub(crate) const REFUSED: &[(&str, &str)] = &[
     ("SELECT SUM(pid * 2) FROM pums", "computed_fails"),
     ("SELECT COUNT(*) FILTER (WHERE 100 / (age - 30) > 1) FROM pums", "computed_fails"),
     ("SELECT SUM(CAST(pid AS DOUBLE) * 2) FROM pums", "unbounded_value"),
-    ("SELECT SUM(x) FROM (SELECT income * 2 AS x FROM pums) t", "computed_before_aggregate"),
+    ("SELECT SUM(x) FROM (SELECT income / (age - 50) AS x FROM pums) t", "computed_fails"),
     ("SELECT CAST(pid AS DOUBLE), COUNT(*) FROM pums GROUP BY 1", "computed_key"),
     ("SELECT CAST(pid AS VARCHAR), COUNT(*) FROM pums GROUP BY 1", "computed_key"),
     ("SELECT COUNT(*) FROM pums WHERE 100 / (age - 30) > 1", "unsafe_condition"),

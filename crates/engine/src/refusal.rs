@@ -313,17 +313,6 @@ refusals! {
         #[error("aggregates of aggregates (a GROUP BY inside a subquery) are not supported")]
         #[hint("ask one level of aggregation; post-process its noisy result instead")]
         NestedAggregate,
-        /// A computed projection below the aggregate.
-        #[code = "computed_before_aggregate", sqlstate = INSUFFICIENT_PRIVILEGE]
-        #[error("the subquery computes `{expr}` row by row, and dpfusion cannot bound computed values")]
-        #[hint(
-            "aggregate table columns directly (SUM(income), not SUM(income * 2)); arithmetic on the aggregates \
-             themselves is fine (SUM(income) * 2)"
-        )]
-        ComputedBeforeAggregate {
-            /// The expression.
-            expr: String,
-        },
         /// A join of private tables that is not on their privacy units.
         #[code = "join", sqlstate = INSUFFICIENT_PRIVILEGE]
         #[error("{what} is not supported (it could pair one unit's rows with another's)")]

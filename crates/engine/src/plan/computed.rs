@@ -85,27 +85,173 @@ pub struct Rewritten {
     pub computed: Computed,
 }
 
-/// The rewrite of the module docs; `None` when `agg` computes nothing (no expression argument or key, no FILTER).
+/// The rewrite of the module docs; `None` when `agg` computes nothing (no expression argument or key, no FILTER,
+/// no computed column in a subquery below it).
 pub fn rewrite(agg: &Aggregate, policy: &TablePolicy) -> Result<Option<Rewritten>> {
-    let input = agg.input.as_ref();
-    let mut cx = Rewrite { input, schema: input.schema(), policy, computed: Computed::default(), exprs: vec![] };
-    let aggr_expr = agg.aggr_expr.iter().map(|a| cx.aggregate(a)).collect::<Result<Vec<_>>>()?;
-    let group_expr = agg.group_expr.iter().map(|g| cx.key(g)).collect::<Result<Vec<_>>>()?;
-    if cx.exprs.is_empty() && aggr_expr == agg.aggr_expr && group_expr == agg.group_expr {
+    let mut policy = policy.clone();
+    let mut lifted = Vec::new();
+    let input = lift(agg.input.as_ref(), &mut policy, &mut lifted)?;
+    let (aggr_expr, group_expr, mut exprs, mut computed) = {
+        let mut cx = Rewrite {
+            input: &input,
+            schema: input.schema(),
+            policy: &policy,
+            computed: Computed::default(),
+            exprs: vec![],
+            lifted: &mut lifted,
+        };
+        let aggr_expr = agg.aggr_expr.iter().map(|a| cx.aggregate(a)).collect::<Result<Vec<_>>>()?;
+        let group_expr = agg.group_expr.iter().map(|g| cx.key(g)).collect::<Result<Vec<_>>>()?;
+        (aggr_expr, group_expr, cx.exprs, cx.computed)
+    };
+    if exprs.is_empty() && lifted.is_empty() && aggr_expr == agg.aggr_expr && group_expr == agg.group_expr {
         return Ok(None);
     }
-    let mut exprs: Vec<Expr> = cx.schema.columns().into_iter().map(Expr::Column).collect();
-    exprs.append(&mut cx.exprs);
-    let projection = Projection::try_new(exprs, Arc::clone(&agg.input)).map_err(engine)?;
+    let mut columns: Vec<Expr> = input.schema().columns().into_iter().map(Expr::Column).collect();
+    columns.append(&mut exprs);
+    let projection = Projection::try_new(columns, Arc::new(input)).map_err(engine)?;
     let aggregate =
         Aggregate::try_new(Arc::new(LogicalPlan::Projection(projection)), group_expr, aggr_expr).map_err(engine)?;
-    let mut policy = policy.clone();
-    for c in cx.computed.columns.iter().filter(|c| c.domain.is_none()) {
+    for c in computed.columns.iter().filter(|c| c.domain.is_none()) {
         if let Some((lo, hi)) = c.bounds.finite() {
             policy.columns.insert(c.name.clone(), ColumnPolicy::Bounds { lo, hi });
         }
     }
-    Ok(Some(Rewritten { aggregate, policy, computed: cx.computed }))
+    computed.columns.extend(lifted.into_iter().map(|l| l.column));
+    Ok(Some(Rewritten { aggregate, policy, computed }))
+}
+
+/// A computed column of a subquery below the aggregate (`SELECT SUM(x) FROM (SELECT income * 2 AS x ...) t`),
+/// computed where the subquery computes it, clamped and bounded as a computed value, under a reserved name that
+/// the subquery's own name then refers to (so that the bounding finds its bounds, and its domain as a key).
+struct Lifted {
+    column: ComputedColumn,
+    clamped: Expr,
+    input: Arc<LogicalPlan>,
+}
+
+/// `input` (the aggregate's input chain) with each computed column of its projections lifted ([`Lifted`]), their
+/// bounds added to `policy`.
+fn lift(input: &LogicalPlan, policy: &mut TablePolicy, lifted: &mut Vec<Lifted>) -> Result<LogicalPlan> {
+    use datafusion::logical_expr::{Filter, SubqueryAlias};
+    let rebuilt = match input {
+        LogicalPlan::Filter(f) => {
+            let below = Arc::new(lift(&f.input, policy, lifted)?);
+            Filter::try_new(f.predicate.clone(), below).map(LogicalPlan::Filter)
+        }
+        LogicalPlan::SubqueryAlias(a) => {
+            let below = Arc::new(lift(&a.input, policy, lifted)?);
+            SubqueryAlias::try_new(below, a.alias.clone()).map(LogicalPlan::SubqueryAlias)
+        }
+        LogicalPlan::Projection(p) => {
+            let below = Arc::new(lift(&p.input, policy, lifted)?);
+            return lift_projection(p, below, policy, lifted);
+        }
+        other => return Ok(other.clone()),
+    };
+    rebuilt.map_err(engine)
+}
+
+/// One projection of [`lift`], over its (lifted) input `below`: its computed columns computed, clamped, under
+/// reserved names, by a projection that a second one renames back to the subquery's names.
+fn lift_projection(
+    p: &Projection,
+    below: Arc<LogicalPlan>,
+    policy: &mut TablePolicy,
+    lifted: &mut Vec<Lifted>,
+) -> Result<LogicalPlan> {
+    let computes = |e: &Expr| {
+        !matches!(validate::strip_aliases(e), Expr::Column(_)) && crate::plan::lookup::as_lookup(e).is_none()
+    };
+    if !p.expr.iter().any(computes) {
+        return Projection::try_new(p.expr.clone(), below).map(LogicalPlan::Projection).map_err(engine);
+    }
+    let (mut inner, mut outer) = (Vec::with_capacity(p.expr.len()), Vec::with_capacity(p.expr.len()));
+    for (e, (q, field)) in p.expr.iter().zip(p.schema.iter()) {
+        if !computes(e) {
+            inner.push(e.clone());
+            outer.push(Expr::Column(Column::new(q.cloned(), field.name())));
+            continue;
+        }
+        let written = validate::strip_aliases(e);
+        let sub = Rewrite {
+            input: &below,
+            schema: below.schema(),
+            policy,
+            computed: Computed::default(),
+            exprs: vec![],
+            lifted: &mut Vec::new(),
+        };
+        let label = sub.label(written);
+        let clamped = sub.clamp(written)?;
+        let bounds = interval::derive(&clamped, below.schema())
+            .map_err(|what| DpError::Refused(Refusal::ComputedFails { expr: label.clone(), what }))?;
+        let origin = match bounds.finite() {
+            Some((lo, hi)) => format!("∈ [{lo}, {hi}]{}", sub.sources(written)),
+            None => format!("unbounded{}", sub.sources(written)),
+        };
+        let name = format!("{PREFIX}s{}", lifted.len());
+        if let Some((lo, hi)) = bounds.finite() {
+            policy.columns.insert(name.clone(), ColumnPolicy::Bounds { lo, hi });
+        }
+        inner.push(clamped.clone().alias(&name));
+        outer.push(Expr::Column(Column::from_name(&name)).alias_qualified(q.cloned(), field.name()));
+        let column = ComputedColumn { name, label, bounds, domain: None, origin };
+        lifted.push(Lifted { column, clamped, input: Arc::clone(&below) });
+    }
+    let inner = Projection::try_new(inner, below).map_err(engine)?;
+    Projection::try_new(outer, Arc::new(LogicalPlan::Projection(inner))).map(LogicalPlan::Projection).map_err(engine)
+}
+
+/// A computed key of a workload release (GROUP BY GROUPING SETS, CUBE, ROLLUP over `input`): its expression with
+/// its columns clamped, to compute over `input`, and its public domain as domain values (the image of its inputs,
+/// as for a key of a plain GROUP BY); refused when it has none, or when its values are not integers, text or
+/// booleans (what a workload's domains hold).
+pub fn workload_key(
+    input: &LogicalPlan,
+    policy: &TablePolicy,
+    e: &Expr,
+) -> Result<(Expr, Vec<crate::policy::DomainValue>)> {
+    use crate::policy::DomainValue;
+    let mut cx = Rewrite {
+        input,
+        schema: input.schema(),
+        policy,
+        computed: Computed::default(),
+        exprs: vec![],
+        lifted: &mut Vec::new(),
+    };
+    cx.key(e)?;
+    let (Some(expr), Some(key)) = (cx.exprs.pop(), cx.computed.columns.pop()) else {
+        return Err(DpError::Internal("a computed key was not computed".into()));
+    };
+    let values = match key.domain {
+        Some(Ok(values)) => values,
+        Some(Err(why)) => return Err(DpError::Refused(Refusal::ComputedKey { expr: key.label, why })),
+        None => return Err(DpError::Internal("a computed key has no domain".into())),
+    };
+    let domain = values
+        .into_iter()
+        .map(|v| match v.cast_to(&DataType::Int64) {
+            _ if matches!(
+                v,
+                ScalarValue::Utf8(Some(_)) | ScalarValue::Utf8View(Some(_)) | ScalarValue::LargeUtf8(Some(_))
+            ) =>
+            {
+                Ok(DomainValue::Str(v.to_string()))
+            }
+            _ if matches!(v, ScalarValue::Boolean(Some(_))) => {
+                Ok(DomainValue::Bool(v == ScalarValue::Boolean(Some(true))))
+            }
+            Ok(ScalarValue::Int64(Some(i))) if v.data_type().is_integer() => Ok(DomainValue::Int(i)),
+            _ => {
+                let why =
+                    format!("its values are {}, and a workload's keys are integers, text or booleans", v.data_type());
+                Err(DpError::Refused(Refusal::ComputedKey { expr: key.label.clone(), why }))
+            }
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok((validate::strip_aliases(&expr).clone(), domain))
 }
 
 struct Rewrite<'a> {
@@ -115,6 +261,8 @@ struct Rewrite<'a> {
     computed: Computed,
     /// The projection's computed expressions, aliased.
     exprs: Vec<Expr>,
+    /// The computed columns of the subqueries below ([`lift`]).
+    lifted: &'a mut Vec<Lifted>,
 }
 
 impl Rewrite<'_> {
@@ -143,7 +291,19 @@ impl Rewrite<'_> {
         for (arg, was) in
             af.params.args.iter_mut().zip(original.params.args.iter().map(Some).chain(std::iter::repeat(None)))
         {
-            if !arg.any_column_refs() || matches!(validate::strip_total_casts(arg, self.schema), Expr::Column(_)) {
+            if let Expr::Column(c) = validate::strip_total_casts(arg, self.schema) {
+                // A computed column of a subquery: bounded where it was computed.
+                if let Some(l) = self.lifted_column(c)
+                    && !counts
+                    && l.column.bounds.finite().is_none()
+                {
+                    let why = unbounded(&l.column.bounds);
+                    let expr = l.column.label.clone();
+                    return Err(DpError::Refused(Refusal::UnboundedValue { aggregate: name, expr, why }));
+                }
+                continue;
+            }
+            if !arg.any_column_refs() {
                 continue;
             }
             let written = match (was, &filter) {
@@ -171,11 +331,7 @@ impl Rewrite<'_> {
         if let Some(aggregate) = aggregate
             && finite.is_none()
         {
-            let why = match (&bounds.loose, &bounds.range) {
-                (Some(c), _) => format!("`{c}` has no bounds in the policy"),
-                (None, Range::Other) => "its values are not numbers".into(),
-                (None, _) => "its values are not bounded (a division by a value that can be 0?)".into(),
-            };
+            let why = unbounded(&bounds);
             return Err(DpError::Refused(Refusal::UnboundedValue { aggregate: aggregate.into(), expr: label, why }));
         }
         let origin = match finite {
@@ -185,12 +341,37 @@ impl Rewrite<'_> {
         Ok(self.add(clamped, label, bounds, None, origin))
     }
 
-    /// A GROUP BY key: a column is left as it is; an expression becomes a computed column with its domain.
+    /// The computed column of a subquery that `c` (a column of this rewrite's input) is, if it is one.
+    fn lifted_column(&self, c: &Column) -> Option<&Lifted> {
+        let base = validate::base_column(self.input, c)?;
+        self.lifted.iter().find(|l| l.column.name == base)
+    }
+
+    /// A GROUP BY key: a column is left as it is (a computed column of a subquery gets its domain); an expression
+    /// becomes a computed column with its domain.
     fn key(&mut self, g: &Expr) -> Result<Expr> {
         let e = validate::strip_aliases(g);
+        if let Expr::Column(c) = e
+            && let Some(base) = validate::base_column(self.input, c)
+            && let Some(at) = self.lifted.iter().position(|l| l.column.name == base && l.column.domain.is_none())
+        {
+            let l = &self.lifted[at];
+            let sub = Rewrite {
+                input: &l.input,
+                schema: l.input.schema(),
+                policy: self.policy,
+                computed: Computed::default(),
+                exprs: vec![],
+                lifted: &mut Vec::new(),
+            };
+            let (domain, _) = sub.key_domain(&l.clamped, &l.column.bounds)?;
+            self.lifted[at].column.domain = Some(domain);
+            return Ok(g.clone());
+        }
         if matches!(e, Expr::Column(_) | Expr::GroupingSet(_)) {
             return Ok(g.clone());
         }
+
         let label = self.label(e);
         let clamped = self.clamp(e)?;
         let bounds = interval::derive(&clamped, self.schema)
@@ -209,7 +390,7 @@ impl Rewrite<'_> {
         Ok(self.add(clamped, label, bounds, Some(domain), origin).alias(g.schema_name().to_string()))
     }
 
-    /// The column of a computed expression (the same column for the same expression).
+    /// The column of a computed expression (the same column for the same expression, as a value or as a key).
     fn add(
         &mut self,
         clamped: Expr,
@@ -218,7 +399,12 @@ impl Rewrite<'_> {
         domain: Option<std::result::Result<Vec<ScalarValue>, String>>,
         origin: String,
     ) -> Expr {
-        let at = self.exprs.iter().position(|x| validate::strip_aliases(x) == &clamped);
+        // A key and a value of the same expression get a column each: one has a domain, the other bounds.
+        let at = self
+            .exprs
+            .iter()
+            .zip(&self.computed.columns)
+            .position(|(x, c)| validate::strip_aliases(x) == &clamped && c.domain.is_some() == domain.is_some());
         let name = match at {
             Some(i) => self.computed.columns[i].name.clone(),
             None => {
@@ -238,26 +424,23 @@ impl Rewrite<'_> {
         let (_, field) = self.schema.qualified_field_from_column(c).ok()?;
         let dt = field.data_type();
         let (lo, hi) = match self.policy.columns.get(&base)? {
-            ColumnPolicy::Bounds { lo, hi } if dt.is_integer() => (lo.ceil(), hi.floor()),
-            ColumnPolicy::Bounds { lo, hi } if dt.is_floating() => (*lo, *hi),
+            ColumnPolicy::Bounds { lo, hi } if dt.is_integer() && lo.ceil() <= hi.floor() => {
+                (ScalarValue::Int64(Some(lo.ceil() as i64)), ScalarValue::Int64(Some(hi.floor() as i64)))
+            }
+            ColumnPolicy::Bounds { lo, hi } if dt.is_floating() => {
+                (ScalarValue::Float64(Some(*lo)), ScalarValue::Float64(Some(*hi)))
+            }
             ColumnPolicy::Domain(values) if dt.is_integer() => {
                 let ints = values.iter().filter_map(|v| match v {
-                    crate::policy::DomainValue::Int(i) => Some(*i as f64),
+                    crate::policy::DomainValue::Int(i) => Some(*i),
                     _ => None,
                 });
-                let (lo, hi) = ints.fold((f64::INFINITY, f64::NEG_INFINITY), |(l, h), v| (l.min(v), h.max(v)));
-                (lo, hi)
+                let (lo, hi) = (ints.clone().min()?, ints.max()?);
+                (ScalarValue::Int64(Some(lo)), ScalarValue::Int64(Some(hi)))
             }
             _ => return None,
         };
-        if lo > hi || lo.is_nan() || hi.is_nan() {
-            return None;
-        }
-        let typed = |v: f64| {
-            let s = if dt.is_integer() { ScalarValue::Int64(Some(v as i64)) } else { ScalarValue::Float64(Some(v)) };
-            s.cast_to(dt).ok()
-        };
-        Some((typed(lo)?, typed(hi)?))
+        Some((lo.cast_to(dt).ok()?, hi.cast_to(dt).ok()?))
     }
 
     /// `e` with every column that has bounds clamped to them (step 2 of the module docs).
@@ -344,9 +527,10 @@ impl Rewrite<'_> {
     /// The distinct non-NULL values of `e` over every combination of its inputs' values, or why they cannot be
     /// listed.
     fn image(&self, e: &Expr) -> Result<std::result::Result<Vec<ScalarValue>, String>> {
+        use datafusion::arrow::array::{Array, UInt32Array};
         let mut columns: Vec<&Column> = e.column_refs().into_iter().collect();
         columns.sort_by_key(|c| c.flat_name());
-        let mut inputs: Vec<(Column, Vec<ScalarValue>)> = Vec::new();
+        let mut inputs: Vec<(&Column, ArrayRef)> = Vec::new();
         let mut combinations = 1u64;
         for c in columns {
             let Some(values) = self.input_values(c)? else {
@@ -356,8 +540,9 @@ impl Rewrite<'_> {
             if combinations > MAX_ENUMERATED {
                 return Ok(Err(format!("its inputs take more than {MAX_ENUMERATED} combinations of values")));
             }
-            inputs.push((c.clone(), values));
+            inputs.push((c, values));
         }
+        let rows = usize::try_from(combinations).map_err(|e| DpError::Internal(e.to_string()))?;
         let mut fields = Vec::with_capacity(inputs.len());
         let mut arrays: Vec<ArrayRef> = Vec::with_capacity(inputs.len());
         let mut repeat = 1usize;
@@ -365,23 +550,26 @@ impl Rewrite<'_> {
             let (q, f) = self.schema.qualified_field_from_column(c).map_err(engine)?;
             fields.push((q.cloned(), Arc::new(f.as_ref().clone().with_nullable(true))));
             // The cartesian product: this column's values, each repeated `repeat` times, cycled to the end.
-            let column: Vec<ScalarValue> =
-                (0..combinations as usize).map(|i| values[(i / repeat) % values.len()].clone()).collect();
-            repeat *= values.len();
-            arrays.push(ScalarValue::iter_to_array(column).map_err(engine)?);
+            let n = values.len();
+            let at: UInt32Array = (0..rows).map(|i| ((i / repeat) % n) as u32).collect();
+            arrays.push(
+                datafusion::arrow::compute::take(values, &at, None).map_err(|e| DpError::Internal(e.to_string()))?,
+            );
+            repeat *= n;
         }
         let schema = DFSchema::new_with_metadata(fields, Default::default()).map_err(engine)?;
-        let options = datafusion::arrow::array::RecordBatchOptions::new().with_row_count(Some(combinations as usize));
+        let options = datafusion::arrow::array::RecordBatchOptions::new().with_row_count(Some(rows));
         let batch = RecordBatch::try_new_with_options(Arc::new(schema.as_arrow().clone()), arrays, &options)
             .map_err(|e| DpError::Internal(e.to_string()))?;
         let physical = interval::physical(e, &schema).map_err(engine)?;
         let out = physical.evaluate(&batch).and_then(|v| v.into_array(batch.num_rows())).map_err(|err| {
             DpError::Refused(Refusal::ComputedFails { expr: self.label(e), what: crate::refusal::engine_message(&err) })
         })?;
+        let mut seen = std::collections::HashSet::new();
         let mut values: Vec<ScalarValue> = Vec::new();
-        for i in 0..out.len() {
+        for i in (0..out.len()).filter(|&i| out.is_valid(i)) {
             let v = ScalarValue::try_from_array(&out, i).map_err(engine)?;
-            if !v.is_null() && !values.contains(&v) {
+            if seen.insert(v.clone()) {
                 values.push(v);
             }
         }
@@ -389,17 +577,19 @@ impl Rewrite<'_> {
         Ok(Ok(values))
     }
 
-    /// Every value a key's input column can hold, NULL included: its domain, its integer bounds (clamped to
-    /// them), or a boolean's two values; `None` otherwise.
-    fn input_values(&self, c: &Column) -> Result<Option<Vec<ScalarValue>>> {
+    /// Every value a key's input column can hold, NULL included, as an array of its type: its domain, its integer
+    /// bounds (clamped to them), or a boolean's two values; `None` otherwise.
+    fn input_values(&self, c: &Column) -> Result<Option<ArrayRef>> {
+        use datafusion::arrow::array::{BooleanArray, Int64Array};
         let Ok((_, field)) = self.schema.qualified_field_from_column(c) else { return Ok(None) };
         let dt = field.data_type();
-        let null = ScalarValue::try_from(dt).map_err(engine)?;
         let base = validate::base_column(self.input, c);
-        let mut values = match base.as_deref().and_then(|b| self.policy.columns.get(b)) {
+        let array: ArrayRef = match base.as_deref().and_then(|b| self.policy.columns.get(b)) {
             Some(ColumnPolicy::Domain(d)) => {
                 let name = base.as_deref().unwrap_or_default();
-                d.iter().map(|v| bound::domain_literal(v, dt, name)).collect::<Result<Vec<_>>>()?
+                let mut values = d.iter().map(|v| bound::domain_literal(v, dt, name)).collect::<Result<Vec<_>>>()?;
+                values.push(ScalarValue::try_from(dt).map_err(engine)?);
+                ScalarValue::iter_to_array(values).map_err(engine)?
             }
             Some(ColumnPolicy::Bounds { .. }) if dt.is_integer() => {
                 let Some((lo, hi)) = self.clamp_bounds(c) else { return Ok(None) };
@@ -411,16 +601,22 @@ impl Rewrite<'_> {
                 if (hi as i128 - lo as i128) >= i128::from(MAX_ENUMERATED) {
                     return Ok(None);
                 }
-                (lo..=hi)
-                    .map(|i| ScalarValue::Int64(Some(i)).cast_to(dt))
-                    .collect::<std::result::Result<_, _>>()
-                    .map_err(engine)?
+                let ints: Int64Array = (lo..=hi).map(Some).chain([None]).collect();
+                datafusion::arrow::compute::cast(&ints, dt).map_err(|e| DpError::Internal(e.to_string()))?
             }
-            _ if dt == &DataType::Boolean => vec![ScalarValue::Boolean(Some(false)), ScalarValue::Boolean(Some(true))],
+            _ if dt == &DataType::Boolean => Arc::new(BooleanArray::from(vec![Some(false), Some(true), None])),
             _ => return Ok(None),
         };
-        values.push(null);
-        Ok(Some(values))
+        Ok(Some(array))
+    }
+}
+
+/// Why a value has no finite bounds, for [`Refusal::UnboundedValue`].
+fn unbounded(bounds: &Bounds) -> String {
+    match (&bounds.loose, &bounds.range) {
+        (Some(c), _) => format!("`{c}` has no bounds in the policy"),
+        (None, Range::Other) => "its values are not numbers".into(),
+        (None, _) => "its values are not bounded (a division by a value that can be 0?)".into(),
     }
 }
 

@@ -5,7 +5,8 @@
 //! [ORDER BY <output columns>] [LIMIT n [OFFSET m]]` (or `CUBE (a, b)`, `ROLLUP (a, b)`): ORDER BY and LIMIT over
 //! the output columns (post-processing of the release), above a projection of the keys and the count over exactly
 //! one Aggregate whose
-//! grouping is one grouping set of bare columns of one private table, and whose only aggregate is COUNT(*); below
+//! grouping is one grouping set of columns of one private table or expressions of them (computed keys, with the
+//! domains [`crate::plan::computed`] derives), and whose only aggregate is COUNT(*); below
 //! it, the WHERE chain every query may have ([`validate::locate`] checks it). Each key needs a public domain (the
 //! session checks the policy). Anything else that groups by a grouping set is refused with what to write instead.
 //! Neighbouring relation: add/remove all rows of one privacy unit.
@@ -39,6 +40,9 @@ pub struct GroupingPlan {
     pub input: LogicalPlan,
     /// The key columns (their names in `input`), in order of first appearance.
     pub columns: Vec<String>,
+    /// The computed keys among them: (name, the analyst's expression), which the session computes over `input`
+    /// with their domains ([`crate::plan::computed::workload_key`]).
+    pub computed: Vec<(String, Expr)>,
     /// The marginals, each a list of key columns, in the order the statement lists them.
     pub sets: Vec<Vec<String>>,
     /// The output columns in SELECT order: name and what it holds.
@@ -100,17 +104,26 @@ pub fn grouping_plan(plan: &LogicalPlan, is_private: &dyn Fn(&TableReference) ->
         }));
     }
     let mut columns: Vec<String> = vec![];
+    let mut computed: Vec<(String, Expr)> = vec![];
     let mut sets = vec![];
     for list in &lists {
         let mut set = vec![];
         for e in list {
-            let Expr::Column(c) = validate::strip_aliases(e) else {
-                return refuse(format!("group by bare columns here; `{e}` is computed"));
+            // A computed key is named as the aggregate names its output (what the projection above reads).
+            let name = match validate::strip_aliases(e) {
+                Expr::Column(c) => c.name.clone(),
+                other => {
+                    let name = e.schema_name().to_string();
+                    if !computed.iter().any(|(n, _)| *n == name) {
+                        computed.push((name.clone(), other.clone()));
+                    }
+                    name
+                }
             };
-            if !columns.contains(&c.name) {
-                columns.push(c.name.clone());
+            if !columns.contains(&name) {
+                columns.push(name.clone());
             }
-            set.push(c.name.clone());
+            set.push(name);
         }
         sets.push(set);
     }
@@ -131,6 +144,7 @@ pub fn grouping_plan(plan: &LogicalPlan, is_private: &dyn Fn(&TableReference) ->
         table: located.table,
         input: agg.input.as_ref().clone(),
         columns,
+        computed,
         sets,
         outputs,
         schema: plan.schema().clone(),

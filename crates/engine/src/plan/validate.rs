@@ -159,15 +159,9 @@ fn check_chain(input: &LogicalPlan, is_private: &dyn Fn(&TableReference) -> bool
                 node = &f.input
             }
             LogicalPlan::SubqueryAlias(a) => node = &a.input,
-            LogicalPlan::Projection(p) => {
-                for e in &p.expr {
-                    // Bare columns, and the lookups a join with a public table became (`plan::lookup`).
-                    if !matches!(strip_aliases(e), Expr::Column(_)) && crate::plan::lookup::as_lookup(e).is_none() {
-                        return refuse(Refusal::ComputedBeforeAggregate { expr: e.to_string() });
-                    }
-                }
-                node = &p.input;
-            }
+            // Bare columns, the lookups a join with a public table became (`plan::lookup`), and computed columns,
+            // which `plan::computed` clamps, bounds and checks cannot fail.
+            LogicalPlan::Projection(p) => node = &p.input,
             LogicalPlan::TableScan(scan) => {
                 if !is_private(&scan.table_name) {
                     return refuse(Refusal::NotPrivateTable { table: scan.table_name.to_string() });

@@ -8,7 +8,7 @@
 use crate::accounting::Debit;
 use crate::accounting::calibrate::{Accounting, Calibration, MechanismChoice};
 use crate::accounting::ledger::{Claim, LedgerKey, Prior};
-use crate::error::{DpError, Result};
+use crate::error::{DpError, Result, engine};
 use crate::marginals::{self, Lookup, MarginalBudget, MarginalSpec};
 use crate::noise::{Mechanism, accuracy};
 use crate::plan::fingerprint::{Canon, Fingerprint};
@@ -72,7 +72,8 @@ impl DpSession {
         spec: &MarginalSpec,
     ) -> Result<WorkloadRelease> {
         let scan = self.tables.scan(table).await?;
-        let mut p = self.prepare_workload_over(table, scan.clone(), columns, sets, spec).await?;
+        let mut p =
+            self.prepare_workload_over(table, scan.clone(), self.policy(table)?.clone(), columns, sets, spec).await?;
         let label = label(table, &p.workload);
         // A plain GROUP BY of its keys over the whole table can be derived from its draw ([`super::derive`]).
         let reference = datafusion::common::TableReference::bare(table);
@@ -206,14 +207,16 @@ impl DpSession {
         spec: &MarginalSpec,
     ) -> Result<PreparedWorkload> {
         let scan = self.tables.scan(table).await?;
-        self.prepare_workload_over(table, scan, columns, sets, spec).await
+        self.prepare_workload_over(table, scan, self.policy(table)?.clone(), columns, sets, spec).await
     }
 
-    /// [`DpSession::prepare_workload`] over the rows of `input` (`table`'s scan, possibly under WHERE filters).
+    /// [`DpSession::prepare_workload`] over the rows of `input` (`table`'s scan, possibly under WHERE filters, and
+    /// with computed keys) under `policy` (`table`'s, with the computed keys' domains).
     async fn prepare_workload_over(
         &self,
         table: &str,
         input: LogicalPlan,
+        policy: crate::policy::TablePolicy,
         columns: &[String],
         sets: &WorkloadSets,
         spec: &MarginalSpec,
@@ -221,7 +224,6 @@ impl DpSession {
         if self.defaults.accounting == Accounting::Gdp {
             return Err(DpError::Refused(Refusal::WorkloadNeedsZcdp));
         }
-        let policy = self.policy(table)?;
         if let Some((_, c)) = columns.iter().enumerate().find(|(i, c)| columns[..*i].contains(c)) {
             return Err(DpError::Refused(Refusal::MarginalDuplicateColumn { column: c.clone() }));
         }
@@ -386,9 +388,26 @@ impl DpSession {
         };
         let spec = MarginalSpec { budget, consistency: true, confidence: Some(confidence), selection_delta: None };
         let sets = WorkloadSets::Sets(g.sets.clone());
-        let mut p = self.prepare_workload_over(g.table.table(), g.input.clone(), &g.columns, &sets, &spec).await?;
+        // Computed keys: computed over the input, their domains in the policy (`plan::computed`).
+        let mut policy = self.policy(g.table.table())?.clone();
+        let mut input = g.input.clone();
+        if !g.computed.is_empty() {
+            let mut exprs: Vec<datafusion::logical_expr::Expr> =
+                input.schema().columns().into_iter().map(datafusion::logical_expr::Expr::Column).collect();
+            for (name, e) in &g.computed {
+                let (expr, domain) = crate::plan::computed::workload_key(&g.input, &policy, e)?;
+                policy.columns.insert(name.clone(), crate::policy::ColumnPolicy::Domain(domain));
+                exprs.push(expr.alias(name));
+            }
+            input = datafusion::logical_expr::LogicalPlanBuilder::from(input)
+                .project(exprs)
+                .and_then(|b| b.build())
+                .map_err(engine)?;
+        }
+        let mut p =
+            self.prepare_workload_over(g.table.table(), input.clone(), policy, &g.columns, &sets, &spec).await?;
         // A plain GROUP BY of its keys can be derived from its draw ([`super::derive`]).
-        p.index = self.workload_index(&g.table, &g.input, &p.workload, (&p.quote.measurements, &p.plans()), sql)?;
+        p.index = self.workload_index(&g.table, &input, &p.workload, (&p.quote.measurements, &p.plans()), sql)?;
         // Every domain value must convert to its key's type: checked here, so that the release cannot fail on it.
         let schema = grouping_schema(&g);
         for ((_, what), field) in g.outputs.iter().zip(schema.fields()) {
