@@ -80,6 +80,22 @@ def test_refusal_raises_refused_with_code_and_hint_and_spends_nothing(session):
     assert session.history() == []
 
 
+def test_computed_values_filters_and_keys_are_answered(session):
+    # Issue 56: expressions in aggregates, FILTER and computed GROUP BY keys, bounded from the policy.
+    r = session.sql(
+        "SELECT age / 10 * 10 AS decade, SUM(income * 2) AS doubled, COUNT(*) FILTER (WHERE sex = 1) AS s1 "
+        "FROM pums GROUP BY age / 10 * 10 ORDER BY decade"
+    )
+    assert r.to_arrow().column("decade").to_pylist() == list(range(0, 101, 10))  # the image of age's bounds
+    assert r.accuracy["doubled"]["kind"] == "noisy"
+    e = session.explain("SELECT SUM(income * 2) FROM pums")
+    assert "income * 2: ∈ [0, 1000000], from income ∈ [0, 500000]" in str(e)
+    with pytest.raises(dpfusion.Refused) as info:
+        session.sql("SELECT SUM(income / (age - 50)) FROM pums")
+    assert info.value.code == "computed_fails" and "age - 50" in str(info.value)
+    assert len(session.history()) == 1
+
+
 def test_budget_exhausted_spends_nothing(session):
     assert session.sql("SET dp.rho = 0.6") == {"option": "dp.rho", "value": "0.6"}
     session.sql("SELECT COUNT(*) AS n FROM pums")

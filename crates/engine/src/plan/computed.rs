@@ -18,6 +18,16 @@
 //!
 //! The rewrite reads the policy and the query only: whether a query is answered, what it is refused with, and
 //! every bound and domain are the same on every dataset.
+//!
+//! **Privacy claim.** Neighbouring datasets differ by all the rows of one privacy unit. A computed value is a
+//! function of one row, clamped at run time to bounds `[lo, hi]` fixed by the policy and the query, so the per-unit
+//! bounding of [`crate::plan::bound`] moves a cell by at most `k·max(|lo|, |hi|)` (a COUNT by `k`), exactly as for
+//! a column with those bounds (bounded user contribution: Wilson et al., "Differentially private SQL with bounded
+//! user contribution", PoPETs 2020); a FILTER only decides, row by row, whether a unit's row counts. A computed
+//! key's domain is fixed before any row is read, and rows outside it are dropped before the bounding, as for a
+//! declared domain. Soundness of the bounds matters for accuracy only (the clamp holds whatever they are); the
+//! proof that nothing can fail ([`crate::plan::interval`]) matters for privacy, and is re-checked on the plan that
+//! runs.
 
 use crate::error::{DpError, Result, engine};
 use crate::plan::interval::{self, Bounds, Range};
