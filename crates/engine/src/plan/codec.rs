@@ -37,7 +37,7 @@ pub(crate) fn err(msg: impl std::fmt::Display) -> DataFusionError {
 
 #[derive(Clone, PartialEq, Message)]
 struct FnMsg {
-    #[prost(oneof = "Function", tags = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11")]
+    #[prost(oneof = "Function", tags = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12")]
     function: Option<Function>,
 }
 
@@ -66,6 +66,9 @@ enum Function {
     /// `dp_kept_key`: its measurements and number of arguments (no pick).
     #[prost(message, tag = "11")]
     KeptKey(ClippedMsg),
+    /// `dp_clamp` (its bounds are its literal arguments).
+    #[prost(bool, tag = "12")]
+    Clamp(bool),
 }
 
 /// A public table's lookup: its function name, `table.column`, and the key and value columns (an Arrow IPC stream
@@ -302,6 +305,8 @@ pub(crate) fn encode_udf(udf: &ScalarUDF) -> Result<Option<Vec<u8>>> {
         Function::QuantileSlot(QuantileGridMsg { lo: lo.to_bits(), hi: hi.to_bits(), points, integer })
     } else if let Some(p) = inner.downcast_ref::<KeyPriority>() {
         Function::KeyPriority(p.key())
+    } else if inner.is::<crate::plan::computed::Clamp>() {
+        Function::Clamp(true)
     } else if let Some(l) = inner.downcast_ref::<PublicLookup>() {
         let (name, label, keys, values) = l.parts();
         Function::Lookup(LookupMsg { name: name.into(), label: label.into(), columns: lookup_to(keys, values)? })
@@ -337,6 +342,7 @@ pub(crate) fn decode_udf(name: &str, buf: &[u8]) -> Result<Option<ScalarUDF>> {
         }
         Some(Function::Lookup(m)) => lookup_from(m)?,
         Some(Function::KeyPriority(key)) => KeyPriority::udf(key),
+        Some(Function::Clamp(_)) => crate::plan::computed::Clamp::udf(),
         _ => return Err(err(format!("`{name}` is not a scalar function of dpfusion"))),
     }))
 }

@@ -9,11 +9,11 @@
 //! `CASE`, the numeric functions).
 //!
 //! **Where bounds come from.** Only from the expression itself: a column is as wide as its type, unless a
-//! condition narrows it. The planner writes every bounded column a computed value reads as the clamp
-//! `CASE WHEN c < lo THEN lo WHEN c > hi THEN hi ELSE c END` ([`crate::plan::computed`]), and the `ELSE` branch of that
-//! CASE runs only where `lo ≤ c ≤ hi`: so the bound is a fact of the plan that runs, whatever the data (a value
-//! outside its declared bounds is clamped, as everywhere in dpfusion), and the same derivation re-checks the
-//! optimized plan before anything is spent.
+//! condition narrows it or a clamp bounds it. The planner writes every bounded column a computed value reads as the
+//! clamp `dp_clamp(c, lo, hi)` ([`crate::plan::computed::Clamp`]): so the bound is a fact of the plan that runs,
+//! whatever the data (a value outside its declared bounds is clamped, as everywhere in dpfusion), and the same
+//! derivation re-checks the optimized plan before anything is spent (as it would `CASE WHEN c < lo THEN lo WHEN
+//! c > hi THEN hi ELSE c END`, whose ELSE branch runs only where `lo ≤ c ≤ hi`).
 //!
 //! **Soundness.** For every row, the value of the expression is NULL (only if `may_null`), NaN (only if
 //! `may_nan`), or inside `range`; and evaluating it raises no error. The rules, per operation:
@@ -141,12 +141,9 @@ pub fn shown(e: &Expr) -> String {
     let unclamped = e
         .clone()
         .transform_up(|x| {
-            if let Expr::Case(c) = &x
-                && c.expr.is_none()
-                && let [(w1, _), (w2, _)] = c.when_then_expr.as_slice()
-                && let Some(col @ Expr::Column(_)) = c.else_expr.as_deref()
-                && matches!(w1.as_ref(), Expr::BinaryExpr(b) if b.op == Operator::Lt && b.left.as_ref() == col)
-                && matches!(w2.as_ref(), Expr::BinaryExpr(b) if b.op == Operator::Gt && b.left.as_ref() == col)
+            if let Expr::ScalarFunction(f) = &x
+                && f.func.inner().is::<crate::plan::computed::Clamp>()
+                && let Some(col) = f.args.first()
             {
                 return Ok(Transformed::yes(col.clone()));
             }

@@ -2,6 +2,7 @@
 //! refused unless [`crate::plan::safety::total`] lists it (dpfusion's own functions).
 
 use super::{Bounds, Env, Fact, Range, derive_in, int_type_range, narrow, of_type, point, shown, ty, ulps, union};
+use crate::plan::computed::Clamp;
 use crate::plan::safety;
 use datafusion::arrow::datatypes::DataType;
 use datafusion::common::{DFSchema, ScalarValue};
@@ -51,6 +52,22 @@ pub(super) fn function(e: &Expr, f: &ScalarFunction, schema: &DFSchema, env: &En
     let out = ty(e, schema)?;
     let refused = || format!("`{}`: dpfusion cannot bound {name} here", shown(e));
     match (name, f.args.as_slice()) {
+        // The clamp of a bounded column (`plan::computed`): inside its literal bounds.
+        ("dp_clamp", [x, Expr::Literal(lo, _), Expr::Literal(hi, _)]) if f.func.inner().is::<Clamp>() => {
+            let a = derive_in(x, schema, env)?;
+            let (Some(lo), Some(hi)) = (point(lo), point(hi)) else { return Err(refused()) };
+            let range = match (a.range.clone(), lo, hi) {
+                (Range::Int(l, h), Range::Int(lo, _), Range::Int(hi, _)) => {
+                    Range::Int(l.clamp(lo, hi), h.clamp(lo, hi))
+                }
+                (Range::Float(l, h), Range::Float(lo, _), Range::Float(hi, _)) => {
+                    Range::Float(l.max(lo).min(hi), h.max(lo).min(hi))
+                }
+                (Range::Empty, ..) => Range::Empty,
+                _ => return Err(refused()),
+            };
+            Ok(Bounds { range, loose: None, ..a })
+        }
         ("abs", [_]) => {
             let a = args(env)?.remove(0);
             let range = match a.range {

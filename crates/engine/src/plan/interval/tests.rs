@@ -1,6 +1,7 @@
 //! The propagation module against DataFusion's own evaluation: random expressions over random bounded inputs.
 
 use super::{Bounds, Range, derive};
+use crate::plan::computed::Clamp;
 use datafusion::arrow::array::{Array, ArrayRef, AsArray, Float64Array, Int64Array, RecordBatch};
 use datafusion::arrow::datatypes::{DataType, Field, Float64Type, Int64Type, Schema};
 use datafusion::common::{DFSchema, ScalarValue};
@@ -16,7 +17,7 @@ fn schema() -> DFSchema {
     DFSchema::try_from(Schema::new([fields, floats].concat())).unwrap()
 }
 
-/// The clamp the planner writes for a bounded column (`plan::computed`).
+/// The clamp of a bounded column as a CASE (the planner writes `dp_clamp`, [`Clamp`]; both must bound it).
 fn clamp(c: &str, lo: ScalarValue, hi: ScalarValue) -> Expr {
     when(col(c).lt(lit(lo.clone())), lit(lo)).when(col(c).gt(lit(hi.clone())), lit(hi)).otherwise(col(c)).unwrap()
 }
@@ -71,7 +72,8 @@ impl Gen {
         let leaf = depth >= 4 || self.rng.random_bool(0.3);
         if leaf {
             return match self.rng.random_range(0..4) {
-                0 | 1 => clamp("x", ScalarValue::Int64(Some(self.x.0)), ScalarValue::Int64(Some(self.x.1))),
+                0 => clamp("x", ScalarValue::Int64(Some(self.x.0)), ScalarValue::Int64(Some(self.x.1))),
+                1 => Clamp::call(col("x"), ScalarValue::Int64(Some(self.x.0)), ScalarValue::Int64(Some(self.x.1))),
                 2 => col("y"),
                 _ => lit(self.int_literal()),
             };
@@ -104,7 +106,8 @@ impl Gen {
         let leaf = depth >= 4 || self.rng.random_bool(0.3);
         if leaf {
             return match self.rng.random_range(0..4) {
-                0 | 1 => clamp("f", ScalarValue::Float64(Some(self.f.0)), ScalarValue::Float64(Some(self.f.1))),
+                0 => clamp("f", ScalarValue::Float64(Some(self.f.0)), ScalarValue::Float64(Some(self.f.1))),
+                1 => Clamp::call(col("f"), ScalarValue::Float64(Some(self.f.0)), ScalarValue::Float64(Some(self.f.1))),
                 2 => col("g"),
                 _ => lit(self.float_literal()),
             };
