@@ -2,7 +2,7 @@
 //! stated intervals, a neighbour moves each of them by at most its stated sensitivity, and what cannot be bounded
 //! is refused for free, naming the sub-expression.
 
-use crate::sql_accept::{binomial_upper, exact, exact_ctx, keys_of};
+use crate::sql_accept::{binomial_upper, exact_ctx, interval_misses, keys_of};
 use crate::support::{column_f64, pums_config, release, session_from};
 use datafusion::arrow::array::{Float64Array, Int64Array, RecordBatch};
 use datafusion::arrow::datatypes::{DataType, Field, Schema};
@@ -52,19 +52,8 @@ async fn computed_shapes_land_within_their_intervals() {
             s.insecure_reseed_for_tests(1000 * q as u64 + rep).unwrap();
             let r = release(&s, sql).await;
             assert_eq!(r.num_rows(), *rows, "{sql}: every key of the domain, once");
-            let nkeys = r.accuracy().iter().take_while(|a| a.accuracy == Accuracy::Public).count();
-            let truth = exact(&ctx, sql, nkeys).await;
-            let keys = keys_of(&r, nkeys);
-            for (c, acc) in r.accuracy().iter().enumerate().skip(nkeys) {
-                let Accuracy::Noisy { ci_half_width, confidence: conf, .. } = acc.accuracy else {
-                    panic!("{sql}: column {} should be a direct noisy measurement", acc.column)
-                };
-                confidence = conf;
-                for (row, key) in keys.iter().enumerate() {
-                    let want = truth.get(key).map(|v| v[c - nkeys]).unwrap_or(0.0);
-                    cells += 1;
-                    misses += usize::from((column_f64(&r, c)[row] - want).abs() > ci_half_width + 1e-6);
-                }
+            for (_, n, m, conf) in interval_misses(&ctx, sql, &r).await {
+                (cells, misses, confidence) = (cells + n, misses + m, conf);
             }
         }
         let limit = binomial_upper(cells, 1.0 - confidence, 1e-9 / COMPUTED.len() as f64);

@@ -92,6 +92,35 @@ pub(crate) fn keys_of(r: &dpfusion::Release, nkeys: usize) -> Vec<Vec<String>> {
         .collect()
 }
 
+/// For each noisy column of release `r` of `sql` (each a direct measurement, after its keys): its name, its cells,
+/// how many of them lie outside their stated interval around plain DataFusion's exact answer, and the confidence.
+pub(crate) async fn interval_misses(
+    ctx: &SessionContext,
+    sql: &str,
+    r: &dpfusion::Release,
+) -> Vec<(String, usize, usize, f64)> {
+    let nkeys = r.accuracy().iter().take_while(|a| a.accuracy == Accuracy::Public).count();
+    let truth = exact(ctx, sql, nkeys).await;
+    let keys = keys_of(r, nkeys);
+    let mut out = Vec::new();
+    for (c, acc) in r.accuracy().iter().enumerate().skip(nkeys) {
+        let Accuracy::Noisy { ci_half_width, confidence, .. } = acc.accuracy else {
+            panic!("{sql}: column {} should be a direct noisy measurement", acc.column)
+        };
+        let noisy = column_f64(r, c);
+        let missed = keys
+            .iter()
+            .enumerate()
+            .filter(|(row, key)| {
+                let want = truth.get(*key).map(|v| v[c - nkeys]).unwrap_or(0.0);
+                (noisy[*row] - want).abs() > ci_half_width + 1e-6
+            })
+            .count();
+        out.push((acc.column.clone(), keys.len(), missed, confidence));
+    }
+    out
+}
+
 /// Smallest k with P[Binomial(n, p) > k] ≤ alpha.
 pub(crate) fn binomial_upper(n: usize, p: f64, alpha: f64) -> usize {
     let mut pmf = (1.0 - p).powi(n as i32);
@@ -123,25 +152,9 @@ async fn answered_queries_have_full_domains_and_honest_intervals() {
         let expected_rows: usize =
             r.schema().fields().iter().take(nkeys).map(|f| domain_sizes[f.name().as_str()]).product();
         assert_eq!(r.num_rows(), expected_rows, "{sql}: every domain key must appear once");
-        let truth = exact(&ctx, sql, nkeys).await;
-        let keys = keys_of(&r, nkeys);
-        for (c, acc) in r.accuracy().iter().enumerate().skip(nkeys) {
-            let Accuracy::Noisy { ci_half_width, confidence: conf, .. } = acc.accuracy else {
-                panic!("{sql}: column {} should be a direct noisy measurement", acc.column)
-            };
-            confidence = conf;
-            let noisy = column_f64(&r, c);
-            let mut group = (format!("{sql} [{}]", acc.column), 0, 0);
-            for (row, key) in keys.iter().enumerate() {
-                let want = truth.get(key).map(|v| v[c - nkeys]).unwrap_or(0.0);
-                cells += 1;
-                group.1 += 1;
-                if (noisy[row] - want).abs() > ci_half_width + 1e-6 {
-                    misses += 1;
-                    group.2 += 1;
-                }
-            }
-            groups.push(group);
+        for (column, n, m, conf) in interval_misses(&ctx, sql, &r).await {
+            (cells, misses, confidence) = (cells + n, misses + m, conf);
+            groups.push((format!("{sql} [{column}]"), n, m));
         }
         assert!(
             r.charge().rho().get() > 0.0 && r.charge().rho().get() <= 20.0,

@@ -101,18 +101,11 @@ pub fn rewrite(agg: &Aggregate, policy: &TablePolicy) -> Result<Option<Rewritten
     let mut policy = policy.clone();
     let mut lifted = Vec::new();
     let input = lift(agg.input.as_ref(), &mut policy, &mut lifted)?;
-    let (aggr_expr, group_expr, mut exprs, mut computed) = {
-        let mut cx = Rewrite {
-            input: &input,
-            schema: input.schema(),
-            policy: &policy,
-            computed: Computed::default(),
-            exprs: vec![],
-            lifted: &mut lifted,
-        };
+    let (aggr_expr, group_expr, mut exprs, mut computed, lifted) = {
+        let mut cx = Rewrite::new(&input, &policy, lifted);
         let aggr_expr = agg.aggr_expr.iter().map(|a| cx.aggregate(a)).collect::<Result<Vec<_>>>()?;
         let group_expr = agg.group_expr.iter().map(|g| cx.key(g)).collect::<Result<Vec<_>>>()?;
-        (aggr_expr, group_expr, cx.exprs, cx.computed)
+        (aggr_expr, group_expr, cx.exprs, cx.computed, cx.lifted)
     };
     if exprs.is_empty() && lifted.is_empty() && aggr_expr == agg.aggr_expr && group_expr == agg.group_expr {
         return Ok(None);
@@ -184,14 +177,7 @@ fn lift_projection(
             continue;
         }
         let written = validate::strip_aliases(e);
-        let sub = Rewrite {
-            input: &below,
-            schema: below.schema(),
-            policy,
-            computed: Computed::default(),
-            exprs: vec![],
-            lifted: &mut Vec::new(),
-        };
+        let sub = Rewrite::new(&below, policy, vec![]);
         let label = sub.label(written);
         let clamped = sub.clamp(written)?;
         let bounds = interval::derive(&clamped, below.schema())
@@ -223,14 +209,7 @@ pub fn workload_key(
     e: &Expr,
 ) -> Result<(Expr, Vec<crate::policy::DomainValue>)> {
     use crate::policy::DomainValue;
-    let mut cx = Rewrite {
-        input,
-        schema: input.schema(),
-        policy,
-        computed: Computed::default(),
-        exprs: vec![],
-        lifted: &mut Vec::new(),
-    };
+    let mut cx = Rewrite::new(input, policy, vec![]);
     cx.key(e)?;
     let (Some(expr), Some(key)) = (cx.exprs.pop(), cx.computed.columns.pop()) else {
         return Err(DpError::Internal("a computed key was not computed".into()));
@@ -272,10 +251,15 @@ struct Rewrite<'a> {
     /// The projection's computed expressions, aliased.
     exprs: Vec<Expr>,
     /// The computed columns of the subqueries below ([`lift`]).
-    lifted: &'a mut Vec<Lifted>,
+    lifted: Vec<Lifted>,
 }
 
-impl Rewrite<'_> {
+impl<'a> Rewrite<'a> {
+    /// A rewrite of an aggregate over `input` under `policy`, with the computed columns `lifted` below it.
+    fn new(input: &'a LogicalPlan, policy: &'a TablePolicy, lifted: Vec<Lifted>) -> Self {
+        Rewrite { input, schema: input.schema(), policy, computed: Computed::default(), exprs: vec![], lifted }
+    }
+
     /// An aggregate with its FILTER folded in and its computed arguments replaced by columns.
     fn aggregate(&mut self, a: &Expr) -> Result<Expr> {
         let Expr::AggregateFunction(original) = validate::strip_aliases(a) else { return Ok(a.clone()) };
@@ -366,15 +350,7 @@ impl Rewrite<'_> {
             && let Some(at) = self.lifted.iter().position(|l| l.column.name == base && l.column.domain.is_none())
         {
             let l = &self.lifted[at];
-            let sub = Rewrite {
-                input: &l.input,
-                schema: l.input.schema(),
-                policy: self.policy,
-                computed: Computed::default(),
-                exprs: vec![],
-                lifted: &mut Vec::new(),
-            };
-            let (domain, _) = sub.key_domain(&l.clamped, &l.column.bounds)?;
+            let (domain, _) = Rewrite::new(&l.input, self.policy, vec![]).key_domain(&l.clamped, &l.column.bounds)?;
             self.lifted[at].column.domain = Some(domain);
             return Ok(g.clone());
         }
