@@ -119,7 +119,8 @@ async fn releases_match(g: u64) {
         .chain(UNIT_JOINS)
         .chain(SELECTED)
         .chain(COUNT_PEOPLE)
-        .chain(crate::computed::COMPUTED.iter().map(|(sql, _)| sql));
+        .chain(crate::computed::COMPUTED.iter().map(|(sql, _)| sql))
+        .chain(crate::per_person::PER_PERSON.iter().map(|(sql, _)| sql));
     for (i, sql) in corpora.enumerate() {
         local.insecure_reseed_for_tests(i as u64).unwrap();
         cluster.insecure_reseed_for_tests(i as u64).unwrap();

@@ -7,7 +7,9 @@
 //! HAVING, ORDER BY and LIMIT, aggregates of computed values and with FILTER, GROUP BY keys with a public domain,
 //! computed ones (an image of the policy, or selected) or without one (selected by their noisy counts;
 //! the crafted unit holds a name no one else does), over the private table alone, joined with a public one (whose keys the crafted
-//! unit holds or not; GROUP BY a public column; joins that are refused) or with itself (on the unit, or refused). Each query runs on D and on D′ = D plus the crafted unit, with the same noise seed:
+//! unit holds or not; GROUP BY a public column; joins that are refused) or with itself (on the unit, or refused),
+//! over per-person subqueries and semi-/anti-joins on the unit (or not on it: refused). Each query runs on D and on
+//! D′ = D plus the crafted unit, with the same noise seed:
 //!
 //! * a refusal (decided before anything is read) must be the same on both, message included, and so must EXPLAIN DP;
 //! * an answer must have the same column names and types on both;
@@ -73,6 +75,8 @@ const FROMS: &[&str] = &[
     "people",
     "people",
     "people",
+    "people",
+    "people",
     "people JOIN bands b ON people.age = b.years",
     "people LEFT JOIN bands b ON people.age = b.years",
     "bands b RIGHT JOIN people ON b.years = people.age",
@@ -82,6 +86,14 @@ const FROMS: &[&str] = &[
     "people JOIN (SELECT pid AS qid, income AS qincome FROM people) q ON people.pid = q.qid",
     "people LEFT JOIN (SELECT pid AS qid FROM people WHERE name = 'zed') q ON people.pid = q.qid",
     "people JOIN (SELECT pid AS qid FROM people) q ON people.age = q.qid",
+    // Questions about each person (issue 57): per-person values under the table's column names, semi- and
+    // anti-joins on the unit (the crafted unit's rows decide only about its own), and ones not on the unit (refused).
+    "(SELECT pid, sex, MAX(age) AS age, SUM(income) AS income, COUNT(*) AS n FROM people GROUP BY pid, sex) people",
+    "(SELECT pid, MIN(age) AS age, AVG(income) AS income FROM people WHERE name <> 'zed' GROUP BY pid HAVING COUNT(*) > 1) people",
+    "(SELECT * FROM people WHERE pid IN (SELECT pid FROM people WHERE name = 'zed')) people",
+    "(SELECT * FROM people p WHERE NOT EXISTS (SELECT 1 FROM people q WHERE q.pid = p.pid AND q.age > 92)) people",
+    "(SELECT * FROM people WHERE age IN (SELECT age FROM people WHERE name = 'zed')) people",
+    "(SELECT age, COUNT(*) AS income FROM people GROUP BY age) people",
 ];
 
 /// What the analyst sees ([`crate::support::seen`]); panics on an error that must never happen.

@@ -28,6 +28,8 @@ mod noise_dist;
 /// The plan that runs is the plan that was paid for (issue 54): canonical fingerprints, request ids apart from
 /// reuse keys, grants at every answer, reuse about the same data, the upgraded ledger.
 mod paid_plan;
+/// Questions about each person (issue 57): subqueries grouped by the unit, semi-joins and anti-joins on it.
+mod per_person;
 /// Neighbouring-dataset audits of the whole query path: shifts match the claimed sensitivities.
 mod privacy_audit;
 /// Public tables (issue 37): queried exactly for free, joined with private tables as lookups, other joins refused.

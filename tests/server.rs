@@ -171,6 +171,23 @@ async fn grouping_sets_are_one_charge_over_the_wire() {
     assert_eq!(spent(&s.db, "alice").1, 1, "one charge for the four marginals");
 }
 
+/// Questions about each person over the wire (issue 57): a histogram of per-person counts (every count from 1 to
+/// k) and a semi-join on the unit, one charge each; a subquery not on the unit is refused with its SQLSTATE, free.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn questions_about_each_person_are_answered_over_the_wire() {
+    let s = start().await;
+    let (c, _notices) = connect_as(s.addr, "alice", PASSWORD).await.unwrap();
+    let sql =
+        "SELECT n, COUNT(*) AS people FROM (SELECT pid, COUNT(*) AS n FROM pums GROUP BY pid) t GROUP BY n ORDER BY n";
+    let rows = c.query(sql, &[]).await.unwrap();
+    assert_eq!(rows.iter().map(|r| r.get::<_, i64>("n")).collect::<Vec<_>>(), vec![1, 2]);
+    let semi = "SELECT COUNT(*) AS n FROM pums WHERE pid IN (SELECT pid FROM pums WHERE income > $1)";
+    assert_eq!(c.query(semi, &[&100000i64]).await.unwrap().len(), 1);
+    let e = c.query("SELECT COUNT(*) FROM pums WHERE age IN (SELECT age FROM pums)", &[]).await.unwrap_err();
+    assert_eq!(e.code(), Some(&tokio_postgres::error::SqlState::INSUFFICIENT_PRIVILEGE), "{e}");
+    assert_eq!(spent(&s.db, "alice").1, 2, "two answers, two charges; the refusal is free");
+}
+
 /// `[server] share_releases = true`: what one analyst's charge paid for answers another's same statement (and the
 /// same workload) at no cost, with the same numbers, saying so; by default each analyst pays for their own.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -79,6 +79,31 @@ async fn a_join_on_the_unit_is_bounded_per_person_after_the_join() {
     assert_eq!(count(&d, "SELECT COUNT(*) FROM persons a JOIN persons b ON a.pid = b.pid").await, 20.0);
 }
 
+/// Questions about each person across two tables (issue 57), at a huge ρ (the exact bounded answers): persons
+/// joined with their visits counted per person (each person's count clamped to k₂ = 3, one row per person: k = 1·1),
+/// and persons filtered by their own visits (EXISTS, NOT IN): person 999 moves each answer by their own row only.
+#[tokio::test]
+async fn persons_join_and_filter_by_their_own_visits() {
+    let (d, d1) = (session(false, 1e8), session(true, 1e8));
+    let per_person = "SELECT p.sex, SUM(v.n) FROM persons p JOIN (SELECT pid, COUNT(*) AS n FROM visits GROUP BY pid) v \
+                      ON p.pid = v.pid GROUP BY p.sex";
+    let (a, b) = (release(&d, per_person).await, release(&d1, per_person).await);
+    let by_sex: f64 = (0..20).filter(|p| p % 2 == 1).map(|p| (p % 3 + 1) as f64).sum();
+    assert_eq!(column_f64(&a, 1)[1].round(), by_sex);
+    assert_eq!(column_f64(&b, 1)[1].round(), by_sex + 3.0, "200 visits, one person's count clamped to k₂ = 3");
+    let e = d.explain(per_person).await.unwrap().to_string();
+    assert!(e.contains("persons ⋈ (visits per pid) joined on the privacy unit: at most k = 1·1 = 1"), "{e}");
+    let exists =
+        "SELECT COUNT(*) FROM persons p WHERE EXISTS (SELECT 1 FROM visits v WHERE v.pid = p.pid AND v.ward = 0)";
+    assert_eq!(count(&d, exists).await, 5.0, "persons 0, 4, 8, 12, 16 have a visit in ward 0");
+    assert_eq!(count(&d1, exists).await, 6.0);
+    let not_in = "SELECT COUNT(*) FROM persons WHERE pid NOT IN (SELECT pid FROM visits WHERE cost > 20)";
+    assert_eq!(count(&d, not_in).await, 20.0);
+    assert_eq!(count(&d1, not_in).await, 20.0, "person 999's visits cost 50: their own row is dropped");
+    let e = d.explain(exists).await.unwrap().to_string();
+    assert!(e.contains("rows kept when their unit has a row in visits (a LEFTSEMI join"), "{e}");
+}
+
 /// EXPLAIN DP shows the join and the derived bound; refusals (other keys, RIGHT/FULL, a table without a unit,
 /// non-equality) are decided before the debit, the same on D and D′, and spend nothing.
 #[tokio::test]

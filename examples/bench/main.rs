@@ -476,10 +476,34 @@ const WORKLOADS: &[(&str, &str, &str, &str)] = &[
         "SELECT education, sex, COUNT(*) FILTER (WHERE age >= 18), SUM(income) FILTER (WHERE age >= 30) FROM people \
          WHERE person_id >= 0 GROUP BY education, sex",
     ),
+    // Questions about each person (issue 57): the per-person aggregation is the floor itself (plain DataFusion's
+    // GROUP BY person_id, then the outer aggregate); the semi-join against plain DataFusion's semi-join.
+    (
+        "W17",
+        "SELECT AVG(n) FROM (SELECT person_id, COUNT(*) AS n FROM people GROUP BY person_id) t",
+        "SELECT AVG(n) FROM (SELECT person_id, COUNT(*) AS n FROM people GROUP BY person_id) t",
+        "SELECT AVG(n) FROM (SELECT person_id, COUNT(*) AS n FROM people WHERE person_id >= 0 GROUP BY person_id) t",
+    ),
+    (
+        "W18",
+        "SELECT n, COUNT(*) FROM (SELECT person_id, COUNT(*) AS n FROM people GROUP BY person_id) t GROUP BY n",
+        "SELECT n, COUNT(*) FROM (SELECT person_id, COUNT(*) AS n FROM people GROUP BY person_id) t GROUP BY n",
+        "SELECT n, COUNT(*) FROM (SELECT person_id, COUNT(*) AS n FROM people WHERE person_id >= 0 \
+         GROUP BY person_id) t GROUP BY n",
+    ),
+    (
+        "W19",
+        "SELECT COUNT(*), SUM(income) FROM people WHERE person_id IN (SELECT person_id FROM people WHERE income > 100000)",
+        "SELECT SUM(n), SUM(s) FROM (SELECT person_id, COUNT(*) AS n, SUM(income) AS s FROM people WHERE person_id IN \
+         (SELECT person_id FROM people WHERE income > 100000) GROUP BY person_id) t",
+        "SELECT COUNT(*), SUM(income) FROM people WHERE person_id >= 0 AND person_id IN \
+         (SELECT person_id FROM people WHERE income > 100000)",
+    ),
 ];
 
-/// Workloads only answerable at person level (a join of private tables needs their privacy units).
-const PERSON_ONLY: &[&str] = &["W11", "W12"];
+/// Workloads only answerable at person level (a join of private tables, or a question about each person, needs
+/// the privacy unit).
+const PERSON_ONLY: &[&str] = &["W11", "W12", "W17", "W18", "W19"];
 
 /// Workloads over `persons` and `visits`, run only with `--visits`.
 const VISITS: &[&str] = &["W12"];

@@ -269,11 +269,19 @@ refusals! {
         },
     },
     "The shape of the query" {
-        /// A subquery inside an expression.
+        /// A subquery inside an expression that is not a semi- or anti-join on the privacy unit.
         #[code = "subquery", sqlstate = INSUFFICIENT_PRIVILEGE]
-        #[error("subqueries inside expressions (IN (SELECT ...), EXISTS, scalar subqueries) are not supported")]
-        #[hint("rewrite the query as one aggregate over one table, with conditions in WHERE")]
-        Subquery,
+        #[error("{what} is not answered: a subquery inside an expression is answered only when it filters by each \
+                 unit's own rows")]
+        #[hint(
+            "write `WHERE pid IN (SELECT pid FROM t WHERE ...)`, `NOT IN`, or `[NOT] EXISTS (SELECT ... FROM t2 WHERE \
+             t2.pid = t.pid AND ...)`, at the top of WHERE (pid: the privacy unit of both tables); scalar \
+             subqueries over private tables are not answered"
+        )]
+        Subquery {
+            /// The subquery.
+            what: String,
+        },
         /// A plan shape dpfusion does not answer.
         #[code = "unexpected_shape", sqlstate = INSUFFICIENT_PRIVILEGE]
         #[error("unexpected plan shape")]
@@ -308,11 +316,17 @@ refusals! {
             /// The node.
             what: String,
         },
-        /// An aggregate of aggregates.
+        /// An aggregate of aggregates that is not a question about each person.
         #[code = "nested_aggregate", sqlstate = INSUFFICIENT_PRIVILEGE]
-        #[error("aggregates of aggregates (a GROUP BY inside a subquery) are not supported")]
-        #[hint("ask one level of aggregation; post-process its noisy result instead")]
-        NestedAggregate,
+        #[error("an aggregate of aggregates is answered only over a subquery grouped by the privacy unit: {why}")]
+        #[hint(
+            "ask about each person first, in a subquery grouped by the privacy unit, e.g. SELECT AVG(n) FROM (SELECT \
+             pid, COUNT(*) AS n FROM t GROUP BY pid) s; or ask one level of aggregation and post-process its result"
+        )]
+        NestedAggregate {
+            /// What is wrong with the inner aggregate.
+            why: String,
+        },
         /// A join of private tables that is not on their privacy units.
         #[code = "join", sqlstate = INSUFFICIENT_PRIVILEGE]
         #[error("{what} is not supported (it could pair one unit's rows with another's)")]

@@ -96,6 +96,23 @@ def test_computed_values_filters_and_keys_are_answered(session):
     assert len(session.history()) == 1
 
 
+def test_questions_about_each_person_are_answered(session):
+    # Issue 57: a subquery grouped by the privacy unit, and a semi-join on it.
+    r = session.sql(
+        "SELECT n, COUNT(*) AS people FROM (SELECT pid, COUNT(*) AS n FROM pums GROUP BY pid) t GROUP BY n ORDER BY n"
+    )
+    assert r.to_arrow().column("n").to_pylist() == [1, 2]  # every count from 1 to max_rows_per_unit
+    assert r.accuracy["people"]["kind"] == "noisy"
+    semi = session.sql("SELECT COUNT(*) AS n FROM pums WHERE pid IN (SELECT pid FROM pums WHERE income > 100000)")
+    assert semi.to_arrow().num_rows == 1
+    e = session.explain("SELECT AVG(n) FROM (SELECT pid, COUNT(*) AS n FROM pums GROUP BY pid) t")
+    assert "Per person: per pid: one row per unit" in str(e)
+    with pytest.raises(dpfusion.Refused) as info:
+        session.sql("SELECT COUNT(*) FROM pums WHERE age IN (SELECT age FROM pums WHERE income > 100000)")
+    assert info.value.code == "subquery"
+    assert len(session.history()) == 2
+
+
 def test_budget_exhausted_spends_nothing(session):
     assert session.sql("SET dp.rho = 0.6") == {"option": "dp.rho", "value": "0.6"}
     session.sql("SELECT COUNT(*) AS n FROM pums")

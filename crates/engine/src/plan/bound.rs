@@ -76,6 +76,18 @@ fn carry(node: LogicalPlan, unit: &str) -> datafusion::error::Result<LogicalPlan
             exprs.push(Expr::Column(Column::new(q.cloned(), UNIT)));
             Ok(LogicalPlan::Projection(Projection::try_new(exprs, input)?))
         }
+        // A question about each person (`plan::per_person`): the unit is the column its aggregate groups by.
+        LogicalPlan::Aggregate(a) => {
+            let schema = a.schema.clone();
+            let at = a.group_expr.iter().position(|g| matches!(g, Expr::Column(c) if c.name == unit));
+            let Some(at) = at else {
+                return datafusion::common::plan_err!("the per-person aggregate does not group by `{unit}`");
+            };
+            let (q, f) = schema.qualified_field(at);
+            let mut exprs: Vec<Expr> = schema.columns().into_iter().map(Expr::Column).collect();
+            exprs.push(Expr::Column(Column::new(q.cloned(), f.name())).alias(UNIT));
+            Ok(LogicalPlan::Projection(Projection::try_new(exprs, Arc::new(LogicalPlan::Aggregate(a)))?))
+        }
         LogicalPlan::Join(j) => {
             let left = Arc::new(carry(Arc::unwrap_or_clone(j.left), unit)?);
             let join = datafusion::logical_expr::Join::try_new(

@@ -146,6 +146,10 @@ fn lift(input: &LogicalPlan, policy: &mut TablePolicy, lifted: &mut Vec<Lifted>)
             let below = Arc::new(lift(&a.input, policy, lifted)?);
             SubqueryAlias::try_new(below, a.alias.clone()).map(LogicalPlan::SubqueryAlias)
         }
+        // The values of a question about each person are bounded by `plan::per_person`, not lifted.
+        LogicalPlan::Projection(p) if matches!(p.input.as_ref(), LogicalPlan::Aggregate(_)) => {
+            return Ok(input.clone());
+        }
         LogicalPlan::Projection(p) => {
             let below = Arc::new(lift(&p.input, policy, lifted)?);
             return lift_projection(p, below, policy, lifted);

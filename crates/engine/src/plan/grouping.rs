@@ -79,6 +79,9 @@ pub fn grouping_plan(plan: &LogicalPlan, is_private: &dyn Fn(&TableReference) ->
         return refuse("read one private table here (no joins)");
     }
     let agg = located.aggregate;
+    if agg.input.exists(|n| Ok(matches!(n, LogicalPlan::Aggregate(_)))).map_err(crate::error::engine)? {
+        return refuse("are answered over a table's rows, not over a subquery grouped by the privacy unit");
+    }
     let [Expr::GroupingSet(gs)] = agg.group_expr.as_slice() else {
         return refuse("must be the whole GROUP BY here, not mixed with other keys");
     };

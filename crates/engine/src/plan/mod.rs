@@ -22,6 +22,7 @@ pub mod interval;
 pub mod keys;
 pub mod lookup;
 pub mod measures;
+pub mod per_person;
 pub mod pick;
 pub mod quantile;
 pub(crate) mod runs;
@@ -189,6 +190,8 @@ pub struct DpPlan {
     pub tables: Vec<TableReference>,
     /// How a join of private tables on their unit is bounded (the limits k and g it derives), if the plan has one.
     pub join: Option<String>,
+    /// How a question about each person ([`per_person`]) is bounded (the derived table's limits), if it is one.
+    pub per_person: Option<String>,
     /// Schema of the analyst's aggregate output (keys, then aggregates).
     pub agg_schema: DFSchemaRef,
     /// With keys without a domain ([`selected`]): the COUNT(*) measurement whose noisy value selects the released
@@ -293,12 +296,17 @@ pub fn compile(plan: &LogicalPlan, policy_of: &dyn Fn(&TableReference) -> Option
     validate::check_statement_kind(plan)?;
     let located = validate::locate(plan, &|t| policy_of(t).is_some())?;
     let (written, table, tables) = (located.aggregate, located.table, located.tables);
-    let (policy, join) = unit_join::policy_of_input(written.input.as_ref(), &tables, policy_of)?;
-    let rewritten = computed::rewrite(written, &policy)?;
-    let (agg, policy, computed) = match &rewritten {
+    let person = per_person::rewrite(written, policy_of)?;
+    let (over, derived) = person.as_ref().map_or((written, &[][..]), |p| (&p.aggregate, &p.derived[..]));
+    let (policy, join) = unit_join::policy_of_input(over.input.as_ref(), &tables, policy_of, derived)?;
+    let rewritten = computed::rewrite(over, &policy)?;
+    let (agg, policy, mut computed) = match &rewritten {
         Some(r) => (&r.aggregate, r.policy.clone(), r.computed.clone()),
-        None => (written, policy, computed::Computed::default()),
+        None => (over, policy, computed::Computed::default()),
     };
+    if let Some(p) = &person {
+        computed.columns.extend(p.values.iter().cloned());
+    }
     let keys = keys::group_keys(agg, &policy, &table, &computed)?;
     let (private, measured, selection) = if keys.iter().any(|k| k.selected) {
         let (private, measured, selection) = selected::bounded(agg, &policy, &table, &keys)?;
@@ -326,6 +334,7 @@ pub fn compile(plan: &LogicalPlan, policy_of: &dyn Fn(&TableReference) -> Option
         table,
         tables,
         join,
+        per_person: person.map(|p| p.note),
         agg_schema: written.schema.clone(),
         selection,
         computed: computed.columns.into_iter().map(|c| (c.label, c.origin)).collect(),

@@ -473,7 +473,8 @@ pub fn total(e: &Expr, schema: &DFSchema) -> std::result::Result<(), String> {
                 || inner.is::<Clipped>()
                 || inner.is::<crate::plan::clip::KeptKey>()
                 || inner.is::<crate::plan::quantile::SlotHistogram>()
-                || inner.is::<crate::plan::quantile::KeepRows>();
+                || inner.is::<crate::plan::quantile::KeepRows>()
+                || per_person_aggregate(a, schema);
             if !known || p.distinct || p.filter.is_some() || !p.order_by.is_empty() {
                 return Err(format!("the aggregate `{e}`"));
             }
@@ -481,6 +482,15 @@ pub fn total(e: &Expr, schema: &DFSchema) -> std::result::Result<(), String> {
         }
         other => Err(format!("`{other}`")),
     }
+}
+
+/// Whether `a` is AVG, MIN or MAX of one number (of a question about each person, [`crate::plan::per_person`]):
+/// over integers and floats these cannot fail (AVG divides by the count of a non-empty group, in floats).
+fn per_person_aggregate(a: &datafusion::logical_expr::expr::AggregateFunction, schema: &DFSchema) -> bool {
+    use datafusion::functions_aggregate::{average::Avg, min_max::Max, min_max::Min};
+    let f = a.func.inner();
+    let number = |e: &Expr| e.get_type(schema).is_ok_and(|t| t.is_integer() || t.is_floating());
+    (f.is::<Avg>() || f.is::<Min>() || f.is::<Max>()) && matches!(a.params.args.as_slice(), [x] if number(x))
 }
 
 /// Whether `e` is total by the bounds of [`crate::plan::interval`], which proves the operations whose totality
@@ -540,7 +550,8 @@ pub fn check_total(plan: &LogicalPlan) -> Result<()> {
                 | LogicalPlan::Unnest(_)
                 | LogicalPlan::SubqueryAlias(_)
                 | LogicalPlan::EmptyRelation(_)
-        ) || matches!(node, LogicalPlan::Join(j) if matches!(j.join_type, JoinType::Inner | JoinType::Left))
+        ) || matches!(node, LogicalPlan::Join(j) if matches!(j.join_type, JoinType::Inner | JoinType::Left)
+            || matches!(j.join_type, JoinType::LeftSemi | JoinType::LeftAnti) && !j.null_aware)
             || matches!(node, LogicalPlan::Extension(e)
             if e.node.as_any().is::<UnitRuns>() || e.node.as_any().is::<ByUnit>())
             || matches!(node, LogicalPlan::Window(w)
@@ -550,11 +561,11 @@ pub fn check_total(plan: &LogicalPlan) -> Result<()> {
             return Ok(TreeNodeRecursion::Stop);
         }
         // Expressions are typed against the node's input (a scan's filters against the scan itself, a join's
-        // condition against both its inputs, which its own schema holds).
-        let schema = match node.inputs().first() {
-            Some(_) if matches!(node, LogicalPlan::Join(_)) => node.schema().clone(),
-            Some(input) => input.schema().clone(),
-            None => node.schema().clone(),
+        // condition against both its inputs: a semi-join's output has only its left input's columns).
+        let schema = match (node, node.inputs().first()) {
+            (LogicalPlan::Join(j), _) => Arc::new(j.left.schema().join(j.right.schema())?),
+            (_, Some(input)) => Arc::clone(input.schema()),
+            (_, None) => Arc::clone(node.schema()),
         };
         node.apply_expressions(|e| {
             // A window node's expressions are its per-unit ranks, checked whole above.

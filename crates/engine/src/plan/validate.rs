@@ -89,7 +89,8 @@ pub fn locate<'a>(plan: &'a LogicalPlan, is_private: &dyn Fn(&TableReference) ->
     })
     .map_err(engine)?;
     if sub {
-        return refuse(Refusal::Subquery);
+        let what = "a scalar subquery, or a subquery under OR, NOT or CASE".into();
+        return refuse(Refusal::Subquery { what });
     }
     // Walk down the post-processing chain to the aggregate.
     let mut node = plan;
@@ -137,20 +138,13 @@ pub fn locate<'a>(plan: &'a LogicalPlan, is_private: &dyn Fn(&TableReference) ->
 
 /// Checks the input of the aggregate: WHERE filters, bare-column projections and aliases over one private scan,
 /// or over an INNER or LEFT join of such chains (which [`crate::plan::unit_join`] then checks is on the privacy
-/// unit); returns the private tables read, leftmost first.
+/// unit), or over one aggregate of such a chain (a question about each person, which
+/// [`crate::plan::per_person`] then checks is grouped by the unit); returns the private tables read, leftmost
+/// first.
 fn check_private_input(
     input: &LogicalPlan,
     is_private: &dyn Fn(&TableReference) -> bool,
 ) -> Result<Vec<TableReference>> {
-    let nested = input.exists(|n| Ok(matches!(n, LogicalPlan::Aggregate(_)))).map_err(engine)?;
-    if nested {
-        return refuse(Refusal::NestedAggregate);
-    }
-    check_chain(input, is_private)
-}
-
-/// [`check_private_input`] below its check for nested aggregates.
-fn check_chain(input: &LogicalPlan, is_private: &dyn Fn(&TableReference) -> bool) -> Result<Vec<TableReference>> {
     let mut node = input;
     loop {
         match node {
@@ -168,10 +162,20 @@ fn check_chain(input: &LogicalPlan, is_private: &dyn Fn(&TableReference) -> bool
                 }
                 return Ok(vec![scan.table_name.clone()]);
             }
-            LogicalPlan::Join(j) if matches!(j.join_type, JoinType::Inner | JoinType::Left) => {
-                let mut tables = check_chain(&j.left, is_private)?;
-                tables.extend(check_chain(&j.right, is_private)?);
+            LogicalPlan::Join(j)
+                if matches!(
+                    j.join_type,
+                    JoinType::Inner | JoinType::Left | JoinType::LeftSemi | JoinType::LeftAnti
+                ) =>
+            {
+                let mut tables = check_private_input(&j.left, is_private)?;
+                tables.extend(check_private_input(&j.right, is_private)?);
                 return Ok(tables);
+            }
+            // What DataFusion makes of an IN or EXISTS under OR or NOT (`plan::unit_join::decorrelate`).
+            LogicalPlan::Join(j) if j.join_type == JoinType::LeftMark => {
+                let what = "a subquery under OR, NOT or CASE".into();
+                return refuse(Refusal::Subquery { what });
             }
             LogicalPlan::Join(j) => {
                 let kind = j.join_type.to_string().to_uppercase();
@@ -182,8 +186,13 @@ fn check_chain(input: &LogicalPlan, is_private: &dyn Fn(&TableReference) -> bool
                     ),
                 });
             }
-            LogicalPlan::Aggregate(_) => {
-                return refuse(Refusal::NestedAggregate);
+            LogicalPlan::Aggregate(a) => {
+                let deeper = a.input.exists(|n| Ok(matches!(n, LogicalPlan::Aggregate(_)))).map_err(engine)?;
+                if deeper {
+                    let why = "it has three levels of aggregation; ask about each person in one subquery".into();
+                    return refuse(Refusal::NestedAggregate { why });
+                }
+                node = &a.input;
             }
             other => {
                 return refuse(Refusal::BeforeAggregate { what: node_name(other) });
@@ -256,6 +265,11 @@ pub(crate) fn source_column(plan: &LogicalPlan, col: &Column) -> Option<(TableRe
             let (side, c) = join_side(j, idx);
             source_column(side, &c)
         }
+        // A key of a question about each person ([`crate::plan::per_person`]): the column it groups by.
+        LogicalPlan::Aggregate(a) => match a.group_expr.get(idx).map(strip_aliases) {
+            Some(Expr::Column(c)) => source_column(&a.input, c),
+            _ => None,
+        },
         _ => None,
     }
 }

@@ -184,6 +184,7 @@ impl DpSession {
     fn shape(&self, dp: &DpPlan) -> Result<Option<Fingerprint>> {
         let derivable = dp.selection.is_none()
             && dp.join.is_none()
+            && dp.per_person.is_none()
             && dp.tables.len() == 1
             && !dp.measures.is_empty()
             && dp.keys.iter().all(|k| !k.selected)

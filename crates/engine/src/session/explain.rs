@@ -61,6 +61,8 @@ pub struct Explanation {
     pub selection: Option<ExplainedSelection>,
     /// How a join of private tables on their unit is bounded, if the query has one.
     pub join: Option<String>,
+    /// How a question about each person is bounded, if the query is one.
+    pub per_person: Option<String>,
     /// Each computed value or key ([`crate::plan::computed`]) and where its bounds or domain come from.
     pub computed: Vec<(String, String)>,
     /// Each measurement.
@@ -101,6 +103,9 @@ impl std::fmt::Display for Explanation {
         }
         if let Some(join) = &self.join {
             writeln!(f, "Join: {join}")?;
+        }
+        if let Some(p) = &self.per_person {
+            writeln!(f, "Per person: {p}")?;
         }
         if !self.computed.is_empty() {
             writeln!(f, "Computed (every column they read clamped to its bounds first):")?;
@@ -270,6 +275,7 @@ impl DpSession {
                 cells: dp.cells(),
                 selection: explained_selection(dp, &quote),
                 join: dp.join.clone(),
+                per_person: dp.per_person.clone(),
                 computed: dp.computed.clone(),
                 measures,
                 rho: quote.rho.get(),

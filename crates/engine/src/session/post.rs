@@ -22,7 +22,7 @@ use crate::session::accuracy::{Halves, Spread3, avg_interval, interval_columns, 
 use datafusion::arrow::array::{ArrayRef, Float64Array, RecordBatch};
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::common::ScalarValue;
-use datafusion::common::tree_node::{Transformed, TreeNode};
+use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
 use datafusion::datasource::{MemTable, provider_as_source};
 use datafusion::execution::runtime_env::RuntimeEnvBuilder;
 use datafusion::logical_expr::{Expr, LogicalPlan, LogicalPlanBuilder, Projection, col};
@@ -261,19 +261,29 @@ pub(crate) fn post_plan(dp: &DpPlan, noisy: RecordBatch) -> Result<LogicalPlan> 
         exprs.extend(hidden.iter().map(|h| col(format!("__dp_noisy.{h}")).alias(h)));
     }
     let replacement = scan.project(exprs).and_then(|b| b.build()).map_err(engine)?;
+    // The outermost aggregate is the one measured (a question about each person has another below it).
     let mut replaced = false;
-    let out = dp
+    let down = dp
         .original
         .clone()
-        .transform_up(|node| {
-            if let LogicalPlan::Aggregate(_) = &node
-                && !replaced
-            {
+        .transform_down(|node| {
+            if matches!(node, LogicalPlan::Aggregate(_)) && !replaced {
                 replaced = true;
-                return Ok(Transformed::yes(replacement.clone()));
+                return Ok(Transformed::new(replacement.clone(), true, TreeNodeRecursion::Jump));
+            }
+            Ok(Transformed::no(node))
+        })
+        .map_err(engine)?
+        .data;
+    let mut above = false;
+    let out = down
+        .transform_up(|node| {
+            if !above && node == replacement {
+                above = true;
+                return Ok(Transformed::no(node));
             }
             match node {
-                LogicalPlan::Projection(p) if carry && replaced => {
+                LogicalPlan::Projection(p) if carry && above => {
                     // Keep the hidden interval columns: the analyst's projection would drop them.
                     let mut exprs = p.expr.clone();
                     for h in &hidden {
@@ -450,7 +460,7 @@ fn cannot_fail(plan: &LogicalPlan) -> bool {
             let mut total = true;
             let _ = plan.apply_expressions(|e| {
                 total &= crate::plan::safety::total(e, input.schema()).is_ok();
-                Ok(datafusion::common::tree_node::TreeNodeRecursion::Continue)
+                Ok(TreeNodeRecursion::Continue)
             });
             total && cannot_fail(input)
         }

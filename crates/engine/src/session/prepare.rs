@@ -351,7 +351,8 @@ impl DpSession {
             .map_err(|e| DpError::Refused(Refusal::TypeCheck { message: crate::refusal::engine_message(&e) }))?;
         size::check_constant_sizes(&analyzed)?;
         safety::check_constants(&analyzed)?;
-        plan::lookup::inline_public_joins(analyzed, &|t| self.public_table(t))
+        let inlined = plan::lookup::inline_public_joins(analyzed, &|t| self.public_table(t))?;
+        plan::unit_join::decorrelate(inlined)
     }
 }
 

@@ -534,6 +534,7 @@ impl DpSession {
             cells: Some(plan.sets.iter().map(|s| s.cells as u64).sum()),
             selection: None,
             join: None,
+            per_person: None,
             computed: vec![],
             measures,
             rho: p.quote.rho.get(),
