@@ -105,12 +105,7 @@ pub fn measurements(
                 }));
             };
             let bv = bound::bounded_value(Expr::Column(c.clone()), scoped, lo, hi, &base)?;
-            let bound_text = if bv.scale_bits == 0 {
-                format!("[{}, {}]", bv.lo, bv.hi)
-            } else {
-                format!("[{}, {}] on the grid 2^-{}", bv.lo, bv.hi, bv.scale_bits)
-            };
-            let s = sensitivity::sum(contribution, &unit, bv.max_abs, &bound_text);
+            let s = sensitivity::sum(contribution, &unit, bv.max_abs, &bound_text(&bv));
             let kind = MeasureKind::Sum { scale_bits: bv.scale_bits, lo: bv.lo, hi: bv.hi, of: SumOf::Value };
             let sum = out.add(Measure { kind, column: Some(base.clone()), sensitivity: s }, bv.sum);
             if what == "SUM" {
@@ -176,8 +171,7 @@ fn spread(
     let unit = policy.privacy_unit.clone().unwrap_or_else(|| "row".into());
     let mut sum_of = |value: Expr, lo: f64, hi: f64, of: SumOf| -> Result<usize> {
         let bv = bound::bounded_value(value, scoped, lo, hi, &base)?;
-        let text = format!("[{}, {}] on the grid 2^-{}", bv.lo, bv.hi, bv.scale_bits);
-        let s = sensitivity::sum(contribution, &unit, bv.max_abs, &text);
+        let s = sensitivity::sum(contribution, &unit, bv.max_abs, &bound_text(&bv));
         let kind = MeasureKind::Sum { scale_bits: bv.scale_bits, lo: bv.lo, hi: bv.hi, of };
         Ok(out.add(Measure { kind, column: Some(base.clone()), sensitivity: s }, bv.sum))
     };
@@ -239,12 +233,7 @@ fn pair(
     let Some(stat) = stat else { return Ok(OutputKind::Measure(count)) };
     let mut sum_of = |base: &str, value: Expr, lo: f64, hi: f64, of: SumOf| -> Result<usize> {
         let bv = bound::bounded_value(value, scoped, lo, hi, base)?;
-        let text = if bv.scale_bits == 0 {
-            format!("[{}, {}]", bv.lo, bv.hi)
-        } else {
-            format!("[{}, {}] on the grid 2^-{}", bv.lo, bv.hi, bv.scale_bits)
-        };
-        let s = sensitivity::sum(contribution, &unit, bv.max_abs, &text);
+        let s = sensitivity::sum(contribution, &unit, bv.max_abs, &bound_text(&bv));
         let kind = MeasureKind::Sum { scale_bits: bv.scale_bits, lo: bv.lo, hi: bv.hi, of };
         Ok(out.add(Measure { kind, column: Some(base.to_string()), sensitivity: s }, bv.sum))
     };
@@ -298,6 +287,15 @@ fn pair(
         half: (half_x, half_y),
         what: stat,
     })
+}
+
+/// How a sum's values are bounded, for its sensitivity's derivation: `[lo, hi]`, and the grid 2^-s its values are
+/// put on unless they are summed as exact integers (`2^-14`; `2^16` for a grid coarser than 1).
+fn bound_text(bv: &bound::BoundedValue) -> String {
+    match bv.scale_bits {
+        0 => format!("[{}, {}]", bv.lo, bv.hi),
+        s => format!("[{}, {}] on the grid 2^{}", bv.lo, bv.hi, -s),
+    }
 }
 
 /// A numeric column of the private table with bounds, as an aggregate's argument.
