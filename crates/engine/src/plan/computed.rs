@@ -15,6 +15,9 @@
 //!    policy gives each value its bounds (which the bounding clamps to, as for a column); each key gets its public
 //!    domain, the image of its inputs' domains and bounds ([`key_domain`]), released like a declared domain; a
 //!    key without one is selected by its noisy counts where a δ budget allows it ([`crate::plan::selected`]).
+//! 5. The two arguments of a pair aggregate (CORR, COVAR_*, REGR_*), columns or expressions, are clamped and
+//!    bounded the same way and become three computed columns ([`Pair`]): each value masked where the other is
+//!    NULL, and the product of their centred values, bounded by `±h_a·h_b`. The aggregate reads the masked values.
 //!
 //! The rewrite reads the policy and the query only: whether a query is answered, what it is refused with, and
 //! every bound and domain are the same on every dataset.
