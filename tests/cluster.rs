@@ -115,6 +115,7 @@ async fn releases_match(g: u64) {
         .iter()
         .chain(QUANTILES)
         .chain(SPREADS)
+        .chain(crate::corr::PAIRS)
         .chain(JOINS)
         .chain(UNIT_JOINS)
         .chain(SELECTED)

@@ -11,6 +11,9 @@ mod cluster;
 mod computed;
 /// The configuration file: the example loads, mistakes are reported with their fix.
 mod config;
+/// CORR, COVAR and REGR_*: noisy sums over the rows where both values are present, post-processed, with an interval
+/// per row from a parametric bootstrap of the noise; a neighbouring audit of the sums; NULLs; refusals.
+mod corr;
 /// Answers derived from stored releases (issue 39, `SET dp.reuse = 'derive'`): sub-totals and totals, free.
 mod derived;
 /// Differential fuzzing of the guarantee: generated queries on neighbouring tables.

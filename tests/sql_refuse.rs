@@ -23,6 +23,8 @@ pub(crate) const REFUSED: &[(&str, &str)] = &[
     ("SELECT COUNT(DISTINCT sex) FROM pums", "distinct_aggregate"),
     ("SELECT VAR_SAMP(educ) FROM pums", "no_bounds"),
     ("SELECT STDDEV(age / (age - 50)) FROM pums", "computed_fails"),
+    ("SELECT CORR(educ, age) FROM pums", "no_bounds"),
+    ("SELECT REGR_SLOPE(income, pid) FROM pums", "unit_aggregated"),
     ("SELECT first_value(age) FROM pums", "unsupported_aggregate"),
     ("SELECT COUNT(*) FROM pums a JOIN pums b ON a.age = b.age", "join"),
     ("SELECT COUNT(*) FROM pums a RIGHT JOIN pums b ON a.pid = b.pid", "join"),

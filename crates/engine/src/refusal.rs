@@ -714,7 +714,8 @@ refusals! {
         #[error("the aggregate {name} is not supported yet")]
         #[hint(
             "dpfusion answers COUNT, SUM, AVG, MEDIAN, PERCENTILE_CONT, APPROX_PERCENTILE_CONT, MIN, MAX, VAR_POP, \
-             VAR_SAMP, STDDEV_POP and STDDEV_SAMP"
+             VAR_SAMP, STDDEV_POP, STDDEV_SAMP, CORR, COVAR_POP, COVAR_SAMP and REGR_SLOPE, REGR_INTERCEPT, \
+             REGR_R2, REGR_COUNT, REGR_AVGX, REGR_AVGY, REGR_SXX, REGR_SYY, REGR_SXY"
         )]
         UnsupportedAggregate {
             /// The aggregate.

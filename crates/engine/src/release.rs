@@ -45,7 +45,9 @@ pub enum Accuracy {
         measurements: usize,
     },
     /// A ratio of noisy measurements (AVG, possibly scaled and shifted): one interval per row, from the intervals
-    /// of the noisy SUM and COUNT at level √`confidence` each (their noise is independent).
+    /// of the noisy SUM and COUNT at level √`confidence` each (their noise is independent); likewise for a
+    /// variance or standard deviation (three measurements at ∛`confidence`), and for CORR, COVAR and REGR_* (a
+    /// parametric bootstrap of the noise of their sums: approximate; `[NaN, NaN]` for a NULL).
     PerRow {
         /// Confidence level of each row's interval.
         confidence: f64,

@@ -15,6 +15,9 @@
 //!    policy gives each value its bounds (which the bounding clamps to, as for a column); each key gets its public
 //!    domain, the image of its inputs' domains and bounds ([`key_domain`]), released like a declared domain; a
 //!    key without one is selected by its noisy counts where a δ budget allows it ([`crate::plan::selected`]).
+//! 5. The two arguments of a pair aggregate (CORR, COVAR_*, REGR_*), columns or expressions, are clamped and
+//!    bounded the same way and become three computed columns ([`Pair`]): each value masked where the other is
+//!    NULL, and the product of their centred values, bounded by `±h_a·h_b`. The aggregate reads the masked values.
 //!
 //! The rewrite reads the policy and the query only: whether a query is answered, what it is refused with, and
 //! every bound and domain are the same on every dataset.
@@ -71,6 +74,30 @@ pub struct ComputedColumn {
 pub struct Computed {
     /// In the order they were met.
     pub columns: Vec<ComputedColumn>,
+    /// The pairs of values that CORR, COVAR_* and REGR_* aggregates read ([`Pair`]).
+    pub pairs: Vec<Pair>,
+}
+
+/// The computed columns of a pair aggregate (CORR, COVAR_POP, COVAR_SAMP, REGR_*) of values `a` and `b`: each value
+/// clamped to its bounds and **masked** where the other is NULL (`CASE WHEN b IS NOT NULL THEN a END`, and the
+/// same for `b`), so that the count and every sum see only the rows where both are present (SQL's semantics), and
+/// the product of their distances from their bounds' centres, `(a − c_a)·(b − c_b)` (NULL when either is), whose
+/// bounds are `[−h_a·h_b, h_a·h_b]`. The aggregate reads the two masked columns; the measurements read all three
+/// ([`crate::plan::measures`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Pair {
+    /// The two masked values, in the order the pair's first aggregate wrote them: (column, centre, half-width),
+    /// the centre and half-width of the column's bounds.
+    pub values: [(String, f64, f64); 2],
+    /// The column of the product of their centred values.
+    pub cross: String,
+}
+
+impl Pair {
+    /// The centre and half-width of the masked column `name`, if it is one of this pair's.
+    pub fn value(&self, name: &str) -> Option<(f64, f64)> {
+        self.values.iter().find(|(n, ..)| n == name).map(|(_, c, h)| (*c, *h))
+    }
 }
 
 impl Computed {
@@ -284,6 +311,15 @@ impl<'a> Rewrite<'a> {
                     .collect::<Result<_>>()?
             };
         }
+        if let Some((_, what, _)) = crate::plan::PairStat::of(af.func.name()) {
+            match self.pair(&af.params.args, what)? {
+                Some(args) => af.params.args = args,
+                // A bare column that cannot be measured: refused by the measurements, with the table's name.
+                None if filter.is_none() => return Ok(a.clone()),
+                None => {}
+            }
+            return Ok(Expr::AggregateFunction(af).alias(a.schema_name().to_string()));
+        }
         let name = af.func.name().to_uppercase();
         let mut changed = filter.is_some();
         for (arg, was) in
@@ -318,6 +354,110 @@ impl<'a> Rewrite<'a> {
         }
         // Named as the analyst's aggregate: the names stay distinct.
         Ok(Expr::AggregateFunction(af).alias(a.schema_name().to_string()))
+    }
+
+    /// The arguments of a pair aggregate `what` (CORR, COVAR_*, REGR_*) as the two masked columns of their
+    /// [`Pair`], which this adds (with the product of their centred values) unless the same pair is there already.
+    /// Each argument is clamped and bounded like a computed value (an aggregate of a value without finite bounds is
+    /// refused, naming it). `None` when an argument is a bare column of the table that the measurements refuse
+    /// (without bounds, the privacy unit, not numeric, a public column), so that they refuse it with the policy's
+    /// fix.
+    fn pair(&mut self, args: &[Expr], what: &'static str) -> Result<Option<Vec<Expr>>> {
+        use datafusion::logical_expr::cast;
+        let [a, b] = args else { return Err(DpError::Refused(Refusal::ArgumentCount { aggregate: what })) };
+        let mut values = Vec::with_capacity(2);
+        for arg in [a, b] {
+            let Some(v) = self.pair_value(arg, what)? else { return Ok(None) };
+            values.push(v);
+        }
+        let [(xa, la), (xb, lb)] = <[(Expr, String); 2]>::try_from(values)
+            .map_err(|_| DpError::Internal("a pair aggregate without its two values".into()))?;
+        let (fa, fb) = (cast(xa.clone(), DataType::Float64), cast(xb.clone(), DataType::Float64));
+        let masked = |v: &Expr, other: &Expr| when(other.clone().is_not_null(), v.clone()).end().map_err(engine);
+        let mut columns = Vec::with_capacity(2);
+        for (value, other, label) in [
+            (&fa, &xb, format!("CASE WHEN {lb} IS NOT NULL THEN {la} END")),
+            (&fb, &xa, format!("CASE WHEN {la} IS NOT NULL THEN {lb} END")),
+        ] {
+            let m = masked(value, other)?;
+            let bounds = interval::derive(&m, self.schema)
+                .map_err(|what| DpError::Refused(Refusal::ComputedFails { expr: label.clone(), what }))?;
+            let Some((lo, hi)) = bounds.finite() else {
+                let why = unbounded(&bounds);
+                return Err(DpError::Refused(Refusal::UnboundedValue { aggregate: what.into(), expr: label, why }));
+            };
+            let origin = format!("∈ [{lo}, {hi}]{}", self.sources(&m));
+            let Expr::Column(c) = self.add(m, label, bounds, None, origin) else {
+                return Err(DpError::Internal("a computed column that is not a column".into()));
+            };
+            columns.push((c.name, (lo + hi) / 2.0, (hi - lo) / 2.0));
+        }
+        let out: Vec<Expr> = columns.iter().map(|(n, ..)| Expr::Column(Column::from_name(n))).collect();
+        let known = self.computed.pairs.iter().any(|p| columns.iter().all(|(n, ..)| p.value(n).is_some()));
+        if !known {
+            // The product, in the order the pair was first met (the same column for CORR(a, b) and CORR(b, a)).
+            let [(na, ca, ha), (nb, cb, hb)] = <[(String, f64, f64); 2]>::try_from(columns)
+                .map_err(|_| DpError::Internal("a pair without its two columns".into()))?;
+            let cross = (fa - lit(ca)) * (fb - lit(cb));
+            let label = format!("({la} - {}) * ({lb} - {})", crate::format::fmt_num(ca), crate::format::fmt_num(cb));
+            let bounds = interval::derive(&cross, self.schema)
+                .map_err(|what| DpError::Refused(Refusal::ComputedFails { expr: label.clone(), what }))?;
+            let Some((lo, hi)) = bounds.finite() else {
+                let why = unbounded(&bounds);
+                return Err(DpError::Refused(Refusal::UnboundedValue { aggregate: what.into(), expr: label, why }));
+            };
+            let origin = format!(
+                "∈ [{lo}, {hi}] (|a − c_a|·|b − c_b| ≤ {}·{}){}",
+                crate::format::fmt_num(ha),
+                crate::format::fmt_num(hb),
+                self.sources(&cross)
+            );
+            let Expr::Column(c) = self.add(cross, label, bounds, None, origin) else {
+                return Err(DpError::Internal("a computed column that is not a column".into()));
+            };
+            self.computed.pairs.push(Pair { values: [(na, ca, ha), (nb, cb, hb)], cross: c.name });
+        }
+        Ok(Some(out))
+    }
+
+    /// One argument of a pair aggregate `what`, clamped, with its label; `None` for a bare column that the
+    /// measurements refuse (see [`Rewrite::pair`]).
+    fn pair_value(&mut self, arg: &Expr, what: &'static str) -> Result<Option<(Expr, String)>> {
+        let label = self.label(arg);
+        if let Expr::Column(c) = validate::strip_total_casts(arg, self.schema) {
+            match self.lifted_column(c) {
+                Some(l) if l.column.bounds.finite().is_none() => {
+                    let why = unbounded(&l.column.bounds);
+                    let expr = l.column.label.clone();
+                    return Err(DpError::Refused(Refusal::UnboundedValue { aggregate: what.into(), expr, why }));
+                }
+                Some(_) => {}
+                None => {
+                    let Some(base) = validate::base_column(self.input, c) else { return Ok(None) };
+                    let numeric = Expr::Column(c.clone()).get_type(self.schema).is_ok_and(|t| t.is_numeric());
+                    if self.policy.privacy_unit.as_deref() == Some(base.as_str())
+                        || self.policy.bounds(&base).is_none()
+                        || !numeric
+                    {
+                        return Ok(None);
+                    }
+                }
+            }
+        } else if !arg.any_column_refs() {
+            return Err(DpError::Refused(Refusal::ComputedArgument { aggregate: what, arg: label }));
+        }
+        let clamped = self.clamp(arg)?;
+        let bounds = interval::derive(&clamped, self.schema)
+            .map_err(|what| DpError::Refused(Refusal::ComputedFails { expr: label.clone(), what }))?;
+        if bounds.finite().is_none() {
+            let why = unbounded(&bounds);
+            return Err(DpError::Refused(Refusal::UnboundedValue { aggregate: what.into(), expr: label, why }));
+        }
+        if !clamped.get_type(self.schema).is_ok_and(|t| t.is_numeric()) {
+            let why = "its values are not numbers".to_string();
+            return Err(DpError::Refused(Refusal::UnboundedValue { aggregate: what.into(), expr: label, why }));
+        }
+        Ok(Some((clamped, label)))
     }
 
     /// A computed value: clamped, bounded (finite bounds when `aggregate` needs them), as a computed column.

@@ -3,8 +3,9 @@
 //! ([`crate::plan::sensitivity`]) under the query's contribution limits.
 
 use crate::error::{DpError, Result};
+use crate::plan::computed::Pair;
 use crate::plan::sensitivity::{self, Contribution};
-use crate::plan::{Measure, MeasureKind, OutputKind, SumOf, bound, validate};
+use crate::plan::{Measure, MeasureKind, OutputKind, PairStat, SumOf, bound, validate};
 use crate::policy::TablePolicy;
 use crate::refusal::Refusal;
 use datafusion::common::{Column, DFSchema, TableReference};
@@ -40,13 +41,15 @@ impl Measured {
 
 /// The measurements of `agg`'s aggregates: COUNT(*), COUNT(column), SUM(column) and AVG(column) of bare columns
 /// (SUM and AVG need bounds), no DISTINCT, FILTER or ORDER BY. `scoped` is the schema of the scoped input
-/// ([`crate::plan::keys::scope`]), over which the measurements are computed.
+/// ([`crate::plan::keys::scope`]), over which the measurements are computed; `pairs` are the computed columns of
+/// its pair aggregates (CORR, COVAR_*, REGR_*: [`crate::plan::computed::Pair`]).
 pub fn measurements(
     agg: &Aggregate,
     scoped: &DFSchema,
     policy: &TablePolicy,
     table: &TableReference,
     contribution: Contribution,
+    pairs: &[Pair],
 ) -> Result<Measured> {
     let unit = policy.privacy_unit.clone().unwrap_or_else(|| "row".into());
     let mut out = Measured { measures: vec![], exprs: vec![], outputs: vec![] };
@@ -69,6 +72,12 @@ pub fn measurements(
             continue;
         }
         plain(&af)?;
+        if let Some((stat, what, yx)) = PairStat::of(af.func.name()) {
+            let arguments = (stat, what, yx);
+            let output = pair(agg, &af, arguments, scoped, policy, table, contribution, pairs, &mut out)?;
+            out.outputs.push(output);
+            continue;
+        }
         if let Some((what, sample, root)) = spread_name(&af) {
             let output = spread(agg, &af, what, (sample, root), scoped, policy, table, contribution, &mut out)?;
             out.outputs.push(output);
@@ -96,12 +105,7 @@ pub fn measurements(
                 }));
             };
             let bv = bound::bounded_value(Expr::Column(c.clone()), scoped, lo, hi, &base)?;
-            let bound_text = if bv.scale_bits == 0 {
-                format!("[{}, {}]", bv.lo, bv.hi)
-            } else {
-                format!("[{}, {}] on the grid 2^-{}", bv.lo, bv.hi, bv.scale_bits)
-            };
-            let s = sensitivity::sum(contribution, &unit, bv.max_abs, &bound_text);
+            let s = sensitivity::sum(contribution, &unit, bv.max_abs, &bound_text(&bv));
             let kind = MeasureKind::Sum { scale_bits: bv.scale_bits, lo: bv.lo, hi: bv.hi, of: SumOf::Value };
             let sum = out.add(Measure { kind, column: Some(base.clone()), sensitivity: s }, bv.sum);
             if what == "SUM" {
@@ -167,8 +171,7 @@ fn spread(
     let unit = policy.privacy_unit.clone().unwrap_or_else(|| "row".into());
     let mut sum_of = |value: Expr, lo: f64, hi: f64, of: SumOf| -> Result<usize> {
         let bv = bound::bounded_value(value, scoped, lo, hi, &base)?;
-        let text = format!("[{}, {}] on the grid 2^-{}", bv.lo, bv.hi, bv.scale_bits);
-        let s = sensitivity::sum(contribution, &unit, bv.max_abs, &text);
+        let s = sensitivity::sum(contribution, &unit, bv.max_abs, &bound_text(&bv));
         let kind = MeasureKind::Sum { scale_bits: bv.scale_bits, lo: bv.lo, hi: bv.hi, of };
         Ok(out.add(Measure { kind, column: Some(base.clone()), sensitivity: s }, bv.sum))
     };
@@ -178,6 +181,121 @@ fn spread(
     let m = Measure { kind: MeasureKind::CountValues, column: Some(base.clone()), sensitivity: s };
     let count = out.add(m, count(Expr::Column(c)));
     Ok(OutputKind::Spread { count, sum, squares, half_range: h, sample, root })
+}
+
+/// A pair aggregate (CORR, COVAR_POP, COVAR_SAMP, REGR_*) `what`, whose two arguments [`crate::plan::computed`]
+/// made the masked columns x′ and y′ of a [`Pair`] (for REGR_*, written `(y, x)`: x is the second): the noisy
+/// COUNT(x′) (the rows where both are non-NULL; COUNT(y′) is the same), and as `stat` needs them, SUM(x′ − c_x)
+/// and SUM((x′ − c_x)²) (exactly the measurements of a variance of x′: [`spread`]), the same for y′, and SUM of
+/// the product column `(x − c_x)·(y − c_y)` with its derived bounds `±h_x·h_y`. Each is a count or a clamped sum of
+/// one value per row, so its sensitivity is the usual one ([`sensitivity::count`], [`sensitivity::sum`]: k rows'
+/// worth of the bound, in each of g cells), and identical measurements (two statistics of one pair) are shared.
+#[allow(clippy::too_many_arguments)]
+fn pair(
+    agg: &Aggregate,
+    af: &AggregateFunction,
+    (stat, what, yx): (Option<PairStat>, &'static str, bool),
+    scoped: &DFSchema,
+    policy: &TablePolicy,
+    table: &TableReference,
+    contribution: Contribution,
+    pairs: &[Pair],
+    out: &mut Measured,
+) -> Result<OutputKind> {
+    use datafusion::arrow::datatypes::DataType;
+    use datafusion::logical_expr::{cast, when};
+    let [a, b] = af.params.args.as_slice() else {
+        return Err(DpError::Refused(Refusal::ArgumentCount { aggregate: what }));
+    };
+    let lifted = |e: &Expr| -> Option<(Column, String, &Pair)> {
+        let (c, base) = argument(agg, e, what).ok()?;
+        let p = pairs.iter().find(|p| p.value(&base).is_some())?;
+        Some((c, base, p))
+    };
+    let (Some(first), Some(second)) = (lifted(a), lifted(b)) else {
+        // An argument `plan::computed` left as it was: a bare column, refused here with the policy's fix.
+        for e in [a, b] {
+            bounded_column(agg, e, what, scoped, policy, table)?;
+        }
+        return Err(DpError::Internal(format!("the arguments of {what} were not computed as a pair")));
+    };
+    let ((cx, x, p), (cy, y, _)) = if yx { (second, first) } else { (first, second) };
+    let ((centre_x, half_x), (centre_y, half_y)) = match (p.value(&x), p.value(&y)) {
+        (Some(vx), Some(vy)) => (vx, vy),
+        _ => return Err(DpError::Internal(format!("the arguments of {what} are not one pair"))),
+    };
+    let unit = policy.privacy_unit.clone().unwrap_or_else(|| "row".into());
+    // The count of either masked column (the same rows): the pair's first, so that CORR(a, b) and CORR(b, a) share it.
+    let (counted, c) = if x == p.values[0].0 { (&x, &cx) } else { (&y, &cy) };
+    let s = sensitivity::count(contribution, &unit);
+    let m = Measure { kind: MeasureKind::CountValues, column: Some(counted.clone()), sensitivity: s };
+    let count = out.add(m, count(Expr::Column(c.clone())));
+    let Some(stat) = stat else { return Ok(OutputKind::Measure(count)) };
+    let mut sum_of = |base: &str, value: Expr, lo: f64, hi: f64, of: SumOf| -> Result<usize> {
+        let bv = bound::bounded_value(value, scoped, lo, hi, base)?;
+        let s = sensitivity::sum(contribution, &unit, bv.max_abs, &bound_text(&bv));
+        let kind = MeasureKind::Sum { scale_bits: bv.scale_bits, lo: bv.lo, hi: bv.hi, of };
+        Ok(out.add(Measure { kind, column: Some(base.to_string()), sensitivity: s }, bv.sum))
+    };
+    // The centred value of a masked column, clamped to its bounds first (as for a variance: NULL stays NULL, NaN
+    // takes the sum's upper bound).
+    let centred = |c: &Column, centre: f64, half: f64| -> Result<Expr> {
+        let v = cast(Expr::Column(c.clone()), DataType::Float64);
+        let (lo, hi) = (centre - half, centre + half);
+        let clamped = when(v.clone().lt(lit(lo)), lit(lo))
+            .when(v.clone().gt(lit(hi)), lit(hi))
+            .otherwise(v)
+            .map_err(crate::error::engine)?;
+        Ok(clamped - lit(centre))
+    };
+    let [need_sx, need_sxx, need_sy, need_syy, need_sxy] = stat.needs();
+    let (ux, uy) = (centred(&cx, centre_x, half_x)?, centred(&cy, centre_y, half_y)?);
+    let mut centred_sum = |need: bool, base: &str, value: &Expr, centre: f64, h: f64| -> Result<Option<usize>> {
+        if !need {
+            return Ok(None);
+        }
+        sum_of(base, value.clone(), -h, h, SumOf::Centred { centre }).map(Some)
+    };
+    let sx = centred_sum(need_sx, &x, &ux, centre_x, half_x)?;
+    let sy = centred_sum(need_sy, &y, &uy, centre_y, half_y)?;
+    let mut squared_sum = |need: bool, base: &str, value: &Expr, centre: f64, h: f64| -> Result<Option<usize>> {
+        if !need {
+            return Ok(None);
+        }
+        sum_of(base, value.clone() * value.clone(), 0.0, h * h, SumOf::Squared { centre }).map(Some)
+    };
+    let sxx = squared_sum(need_sxx, &x, &ux, centre_x, half_x)?;
+    let syy = squared_sum(need_syy, &y, &uy, centre_y, half_y)?;
+    let sxy = match need_sxy {
+        false => None,
+        true => {
+            let Some((lo, hi)) = policy.bounds(&p.cross) else {
+                return Err(DpError::Internal(format!("the product column of {what} has no bounds")));
+            };
+            let c = Column::from_name(&p.cross);
+            Some(sum_of(&p.cross, Expr::Column(c), lo, hi, SumOf::Value)?)
+        }
+    };
+    Ok(OutputKind::Pair {
+        count,
+        sx,
+        sxx,
+        sy,
+        syy,
+        sxy,
+        centre: (centre_x, centre_y),
+        half: (half_x, half_y),
+        what: stat,
+    })
+}
+
+/// How a sum's values are bounded, for its sensitivity's derivation: `[lo, hi]`, and the grid 2^-s its values are
+/// put on unless they are summed as exact integers (`2^-14`; `2^16` for a grid coarser than 1).
+fn bound_text(bv: &bound::BoundedValue) -> String {
+    match bv.scale_bits {
+        0 => format!("[{}, {}]", bv.lo, bv.hi),
+        s => format!("[{}, {}] on the grid 2^{}", bv.lo, bv.hi, -s),
+    }
 }
 
 /// A numeric column of the private table with bounds, as an aggregate's argument.

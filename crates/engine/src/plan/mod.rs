@@ -156,6 +156,94 @@ pub enum OutputKind {
         /// The standard deviation (the square root) rather than the variance.
         root: bool,
     },
+    /// CORR, COVAR_POP, COVAR_SAMP or a REGR_* statistic of a pair (x, y), from a noisy COUNT of the rows where
+    /// both are non-NULL and noisy sums, over those rows, of the centred values `u = x − c_x`, `w = y − c_y`, their
+    /// squares and their product (post-processing: [`crate::session::pair`]). Only the sums `what` needs are
+    /// measured (`None` otherwise).
+    Pair {
+        /// Index of the COUNT of the rows where x and y are both non-NULL.
+        count: usize,
+        /// Index of Σu.
+        sx: Option<usize>,
+        /// Index of Σu².
+        sxx: Option<usize>,
+        /// Index of Σw.
+        sy: Option<usize>,
+        /// Index of Σw².
+        syy: Option<usize>,
+        /// Index of Σuw.
+        sxy: Option<usize>,
+        /// The centres `(c_x, c_y)` subtracted: the middles of x's and y's bounds.
+        centre: (f64, f64),
+        /// Half the widths of x's and y's bounds: the largest |u| and |w|.
+        half: (f64, f64),
+        /// The statistic.
+        what: PairStat,
+    },
+}
+
+/// A statistic of a pair of values (x, y) computed from the sums of [`OutputKind::Pair`]. For the `REGR_*`
+/// functions, written `REGR_SLOPE(y, x)`, x is the second argument.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub enum PairStat {
+    /// CORR(x, y): the Pearson correlation.
+    Corr,
+    /// COVAR_POP(x, y).
+    CovarPop,
+    /// COVAR_SAMP(x, y) (also COVAR).
+    CovarSamp,
+    /// REGR_SLOPE(y, x): the least-squares slope of y on x.
+    Slope,
+    /// REGR_INTERCEPT(y, x).
+    Intercept,
+    /// REGR_R2(y, x): the square of the correlation.
+    R2,
+    /// REGR_AVGX(y, x): the mean of x.
+    AvgX,
+    /// REGR_AVGY(y, x): the mean of y.
+    AvgY,
+    /// REGR_SXX(y, x): Σ(x − x̄)².
+    Sxx,
+    /// REGR_SYY(y, x): Σ(y − ȳ)².
+    Syy,
+    /// REGR_SXY(y, x): Σ(x − x̄)(y − ȳ).
+    Sxy,
+}
+
+impl PairStat {
+    /// The statistic of the aggregate function named `name` (DataFusion's name), with the analyst's name for it and
+    /// whether its arguments are written (y, x); `None` for any other aggregate. REGR_COUNT is answered as the pair's
+    /// noisy COUNT itself: `Ok(None)` in the inner option.
+    pub fn of(name: &str) -> Option<(Option<PairStat>, &'static str, bool)> {
+        Some(match name {
+            "corr" => (Some(PairStat::Corr), "CORR", false),
+            "covar_pop" => (Some(PairStat::CovarPop), "COVAR_POP", false),
+            "covar_samp" | "covar" => (Some(PairStat::CovarSamp), "COVAR_SAMP", false),
+            "regr_slope" => (Some(PairStat::Slope), "REGR_SLOPE", true),
+            "regr_intercept" => (Some(PairStat::Intercept), "REGR_INTERCEPT", true),
+            "regr_r2" => (Some(PairStat::R2), "REGR_R2", true),
+            "regr_avgx" => (Some(PairStat::AvgX), "REGR_AVGX", true),
+            "regr_avgy" => (Some(PairStat::AvgY), "REGR_AVGY", true),
+            "regr_sxx" => (Some(PairStat::Sxx), "REGR_SXX", true),
+            "regr_syy" => (Some(PairStat::Syy), "REGR_SYY", true),
+            "regr_sxy" => (Some(PairStat::Sxy), "REGR_SXY", true),
+            "regr_count" => (None, "REGR_COUNT", true),
+            _ => return None,
+        })
+    }
+
+    /// Which sums it needs, beside the count: (Σu, Σu², Σw, Σw², Σuw).
+    pub fn needs(self) -> [bool; 5] {
+        match self {
+            PairStat::Corr | PairStat::R2 => [true; 5],
+            PairStat::CovarPop | PairStat::CovarSamp | PairStat::Sxy => [true, false, true, false, true],
+            PairStat::Slope | PairStat::Intercept => [true, true, true, false, true],
+            PairStat::AvgX => [true, false, false, false, false],
+            PairStat::AvgY => [false, false, true, false, false],
+            PairStat::Sxx => [true, true, false, false, false],
+            PairStat::Syy => [false, false, true, true, false],
+        }
+    }
 }
 
 /// A GROUP BY key with its public domain.
@@ -309,13 +397,13 @@ pub fn compile(plan: &LogicalPlan, policy_of: &dyn Fn(&TableReference) -> Option
     }
     let keys = keys::group_keys(agg, &policy, &table, &computed)?;
     let (private, measured, selection) = if keys.iter().any(|k| k.selected) {
-        let (private, measured, selection) = selected::bounded(agg, &policy, &table, &keys)?;
+        let (private, measured, selection) = selected::bounded(agg, &policy, &table, &keys, &computed.pairs)?;
         (private, measured, Some(selection))
     } else {
         let cells = keys::cells(&keys)?;
         let contribution = Contribution::of(&policy, (!keys.is_empty()).then_some(cells));
         let scoped = keys::scope(agg.input.as_ref(), &policy, &keys)?;
-        let measured = measures::measurements(agg, scoped.schema(), &policy, &table, contribution)?;
+        let measured = measures::measurements(agg, scoped.schema(), &policy, &table, contribution, &computed.pairs)?;
         check_histograms(&measured.measures, if keys.is_empty() { 1 } else { cells })?;
         (bound::bounded_aggregate(scoped, &policy, &keys, cells, contribution, &measured)?, measured, None)
     };

@@ -62,11 +62,12 @@ pub(crate) fn bounded(
     policy: &TablePolicy,
     table: &TableReference,
     keys: &[GroupKey],
+    pairs: &[crate::plan::computed::Pair],
 ) -> Result<(LogicalPlan, Measured, usize)> {
     // The number of keys is unknown (and private): each unit keeps g of its keys.
     let contribution = Contribution::of(policy, Some(u64::MAX));
     let scoped = scope(agg.input.as_ref(), policy, keys)?;
-    let mut measured = measures::measurements(agg, scoped.schema(), policy, table, contribution)?;
+    let mut measured = measures::measurements(agg, scoped.schema(), policy, table, contribution, pairs)?;
     if let Some(m) = measured.measures.iter().find(|m| matches!(m.kind, MeasureKind::Quantile { .. })) {
         return Err(DpError::Refused(Refusal::SelectionUnsupported { what: m.label() }));
     }

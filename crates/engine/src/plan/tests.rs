@@ -144,7 +144,7 @@ async fn measurements_are_shared_and_carry_their_sensitivities() {
     let (agg, table) = located(&plan);
     let scoped = keys::scope(agg.input.as_ref(), &p, &[]).unwrap();
     let contribution = Contribution::of(&p, None);
-    let m = measures::measurements(agg, scoped.schema(), &p, &table, contribution).unwrap();
+    let m = measures::measurements(agg, scoped.schema(), &p, &table, contribution, &[]).unwrap();
     let labels: Vec<String> = m.measures.iter().map(Measure::label).collect();
     assert_eq!(labels, ["SUM(income)", "COUNT(income)", "COUNT(*)"], "AVG shares the SUM and the COUNT");
     assert_eq!(

@@ -8,7 +8,9 @@
 //!   scaled by |a|: exact, since the noise of `a·X + b` is `a` times the noise of `X`;
 //! * a linear function of several measurements → the sum of their scaled half-widths, each at level
 //!   1 − (1 − c)/m: by the union bound, all m hold at once with probability ≥ c, and then so does the sum;
-//! * a linear function of one AVG → an interval per row ([`avg_interval`], scaled);
+//! * a linear function of one AVG → an interval per row ([`avg_interval`], scaled); of one VARIANCE or STDDEV
+//!   ([`spread_interval`]) or one CORR, COVAR or REGR_* statistic (a parametric bootstrap of the noise:
+//!   [`super::pair`]) likewise;
 //! * anything else (a non-linear function of a noisy value, an average mixed with other noisy values) → no
 //!   interval, and the reason.
 //!
@@ -20,7 +22,7 @@ use crate::accounting::calibrate::Calibration;
 use crate::error::{DpError, Result};
 use crate::noise::NoiseParams;
 use crate::noise::accuracy;
-use crate::plan::{DpPlan, OutputKind};
+use crate::plan::{DpPlan, OutputKind, PairStat};
 use crate::release::{Accuracy, ColumnAccuracy};
 use crate::session::post::unit_of;
 use datafusion::arrow::array::{Array, AsArray, RecordBatch};
@@ -100,19 +102,32 @@ pub(crate) fn avg_interval(s: f64, n: f64, hs: f64, hn: f64, lo: f64, hi: f64) -
 }
 
 /// A measurement's noise half-widths (grid units) at the levels a per-row interval combines them at: √c for the
-/// two of an AVG, ∛c for the three of a VARIANCE/STDDEV (independent noises: all hold with probability ≥ c).
+/// two of an AVG, ∛c for the three of a VARIANCE/STDDEV (independent noises: all hold with probability ≥ c); and
+/// its noise's standard deviation and shape, which a pair's bootstrap draws from ([`super::pair`]).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Halves {
     /// At level √c.
     pub(crate) sqrt: f64,
     /// At level ∛c.
     pub(crate) cbrt: f64,
+    /// The noise's standard deviation (grid units; for a derived value, the square root of its variance proxy).
+    pub(crate) std: f64,
+    /// Laplace noise (else Gaussian, or a sum of Gaussians for a derived value).
+    pub(crate) laplace: bool,
+    /// The confidence level (c).
+    pub(crate) confidence: f64,
 }
 
 impl Halves {
     /// The half-widths of calibration `c` for confidence `confidence`.
     pub(crate) fn of(c: &Calibration, confidence: f64) -> Result<Halves> {
-        Ok(Halves { sqrt: noise_accuracy(c, confidence.sqrt())?.1, cbrt: noise_accuracy(c, confidence.cbrt())?.1 })
+        Ok(Halves {
+            sqrt: noise_accuracy(c, confidence.sqrt())?.1,
+            cbrt: noise_accuracy(c, confidence.cbrt())?.1,
+            std: noise_accuracy(c, confidence)?.0,
+            laplace: c.derived().is_none() && matches!(c.params(), NoiseParams::Laplace { .. }),
+            confidence,
+        })
     }
 }
 
@@ -403,7 +418,7 @@ fn linear_accuracy(dp: &DpPlan, cals: &[Calibration], terms: Vec<(usize, f64)>, 
                 Some((_, s)) => *s += a,
                 None => measures.push((*m, a)),
             },
-            Some(OutputKind::Avg { .. } | OutputKind::Spread { .. }) => avgs.push((j, a)),
+            Some(OutputKind::Avg { .. } | OutputKind::Spread { .. } | OutputKind::Pair { .. }) => avgs.push((j, a)),
             None => return Err(DpError::Internal("an output traced to no aggregate".into())),
         }
     }
@@ -560,6 +575,30 @@ pub(crate) fn explain_output(dp: &DpPlan, cals: &[Calibration], i: usize, confid
                         half(*sum, level)?,
                         half(*squares, level)?,
                         pct(level),
+                    )
+                }
+                Some(OutputKind::Pair { count, sx, sxx, sy, syy, sxy, what, .. }) => {
+                    let names =
+                        ["COUNT", "Σ(x − c_x)", "Σ(x − c_x)²", "Σ(y − c_y)", "Σ(y − c_y)²", "Σ(x − c_x)(y − c_y)"];
+                    let mut read = Vec::new();
+                    for (m, name) in [Some(*count), *sx, *sxx, *sy, *syy, *sxy].into_iter().zip(names) {
+                        if let Some(m) = m {
+                            read.push(format!("{name} ± {}", half(m, confidence)?));
+                        }
+                    }
+                    let nulls = match what {
+                        PairStat::Corr | PairStat::R2 => "NULL where the noisy n < 2, S_xx ≤ 0 or S_yy ≤ 0",
+                        PairStat::Slope | PairStat::Intercept => "NULL where the noisy n < 2 or S_xx ≤ 0",
+                        PairStat::CovarSamp => "NULL where the noisy n < 2",
+                        _ => "NULL where the noisy n < 1",
+                    };
+                    format!(
+                        "an interval per row at {}%: a parametric bootstrap of the noise ({} draws around the noisy \
+                         {}, each at {}%); approximate, the noise only{scaled}; {nulls}",
+                        pct(confidence),
+                        super::pair::DRAWS,
+                        read.join(", "),
+                        pct(confidence),
                     )
                 }
                 _ => return Err(DpError::Internal("a per-row interval without its measurements".into())),

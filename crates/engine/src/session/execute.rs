@@ -818,6 +818,45 @@ fn exact_integer(a: &dyn Array, row: usize) -> Result<i128> {
     Err(DpError::Internal(format!("unexpected aggregate type {}", a.data_type())))
 }
 
+#[cfg(any(test, feature = "test-util"))]
+impl DpSession {
+    /// **Tests only: hands out exact aggregates of private data.** Charges `sql` at its quoted price (like a query
+    /// without reuse), runs its private plan once and returns, for each measurement (in the order `EXPLAIN DP`
+    /// lists them), its label and its exact pre-noise value in every cell of the domain ([`domain_product`]'s
+    /// order; 0 for a cell without rows), in value units: for neighbouring audits of measurements that no output
+    /// column shows alone (a correlation's sums). Reachable only with the `test-util` feature, never from a
+    /// configuration file or SQL; not for queries with quantiles or keys without a domain.
+    pub async fn exact_measurements_for_tests(&self, sql: &str) -> Result<Vec<(String, Vec<f64>)>> {
+        let prepared = self.prepare(sql, &[]).await?;
+        let dp = &prepared.dp;
+        let quote = self.quote(dp)?;
+        let tables: Vec<String> = dp.tables.iter().map(|t| t.table().to_string()).collect();
+        let plans = [*prepared.physical.fingerprint()];
+        let debit = self.ledger.charge(sql, &tables, quote.measurements.clone(), &plans)?;
+        let open = self.tables.open(debit);
+        let exact = open.collect(&prepared.physical).await.map_err(|e| self.private_failure(e))?;
+        open.close();
+        let cells = exact_cells(dp, &exact)?;
+        let keys = domain_product(dp);
+        dp.measures
+            .iter()
+            .enumerate()
+            .map(|(i, m)| {
+                let unit = crate::session::post::unit_of(&m.kind);
+                let values = keys
+                    .iter()
+                    .map(|k| match cells.get(k).and_then(|c| c.get(i)) {
+                        None => Ok(0.0),
+                        Some(Exact::Int(x)) => Ok(*x as f64 * unit),
+                        Some(Exact::Slots(_)) => Err(DpError::Internal("a quantile has no exact value".into())),
+                    })
+                    .collect::<Result<Vec<f64>>>()?;
+                Ok((m.label(), values))
+            })
+            .collect()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

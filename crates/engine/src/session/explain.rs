@@ -84,6 +84,10 @@ pub struct Explanation {
     /// Whether a variance or standard deviation shares ρ 1 : 2 : 1 between its three measurements (the others
     /// share it equally).
     pub spread: bool,
+    /// Whether a pair statistic (CORR, COVAR_*, REGR_*) shares ρ `1 : 2 : 1 : 2 : 1 : 4` between its COUNT and its
+    /// sums of x, x², y, y² and x·y (centred), scaled to six equal shares ([`crate::session::Explanation`]'s
+    /// measurements show each one's ρ).
+    pub pair: bool,
     /// For a GROUPING SETS / CUBE / ROLLUP statement (a workload release): each marginal's accuracy and the total
     /// variance against the optimum and against answering the marginals one by one.
     pub workload: Option<String>,
@@ -137,8 +141,14 @@ impl std::fmt::Display for Explanation {
             "ρ allocated over the residuals for the least sum of the cells' variances (ResidualPlanner)"
         } else if self.target.is_some() {
             "ρ per measurement, the least that meets dp.target"
+        } else if self.spread && self.pair {
+            "ρ split equally but for a variance's COUNT : SUM : SUM of squares, 1 : 2 : 1, and a pair's COUNT : Σx : \
+             Σx² : Σy : Σy² : Σxy, 1 : 2 : 1 : 2 : 1 : 4 (six shares in all)"
         } else if self.spread {
             "ρ split equally but for a variance's COUNT : SUM : SUM of squares, 1 : 2 : 1"
+        } else if self.pair {
+            "ρ split equally but for a pair's COUNT : Σx : Σx² : Σy : Σy² : Σxy (centred), 1 : 2 : 1 : 2 : 1 : 4 (six \
+             shares in all)"
         } else {
             "ρ split equally"
         };
@@ -285,6 +295,7 @@ impl DpSession {
                 target: self.explained_target(&quote)?,
                 reuse: self.explained_reuse(&prepared, &quote)?,
                 spread: dp.outputs.iter().any(|o| matches!(o, crate::plan::OutputKind::Spread { .. })),
+                pair: dp.outputs.iter().any(|o| matches!(o, crate::plan::OutputKind::Pair { .. })),
                 workload: None,
                 schema: std::sync::Arc::new(dp.original.schema().as_arrow().clone()),
                 public,

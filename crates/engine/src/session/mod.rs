@@ -40,6 +40,7 @@ pub(crate) mod derive;
 mod execute;
 mod explain;
 mod marginals;
+mod pair;
 mod post;
 mod prepare;
 pub(crate) mod private;

@@ -19,6 +19,7 @@ use crate::plan::{DpPlan, MeasureKind, OutputKind, size};
 use crate::refusal::Refusal;
 use crate::session::DpSession;
 use crate::session::accuracy::{Halves, Spread3, avg_interval, interval_columns, is_interval_column, spread_interval};
+use crate::session::pair;
 use datafusion::arrow::array::{ArrayRef, Float64Array, RecordBatch};
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::common::ScalarValue;
@@ -84,7 +85,7 @@ pub(crate) fn noisy_batch(
         .outputs
         .iter()
         .enumerate()
-        .filter(|(_, o)| matches!(o, OutputKind::Avg { .. } | OutputKind::Spread { .. }))
+        .filter(|(_, o)| matches!(o, OutputKind::Avg { .. } | OutputKind::Spread { .. } | OutputKind::Pair { .. }))
         .map(|(j, _)| (j, Vec::new(), Vec::new()))
         .collect();
     // Each quantile's candidates, built once for all cells.
@@ -96,6 +97,8 @@ pub(crate) fn noisy_batch(
             _ => Ok(None),
         })
         .collect::<Result<Vec<_>>>()?;
+    // A pair's bootstrap: fewer draws per cell for releases of very many cells ([`pair::draws`]).
+    let draws = pair::draws(keys.len());
     for (key, cell) in keys.into_iter().zip(values) {
         let noisy: Vec<NoisyValue> =
             dp.measures.iter().zip(cell).map(|(m, v)| NoisyValue { grid: *v, unit: unit_of(&m.kind) }).collect();
@@ -153,6 +156,31 @@ pub(crate) fn noisy_batch(
                         up.push(high - v);
                     }
                     ScalarValue::Float64(Some(v)).cast_to(dt).map_err(engine)?
+                }
+                OutputKind::Pair { count, sx, sxx, sy, syy, sxy, centre, half: halves, what } => {
+                    let measured = [Some(*count), *sx, *sxx, *sy, *syy, *sxy];
+                    let sums = measured.map(|m| {
+                        m.map(|m| {
+                            let h = half.get(m);
+                            pair::Noisy {
+                                value: noisy[m].as_f64(),
+                                std: h.map_or(0.0, |h| h.std) * noisy[m].unit,
+                                laplace: h.is_some_and(|h| h.laplace),
+                            }
+                        })
+                    });
+                    let confidence = half.first().map_or(0.95, |h| h.confidence);
+                    let released: Vec<i128> = measured.iter().flatten().map(|m| noisy[*m].grid).collect();
+                    let shape = pair::Shape { centre: *centre, half: *halves };
+                    let (v, low, high) =
+                        pair::interval(*what, sums, shape, confidence, draws, pair::seed(*what, &released));
+                    if let Some((_, dn, up)) = interval_cols.iter_mut().find(|(k, ..)| *k == j) {
+                        // (NaN for a NULL value: its interval is [NaN, NaN], as a NULL's is.)
+                        let v = v.unwrap_or(f64::NAN);
+                        dn.push(v - low);
+                        up.push(high - v);
+                    }
+                    ScalarValue::Float64(v).cast_to(dt).map_err(engine)?
                 }
             };
             out_cols[j].push(value);
@@ -495,7 +523,7 @@ impl DpSession {
             .iter()
             .map(|_| {
                 let h = rng.random_range(0.5..50.0);
-                Halves { sqrt: h, cbrt: h * 1.2 }
+                Halves { sqrt: h, cbrt: h * 1.2, std: h / 2.0, laplace: false, confidence: 0.95 }
             })
             .collect();
         let noisy = noisy_batch(dp, keys, &values, &half)?;

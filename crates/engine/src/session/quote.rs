@@ -115,19 +115,45 @@ impl Quote {
 /// `σᵢ² ∝ Δᵢ²/ρᵢ` (Gaussian and Laplace noise alike under zCDP) and `Δ_Q = k·h²`, `Δ_n = k`, `Δ_S = k·h`, the bound
 /// is `∝ k²h⁴·(1/ρ_Q + 1/ρ_n + 4/ρ_S)`, least for `ρ_Q : ρ_n : ρ_S = 1 : 1 : 2` (Lagrange: `ρᵢ ∝ √cᵢ`). The standard
 /// deviation is a monotone function of V, whose first-order error scales all three terms alike.
+///
+/// The measurements of a pair (CORR, COVAR_*, REGR_*: `COUNT`, `Σu`, `Σu²`, `Σw`, `Σw²`, `Σuw` of the centred
+/// values u = x − c_x, w = y − c_y, [`PAIR_SHARES`]) take `1 : 2 : 1 : 2 : 1 : 4`, scaled so that all six take 6
+/// shares (what six measurements take in an equal split): each variable's `1 : 2 : 1` as for its variance, and the
+/// cross product twice a plain sum. Under zCDP with every Δ equal in units of the bounds' half-widths, the
+/// first-order variance of a statistic is `∝ Σ gᵢ²/ρᵢ` for its gradient g in the six sums, least for `ρᵢ ∝ |gᵢ|`;
+/// g depends on the data (on where the means sit between the bounds above all), so no split is best for every
+/// table. Over five reference configurations (centred, off-centre, one variable near a bound, the PUMS demo's age
+/// and income at two correlations), this split's variance of CORR is within 1.83× of the best split for each
+/// (REGR_SLOPE 2.44×), against 3.0× (3.33×) for equal shares and 4.4× for the shares that minimise the worst case
+/// over data within the bounds (`4 : 4 : 1 : 4 : 1 : 2`, dominated by data on a bound). A measurement a statistic
+/// does not need is not made (COVAR: no sums of squares).
 fn shares(dp: &DpPlan) -> Vec<f64> {
     let mut w = vec![1.0; dp.measures.len()];
     for o in &dp.outputs {
-        if let crate::plan::OutputKind::Spread { count, sum, squares, .. } = *o {
-            for (i, share) in [(count, 0.75), (sum, 1.5), (squares, 0.75)] {
-                if let Some(x) = w.get_mut(i) {
-                    *x = share;
+        match *o {
+            crate::plan::OutputKind::Spread { count, sum, squares, .. } => {
+                for (i, share) in [(count, 0.75), (sum, 1.5), (squares, 0.75)] {
+                    if let Some(x) = w.get_mut(i) {
+                        *x = share;
+                    }
                 }
             }
+            crate::plan::OutputKind::Pair { count, sx, sxx, sy, syy, sxy, .. } => {
+                let total: f64 = PAIR_SHARES.iter().sum();
+                for (i, share) in [Some(count), sx, sxx, sy, syy, sxy].into_iter().zip(PAIR_SHARES) {
+                    if let Some(x) = i.and_then(|i| w.get_mut(i)) {
+                        *x = share * 6.0 / total;
+                    }
+                }
+            }
+            _ => {}
         }
     }
     w
 }
+
+/// The relative shares of ρ of a pair's measurements: COUNT, Σu, Σu², Σw, Σw², Σuw ([`shares`]).
+pub(crate) const PAIR_SHARES: [f64; 6] = [1.0, 2.0, 1.0, 2.0, 1.0, 4.0];
 
 /// Each measurement's share of the query's `rho` ([`shares`]: equal shares ρ/m unless the query has a variance or
 /// a standard deviation).

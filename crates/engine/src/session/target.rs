@@ -197,7 +197,7 @@ fn fixed_half_width(
         Planned::Ready(Accuracy::Rank { .. }) => Err("a quantile's interval is on its rank, not its value".into()),
         Planned::Ready(Accuracy::NoInterval { reason }) => Err(format!("it has no interval: {reason}")),
         Planned::Ready(Accuracy::PerRow { .. }) | Planned::Average { .. } => {
-            Err("an average's or a variance's interval depends on the noisy values, row by row".into())
+            Err("an average's, a variance's or a correlation's interval depends on the noisy values, row by row".into())
         }
     })
 }

@@ -544,6 +544,7 @@ impl DpSession {
             target: None,
             reuse,
             spread: false,
+            pair: false,
             workload: Some(describe_workload(plan)),
             schema,
             public,
