@@ -6,10 +6,9 @@
 
 use crate::sql_accept::binomial_upper;
 use crate::support::{column_f64, people_session_of, pums_config, release, session_from};
-use datafusion::arrow::array::{Float64Array, Int64Array, RecordBatch};
-use datafusion::arrow::datatypes::{DataType, Field, Schema};
+use datafusion::arrow::array::{Float64Array, RecordBatch};
+use datafusion::arrow::datatypes::DataType;
 use dpfusion::{Accuracy, DpError};
-use std::sync::Arc;
 
 /// Pair queries over the PUMS demo that must be answered: every noisy column but REGR_COUNT (a direct
 /// measurement) with an interval per row that contains its value (also run on a cluster: tests/cluster.rs).
@@ -120,26 +119,7 @@ fn people(n: i64, extreme: Option<bool>) -> RecordBatch {
             sex.push(Some(1));
         }
     }
-    batch(pid, age, income, sex)
-}
-
-fn batch(pid: Vec<i64>, age: Vec<Option<i64>>, income: Vec<Option<f64>>, sex: Vec<Option<i64>>) -> RecordBatch {
-    let schema = Schema::new(vec![
-        Field::new("pid", DataType::Int64, false),
-        Field::new("age", DataType::Int64, true),
-        Field::new("income", DataType::Float64, true),
-        Field::new("sex", DataType::Int64, true),
-    ]);
-    RecordBatch::try_new(
-        Arc::new(schema),
-        vec![
-            Arc::new(Int64Array::from(pid)),
-            Arc::new(Int64Array::from(age)),
-            Arc::new(Float64Array::from(income)),
-            Arc::new(Int64Array::from(sex)),
-        ],
-    )
-    .unwrap()
+    crate::support::people_columns(pid, age, income, sex)
 }
 
 /// Neighbouring audit of the exact sums a pair is measured by (no noise involved: the test hook returns the

@@ -2,13 +2,10 @@
 //! the unit. Answered within their stated intervals, moved by a neighbour by at most their stated sensitivity, and
 //! refused for free (with the reason) where one unit's rows could decide about another's.
 
-use crate::sql_accept::{binomial_upper, interval_misses, keys_of};
+use crate::sql_accept::{binomial_upper, interval_misses};
 use crate::support::{column_f64, pums_config, release, session_from};
-use datafusion::arrow::array::{Float64Array, Int64Array, RecordBatch};
-use datafusion::arrow::datatypes::{DataType, Field, Schema};
+use datafusion::arrow::array::RecordBatch;
 use datafusion::prelude::{CsvReadOptions, SessionContext};
-use dpfusion::Accuracy;
-use std::sync::Arc;
 
 /// The shapes of the issue over PUMS whose noisy columns are direct measurements, with the number of rows each
 /// releases (every key of a domain, zeros included). The cluster runs them too (tests/cluster.rs).
@@ -100,22 +97,8 @@ fn people(with_v: bool) -> RecordBatch {
             sex.push(1);
         }
     }
-    let schema = Schema::new(vec![
-        Field::new("pid", DataType::Int64, false),
-        Field::new("age", DataType::Int64, true),
-        Field::new("income", DataType::Float64, true),
-        Field::new("sex", DataType::Int64, true),
-    ]);
-    RecordBatch::try_new(
-        Arc::new(schema),
-        vec![
-            Arc::new(Int64Array::from(pid)),
-            Arc::new(Int64Array::from(age)),
-            Arc::new(Float64Array::from(income)),
-            Arc::new(Int64Array::from(sex)),
-        ],
-    )
-    .unwrap()
+    let some = |v: Vec<i64>| v.into_iter().map(Some).collect();
+    crate::support::people_columns(pid, some(age), income.into_iter().map(Some).collect(), some(sex))
 }
 
 /// Neighbouring audit, exact: each form runs on D and on D′ = D plus one extreme person with the same noise seed,
@@ -140,23 +123,7 @@ async fn a_neighbour_moves_each_per_person_form_by_at_most_its_sensitivity() {
     ];
     let d = crate::support::people_session_of(people(false), 1e9, 1.0);
     let d2 = crate::support::people_session_of(people(true), 1e9, 1.0);
-    for (i, sql) in forms.iter().enumerate() {
-        let explained = d.explain(sql).await.unwrap();
-        d.insecure_reseed_for_tests(i as u64).unwrap();
-        d2.insecure_reseed_for_tests(i as u64).unwrap();
-        let (a, b) = (release(&d, sql).await, release(&d2, sql).await);
-        let nkeys = a.accuracy().iter().take_while(|x| x.accuracy == Accuracy::Public).count();
-        assert_eq!(keys_of(&a, nkeys), keys_of(&b, nkeys), "{sql}: the released keys depend only on the policy");
-        let mut moved = false;
-        for (j, m) in explained.measures.iter().enumerate() {
-            let (x, y) = (column_f64(&a, nkeys + j), column_f64(&b, nkeys + j));
-            let shift: f64 = x.iter().zip(&y).map(|(p, q)| (p - q).abs()).sum();
-            let l1 = m.l1 * m.unit;
-            assert!(shift <= l1 * (1.0 + 1e-9), "{sql}: {} moved by {shift} > its L1 sensitivity {l1}", m.label);
-            moved |= shift > 0.0;
-        }
-        assert!(moved, "{sql}: the extreme person changed nothing (the audit would not see a wrong bound)");
-    }
+    crate::computed::audit_neighbours(&d, &d2, &forms).await;
 }
 
 /// A semi-join keeps a unit's rows by that unit's own rows only: adding a person whose rows are only in the

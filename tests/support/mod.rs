@@ -1,6 +1,6 @@
 //! Helpers shared by the SQL-level tests.
 
-use datafusion::arrow::array::{Float64Array, Int64Array, RecordBatch, StringArray};
+use datafusion::arrow::array::{ArrayRef, Float64Array, Int64Array, RecordBatch, StringArray};
 use datafusion::arrow::datatypes::{DataType, Field, Schema};
 use dpfusion::accounting::Rho;
 use dpfusion::noise::Mechanism;
@@ -165,6 +165,28 @@ pub(crate) fn people(n: i64, extra: bool) -> RecordBatch {
         ],
     )
     .unwrap()
+}
+
+/// A `people`-shaped batch (pid, age, income as float, sex) from its columns, NULL where a value is `None`.
+pub(crate) fn people_columns(
+    pid: Vec<i64>,
+    age: Vec<Option<i64>>,
+    income: Vec<Option<f64>>,
+    sex: Vec<Option<i64>>,
+) -> RecordBatch {
+    let schema = Schema::new(vec![
+        Field::new("pid", DataType::Int64, false),
+        Field::new("age", DataType::Int64, true),
+        Field::new("income", DataType::Float64, true),
+        Field::new("sex", DataType::Int64, true),
+    ]);
+    let columns: Vec<ArrayRef> = vec![
+        Arc::new(Int64Array::from(pid)),
+        Arc::new(Int64Array::from(age)),
+        Arc::new(Float64Array::from(income)),
+        Arc::new(Int64Array::from(sex)),
+    ];
+    RecordBatch::try_new(Arc::new(schema), columns).unwrap()
 }
 
 /// A session with a total budget and a per-query ρ (Gaussian, δ = 1e-6, 95% intervals) and one private table.

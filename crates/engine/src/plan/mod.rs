@@ -373,7 +373,9 @@ fn check_histograms(measures: &[Measure], cells: u64) -> Result<()> {
 
 /// Compiles an analyst's plan against the policies, in named phases that can each be tested alone:
 ///
-/// 1. [`validate::locate`]: the one Aggregate and the private table it reads (the rest is post-processing);
+/// 1. [`validate::locate`]: the one Aggregate and the private table it reads (the rest is post-processing); a
+///    subquery grouped by the unit below it becomes a table of per-person values ([`per_person`]), and the policy
+///    of what it reads is the table's, or its join's ([`unit_join`]);
 /// 2. [`keys`]: the GROUP BY keys and their public domains, the cells, and the scoped input (unit carried, rows
 ///    outside the domains dropped);
 /// 3. [`measures`]: the measurements and their sensitivities under the query's contribution limits;

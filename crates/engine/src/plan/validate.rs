@@ -1,10 +1,13 @@
 //! Validation: which plans dpfusion answers, and the refusals (with a reason and a fix) for the rest.
 //!
 //! Accepted shape: post-processing nodes (Projection, Filter for HAVING, Sort, Limit, SubqueryAlias, Window,
-//! Distinct) above exactly **one** Aggregate, whose input is a linear chain of Filter (WHERE), bare-column
-//! Projection and SubqueryAlias nodes ending in a scan of one private table (joins with public tables are lookups
-//! in those projections by then: [`crate::plan::lookup`]). Expression subqueries, other joins, unions and every
-//! statement that reaches outside a read-only view are refused.
+//! Distinct) above exactly **one** Aggregate, whose input is a linear chain of Filter (WHERE), Projection and
+//! SubqueryAlias nodes ending in a scan of one private table (joins with public tables are lookups in those
+//! projections by then: [`crate::plan::lookup`]), or in joins of such chains (INNER, LEFT, and the semi- and
+//! anti-joins that `IN`/`EXISTS` subqueries became: [`crate::plan::unit_join`] checks they are on the unit), or in
+//! one aggregate of such a chain (a question about each person: [`crate::plan::per_person`] checks it is grouped
+//! by the unit). Other expression subqueries, other joins, unions and every statement that reaches outside a
+//! read-only view are refused.
 
 use crate::error::{DpError, Result, engine};
 use crate::refusal::Refusal;
