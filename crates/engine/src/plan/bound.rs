@@ -418,7 +418,16 @@ pub(crate) fn unit_runs_rows(
 ) -> Result<Option<(LogicalPlan, runs::Spec)>> {
     let unit = Column::from_name(UNIT);
     let unit_type = input.schema().field_with_unqualified_name(UNIT).map_err(engine)?.data_type();
-    if !runs::supports_unit(unit_type) {
+    // Below an aggregate (a per-person subquery) or a semi-join, rows reach the pass in no order the input file
+    // keeps, so it would always fall back to the hash plan, and run the input twice.
+    let unordered = input
+        .exists(|n| {
+            Ok(matches!(n, LogicalPlan::Aggregate(_))
+                || matches!(n, LogicalPlan::Join(j) if matches!(j.join_type,
+                    datafusion::common::JoinType::LeftSemi | datafusion::common::JoinType::LeftAnti)))
+        })
+        .map_err(engine)?;
+    if unordered || !runs::supports_unit(unit_type) {
         return Ok(None);
     }
     let mut exprs = vec![Expr::Column(unit)];

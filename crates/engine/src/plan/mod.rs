@@ -389,6 +389,10 @@ pub fn compile(plan: &LogicalPlan, policy_of: &dyn Fn(&TableReference) -> Option
     let person = per_person::rewrite(written, policy_of)?;
     let (over, derived) = person.as_ref().map_or((written, &[][..]), |p| (&p.aggregate, &p.derived[..]));
     let (policy, join) = unit_join::policy_of_input(over.input.as_ref(), &tables, policy_of, derived)?;
+    let policy = match &person {
+        Some(p) => p.policy(policy),
+        None => policy,
+    };
     let rewritten = computed::rewrite(over, &policy)?;
     let (agg, policy, mut computed) = match &rewritten {
         Some(r) => (&r.aggregate, r.policy.clone(), r.computed.clone()),

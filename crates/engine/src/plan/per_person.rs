@@ -21,8 +21,10 @@
 //! number of cells of the other keys (at most the table's `max_groups_per_unit`) with them; an integer per-person
 //! value with at most [`MAX_RANGE_KEYS`] values has them as its public domain (`GROUP BY n` is a histogram of
 //! per-person counts). The outer aggregate is then compiled over the derived table like any other query: its
-//! bounding ([`crate::plan::bound`]) holds `r` again at run time, and the unit never leaves the subquery (grouping by
-//! it outside is refused as for any table).
+//! bounding ([`crate::plan::bound`]) holds `r` again at run time; grouped by the unit alone, each row is a unit's
+//! whole contribution by the GROUP BY itself, so the derived table is bounded as one whose rows are each their own
+//! unit ([`PerPerson::policy`]: the same sensitivities, without a second aggregation per unit). The unit never
+//! leaves the subquery: grouping by it outside is refused.
 //!
 //! **Privacy claim.** Neighbouring datasets differ by all the rows of one privacy unit. A per-person row is a
 //! function of one unit's rows only (the inner aggregate groups by the unit), so adding or removing a unit adds or
@@ -69,6 +71,23 @@ pub struct PerPerson {
     pub values: Vec<ComputedColumn>,
     /// How the derived tables' limits come from the tables', for `EXPLAIN DP`.
     pub note: String,
+    /// Whether every per-person subquery groups by the unit alone: one row per unit, by the GROUP BY itself.
+    pub one_row_per_unit: bool,
+}
+
+impl PerPerson {
+    /// The policy of the query's input (`input`, as [`crate::plan::unit_join::policy_of_input`] gave it): when it
+    /// is one per-person subquery grouped by the unit alone, each of its rows is one unit's whole contribution (the
+    /// GROUP BY makes it so, whatever the data), so it is bounded as a table whose rows are each their own unit
+    /// (`k = g = 1`, no per-unit aggregation again: the same sensitivities); otherwise `input` unchanged.
+    pub fn policy(&self, input: TablePolicy) -> TablePolicy {
+        match self.derived.as_slice() {
+            [(_, only)] if self.one_row_per_unit && only == &input => {
+                TablePolicy { privacy_unit: None, max_rows_per_unit: 1, max_groups_per_unit: 1, ..input }
+            }
+            _ => input,
+        }
+    }
 }
 
 /// The rewrite of the module docs; `None` when `agg`'s input has no aggregate. `policy_of` gives each private
@@ -85,7 +104,17 @@ pub fn rewrite(
     let input = replace(agg.input.as_ref(), policy_of, &mut found)?;
     let aggregate =
         Aggregate::try_new(Arc::new(input), agg.group_expr.clone(), agg.aggr_expr.clone()).map_err(engine)?;
-    let mut out = PerPerson { aggregate, derived: vec![], values: vec![], note: String::new() };
+    let one_row_per_unit = found.iter().all(|f| f.one_row);
+    let mut out = PerPerson { aggregate, derived: vec![], values: vec![], note: String::new(), one_row_per_unit };
+    // The unit never leaves the subquery (its rows are each one unit's, but their unit is not released).
+    for g in &out.aggregate.group_expr {
+        if let Expr::Column(c) = validate::strip_aliases(g)
+            && let Some(base) = validate::base_column(out.aggregate.input.as_ref(), c)
+            && found.iter().any(|f| f.policy.privacy_unit.as_deref() == Some(base.as_str()))
+        {
+            return Err(DpError::Refused(Refusal::UnitAsKey { column: base }));
+        }
+    }
     let mut notes = Vec::new();
     for mut person in found {
         // The names the analyst gave the per-person values (`COUNT(*) AS n`) label them.
@@ -108,6 +137,7 @@ pub fn rewrite(
 /// aggregate's output name, its column).
 struct Found {
     schema: DFSchemaRef,
+    one_row: bool,
     policy: TablePolicy,
     values: Vec<ComputedColumn>,
     note: String,
@@ -240,7 +270,10 @@ fn per_person(
         .map(LogicalPlan::Projection)
         .map_err(engine)?;
     let mut note = if r == 1 {
-        format!("per {unit}: one row per unit (the subquery groups by the privacy unit `{unit}`)")
+        format!(
+            "per {unit}: one row per unit (the subquery groups by the privacy unit `{unit}`), each row a unit's whole \
+             contribution"
+        )
     } else {
         format!(
             "per {unit} and key: at most r = {r} row(s) per unit (the cells of the subquery's other keys, at most \
@@ -251,7 +284,8 @@ fn per_person(
     if let Some(j) = join {
         note.push_str(&format!("; inside, {j}"));
     }
-    Ok((plan, Found { schema: rebuilt_schema, policy, values, note, outputs }))
+    let one_row = keys.is_empty();
+    Ok((plan, Found { schema: rebuilt_schema, one_row, policy, values, note, outputs }))
 }
 
 /// The inner aggregate's keys other than the unit, each with its public domain; refused unless it groups by the
