@@ -43,22 +43,33 @@ const COMBINED: &[&str] = &[
 async fn computed_shapes_land_within_their_intervals() {
     let s = session_from(&pums_config("pums_pid.csv", 1e6, 2, 1)).await;
     s.sql("SET dp.rho = 20").await.unwrap();
-    let ctx = exact_ctx().await;
-    for (q, (sql, rows)) in COMPUTED.iter().enumerate() {
+    land_within_their_intervals(&s, &exact_ctx().await, COMPUTED, COMBINED).await;
+}
+
+/// Draws each of `shapes` (direct measurements, with the rows each releases) 20 times on `s` and asserts that the
+/// misses of its stated intervals around `exact`'s answers stay below the binomial quantile at
+/// 1 − 1e-9/(number of shapes); each of `combined` is answered with one row.
+pub(crate) async fn land_within_their_intervals(
+    s: &dpfusion::DpSession,
+    exact: &datafusion::prelude::SessionContext,
+    shapes: &[(&str, usize)],
+    combined: &[&str],
+) {
+    for (q, (sql, rows)) in shapes.iter().enumerate() {
         let (mut cells, mut misses, mut confidence) = (0usize, 0usize, 0.95);
         for rep in 0..20u64 {
             s.insecure_reseed_for_tests(1000 * q as u64 + rep).unwrap();
-            let r = release(&s, sql).await;
+            let r = release(s, sql).await;
             assert_eq!(r.num_rows(), *rows, "{sql}: every key of the domain, once");
-            for (_, n, m, conf) in interval_misses(&ctx, sql, &r).await {
+            for (_, n, m, conf) in interval_misses(exact, sql, &r).await {
                 (cells, misses, confidence) = (cells + n, misses + m, conf);
             }
         }
-        let limit = binomial_upper(cells, 1.0 - confidence, 1e-9 / COMPUTED.len() as f64);
+        let limit = binomial_upper(cells, 1.0 - confidence, 1e-9 / shapes.len() as f64);
         assert!(misses <= limit, "{sql}: {misses} of {cells} cells outside their interval (limit {limit})");
     }
-    for sql in COMBINED {
-        let r = release(&s, sql).await;
+    for sql in combined {
+        let r = release(s, sql).await;
         assert_eq!(r.num_rows(), 1, "{sql}");
     }
 }

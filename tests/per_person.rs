@@ -2,7 +2,6 @@
 //! the unit. Answered within their stated intervals, moved by a neighbour by at most their stated sensitivity, and
 //! refused for free (with the reason) where one unit's rows could decide about another's.
 
-use crate::sql_accept::{binomial_upper, interval_misses};
 use crate::support::{column_f64, pums_config, release, session_from};
 use datafusion::arrow::array::RecordBatch;
 use datafusion::prelude::{CsvReadOptions, SessionContext};
@@ -57,24 +56,7 @@ async fn exact_dup() -> SessionContext {
 async fn per_person_shapes_land_within_their_intervals() {
     let s = session_from(&pums_config("pums_dup.csv", 1e6, 4, 1)).await;
     s.sql("SET dp.rho = 20").await.unwrap();
-    let ctx = exact_dup().await;
-    for (q, (sql, rows)) in PER_PERSON.iter().enumerate() {
-        let (mut cells, mut misses, mut confidence) = (0usize, 0usize, 0.95);
-        for rep in 0..20u64 {
-            s.insecure_reseed_for_tests(1000 * q as u64 + rep).unwrap();
-            let r = release(&s, sql).await;
-            assert_eq!(r.num_rows(), *rows, "{sql}: every key of the domain, once");
-            for (_, n, m, conf) in interval_misses(&ctx, sql, &r).await {
-                (cells, misses, confidence) = (cells + n, misses + m, conf);
-            }
-        }
-        let limit = binomial_upper(cells, 1.0 - confidence, 1e-9 / PER_PERSON.len() as f64);
-        assert!(misses <= limit, "{sql}: {misses} of {cells} cells outside their interval (limit {limit})");
-    }
-    for sql in COMBINED {
-        let r = release(&s, sql).await;
-        assert_eq!(r.num_rows(), 1, "{sql}");
-    }
+    crate::computed::land_within_their_intervals(&s, &exact_dup().await, PER_PERSON, COMBINED).await;
 }
 
 /// 300 persons with one or two rows each (age 18–90, income below 200 000) and, in D′, one more person with 40
