@@ -170,6 +170,18 @@ fn marginals_way_two_is_one_workload_release() {
     assert!(err.contains("released 3 marginals (28 cells) in one charge · ρ spent 0.1"), "{err}");
     let o = dpfusion(&["marginals", "--table", "pums", "--columns", "sex,age", "--way", "2", "--rho", "0.1"]);
     assert_eq!(o.status.code(), Some(2), "a column without a domain is refused: {}", text(&o.stderr));
+    // --loss max plans the largest variance; --nonnegative releases no negative count (JSON: every marginal's
+    // keys and counts, and the largest clamp).
+    let o = dpfusion(&[&args[..], &["--plan", "--loss", "max"]].concat());
+    let out = text(&o.stdout);
+    assert!(out.contains("the largest variance of a cell minimised (dp.workload_loss = 'max')"), "{out}");
+    let o = dpfusion(&[&args[..], &["--nonnegative", "--format", "json"]].concat());
+    let out = text(&o.stdout);
+    let json: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
+    assert_eq!(json["output"], "nonnegative", "{out}");
+    let marginals = json["marginals"].as_array().unwrap();
+    assert_eq!(marginals[0]["keys"][1], serde_json::json!(["0", "2"]), "{out}");
+    assert!(marginals.iter().flat_map(|m| m["counts"].as_array().unwrap()).all(|c| c.as_f64().unwrap() >= 0.0));
 }
 
 #[test]

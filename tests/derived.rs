@@ -302,8 +302,7 @@ async fn derived_intervals_cover_the_exact_counts() {
 async fn an_api_workload_is_derived_from_too() {
     use dpfusion::marginals::{MarginalBudget, MarginalSpec};
     let s = session().await;
-    let spec =
-        MarginalSpec { budget: MarginalBudget::Rho(0.1), consistency: true, confidence: None, selection_delta: None };
+    let spec = MarginalSpec { budget: MarginalBudget::Rho(0.1), ..MarginalSpec::rho(0.1) };
     let columns = ["sex".to_string(), "race".to_string()];
     let w = s.workload("pums", &columns, &dpfusion::session::WorkloadSets::Ways(2), &spec).await.unwrap();
     s.sql("SET dp.reuse = 'derive'").await.unwrap();

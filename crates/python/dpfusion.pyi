@@ -239,7 +239,10 @@ class WorkloadResidual(TypedDict):
 class WorkloadPlan(TypedDict):
     """The noise and accuracy of a workload (`WorkloadRelease.plan`): per marginal (`sets`), per residual
     (`residuals`), `rows_per_unit`, `rho`, `epsilon`, `confidence`, and the sum of every cell's variance (`total_variance`) beside
-    the optimum for that ρ and answering each marginal alone (`optimal_variance`, `one_by_one_variance`).
+    the optimum for that ρ and answering each marginal alone (`optimal_variance`, `one_by_one_variance`); what the
+    allocation minimised (`loss`), the largest variance of a cell and, for `loss = "max"`, the lower bound on it
+    that the allocation certifies (`largest_variance_bound`, else None), and the memory the release holds at most
+    (`memory_bytes`, known before any read).
 
     >>> p: dpfusion.WorkloadPlan = s.workload("pums", ["sex", "race"], rho=0.05).plan
     >>> len(p["sets"]), len(p["residuals"])
@@ -255,6 +258,10 @@ class WorkloadPlan(TypedDict):
     total_variance: float
     optimal_variance: float
     one_by_one_variance: float
+    loss: Literal["sum", "max"]
+    largest_variance: float
+    largest_variance_bound: Optional[float]
+    memory_bytes: int
 
 
 def split_statements(text: str) -> list[str]:
@@ -849,12 +856,17 @@ class Session:
         target_std: Optional[float] = None,
         target: Optional[float] = None,
         confidence: Optional[float] = None,
+        loss: Optional[str] = None,
+        output: Optional[str] = None,
     ) -> WorkloadRelease:
         """Releases many marginals of `columns` of `table` (each with a public domain) in one debit: every marginal of
         `way` of the columns (2, the default: every two-way table), or the marginals listed in `sets` (lists of
         columns; `[]` is the total). The noise of each cell is chosen jointly for the least total error, and the
         counts agree across marginals. Give `rho` (the cost), `target` (the half-width wanted of each cell's
-        interval, in counts) or `target_std`; `confidence` is the level of the intervals.
+        interval, in counts) or `target_std`; `confidence` is the level of the intervals; `loss` what the noise
+        minimises, `"sum"` of every cell's variance (the default: the session's `dp.workload_loss`) or `"max"`, the
+        largest (every cell within the same ±x); `output` the counts, `"least_squares"` (unbiased, the default: the
+        session's `dp.workload_output`) or `"nonnegative"` (consistent, no negative cell, biased).
 
         >>> w = s.workload("pums", ["sex", "race"], sets=[["sex", "race"], ["sex"], []], rho=0.05)
         >>> t = w.to_pandas()

@@ -26,6 +26,11 @@
 //! cargo run --release --example bench -- gen --pums8 --rows 1000000 --out bench-data   # 8 PUMS-like columns
 //! cargo run --release --example bench -- workload --data bench-data/pums8_1000000.parquet [--reps 5]
 //!                       # all 2-way marginals: time against GROUPING SETS, total squared error against the optimum
+//! cargo run --release --example bench -- selection   # ResidualPlanner's selection benchmark (issue 58)
+//! cargo run --release --example bench -- gen-domain --domain adult --rows 100000 --out bench-data
+//! cargo run --release --example bench -- workload-scale --data bench-data/adult_100000.parquet --way 3 [--loss max]
+//!                       [--rho 1] [--reps 1]   # releases at scale: time, peak memory against the plan's, error
+//!                       # against the stated, and the non-negative rebuild of the same draws (error, bias)
 //! cargo run --release --example bench -- quantile-accuracy --data bench-data/people_1000000.parquet [--reps 20]
 //!                       [--grid 1000]
 //!                       # released MEDIAN / 90th percentile of income at person level against the exact ones
@@ -53,6 +58,7 @@ use std::time::Instant;
 #[cfg(feature = "cluster")]
 mod cluster;
 mod keys;
+mod selection;
 mod workload;
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
@@ -862,6 +868,21 @@ async fn main() -> Res<()> {
         Some("marginals") => bench_marginals(Path::new(&arg(&args, "--data").ok_or("--data FILE")?), reps).await?,
         Some("workload") => {
             workload::bench_workload(Path::new(&arg(&args, "--data").ok_or("--data FILE")?), reps).await?
+        }
+        Some("selection") => selection::bench_selection()?,
+        Some("workload-scale") => {
+            let data = Path::new(&arg(&args, "--data").ok_or("--data FILE")?).to_path_buf();
+            let way = arg(&args, "--way").ok_or("--way K")?.parse()?;
+            let loss = arg(&args, "--loss").unwrap_or_else(|| "sum".into()).parse()?;
+            let rho = arg(&args, "--rho").map(|r| r.parse()).transpose()?.unwrap_or(1.0);
+            workload::bench_scale(&data, way, loss, rho, reps).await?
+        }
+        Some("gen-domain") => {
+            let rows: usize = arg(&args, "--rows").ok_or("--rows N")?.parse()?;
+            let name = arg(&args, "--domain").ok_or("--domain cps|adult|loans")?;
+            let sizes = selection::domain(&name).ok_or("--domain cps|adult|loans")?;
+            let cols: Vec<(String, usize)> = sizes.iter().enumerate().map(|(i, n)| (format!("c{i}"), *n)).collect();
+            println!("{}", workload::gen_categorical(&format!("{name}_{rows}"), &cols, rows, &out)?.display());
         }
         Some("ledger") => bench_ledger(&out, arg(&args, "--n").and_then(|n| n.parse().ok()).unwrap_or(2000))?,
         Some("accounting") => bench_accounting()?,

@@ -14,6 +14,7 @@ use datafusion::parquet::arrow::ArrowWriter;
 use datafusion::prelude::{ParquetReadOptions, SessionContext};
 use dpfusion::marginals::MarginalSpec;
 use dpfusion::session::WorkloadSets;
+use dpfusion::workload::{Workload, WorkloadLoss, WorkloadOutput};
 use dpfusion::{DpSession, SessionConfig};
 use rand::{Rng, SeedableRng};
 use std::collections::HashMap;
@@ -28,14 +29,21 @@ const PUMS8: [(&str, usize); 8] =
 /// `pums8_{rows}.parquet`: person_id (1–5 consecutive rows per person) and the 8 columns of [`PUMS8`], each drawn
 /// from a skewed distribution over its values (P(v) ∝ 1/(v + 1)), seeded.
 pub(crate) fn gen_pums8(rows: usize, out: &Path) -> Res<PathBuf> {
+    let cols: Vec<(String, usize)> = PUMS8.iter().map(|(c, n)| (c.to_string(), *n)).collect();
+    gen_categorical(&format!("pums8_{rows}"), &cols, rows, out)
+}
+
+/// `{name}.parquet` in `out`: person_id (1–5 consecutive rows per person) and one Int8 column per `(name, n)` of
+/// `cols`, values 0..n drawn from P(v) ∝ 1/(v + 1), seeded.
+pub(crate) fn gen_categorical(name: &str, cols: &[(String, usize)], rows: usize, out: &Path) -> Res<PathBuf> {
     std::fs::create_dir_all(out)?;
-    let path = out.join(format!("pums8_{rows}.parquet"));
+    let path = out.join(format!("{name}.parquet"));
     let mut fields = vec![Field::new("person_id", DataType::Int64, false)];
-    fields.extend(PUMS8.iter().map(|(c, _)| Field::new(*c, DataType::Int8, false)));
+    fields.extend(cols.iter().map(|(c, _)| Field::new(c, DataType::Int8, false)));
     let schema = Arc::new(Schema::new(fields));
     let mut w = ArrowWriter::try_new(std::fs::File::create(&path)?, schema.clone(), None)?;
     let mut rng = rand::rngs::StdRng::seed_from_u64(11);
-    let weights: Vec<Vec<f64>> = PUMS8.iter().map(|(_, n)| (0..*n).map(|v| 1.0 / (v + 1) as f64).collect()).collect();
+    let weights: Vec<Vec<f64>> = cols.iter().map(|(_, n)| (0..*n).map(|v| 1.0 / (v + 1) as f64).collect()).collect();
     let (mut done, mut persons) = (0usize, super::Persons::default());
     while done < rows {
         let n = (rows - done).min(1 << 14);
@@ -113,7 +121,7 @@ pub(crate) async fn bench_workload(data: &Path, reps: usize) -> Res<()> {
     ctx.register_parquet("t", data.to_str().ok_or("path")?, ParquetReadOptions::default()).await?;
     let cols = columns(&ctx).await?;
     let names: Vec<String> = cols.iter().map(|(c, _)| c.clone()).collect();
-    let sets = dpfusion::workload::Workload::ways(cols.len(), 2);
+    let sets = Workload::ways(cols.len(), 2);
     let grouping = sets
         .iter()
         .map(|s| format!("({})", s.iter().map(|&i| names[i].as_str()).collect::<Vec<_>>().join(", ")))
@@ -192,6 +200,110 @@ pub(crate) async fn bench_workload(data: &Path, reps: usize) -> Res<()> {
         sets.len(),
         plan.one_by_one_variance,
         plan.one_by_one_variance / plan.optimal_variance
+    );
+    Ok(())
+}
+
+/// The process's peak resident memory so far (bytes, `VmHWM`), and a reset of it (Linux: `clear_refs` 5).
+fn peak_rss() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let kb = status.lines().find_map(|l| l.strip_prefix("VmHWM:")).and_then(|v| v.trim().strip_suffix("kB"));
+    kb.and_then(|v| v.trim().parse::<u64>().ok()).unwrap_or(0) * 1024
+}
+
+fn reset_peak_rss() {
+    let _ = std::fs::write("/proc/self/clear_refs", "5");
+}
+
+/// A workload release at scale: every `way`-way marginal of the categorical columns of `data` at row level, ρ
+/// (`rho`), allocated for `loss`, `reps` times: the wall and CPU time of the first, the peak resident memory during
+/// it (against the memory the plan states before any read), the total squared error of its cells against the exact
+/// marginals (counted here) beside the variance it states; then the same draws rebuilt non-negative (reused from
+/// their charge: the same measurements), their total squared error and their bias (mean signed error per cell),
+/// over all cells and over the cells whose true count is at most 5.
+pub(crate) async fn bench_scale(data: &Path, way: usize, loss: WorkloadLoss, rho: f64, reps: usize) -> Res<()> {
+    let ctx = SessionContext::new();
+    ctx.register_parquet("t", data.to_str().ok_or("path")?, ParquetReadOptions::default()).await?;
+    let cols = columns(&ctx).await?;
+    let names: Vec<String> = cols.iter().map(|(c, _)| c.clone()).collect();
+    let toml = config(data, &cols, false).replace("reuse = \"off\"", "reuse = \"exact\"");
+    let s = DpSession::from_config(&SessionConfig::from_toml_str(&toml, Path::new("."))?).await?;
+    let sets = WorkloadSets::Ways(way);
+    let t = Instant::now();
+    let plan =
+        s.explain_workload("t", &names, &sets, &MarginalSpec { loss: Some(loss), ..MarginalSpec::rho(rho) }).await?;
+    let planned = t.elapsed().as_secs_f64();
+    // The exact marginals, counted directly from the rows.
+    let batches = ctx.sql(&format!("SELECT {} FROM t", names.join(", "))).await?.collect().await?;
+    let exact: Vec<Vec<i64>> = Workload::ways(cols.len(), way)
+        .iter()
+        .map(|set| {
+            let mut counts = vec![0i64; set.iter().map(|&i| cols[i].1).product()];
+            for b in &batches {
+                let keys: Vec<&Int8Array> = set.iter().map(|&i| b.column(i).as_primitive()).collect();
+                for row in 0..b.num_rows() {
+                    let cell =
+                        set.iter().zip(&keys).fold(0usize, |acc, (&i, k)| acc * cols[i].1 + k.value(row) as usize);
+                    counts[cell] += 1;
+                }
+            }
+            counts
+        })
+        .collect();
+    drop(batches);
+    let cells: usize = exact.iter().map(Vec::len).sum();
+    let small = exact.iter().flatten().filter(|e| **e <= 5).count();
+    // Per kind (least squares, non-negative): total squared error, summed signed error, and over small cells.
+    let mut stats = [[0.0f64; 4]; 2];
+    let (mut wall, mut cpu, mut peak, mut before) = (0.0, 0.0, 0, 0);
+    for rep in 0..reps {
+        // A new draw each time: a ρ larger by a millionth is another workload for reuse.
+        let spec = MarginalSpec { loss: Some(loss), ..MarginalSpec::rho(rho * (1.0 + rep as f64 * 1e-6)) };
+        reset_peak_rss();
+        before = before.max(peak_rss());
+        let (t, c) = (Instant::now(), cpu_seconds());
+        let r = s.workload("t", &names, &sets, &spec).await?;
+        if rep == 0 {
+            (wall, cpu, peak) = (t.elapsed().as_secs_f64(), cpu_seconds() - c, peak_rss());
+        }
+        let nonneg = MarginalSpec { output: Some(WorkloadOutput::NonNegative), ..spec };
+        let n = s.workload("t", &names, &sets, &nonneg).await?;
+        if n.reused_from() != Some(r.charge().id()) {
+            return Err("the non-negative release did not reuse the same draw".into());
+        }
+        for (kind, release) in [&r, &n].into_iter().enumerate() {
+            for (m, e) in release.marginals().iter().zip(&exact) {
+                for (c, e) in m.counts.iter().zip(e) {
+                    let d = c - *e as f64;
+                    stats[kind][0] += d * d;
+                    stats[kind][1] += d;
+                    if *e <= 5 {
+                        stats[kind][2] += d * d;
+                        stats[kind][3] += d;
+                    }
+                }
+            }
+        }
+    }
+    let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
+    let per = |x: f64, n: usize| x / (reps * n.max(1)) as f64;
+    println!(
+        "| {} | {way}-way, {} marginals, loss {}, ρ {rho} | {} | {cells} | {planned:.2} | {wall:.1} ({cpu:.1}) | \
+         {:.0} (+{:.0}) | {:.0} | {:.4e} | {:.4e} | {:.4e} | {:+.3} | {:+.3} | {:.3} ({small} cells) | {:+.3} |",
+        data.display(),
+        exact.len(),
+        loss.name(),
+        plan.residuals.len(),
+        mib(peak),
+        mib(peak.saturating_sub(before)),
+        mib(plan.memory_bytes),
+        plan.total_variance,
+        stats[0][0] / reps as f64,
+        stats[1][0] / reps as f64,
+        per(stats[0][1], cells),
+        per(stats[1][1], cells),
+        stats[1][2] / stats[0][2].max(f64::MIN_POSITIVE),
+        per(stats[1][3], small)
     );
     Ok(())
 }

@@ -70,6 +70,14 @@ pub(crate) struct MarginalArgs {
     /// cell chosen jointly and every marginal consistent with the others (each column needs a public domain).
     #[arg(long, value_name = "WAY", conflicts_with_all = ["long", "plot", "no_consistency", "selection_delta"])]
     pub(crate) way: Option<usize>,
+    /// With --way: what the noise minimises, `sum` (of every cell's variance, the default) or `max` (the largest:
+    /// every cell within the same ±x).
+    #[arg(long, value_name = "LOSS", requires = "way")]
+    pub(crate) loss: Option<dpfusion::workload::WorkloadLoss>,
+    /// With --way: release the closest consistent counts with no negative cell (biased; the default is the
+    /// unbiased least-squares rebuild, whose small cells may be negative).
+    #[arg(long, requires = "way")]
+    pub(crate) nonnegative: bool,
     /// Keep the raw noisy counts (skip the consistency projection).
     #[arg(long)]
     pub(crate) no_consistency: bool,
@@ -165,6 +173,8 @@ pub(crate) async fn run(a: MarginalArgs) -> Result<bool, DpError> {
         consistency: !a.no_consistency,
         confidence: None,
         selection_delta: a.selection_delta,
+        loss: a.loss,
+        output: a.nonnegative.then_some(dpfusion::workload::WorkloadOutput::NonNegative),
     };
     if let Some(way) = a.way.filter(|w| *w >= 2) {
         return run_workload(&s, &a, &layout, way, &spec).await;
@@ -240,6 +250,7 @@ fn print_workload_plan(p: &WorkloadPlan, way: usize) {
         p.sets.len(),
         fmt_num(p.one_by_one_variance)
     );
+    outln!("  {}", p.allocation_summary());
 }
 
 /// `--way k` with k ≥ 2: the workload release of every k-way marginal of the columns.

@@ -494,6 +494,9 @@ pub struct SessionSettings {
     /// `"derive"`: also sub-totals and totals of a stored GROUP BY, summed from its cells, free; `"off"`: every
     /// query is charged (`SET dp.reuse` changes it per session).
     pub reuse: Option<String>,
+    /// The most memory one workload release may hold, in MiB (its cells and residuals, known before any read;
+    /// a larger workload is refused, free). 4096 when absent.
+    pub workload_memory_mb: Option<u64>,
 }
 
 fn default_mechanism() -> String {
@@ -627,6 +630,9 @@ impl PublicSource {
     }
 }
 
+/// The largest `[session] workload_memory_mb` (1 TiB).
+const MAX_WORKLOAD_MEMORY_MB: u64 = 1 << 20;
+
 /// The validated session configuration.
 #[derive(Clone, Debug)]
 pub struct SessionConfig {
@@ -646,6 +652,8 @@ pub struct SessionConfig {
     pub confidence: f64,
     /// Whether a query whose measurements were charged before is answered from them (`[session] reuse`).
     pub reuse: Reuse,
+    /// `[session] workload_memory_mb`, in bytes.
+    pub workload_memory: u64,
     /// The private tables.
     pub tables: BTreeMap<String, TableSource>,
     /// The durable ledger, if configured.
@@ -742,6 +750,15 @@ impl SessionConfig {
             None => Reuse::Exact,
             Some(r) => r.map_err(|e| DpError::Config(format!("[session] reuse: {e}")))?,
         };
+        let workload_memory = match s.workload_memory_mb {
+            None => crate::workload::DEFAULT_MEMORY_BYTES,
+            Some(mb @ 1..=MAX_WORKLOAD_MEMORY_MB) => mb << 20,
+            Some(mb) => {
+                return Err(DpError::Config(format!(
+                    "[session] workload_memory_mb = {mb}: give a number of MiB from 1 to {MAX_WORKLOAD_MEMORY_MB}"
+                )));
+            }
+        };
         let mut tables = BTreeMap::new();
         for (name, mut t) in raw.tables {
             t.min_max_quantile = t.min_max_quantile.or(s.min_max_quantile);
@@ -794,6 +811,7 @@ impl SessionConfig {
             delta_budget: s.delta_budget,
             confidence,
             reuse,
+            workload_memory,
             tables,
             ledger,
             owner_log,

@@ -75,12 +75,25 @@ pub struct MarginalSpec {
     /// The δ the selection of keys of columns without a domain may spend in all (None: the session's
     /// `dp.selection_delta`). Unused when every column has a domain.
     pub selection_delta: Option<f64>,
+    /// What a workload release's allocation minimises (None: the session's `dp.workload_loss`). Unused by one-way
+    /// marginals.
+    pub loss: Option<crate::workload::WorkloadLoss>,
+    /// What a workload release's counts are (None: the session's `dp.workload_output`). Unused by one-way
+    /// marginals (`consistency` is theirs).
+    pub output: Option<crate::workload::WorkloadOutput>,
 }
 
 impl MarginalSpec {
     /// Spend `rho`, with consistency on.
     pub fn rho(rho: f64) -> Self {
-        MarginalSpec { budget: MarginalBudget::Rho(rho), consistency: true, confidence: None, selection_delta: None }
+        MarginalSpec {
+            budget: MarginalBudget::Rho(rho),
+            consistency: true,
+            confidence: None,
+            selection_delta: None,
+            loss: None,
+            output: None,
+        }
     }
 }
 

@@ -890,6 +890,19 @@ refusals! {
             /// The limit.
             limit: u64,
         },
+        /// A workload release that would need more memory than the configuration allows.
+        #[code = "workload_memory", sqlstate = INSUFFICIENT_PRIVILEGE]
+        #[error("the workload's release would hold about {needs_mb} MiB, more than the {limit_mb} MiB allowed")]
+        #[hint(
+            "ask for fewer marginals or marginals with fewer cells, split the workload into several releases, or ask \
+             the data owner to raise [session] workload_memory_mb"
+        )]
+        WorkloadMemory {
+            /// What the release needs (MiB, from the workload's cells and contrasts).
+            needs_mb: u64,
+            /// The limit (MiB).
+            limit_mb: u64,
+        },
         /// A workload release under an (ε, δ) budget.
         #[code = "workload_needs_zcdp", sqlstate = INSUFFICIENT_PRIVILEGE]
         #[error("workload releases are priced in zCDP, and this budget is an (epsilon, delta) budget")]

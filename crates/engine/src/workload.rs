@@ -55,6 +55,8 @@
 //! probability at least c. This interval is conservative (a Gaussian of the same variance would need 1.96 where
 //! this takes 2.72 at 95 %), and it is what the release states.
 
+mod nonneg;
+
 use crate::accounting::calibrate::{self, Calibration};
 use crate::accounting::convert::EpsilonBound;
 use crate::accounting::{Charge, Rho};
@@ -66,18 +68,96 @@ use crate::noise::ratio::Ratio;
 use crate::noise::rng::NoiseRng;
 use crate::refusal::Refusal;
 use crate::release::BudgetStatus;
-use datafusion::arrow::array::{ArrayRef, Float64Array, RecordBatch, StringArray};
+use datafusion::arrow::array::{ArrayRef, Float64Array, RecordBatch, StringBuilder};
 use datafusion::arrow::datatypes::{DataType, Field, Schema};
 use serde::Serialize;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
-/// At most this many marginals in one workload (CUBE over 12 columns).
-pub const MAX_SETS: usize = 4096;
-/// At most this many cells in all the marginals of one workload (counted in memory, one word each).
-pub const MAX_CELLS: usize = 1 << 24;
+/// At most this many marginals in one workload.
+pub const MAX_SETS: usize = 1 << 20;
+/// At most this many (marginal, subset) pairs, Σ_W 2^|W|: the work of each pass over the workload's structure (the
+/// allocation, the variances, the rebuild) and the size of the index kept of it.
+pub const MAX_SUBSETS: usize = 1 << 25;
 /// At most this many columns in one marginal of a workload (its residuals are the 2^w subsets).
 pub const MAX_WIDTH: usize = 8;
+/// Memory a workload release may use unless the configuration says otherwise (`[session] workload_memory_mb`).
+pub const DEFAULT_MEMORY_BYTES: u64 = 4 << 30;
+/// Bytes a release holds per cell of its marginals: the exact count and the rebuilt one while it runs, then the
+/// released row (count, interval, the offset of its marginal's name); [`Workload::memory_bytes`] adds the keys'
+/// text and offsets and the name.
+const CELL_BYTES: u64 = 40;
+/// Bytes a release holds per contrast of its residuals: exact and noisy (i128 each), its multiplier (u128), and
+/// the stored draw (JSON text, at most 40 digits).
+const CONTRAST_BYTES: u64 = 88;
+
+/// What a workload's allocation of the noise minimises (`SET dp.workload_loss`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum WorkloadLoss {
+    /// The sum of every released cell's variance (ResidualPlanner's closed form).
+    #[default]
+    Sum,
+    /// The largest variance of a released cell (every cell within the same ±x; ResidualPlanner's `RPMaxVar`).
+    Max,
+}
+
+impl WorkloadLoss {
+    /// `sum` or `max`.
+    pub fn name(self) -> &'static str {
+        match self {
+            WorkloadLoss::Sum => "sum",
+            WorkloadLoss::Max => "max",
+        }
+    }
+}
+
+impl std::str::FromStr for WorkloadLoss {
+    type Err = String;
+    /// `sum` or `max`, any case.
+    fn from_str(value: &str) -> std::result::Result<Self, String> {
+        match value.trim().to_ascii_lowercase().as_str() {
+            "sum" => Ok(WorkloadLoss::Sum),
+            "max" => Ok(WorkloadLoss::Max),
+            other => Err(format!("'{other}' is neither 'sum' nor 'max'")),
+        }
+    }
+}
+
+/// What a workload release's counts are (`SET dp.workload_output`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WorkloadOutput {
+    /// The least-squares rebuild: unbiased, consistent, fractional, possibly negative.
+    #[default]
+    LeastSquares,
+    /// The closest consistent counts with no negative cell ([`nonneg`]): biased, never further from the truth in
+    /// the measurements' metric.
+    #[serde(rename = "nonnegative")]
+    NonNegative,
+}
+
+impl WorkloadOutput {
+    /// `least_squares` or `nonnegative`.
+    pub fn name(self) -> &'static str {
+        match self {
+            WorkloadOutput::LeastSquares => "least_squares",
+            WorkloadOutput::NonNegative => "nonnegative",
+        }
+    }
+}
+
+impl std::str::FromStr for WorkloadOutput {
+    type Err = String;
+    /// `least_squares` or `nonnegative`, any case (`-` for `_`).
+    fn from_str(value: &str) -> std::result::Result<Self, String> {
+        match value.trim().to_ascii_lowercase().replace('-', "_").as_str() {
+            "least_squares" => Ok(WorkloadOutput::LeastSquares),
+            "nonnegative" | "non_negative" => Ok(WorkloadOutput::NonNegative),
+            other => Err(format!("'{other}' is neither 'least_squares' nor 'nonnegative'")),
+        }
+    }
+}
 
 /// A workload: chosen columns with public domains, and the marginals (sets of columns) to release. Public.
 #[derive(Clone, Debug, PartialEq)]
@@ -88,12 +168,26 @@ pub struct Workload {
     sets: Vec<Vec<usize>>,
     /// The residuals measured: every subset of a set, by size then lexicographically.
     residuals: Vec<Vec<usize>>,
+    /// Each residual's position in `residuals`.
+    position: HashMap<Vec<usize>, usize>,
+    /// For each marginal `si`, the positions of its subsets' residuals, subset `mask` (bit b: the marginal's b-th
+    /// column) at `subsets[start[si] + mask]`.
+    subsets: Vec<u32>,
+    start: Vec<usize>,
+    /// For each residual, the marginal with the fewest cells that contains it (its contrasts are taken from it).
+    home: Vec<usize>,
+}
+
+/// The columns of `set` whose bits are on in `mask`.
+fn subset(set: &[usize], mask: usize) -> Vec<usize> {
+    set.iter().enumerate().filter(|(b, _)| mask >> b & 1 == 1).map(|(_, &i)| i).collect()
 }
 
 impl Workload {
     /// The workload of the marginals `sets` (lists of column indices into `names`) over columns with domains of
-    /// `sizes` values. Refused (before anything is read) when it is larger than [`MAX_SETS`], [`MAX_CELLS`] or
-    /// [`MAX_WIDTH`] allow.
+    /// `sizes` values. Refused (before anything is read) when it is larger than [`MAX_SETS`], [`MAX_SUBSETS`] or
+    /// [`MAX_WIDTH`] allow, or its cells cannot be counted; its memory is checked apart
+    /// ([`Workload::check_memory`]).
     pub fn new(names: Vec<String>, sizes: Vec<usize>, sets: Vec<Vec<usize>>) -> Result<Self> {
         if names.len() != sizes.len() {
             return Err(DpError::Internal("a workload needs one domain size per column".into()));
@@ -101,7 +195,8 @@ impl Workload {
         let too_large = |what: &str, limit: usize| {
             DpError::Refused(Refusal::WorkloadTooLarge { what: what.to_string(), limit: limit as u64 })
         };
-        let mut unique: Vec<Vec<usize>> = Vec::new();
+        let (mut unique, mut seen): (Vec<Vec<usize>>, HashSet<Vec<usize>>) = (Vec::new(), HashSet::new());
+        let mut pairs = 0usize;
         for mut s in sets {
             s.sort_unstable();
             s.dedup();
@@ -111,34 +206,43 @@ impl Workload {
             if s.len() > MAX_WIDTH {
                 return Err(too_large("columns in one marginal", MAX_WIDTH));
             }
-            if !unique.contains(&s) {
+            if s.iter().try_fold(1usize, |acc, &i| acc.checked_mul(sizes[i])).is_none() {
+                return Err(too_large("cells in one marginal", usize::MAX));
+            }
+            if seen.insert(s.clone()) {
+                pairs += 1 << s.len();
                 unique.push(s);
             }
             if unique.len() > MAX_SETS {
                 return Err(too_large("marginals", MAX_SETS));
             }
+            if pairs > MAX_SUBSETS {
+                return Err(too_large("pairs of a marginal and a subset of its columns", MAX_SUBSETS));
+            }
         }
         if unique.is_empty() {
             return Err(DpError::invalid("workload", "ask for at least one marginal"));
         }
-        let mut cells = 0usize;
-        for s in &unique {
-            let n = s.iter().try_fold(1usize, |acc, &i| acc.checked_mul(sizes[i]));
-            cells = n
-                .and_then(|n| cells.checked_add(n))
-                .filter(|c| *c <= MAX_CELLS)
-                .ok_or_else(|| too_large("cells", MAX_CELLS))?;
-        }
-        let mut residuals: Vec<Vec<usize>> = Vec::new();
-        for s in &unique {
-            for mask in 0u32..(1 << s.len()) {
-                let a: Vec<usize> = s.iter().enumerate().filter(|(b, _)| mask >> b & 1 == 1).map(|(_, &i)| i).collect();
-                residuals.push(a);
+        let closure: HashSet<Vec<usize>> =
+            unique.iter().flat_map(|s| (0..1usize << s.len()).map(|mask| subset(s, mask))).collect();
+        let mut residuals: Vec<Vec<usize>> = closure.into_iter().collect();
+        residuals.sort_unstable_by(|a, b| a.len().cmp(&b.len()).then_with(|| a.cmp(b)));
+        let position: HashMap<Vec<usize>, usize> = residuals.iter().cloned().enumerate().map(|(i, a)| (a, i)).collect();
+        let (mut subsets, mut start) = (Vec::with_capacity(pairs), Vec::with_capacity(unique.len()));
+        let mut home: Vec<Option<(usize, usize)>> = vec![None; residuals.len()];
+        for (si, s) in unique.iter().enumerate() {
+            start.push(subsets.len());
+            let cells: usize = s.iter().map(|&i| sizes[i]).product();
+            for mask in 0..1usize << s.len() {
+                let r = position[&subset(s, mask)];
+                subsets.push(r as u32);
+                if home[r].is_none_or(|(_, c)| cells < c) {
+                    home[r] = Some((si, cells));
+                }
             }
         }
-        residuals.sort_unstable_by(|a, b| a.len().cmp(&b.len()).then_with(|| a.cmp(b)));
-        residuals.dedup();
-        Ok(Workload { names, sizes, sets: unique, residuals })
+        let home = home.into_iter().map(|h| h.map_or(0, |(si, _)| si)).collect();
+        Ok(Workload { names, sizes, sets: unique, residuals, position, subsets, start, home })
     }
 
     /// How many `way`-column subsets `d` columns have (saturating): checked against [`MAX_SETS`] before
@@ -189,6 +293,34 @@ impl Workload {
         set.iter().map(|&i| self.sizes[i]).product()
     }
 
+    /// The bytes a release of this workload holds at most while it runs and once released (cells, contrasts and
+    /// the labels `label_bytes[i]` of column i's longest value), before any data is read: what
+    /// [`Workload::check_memory`] compares with the limit, and what `EXPLAIN DP` states.
+    pub fn memory_bytes(&self, label_bytes: &[u64]) -> u64 {
+        let d = self.names.len() as u64;
+        let cells = self.sets.iter().map(|s| {
+            // Its keys' text, the offsets of every chosen column's key (NULL or not) and the marginal's name.
+            let keys: u64 = s.iter().map(|&i| label_bytes.get(i).copied().unwrap_or(0)).sum();
+            let name: u64 = s.iter().map(|&i| self.names[i].len() as u64 + 2).sum();
+            (self.cells(s) as u64).saturating_mul(CELL_BYTES + keys + 4 * d + name)
+        });
+        let contrasts = self.residuals.iter().map(|a| (self.contrasts(a) as u64).saturating_mul(CONTRAST_BYTES));
+        cells.chain(contrasts).fold(0u64, u64::saturating_add)
+    }
+
+    /// Refuses (before any read) a workload whose release would hold more than `limit` bytes
+    /// ([`Workload::memory_bytes`]).
+    pub fn check_memory(&self, label_bytes: &[u64], limit: u64) -> Result<()> {
+        let needs = self.memory_bytes(label_bytes);
+        if needs > limit {
+            return Err(DpError::Refused(Refusal::WorkloadMemory {
+                needs_mb: needs.div_ceil(1 << 20),
+                limit_mb: limit >> 20,
+            }));
+        }
+        Ok(())
+    }
+
     /// Contrasts of the residual on `a`: Π (nᵢ − 1).
     pub(crate) fn contrasts(&self, a: &[usize]) -> usize {
         a.iter().map(|&i| self.sizes[i] - 1).product()
@@ -199,26 +331,121 @@ impl Workload {
         a.iter().map(|&i| (self.sizes[i] - 1) as f64 / self.sizes[i] as f64).product()
     }
 
-    /// u_A: how much residual A's variance weighs in the sum of every released cell's variance.
-    fn u(&self, a: &[usize]) -> f64 {
-        let rest =
-            |w: &[usize]| -> f64 { w.iter().filter(|i| !a.contains(i)).map(|&i| self.sizes[i] as f64).product() };
-        let top: f64 = a.iter().map(|&i| (self.sizes[i] - 1) as f64).product();
-        self.sets.iter().filter(|w| a.iter().all(|i| w.contains(i))).map(|w| top / rest(w)).sum()
+    /// The positions of the residuals of marginal `si`'s subsets, by mask.
+    fn subsets_of(&self, si: usize) -> &[u32] {
+        &self.subsets[self.start[si]..self.start[si] + (1 << self.sets[si].len())]
     }
 
-    /// Each residual's share of ρ in the optimal allocation (module docs): √(u_A p_A)/S; 0 for a residual with
-    /// no contrasts (a column with a one-value domain).
-    pub fn shares(&self) -> Vec<f64> {
-        let w: Vec<f64> = self.residuals.iter().map(|a| (self.u(a) * self.p(a)).sqrt()).collect();
+    /// c_{W,A} = p_A / Π_{i∈W∖A} nᵢ² for the subset `mask` of `set`: how much residual A's σ² weighs in the
+    /// variance of a cell of W (module docs, "Accuracy").
+    fn weight(&self, set: &[usize], mask: usize) -> f64 {
+        set.iter()
+            .enumerate()
+            .map(|(b, &i)| {
+                let n = self.sizes[i] as f64;
+                if mask >> b & 1 == 1 { (n - 1.0) / n } else { 1.0 / (n * n) }
+            })
+            .product()
+    }
+
+    /// U_A = Σ_{W ⊇ A} λ_W c_{W,A} for weights `lambda` of the marginals: how much residual A's σ² weighs in the
+    /// loss Σ_W λ_W V_W.
+    fn residual_weights(&self, lambda: &[f64]) -> Vec<f64> {
+        let mut u = vec![0.0; self.residuals.len()];
+        for (si, (set, l)) in self.sets.iter().zip(lambda).enumerate() {
+            for (mask, &r) in self.subsets_of(si).iter().enumerate() {
+                u[r as usize] += l * self.weight(set, mask);
+            }
+        }
+        u
+    }
+
+    /// Each residual's share of ρ minimising Σ_W λ_W V_W (Lagrange, module docs): √(U_A p_A)/S, S = Σ_A √(U_A p_A);
+    /// 0 for a residual with no contrasts (a column with a one-value domain). Also S.
+    fn weighted_shares(&self, lambda: &[f64]) -> (Vec<f64>, f64) {
+        let u = self.residual_weights(lambda);
+        let w: Vec<f64> = self.residuals.iter().zip(&u).map(|(a, u)| (u * self.p(a)).sqrt()).collect();
         let s: f64 = w.iter().sum();
-        w.iter().map(|x| x / s).collect()
+        (w.iter().map(|x| x / s).collect(), s)
+    }
+
+    /// The weights of the sum of every cell's variance: each marginal's number of cells.
+    fn cell_weights(&self) -> Vec<f64> {
+        self.sets.iter().map(|s| self.cells(s) as f64).collect()
+    }
+
+    /// Each residual's share of ρ in the allocation that minimises `loss` (module docs, "Allocation").
+    pub fn allocate(&self, loss: WorkloadLoss) -> Allocation {
+        match loss {
+            WorkloadLoss::Sum => Allocation { shares: self.weighted_shares(&self.cell_weights()).0, loss, gap: None },
+            WorkloadLoss::Max => {
+                let (lambda, gap) = self.max_weights();
+                Allocation { shares: self.weighted_shares(&lambda).0, loss, gap: Some(gap) }
+            }
+        }
+    }
+
+    /// Each marginal's per-cell variance when residual A gets σ_A² = `sigma_sq[A]`.
+    fn set_variances(&self, sigma_sq: &[f64]) -> Vec<f64> {
+        (0..self.sets.len())
+            .map(|si| {
+                let set = &self.sets[si];
+                self.subsets_of(si)
+                    .iter()
+                    .enumerate()
+                    .map(|(mask, &r)| sigma_sq[r as usize] * self.weight(set, mask))
+                    .sum()
+            })
+            .collect()
+    }
+
+    /// σ_A² of every residual at `shares` of ρ (k rows per unit): k²p_A/(2ρ·share); 0 without contrasts.
+    fn sigma_sq_at(&self, shares: &[f64], k: u64, rho: f64) -> Vec<f64> {
+        let k2 = (k as f64).powi(2);
+        self.residuals
+            .iter()
+            .zip(shares)
+            .map(|(a, sh)| if *sh > 0.0 { k2 * self.p(a) / (2.0 * rho * sh) } else { 0.0 })
+            .collect()
+    }
+
+    /// The largest per-cell variance at `shares` of ρ with k rows per unit, before the samplers' rounding.
+    pub fn largest_variance(&self, shares: &[f64], k: u64, rho: f64) -> f64 {
+        self.set_variances(&self.sigma_sq_at(shares, k, rho)).into_iter().fold(0.0, f64::max)
+    }
+
+    /// The weights λ of the marginals whose weighted allocation minimises the largest cell variance, and the
+    /// bound this certifies: with Σλ = 1, the weighted loss k²S(λ)²/(2ρ) is at most the optimum of the largest
+    /// variance (a weighted mean of variances is at most their largest; Lagrange duality: it is the dual function,
+    /// concave in λ, and its maximum is that optimum), and the allocation's largest variance at least that
+    /// optimum. The weights follow the multiplicative rule λ_W ← λ_W V_W / Σ λV (the dual's gradient in λ_W is
+    /// proportional to V_W) until the two are within [`MAX_VARIANCE_GAP`] of each other; the best weights seen
+    /// are kept. Returned with the ratio of the largest variance to the bound (≥ 1), at k = 1 and ρ = 1/2.
+    pub(crate) fn max_weights(&self) -> (Vec<f64>, f64) {
+        let m = self.sets.len() as f64;
+        let mut lambda = vec![1.0 / m; self.sets.len()];
+        let (mut best, mut best_gap, mut bound) = (lambda.clone(), f64::INFINITY, 0.0f64);
+        for _ in 0..MAX_VARIANCE_ROUNDS {
+            let (shares, s) = self.weighted_shares(&lambda);
+            let v = self.set_variances(&self.sigma_sq_at(&shares, 1, 0.5));
+            let largest = v.iter().copied().fold(0.0f64, f64::max);
+            bound = bound.max(s * s);
+            if largest / bound < best_gap {
+                (best, best_gap) = (lambda.clone(), largest / bound);
+            }
+            if best_gap <= 1.0 + MAX_VARIANCE_GAP {
+                break;
+            }
+            let mean: f64 = lambda.iter().zip(&v).map(|(l, v)| l * v).sum();
+            lambda.iter_mut().zip(&v).for_each(|(l, v)| *l *= v / mean);
+        }
+        (best, best_gap)
     }
 
     /// The sum of every released cell's variance at ρ with k rows per unit, for the optimal allocation before
     /// rounding: k²S²/(2ρ) (ResidualPlanner's closed form).
     pub fn optimal_total_variance(&self, k: u64, rho: f64) -> f64 {
-        let s: f64 = self.residuals.iter().map(|a| (self.u(a) * self.p(a)).sqrt()).sum();
+        let s = self.weighted_shares(&self.cell_weights()).1;
         (k as f64).powi(2) * s * s / (2.0 * rho)
     }
 
@@ -229,12 +456,13 @@ impl Workload {
         self.sets.iter().map(|w| self.cells(w) as f64).sum::<f64>() * (k as f64).powi(2) * m / (2.0 * rho)
     }
 
-    /// One calibration per residual with contrasts (None for the others), for ρ in all and k rows per unit.
-    pub fn calibrate(&self, k: u64, rho: f64) -> Result<Vec<Option<Calibration>>> {
+    /// One calibration per residual with contrasts (None for the others), for ρ in all, k rows per unit and each
+    /// residual's share of ρ ([`Workload::shares`]).
+    pub fn calibrate(&self, k: u64, rho: f64, shares: &[f64]) -> Result<Vec<Option<Calibration>>> {
         let rho = Rho::positive(rho)?;
         self.residuals
             .iter()
-            .zip(self.shares())
+            .zip(shares)
             .map(|(a, share)| {
                 if self.contrasts(a) == 0 {
                     return Ok(None);
@@ -266,10 +494,9 @@ impl Workload {
             self.residuals.iter().map(|a| if self.contrasts(a) == 0 { None } else { cals_of.next() }).collect();
         let (mut picked, mut picked_cals) = (Vec::new(), Vec::new());
         for a in &sub.residuals {
-            let i = self
-                .residuals
-                .iter()
-                .position(|b| b == a)
+            let &i = self
+                .position
+                .get(a)
                 .ok_or_else(|| DpError::Internal("a marginal outside the workload's residuals".into()))?;
             picked.push(residuals[i].clone());
             picked_cals.extend(cal_of[i].cloned());
@@ -287,16 +514,13 @@ impl Workload {
         if fits { Ok(()) } else { Err(DpError::Ledger("the stored measurements are not this workload's".into())) }
     }
 
-    /// The error variance of each cell of marginal `set`, given each residual's σ² (module docs, "Accuracy").
+    /// The error variance of each cell of marginal `set` (any subset of one of the workload's marginals), given
+    /// each residual's σ² (module docs, "Accuracy").
     pub(crate) fn cell_variance(&self, set: &[usize], sigma_sq: &[f64]) -> f64 {
-        let subset = |a: &[usize]| a.iter().all(|i| set.contains(i));
-        self.residuals
-            .iter()
-            .zip(sigma_sq)
-            .filter(|(a, _)| subset(a))
-            .map(|(a, s2)| {
-                let rest: f64 = set.iter().filter(|i| !a.contains(i)).map(|&i| self.sizes[i] as f64).product();
-                s2 * self.p(a) / (rest * rest)
+        (0..1usize << set.len())
+            .map(|mask| {
+                let r = self.position.get(&subset(set, mask));
+                r.map_or(0.0, |&r| sigma_sq.get(r).copied().unwrap_or(0.0) * self.weight(set, mask))
             })
             .sum()
     }
@@ -307,12 +531,38 @@ impl Workload {
     }
 }
 
+/// How a workload's ρ is shared among its residuals ([`Workload::allocate`]).
+#[derive(Clone, Debug)]
+pub struct Allocation {
+    /// Each residual's share of ρ (0 for a residual without contrasts).
+    pub shares: Vec<f64>,
+    /// What it minimises.
+    pub loss: WorkloadLoss,
+    /// For [`WorkloadLoss::Max`]: the ratio of its largest variance to the bound it certifies (≥ 1).
+    gap: Option<f64>,
+}
+
+impl Allocation {
+    /// For [`WorkloadLoss::Max`]: the ratio of its largest variance to the lower bound it certifies on the
+    /// optimum (≥ 1, at most 1 + [`MAX_VARIANCE_GAP`] once converged).
+    pub fn gap(&self) -> Option<f64> {
+        self.gap
+    }
+}
+
+/// Most rounds of [`Workload::max_weights`]'s multiplicative rule.
+const MAX_VARIANCE_ROUNDS: usize = 2000;
+/// [`Workload::max_weights`] stops when the largest variance is within this fraction of the bound it certifies.
+pub const MAX_VARIANCE_GAP: f64 = 1e-6;
+
 /// The rebuilt marginals and the noisy residuals they come from.
 pub(crate) struct Measured {
     /// Each marginal's cells (least squares, consistent).
     pub(crate) marginals: Vec<Vec<f64>>,
     /// Each residual's noisy contrasts (empty for a residual without contrasts).
     pub(crate) residuals: Vec<Vec<i128>>,
+    /// For [`WorkloadOutput::NonNegative`]: the largest amount a cell was raised to 0 after the solver.
+    pub(crate) clamped: Option<f64>,
 }
 
 /// The samplers of a workload's noise: per residual, one per distinct ‖h_j‖², built from the charge's
@@ -363,19 +613,19 @@ impl Noise {
 
     /// Each marginal's per-cell error variance bound (module docs).
     pub(crate) fn variances(&self, w: &Workload) -> Vec<f64> {
-        w.sets.iter().map(|s| w.cell_variance(s, &self.sigma_sq) * self.excess).collect()
+        w.set_variances(&self.sigma_sq).into_iter().map(|v| v * self.excess).collect()
     }
 
     /// Measures every residual of `w` from the exact marginals `exact` (one per set, in `w.sets()` order): its
     /// noisy contrasts (none for a residual without contrasts).
     pub(crate) fn draw(&self, w: &Workload, exact: &[Vec<i64>], rng: &mut NoiseRng) -> Result<Vec<Vec<i128>>> {
         let mut residuals = Vec::with_capacity(w.residuals.len());
-        for (a, samplers) in w.residuals.iter().zip(&self.samplers) {
+        for (r, (a, samplers)) in w.residuals.iter().zip(&self.samplers).enumerate() {
             if w.contrasts(a) == 0 {
                 residuals.push(vec![]);
                 continue;
             }
-            let contrasts = residual_of(w, a, exact)?;
+            let contrasts = residual_of(w, r, exact)?;
             let mut noisy = Vec::with_capacity(contrasts.len());
             for (c, m) in contrasts.into_iter().zip(multipliers(w, a)) {
                 let s = samplers.get(&m).ok_or_else(|| DpError::Internal("a contrast without its sampler".into()))?;
@@ -392,7 +642,25 @@ impl Measured {
     /// release of the same workload: post-processing either way). Fails if they are not `w`'s.
     pub(crate) fn of(w: &Workload, residuals: Vec<Vec<i128>>) -> Result<Self> {
         w.check_residuals(&residuals)?;
-        Ok(Measured { marginals: rebuild(w, &residuals), residuals })
+        Ok(Measured { marginals: rebuild(w, &residuals), residuals, clamped: None })
+    }
+
+    /// [`Measured::of`] as `output` asks: the least-squares rebuild, or the non-negative one with residual A's
+    /// noise of variance `sigma_sq[A]` ([`nonneg`]).
+    pub(crate) fn as_output(
+        w: &Workload,
+        residuals: Vec<Vec<i128>>,
+        output: WorkloadOutput,
+        sigma_sq: &[f64],
+    ) -> Result<Self> {
+        match output {
+            WorkloadOutput::LeastSquares => Measured::of(w, residuals),
+            WorkloadOutput::NonNegative => {
+                w.check_residuals(&residuals)?;
+                let out = nonneg::nonnegative(w, &residuals, sigma_sq);
+                Ok(Measured { marginals: out.marginals, residuals, clamped: Some(out.clamped) })
+            }
+        }
     }
 
     /// The noisy contrasts as the ledger stores them.
@@ -437,15 +705,11 @@ fn multipliers(w: &Workload, a: &[usize]) -> Vec<u128> {
     out
 }
 
-/// The exact contrasts R_A x of residual `a`, from the smallest set's marginal that contains it.
-fn residual_of(w: &Workload, a: &[usize], exact: &[Vec<i64>]) -> Result<Vec<i128>> {
-    let (set, counts) = w
-        .sets
-        .iter()
-        .zip(exact)
-        .filter(|(s, _)| a.iter().all(|i| s.contains(i)))
-        .min_by_key(|(s, _)| w.cells(s))
-        .ok_or_else(|| DpError::Internal("a residual outside every marginal".into()))?;
+/// The exact contrasts R_A x of residual `r` (A), from the smallest marginal that contains it.
+fn residual_of(w: &Workload, r: usize, exact: &[Vec<i64>]) -> Result<Vec<i128>> {
+    let missing = || DpError::Internal("a residual outside every marginal".into());
+    let (a, &home) = w.residuals.get(r).zip(w.home.get(r)).ok_or_else(missing)?;
+    let (set, counts) = w.sets.get(home).zip(exact.get(home)).ok_or_else(missing)?;
     let mut x: Vec<i128> = counts.iter().map(|&c| c as i128).collect();
     let mut dims = w.dims(set);
     // Sum out the columns not in `a` (last first, so the earlier axes keep their places), then take contrasts.
@@ -471,9 +735,14 @@ fn residual_of(w: &Workload, a: &[usize], exact: &[Vec<i64>]) -> Result<Vec<i128
 
 /// Every marginal of `w` rebuilt from the (noisy) residuals: x_W = Σ_{A⊆W} expand(H_A⁺ y_A).
 fn rebuild(w: &Workload, residuals: &[Vec<i128>]) -> Vec<Vec<f64>> {
-    // H_A⁺ y_A for every residual: back along each axis, out[c] = Σ_{j>c} y_j/(j(j+1)) − y_c/(c+1) (c ≥ 1).
-    let projected: Vec<Vec<f64>> = w
-        .residuals
+    assemble(w, &project(w, residuals))
+}
+
+/// H_A⁺ y_A for every residual (empty for a residual without contrasts): its noisy contrasts as a vector over the
+/// cells of A's marginal, within the residual subspace.
+fn project(w: &Workload, residuals: &[Vec<i128>]) -> Vec<Vec<f64>> {
+    // Back along each axis: out[c] = Σ_{j>c} y_j/(j(j+1)) − y_c/(c+1) (c ≥ 1).
+    w.residuals
         .iter()
         .zip(residuals)
         .map(|(a, y)| {
@@ -497,26 +766,47 @@ fn rebuild(w: &Workload, residuals: &[Vec<i128>]) -> Vec<Vec<f64>> {
             }
             x
         })
-        .collect();
-    w.sets
-        .iter()
-        .map(|set| {
-            let dims = w.dims(set);
-            let mut out = vec![0.0; w.cells(set)];
-            for (a, part) in w.residuals.iter().zip(&projected) {
-                if part.is_empty() || !a.iter().all(|i| set.contains(i)) {
-                    continue;
-                }
-                // Spread `part` (laid out over a's columns) evenly over the other columns of the set.
-                let spread: f64 = set.iter().filter(|i| !a.contains(i)).map(|&i| w.sizes[i] as f64).product();
-                let strides = strides_within(set, a, &dims);
-                for (cell, o) in out.iter_mut().enumerate() {
-                    *o += part[index_in(cell, &dims, &strides)] / spread;
-                }
-            }
+        .collect()
+}
+
+/// Every marginal of `w` from one vector per residual (`parts`, over the cells of its columns; empty: none):
+/// x_W = Σ_{A⊆W} expand_{A→W}(part_A), each part spread evenly over W's other columns.
+fn assemble(w: &Workload, parts: &[Vec<f64>]) -> Vec<Vec<f64>> {
+    (0..w.sets.len())
+        .map(|si| {
+            let mut out = vec![0.0; w.cells(&w.sets[si])];
+            for_each_part(w, si, parts, |cell, r, at, spread| out[cell] += parts[r][at] / spread);
             out
         })
         .collect()
+}
+
+/// The adjoint of [`assemble`]: for each residual A with a part in `parts`, Σ_{W ⊇ A} expand_{A→W}ᵀ(λ_W) (each
+/// cell of λ_W added into its cell of A, divided by the spread); empty for the others.
+fn assemble_adjoint(w: &Workload, lambda: &[Vec<f64>], parts: &[Vec<f64>]) -> Vec<Vec<f64>> {
+    let mut out: Vec<Vec<f64>> = parts.iter().map(|p| vec![0.0; p.len()]).collect();
+    for (si, l) in lambda.iter().enumerate() {
+        for_each_part(w, si, parts, |cell, r, at, spread| out[r][at] += l[cell] / spread);
+    }
+    out
+}
+
+/// For each subset A (residual `r`) of marginal `si` with a part in `parts`, and each cell of the marginal:
+/// `f(cell, r, the cell's index in A's layout, the spread Π_{W∖A} nᵢ)`.
+fn for_each_part(w: &Workload, si: usize, parts: &[Vec<f64>], mut f: impl FnMut(usize, usize, usize, f64)) {
+    let set = &w.sets[si];
+    let dims = w.dims(set);
+    for &r in w.subsets_of(si) {
+        let (r, a) = (r as usize, &w.residuals[r as usize]);
+        if parts[r].is_empty() {
+            continue;
+        }
+        let spread: f64 = set.iter().filter(|i| !a.contains(i)).map(|&i| w.sizes[i] as f64).product();
+        let strides = strides_within(set, a, &dims);
+        for cell in 0..w.cells(set) {
+            f(cell, r, index_in(cell, &dims, &strides), spread);
+        }
+    }
 }
 
 /// For each axis of `set` (dims `dims`), the stride of that column within the row-major layout of subset `a`
@@ -645,11 +935,28 @@ pub struct WorkloadPlan {
     pub optimal_variance: f64,
     /// The same for answering the marginals one by one at ρ/m each.
     pub one_by_one_variance: f64,
+    /// What the allocation minimises.
+    pub loss: WorkloadLoss,
+    /// The largest variance of a cell.
+    pub largest_variance: f64,
+    /// A lower bound on the largest variance of a cell under any allocation at the same ρ (the optimum of
+    /// ResidualPlanner's max-variance loss is between it and `largest_variance` for `loss = max`): the dual bound
+    /// of [`Workload::max_weights`]. Computed for `loss = max` only.
+    pub largest_variance_bound: Option<f64>,
+    /// The memory its release holds at most (bytes, before any read; [`Workload::memory_bytes`]).
+    pub memory_bytes: u64,
 }
 
 impl WorkloadPlan {
-    /// The plan of `w` with `cals` (its residuals' calibrations) and the samplers' `noise`.
-    pub(crate) fn new(w: &Workload, k: u64, noise: &Noise, epsilon: EpsilonBound, confidence: f64) -> Self {
+    /// The plan of `w` shared out by `allocation`, with the samplers' `noise`, holding `memory_bytes` at most.
+    pub(crate) fn new(
+        w: &Workload,
+        k: u64,
+        (allocation, noise): (&Allocation, &Noise),
+        epsilon: EpsilonBound,
+        confidence: f64,
+        memory_bytes: u64,
+    ) -> Self {
         let names = |s: &[usize]| s.iter().map(|&i| w.names[i].clone()).collect::<Vec<_>>();
         let variances = noise.variances(w);
         let sets = w
@@ -677,7 +984,13 @@ impl WorkloadPlan {
             .collect();
         let rho: f64 = residuals.iter().map(|r| r.rho).sum();
         let total_variance = sets.iter().zip(&variances).map(|(s, v)| s.cells as f64 * v).sum();
+        let largest_variance = variances.iter().copied().fold(0.0, f64::max);
+        let largest_variance_bound = allocation.gap.map(|g| w.largest_variance(&allocation.shares, k, rho) / g);
         WorkloadPlan {
+            loss: allocation.loss,
+            largest_variance,
+            largest_variance_bound,
+            memory_bytes,
             rows_per_unit: k,
             rho,
             epsilon,
@@ -691,17 +1004,72 @@ impl WorkloadPlan {
     }
 }
 
+impl WorkloadPlan {
+    /// What the allocation minimised, the largest variance of a cell, and the memory the release holds: one line
+    /// for `EXPLAIN DP` and `--plan`.
+    pub fn allocation_summary(&self) -> String {
+        use crate::format::fmt_num;
+        let loss = match (self.loss, self.largest_variance_bound) {
+            (WorkloadLoss::Max, Some(bound)) => format!(
+                "the largest variance of a cell minimised (dp.workload_loss = 'max'): {} (no allocation at this ρ \
+                 has it below {})",
+                fmt_num(self.largest_variance),
+                fmt_num(bound)
+            ),
+            _ => format!(
+                "the sum of every cell's variance minimised (dp.workload_loss = 'sum'); the largest variance of a \
+                 cell {}",
+                fmt_num(self.largest_variance)
+            ),
+        };
+        format!("Allocation: {loss}; the release holds at most {} MiB", self.memory_bytes.div_ceil(1 << 20))
+    }
+}
+
 /// One released marginal.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug)]
 pub struct WorkloadMarginal {
     /// Its columns.
     pub columns: Vec<String>,
-    /// Each cell's key (one label per column), row-major, the last column fastest.
-    pub keys: Vec<Vec<String>>,
+    /// Each column's labels, in domain order (a cell's key: [`WorkloadMarginal::key`]).
+    labels: Vec<Arc<[String]>>,
     /// Each cell's count: the least-squares estimate, consistent with every other marginal (may be negative).
     pub counts: Vec<f64>,
     /// Each cell's interval half-width at the release's confidence.
     pub ci_half_width: f64,
+}
+
+impl Serialize for WorkloadMarginal {
+    /// Its columns, each cell's key (one label per column, listed here as [`WorkloadMarginal::key`] gives it),
+    /// its counts and their interval.
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        struct Keys<'a>(&'a WorkloadMarginal);
+        impl Serialize for Keys<'_> {
+            fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+                s.collect_seq((0..self.0.counts.len()).map(|c| self.0.key(c)))
+            }
+        }
+        let mut out = s.serialize_struct("WorkloadMarginal", 4)?;
+        out.serialize_field("columns", &self.columns)?;
+        out.serialize_field("keys", &Keys(self))?;
+        out.serialize_field("counts", &self.counts)?;
+        out.serialize_field("ci_half_width", &self.ci_half_width)?;
+        out.end()
+    }
+}
+
+impl WorkloadMarginal {
+    /// The key of cell `cell` (one label per column): cells are row-major, the last column fastest.
+    pub fn key(&self, mut cell: usize) -> Vec<&str> {
+        let mut key = vec![""; self.labels.len()];
+        for (k, labels) in key.iter_mut().zip(&self.labels).rev() {
+            let n = labels.len().max(1);
+            *k = labels.get(cell % n).map_or("", String::as_str);
+            cell /= n;
+        }
+        key
+    }
 }
 
 /// A residual's noisy contrasts, as measured (the raw values the marginals are rebuilt from).
@@ -728,6 +1096,12 @@ pub struct WorkloadRelease {
     /// Whether that charge is another budget's (`[server] share_releases`).
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     shared: bool,
+    /// What its counts are.
+    output: WorkloadOutput,
+    /// For non-negative counts: the largest amount a cell was raised to 0 after the solver (within its tolerance
+    /// when it converged).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    clamped: Option<f64>,
 }
 
 impl WorkloadRelease {
@@ -741,22 +1115,17 @@ impl WorkloadRelease {
         charge: Charge,
         budget: BudgetStatus,
     ) -> Self {
+        let labels: Vec<Arc<[String]>> = labels.iter().map(|l| Arc::from(l.as_slice())).collect();
         let marginals = w
             .sets
             .iter()
             .zip(measured.marginals)
             .zip(&plan.sets)
-            .map(|((s, counts), p)| {
-                let mut keys = vec![vec![]];
-                for &i in s {
-                    keys = keys
-                        .into_iter()
-                        .flat_map(|k: Vec<String>| {
-                            labels[i].iter().map(move |l| k.iter().cloned().chain([l.clone()]).collect())
-                        })
-                        .collect();
-                }
-                WorkloadMarginal { columns: p.columns.clone(), keys, counts, ci_half_width: p.ci_half_width }
+            .map(|((s, counts), p)| WorkloadMarginal {
+                columns: p.columns.clone(),
+                labels: s.iter().map(|&i| Arc::clone(&labels[i])).collect(),
+                counts,
+                ci_half_width: p.ci_half_width,
             })
             .collect();
         let residuals = w
@@ -766,8 +1135,10 @@ impl WorkloadRelease {
             .filter(|(a, _)| w.contrasts(a) > 0)
             .map(|(a, noisy)| WorkloadResidual { columns: a.iter().map(|&i| w.names[i].clone()).collect(), noisy })
             .collect();
-        let (reused_from, shared) = (None, false);
-        WorkloadRelease { table: table.to_string(), marginals, residuals, plan, charge, budget, reused_from, shared }
+        let (reused_from, shared, clamped) = (None, false, measured.clamped);
+        let output = if clamped.is_some() { WorkloadOutput::NonNegative } else { WorkloadOutput::LeastSquares };
+        let table = table.to_string();
+        WorkloadRelease { table, marginals, residuals, plan, charge, budget, reused_from, shared, output, clamped }
     }
 
     /// This release, marked as answered from the earlier charge it holds (nothing was spent for it): one of this
@@ -786,6 +1157,16 @@ impl WorkloadRelease {
     /// When the release was answered from an earlier charge of the same workload, at no cost: its id.
     pub fn reused_from(&self) -> Option<u64> {
         self.reused_from
+    }
+
+    /// What its counts are: the least-squares rebuild or non-negative ones.
+    pub fn output(&self) -> WorkloadOutput {
+        self.output
+    }
+
+    /// For non-negative counts: the largest amount a cell was raised to 0 after the solver.
+    pub fn clamped(&self) -> Option<f64> {
+        self.clamped
     }
 
     /// The table.
@@ -822,25 +1203,38 @@ impl WorkloadRelease {
     /// separated), one column per chosen column (the cell's key, NULL for a column the marginal does not group
     /// by), `count` and `ci_half_width`.
     pub fn to_record_batch(&self, columns: &[String]) -> Result<RecordBatch> {
-        let mut set_col = vec![];
-        let mut keys: Vec<Vec<Option<String>>> = vec![vec![]; columns.len()];
-        let (mut count, mut half) = (vec![], vec![]);
+        let rows: usize = self.marginals.iter().map(|m| m.counts.len()).sum();
+        let mut set_col = StringBuilder::with_capacity(rows, rows * 8);
+        let mut keys: Vec<StringBuilder> =
+            columns.iter().map(|_| StringBuilder::with_capacity(rows, rows * 4)).collect();
+        let (mut count, mut half) = (Vec::with_capacity(rows), Vec::with_capacity(rows));
         for m in &self.marginals {
-            for (cell, c) in m.keys.iter().zip(&m.counts) {
-                set_col.push(m.columns.join(", "));
-                for (name, out) in columns.iter().zip(&mut keys) {
-                    out.push(m.columns.iter().position(|x| x == name).and_then(|p| cell.get(p).cloned()));
+            let label = m.columns.join(", ");
+            let at: Vec<Option<usize>> = columns.iter().map(|c| m.columns.iter().position(|x| x == c)).collect();
+            // The cell's index in each column's domain, advanced as an odometer (the last column fastest).
+            let mut index = vec![0usize; m.labels.len()];
+            for c in &m.counts {
+                set_col.append_value(&label);
+                for (out, at) in keys.iter_mut().zip(&at) {
+                    out.append_option(at.and_then(|p| m.labels[p].get(index[p])));
                 }
                 count.push(*c);
                 half.push(m.ci_half_width);
+                for (i, labels) in index.iter_mut().zip(&m.labels).rev() {
+                    *i += 1;
+                    if *i < labels.len() {
+                        break;
+                    }
+                    *i = 0;
+                }
             }
         }
         let mut fields = vec![Field::new("marginal", DataType::Utf8, false)];
         fields.extend(columns.iter().map(|c| Field::new(c, DataType::Utf8, true)));
         fields.push(Field::new("count", DataType::Float64, false));
         fields.push(Field::new("ci_half_width", DataType::Float64, false));
-        let mut arrays: Vec<ArrayRef> = vec![Arc::new(StringArray::from(set_col))];
-        arrays.extend(keys.into_iter().map(|k| Arc::new(StringArray::from(k)) as ArrayRef));
+        let mut arrays: Vec<ArrayRef> = vec![Arc::new(set_col.finish())];
+        arrays.extend(keys.iter_mut().map(|k| Arc::new(k.finish()) as ArrayRef));
         arrays.push(Arc::new(Float64Array::from(count)));
         arrays.push(Arc::new(Float64Array::from(half)));
         RecordBatch::try_new(Arc::new(Schema::new(fields)), arrays).map_err(|e| DpError::Internal(e.to_string()))
@@ -890,7 +1284,12 @@ mod tests {
             let residuals: Vec<Vec<i128>> = wl
                 .residuals()
                 .iter()
-                .map(|a| if wl.contrasts(a) == 0 { vec![] } else { residual_of(&wl, a, &exact).expect("contrasts") })
+                .enumerate()
+                .map(
+                    |(r, a)| {
+                        if wl.contrasts(a) == 0 { vec![] } else { residual_of(&wl, r, &exact).expect("contrasts") }
+                    },
+                )
                 .collect();
             let rebuilt = rebuild(&wl, &residuals);
             for (e, r) in exact.iter().zip(&rebuilt) {
@@ -907,7 +1306,8 @@ mod tests {
     #[test]
     fn a_sub_marginal_is_the_sum_of_its_marginal_with_the_stated_variance() {
         let wl = w(&[2, 3, 4], vec![vec![0, 1, 2]]);
-        let cals: Vec<Calibration> = wl.calibrate(2, 1.0).unwrap().into_iter().flatten().collect();
+        let cals: Vec<Calibration> =
+            wl.calibrate(2, 1.0, &wl.allocate(WorkloadLoss::Sum).shares).unwrap().into_iter().flatten().collect();
         let noise = Noise::new(&wl, &cals).unwrap();
         let exact: Vec<Vec<i64>> = vec![(0..24).map(|c| (c * 7 % 11) as i64).collect()];
         let mut rng = NoiseRng::insecure_seeded_for_tests(9);
@@ -939,7 +1339,7 @@ mod tests {
             let s2: Vec<f64> = wl.residuals().iter().zip(shares).map(|(a, sh)| wl.p(a) / (2.0 * rho * sh)).collect();
             wl.sets().iter().map(|s| wl.cells(s) as f64 * wl.cell_variance(s, &s2)).sum()
         };
-        let opt = total(&wl.shares());
+        let opt = total(&wl.allocate(WorkloadLoss::Sum).shares);
         assert!((opt / wl.optimal_total_variance(k, rho) - 1.0).abs() < 1e-9);
         let equal = vec![1.0 / wl.residuals().len() as f64; wl.residuals().len()];
         assert!(total(&equal) > opt);
@@ -954,7 +1354,7 @@ mod tests {
         let sizes = [2usize, 2, 3];
         let k = 2u64;
         let wl = w(&sizes, Workload::ways(3, 2));
-        let cals = wl.calibrate(k, 0.7).expect("calibrations");
+        let cals = wl.calibrate(k, 0.7, &wl.allocate(WorkloadLoss::Sum).shares).expect("calibrations");
         let charged: f64 = cals.iter().flatten().map(|c| c.rho().get()).sum();
         assert!(charged <= 0.7 * (1.0 + 1e-12));
         let cells: Vec<[usize; 3]> =
@@ -979,7 +1379,7 @@ mod tests {
             let mut loss = 0.0;
             for (((a, cal), seen), r) in wl.residuals().iter().zip(&cals).zip(&mut reached).zip(0..) {
                 let Some(cal) = cal else { continue };
-                let (x, y) = (residual_of(&wl, a, &before).expect("x"), residual_of(&wl, a, &after).expect("y"));
+                let (x, y) = (residual_of(&wl, r, &before).expect("x"), residual_of(&wl, r, &after).expect("y"));
                 let shift: f64 = x
                     .iter()
                     .zip(&y)
@@ -1013,7 +1413,67 @@ mod tests {
         let names = |d: usize| (0..d).map(|i| format!("c{i}")).collect::<Vec<_>>();
         let wide = Workload::new(names(9), vec![2; 9], vec![(0..9).collect()]);
         assert!(matches!(wide, Err(DpError::Refused(Refusal::WorkloadTooLarge { .. }))));
-        let big = Workload::new(names(2), vec![1 << 13, 1 << 12], vec![vec![0, 1]]);
-        assert!(matches!(big, Err(DpError::Refused(Refusal::WorkloadTooLarge { .. }))));
+        let overflow = Workload::new(names(2), vec![usize::MAX, 2], vec![vec![0, 1]]);
+        assert!(matches!(overflow, Err(DpError::Refused(Refusal::WorkloadTooLarge { .. }))));
+        // 2²⁵ cells fit the structure; their memory is the limit (CELL_BYTES + 2·(3 label bytes + 4 + 4) each).
+        let big = Workload::new(names(2), vec![1 << 13, 1 << 12], vec![vec![0, 1]]).unwrap();
+        let needs = big.memory_bytes(&[3, 3]);
+        assert!(needs >= (1u64 << 25) * (CELL_BYTES + 22), "{needs}");
+        assert!(big.check_memory(&[3, 3], needs).is_ok());
+        let refused = big.check_memory(&[3, 3], needs - 1).unwrap_err();
+        assert_eq!(refused.code(), "workload_memory");
+    }
+
+    /// All 3-way marginals of 40 binary columns (9 880 marginals, ResidualPlanner's scale): the closure is every
+    /// subset of at most 3 columns, each residual's home is a marginal that contains it, and the sum allocation
+    /// is the closed form.
+    #[test]
+    fn every_three_way_marginal_of_forty_columns() {
+        let wl = w(&[2; 40], Workload::ways(40, 3));
+        assert_eq!((wl.sets().len(), wl.residuals().len()), (9880, 1 + 40 + 780 + 9880));
+        for (r, a) in wl.residuals().iter().enumerate() {
+            assert!(a.iter().all(|i| wl.sets()[wl.home[r]].contains(i)), "{a:?}");
+        }
+        let shares = wl.allocate(WorkloadLoss::Sum).shares;
+        assert!((shares.iter().sum::<f64>() - 1.0).abs() < 1e-9);
+        // By symmetry every 3-way marginal has the same variance, so the sum's optimum is also the max's.
+        let v = wl.set_variances(&wl.sigma_sq_at(&shares, 1, 0.5));
+        assert!(v.iter().all(|x| (x / v[0] - 1.0).abs() < 1e-9));
+        let max = wl.allocate(WorkloadLoss::Max);
+        assert!(max.gap.unwrap() <= 1.0 + MAX_VARIANCE_GAP);
+        assert!((wl.largest_variance(&max.shares, 1, 0.5) / v[0] - 1.0).abs() < 1e-6);
+    }
+
+    /// The max-variance allocation, checked against what is known of its optimum: on a symmetric workload (all
+    /// 2-way marginals of equal domains) every marginal has the same variance under the sum's closed form, which
+    /// is then the max's optimum too (ResidualPlanner's closed form: the total variance k²S²/(2ρ) over the cells);
+    /// on an asymmetric one, the certified bound is below the allocation's largest variance by at most
+    /// MAX_VARIANCE_GAP, and the largest variance is below the sum allocation's (and the one-by-one's).
+    #[test]
+    fn the_max_allocation_meets_its_bound() {
+        let symmetric = w(&[5; 6], Workload::ways(6, 2));
+        let cells: f64 = symmetric.sets().iter().map(|s| symmetric.cells(s) as f64).sum();
+        let closed = symmetric.optimal_total_variance(1, 1.0) / cells;
+        let max = symmetric.allocate(WorkloadLoss::Max);
+        assert!((symmetric.largest_variance(&max.shares, 1, 1.0) / closed - 1.0).abs() < 1e-6);
+        for sizes in [vec![2, 6, 2, 16, 10, 5, 4, 8], vec![50, 100, 7, 4, 2]] {
+            let d = sizes.len();
+            let mut sets = Workload::ways(d, 2);
+            sets.push((0..3).collect());
+            let wl = w(&sizes, sets);
+            let (sum, max) = (wl.allocate(WorkloadLoss::Sum), wl.allocate(WorkloadLoss::Max));
+            let gap = max.gap.unwrap();
+            assert!((1.0..=1.0 + MAX_VARIANCE_GAP).contains(&gap), "{sizes:?}: gap {gap}");
+            let (at_max, at_sum) = (wl.largest_variance(&max.shares, 1, 1.0), wl.largest_variance(&sum.shares, 1, 1.0));
+            assert!(at_max < at_sum, "{sizes:?}: {at_max} vs {at_sum}");
+            // Any other weighting's dual value is a lower bound too: the cell-count weights, normalised.
+            let lambda: Vec<f64> = wl.cell_weights().iter().map(|c| c / cells_of(&wl)).collect();
+            let s = wl.weighted_shares(&lambda).1;
+            assert!(s * s / 2.0 <= at_max * (1.0 + 1e-9), "{sizes:?}: a dual value above the primal");
+        }
+    }
+
+    fn cells_of(wl: &Workload) -> f64 {
+        wl.sets().iter().map(|s| wl.cells(s) as f64).sum()
     }
 }

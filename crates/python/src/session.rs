@@ -299,7 +299,7 @@ impl Session {
         selection_delta: Option<f64>,
     ) -> PyResult<MarginalRelease> {
         let budget = marginal_budget(rho, target_std, target)?;
-        let spec = MarginalSpec { budget, consistency, confidence, selection_delta };
+        let spec = MarginalSpec { budget, consistency, confidence, selection_delta, ..MarginalSpec::rho(0.0) };
         let m =
             run(py, || async move { Ok::<_, Failure>(self.open().await?.marginals(table, &columns, &spec).await?) })?;
         Ok(MarginalRelease::new(m))
@@ -309,7 +309,10 @@ impl Session {
     /// `way` of the columns (2, the default: every two-way table), or the marginals listed in `sets` (lists of
     /// columns; `[]` is the total). The noise of each cell is chosen jointly for the least total error, and the
     /// counts agree across marginals. Give `rho` (the cost), `target` (the half-width wanted of each cell's
-    /// interval, in counts) or `target_std`; `confidence` is the level of the intervals.
+    /// interval, in counts) or `target_std`; `confidence` is the level of the intervals; `loss` what the noise
+    /// minimises, `"sum"` of every cell's variance (the default: the session's `dp.workload_loss`) or `"max"`, the
+    /// largest (every cell within the same ±x); `output` the counts, `"least_squares"` (unbiased, the default: the
+    /// session's `dp.workload_output`) or `"nonnegative"` (consistent, no negative cell, biased).
     ///
     /// >>> w = s.workload("pums", ["sex", "race"], sets=[["sex", "race"], ["sex"], []], rho=0.05)
     /// >>> t = w.to_pandas()
@@ -317,7 +320,8 @@ impl Session {
     /// True
     #[allow(clippy::too_many_arguments)] // the keyword arguments of the Python method
     #[pyo3(signature = (
-        table, columns, *, way = None, sets = None, rho = None, target_std = None, target = None, confidence = None
+        table, columns, *, way = None, sets = None, rho = None, target_std = None, target = None, confidence = None,
+        loss = None, output = None
     ))]
     fn workload(
         &self,
@@ -330,14 +334,19 @@ impl Session {
         target_std: Option<f64>,
         target: Option<f64>,
         confidence: Option<f64>,
+        loss: Option<&str>,
+        output: Option<&str>,
     ) -> PyResult<WorkloadRelease> {
         let budget = marginal_budget(rho, target_std, target)?;
+        let loss = loss.map(str::parse).transpose().map_err(|e| usage("invalid_parameter", format!("loss: {e}")))?;
+        let output =
+            output.map(str::parse).transpose().map_err(|e| usage("invalid_parameter", format!("output: {e}")))?;
         let sets = match (way, sets) {
             (Some(_), Some(_)) => return Err(usage("invalid_parameter", "give way= or sets=, not both".into())),
             (_, Some(sets)) => WorkloadSets::Sets(sets),
             (way, None) => WorkloadSets::Ways(way.unwrap_or(2)),
         };
-        let spec = MarginalSpec { budget, consistency: true, confidence, selection_delta: None };
+        let spec = MarginalSpec { budget, confidence, loss, output, ..MarginalSpec::rho(0.0) };
         let cols = columns.clone();
         let w = run(
             py,

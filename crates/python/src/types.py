@@ -223,7 +223,10 @@ class WorkloadResidual(TypedDict):
 class WorkloadPlan(TypedDict):
     """The noise and accuracy of a workload (`WorkloadRelease.plan`): per marginal (`sets`), per residual
     (`residuals`), `rows_per_unit`, `rho`, `epsilon`, `confidence`, and the sum of every cell's variance (`total_variance`) beside
-    the optimum for that ρ and answering each marginal alone (`optimal_variance`, `one_by_one_variance`).
+    the optimum for that ρ and answering each marginal alone (`optimal_variance`, `one_by_one_variance`); what the
+    allocation minimised (`loss`), the largest variance of a cell and, for `loss = "max"`, the lower bound on it
+    that the allocation certifies (`largest_variance_bound`, else None), and the memory the release holds at most
+    (`memory_bytes`, known before any read).
 
     >>> p: dpfusion.WorkloadPlan = s.workload("pums", ["sex", "race"], rho=0.05).plan
     >>> len(p["sets"]), len(p["residuals"])
@@ -239,3 +242,7 @@ class WorkloadPlan(TypedDict):
     total_variance: float
     optimal_variance: float
     one_by_one_variance: float
+    loss: Literal["sum", "max"]
+    largest_variance: float
+    largest_variance_bound: Optional[float]
+    memory_bytes: int

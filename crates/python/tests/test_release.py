@@ -186,6 +186,22 @@ def test_marginals_release_every_histogram_in_one_charge(session):
     assert spent(session) == pytest.approx(0.05)
 
 
+def test_a_workload_minimises_the_largest_variance_and_releases_nonnegative_counts(session):
+    cols, sets = ["sex", "race", "educ"], [["sex", "race", "educ"], ["sex"]]
+    w_sum = session.workload("pums", cols, sets=sets, rho=0.01)
+    w_max = session.workload("pums", cols, sets=sets, rho=0.01, loss="max", output="nonnegative")
+    assert w_sum.plan["loss"] == "sum" and w_max.plan["loss"] == "max"
+    assert w_max.plan["largest_variance"] < w_sum.plan["largest_variance"]
+    assert w_max.plan["largest_variance_bound"] <= w_max.plan["largest_variance"]
+    counts = w_max.to_arrow().column("count").to_pylist()
+    assert min(counts) >= 0
+    assert spent(session) == pytest.approx(0.02)
+    with pytest.raises(dpfusion.Error) as info:
+        session.workload("pums", cols, sets=sets, rho=0.01, output="rounded")
+    assert info.value.code == "invalid_parameter"
+    assert spent(session) == pytest.approx(0.02)
+
+
 def test_a_quantile_carries_its_rank_interval(session):
     r = session.sql("SELECT sex, MEDIAN(age) AS m, STDDEV(age) AS sd FROM pums GROUP BY sex ORDER BY sex")
     m = r.accuracy["m"]

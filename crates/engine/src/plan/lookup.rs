@@ -24,6 +24,7 @@ use crate::error::{DpError, Result, engine};
 use crate::plan::validate;
 use crate::refusal::Refusal;
 use datafusion::arrow::array::{Array, ArrayRef, AsArray, RecordBatch, UInt32Array};
+use datafusion::arrow::buffer::{BooleanBuffer, NullBuffer};
 use datafusion::arrow::compute::{cast, concat_batches, take};
 use datafusion::arrow::datatypes::{DataType, Int64Type, SchemaRef};
 use datafusion::arrow::row::{RowConverter, SortField};
@@ -220,11 +221,24 @@ impl KeyIndex {
             // The probe has the keys' integer type, which widens exactly to Int64.
             let ints = cast(&probe, &DataType::Int64)?;
             let Some(ints) = ints.as_primitive_opt::<Int64Type>() else { return exec_err!("an integer key") };
-            let row = |k: i64| {
-                let at = usize::try_from(k.wrapping_sub(*lo)).ok().filter(|_| k >= *lo)?;
-                rows.get(at).copied().filter(|&r| r != NO_ROW)
-            };
-            return Ok(ints.iter().map(|k| k.and_then(row)).collect());
+            // One tight pass over the values (NULL slots hold arbitrary values: they read some row or none, and
+            // the probe's validity masks them below), then the misses as NULLs: no per-value `Option`.
+            let span = rows.len() as u64;
+            let mut at: Vec<u32> = ints
+                .values()
+                .iter()
+                .map(|&k| {
+                    // (k − lo) mod 2⁶⁴ < span exactly when lo ≤ k ≤ hi (hi = lo + span − 1 does not overflow).
+                    let i = k.wrapping_sub(*lo) as u64;
+                    if i < span { rows[i as usize] } else { NO_ROW }
+                })
+                .collect();
+            let found = BooleanBuffer::collect_bool(at.len(), |i| at[i] != NO_ROW);
+            let nulls = NullBuffer::union(ints.nulls(), Some(&NullBuffer::new(found)));
+            if nulls.is_some() {
+                at.iter_mut().filter(|r| **r == NO_ROW).for_each(|r| *r = 0);
+            }
+            return Ok(UInt32Array::new(at.into(), nulls));
         }
         let encoded = self.converter.convert_columns(std::slice::from_ref(&probe))?;
         Ok((0..probe.len())
@@ -523,6 +537,10 @@ mod tests {
         let index = KeyIndex::build(&keys, &DataType::Int32).unwrap().unwrap();
         assert!(index.dense.is_some());
         assert_eq!(positions(&index, Arc::new(Int32Array::from(vec![7, -2, 1]))), vec![Some(2), Some(0), None]);
+        // Every key found (no NULLs at all); a NULL probe whose slot holds a present key finds nothing.
+        assert_eq!(positions(&index, Arc::new(Int32Array::from(vec![7, -2]))), vec![Some(2), Some(0)]);
+        let masked = Int32Array::new(vec![0, 7].into(), Some(NullBuffer::from(vec![false, true])));
+        assert_eq!(positions(&index, Arc::new(masked)), vec![None, Some(2)]);
         let repeated: ArrayRef = Arc::new(Int32Array::from(vec![1, 1]));
         assert!(KeyIndex::build(&repeated, &DataType::Int32).unwrap().is_none());
     }

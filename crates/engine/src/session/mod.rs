@@ -131,6 +131,8 @@ pub(crate) struct Defaults {
     pub(crate) reuse: Reuse,
     /// `[server] share_releases`: reuse may answer from other budgets' charges ([`reuse`]).
     pub(crate) share_releases: bool,
+    /// `[session] workload_memory_mb`, in bytes: the most a workload release may hold ([`crate::workload`]).
+    pub(crate) workload_memory: u64,
 }
 
 /// A differentially private SQL session over private tables.
@@ -264,6 +266,7 @@ impl DpSession {
         s.defaults.accounting = cfg.accounting;
         s.defaults.mechanism = cfg.mechanism;
         s.defaults.reuse = cfg.reuse;
+        s.defaults.workload_memory = cfg.workload_memory;
         if let Some(d) = cfg.delta_budget {
             s.ledger.set_delta_total(d, "configuration")?;
         }
@@ -319,6 +322,7 @@ impl DpSession {
                 confidence,
                 reuse: Reuse::Exact,
                 share_releases: false,
+                workload_memory: crate::workload::DEFAULT_MEMORY_BYTES,
             },
             ledger: Box::new(MemoryLedger::new(total)),
             rng: Mutex::new(NoiseRng::from_os()?),

@@ -6,6 +6,7 @@ use crate::accounting::calibrate::MechanismChoice;
 use crate::error::{DpError, Result};
 use crate::refusal::Refusal;
 use crate::session::{DpSession, Response};
+use crate::workload::{WorkloadLoss, WorkloadOutput};
 use datafusion::common::config::ConfigExtension;
 use datafusion::common::extensions_options;
 
@@ -87,6 +88,32 @@ macro_rules! dp_options_table {
                 ),
                 check: check_reuse,
                 show: show_reuse,
+            },
+            /// what a workload's noise minimises: 'sum' (every cell's variance) or 'max' (the largest)
+            workload_loss: Option<String> {
+                example: "'max'",
+                default: "`sum`",
+                hint: "SET dp.workload_loss = 'sum' (the default) or 'max'",
+                doc: concat!(
+                    "`max` shares a workload's ρ so that its least accurate cell is as accurate as it can be (every ",
+                    "cell within the same ±x); `sum` minimises the sum of every cell's variance ",
+                    "([workloads.md](workloads.md#the-allocation-sum-or-max)).",
+                ),
+                check: check_workload_loss,
+                show: show_workload_loss,
+            },
+            /// a workload's counts: 'least_squares' (unbiased) or 'nonnegative' (consistent, no negative cell)
+            workload_output: Option<String> {
+                example: "'nonnegative'",
+                default: "`least_squares`",
+                hint: "SET dp.workload_output = 'least_squares' (the default) or 'nonnegative'",
+                doc: concat!(
+                    "`nonnegative` releases the closest consistent counts with no negative cell (biased; free ",
+                    "post-processing of the same measurements) ",
+                    "([workloads.md](workloads.md#non-negative-counts-set-dpworkload_output)).",
+                ),
+                check: check_workload_output,
+                show: show_workload_output,
             },
         }
     };
@@ -414,6 +441,36 @@ fn show_reuse(s: &DpSession) -> Result<String> {
     Ok(s.reuse_setting().to_string())
 }
 
+/// `SET dp.workload_loss`: `sum` or `max`.
+fn check_workload_loss(_: &DpSession, value: &str) -> Result<Checked> {
+    Ok(value.parse::<WorkloadLoss>().map(|l| l.name().to_string()))
+}
+
+fn show_workload_loss(s: &DpSession) -> Result<String> {
+    Ok(s.workload_loss().name().to_string())
+}
+
+/// `SET dp.workload_output`: `least_squares` or `nonnegative`.
+fn check_workload_output(_: &DpSession, value: &str) -> Result<Checked> {
+    Ok(value.parse::<WorkloadOutput>().map(|o| o.name().to_string()))
+}
+
+fn show_workload_output(s: &DpSession) -> Result<String> {
+    Ok(s.workload_output().name().to_string())
+}
+
+impl DpSession {
+    /// What the next workload's allocation minimises (`SET dp.workload_loss`, else the sum of variances).
+    pub fn workload_loss(&self) -> WorkloadLoss {
+        self.options().workload_loss.as_deref().and_then(|l| l.parse().ok()).unwrap_or_default()
+    }
+
+    /// What the next workload's counts are (`SET dp.workload_output`, else the least-squares rebuild).
+    pub fn workload_output(&self) -> WorkloadOutput {
+        self.options().workload_output.as_deref().and_then(|o| o.parse().ok()).unwrap_or_default()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -430,7 +487,8 @@ mod tests {
         assert_eq!(datafusion, table);
         assert_eq!(
             crate::refusal::SETTABLE,
-            "dp.rho, dp.mechanism, dp.confidence, dp.selection_delta, dp.target and dp.reuse"
+            "dp.rho, dp.mechanism, dp.confidence, dp.selection_delta, dp.target, dp.reuse, dp.workload_loss and \
+             dp.workload_output"
         );
     }
 

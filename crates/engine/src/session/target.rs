@@ -40,7 +40,7 @@ pub enum Target {
 /// The largest ρ the search tries: a target that needs more is refused as out of reach.
 pub(crate) const MAX_RHO: f64 = 1e6;
 /// The smallest ρ the search tries: a target met even there is priced at it.
-const MIN_RHO: f64 = 1e-12;
+pub(crate) const MIN_RHO: f64 = 1e-12;
 /// The search stops when the ρ that meets the target is within this factor of one that does not.
 const PRECISION: f64 = 1e-9;
 /// At most this many measurements get their own least ρ (in the order of the query); the others keep their share

@@ -19,7 +19,7 @@ use crate::release::{Accuracy, ColumnAccuracy, Parts, Release};
 use crate::session::explain::{ExplainedMeasure, Explanation};
 use crate::session::quote::Quote;
 use crate::session::{DpSession, PrivatePlan, Target};
-use crate::workload::{Measured, Noise, Workload, WorkloadCounter, WorkloadPlan, WorkloadRelease};
+use crate::workload::{Measured, Noise, Workload, WorkloadCounter, WorkloadOutput, WorkloadPlan, WorkloadRelease};
 use datafusion::arrow::array::{ArrayRef, AsArray, RecordBatch, StringArray};
 use datafusion::arrow::datatypes::{DataType, Field, Float64Type, Schema, SchemaRef};
 use datafusion::common::ScalarValue;
@@ -56,6 +56,9 @@ pub(crate) struct PreparedWorkload {
     rows: PrivatePlan,
     /// The rows' optimized logical plan, indented (EXPLAIN DP).
     rows_text: String,
+    /// What its counts are, and each residual's σ² (the non-negative output's metric).
+    output: WorkloadOutput,
+    sigma_sq: Vec<f64>,
     /// What else its draw can answer, recorded with it (a GROUPING SETS statement: [`super::derive`]).
     index: Option<crate::accounting::ledger::DrawIndex>,
 }
@@ -150,7 +153,7 @@ impl DpSession {
         if !same_noise(charge.measurements(), &p.quote.measurements) || !names(&charge, &plans) {
             return Err(changed(&key, &charge, &p.quote));
         }
-        let measured = Measured::of(&p.workload, Measured::from_bytes(&bytes)?)?;
+        let measured = Measured::as_output(&p.workload, Measured::from_bytes(&bytes)?, p.output, &p.sigma_sq)?;
         let labels = domain_labels(&p);
         let r = WorkloadRelease::new(&p.table, &p.workload, &labels, measured, p.plan, charge, self.status()?);
         // A retried request is this request's own release again; a reuse key's answers a new statement for free.
@@ -182,7 +185,7 @@ impl DpSession {
             let bytes = self.ledger.store_draw(key, &Measured::to_bytes(&residuals)?, p.index.as_ref())?;
             residuals = Measured::from_bytes(&bytes)?;
         }
-        let measured = Measured::of(&p.workload, residuals)?;
+        let measured = Measured::as_output(&p.workload, residuals, p.output, &p.sigma_sq)?;
         let labels = domain_labels(&p);
         Ok(WorkloadRelease::new(&p.table, &p.workload, &labels, measured, p.plan, charge, self.status()?))
     }
@@ -258,12 +261,20 @@ impl DpSession {
         };
         let sizes = domains.iter().map(Vec::len).collect();
         let workload = Workload::new(columns.to_vec(), sizes, sets)?;
+        let label_bytes: Vec<u64> = domains
+            .iter()
+            .map(|d| d.iter().map(|v| marginals::domain_label(v).len() as u64).max().unwrap_or(0))
+            .collect();
+        workload.check_memory(&label_bytes, self.defaults.workload_memory)?;
         let confidence = spec.confidence.unwrap_or(self.defaults.confidence);
         accuracy::check_confidence(confidence)?;
         let k = policy.max_rows_per_unit;
-        let (cals, noise) = calibrate(&workload, k, spec.budget, confidence)?;
+        let allocation = workload.allocate(spec.loss.unwrap_or_else(|| self.workload_loss()));
+        let (cals, noise) = calibrate(&workload, k, &allocation.shares, spec.budget, confidence)?;
         let quote = Quote::new(cals, self.defaults.delta, confidence, &self.quotes)?;
-        let plan = WorkloadPlan::new(&workload, k, &noise, quote.epsilon, confidence);
+        let memory = workload.memory_bytes(&label_bytes);
+        let plan = WorkloadPlan::new(&workload, k, (&allocation, &noise), quote.epsilon, confidence, memory);
+        let output = spec.output.unwrap_or_else(|| self.workload_output());
         let (over_limit, rows, logical) =
             self.bounded_rows(input, policy.privacy_unit.as_deref(), columns, None, k).await?;
         let counted: Vec<Option<&[DomainValue]>> = domains.iter().map(|d| Some(d.as_slice())).collect();
@@ -279,16 +290,25 @@ impl DpSession {
             over_limit,
             rows,
             rows_text,
+            output,
+            sigma_sq: noise.sigma_sq,
             index: None,
         })
     }
 }
 
-/// The residuals' calibrations and samplers for `budget`: a ρ shared out optimally, or the smallest ρ whose
-/// largest per-cell half-width (or standard deviation) is within the target.
-fn calibrate(w: &Workload, k: u64, budget: MarginalBudget, confidence: f64) -> Result<(Vec<Calibration>, Noise)> {
+/// The residuals' calibrations and samplers for `budget`, each residual getting its `shares` of ρ: a ρ, or the
+/// smallest ρ whose largest per-cell half-width (or standard deviation) is within the target. The search starts
+/// where the unrounded variances (σ_A² ∝ 1/ρ) meet the target, and settles the rounding from there.
+fn calibrate(
+    w: &Workload,
+    k: u64,
+    shares: &[f64],
+    budget: MarginalBudget,
+    confidence: f64,
+) -> Result<(Vec<Calibration>, Noise)> {
     let at = |rho: f64| -> Result<(Vec<Calibration>, Noise)> {
-        let cals: Vec<Calibration> = w.calibrate(k, rho)?.into_iter().flatten().collect();
+        let cals: Vec<Calibration> = w.calibrate(k, rho, shares)?.into_iter().flatten().collect();
         let noise = Noise::new(w, &cals)?;
         Ok((cals, noise))
     };
@@ -304,7 +324,10 @@ fn calibrate(w: &Workload, k: u64, budget: MarginalBudget, confidence: f64) -> R
     let met = |rho: f64| -> Result<Option<(Vec<Calibration>, Noise)>> {
         Ok(at(rho).ok().filter(|(_, noise)| of(worst(noise)) <= target))
     };
-    match super::target::smallest(1.0, super::target::MAX_RHO, met)? {
+    // `of` is c·√v for both targets: the unrounded largest variance at ρ = 1 meets it at ρ = v₁·(of(1)/target)².
+    let v1 = w.largest_variance(shares, k, 1.0);
+    let start = (v1 * (of(1.0) / target).powi(2)).clamp(super::target::MIN_RHO, super::target::MAX_RHO);
+    match super::target::smallest(if start.is_finite() { start } else { 1.0 }, super::target::MAX_RHO, met)? {
         Some((_, found)) => Ok(found),
         None => Err(DpError::invalid(
             "target",
@@ -386,7 +409,7 @@ impl DpSession {
                 }
             },
         };
-        let spec = MarginalSpec { budget, consistency: true, confidence: Some(confidence), selection_delta: None };
+        let spec = MarginalSpec { confidence: Some(confidence), budget, ..MarginalSpec::rho(0.0) };
         let sets = WorkloadSets::Sets(g.sets.clone());
         // Computed keys: computed over the input, their domains in the policy (`plan::computed`).
         let mut policy = self.policy(g.table.table())?.clone();
@@ -552,6 +575,9 @@ impl DpSession {
     }
 }
 
+/// Marginals listed one by one in EXPLAIN DP (the rest are counted).
+const EXPLAIN_SETS: usize = 40;
+
 /// The workload part of EXPLAIN DP: each marginal's accuracy and the total variance against the optimum and
 /// against answering the marginals one by one.
 fn describe_workload(plan: &WorkloadPlan) -> String {
@@ -563,9 +589,15 @@ fn describe_workload(plan: &WorkloadPlan) -> String {
         plan.rows_per_unit,
         plan.confidence * 100.0
     )];
-    for s in &plan.sets {
+    for s in plan.sets.iter().take(EXPLAIN_SETS) {
         let name = if s.columns.is_empty() { "()".to_string() } else { format!("({})", s.columns.join(", ")) };
         lines.push(format!("  {name}: {} cells, std {}, ± {}", s.cells, fmt_num(s.std), fmt_num(s.ci_half_width)));
+    }
+    if let Some(more) = plan.sets.len().checked_sub(EXPLAIN_SETS).filter(|m| *m > 0) {
+        lines.push(format!(
+            "  … and {more} more marginals (the largest std of a cell: {})",
+            fmt_num(plan.largest_variance.sqrt())
+        ));
     }
     lines.push(format!(
         "Sum of every cell's variance: {} (ResidualPlanner's optimum for this ρ: {}; each marginal alone at ρ/{}: {})",
@@ -574,6 +606,7 @@ fn describe_workload(plan: &WorkloadPlan) -> String {
         plan.sets.len(),
         fmt_num(plan.one_by_one_variance)
     ));
+    lines.push(plan.allocation_summary());
     lines.join("\n")
 }
 
