@@ -464,3 +464,21 @@ async fn a_workload_over_the_memory_limit_is_refused_free() {
     assert!(p.memory_bytes > 2000 * 40 && p.memory_bytes < 1 << 20, "{}", p.memory_bytes);
     assert!(s.budget().unwrap().charges.is_empty());
 }
+
+/// Workload releases share `[session] workload_memory_mb` in a process: with 1 MiB, two releases asked at once each
+/// take it in turn (neither fails, both are charged once), and it is given back after each.
+#[tokio::test]
+async fn concurrent_workloads_take_the_memory_in_turn() {
+    let config = pums_config("pums_pid.csv", 10.0, 1, 1).replace("[session]\n", "[session]\nworkload_memory_mb = 1\n");
+    let s = session_from(&config).await;
+    s.sql("SET dp.reuse = 'off'").await.unwrap();
+    let cols: Vec<String> = ["sex", "race", "educ"].iter().map(|c| c.to_string()).collect();
+    let spec = MarginalSpec::rho(0.01);
+    let (a, b) = tokio::join!(
+        s.workload("pums", &cols, &WorkloadSets::Ways(2), &spec),
+        s.workload("pums", &cols, &WorkloadSets::Ways(3), &spec)
+    );
+    assert!(a.is_ok() && b.is_ok(), "{:?} {:?}", a.err(), b.err());
+    s.workload("pums", &cols, &WorkloadSets::Ways(2), &spec).await.unwrap();
+    assert_eq!(s.budget().unwrap().charges.len(), 3);
+}

@@ -131,8 +131,9 @@ pub(crate) struct Defaults {
     pub(crate) reuse: Reuse,
     /// `[server] share_releases`: reuse may answer from other budgets' charges ([`reuse`]).
     pub(crate) share_releases: bool,
-    /// `[session] workload_memory_mb`, in bytes: the most a workload release may hold ([`crate::workload`]).
-    pub(crate) workload_memory: u64,
+    /// `[session] workload_memory_mb`: the most workload releases may hold at once, shared by every analyst's
+    /// session ([`workload::WorkloadMemory`]).
+    pub(crate) workload_memory: workload::WorkloadMemory,
 }
 
 /// A differentially private SQL session over private tables.
@@ -266,7 +267,7 @@ impl DpSession {
         s.defaults.accounting = cfg.accounting;
         s.defaults.mechanism = cfg.mechanism;
         s.defaults.reuse = cfg.reuse;
-        s.defaults.workload_memory = cfg.workload_memory;
+        s.defaults.workload_memory = workload::WorkloadMemory::new(cfg.workload_memory);
         if let Some(d) = cfg.delta_budget {
             s.ledger.set_delta_total(d, "configuration")?;
         }
@@ -322,7 +323,7 @@ impl DpSession {
                 confidence,
                 reuse: Reuse::Exact,
                 share_releases: false,
-                workload_memory: crate::workload::DEFAULT_MEMORY_BYTES,
+                workload_memory: workload::WorkloadMemory::new(crate::workload::DEFAULT_MEMORY_BYTES),
             },
             ledger: Box::new(MemoryLedger::new(total)),
             rng: Mutex::new(NoiseRng::from_os()?),

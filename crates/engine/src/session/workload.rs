@@ -43,6 +43,35 @@ impl PreparedWorkload {
     }
 }
 
+/// The memory workload releases may hold at once in this process (`[session] workload_memory_mb`), shared by every
+/// analyst's session of a server: a release larger than all of it is refused before anything is read
+/// ([`Workload::check_memory`]); any other takes what it needs (known from the workload alone) before its debit, and
+/// waits while other releases hold it (a wait the statement timeout may end, with nothing spent).
+#[derive(Clone, Debug)]
+pub(crate) struct WorkloadMemory {
+    limit: u64,
+    /// One permit per MiB.
+    pool: Arc<tokio::sync::Semaphore>,
+}
+
+impl WorkloadMemory {
+    /// `limit` bytes in all.
+    pub(crate) fn new(limit: u64) -> Self {
+        WorkloadMemory { limit, pool: Arc::new(tokio::sync::Semaphore::new(mib(limit) as usize)) }
+    }
+
+    /// Waits for `bytes` (at most the limit, [`Workload::check_memory`]) and holds them until the guard is dropped.
+    async fn hold(&self, bytes: u64) -> Result<tokio::sync::SemaphorePermit<'_>> {
+        let wanted = mib(bytes.min(self.limit)).max(1);
+        self.pool.acquire_many(wanted).await.map_err(|_| DpError::Internal("the workload memory pool is closed".into()))
+    }
+}
+
+/// `bytes` in whole MiB, rounded up (at most u32::MAX: 4 PiB).
+fn mib(bytes: u64) -> u32 {
+    u32::try_from(bytes.div_ceil(1 << 20)).unwrap_or(u32::MAX)
+}
+
 /// A workload release planned and priced end to end; nothing has been spent or read.
 pub(crate) struct PreparedWorkload {
     table: String,
@@ -96,6 +125,8 @@ impl DpSession {
         use super::execute::{another_query, changed, key_text, names, same_noise};
         let tables = std::slice::from_ref(&p.table);
         self.ledger.check_access(tables)?;
+        // The memory it holds, before the debit (a wait here spends nothing), until it is released.
+        let _memory = self.defaults.workload_memory.hold(p.plan.memory_bytes).await?;
         let cals = p.quote.measurements.clone();
         let plans = p.plans();
         let key = match request {
@@ -265,7 +296,7 @@ impl DpSession {
             .iter()
             .map(|d| d.iter().map(|v| marginals::domain_label(v).len() as u64).max().unwrap_or(0))
             .collect();
-        workload.check_memory(&label_bytes, self.defaults.workload_memory)?;
+        workload.check_memory(&label_bytes, self.defaults.workload_memory.limit)?;
         let confidence = spec.confidence.unwrap_or(self.defaults.confidence);
         accuracy::check_confidence(confidence)?;
         let k = policy.max_rows_per_unit;
@@ -663,4 +694,25 @@ pub(crate) fn grouping_schema(g: &GroupingPlan) -> SchemaRef {
         })
         .collect();
     Arc::new(Schema::new(fields))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use futures::FutureExt;
+
+    /// A release waits while others hold the memory it needs, and goes on once they give it back; one larger than
+    /// the whole pool takes the whole pool (never more: [`Workload::check_memory`] refused it before).
+    #[tokio::test]
+    async fn a_release_waits_while_others_hold_the_memory() {
+        let m = WorkloadMemory::new(3 << 20);
+        let first = m.hold(2 << 20).await.unwrap();
+        assert!(m.hold(2 << 20).now_or_never().is_none(), "granted while held");
+        let small = m.hold(1).now_or_never().expect("1 MiB is left").unwrap();
+        drop((first, small));
+        let all = m.hold(u64::MAX).now_or_never().expect("the whole pool is free").unwrap();
+        assert!(m.hold(1).now_or_never().is_none());
+        drop(all);
+        assert!(m.hold(3 << 20).now_or_never().is_some());
+    }
 }
