@@ -872,10 +872,10 @@ async fn main() -> Res<()> {
         Some("selection") => selection::bench_selection()?,
         Some("workload-scale") => {
             let data = Path::new(&arg(&args, "--data").ok_or("--data FILE")?).to_path_buf();
-            let way = arg(&args, "--way").ok_or("--way K")?.parse()?;
+            let way = arg(&args, "--way").ok_or("--way K (or 3D, Small)")?;
             let loss = arg(&args, "--loss").unwrap_or_else(|| "sum".into()).parse()?;
             let rho = arg(&args, "--rho").map(|r| r.parse()).transpose()?.unwrap_or(1.0);
-            workload::bench_scale(&data, way, loss, rho, reps).await?
+            workload::bench_scale(&data, &way, loss, rho, reps).await?
         }
         Some("gen-domain") => {
             let rows: usize = arg(&args, "--rows").ok_or("--rows N")?.parse()?;

@@ -29,6 +29,11 @@ pub(crate) fn domain(name: &str) -> Option<&'static [usize]> {
     DOMAINS.iter().find(|(d, _)| d.eq_ignore_ascii_case(name)).map(|(_, s)| *s)
 }
 
+/// The marginals of the workload `name` (`1-way` … `5-way`, `3D`, `Small`, any case) over columns of `sizes`.
+pub(crate) fn workload(sizes: &[usize], name: &str) -> Option<Vec<Vec<usize>>> {
+    workloads(sizes).into_iter().find(|(n, _)| n.eq_ignore_ascii_case(name)).map(|(_, sets)| sets)
+}
+
 /// The paper's (RMSE, max variance) per domain, for 1..5-way, 3D and Small, in that order.
 const PAPER: [[(f64, f64); 7]; 3] = [
     [(1.744, 4.346), (2.035, 7.897), (2.048, 7.706), (1.627, 4.141), (1.000, 1.000), (2.276, 13.216), (2.525, 11.774)],

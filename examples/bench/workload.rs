@@ -221,21 +221,27 @@ fn reset_peak_rss() {
 /// marginals (counted here) beside the variance it states; then the same draws rebuilt non-negative (reused from
 /// their charge: the same measurements), their total squared error and their bias (mean signed error per cell),
 /// over all cells and over the cells whose true count is at most 5.
-pub(crate) async fn bench_scale(data: &Path, way: usize, loss: WorkloadLoss, rho: f64, reps: usize) -> Res<()> {
+pub(crate) async fn bench_scale(data: &Path, way: &str, loss: WorkloadLoss, rho: f64, reps: usize) -> Res<()> {
     let ctx = SessionContext::new();
     ctx.register_parquet("t", data.to_str().ok_or("path")?, ParquetReadOptions::default()).await?;
     let cols = columns(&ctx).await?;
     let names: Vec<String> = cols.iter().map(|(c, _)| c.clone()).collect();
+    // `--way k`: every k-way marginal; `--way 3D` or `--way Small`: ResidualPlanner's workloads of those names.
+    let sizes: Vec<usize> = cols.iter().map(|c| c.1).collect();
+    let marginals: Vec<Vec<usize>> = match way.parse::<usize>() {
+        Ok(k) => Workload::ways(cols.len(), k),
+        Err(_) => super::selection::workload(&sizes, way).ok_or("--way k, 3D or Small")?,
+    };
+    let sets = WorkloadSets::Sets(marginals.iter().map(|m| m.iter().map(|&i| names[i].clone()).collect()).collect());
     let toml = config(data, &cols, false).replace("reuse = \"off\"", "reuse = \"exact\"");
     let s = DpSession::from_config(&SessionConfig::from_toml_str(&toml, Path::new("."))?).await?;
-    let sets = WorkloadSets::Ways(way);
     let t = Instant::now();
     let plan =
         s.explain_workload("t", &names, &sets, &MarginalSpec { loss: Some(loss), ..MarginalSpec::rho(rho) }).await?;
     let planned = t.elapsed().as_secs_f64();
     // The exact marginals, counted directly from the rows.
     let batches = ctx.sql(&format!("SELECT {} FROM t", names.join(", "))).await?.collect().await?;
-    let exact: Vec<Vec<i64>> = Workload::ways(cols.len(), way)
+    let exact: Vec<Vec<i64>> = marginals
         .iter()
         .map(|set| {
             let mut counts = vec![0i64; set.iter().map(|&i| cols[i].1).product()];
@@ -288,7 +294,7 @@ pub(crate) async fn bench_scale(data: &Path, way: usize, loss: WorkloadLoss, rho
     let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
     let per = |x: f64, n: usize| x / (reps * n.max(1)) as f64;
     println!(
-        "| {} | {way}-way, {} marginals, loss {}, ρ {rho} | {} | {cells} | {planned:.2} | {wall:.1} ({cpu:.1}) | \
+        "| {} | {way}, {} marginals, loss {}, ρ {rho} | {} | {cells} | {planned:.2} | {wall:.1} ({cpu:.1}) | \
          {:.0} (+{:.0}) | {:.0} | {:.4e} | {:.4e} | {:.4e} | {:+.3} | {:+.3} | {:.3} ({small} cells) | {:+.3} |",
         data.display(),
         exact.len(),

@@ -870,13 +870,21 @@ impl WorkloadCounter {
         WorkloadCounter { sets, counts }
     }
 
-    /// Counts the rows whose every column has a domain index (`indices[c][row]`).
+    /// Counts the rows whose every column has a domain index (`indices[c][row]`): the kept rows' indices once as
+    /// plain columns, then per marginal its cells in one pass per column (a loop the compiler vectorises) and one
+    /// pass of counting.
     pub(crate) fn add(&mut self, indices: &[Vec<Option<usize>>]) {
         let rows = indices.first().map_or(0, Vec::len);
-        let present: Vec<bool> = (0..rows).map(|r| indices.iter().all(|c| c[r].is_some())).collect();
+        let kept: Vec<usize> = (0..rows).filter(|&r| indices.iter().all(|c| c[r].is_some())).collect();
+        let columns: Vec<Vec<usize>> =
+            indices.iter().map(|c| kept.iter().map(|&r| c[r].unwrap_or(0)).collect()).collect();
+        let mut cells = vec![0usize; kept.len()];
         for ((set, strides), counts) in self.sets.iter().zip(&mut self.counts) {
-            for (r, _) in present.iter().enumerate().filter(|(_, p)| **p) {
-                let cell: usize = set.iter().zip(strides).map(|(&c, s)| indices[c][r].unwrap_or(0) * s).sum();
+            cells.fill(0);
+            for (&c, &stride) in set.iter().zip(strides) {
+                cells.iter_mut().zip(&columns[c]).for_each(|(cell, i)| *cell += i * stride);
+            }
+            for &cell in &cells {
                 counts[cell] += 1;
             }
         }
