@@ -803,8 +803,19 @@ fn for_each_part(w: &Workload, si: usize, parts: &[Vec<f64>], mut f: impl FnMut(
         }
         let spread: f64 = set.iter().filter(|i| !a.contains(i)).map(|&i| w.sizes[i] as f64).product();
         let strides = strides_within(set, a, &dims);
+        // The cell's index in A's layout, kept as the cells advance (an odometer, the last column fastest).
+        let (mut index, mut at) = (vec![0usize; dims.len()], 0usize);
         for cell in 0..w.cells(set) {
-            f(cell, r, index_in(cell, &dims, &strides), spread);
+            f(cell, r, at, spread);
+            for axis in (0..dims.len()).rev() {
+                index[axis] += 1;
+                if index[axis] < dims[axis] {
+                    at += strides[axis];
+                    break;
+                }
+                at -= strides[axis] * (dims[axis] - 1);
+                index[axis] = 0;
+            }
         }
     }
 }
@@ -821,16 +832,6 @@ fn strides_within(set: &[usize], a: &[usize], dims: &[usize]) -> Vec<usize> {
         }
     }
     strides
-}
-
-/// The index, within a layout with per-axis `strides`, of row-major cell `cell` of `dims`.
-fn index_in(mut cell: usize, dims: &[usize], strides: &[usize]) -> usize {
-    let mut idx = 0;
-    for axis in (0..dims.len()).rev() {
-        idx += (cell % dims[axis]) * strides[axis];
-        cell /= dims[axis];
-    }
-    idx
 }
 
 /// Applies `f` along `axis` of the row-major array `x` of shape `dims`, each line of length dims[axis] mapped to

@@ -36,7 +36,7 @@ use super::{Workload, along, assemble, assemble_adjoint, project};
 /// Most rounds of the solver.
 const MAX_ROUNDS: usize = 5_000;
 /// Most work of the solver, in cell updates (each round assembles and takes the adjoint once: 2·Σ_W N_W·2^|W|).
-const MAX_WORK: f64 = 4e10;
+const MAX_WORK: f64 = 1e10;
 /// The solver's tolerance, relative to the largest noise standard deviation of a residual.
 const TOLERANCE: f64 = 1e-9;
 /// Rounds between convergence checks.
