@@ -308,9 +308,8 @@ impl Workload {
         cells.chain(contrasts).fold(0u64, u64::saturating_add)
     }
 
-    /// Refuses (before any read) a workload whose release would hold more than `limit` bytes
-    /// ([`Workload::memory_bytes`]).
-    pub fn check_memory(&self, label_bytes: &[u64], limit: u64) -> Result<()> {
+    /// The bytes its release holds ([`Workload::memory_bytes`]); refused (before any read) above `limit`.
+    pub fn check_memory(&self, label_bytes: &[u64], limit: u64) -> Result<u64> {
         let needs = self.memory_bytes(label_bytes);
         if needs > limit {
             return Err(DpError::Refused(Refusal::WorkloadMemory {
@@ -318,7 +317,7 @@ impl Workload {
                 limit_mb: limit >> 20,
             }));
         }
-        Ok(())
+        Ok(needs)
     }
 
     /// Contrasts of the residual on `a`: Π (nᵢ − 1).

@@ -296,14 +296,13 @@ impl DpSession {
             .iter()
             .map(|d| d.iter().map(|v| marginals::domain_label(v).len() as u64).max().unwrap_or(0))
             .collect();
-        workload.check_memory(&label_bytes, self.defaults.workload_memory.limit)?;
+        let memory = workload.check_memory(&label_bytes, self.defaults.workload_memory.limit)?;
         let confidence = spec.confidence.unwrap_or(self.defaults.confidence);
         accuracy::check_confidence(confidence)?;
         let k = policy.max_rows_per_unit;
         let allocation = workload.allocate(spec.loss.unwrap_or_else(|| self.workload_loss()));
         let (cals, noise) = calibrate(&workload, k, &allocation.shares, spec.budget, confidence)?;
         let quote = Quote::new(cals, self.defaults.delta, confidence, &self.quotes)?;
-        let memory = workload.memory_bytes(&label_bytes);
         let plan = WorkloadPlan::new(&workload, k, (&allocation, &noise), quote.epsilon, confidence, memory);
         let output = spec.output.unwrap_or_else(|| self.workload_output());
         let (over_limit, rows, logical) =
