@@ -37,7 +37,7 @@ pub(crate) fn err(msg: impl std::fmt::Display) -> DataFusionError {
 
 #[derive(Clone, PartialEq, Message)]
 struct FnMsg {
-    #[prost(oneof = "Function", tags = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12")]
+    #[prost(oneof = "Function", tags = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13")]
     function: Option<Function>,
 }
 
@@ -69,6 +69,19 @@ enum Function {
     /// `dp_clamp` (its bounds are its literal arguments).
     #[prost(bool, tag = "12")]
     Clamp(bool),
+    /// `dp_table`: its smallest input and its table.
+    #[prost(message, tag = "13")]
+    Table(TableMsg),
+}
+
+/// A tabulated computed column ([`crate::plan::computed::Tabulated`]): its smallest input, and its table (an Arrow
+/// IPC stream of one batch, one column `value`): values computed from the policy, travelling with the plan.
+#[derive(Clone, PartialEq, Message)]
+struct TableMsg {
+    #[prost(sint64, tag = "1")]
+    lo: i64,
+    #[prost(bytes = "vec", tag = "2")]
+    table: Vec<u8>,
 }
 
 /// A public table's lookup: its function name, `table.column`, and the key and value columns (an Arrow IPC stream
@@ -83,10 +96,10 @@ struct LookupMsg {
     columns: Vec<u8>,
 }
 
-/// The key and value columns of a lookup as one Arrow IPC stream.
-fn lookup_to(keys: &ArrayRef, values: &ArrayRef) -> Result<Vec<u8>> {
+/// Named columns as one Arrow IPC stream of one batch.
+fn ipc_to(columns: &[(&str, &ArrayRef)]) -> Result<Vec<u8>> {
     use datafusion::arrow::ipc::writer::StreamWriter;
-    let batch = RecordBatch::try_from_iter([("key", Arc::clone(keys)), ("value", Arc::clone(values))]).map_err(err)?;
+    let batch = RecordBatch::try_from_iter(columns.iter().map(|(n, a)| (*n, Arc::clone(a)))).map_err(err)?;
     let mut out = Vec::new();
     let mut w = StreamWriter::try_new(&mut out, &batch.schema()).map_err(err)?;
     w.write(&batch).map_err(err)?;
@@ -96,13 +109,19 @@ fn lookup_to(keys: &ArrayRef, values: &ArrayRef) -> Result<Vec<u8>> {
 }
 
 #[cfg(feature = "cluster")]
+/// The columns of the one batch [`ipc_to`] wrote in `bytes`.
+fn ipc_from(bytes: Vec<u8>) -> Result<Vec<ArrayRef>> {
+    use datafusion::arrow::ipc::reader::StreamReader;
+    let reader = StreamReader::try_new(std::io::Cursor::new(bytes), None).map_err(err)?;
+    let batches = reader.collect::<std::result::Result<Vec<_>, _>>().map_err(err)?;
+    let [batch] = batches.as_slice() else { return Err(err("columns sent with a plan are one batch")) };
+    Ok(batch.columns().to_vec())
+}
+
+#[cfg(feature = "cluster")]
 /// The lookup `m` encodes.
 fn lookup_from(m: LookupMsg) -> Result<ScalarUDF> {
-    use datafusion::arrow::ipc::reader::StreamReader;
-    let reader = StreamReader::try_new(std::io::Cursor::new(m.columns), None).map_err(err)?;
-    let batches = reader.collect::<std::result::Result<Vec<_>, _>>().map_err(err)?;
-    let [batch] = batches.as_slice() else { return Err(err("a lookup's columns are one batch")) };
-    let [keys, values] = batch.columns() else { return Err(err("a lookup has a key and a value column")) };
+    let [keys, values] = &ipc_from(m.columns)?[..] else { return Err(err("a lookup has a key and a value column")) };
     let index = crate::plan::lookup::KeyIndex::build(keys, keys.data_type())
         .map_err(err)?
         .ok_or_else(|| err(format!("{}: the keys sent are not unique", m.label)))?;
@@ -307,9 +326,16 @@ pub(crate) fn encode_udf(udf: &ScalarUDF) -> Result<Option<Vec<u8>>> {
         Function::KeyPriority(p.key())
     } else if inner.is::<crate::plan::computed::Clamp>() {
         Function::Clamp(true)
+    } else if let Some(t) = inner.downcast_ref::<crate::plan::computed::Tabulated>() {
+        let (lo, table) = t.parts();
+        Function::Table(TableMsg { lo, table: ipc_to(&[("value", table)])? })
     } else if let Some(l) = inner.downcast_ref::<PublicLookup>() {
         let (name, label, keys, values) = l.parts();
-        Function::Lookup(LookupMsg { name: name.into(), label: label.into(), columns: lookup_to(keys, values)? })
+        Function::Lookup(LookupMsg {
+            name: name.into(),
+            label: label.into(),
+            columns: ipc_to(&[("key", keys), ("value", values)])?,
+        })
     } else {
         return Ok(None);
     };
@@ -343,6 +369,13 @@ pub(crate) fn decode_udf(name: &str, buf: &[u8]) -> Result<Option<ScalarUDF>> {
         Some(Function::Lookup(m)) => lookup_from(m)?,
         Some(Function::KeyPriority(key)) => KeyPriority::udf(key),
         Some(Function::Clamp(_)) => crate::plan::computed::Clamp::udf(),
+        Some(Function::Table(t)) => {
+            let [table] = &ipc_from(t.table)?[..] else { return Err(err("a table is one column")) };
+            if table.len() < 2 || table.len() > crate::plan::computed::MAX_TABULATED {
+                return Err(err(format!("a table of {} values", table.len())));
+            }
+            crate::plan::computed::Tabulated::udf(t.lo, Arc::clone(table))
+        }
         _ => return Err(err(format!("`{name}` is not a scalar function of dpfusion"))),
     }))
 }

@@ -45,6 +45,9 @@ use datafusion::functions_aggregate::count::Count;
 use datafusion::logical_expr::{Aggregate, Expr, ExprSchemable, LogicalPlan, Projection, lit, when};
 use std::sync::Arc;
 
+mod table;
+pub use table::{MAX_TABULATED, Tabulated};
+
 /// Prefix of the computed columns' names (reserved: no query or table may use `__dp_`).
 pub const PREFIX: &str = "__dp_c";
 
@@ -132,7 +135,8 @@ pub fn rewrite(agg: &Aggregate, policy: &TablePolicy) -> Result<Option<Rewritten
         let mut cx = Rewrite::new(&input, &policy, lifted);
         let aggr_expr = agg.aggr_expr.iter().map(|a| cx.aggregate(a)).collect::<Result<Vec<_>>>()?;
         let group_expr = agg.group_expr.iter().map(|g| cx.key(g)).collect::<Result<Vec<_>>>()?;
-        (aggr_expr, group_expr, cx.exprs, cx.computed, cx.lifted)
+        let exprs = cx.exprs.iter().map(|e| cx.run_form(e)).collect::<Result<Vec<_>>>()?;
+        (aggr_expr, group_expr, exprs, cx.computed, cx.lifted)
     };
     if exprs.is_empty() && lifted.is_empty() && aggr_expr == agg.aggr_expr && group_expr == agg.group_expr {
         return Ok(None);
@@ -218,10 +222,11 @@ fn lift_projection(
             None => format!("unbounded{}", sub.sources(written)),
         };
         let name = format!("{PREFIX}s{}", lifted.len());
+        let runs = sub.tabulated(&clamped)?;
         if let Some((lo, hi)) = bounds.finite() {
             policy.columns.insert(name.clone(), ColumnPolicy::Bounds { lo, hi });
         }
-        inner.push(clamped.clone().alias(&name));
+        inner.push(runs.alias(&name));
         outer.push(Expr::Column(Column::from_name(&name)).alias_qualified(q.cloned(), field.name()));
         let column = ComputedColumn { name, label, bounds, domain: None, origin };
         lifted.push(Lifted { column, clamped, input: Arc::clone(&below) });
@@ -271,7 +276,7 @@ pub fn workload_key(
             }
         })
         .collect::<Result<Vec<_>>>()?;
-    Ok((validate::strip_aliases(&expr).clone(), domain))
+    Ok((cx.tabulated(validate::strip_aliases(&expr))?, domain))
 }
 
 struct Rewrite<'a> {
@@ -654,7 +659,7 @@ impl<'a> Rewrite<'a> {
     /// The distinct non-NULL values of `e` over every combination of its inputs' values, or why they cannot be
     /// listed.
     fn image(&self, e: &Expr) -> Result<std::result::Result<Vec<ScalarValue>, String>> {
-        use datafusion::arrow::array::{Array, UInt32Array};
+        use datafusion::arrow::array::Array;
         let mut columns: Vec<&Column> = e.column_refs().into_iter().collect();
         columns.sort_by_key(|c| c.flat_name());
         let mut inputs: Vec<(&Column, ArrayRef)> = Vec::new();
@@ -669,11 +674,36 @@ impl<'a> Rewrite<'a> {
             }
             inputs.push((c, values));
         }
+        let out = match self.evaluate_on(e, &inputs, combinations)? {
+            Ok(out) => out,
+            Err(what) => return Err(DpError::Refused(Refusal::ComputedFails { expr: self.label(e), what })),
+        };
+        let mut seen = std::collections::HashSet::new();
+        let mut values: Vec<ScalarValue> = Vec::new();
+        for i in (0..out.len()).filter(|&i| out.is_valid(i)) {
+            let v = ScalarValue::try_from_array(&out, i).map_err(engine)?;
+            if seen.insert(v.clone()) {
+                values.push(v);
+            }
+        }
+        values.sort_by(|a, b| a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal));
+        Ok(Ok(values))
+    }
+
+    /// `e` evaluated by DataFusion on every combination of `inputs` (each column's values, `rows` combinations in
+    /// all), or DataFusion's message when it fails.
+    fn evaluate_on(
+        &self,
+        e: &Expr,
+        inputs: &[(&Column, ArrayRef)],
+        combinations: u64,
+    ) -> Result<std::result::Result<ArrayRef, String>> {
+        use datafusion::arrow::array::UInt32Array;
         let rows = usize::try_from(combinations).map_err(|e| DpError::Internal(e.to_string()))?;
         let mut fields = Vec::with_capacity(inputs.len());
         let mut arrays: Vec<ArrayRef> = Vec::with_capacity(inputs.len());
         let mut repeat = 1usize;
-        for (c, values) in &inputs {
+        for (c, values) in inputs {
             let (q, f) = self.schema.qualified_field_from_column(c).map_err(engine)?;
             fields.push((q.cloned(), Arc::new(f.as_ref().clone().with_nullable(true))));
             // The cartesian product: this column's values, each repeated `repeat` times, cycled to the end.
@@ -689,19 +719,71 @@ impl<'a> Rewrite<'a> {
         let batch = RecordBatch::try_new_with_options(Arc::new(schema.as_arrow().clone()), arrays, &options)
             .map_err(|e| DpError::Internal(e.to_string()))?;
         let physical = interval::physical(e, &schema).map_err(engine)?;
-        let out = physical.evaluate(&batch).and_then(|v| v.into_array(batch.num_rows())).map_err(|err| {
-            DpError::Refused(Refusal::ComputedFails { expr: self.label(e), what: crate::refusal::engine_message(&err) })
-        })?;
-        let mut seen = std::collections::HashSet::new();
-        let mut values: Vec<ScalarValue> = Vec::new();
-        for i in (0..out.len()).filter(|&i| out.is_valid(i)) {
-            let v = ScalarValue::try_from_array(&out, i).map_err(engine)?;
-            if seen.insert(v.clone()) {
-                values.push(v);
-            }
+        Ok(physical
+            .evaluate(&batch)
+            .and_then(|v| v.into_array(batch.num_rows()))
+            .map_err(|err| crate::refusal::engine_message(&err)))
+    }
+
+    /// A computed column of the projection (`expr AS name`) in the form that runs ([`Rewrite::tabulated`]).
+    fn run_form(&self, e: &Expr) -> Result<Expr> {
+        match e {
+            Expr::Alias(a) => Ok(self.tabulated(&a.expr)?.alias(&a.name)),
+            other => self.tabulated(other),
         }
-        values.sort_by(|a, b| a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal));
-        Ok(Ok(values))
+    }
+
+    /// `clamped` (a computed expression, its columns clamped) as [`Tabulated`] when it reads one integer column,
+    /// only through its clamp, of at most [`MAX_TABULATED`] values, and computes numbers or booleans; else as it is.
+    fn tabulated(&self, clamped: &Expr) -> Result<Expr> {
+        use datafusion::arrow::array::Int64Array;
+        use datafusion::common::tree_node::TreeNodeRecursion;
+        let columns = clamped.column_refs();
+        let [c] = columns.into_iter().collect::<Vec<_>>()[..] else { return Ok(clamped.clone()) };
+        let out = clamped.get_type(self.schema).map_err(engine)?;
+        let dt = self.schema.qualified_field_from_column(c).map_err(engine)?.1.data_type().clone();
+        let Some((lo_at, hi_at)) = self.clamp_bounds(c) else { return Ok(clamped.clone()) };
+        let (Ok(ScalarValue::Int64(Some(lo))), Ok(ScalarValue::Int64(Some(hi)))) =
+            (lo_at.cast_to(&DataType::Int64), hi_at.cast_to(&DataType::Int64))
+        else {
+            return Ok(clamped.clone());
+        };
+        let values = i128::from(hi) - i128::from(lo) + 2;
+        if !dt.is_integer()
+            || !(out.is_primitive() || out == DataType::Boolean)
+            || clamped.is_volatile()
+            || values > MAX_TABULATED as i128
+        {
+            return Ok(clamped.clone());
+        }
+        // Every reference to `c` is the first argument of its clamp to [lo, hi].
+        let (mut reads, mut clamps) = (0, 0);
+        clamped
+            .apply(|x| {
+                match x {
+                    Expr::Column(_) => reads += 1,
+                    Expr::ScalarFunction(f) if f.func.inner().is::<Clamp>() => {
+                        if matches!(f.args.as_slice(), [Expr::Column(_), Expr::Literal(a, _), Expr::Literal(b, _)]
+                            if a == &lo_at && b == &hi_at)
+                        {
+                            clamps += 1;
+                        }
+                    }
+                    _ => {}
+                }
+                Ok(TreeNodeRecursion::Continue)
+            })
+            .map_err(engine)?;
+        if reads != clamps {
+            return Ok(clamped.clone());
+        }
+        let ints: Int64Array = (lo..=hi).map(Some).chain([None]).collect();
+        let input = datafusion::arrow::compute::cast(&ints, &dt).map_err(|e| DpError::Internal(e.to_string()))?;
+        match self.evaluate_on(clamped, &[(c, input)], values as u64)? {
+            Ok(table) => Ok(Tabulated::call(Expr::Column(c.clone()), lo, table)),
+            // Refused as it is, by the totality check of the plan that runs.
+            Err(_) => Ok(clamped.clone()),
+        }
     }
 
     /// Every value a key's input column can hold, NULL included, as an array of its type: its domain, its integer

@@ -1,8 +1,10 @@
 //! The scalar functions [`super::derive`] bounds, each with the rule that makes it total. Any other function is
 //! refused unless [`crate::plan::safety::total`] lists it (dpfusion's own functions).
 
-use super::{Bounds, Env, Fact, Range, derive_in, int_type_range, narrow, of_type, point, shown, ty, ulps, union};
-use crate::plan::computed::Clamp;
+use super::{
+    Bounds, Env, Fact, Range, derive_in, int_type_range, literal, narrow, of_type, point, shown, ty, ulps, union,
+};
+use crate::plan::computed::{Clamp, Tabulated};
 use crate::plan::safety;
 use datafusion::arrow::datatypes::DataType;
 use datafusion::common::{DFSchema, ScalarValue};
@@ -67,6 +69,23 @@ pub(super) fn function(e: &Expr, f: &ScalarFunction, schema: &DFSchema, env: &En
                 _ => return Err(refused()),
             };
             Ok(Bounds { range, loose: None, ..a })
+        }
+        // A tabulated computed column (`plan::computed::Tabulated`): one of its table's values.
+        ("dp_table", [x]) if f.func.inner().is::<Tabulated>() => {
+            let Some(t) = f.func.inner().downcast_ref::<Tabulated>() else { return Err(refused()) };
+            derive_in(x, schema, env)?;
+            let (_, table) = t.parts();
+            let mut b = Bounds::of(Range::Empty);
+            for i in 0..table.len() {
+                let v = literal(&ScalarValue::try_from_array(table, i).map_err(|_| refused())?);
+                b = Bounds {
+                    range: union(&b.range, &v.range),
+                    may_null: b.may_null || v.may_null,
+                    may_nan: b.may_nan || v.may_nan,
+                    loose: None,
+                };
+            }
+            Ok(b)
         }
         ("abs", [_]) => {
             let a = args(env)?.remove(0);
