@@ -472,6 +472,14 @@ const WORKLOADS: &[(&str, &str, &str, &str)] = &[
          GROUP BY person_id, age / 10 * 10) t GROUP BY decade",
         "SELECT age / 10 * 10 AS decade, COUNT(*) FROM people WHERE person_id >= 0 GROUP BY age / 10 * 10",
     ),
+    // W15's shape over a plain integer key with a domain (education, 16 keys): what computing a key adds.
+    (
+        "W20",
+        "SELECT education, COUNT(*) FROM people GROUP BY education",
+        "SELECT education, SUM(n) FROM (SELECT person_id, education, COUNT(*) AS n FROM people \
+         GROUP BY person_id, education) t GROUP BY education",
+        "SELECT education, COUNT(*) FROM people WHERE person_id >= 0 GROUP BY education",
+    ),
     (
         "W16",
         "SELECT education, sex, COUNT(*) FILTER (WHERE age >= 18), SUM(income) FILTER (WHERE age >= 30) FROM people \

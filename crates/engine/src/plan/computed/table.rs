@@ -15,7 +15,7 @@
 //! values, on the plan that runs.
 
 use datafusion::arrow::array::{Array, ArrayRef, AsArray, UInt32Array};
-use datafusion::arrow::datatypes::{ArrowPrimitiveType, DataType};
+use datafusion::arrow::datatypes::{ArrowNativeTypeOp, ArrowPrimitiveType, DataType};
 use datafusion::common::{Result, exec_err};
 use datafusion::logical_expr::{
     ColumnarValue, Expr, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl, Signature, Volatility,
@@ -67,22 +67,42 @@ impl Tabulated {
         (self.lo, &self.table)
     }
 
-    /// The position in the table of each row of `x`.
-    fn positions<T: ArrowPrimitiveType>(&self, x: &dyn Array) -> UInt32Array {
-        use datafusion::arrow::datatypes::ArrowNativeType;
-        // `n ≥ 1` values and the NULL entry (`udf`'s callers and the codec check the length).
-        let n = self.table.len().saturating_sub(1).max(1);
-        let (lo, hi) = (self.lo, self.lo.saturating_add(n as i64 - 1));
-        let values = x.as_primitive::<T>().values();
-        let mut at: Vec<u32> =
-            values.iter().map(|v| (v.to_i64().unwrap_or(i64::MAX).clamp(lo, hi) - lo) as u32).collect();
-        if let Some(nulls) = x.logical_nulls() {
-            for i in nulls.iter().enumerate().filter_map(|(i, valid)| (!valid).then_some(i)) {
-                at[i] = n as u32;
-            }
+    /// The table's value for each row of `x`, whose positions (for its non-NULL rows) are `at`. Without NULL
+    /// inputs, or when NULL maps to NULL and no other input does, the values are looked up in the non-NULL inputs'
+    /// part of the table, and the NULL rows (if any) are `x`'s: a gather of values only, no bit of validity per
+    /// row. Otherwise NULL rows are pointed at the last entry.
+    fn look_up(&self, x: &dyn Array, at: UInt32Array) -> Result<ArrayRef> {
+        use datafusion::arrow::array::make_array;
+        let n = self.table.len() - 1;
+        let values = self.table.slice(0, n);
+        let Some(nulls) = x.logical_nulls() else { return Ok(datafusion::arrow::compute::take(&values, &at, None)?) };
+        if self.table.is_null(n) && values.null_count() == 0 {
+            let out = datafusion::arrow::compute::take(&values, &at, None)?;
+            return Ok(make_array(out.into_data().into_builder().nulls(Some(nulls)).build()?));
         }
-        UInt32Array::from(at)
+        let at: UInt32Array =
+            at.values().iter().enumerate().map(|(i, &p)| if nulls.is_null(i) { n as u32 } else { p }).collect();
+        Ok(datafusion::arrow::compute::take(&self.table, &at, None)?)
     }
+
+    /// The smallest and largest inputs (the table holds one value for each, and then NULL's).
+    fn range(&self) -> (i64, i64) {
+        let n = self.table.len().saturating_sub(2);
+        (self.lo, self.lo.saturating_add(n as i64))
+    }
+}
+
+/// The position in a table of inputs `lo..=hi` of each row of `x`, an integer array of native type `N`, in one
+/// branch-free pass (a NULL row's position is arbitrary: see [`Tabulated::look_up`]).
+fn positions<T: ArrowPrimitiveType<Native = N>, N>(x: &dyn Array, (lo, hi): (i64, i64)) -> Result<UInt32Array>
+where
+    N: ArrowNativeTypeOp + TryFrom<i64> + Ord,
+{
+    let (Ok(l), Ok(h)) = (N::try_from(lo), N::try_from(hi)) else {
+        return exec_err!("dp_table: inputs {lo} to {hi} are not values of {}", x.data_type());
+    };
+    let values = x.as_primitive::<T>().values();
+    Ok(values.iter().map(|&v| v.max(l).min(h).sub_wrapping(l).as_usize() as u32).collect())
 }
 
 impl ScalarUDFImpl for Tabulated {
@@ -104,19 +124,23 @@ impl ScalarUDFImpl for Tabulated {
     fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
         use datafusion::arrow::datatypes::*;
         let [x] = args.args.as_slice() else { return exec_err!("dp_table takes one argument") };
+        if self.table.len() < 2 {
+            return exec_err!("dp_table: a table of {} values", self.table.len());
+        }
         let x = x.to_array(args.number_rows)?;
+        let range = self.range();
         let at = match x.data_type() {
-            DataType::Int8 => self.positions::<Int8Type>(&x),
-            DataType::Int16 => self.positions::<Int16Type>(&x),
-            DataType::Int32 => self.positions::<Int32Type>(&x),
-            DataType::Int64 => self.positions::<Int64Type>(&x),
-            DataType::UInt8 => self.positions::<UInt8Type>(&x),
-            DataType::UInt16 => self.positions::<UInt16Type>(&x),
-            DataType::UInt32 => self.positions::<UInt32Type>(&x),
-            DataType::UInt64 => self.positions::<UInt64Type>(&x),
+            DataType::Int8 => positions::<Int8Type, _>(&x, range),
+            DataType::Int16 => positions::<Int16Type, _>(&x, range),
+            DataType::Int32 => positions::<Int32Type, _>(&x, range),
+            DataType::Int64 => positions::<Int64Type, _>(&x, range),
+            DataType::UInt8 => positions::<UInt8Type, _>(&x, range),
+            DataType::UInt16 => positions::<UInt16Type, _>(&x, range),
+            DataType::UInt32 => positions::<UInt32Type, _>(&x, range),
+            DataType::UInt64 => positions::<UInt64Type, _>(&x, range),
             other => return exec_err!("dp_table of {other}"),
-        };
-        Ok(ColumnarValue::Array(datafusion::arrow::compute::take(&self.table, &at, None)?))
+        }?;
+        Ok(ColumnarValue::Array(self.look_up(&x, at)?))
     }
 }
 
@@ -177,11 +201,14 @@ mod tests {
         }
     }
 
-    /// Rows of `x` inside and outside `[lo, hi]`, the type's extremes and NULL.
+    /// Rows of `x` inside and outside `[lo, hi]`, the type's extremes and NULL (or not).
     fn batch(rng: &mut ChaCha8Rng, (lo, hi): (i32, i32), schema: &DFSchema) -> RecordBatch {
+        // A third of the batches without NULLs (a table is read another way without them).
+        let nulls = rng.random_bool(2.0 / 3.0);
         let xs: Int32Array = (0..32)
             .map(|_| match rng.random_range(0..6) {
-                0 => None,
+                0 if nulls => None,
+                0 => Some(lo),
                 1 => Some([i32::MIN, i32::MAX, lo - 1, hi + 1][rng.random_range(0..4)]),
                 2 => Some(rng.random_range(-10_000..10_000)),
                 _ => Some(rng.random_range(lo..=hi)),
