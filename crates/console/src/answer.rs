@@ -32,11 +32,13 @@ fn internal(e: impl std::fmt::Display) -> ConsoleError {
     ConsoleError::Engine(DpError::Internal(e.to_string()))
 }
 
-/// Each cell of `batches` as text, row by row (at most `most` rows).
+/// Each cell of `batches` as text, row by row (at most `most` rows): floating-point values rounded for reading as
+/// the engine prints numbers (the downloads keep every digit).
 fn cells(batches: &[RecordBatch], most: usize) -> Result<Vec<Vec<String>>> {
     let options = FormatOptions::default().with_null("NULL");
     let mut rows = Vec::new();
     for b in batches {
+        let float: Vec<bool> = b.schema().fields().iter().map(|f| f.data_type().is_floating()).collect();
         let formatters: Vec<ArrayFormatter<'_>> = b
             .columns()
             .iter()
@@ -47,7 +49,14 @@ fn cells(batches: &[RecordBatch], most: usize) -> Result<Vec<Vec<String>>> {
             if rows.len() >= most {
                 return Ok(rows);
             }
-            rows.push(formatters.iter().map(|f| f.value(r).to_string()).collect());
+            let text = |(f, float): (&ArrayFormatter<'_>, &bool)| {
+                let v = f.value(r).to_string();
+                match v.parse::<f64>() {
+                    Ok(x) if *float && x.is_finite() => fmt_num(x),
+                    _ => v,
+                }
+            };
+            rows.push(formatters.iter().zip(&float).map(text).collect());
         }
     }
     Ok(rows)
@@ -61,7 +70,9 @@ fn interval(accuracy: &Accuracy, value: &str, row: usize) -> Option<String> {
     };
     match accuracy {
         Accuracy::Public => None,
-        Accuracy::Noisy { ci_half_width, .. } | Accuracy::Combined { ci_half_width, .. } => Some(around(*ci_half_width)),
+        Accuracy::Noisy { ci_half_width, .. } | Accuracy::Combined { ci_half_width, .. } => {
+            Some(around(*ci_half_width))
+        }
         Accuracy::PerRow { intervals, .. } => {
             intervals.get(row).map(|[lo, hi]| format!("[{}, {}]", fmt_num(*lo), fmt_num(*hi)))
         }

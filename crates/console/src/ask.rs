@@ -156,10 +156,12 @@ fn refusal(e: &DpError) -> Markup {
 fn explanation(work: &Work, x: &Explanation) -> Markup {
     let remaining = work.session.ledger().status().map(|(t, s)| t.get() - s.get()).ok();
     let fmt = dpfusion::format::fmt_num;
+    // Answered from an earlier charge (reused, shared, or derived under dp.reuse = 'derive'): nothing to pay.
+    let free = x.reuse.as_deref().is_some_and(|r| r.starts_with("Reused:") || r.starts_with("Derived ("));
     html! {
         div.explain #explain {
             p.price {
-                @if x.reuse.as_deref().is_some_and(|r| r.contains("charge #")) {
+                @if free {
                     "Free: " (x.reuse.as_deref().unwrap_or_default())
                 } @else {
                     "Costs " b #price-rho { "ρ = " (fmt(x.rho)) } " (ε = " (format!("{:.3}", x.epsilon.epsilon)) " at δ = " (x.epsilon.delta_text()) ")"
@@ -167,7 +169,7 @@ fn explanation(work: &Work, x: &Explanation) -> Markup {
                 @if let Some(left) = remaining { " · ρ left: " span #rho-left { (fmt(left)) } }
             }
             @if let Some(t) = &x.target { p.target { (t) } }
-            @if let Some(r) = &x.reuse { @if !r.contains("charge #") { p.reuse { (r) } } }
+            @if let Some(r) = &x.reuse { @if !free { p.reuse { (r) } } }
             table #accuracy {
                 thead { tr { th { "column" } th { "accuracy at " (fmt(x.confidence * 100.0)) "%" } } }
                 tbody {
@@ -287,7 +289,11 @@ pub async fn run(AppState(state): AppState<Arc<State>>, authed: Authed, Form(for
     let request_id = Some(request_id).filter(|r| !r.is_empty());
     let sql = match prepare(&state, &work, &form).await? {
         Ok(sql) => sql.to_string(),
-        Err(e) => return Ok(again(&work, session, &form, Shown::Refusal(e), StatusCode::UNPROCESSABLE_ENTITY).await?.into_response()),
+        Err(e) => {
+            return Ok(again(&work, session, &form, Shown::Refusal(e), StatusCode::UNPROCESSABLE_ENTITY)
+                .await?
+                .into_response());
+        }
     };
     let ran = dpfusion::session::grow_stack(work.session.sql_with_request_id(&sql, request_id));
     let answered = match tokio::time::timeout(state.settings.statement_timeout, ran).await {
@@ -303,7 +309,9 @@ pub async fn run(AppState(state): AppState<Arc<State>>, authed: Authed, Form(for
         Ok(DpResponse::Set { .. }) => return Err(ConsoleError::BadRequest("SET is not run from the editor".into())),
         Err(e) if e.is_refusal() || matches!(e, DpError::InvalidParameter { .. } | DpError::Access(_)) => {
             log(&format!("`{}`: statement refused: {}", session.analyst, e.code()));
-            return Ok(again(&work, session, &form, Shown::Refusal(e), StatusCode::UNPROCESSABLE_ENTITY).await?.into_response());
+            return Ok(again(&work, session, &form, Shown::Refusal(e), StatusCode::UNPROCESSABLE_ENTITY)
+                .await?
+                .into_response());
         }
         Err(e) => return Err(ConsoleError::Engine(e)),
     };

@@ -2,10 +2,10 @@
 //! and left after each charge, and every charge with its statement, ρ, (ε, δ), time and request id. All of it is
 //! accounting, which depends on the questions asked, never on the data.
 
+use crate::State;
 use crate::error::Result;
 use crate::pages;
 use crate::sessions::Authed;
-use crate::State;
 use axum::extract::State as AppState;
 use axum::response::{IntoResponse, Response};
 use dpfusion::accounting::admin::analyst_budget;

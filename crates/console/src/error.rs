@@ -29,7 +29,9 @@ pub enum ConsoleError {
     #[error("{0}")]
     NotFound(String),
     /// The statement ran past `[server] statement_timeout_secs`.
-    #[error("the statement did not finish within {0:?} ([server] statement_timeout_secs); a query stopped after its debit stays charged")]
+    #[error(
+        "the statement did not finish within {0:?} ([server] statement_timeout_secs); a query stopped after its debit stays charged"
+    )]
     Timeout(std::time::Duration),
     /// An error of the engine or the ledger.
     #[error("{}", .0.headline())]

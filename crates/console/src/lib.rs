@@ -130,7 +130,9 @@ fn settings(cfg: &SessionConfig) -> Result<(ServerSettings, dpfusion::config::Le
         DpError::Config("the web console needs a [server] section with http = \"127.0.0.1:8443\"".into())
     })?;
     let ledger = cfg.ledger.clone().ok_or_else(|| {
-        DpError::Config("the web console needs [ledger] path = \"...\": the analysts and their budgets live there".into())
+        DpError::Config(
+            "the web console needs [ledger] path = \"...\": the analysts and their budgets live there".into(),
+        )
     })?;
     Ok((settings, ledger))
 }

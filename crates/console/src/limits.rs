@@ -51,10 +51,7 @@ fn secured(app: Router) -> Router {
         .layer(SetResponseHeaderLayer::overriding(header::CACHE_CONTROL, HeaderValue::from_static("no-store")))
         .layer(SetResponseHeaderLayer::overriding(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY")))
         .layer(SetResponseHeaderLayer::overriding(header::REFERRER_POLICY, HeaderValue::from_static("no-referrer")))
-        .layer(SetResponseHeaderLayer::overriding(
-            header::X_CONTENT_TYPE_OPTIONS,
-            HeaderValue::from_static("nosniff"),
-        ))
+        .layer(SetResponseHeaderLayer::overriding(header::X_CONTENT_TYPE_OPTIONS, HeaderValue::from_static("nosniff")))
 }
 
 /// Accepts connections until `shutdown`, each served by hyper within the limits above.
@@ -144,9 +141,9 @@ where
         + 'static,
     S::Future: Send + 'static,
 {
-    let service = hyper_util::service::TowerToHyperService::new(app.map_request(|r: hyper::Request<hyper::body::Incoming>| {
-        r.map(axum::body::Body::new)
-    }));
+    let service = hyper_util::service::TowerToHyperService::new(
+        app.map_request(|r: hyper::Request<hyper::body::Incoming>| r.map(axum::body::Body::new)),
+    );
     let mut builder = hyper::server::conn::http1::Builder::new();
     builder.timer(TokioTimer::new()).header_read_timeout(timeout).max_buf_size(MAX_HEADER_BYTES).keep_alive(true);
     let conn = builder.serve_connection(io, service);

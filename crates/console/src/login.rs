@@ -43,8 +43,7 @@ pub enum LoginError {
 /// exchange: the client's proof computed from the password, checked by the server's side.
 pub fn check_password(db: &LedgerDb, decoy_secret: &[u8; 32], user: &str, password: &str) -> Result<(), LoginError> {
     let stored = db.verifier(user).map_err(|e| LoginError::Other(e.to_string()))?;
-    let verifier =
-        stored.as_deref().and_then(Verifier::parse).unwrap_or_else(|| Verifier::decoy(user, decoy_secret));
+    let verifier = stored.as_deref().and_then(Verifier::parse).unwrap_or_else(|| Verifier::decoy(user, decoy_secret));
     let mut client = ScramSha256::new(password.as_bytes(), ChannelBinding::unsupported());
     let nonce = sessions::token();
     let protocol = |e: ScramError| match e {

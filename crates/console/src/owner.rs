@@ -1,5 +1,6 @@
 //! The Owner page, for analysts with the admin role (`[server] admins`): the analysts with their budgets, spending,
-//! grants and status; the tables' global caps and what all analysts spent on each; the administrative log; and
+//! grants and status; the ledger's totals per table (every analyst's charges that read it); the tables' global caps
+//! and what all analysts spent on each; the administrative log; and
 //! forms for the operations of `dpfusion analyst` and `dpfusion cap` (add, set budget, password, grant, disable,
 //! enable, cap), each recorded in the ledger with its reason, as the command line records it. A disabled analyst's
 //! open console sessions end at once; their wire connections are refused at their next statement.
@@ -40,6 +41,7 @@ fn render(state: &State, authed: &Authed, done: Option<Result<String, String>>) 
     let analysts = db.analysts()?;
     let caps = db.table_caps()?;
     let events = db.admin_log()?;
+    let totals = table_totals(db, &analysts)?;
     let csrf = &authed.session.csrf;
     let body = html! {
         h1 { "Owner" }
@@ -59,6 +61,15 @@ fn render(state: &State, authed: &Authed, done: Option<Result<String, String>>) 
                         td { (a.tables.as_ref().map_or("all".to_string(), |t| t.join(", "))) }
                         td { @if a.disabled { "disabled" } @else { "active" } }
                     }
+                }
+            }
+        }
+        h2 { "Tables: what all analysts spent on each" }
+        table #table-totals {
+            thead { tr { th { "table" } th { "charges" } th { "ρ spent (all analysts)" } } }
+            tbody {
+                @for (table, (n, rho)) in &totals {
+                    tr { td { (table) } td { (n) } td { (fmt_num(*rho)) } }
                 }
             }
         }
@@ -108,6 +119,25 @@ fn render(state: &State, authed: &Authed, done: Option<Result<String, String>>) 
         }
     };
     Ok(pages::page("Owner", &authed.session, body))
+}
+
+/// Per table, the charges of every analyst that read it and their ρ (a charge reading two tables counts for both).
+fn table_totals(
+    db: &dpfusion::accounting::LedgerDb,
+    analysts: &[dpfusion::accounting::admin::Analyst],
+) -> Result<std::collections::BTreeMap<String, (usize, f64)>> {
+    use dpfusion::accounting::Ledger;
+    let mut totals = std::collections::BTreeMap::<String, (usize, f64)>::new();
+    for a in analysts {
+        for c in db.budget(&a.budget)?.charges()? {
+            for t in c.tables() {
+                let e = totals.entry(t.clone()).or_default();
+                e.0 += 1;
+                e.1 += c.rho().get();
+            }
+        }
+    }
+    Ok(totals)
 }
 
 fn input(name: &str, label: &str, kind: &str) -> Markup {

@@ -55,7 +55,11 @@ impl Drop for TestConsole {
 /// A console over the PUMS demo (`pums`), the ledger in a fresh directory, `server` lines added to `[server]`;
 /// analysts `alice` (admin, ρ 1) and `bob` (ρ 1, `pums` only).
 async fn start(server: &str) -> TestConsole {
-    let dir = TempDir::new("http");
+    start_in(TempDir::new("http"), server).await
+}
+
+/// [`start`] with the ledger (and any file `server` names) in `dir`.
+async fn start_in(dir: TempDir, server: &str) -> TestConsole {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     let text = format!(
         r#"
@@ -469,7 +473,10 @@ async fn the_owner_page_runs_the_analyst_commands_for_admins_only() {
     assert_eq!(Browser::new(c.addr).login("dave", "another long one").await.status, 403);
     run(op("enable", vec![("name", "dave")])).await;
     assert!(!c.db.analyst("dave").unwrap().unwrap().disabled);
+    let mut bob = Browser::logged_in(c.addr, "bob").await;
+    assert_eq!(bob.run("SELECT COUNT(*) FROM pums", "").await.status, 303);
     let log = alice.get("/owner").await.text();
+    assert!(log.contains("<tr><td>pums</td><td>1</td><td>0.05</td></tr>"), "the ledger's totals per table: {log}");
     assert!(log.contains("analyst_add") && log.contains("table_cap"), "the administrative log");
 }
 
@@ -600,9 +607,8 @@ async fn connections_beyond_the_cap_are_closed_at_once() {
     for _ in 0..100 {
         if let Ok(Ok(r)) = tokio::time::timeout(GUARD, async {
             let stream = TcpStream::connect(c.addr).await?;
-            let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-                .await
-                .map_err(std::io::Error::other)?;
+            let (mut sender, conn) =
+                hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.map_err(std::io::Error::other)?;
             tokio::spawn(conn);
             let req = hyper::Request::get("/login").header("host", "x").body(Full::new(Bytes::new())).unwrap();
             sender.send_request(req).await.map_err(std::io::Error::other)
@@ -615,4 +621,85 @@ async fn connections_beyond_the_cap_are_closed_at_once() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert!(served, "no connection was served after the others closed");
+}
+
+/// A throwaway CA and a certificate for `localhost` it signed, as PEM files in `dir`: the CA's certificate for a
+/// client to trust, and the `[server]` lines.
+fn certificates(dir: &TempDir) -> (rcgen::Certificate, String) {
+    let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    params.distinguished_name.push(rcgen::DnType::CommonName, "dpfusion console test CA");
+    params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    let ca_key = rcgen::KeyPair::generate().unwrap();
+    let ca_cert = params.self_signed(&ca_key).unwrap();
+    let issuer = rcgen::Issuer::new(params, ca_key);
+    let key = rcgen::KeyPair::generate().unwrap();
+    let cert = rcgen::CertificateParams::new(vec!["localhost".to_string()]).unwrap().signed_by(&key, &issuer).unwrap();
+    std::fs::write(dir.0.join("server.crt"), cert.pem()).unwrap();
+    std::fs::write(dir.0.join("server.key"), key.serialize_pem()).unwrap();
+    let lines = format!(
+        "tls_cert = \"{}\"\ntls_key = \"{}\"\n",
+        dir.0.join("server.crt").display(),
+        dir.0.join("server.key").display()
+    );
+    (ca_cert, lines)
+}
+
+/// One HTTPS request to `localhost` at `addr`, trusting only `ca`.
+async fn https(addr: SocketAddr, ca: &rcgen::Certificate, req: hyper::Request<Full<Bytes>>) -> Reply {
+    use tokio_rustls::rustls;
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(ca.der().clone()).unwrap();
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config));
+    let tcp = TcpStream::connect(addr).await.unwrap();
+    let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+    let tls = connector.connect(name, tcp).await.unwrap();
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls)).await.unwrap();
+    tokio::spawn(conn);
+    let res = tokio::time::timeout(GUARD, sender.send_request(req)).await.unwrap().unwrap();
+    let (parts, body) = res.into_parts();
+    Reply {
+        status: parts.status.as_u16(),
+        headers: parts.headers,
+        body: body.collect().await.unwrap().to_bytes().to_vec(),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_tls_cookies_are_secure_and_plaintext_is_not_served() {
+    let dir = TempDir::new("https");
+    let (ca, lines) = certificates(&dir);
+    let c = start_in(dir, &lines).await;
+    let get = hyper::Request::get("/login").header("host", "localhost").body(Full::new(Bytes::new())).unwrap();
+    let page = https(c.addr, &ca, get).await;
+    assert_eq!(page.status, 200);
+    let cookie = page.headers["set-cookie"].to_str().unwrap().to_string();
+    assert!(cookie.contains("Secure") && cookie.contains("HttpOnly"), "{cookie}");
+    let csrf = hidden(&page.text(), "csrf");
+    let pair = cookie.split(';').next().unwrap().to_string();
+    let body = form_urlencoded::Serializer::new(String::new())
+        .extend_pairs([("csrf", csrf.as_str()), ("user", "alice"), ("password", PASSWORD)])
+        .finish();
+    let post = hyper::Request::post("/login")
+        .header("host", "localhost")
+        .header("cookie", pair)
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(Full::new(Bytes::from(body)))
+        .unwrap();
+    let r = https(c.addr, &ca, post).await;
+    assert_eq!(r.status, 303, "{}", r.text());
+    let session: Vec<&str> = r.headers.get_all("set-cookie").iter().map(|v| v.to_str().unwrap()).collect();
+    let session = session.iter().find(|c| c.starts_with("dpfusion_session=")).unwrap();
+    assert!(session.contains("Secure") && session.contains("SameSite=Strict"), "{session}");
+    // Plain HTTP to the TLS port: no page.
+    let mut s = TcpStream::connect(c.addr).await.unwrap();
+    s.write_all(b"GET /login HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n").await.unwrap();
+    let mut got = Vec::new();
+    let _ = tokio::time::timeout(GUARD, s.read_to_end(&mut got)).await.unwrap();
+    assert!(!String::from_utf8_lossy(&got).contains("HTTP/1.1 200"), "served in plaintext");
 }
