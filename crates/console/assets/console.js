@@ -17,7 +17,10 @@ document.addEventListener("DOMContentLoaded", function () {
       credentials: "same-origin",
       headers: { "Content-Type": "application/x-www-form-urlencoded" },
     })
-      .then(function (r) { return r.text(); })
+      .then(function (r) {
+        if (r.redirected) { location.href = r.url; return ""; } // the session ended: to the login page
+        return r.text();
+      })
       .then(function (html) {
         if (mine !== sent) return; // an older answer: a newer request is under way
         preview.innerHTML = html;

@@ -218,6 +218,10 @@ async fn prepare<'a>(state: &State, work: &Work, form: &'a AskForm) -> Result<Re
         )));
     }
     let sql = form.sql.trim();
+    // As the wire server admits a statement: its operators counted on tokens before anything parses it.
+    if let Err(e) = dpfusion::session::check_statement_size(sql) {
+        return Ok(Err(e));
+    }
     let statements = dpfusion::session::split_statements(sql);
     if statements.len() != 1 {
         return Err(ConsoleError::BadRequest("write one statement (no `;` between several)".into()));

@@ -137,7 +137,7 @@ pub async fn submit(
         ConsoleError::Forbidden(format!("analyst `{user}` has been disabled by the data owner; ask them"))
     })?;
     let work = sessions::open_work(&state, &user, record.tables).await?;
-    let admin = state.settings.admins.iter().any(|a| *a == user);
+    let admin = state.settings.admins.contains(&user);
     let id = state.sessions.open(&user, admin, work)?;
     log(&format!("`{user}` logged in to the console from {peer}"));
     let cookie = set_cookie(COOKIE, Some(&id), "/", state.tls);
