@@ -58,8 +58,8 @@ async fn start(server: &str) -> TestConsole {
     start_in(TempDir::new("http"), server).await
 }
 
-/// [`start`] with the ledger (and any file `server` names) in `dir`.
-async fn start_in(dir: TempDir, server: &str) -> TestConsole {
+/// The configuration of [`start`], its ledger in `dir`, with its two analysts added to the ledger.
+fn configured(dir: &TempDir, server: &str) -> (dpfusion::SessionConfig, LedgerDb) {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     let text = format!(
         r#"
@@ -103,6 +103,12 @@ max_connections_per_analyst = 2
     db.add_analyst("alice", &scram::verifier(PASSWORD), Rho::new(1.0).unwrap(), None, "test").unwrap();
     db.add_analyst("bob", &scram::verifier(PASSWORD), Rho::new(1.0).unwrap(), Some(&["pums".to_string()]), "test")
         .unwrap();
+    (cfg, db)
+}
+
+/// [`start`] with the ledger (and any file `server` names) in `dir`.
+async fn start_in(dir: TempDir, server: &str) -> TestConsole {
+    let (cfg, db) = configured(&dir, server);
     let console = Console::bind(&cfg).await.unwrap();
     let addr = console.local_addr().unwrap();
     let (stop, rx) = tokio::sync::oneshot::channel::<()>();
@@ -709,4 +715,25 @@ async fn over_tls_cookies_are_secure_and_plaintext_is_not_served() {
     let mut got = Vec::new();
     let _ = tokio::time::timeout(GUARD, s.read_to_end(&mut got)).await.unwrap();
     assert!(!String::from_utf8_lossy(&got).contains("HTTP/1.1 200"), "served in plaintext");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn beside_the_wire_server_the_console_shares_its_throttle() {
+    let dir = TempDir::new("beside");
+    let (cfg, db) = configured(&dir, "");
+    let server = dpfusion_server::Server::bind(&cfg).await.unwrap();
+    let console = Console::beside(&server, &cfg).await.unwrap();
+    let (_, _, throttle) = server.shared_with_console();
+    let addr = console.local_addr().unwrap();
+    tokio::spawn(console.run(std::future::pending()));
+    assert_eq!(Browser::logged_in(addr, "bob").await.get("/").await.status, 200, "the same analysts");
+    // Failed console logins make the wire server's next check on that user wait too.
+    assert!(throttle.waiting(&["user:alice".to_string()]).is_ok());
+    for _ in 0..30 {
+        if Browser::new(addr).login("alice", "not the password").await.status == 429 {
+            break;
+        }
+    }
+    assert!(throttle.waiting(&["user:alice".to_string()]).is_err(), "the wire server's throttle did not see them");
+    assert_eq!(spent(&db, "alice"), (0.0, 0));
 }
