@@ -285,10 +285,25 @@ pub(crate) async fn serve(config: Option<PathBuf>) -> Result<bool, DpError> {
     let server = dpfusion_server::Server::bind(&cfg).await?;
     let addr = server.local_addr()?;
     let tls = if cfg.server.as_ref().is_some_and(|s| s.tls.is_some()) { "TLS" } else { "no TLS" };
+    // The web console ([server] http), beside the wire server: the same tables, ledger and login throttle.
+    let console = match cfg.server.as_ref().and_then(|s| s.http) {
+        Some(_) => Some(dpfusion_console::Console::beside(&server, &cfg).await?),
+        None => None,
+    };
     // Ctrl-C or SIGTERM; the process ends at the grace period's end whatever the server's runtime is doing.
-    let stop = server.stop_on_signal()?;
+    use futures::FutureExt;
+    let stop = server.stop_on_signal()?.shared();
     eprintln!("dpfusion serve: listening on {addr} ({tls}); stop with Ctrl-C or SIGTERM");
-    server.run(stop).await?;
+    match console {
+        Some(console) => {
+            let web = if tls == "TLS" { "https" } else { "http" };
+            eprintln!("dpfusion serve: web console on {web}://{}/", console.local_addr()?);
+            let (wire, web) = tokio::join!(server.run(stop.clone()), console.run(stop));
+            wire?;
+            web?;
+        }
+        None => server.run(stop).await?,
+    }
     eprintln!("dpfusion serve: stopped");
     Ok(true)
 }

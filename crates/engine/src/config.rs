@@ -283,6 +283,12 @@ pub struct ServerConfig {
     /// released about the data. Off by default: each analyst's budget pays for what they see.
     #[serde(default)]
     pub share_releases: bool,
+    /// Address and port of the web console (`dpfusion-console`: HTTPS with the same TLS settings, analysts and
+    /// passwords); none unless set.
+    pub http: Option<String>,
+    /// Analysts who may also use the web console's Owner page (analysts, budgets, caps, grants).
+    #[serde(default)]
+    pub admins: Vec<String>,
 }
 
 fn default_listen() -> String {
@@ -350,6 +356,10 @@ pub struct ServerSettings {
     pub max_query_bytes: usize,
     /// Analysts' statements may be answered from other analysts' charges (`share_releases`).
     pub share_releases: bool,
+    /// The web console's address (`http`), if it is served.
+    pub http: Option<std::net::SocketAddr>,
+    /// Analysts with the console's admin role (`admins`).
+    pub admins: Vec<String>,
 }
 
 impl ServerSettings {
@@ -366,23 +376,21 @@ impl ServerSettings {
 }
 
 fn server_settings(c: ServerConfig, base_dir: &Path) -> Result<ServerSettings> {
-    let listen: std::net::SocketAddr = c.listen.parse().map_err(|_| {
-        DpError::Config(format!(
-            "[server] listen = \"{}\" is not an address and port, e.g. \"127.0.0.1:5433\"",
-            c.listen
-        ))
-    })?;
+    let listen = server_address("listen", &c.listen, "127.0.0.1:5433")?;
+    let http = c.http.as_deref().map(|h| server_address("http", h, "127.0.0.1:8443")).transpose()?;
     let tls = match (c.tls_cert, c.tls_key) {
         (Some(cert), Some(key)) => Some((resolve(base_dir, &cert), resolve(base_dir, &key))),
         (None, None) => None,
         _ => return Err(DpError::Config("[server] needs both tls_cert and tls_key, or neither".into())),
     };
-    if tls.is_none() && !listen.ip().is_loopback() && !c.allow_plaintext {
-        return Err(DpError::Config(format!(
-            "[server] listen = \"{listen}\" is reachable from other machines, but no TLS is configured: analysts' \
-             queries and answers would cross the network in clear. Set tls_cert and tls_key, listen on 127.0.0.1, or \
-             say allow_plaintext = true"
-        )));
+    for (name, address) in std::iter::once(("listen", listen)).chain(http.map(|h| ("http", h))) {
+        if tls.is_none() && !address.ip().is_loopback() && !c.allow_plaintext {
+            return Err(DpError::Config(format!(
+                "[server] {name} = \"{address}\" is reachable from other machines, but no TLS is configured: \
+                 analysts' queries and answers would cross the network in clear. Set tls_cert and tls_key, listen on \
+                 127.0.0.1, or say allow_plaintext = true"
+            )));
+        }
     }
     if c.max_connections == 0 || c.statement_timeout_secs == 0 || c.memory_limit_mb == 0 || c.max_query_bytes == 0 {
         return Err(DpError::Config(
@@ -425,6 +433,15 @@ fn server_settings(c: ServerConfig, base_dir: &Path) -> Result<ServerSettings> {
         memory_limit: c.memory_limit_mb.saturating_mul(1 << 20),
         max_query_bytes: c.max_query_bytes,
         share_releases: c.share_releases,
+        http,
+        admins: c.admins,
+    })
+}
+
+/// `[server] name = "text"` as an address and port (`example` shows one).
+fn server_address(name: &str, text: &str, example: &str) -> Result<std::net::SocketAddr> {
+    text.parse().map_err(|_| {
+        DpError::Config(format!("[server] {name} = \"{text}\" is not an address and port, e.g. \"{example}\""))
     })
 }
 

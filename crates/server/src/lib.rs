@@ -42,7 +42,8 @@ use dpfusion::config::{ServerSettings, SessionConfig};
 use dpfusion::error::{DpError, Result};
 use dpfusion::session::DpSession;
 use pgwire::api::ConnectionManager;
-use pgwire::tokio::TlsAcceptor;
+/// The TLS acceptor type of [`tls_acceptor`] (tokio-rustls).
+pub use pgwire::tokio::TlsAcceptor;
 use pgwire::tokio::tokio_rustls::rustls;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -110,11 +111,11 @@ pub(crate) fn find_setting(name: &str) -> Option<&'static Setting> {
 /// What every connection shares.
 pub(crate) struct Shared {
     /// Every table, policy and default of the configuration; connections derive their sessions from it.
-    pub(crate) base: DpSession,
+    pub(crate) base: Arc<DpSession>,
     /// The ledger file: analysts, budgets, caps.
     pub(crate) db: LedgerDb,
     pub(crate) settings: ServerSettings,
-    pub(crate) throttle: auth::Throttle,
+    pub(crate) throttle: Arc<auth::Throttle>,
     /// Salt and keys of decoy verifiers for unknown users (one random secret kept in the ledger file, so that an
     /// unknown user's salt is the same after a restart, as a real analyst's is).
     pub(crate) decoy_secret: [u8; 32],
@@ -162,12 +163,12 @@ impl Server {
         })?;
         let decoy_secret = db.decoy_secret()?;
         let shared = Arc::new(Shared {
-            base,
+            base: Arc::new(base),
             db,
             slots: Arc::new(Semaphore::new(settings.max_connections)),
             per_analyst: Arc::default(),
             settings,
-            throttle: auth::Throttle::default(),
+            throttle: Arc::default(),
             decoy_secret,
             cancels: Arc::new(ConnectionManager::new()),
             pids: Default::default(),
@@ -178,6 +179,13 @@ impl Server {
     /// The address the server listens on.
     pub fn local_addr(&self) -> Result<SocketAddr> {
         self.listener.local_addr().map_err(|e| DpError::Internal(format!("listening socket: {e}")))
+    }
+
+    /// What the web console (`dpfusion-console`) served beside this server shares with it: the configuration's
+    /// tables and policies (each analyst's session is derived from them), the ledger file, and the login throttle
+    /// (failed logins on either door count on both).
+    pub fn shared_with_console(&self) -> (Arc<DpSession>, LedgerDb, Arc<auth::Throttle>) {
+        (self.shared.base.clone(), self.shared.db.clone(), self.shared.throttle.clone())
     }
 
     /// How long a shutdown lets running statements finish: the statement timeout.
@@ -308,7 +316,9 @@ async fn wait_for_signal(ready: std::sync::mpsc::Sender<std::io::Result<()>>) ->
     Ok(())
 }
 
-fn tls_acceptor(cert: &std::path::Path, key: &std::path::Path) -> Result<TlsAcceptor> {
+/// The TLS acceptor of `[server] tls_cert` and `tls_key` (PEM; rustls with ring), for this server and the web
+/// console.
+pub fn tls_acceptor(cert: &std::path::Path, key: &std::path::Path) -> Result<TlsAcceptor> {
     use rustls::pki_types::pem::PemObject;
     use rustls::pki_types::{CertificateDer, PrivateKeyDer};
     let bad = |what: &str, path: &std::path::Path, e: String| {

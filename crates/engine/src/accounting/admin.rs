@@ -402,4 +402,36 @@ impl LedgerDb {
         .and_then(|rows| rows.collect())
         .map_err(|e| sql_error(&display, e))
     }
+
+    /// When each charge of budget `name` was made (Unix seconds) and the caller's request id it was made under,
+    /// if any, oldest first, by the charge's number within the budget ([`crate::accounting::Charge::id`]): a
+    /// budget's history over time, as the web console shows it. Reuse keys (the engine's) are not request ids.
+    pub fn charge_times(&self, name: &str) -> Result<Vec<ChargeTime>> {
+        let display = self.display();
+        let conn = self.conn()?;
+        let mut st = conn
+            .prepare("SELECT ordinal, at, request_id FROM charges WHERE budget = ?1 ORDER BY ordinal")
+            .map_err(|e| sql_error(&display, e))?;
+        st.query_map(params![name], |r| {
+            let key: Option<String> = r.get(2)?;
+            Ok(ChargeTime {
+                id: r.get::<_, i64>(0)?.max(0) as u64,
+                at: r.get(1)?,
+                request_id: key.and_then(|k| k.strip_prefix("request:").map(str::to_string)),
+            })
+        })
+        .and_then(|rows| rows.collect())
+        .map_err(|e| sql_error(&display, e))
+    }
+}
+
+/// When one charge was made, and under which request id ([`LedgerDb::charge_times`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct ChargeTime {
+    /// The charge's number within its budget.
+    pub id: u64,
+    /// When (Unix seconds).
+    pub at: i64,
+    /// The caller's request id (`SET dp.request_id`, the console's form), if it gave one.
+    pub request_id: Option<String>,
 }
