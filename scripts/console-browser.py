@@ -2,7 +2,8 @@
 """The web console in a real browser: headless Chromium, driven over the DevTools protocol on a pipe (standard
 library only), against `dpfusion serve` with `[server] http`. Logs in, types a query, waits for its preview (EXPLAIN
 DP: price and accuracy, nothing spent), runs it, reads the table with its intervals and the chart, and sees the
-budget move; saves a screenshot of each page to docs/img/. Fails (exit 1) when any step's element is missing.
+budget move; saves a screenshot of each page (to docs/img/ with DPFUSION_BLESS=1, else to a temporary
+directory). Fails (exit 1) when any step's element is missing.
 
     scripts/console-browser.py [path/to/dpfusion]     # default: $CARGO_TARGET_DIR/debug/dpfusion
 
@@ -247,7 +248,12 @@ def main():
     if not chromium:
         print("console-browser: no chromium on PATH (apt-get install chromium, or set CHROMIUM)", file=sys.stderr)
         return 1
-    shots = os.path.join(ROOT, "docs", "img")
+    # The docs' screenshots are rewritten only when asked (DPFUSION_BLESS=1, as for the generated docs): a test run
+    # leaves the work tree as it found it.
+    if os.environ.get("DPFUSION_BLESS") == "1":
+        shots = os.path.join(ROOT, "docs", "img")
+    else:
+        shots = os.path.join(tempfile.gettempdir(), "dpfusion-console-screenshots")
     os.makedirs(shots, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="dpfusion-console-browser-") as dir:
         cfg = config(dir)
