@@ -11,7 +11,7 @@
 //! what the units of that table lose (fully adaptive zCDP composition, the same filter as a budget's).
 
 use crate::accounting::Rho;
-use crate::accounting::ledger::{LedgerDb, now, sql_error};
+use crate::accounting::ledger::{LedgerDb, LedgerKey, now, sql_error};
 use crate::error::{DpError, Result};
 use rusqlite::{OptionalExtension, TransactionBehavior, params};
 
@@ -417,7 +417,10 @@ impl LedgerDb {
             Ok(ChargeTime {
                 id: r.get::<_, i64>(0)?.max(0) as u64,
                 at: r.get(1)?,
-                request_id: key.and_then(|k| k.strip_prefix("request:").map(str::to_string)),
+                request_id: match key.as_deref().and_then(LedgerKey::from_stored) {
+                    Some(LedgerKey::Request(id)) => Some(id),
+                    _ => None,
+                },
             })
         })
         .and_then(|rows| rows.collect())
