@@ -15,7 +15,8 @@
 //!   TLS), kept server-side with an idle and an absolute expiry; logout forgets it. Every POST form carries the
 //!   session's CSRF token. At most `max_connections` sessions, `max_connections_per_analyst` per analyst; an
 //!   analyst the owner disables or removes loses their open sessions at their next request.
-//! * **Limits** ([`limits`]): at most `max_connections + max_pending_logins` HTTP connections; TLS and each
+//! * **Limits** ([`limits`]): connections not yet logged in hold the wire server's kind of pre-login places (a
+//!   newcomer takes a silent one's, of the address holding the most), logged-in ones are the sessions'; TLS and each
 //!   request's headers within `login_timeout_secs`, at most 16 KiB of headers; bodies within
 //!   `max_query_bytes + 16 KiB` (refused from their announced length) read within `login_timeout_secs`; SQL at
 //!   most `max_query_bytes`; statements under `statement_timeout_secs`; idle connections closed.

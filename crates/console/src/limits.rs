@@ -1,7 +1,16 @@
 //! The console's connections, bounded as the wire server's are: the server, not the client, decides what one may
-//! cost.
+//! cost, and no client can keep another out.
 //!
-//! * At most `max_connections + max_pending_logins` connections at once; one beyond is closed at once.
+//! * **Places before login.** From its accept until a request of a logged-in session arrives on it, a connection
+//!   holds one of `max_pending_logins` places (`max_pending_logins_per_address` per address), shared out exactly
+//!   as the wire server's are ([`dpfusion_server::pending`]): a newcomer is never turned away, it takes the place
+//!   of a *silent* connection first (no request yet), of the address group holding the most places, the oldest;
+//!   that connection is closed. A flood of silent or idle sockets, from any number of addresses, takes places only
+//!   from itself once a real client has sent its request.
+//! * **Logged-in connections.** A request of a logged-in session gives its connection's place back and makes it one
+//!   of the session's [`crate::sessions::CONNECTIONS_PER_SESSION`] connections, never closed to make room (a session's further
+//!   connections keep their places). Sessions are capped ([`crate::sessions`]), so at most `max_pending_logins +
+//!   max_connections × CONNECTIONS_PER_SESSION` connections are open at once.
 //! * TLS (when configured) within `login_timeout_secs`, and each request's headers (the first byte of the next
 //!   request on a kept-alive connection included) within it too (hyper's header read timeout), at most
 //!   [`MAX_HEADER_BYTES`] of them; a slower client is disconnected.
@@ -12,17 +21,18 @@
 
 use crate::State;
 use crate::log;
+use crate::sessions::{HeldConnection, Session};
 use axum::Router;
 use axum::http::{HeaderValue, header};
 use dpfusion::config::ServerSettings;
 use dpfusion::error::Result;
 use dpfusion_server::TlsAcceptor;
+use dpfusion_server::pending::{PendingLogins, PendingPlace};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::Semaphore;
 use tower::ServiceExt;
 use tower_http::limit::RequestBodyLimitLayer;
 use tower_http::set_header::SetResponseHeaderLayer;
@@ -42,6 +52,39 @@ pub fn body_limit(settings: &ServerSettings) -> usize {
 /// The client address of a request (for the login throttle and the log).
 #[derive(Clone, Copy, Debug)]
 pub struct Peer(pub SocketAddr);
+
+/// What a connection holds (see the module docs), shared by its task and its requests' extensions.
+#[derive(Clone)]
+pub struct Link(Arc<Mutex<Standing>>);
+
+enum Standing {
+    /// A pre-login place.
+    Place(PendingPlace),
+    /// One of a logged-in session's connections (given back when dropped).
+    Session { _held: HeldConnection },
+}
+
+impl Link {
+    /// Its client sent a request (or finished its TLS handshake): among the places, it has spoken, and recently.
+    fn step(&self) {
+        if let Ok(standing) = self.0.lock()
+            && let Standing::Place(place) = &*standing
+        {
+            place.step();
+        }
+    }
+
+    /// A request of `session` arrived on it: it gives its place back and becomes one of the session's connections
+    /// (unless the session holds as many as it may, or it is one already).
+    pub(crate) fn logged_in(&self, session: &Arc<Session>) {
+        if let Ok(mut standing) = self.0.lock()
+            && matches!(*standing, Standing::Place(_))
+            && let Some(held) = session.hold_connection()
+        {
+            *standing = Standing::Session { _held: held };
+        }
+    }
+}
 
 /// The headers every response carries.
 fn secured(app: Router) -> Router {
@@ -67,8 +110,7 @@ pub(crate) async fn serve(
         .layer(RequestBodyTimeoutLayer::new(settings.login_timeout))
         .layer(axum::extract::DefaultBodyLimit::max(body_limit(settings)))
         .layer(RequestBodyLimitLayer::new(body_limit(settings)));
-    let cap = settings.max_connections.saturating_add(settings.max_pending_logins);
-    let connections = Arc::new(Semaphore::new(cap));
+    let places = Arc::new(PendingLogins::new(settings.max_pending_logins));
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let mut tasks = tokio::task::JoinSet::new();
     tokio::pin!(shutdown);
@@ -84,16 +126,25 @@ pub(crate) async fn serve(
                         continue;
                     }
                 };
-                let Ok(permit) = connections.clone().try_acquire_owned() else {
-                    log(&format!("connection from {peer} closed: all {cap} connections are taken"));
-                    continue;
+                let mut place = match places.take(&socket, peer.ip(), settings) {
+                    Ok(place) => place,
+                    Err(e) => {
+                        log(&format!("connection from {peer} closed: {e}"));
+                        continue;
+                    }
                 };
+                let Some(eviction) = place.eviction() else { continue };
+                let link = Link(Arc::new(Mutex::new(Standing::Place(place))));
                 let _ = socket.set_nodelay(true);
                 let (tls, app, stopped) = (tls.clone(), app.clone(), stopped.clone());
                 let timeout = settings.login_timeout;
                 tasks.spawn(async move {
-                    connection(socket, peer, tls, app, timeout, stopped).await;
-                    drop(permit);
+                    let ended = connection(socket, peer, tls, app, timeout, (link, stopped));
+                    let mut eviction = eviction;
+                    tokio::select! {
+                        () = ended => {}
+                        () = eviction.evicted() => log(&format!("connection from {peer} closed: its place went to a newer one")),
+                    }
                 });
             }
             Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
@@ -108,22 +159,29 @@ pub(crate) async fn serve(
     Ok(())
 }
 
-/// Serves one connection: TLS within `timeout`, then HTTP/1.1 with bounded headers read within `timeout`.
+/// Serves one connection: TLS within `timeout`, then HTTP/1.1 with bounded headers read within `timeout`; each
+/// request steps the connection's place and carries its [`Link`].
 async fn connection(
     socket: TcpStream,
     peer: SocketAddr,
     tls: Option<TlsAcceptor>,
     app: Router,
     timeout: Duration,
-    stopped: tokio::sync::watch::Receiver<bool>,
+    (link, stopped): (Link, tokio::sync::watch::Receiver<bool>),
 ) {
+    let (on_request, handshake) = (link.clone(), link);
     let app = app.map_request(move |mut r: axum::extract::Request| {
+        on_request.step();
         r.extensions_mut().insert(Peer(peer));
+        r.extensions_mut().insert(on_request.clone());
         r
     });
     match tls {
         Some(tls) => match tokio::time::timeout(timeout, tls.accept(socket)).await {
-            Ok(Ok(stream)) => http(TokioIo::new(stream), app, timeout, stopped).await,
+            Ok(Ok(stream)) => {
+                handshake.step();
+                http(TokioIo::new(stream), app, timeout, stopped).await
+            }
             Ok(Err(e)) => log(&format!("TLS handshake with {peer} failed: {e}")),
             Err(_) => log(&format!("TLS handshake with {peer} not completed within {timeout:?}: closed")),
         },

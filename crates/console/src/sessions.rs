@@ -105,9 +105,33 @@ pub struct Session {
     last_seen: Mutex<Instant>,
     /// The session's statements run one at a time, as a wire connection's do.
     pub work: tokio::sync::Mutex<Work>,
+    /// The connections it holds ([`Session::hold_connection`]).
+    connections: std::sync::atomic::AtomicUsize,
+}
+
+/// How many connections one session may hold outside the pre-login places (a browser opens up to six to one
+/// host); its further connections stay in them.
+pub const CONNECTIONS_PER_SESSION: usize = 8;
+
+/// One of a session's connections ([`Session::hold_connection`]), given back when dropped.
+pub struct HeldConnection(Arc<Session>);
+
+impl Drop for HeldConnection {
+    fn drop(&mut self) {
+        self.0.connections.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+    }
 }
 
 impl Session {
+    /// One of the session's [`CONNECTIONS_PER_SESSION`] connections, if it holds fewer.
+    pub fn hold_connection(self: &Arc<Self>) -> Option<HeldConnection> {
+        use std::sync::atomic::Ordering;
+        let taken = self
+            .connections
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < CONNECTIONS_PER_SESSION).then_some(n + 1));
+        taken.ok().map(|_| HeldConnection(self.clone()))
+    }
+
     fn expired(&self, now: Instant, idle: Duration) -> bool {
         let last = self.last_seen.lock().map(|t| *t).unwrap_or(self.created);
         now.duration_since(self.created) >= MAX_AGE || now.duration_since(last) >= idle
@@ -164,6 +188,7 @@ impl Store {
             created: now,
             last_seen: Mutex::new(now),
             work: tokio::sync::Mutex::new(work),
+            connections: Default::default(),
         };
         map.insert(id.clone(), Arc::new(session));
         Ok(id)
@@ -238,6 +263,9 @@ impl FromRequestParts<Arc<State>> for Authed {
             *work = open_work(state, &analyst, record.tables.clone()).await?;
         }
         drop(work);
+        if let Some(link) = parts.extensions.get::<crate::limits::Link>() {
+            link.logged_in(&session);
+        }
         Ok(Authed { session, id })
     }
 }

@@ -1,6 +1,7 @@
 //! The web console over HTTP, as a browser would speak to it (hyper's client on 127.0.0.1, an ephemeral port):
 //! logins and their throttle, CSRF, releases, refusals, EXPLAIN DP, reuse, the Budget and Owner pages, a revoked
-//! analyst, and the limits (a slow client, a huge form, huge headers, a flood of logins, a cookie after logout).
+//! analyst, and the limits (a slow client, a huge form, huge headers, a flood of logins, a flood of silent
+//! connections, a cookie after logout).
 
 use dpfusion::accounting::{Ledger, LedgerDb, Rho};
 use dpfusion_console::Console;
@@ -134,15 +135,16 @@ impl Reply {
     }
 }
 
-/// A browser: its cookies, one request per connection.
+/// A browser: its cookies, one request per connection (from `source`, a loopback address, if set).
 struct Browser {
     addr: SocketAddr,
     cookies: HashMap<String, String>,
+    source: Option<&'static str>,
 }
 
 impl Browser {
     fn new(addr: SocketAddr) -> Browser {
-        Browser { addr, cookies: HashMap::new() }
+        Browser { addr, cookies: HashMap::new(), source: None }
     }
 
     async fn request(&mut self, method: &str, path: &str, form: Option<&[(&str, &str)]>) -> Reply {
@@ -151,7 +153,10 @@ impl Browser {
     }
 
     async fn raw(&mut self, method: &str, path: &str, body: Vec<u8>, extra: &[(&str, String)]) -> Reply {
-        let stream = TcpStream::connect(self.addr).await.unwrap();
+        let stream = match self.source {
+            Some(source) => connect_from(self.addr, source).await,
+            None => TcpStream::connect(self.addr).await.unwrap(),
+        };
         let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.unwrap();
         tokio::spawn(conn);
         let cookie: Vec<String> = self.cookies.iter().map(|(k, v)| format!("{k}={v}")).collect();
@@ -285,7 +290,7 @@ async fn failed_logins_are_throttled_and_a_flood_is_refused_unchecked() {
     let csrf = hidden(&form.get("/login").await.text(), "csrf");
     let attempts: Vec<_> = (0..24)
         .map(|i| {
-            let mut b = Browser { addr: c.addr, cookies: form.cookies.clone() };
+            let mut b = Browser { addr: c.addr, cookies: form.cookies.clone(), source: None };
             let csrf = csrf.clone();
             tokio::spawn(async move {
                 let guess = format!("guess {i}");
@@ -516,7 +521,7 @@ async fn a_cookie_copied_before_logout_opens_nothing_after_it() {
     let r = b.post("/logout", &[("csrf", &csrf)]).await;
     assert_eq!((r.status, r.location()), (303, Some("/login")));
     assert!(!b.cookies.contains_key("dpfusion_session"), "the cookie is cleared");
-    let mut thief = Browser { addr: c.addr, cookies: stolen };
+    let mut thief = Browser { addr: c.addr, cookies: stolen, source: None };
     let r = thief.get("/").await;
     assert_eq!((r.status, r.location()), (303, Some("/login")));
     let r = thief.post("/ask/run", &[("csrf", &csrf), ("sql", "SELECT COUNT(*) FROM pums")]).await;
@@ -596,44 +601,78 @@ fn the_http_address_is_validated_as_listen_is() {
     assert!(cfg("http = \"0.0.0.0:8443\"\nallow_plaintext = true").is_ok());
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn connections_beyond_the_cap_are_closed_at_once() {
-    // max_connections (8) + max_pending_logins (2): ten connections at once.
-    let c = start("max_pending_logins = 2").await;
-    let mut held = Vec::new();
-    for _ in 0..10 {
-        held.push(TcpStream::connect(c.addr).await.unwrap());
+/// A TCP connection to `addr` from the loopback address `source` (Linux answers on all of 127.0.0.0/8).
+async fn connect_from(addr: SocketAddr, source: &str) -> TcpStream {
+    let sock = tokio::net::TcpSocket::new_v4().unwrap();
+    sock.bind(SocketAddr::new(source.parse().unwrap(), 0)).unwrap();
+    sock.connect(addr).await.unwrap()
+}
+
+/// A kept-alive HTTP/1.1 connection from `source`.
+async fn kept_alive(addr: SocketAddr, source: &str) -> hyper::client::conn::http1::SendRequest<Full<Bytes>> {
+    let (sender, conn) =
+        hyper::client::conn::http1::handshake(TokioIo::new(connect_from(addr, source).await)).await.unwrap();
+    tokio::spawn(conn);
+    sender
+}
+
+/// `GET path` with `cookie` on a kept-alive connection: the reply's status, or the error if it was closed.
+async fn get_on(
+    sender: &mut hyper::client::conn::http1::SendRequest<Full<Bytes>>,
+    path: &str,
+    cookie: &str,
+) -> Result<u16, hyper::Error> {
+    let req = hyper::Request::get(path).header("host", "127.0.0.1").header("cookie", cookie);
+    let res = tokio::time::timeout(GUARD, sender.send_request(req.body(Full::new(Bytes::new())).unwrap())).await;
+    let res = res.expect("no reply")?;
+    let status = res.status().as_u16();
+    res.into_body().collect().await?;
+    Ok(status)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_flood_of_silent_connections_from_two_addresses_keeps_no_one_out() {
+    // Eight places before login, six per address; silent sockets from 127.0.0.2 and 127.0.0.3, each opened again
+    // as soon as the console closes it, take them all, all the time.
+    let c = start("max_pending_logins = 8\nmax_pending_logins_per_address = 6").await;
+    // A logged-in analyst's kept-alive connection, from before the flood.
+    let alice = Browser::logged_in(c.addr, "alice").await;
+    let cookie: Vec<String> = alice.cookies.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    let cookie = cookie.join("; ");
+    let mut kept = kept_alive(c.addr, "127.0.0.5").await;
+    assert_eq!(get_on(&mut kept, "/budget", &cookie).await.unwrap(), 200);
+    let closed = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut flood = tokio::task::JoinSet::new();
+    for i in 0..24 {
+        let (addr, source, closed) = (c.addr, format!("127.0.0.{}", 2 + i % 2), closed.clone());
+        flood.spawn(async move {
+            loop {
+                let mut sock = connect_from(addr, &source).await;
+                let mut buf = [0u8; 256];
+                while let Ok(n) = sock.read(&mut buf).await
+                    && n > 0
+                {}
+                closed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+        });
     }
-    // Let the console accept them all (a request on a held one is answered).
-    held[9].write_all(b"GET /login HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n").await.unwrap();
-    let mut buf = vec![0u8; 16];
-    let n = tokio::time::timeout(GUARD, held[9].read(&mut buf)).await.unwrap().unwrap();
-    assert!(buf[..n].starts_with(b"HTTP/1.1 200"));
-    let mut extra = TcpStream::connect(c.addr).await.unwrap();
-    extra.write_all(b"GET /login HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n").await.unwrap();
-    let mut got = Vec::new();
-    let read = tokio::time::timeout(GUARD, extra.read_to_end(&mut got)).await.unwrap();
-    assert!(read.is_err() || got.is_empty(), "the eleventh connection was served: {:?}", String::from_utf8_lossy(&got));
-    // Closed ones give their places back.
-    drop(held);
-    let mut served = false;
-    for _ in 0..100 {
-        if let Ok(Ok(r)) = tokio::time::timeout(GUARD, async {
-            let stream = TcpStream::connect(c.addr).await?;
-            let (mut sender, conn) =
-                hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.map_err(std::io::Error::other)?;
-            tokio::spawn(conn);
-            let req = hyper::Request::get("/login").header("host", "x").body(Full::new(Bytes::new())).unwrap();
-            sender.send_request(req).await.map_err(std::io::Error::other)
-        })
-        .await
-        {
-            served = r.status() == 200;
-            break;
+    let churning = tokio::time::timeout(GUARD, async {
+        while closed.load(std::sync::atomic::Ordering::Relaxed) < 32 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert!(served, "no connection was served after the others closed");
+    });
+    churning.await.expect("the flood never filled the places");
+    // A third address logs in and runs a query, within 5 s (each request a new connection, as Browser does).
+    let t = std::time::Instant::now();
+    let mut bob = Browser { source: Some("127.0.0.4"), ..Browser::new(c.addr) };
+    let r = bob.login("bob", PASSWORD).await;
+    assert_eq!((r.status, r.location()), (303, Some("/")), "{}", r.text());
+    let r = bob.run("SELECT COUNT(*) FROM pums", "").await;
+    assert_eq!((r.status, r.location()), (303, Some("/answer/1")), "{}", r.text());
+    assert!(t.elapsed() < Duration::from_secs(5), "logged in and answered after {:?}", t.elapsed());
+    // The logged-in connection was never closed to make room.
+    assert_eq!(get_on(&mut kept, "/budget", &cookie).await.unwrap(), 200);
+    flood.abort_all();
 }
 
 /// A throwaway CA and a certificate for `localhost` it signed, as PEM files in `dir`: the CA's certificate for a

@@ -32,7 +32,7 @@
 pub mod auth;
 mod catalog;
 pub mod conn;
-mod pending;
+pub mod pending;
 pub mod scram;
 mod types;
 mod wire;

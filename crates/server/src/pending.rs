@@ -1,4 +1,5 @@
-//! Pre-login places: from its TCP accept until its login completes, a connection holds one of `max_pending_logins`
+//! Pre-login places (of the PostgreSQL port, and of the web console's HTTP connections until a request of a
+//! logged-in session arrives on one): from its TCP accept until its login completes, a connection holds one of `max_pending_logins`
 //! places (never a connection slot), and a client address at most `max_pending_logins_per_address` of them. An
 //! address is counted as a group ([`address_group`]): an IPv6 client by its /64 prefix, which one host usually holds
 //! whole (counted address by address, one host would have any number of shares).
@@ -35,7 +36,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot};
 
 /// The key a client's places are counted under: its address, an IPv4-mapped IPv6 one as IPv4 (what a dual-stack
 /// listener sees), any other IPv6 one by its /64 prefix.
-pub(crate) fn address_group(address: IpAddr) -> IpAddr {
+pub fn address_group(address: IpAddr) -> IpAddr {
     match address.to_canonical() {
         IpAddr::V6(v6) => IpAddr::V6(Ipv6Addr::from(u128::from(v6) & !u128::from(u64::MAX))),
         v4 => v4,
@@ -43,7 +44,7 @@ pub(crate) fn address_group(address: IpAddr) -> IpAddr {
 }
 
 /// Every pre-login place, shared by the accept loop ([`PendingLogins::take`]) and the connections holding them.
-pub(crate) struct PendingLogins {
+pub struct PendingLogins {
     places: Mutex<Places>,
     /// Connections that lost their place and are closing slowly ([`PendingPlace::linger`]): as many as there are
     /// places, at most.
@@ -55,13 +56,13 @@ const BUSY: &str = "too many connections are logging in; try again in a few seco
 
 impl PendingLogins {
     /// The places of a server accepting `max_pending_logins` connections logging in.
-    pub(crate) fn new(max_pending_logins: usize) -> PendingLogins {
+    pub fn new(max_pending_logins: usize) -> PendingLogins {
         PendingLogins { places: Mutex::default(), lingering: Arc::new(Semaphore::new(max_pending_logins)) }
     }
 
     /// Gives the connection just accepted on `tcp` from `address` a place, taking one from another connection
     /// if need be (see the module docs); `Err` (the message for the client) only if the table of places is lost.
-    pub(crate) fn take(
+    pub fn take(
         self: &Arc<Self>,
         tcp: &TcpStream,
         address: IpAddr,
@@ -92,7 +93,7 @@ impl PendingLogins {
         let id = places.tick();
         let (evict, evicted) = oneshot::channel();
         places.insert(id, Held { group, since: id, silent: true, probe, evict });
-        Ok(PendingPlace { id, logins: self.clone(), evicted })
+        Ok(PendingPlace { id, logins: self.clone(), evicted: Some(evicted) })
     }
 }
 
@@ -270,16 +271,31 @@ impl Places {
 }
 
 /// A connection's pre-login place; given back when dropped (at login, or when the connection ends).
-pub(crate) struct PendingPlace {
+pub struct PendingPlace {
     id: u64,
     logins: Arc<PendingLogins>,
-    evicted: oneshot::Receiver<()>,
+    /// Told when the place is given to a newer connection; `None` once [`PendingPlace::eviction`] took it.
+    evicted: Option<oneshot::Receiver<()>>,
+}
+
+/// The news that a place was given to a newer connection, watched apart from the place
+/// ([`PendingPlace::eviction`]).
+pub struct Eviction(oneshot::Receiver<()>);
+
+impl Eviction {
+    /// Completes once the place was given to a newer connection; never if it was given back instead (dropped).
+    /// Not to be awaited again after it completed.
+    pub async fn evicted(&mut self) {
+        if (&mut self.0).await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    }
 }
 
 impl PendingPlace {
     /// Its client made a step of the login (its first byte, its startup message, a SCRAM message): it is no
     /// longer silent, and among those that have spoken, the last to lose its place.
-    pub(crate) fn step(&self) {
+    pub fn step(&self) {
         if let Ok(mut places) = self.logins.places.lock() {
             places.step(self.id);
         }
@@ -288,7 +304,18 @@ impl PendingPlace {
     /// Completes once the place was given to a newer connection (see the module docs). Not to be awaited again
     /// after it completed.
     pub(crate) async fn evicted(&mut self) {
-        let _ = (&mut self.evicted).await;
+        match &mut self.evicted {
+            Some(evicted) => {
+                let _ = evicted.await;
+            }
+            None => std::future::pending().await,
+        }
+    }
+
+    /// Its eviction, to watch apart from the place (which someone else may hold, and drop when the connection
+    /// has logged in); [`PendingPlace::evicted`] then never completes.
+    pub fn eviction(&mut self) -> Option<Eviction> {
+        self.evicted.take().map(Eviction)
     }
 
     /// Leave for a connection that lost its place to take its time closing (to read what its client still sends,
@@ -321,7 +348,7 @@ mod tests {
     }
 
     fn is_evicted(p: &mut PendingPlace) -> bool {
-        p.evicted.try_recv().is_ok()
+        p.evicted.as_mut().is_some_and(|e| e.try_recv().is_ok())
     }
 
     #[test]
