@@ -14,7 +14,14 @@
 //! so (`multiline_fields = true`): then a malformed quote in one record can run into the next ones, and the data
 //! owner is responsible for the file's quoting (`docs/policy.md` says so).
 //!
-//! Each file is one partition, read start to end on a blocking thread.
+//! **Files are read in pieces.** A file is cut into `pieces` byte ranges of about equal size (as many as the
+//! session's partitions over its files, so the count is a function of the configuration, never of the data), each
+//! one partition read on a blocking thread. A piece reads the lines that *start* within it: it skips to the first
+//! line break at or after its start and reads on until a line starts past its end (the last piece to the end of
+//! the file, whatever its size by then). Since each line is read alone, every line is read exactly once, by one
+//! piece, exactly as a whole-file read would read it; the column names come from the file's first line
+//! ([`csv_head`]), which every piece reads first. A CSV file with `multiline_fields` is one piece (a record's
+//! extent is known only by reading from the start).
 
 use crate::owner_log::OwnerLog;
 use async_trait::async_trait;
@@ -36,6 +43,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Rows per batch.
 const BATCH: usize = 8192;
+
+/// Most pieces a file is cut into.
+pub(crate) const MAX_PIECES: usize = 4096;
 
 /// Longest line read as a row (bytes, 16 MiB): a longer line is one row of NULLs (counted in the owner's log),
 /// and is skipped without being held in memory.
@@ -101,12 +111,12 @@ impl TableProvider for TextTable {
 
     async fn scan(
         &self,
-        _state: &dyn Session,
+        state: &dyn Session,
         projection: Option<&Vec<usize>>,
         _filters: &[Expr],
         limit: Option<usize>,
     ) -> Result<Arc<dyn ExecutionPlan>> {
-        self.reader(&self.describe(projection, limit)?)
+        self.reader(&self.describe(projection, limit, state.config().target_partitions())?)
     }
 }
 
@@ -118,8 +128,12 @@ pub(crate) struct TextScan {
     pub(crate) table: String,
     /// The projected columns, as the scan outputs them.
     pub(crate) schema: SchemaRef,
-    /// The files, one partition each.
+    /// The files, `pieces` partitions each.
     pub(crate) files: Vec<PathBuf>,
+    /// Each file's size when the scan was planned (0 if unknown), which its pieces' boundaries divide.
+    pub(crate) sizes: Vec<u64>,
+    /// Pieces per file (see the module docs).
+    pub(crate) pieces: usize,
     /// How they are written.
     pub(crate) format: TextFormat,
     /// At most this many rows.
@@ -127,14 +141,27 @@ pub(crate) struct TextScan {
 }
 
 impl TextTable {
-    /// The scan of `projection` (all columns: None), with `limit`.
-    pub(crate) fn describe(&self, projection: Option<&Vec<usize>>, limit: Option<usize>) -> Result<TextScan> {
+    /// The scan of `projection` (all columns: None), with `limit`, in about `partitions` partitions (at least one
+    /// per file).
+    pub(crate) fn describe(
+        &self,
+        projection: Option<&Vec<usize>>,
+        limit: Option<usize>,
+        partitions: usize,
+    ) -> Result<TextScan> {
         // Each partition parses only the projected columns.
         let schema = match projection {
             Some(p) => Arc::new(self.schema.project(p)?),
             None => self.schema.clone(),
         };
-        Ok(TextScan { table: self.name.clone(), schema, files: self.files.clone(), format: self.format.clone(), limit })
+        let pieces = match self.format {
+            TextFormat::Csv { multiline_fields: true, .. } => 1,
+            _ => partitions.div_ceil(self.files.len().max(1)).clamp(1, MAX_PIECES),
+        };
+        // A file that cannot be read now is one piece that fails with its I/O error when read.
+        let sizes = self.files.iter().map(|f| std::fs::metadata(f).map_or(0, |m| m.len())).collect();
+        let (table, files, format) = (self.name.clone(), self.files.clone(), self.format.clone());
+        Ok(TextScan { table, schema, files, sizes, pieces, format, limit })
     }
 
     /// The plan of `scan` (one of this table's), counting unreadable values into its owner's log and the bytes it
@@ -145,15 +172,23 @@ impl TextTable {
 }
 
 impl TextScan {
-    /// The scan's plan: one partition per file, counting unreadable values into `log` and bytes into `read`.
+    /// The scan's plan: `pieces` partitions per file, counting unreadable values into `log` and bytes into `read`.
     pub(crate) fn exec(&self, log: Option<Arc<OwnerLog>>, read: Arc<AtomicU64>) -> Result<Arc<dyn ExecutionPlan>> {
+        let pieces = self.pieces.max(1) as u64;
         let partitions: Vec<Arc<dyn PartitionStream>> = self
             .files
             .iter()
-            .map(|f| {
+            .enumerate()
+            .flat_map(|(i, f)| {
+                let size = u128::from(self.sizes.get(i).copied().unwrap_or(0));
+                let at = move |p: u64| (size * u128::from(p) / u128::from(pieces)) as u64;
+                (0..pieces).map(move |p| (f, at(p), (p + 1 < pieces).then(|| at(p + 1))))
+            })
+            .map(|(f, start, end)| {
                 Arc::new(FilePartition {
                     table: self.table.clone(),
                     file: f.clone(),
+                    range: (start, end),
                     format: self.format.clone(),
                     schema: self.schema.clone(),
                     log: log.clone(),
@@ -169,6 +204,8 @@ impl TextScan {
 struct FilePartition {
     table: String,
     file: PathBuf,
+    /// The piece: the lines starting at or after `.0` and before `.1` (to the end of the file: `None`).
+    range: (u64, Option<u64>),
     format: TextFormat,
     schema: SchemaRef,
     log: Option<Arc<OwnerLog>>,
@@ -196,15 +233,15 @@ impl PartitionStream for FilePartition {
         let tx = builder.tx();
         let (table, file, format, schema, log) =
             (self.table.clone(), self.file.clone(), self.format.clone(), self.schema.clone(), self.log.clone());
-        let read = self.read.clone();
+        let (read, (start, end)) = (self.read.clone(), self.range);
         builder.spawn_blocking(move || {
             let mut out = Batcher::new(schema);
             let send = |b: Result<RecordBatch>| tx.blocking_send(b).is_ok();
             let io = |e: std::io::Error| DataFusionError::IoError(e);
-            let f = std::fs::File::open(&file).map_err(io)?;
-            let reader = std::io::BufReader::with_capacity(1 << 20, Counted(f, read));
             match format {
                 TextFormat::Csv { has_header, delimiter, multiline_fields: true } => {
+                    let f = std::fs::File::open(&file).map_err(io)?;
+                    let reader = std::io::BufReader::with_capacity(1 << 20, Counted(f, read));
                     let mut r = csv::ReaderBuilder::new()
                         .has_headers(false)
                         .delimiter(delimiter)
@@ -227,20 +264,27 @@ impl PartitionStream for FilePartition {
                     }
                 }
                 TextFormat::Csv { has_header, delimiter, multiline_fields: false } => {
-                    let mut lines = Lines::new(reader);
+                    let head = csv_head(&file, has_header, delimiter).map_err(io)?;
+                    let mut index = head.as_ref().map(|(names, _)| out.index(names));
+                    // With a header, the lines up to its end are not rows (empty or too long lines, and the
+                    // header); a file without one has none.
+                    let from = match (has_header, &head) {
+                        (false, _) => Some(start),
+                        (true, Some((_, header_end))) => Some(start.max(*header_end)),
+                        (true, None) => None,
+                    };
+                    let mut lines = from.map(|from| piece(&file, from, read)).transpose().map_err(io)?;
                     let mut split = FieldSplitter::new(delimiter);
-                    let mut index = None;
-                    while let Some(line) = lines.next_line().map_err(io)? {
+                    while let Some(line) = match lines.as_mut() {
+                        Some(lines) => lines.next_line_before(end).map_err(io)?,
+                        None => None,
+                    } {
                         match line {
                             Line::Text([]) => continue,
                             Line::Text(text) => {
                                 let fields = split.split(text);
-                                if !out.csv_row(&mut index, has_header, fields.len(), |i| fields.get(i)) {
-                                    continue;
-                                }
+                                out.csv_row(&mut index, false, fields.len(), |i| fields.get(i));
                             }
-                            // Before the header is known, a line too long to read is not a row.
-                            Line::TooLong if index.is_none() && has_header => continue,
                             Line::TooLong => out.unreadable_row(),
                         }
                         if out.full() && !send(out.flush()) {
@@ -249,8 +293,8 @@ impl PartitionStream for FilePartition {
                     }
                 }
                 TextFormat::Json => {
-                    let mut lines = Lines::new(reader);
-                    while let Some(line) = lines.next_line().map_err(io)? {
+                    let mut lines = piece(&file, start, read).map_err(io)?;
+                    while let Some(line) = lines.next_line_before(end).map_err(io)? {
                         let parsed = match line {
                             Line::Text(text) if text.iter().all(u8::is_ascii_whitespace) => continue,
                             Line::Text(text) => serde_json::from_slice::<serde_json::Map<_, _>>(text).ok(),
@@ -276,6 +320,44 @@ impl PartitionStream for FilePartition {
     }
 }
 
+/// The lines of `file` that start at or after byte `from` (the rest of a line holding byte `from - 1` skipped),
+/// their bytes counted into `read`.
+fn piece(
+    file: &std::path::Path,
+    from: u64,
+    read: Arc<AtomicU64>,
+) -> std::io::Result<Lines<std::io::BufReader<Counted<std::fs::File>>>> {
+    use std::io::Seek;
+    let mut f = std::fs::File::open(file)?;
+    let at = from.saturating_sub(1);
+    f.seek(std::io::SeekFrom::Start(at))?;
+    let mut lines = Lines::new(std::io::BufReader::with_capacity(1 << 20, Counted(f, read)));
+    lines.position = at;
+    if from > 0 {
+        lines.first = false;
+        lines.next_line()?;
+    }
+    Ok(lines)
+}
+
+/// The names of a CSV file's columns (see [`column_names`]) from its first non-empty line that is not too long
+/// (a header, or the first record), and where that line ends; `None` if it has no such line. Read as a whole-file
+/// read of the table reads it, so that every piece of the file finds the same names.
+fn csv_head(file: &std::path::Path, has_header: bool, delimiter: u8) -> std::io::Result<Option<(Vec<String>, u64)>> {
+    let f = std::fs::File::open(file)?;
+    let mut lines = Lines::new(std::io::BufReader::new(f));
+    let mut split = FieldSplitter::new(delimiter);
+    loop {
+        let text = match lines.next_line()? {
+            None => return Ok(None),
+            Some(Line::Text([]) | Line::TooLong) => continue,
+            Some(Line::Text(text)) => text.to_vec(),
+        };
+        let fields = split.split(&text);
+        return Ok(Some((column_names(has_header, fields.len(), |i| fields.get(i)), lines.position)));
+    }
+}
+
 /// The column names of a CSV file: its header, or `column_1`, `column_2`, ... after the first record's width,
 /// read as the table's scans read it.
 pub(crate) fn csv_header(
@@ -284,30 +366,21 @@ pub(crate) fn csv_header(
     delimiter: u8,
     multiline_fields: bool,
 ) -> std::result::Result<Vec<String>, String> {
-    let f = std::fs::File::open(file).map_err(|e| e.to_string())?;
-    let reader = std::io::BufReader::new(f);
     if multiline_fields {
-        let mut r =
-            csv::ReaderBuilder::new().has_headers(false).delimiter(delimiter).flexible(true).from_reader(reader);
+        let f = std::fs::File::open(file).map_err(|e| e.to_string())?;
+        let mut r = csv::ReaderBuilder::new()
+            .has_headers(false)
+            .delimiter(delimiter)
+            .flexible(true)
+            .from_reader(std::io::BufReader::new(f));
         let mut record = csv::ByteRecord::new();
         if !r.read_byte_record(&mut record).map_err(|e| e.to_string())? {
             return Ok(vec![]);
         }
         return Ok(column_names(has_header, record.len(), |i| record.get(i)));
     }
-    let mut lines = Lines::new(reader);
-    let mut split = FieldSplitter::new(delimiter);
-    loop {
-        match lines.next_line().map_err(|e| e.to_string())? {
-            None => return Ok(vec![]),
-            Some(Line::Text([])) => continue,
-            Some(Line::Text(text)) => {
-                let fields = split.split(text);
-                return Ok(column_names(has_header, fields.len(), |i| fields.get(i)));
-            }
-            Some(Line::TooLong) => return Err(format!("its first line is longer than {MAX_LINE} bytes")),
-        }
-    }
+    let head = csv_head(file, has_header, delimiter).map_err(|e| e.to_string())?;
+    Ok(head.map(|(names, _)| names).unwrap_or_default())
 }
 
 /// The names of a CSV file's columns from its first record of `len` fields (`get(i)` is field i): the fields
@@ -332,12 +405,23 @@ enum Line<'a> {
 struct Lines<R> {
     reader: R,
     line: Vec<u8>,
+    /// The next line is the file's first (a byte order mark is dropped from it).
     first: bool,
+    /// The offset in the file of the next byte to read.
+    position: u64,
 }
 
 impl<R: BufRead> Lines<R> {
     fn new(reader: R) -> Self {
-        Lines { reader, line: Vec::new(), first: true }
+        Lines { reader, line: Vec::new(), first: true, position: 0 }
+    }
+
+    /// The next line if it starts before `end` (no end: to the end of the file).
+    fn next_line_before(&mut self, end: Option<u64>) -> std::io::Result<Option<Line<'_>>> {
+        if end.is_some_and(|end| self.position >= end) {
+            return Ok(None);
+        }
+        self.next_line()
     }
 
     /// The next line, or `None` at the end of the file.
@@ -365,6 +449,7 @@ impl<R: BufRead> Lines<R> {
             }
             let used = newline.map_or(available.len(), |i| i + 1);
             self.reader.consume(used);
+            self.position += used as u64;
             if newline.is_some() {
                 break;
             }
@@ -490,6 +575,11 @@ impl Batcher {
         self.rows += 1;
     }
 
+    /// Where each column is among a file's columns `names` (`None`: not there).
+    fn index(&self, names: &[String]) -> Vec<Option<usize>> {
+        self.columns().map(|c| names.iter().position(|n| n == c)).collect()
+    }
+
     /// A CSV record: the header while `index` is unknown and `has_header` (returns false: not a row), else a row
     /// of the columns `index` finds in it (`get(i)` is its field i).
     fn csv_row<'a>(
@@ -503,7 +593,7 @@ impl Batcher {
             Some(i) => i,
             None => {
                 let names = column_names(has_header, len, &get);
-                let idx = index.insert(self.columns().map(|c| names.iter().position(|n| n == c)).collect());
+                let idx = index.insert(self.index(&names));
                 if has_header {
                     return false;
                 }
@@ -635,5 +725,124 @@ mod tests {
         let exact = vec![b'y'; MAX_LINE];
         let mut lines = Lines::new(std::io::BufReader::new(exact.as_slice()));
         assert!(matches!(lines.next_line().unwrap(), Some(Line::Text(t)) if t.len() == MAX_LINE));
+    }
+
+    /// A file in the temporary directory, removed when dropped.
+    struct TempFile(PathBuf);
+
+    impl TempFile {
+        fn new(tag: &str, bytes: &[u8]) -> TempFile {
+            static N: AtomicU64 = AtomicU64::new(0);
+            let n = N.fetch_add(1, Ordering::Relaxed);
+            let path = std::env::temp_dir().join(format!("dpfusion-text-{tag}-{}-{n}", std::process::id()));
+            std::fs::write(&path, bytes).unwrap();
+            TempFile(path)
+        }
+    }
+
+    impl Drop for TempFile {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(&self.0);
+        }
+    }
+
+    type Rows = Vec<Vec<Option<String>>>;
+
+    /// The rows the piece `range` of `file` reads (each value as text, NULL as `None`).
+    async fn piece_rows(file: &TempFile, format: &TextFormat, schema: &SchemaRef, range: (u64, Option<u64>)) -> Rows {
+        use datafusion::arrow::util::display::array_value_to_string;
+        use futures::TryStreamExt;
+        let (table, file, format, schema) = ("t".into(), file.0.clone(), format.clone(), schema.clone());
+        let piece = FilePartition { table, file, range, format, schema, log: None, read: Arc::default() };
+        let batches: Vec<RecordBatch> = piece.execute(Arc::default()).try_collect().await.unwrap();
+        let mut rows = Vec::new();
+        for b in batches {
+            for r in 0..b.num_rows() {
+                let value = |c: &ArrayRef| (!c.is_null(r)).then(|| array_value_to_string(c, r).unwrap());
+                rows.push(b.columns().iter().map(value).collect());
+            }
+        }
+        rows
+    }
+
+    /// Every cut of `text` into three pieces (two cuts at any bytes, end included) reads the rows a whole-file
+    /// read does, each once and in order.
+    async fn every_cut_reads_each_line_once(text: &[u8], format: TextFormat, schema: SchemaRef) -> Rows {
+        let file = TempFile::new("cuts", text);
+        let whole = piece_rows(&file, &format, &schema, (0, None)).await;
+        let len = text.len() as u64;
+        for a in 0..=len + 1 {
+            for b in a..=len + 1 {
+                let mut rows = piece_rows(&file, &format, &schema, (0, Some(a))).await;
+                rows.extend(piece_rows(&file, &format, &schema, (a, Some(b))).await);
+                rows.extend(piece_rows(&file, &format, &schema, (b, None)).await);
+                assert_eq!(rows, whole, "cut at bytes {a} and {b}");
+            }
+        }
+        whole
+    }
+
+    fn schema(columns: &[(&str, DataType)]) -> SchemaRef {
+        use datafusion::arrow::datatypes::{Field, Schema};
+        Arc::new(Schema::new(columns.iter().map(|(n, t)| Field::new(*n, t.clone(), true)).collect::<Vec<_>>()))
+    }
+
+    #[tokio::test]
+    async fn a_file_read_in_pieces_reads_every_line_once_as_a_whole_read_does() {
+        let s = |v: &str| Some(v.to_string());
+        // A header after an empty line, a byte order mark, CRLF, empty lines, quotes, an unbalanced quote, a short
+        // row, a value of the wrong type.
+        let csv = TextFormat::Csv { has_header: true, delimiter: b',', multiline_fields: false };
+        let text = b"\xEF\xBB\xBF\n\"n\",b,a\r\n1,\"x,y\",7\n\n2,\"open,8\n3\nzz,q,9\n";
+        let rows =
+            every_cut_reads_each_line_once(text, csv, schema(&[("a", DataType::Int64), ("b", DataType::Utf8)])).await;
+        let expected = vec![vec![s("7"), s("x,y")], vec![None, s("open,8")], vec![None, None], vec![s("9"), s("q")]];
+        assert_eq!(rows, expected);
+        // Without a header: the first line's width names the columns, and it is a row.
+        let csv = TextFormat::Csv { has_header: false, delimiter: b';', multiline_fields: false };
+        let text = b"\n1;a\n2;b;extra\n\n3\n";
+        let columns = schema(&[("column_2", DataType::Utf8), ("column_1", DataType::Int64)]);
+        let rows = every_cut_reads_each_line_once(text, csv, columns).await;
+        assert_eq!(rows, vec![vec![s("a"), s("1")], vec![s("b"), s("2")], vec![None, s("3")]]);
+        // JSON lines, one not an object.
+        let text = b"{\"a\": 1}\n\n[2]\r\n{\"a\": 3, \"b\": \"x\"}";
+        let rows = every_cut_reads_each_line_once(text, TextFormat::Json, schema(&[("a", DataType::Int64)])).await;
+        assert_eq!(rows, vec![vec![s("1")], vec![None], vec![s("3")]]);
+    }
+
+    #[tokio::test]
+    async fn a_line_too_long_is_one_unreadable_row_whichever_piece_it_starts_in() {
+        let mut text = b"a\n1\n".to_vec();
+        text.extend(std::iter::repeat_n(b'9', MAX_LINE + 1));
+        text.extend_from_slice(b"\n2\n");
+        let file = TempFile::new("long", &text);
+        let csv = TextFormat::Csv { has_header: true, delimiter: b',', multiline_fields: false };
+        let columns = schema(&[("a", DataType::Int64)]);
+        let whole = piece_rows(&file, &csv, &columns, (0, None)).await;
+        let s = |v: &str| Some(v.to_string());
+        assert_eq!(whole, vec![vec![s("1")], vec![None], vec![s("2")]]);
+        // Cuts before, at, inside and at the end of the long line.
+        let long = 4u64;
+        for cut in [long - 1, long, long + 1, long + 1000, long + MAX_LINE as u64, long + MAX_LINE as u64 + 2] {
+            let mut rows = piece_rows(&file, &csv, &columns, (0, Some(cut))).await;
+            rows.extend(piece_rows(&file, &csv, &columns, (cut, None)).await);
+            assert_eq!(rows, whole, "cut at byte {cut}");
+        }
+    }
+
+    #[test]
+    fn pieces_per_file_follow_the_partitions_never_the_data() {
+        let file = TempFile::new("pieces", b"a\n1\n2\n");
+        let csv = TextFormat::Csv { has_header: true, delimiter: b',', multiline_fields: false };
+        let table = |format: TextFormat, files: usize| {
+            TextTable::new("t", schema(&[("a", DataType::Int64)]), vec![file.0.clone(); files], format, None)
+        };
+        let pieces = |t: TextTable, partitions| t.describe(None, None, partitions).unwrap().pieces;
+        assert_eq!(pieces(table(csv.clone(), 1), 16), 16, "a file of 6 bytes in 16 pieces (most of them empty)");
+        assert_eq!(pieces(table(csv.clone(), 3), 16), 6);
+        assert_eq!(pieces(table(csv, 32), 16), 1);
+        assert_eq!(pieces(table(TextFormat::Json, 1), 1 << 20), MAX_PIECES);
+        let multiline = TextFormat::Csv { has_header: true, delimiter: b',', multiline_fields: true };
+        assert_eq!(pieces(table(multiline, 1), 16), 1);
     }
 }

@@ -378,7 +378,7 @@ impl TableProvider for SealedTable {
     ) -> datafusion::error::Result<Arc<dyn ExecutionPlan>> {
         // A text table's scan is described once: the description both makes the reader and travels to a cluster.
         if let Some(t) = self.inner.downcast_ref::<crate::source::text::TextTable>() {
-            let text = t.describe(projection, limit)?;
+            let text = t.describe(projection, limit, state.config().target_partitions())?;
             let inner = t.reader(&text)?;
             return Ok(Arc::new(SealedScanExec::new(inner, Some(Arc::new(text)))));
         }
@@ -536,7 +536,7 @@ impl ExecutionPlan for SealedScanExec {
         Ok(self
             .inner
             .repartitioned(target_partitions, config)?
-            // (A text scan is never split: its descriptor names whole files.)
+            // (A text scan is not split here: its descriptor names its pieces, cut when it was described.)
             .map(|inner| Arc::new(SealedScanExec::new(inner, None)) as Arc<dyn ExecutionPlan>))
     }
 

@@ -21,7 +21,7 @@ use super::Remote;
 use crate::plan::by_unit::ByUnitExec;
 use crate::plan::codec::{self, err, read, write};
 use crate::plan::unordered::UnorderedExec;
-use crate::source::text::{TextFormat, TextScan};
+use crate::source::text::{MAX_PIECES, TextFormat, TextScan};
 use ballista_core::serde::BallistaPhysicalExtensionCodec;
 use datafusion::arrow::datatypes::Schema;
 use datafusion::common::Result;
@@ -106,6 +106,11 @@ struct TextMsg {
     csv: Option<CsvMsg>,
     #[prost(uint64, optional, tag = "5")]
     limit: Option<u64>,
+    /// Each file's size when planned.
+    #[prost(uint64, repeated, tag = "6")]
+    sizes: Vec<u64>,
+    #[prost(uint64, tag = "7")]
+    pieces: u64,
 }
 
 #[derive(Clone, PartialEq, Message)]
@@ -152,6 +157,8 @@ impl DpPhysicalCodec {
                     TextFormat::Json => None,
                 },
                 limit: text.limit.map(|l| l as u64),
+                sizes: text.sizes.clone(),
+                pieces: text.pieces as u64,
             }),
             (inner, None) => {
                 let in_memory =
@@ -188,10 +195,17 @@ impl DpPhysicalCodec {
                     },
                     None => TextFormat::Json,
                 };
+                let pieces = usize::try_from(t.pieces).ok().filter(|p| (1..=MAX_PIECES).contains(p));
+                let pieces = pieces.ok_or_else(|| err(format!("a text scan in {} pieces per file", t.pieces)))?;
+                if t.sizes.len() != t.files.len() {
+                    return Err(err("a text scan without each file's size"));
+                }
                 let scan = TextScan {
                     table: t.table,
                     schema: Arc::new(Schema::try_from(schema).map_err(err)?),
                     files: t.files.into_iter().map(Into::into).collect(),
+                    sizes: t.sizes,
+                    pieces,
                     format,
                     limit: t.limit.map(|l| usize::try_from(l).unwrap_or(usize::MAX)),
                 };

@@ -19,7 +19,7 @@ fn pums_scan_of(files: usize) -> Arc<dyn ExecutionPlan> {
         Arc::new(Schema::new(vec![Field::new("age", DataType::Int64, true), Field::new("sex", DataType::Int64, true)]));
     let format = TextFormat::Csv { has_header: true, delimiter: b',', multiline_fields: false };
     let table = TextTable::new("pums", schema, vec![path.into(); files], format, None);
-    let text = table.describe(None, None).unwrap();
+    let text = table.describe(None, None, files).unwrap();
     let inner = text.exec(None, Arc::default()).unwrap();
     Arc::new(SealedScanExec::new(inner, Some(Arc::new(text))))
 }
