@@ -116,7 +116,8 @@ pub(crate) async fn release(s: &DpSession, sql: &str) -> Release {
     match s.sql(sql).await {
         Ok(Response::Release(r)) => *r,
         Ok(other) => panic!("{sql}: expected a release, got {other:?}"),
-        Err(e) => panic!("{sql}: expected a release, got error {e}"),
+        // (With its source: the engine's error behind a withheld cause, which the data owner sees.)
+        Err(e) => panic!("{sql}: expected a release, got error {e} ({:?})", std::error::Error::source(&e)),
     }
 }
 

@@ -37,7 +37,7 @@ pub(crate) fn err(msg: impl std::fmt::Display) -> DataFusionError {
 
 #[derive(Clone, PartialEq, Message)]
 struct FnMsg {
-    #[prost(oneof = "Function", tags = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13")]
+    #[prost(oneof = "Function", tags = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14")]
     function: Option<Function>,
 }
 
@@ -72,6 +72,9 @@ enum Function {
     /// `dp_table`: its smallest input and its table.
     #[prost(message, tag = "13")]
     Table(TableMsg),
+    /// `dp_where` (nothing but its arguments).
+    #[prost(bool, tag = "14")]
+    Where(bool),
 }
 
 /// A tabulated computed column ([`crate::plan::computed::Tabulated`]): its smallest input, and its table (an Arrow
@@ -326,6 +329,8 @@ pub(crate) fn encode_udf(udf: &ScalarUDF) -> Result<Option<Vec<u8>>> {
         Function::KeyPriority(p.key())
     } else if inner.is::<crate::plan::computed::Clamp>() {
         Function::Clamp(true)
+    } else if inner.is::<crate::plan::computed::Where>() {
+        Function::Where(true)
     } else if let Some(t) = inner.downcast_ref::<crate::plan::computed::Tabulated>() {
         let (lo, table) = t.parts();
         Function::Table(TableMsg { lo, table: ipc_to(&[("value", table)])? })
@@ -369,6 +374,7 @@ pub(crate) fn decode_udf(name: &str, buf: &[u8]) -> Result<Option<ScalarUDF>> {
         Some(Function::Lookup(m)) => lookup_from(m)?,
         Some(Function::KeyPriority(key)) => KeyPriority::udf(key),
         Some(Function::Clamp(_)) => crate::plan::computed::Clamp::udf(),
+        Some(Function::Where(_)) => crate::plan::computed::Where::udf(),
         Some(Function::Table(t)) => {
             let [table] = &ipc_from(t.table)?[..] else { return Err(err("a table is one column")) };
             if table.len() < 2 || table.len() > crate::plan::computed::MAX_TABULATED {

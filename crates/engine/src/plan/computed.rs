@@ -45,7 +45,9 @@ use datafusion::functions_aggregate::count::Count;
 use datafusion::logical_expr::{Aggregate, Expr, ExprSchemable, LogicalPlan, Projection, lit, when};
 use std::sync::Arc;
 
+mod filter;
 mod table;
+pub use filter::Where;
 pub use table::{MAX_TABULATED, Tabulated};
 
 /// Prefix of the computed columns' names (reserved: no query or table may use `__dp_`).
@@ -727,9 +729,13 @@ impl<'a> Rewrite<'a> {
 
     /// A computed column of the projection (`expr AS name`) in the form that runs ([`Rewrite::tabulated`]).
     fn run_form(&self, e: &Expr) -> Result<Expr> {
+        let form = |x: &Expr| -> Result<Expr> {
+            let t = self.tabulated(x)?;
+            if &t == x { filter::where_form(x, self.schema).map_err(engine) } else { Ok(t) }
+        };
         match e {
-            Expr::Alias(a) => Ok(self.tabulated(&a.expr)?.alias(&a.name)),
-            other => self.tabulated(other),
+            Expr::Alias(a) => Ok(form(&a.expr)?.alias(&a.name)),
+            other => form(other),
         }
     }
 

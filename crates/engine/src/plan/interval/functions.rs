@@ -2,9 +2,9 @@
 //! refused unless [`crate::plan::safety::total`] lists it (dpfusion's own functions).
 
 use super::{
-    Bounds, Env, Fact, Range, derive_in, int_type_range, literal, narrow, of_type, point, shown, ty, ulps, union,
+    Bounds, Env, Fact, Range, derive_in, facts, int_type_range, literal, narrow, of_type, point, shown, ty, ulps, union,
 };
-use crate::plan::computed::{Clamp, Tabulated};
+use crate::plan::computed::{Clamp, Tabulated, Where};
 use crate::plan::safety;
 use datafusion::arrow::datatypes::DataType;
 use datafusion::common::{DFSchema, ScalarValue};
@@ -69,6 +69,15 @@ pub(super) fn function(e: &Expr, f: &ScalarFunction, schema: &DFSchema, env: &En
                 _ => return Err(refused()),
             };
             Ok(Bounds { range, loose: None, ..a })
+        }
+        // `x` where `p` holds, else NULL (`plan::computed::Where`, a FILTER's run form): `x` is evaluated on every
+        // row, so it must be total without `p`'s facts; its values are those of `x` where `p` holds.
+        ("dp_where", [p, x]) if f.func.inner().is::<Where>() => {
+            derive_in(p, schema, env)?;
+            derive_in(x, schema, env)?;
+            let mut here = env.clone();
+            facts(p, true, &mut here);
+            Ok(Bounds { may_null: true, ..derive_in(x, schema, &here)? })
         }
         // A tabulated computed column (`plan::computed::Tabulated`): one of its table's values.
         ("dp_table", [x]) if f.func.inner().is::<Tabulated>() => {

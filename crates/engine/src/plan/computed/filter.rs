@@ -1,0 +1,162 @@
+//! `dp_where(p, x)`: `x` where the condition `p` is true, NULL elsewhere (`p` false or NULL), in one vectorised
+//! pass: the run form of `CASE WHEN p THEN x END`, which a `FILTER (WHERE p)` becomes ([`super`]).
+//!
+//! DataFusion evaluates `CASE WHEN p THEN x END` with a fast path only when `x` is a bare column; otherwise it
+//! filters the rows where `p` holds, evaluates `x` on that copy and scatters the results back. `dp_where` evaluates
+//! `x` on every row instead and masks it with `p` (arrow's `nullif`): the same values, without the copies.
+//!
+//! **Why it means the same.** Where `p` is true both give `x`; elsewhere both give NULL. Evaluating `x` on rows
+//! where `p` is not true is safe only if `x` cannot fail on any value: [`where_form`] uses `dp_where` only when
+//! [`crate::plan::interval::derive`] proves `x` total *without* the condition's facts (a CASE's branch is proved
+//! total under them: `100 / age` guarded by `age > 0`), and keeps the CASE otherwise. The bounds of `dp_where(p, x)`
+//! are those of `x` under `p` ([`crate::plan::interval`]), as for the CASE; nothing released changes (a test
+//! compares both forms on random batches with NULLs).
+
+use crate::plan::interval;
+use datafusion::arrow::array::{Array, AsArray, BooleanArray};
+use datafusion::arrow::compute::kernels::nullif;
+use datafusion::arrow::datatypes::DataType;
+use datafusion::common::DFSchema;
+use datafusion::common::tree_node::{Transformed, TreeNode};
+use datafusion::logical_expr::expr::{Case, ScalarFunction};
+use datafusion::logical_expr::{
+    ColumnarValue, Expr, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl, Signature, Volatility,
+};
+use std::sync::Arc;
+
+/// The function `dp_where(p, x)` (see the module docs).
+#[derive(Debug, PartialEq, Eq, Hash)]
+pub struct Where {
+    signature: Signature,
+}
+
+impl Where {
+    /// The function.
+    pub fn udf() -> ScalarUDF {
+        ScalarUDF::new_from_impl(Where { signature: Signature::any(2, Volatility::Immutable) })
+    }
+
+    /// `dp_where(p, x)`.
+    pub fn call(p: Expr, x: Expr) -> Expr {
+        Expr::ScalarFunction(ScalarFunction::new_udf(Arc::new(Self::udf()), vec![p, x]))
+    }
+}
+
+impl ScalarUDFImpl for Where {
+    fn name(&self) -> &str {
+        "dp_where"
+    }
+
+    fn signature(&self) -> &Signature {
+        &self.signature
+    }
+
+    fn return_type(&self, args: &[DataType]) -> datafusion::common::Result<DataType> {
+        match args {
+            [DataType::Boolean | DataType::Null, x] => Ok(x.clone()),
+            _ => datafusion::common::exec_err!("dp_where takes a condition and a value, not {args:?}"),
+        }
+    }
+
+    fn invoke_with_args(&self, args: ScalarFunctionArgs) -> datafusion::common::Result<ColumnarValue> {
+        let [p, x] = args.args.as_slice() else {
+            return datafusion::common::exec_err!("dp_where takes a condition and a value");
+        };
+        let (p, x) = (p.to_array(args.number_rows)?, x.to_array(args.number_rows)?);
+        let out = match p.data_type() {
+            DataType::Boolean => {
+                // Where `p` is not true (false or NULL): NULL.
+                let p = p.as_boolean();
+                let holds = match p.nulls() {
+                    Some(valid) => p.values() & valid.inner(),
+                    None => p.values().clone(),
+                };
+                nullif::nullif(&x, &BooleanArray::new(!&holds, None))?
+            }
+            // A NULL condition: never true.
+            _ => datafusion::arrow::array::new_null_array(x.data_type(), x.len()),
+        };
+        Ok(ColumnarValue::Array(out))
+    }
+}
+
+/// `e` with each `CASE WHEN p THEN x END` (one branch, no ELSE, no operand) whose `x` is total on every value of
+/// `schema`'s columns written `dp_where(p, x)`.
+pub(super) fn where_form(e: &Expr, schema: &DFSchema) -> datafusion::common::Result<Expr> {
+    e.clone()
+        .transform_up(|x| match x {
+            Expr::Case(Case { expr: None, when_then_expr, else_expr: None })
+                if when_then_expr.len() == 1 && interval::derive(&when_then_expr[0].1, schema).is_ok() =>
+            {
+                match <[(Box<Expr>, Box<Expr>); 1]>::try_from(when_then_expr) {
+                    Ok([(p, x)]) => Ok(Transformed::yes(Where::call(*p, *x))),
+                    Err(when_then_expr) => Ok(Transformed::no(Expr::Case(Case::new(None, when_then_expr, None)))),
+                }
+            }
+            other => Ok(Transformed::no(other)),
+        })
+        .map(|t| t.data)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use datafusion::arrow::array::{ArrayRef, Int64Array, RecordBatch};
+    use datafusion::arrow::datatypes::{Field, Schema};
+    use datafusion::logical_expr::{col, lit, when};
+    use rand::{Rng, SeedableRng};
+
+    fn eval(e: &Expr, batch: &RecordBatch) -> ArrayRef {
+        let schema = DFSchema::try_from(batch.schema().as_ref().clone()).unwrap();
+        let physical = interval::physical(e, &schema).unwrap();
+        physical.evaluate(batch).unwrap().into_array(batch.num_rows()).unwrap()
+    }
+
+    #[test]
+    fn dp_where_is_the_case_it_replaces_on_random_batches_with_nulls() {
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("p", DataType::Boolean, true),
+            Field::new("x", DataType::Int64, true),
+        ]));
+        let df = DFSchema::try_from(schema.as_ref().clone()).unwrap();
+        let mut rng = rand::rngs::StdRng::seed_from_u64(56);
+        for (n, nulls) in [(0, true), (1, true), (7, true), (64, false), (1000, true), (1000, false)] {
+            // With and without a validity buffer on the condition.
+            let p: BooleanArray = (0..n)
+                .map(|_| [Some(false), Some(true), None][rng.random_range(0..if nulls { 3 } else { 2 })])
+                .collect();
+            let x: Int64Array = (0..n).map(|_| rng.random_bool(0.8).then(|| rng.random_range(-9..9))).collect();
+            let batch = RecordBatch::try_new(schema.clone(), vec![Arc::new(p), Arc::new(x)]).unwrap();
+            for value in [col("x"), lit(1i64), datafusion::logical_expr::cast(col("x"), DataType::Float64)] {
+                let case = when(col("p"), value.clone()).end().unwrap();
+                let form = where_form(&case, &df).unwrap();
+                assert!(matches!(&form, Expr::ScalarFunction(f) if f.name() == "dp_where"), "{form}");
+                assert_eq!(eval(&form, &batch).as_ref(), eval(&case, &batch).as_ref(), "{value} over {n} rows");
+            }
+        }
+    }
+
+    #[test]
+    fn a_branch_total_only_under_its_condition_stays_a_case() {
+        // x has no bounds: `x * 2` could overflow, `100 / x` divide by zero; a CASE with an ELSE is left alone.
+        let schema = DFSchema::try_from(Schema::new(vec![
+            Field::new("p", DataType::Boolean, true),
+            Field::new("x", DataType::Int64, true),
+        ]))
+        .unwrap();
+        for value in [col("x") * lit(2i64), lit(100i64) / col("x")] {
+            let case = when(col("p"), value).end().unwrap();
+            assert_eq!(where_form(&case, &schema).unwrap(), case);
+        }
+        let with_else = when(col("p"), col("x")).otherwise(lit(0i64)).unwrap();
+        assert_eq!(where_form(&with_else, &schema).unwrap(), with_else);
+    }
+
+    #[cfg(feature = "cluster")]
+    #[test]
+    fn dp_where_travels_to_a_cluster() {
+        let bytes = crate::plan::codec::encode_udf(&Where::udf()).unwrap().expect("dpfusion's own function");
+        let back = crate::plan::codec::decode_udf("dp_where", &bytes).unwrap().expect("decoded");
+        assert!(back.inner().is::<Where>());
+    }
+}
