@@ -599,6 +599,17 @@ refusals! {
             /// The aggregate.
             name: String,
         },
+        /// `AGG(DISTINCT ...) FILTER (WHERE ...)`, `COUNT(DISTINCT <privacy unit>)` included.
+        #[code = "distinct_with_filter", sqlstate = INSUFFICIENT_PRIVILEGE]
+        #[error("{name}(DISTINCT ...) FILTER (WHERE ...) is not supported yet")]
+        #[hint(
+            "move the condition into WHERE (one query per condition), or count rows instead with \
+             COUNT(*) FILTER (WHERE ...)"
+        )]
+        DistinctWithFilter {
+            /// The aggregate.
+            name: String,
+        },
         /// `AGG(... ORDER BY ...)`.
         #[code = "ordered_aggregate", sqlstate = INSUFFICIENT_PRIVILEGE]
         #[error("{name}(... ORDER BY ...) is not supported")]

@@ -303,6 +303,9 @@ impl<'a> Rewrite<'a> {
         let Expr::AggregateFunction(original) = validate::strip_aliases(a) else { return Ok(a.clone()) };
         let mut af = original.clone();
         let filter = af.params.filter.take();
+        if filter.is_some() && af.params.distinct {
+            return Err(DpError::Refused(Refusal::DistinctWithFilter { name: af.func.name().to_uppercase() }));
+        }
         let counts = af.func.inner().is::<Count>();
         let star = counts && matches!(af.params.args.as_slice(), [] | [Expr::Literal(..)]);
         if let Some(p) = &filter {
