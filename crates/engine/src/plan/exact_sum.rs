@@ -145,7 +145,13 @@ impl Conv {
         if values.logical_null_count() > 0 {
             return Ok(None);
         }
-        Ok(Some(match (*self, values.data_type()) {
+        self.every_slot(values).map(Some)
+    }
+
+    /// The conversion of every slot of `values`, the NULL ones' undefined contents included (the conversion is
+    /// total on any bits), in a loop that vectorises.
+    fn every_slot(&self, values: &ArrayRef) -> Result<Vec<i64>> {
+        Ok(match (*self, values.data_type()) {
             (Conv::Int(lo, hi), DataType::Int64) => {
                 values.as_primitive::<Int64Type>().values().iter().map(|v| (*v).clamp(lo, hi)).collect()
             }
@@ -154,7 +160,7 @@ impl Conv {
                 a.iter().map(|&v| float_grid_int(v, lo, hi, magic)).collect()
             }
             (_, dt) => return exec_err!("dp_bounded_sum: unexpected input type {dt}"),
-        }))
+        })
     }
 
     /// `Some(exact sum)` of a batch without NULLs (the vectorised path); `None` when it has NULLs.
@@ -231,6 +237,12 @@ pub(crate) fn each_grid_value(
 /// [`each_grid_value`]; `None` when some are.
 pub(crate) fn dense_grid_values(grid: Grid, values: &ArrayRef) -> Result<Option<Vec<i64>>> {
     Conv::of(grid).dense_values(values)
+}
+
+/// The grid value of every row of `values` with exactly the conversion of [`each_grid_value`], a NULL row's
+/// being that of whatever its slot holds: for the caller to mask.
+pub(crate) fn every_grid_value(grid: Grid, values: &ArrayRef) -> Result<Vec<i64>> {
+    Conv::of(grid).every_slot(values)
 }
 
 impl AggregateUDFImpl for BoundedSum {

@@ -36,7 +36,7 @@
 use crate::plan::bound::{Clip as ClipKind, UNIT};
 use crate::plan::cells::CELL;
 use crate::plan::clip::{self, Clip};
-use crate::plan::exact_sum::{BoundedSum, Grid, dense_grid_values};
+use crate::plan::exact_sum::{BoundedSum, Grid, every_grid_value};
 use datafusion::arrow::array::{
     Array, ArrayRef, AsArray, Decimal128Array, Int64Array, Int64Builder, ListArray, ListBuilder, RecordBatch,
 };

@@ -31,10 +31,21 @@ impl RowValues {
         self.x.clear();
         self.has.clear();
         let Some(col) = col else { return Ok(()) };
-        if let RowValue::Sum(grid) = value
-            && let Some(values) = dense_grid_values(grid, col)?
-        {
-            self.x = values;
+        // Sums and COUNT(column) in loops that vectorise: every row's value, then the NULL rows' zeroed and marked
+        // as without a value (as a FILTER's rows that fail the condition are).
+        let nulls = col.logical_nulls();
+        match value {
+            RowValue::Sum(grid) => self.x = every_grid_value(grid, col)?,
+            RowValue::Values => self.x = vec![1; col.len()],
+            RowValue::Rows | RowValue::Slot(_) => {}
+        }
+        if matches!(value, RowValue::Sum(_) | RowValue::Values) {
+            if let Some(nulls) = nulls {
+                self.has = nulls.iter().collect();
+                for (x, has) in self.x.iter_mut().zip(&self.has) {
+                    *x = if *has { *x } else { 0 };
+                }
+            }
             return Ok(());
         }
         self.x.resize(len, 0);
