@@ -313,7 +313,7 @@ impl PartitionStream for FilePartition {
             if out.rows > 0 && !send(out.flush()) {
                 return Ok(());
             }
-            out.report(&table, &file, log.as_deref());
+            out.report(&table, &file, (start, end), log.as_deref());
             Ok(())
         });
         builder.build()
@@ -652,14 +652,21 @@ impl Batcher {
     }
 
     /// Writes the counts of unreadable values to the owner's log.
-    fn report(&self, table: &str, file: &std::path::Path, log: Option<&OwnerLog>) {
+    /// Writes the counts of unreadable values of the piece `range` of `file` (see [`FilePartition`]) to the
+    /// owner's log.
+    fn report(&self, table: &str, file: &std::path::Path, range: (u64, Option<u64>), log: Option<&OwnerLog>) {
         let Some(log) = log else { return };
+        let piece = match range {
+            (0, None) => String::new(),
+            (start, None) => format!(" (the lines starting at byte {start} or later)"),
+            (start, Some(end)) => format!(" (the lines starting in bytes {start}..{end})"),
+        };
         let bad: Vec<String> =
             self.columns().zip(&self.unreadable).filter(|(_, n)| **n > 0).map(|(c, n)| format!("{c}: {n}")).collect();
         if !bad.is_empty() {
             log.write(&format!(
-                "table {table}, file {}: values read as NULL because they were missing or did not parse as the \
-                 declared type: {}",
+                "table {table}, file {}{piece}: values read as NULL because they were missing or did not parse as \
+                 the declared type: {}",
                 file.display(),
                 bad.join(", ")
             ));
