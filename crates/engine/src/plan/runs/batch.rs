@@ -33,28 +33,26 @@ impl RowValues {
         let Some(col) = col else { return Ok(()) };
         // Sums and COUNT(column) in loops that vectorise: every row's value, then the NULL rows' zeroed and marked
         // as without a value (as a FILTER's rows that fail the condition are).
-        let nulls = col.logical_nulls();
-        match value {
-            RowValue::Sum(grid) => self.x = every_grid_value(grid, col)?,
-            RowValue::Values => self.x = vec![1; col.len()],
-            RowValue::Rows | RowValue::Slot(_) => {}
-        }
-        if matches!(value, RowValue::Sum(_) | RowValue::Values) {
-            if let Some(nulls) = nulls {
-                self.has = nulls.iter().collect();
-                for (x, has) in self.x.iter_mut().zip(&self.has) {
-                    *x = if *has { *x } else { 0 };
-                }
+        self.x = match value {
+            RowValue::Sum(grid) => every_grid_value(grid, col)?,
+            RowValue::Values => vec![1; col.len()],
+            RowValue::Rows | RowValue::Slot(_) => {
+                self.x.resize(len, 0);
+                self.has.resize(len, false);
+                let (x, has) = (&mut self.x, &mut self.has);
+                return clip::each_value(value, col, None, |r, v| {
+                    x[r] = v;
+                    has[r] = true;
+                });
             }
-            return Ok(());
+        };
+        if let Some(nulls) = col.logical_nulls() {
+            self.has = nulls.iter().collect();
+            for (x, has) in self.x.iter_mut().zip(&self.has) {
+                *x = if *has { *x } else { 0 };
+            }
         }
-        self.x.resize(len, 0);
-        self.has.resize(len, false);
-        let (x, has) = (&mut self.x, &mut self.has);
-        clip::each_value(value, col, None, |r, v| {
-            x[r] = v;
-            has[r] = true;
-        })
+        Ok(())
     }
 
     /// The sum of rows `range`, and whether any of them has a value ((0, false) without values).
