@@ -730,20 +730,33 @@ impl<'a> Rewrite<'a> {
             .map_err(|err| crate::refusal::engine_message(&err)))
     }
 
-    /// A computed column of the projection (`expr AS name`) in the form that runs ([`Rewrite::tabulated`]).
+    /// A computed column of the projection (`expr AS name`) in the form that runs: a FILTER's
+    /// `CASE WHEN p THEN x END` as `dp_where(p, x)` ([`filter::where_form`]) with `x` in its own run form, else
+    /// the expression [`Rewrite::tabulated`] or in its `dp_where` form.
     fn run_form(&self, e: &Expr) -> Result<Expr> {
-        let form = |x: &Expr| -> Result<Expr> {
-            let t = self.tabulated(x)?;
-            if &t == x { filter::where_form(x, self.schema).map_err(engine) } else { Ok(t) }
-        };
         match e {
-            Expr::Alias(a) => Ok(form(&a.expr)?.alias(&a.name)),
-            other => form(other),
+            Expr::Alias(a) => Ok(self.run_form(&a.expr)?.alias(&a.name)),
+            Expr::Case(case) if case.expr.is_none() && case.else_expr.is_none() && case.when_then_expr.len() == 1 => {
+                match filter::where_form(e, self.schema).map_err(engine)? {
+                    Expr::ScalarFunction(mut f) if f.func.inner().is::<Where>() => {
+                        if let [_, x] = f.args.as_mut_slice() {
+                            *x = self.run_form(x)?;
+                        }
+                        Ok(Expr::ScalarFunction(f))
+                    }
+                    _ => Ok(self.tabulated(e)?),
+                }
+            }
+            other => {
+                let t = self.tabulated(other)?;
+                if &t == other { filter::where_form(other, self.schema).map_err(engine) } else { Ok(t) }
+            }
         }
     }
 
     /// `clamped` (a computed expression, its columns clamped) as [`Tabulated`] when it reads one integer column,
-    /// only through its clamp, of at most [`MAX_TABULATED`] values, and computes numbers or booleans; else as it is.
+    /// only through its clamp, of at most [`MAX_TABULATED`] values, and computes numbers (not the clamp alone); else as
+    /// it is.
     fn tabulated(&self, clamped: &Expr) -> Result<Expr> {
         use datafusion::arrow::array::Int64Array;
         use datafusion::common::tree_node::TreeNodeRecursion;
@@ -758,11 +771,10 @@ impl<'a> Rewrite<'a> {
             return Ok(clamped.clone());
         };
         let values = i128::from(hi) - i128::from(lo) + 2;
-        if !dt.is_integer()
-            || !(out.is_primitive() || out == DataType::Boolean)
-            || clamped.is_volatile()
-            || values > MAX_TABULATED as i128
-        {
+        // A condition (a boolean) is computed faster than looked up (a comparison gives a bitmap in one vectorised
+        // pass; a lookup gathers bits), and so is the clamp alone.
+        let bare = matches!(clamped, Expr::ScalarFunction(f) if f.func.inner().is::<Clamp>());
+        if !dt.is_integer() || !out.is_primitive() || bare || clamped.is_volatile() || values > MAX_TABULATED as i128 {
             return Ok(clamped.clone());
         }
         // Every reference to `c` is the first argument of its clamp to [lo, hi].

@@ -644,9 +644,12 @@ impl Totals {
                 (_, None) => return internal_err!("DpUnitRuns: measurement {i} has no values"),
             };
             // A COUNT(column) is seen in every cell a unit reaches, a sum where a row has a value (or, kept, a row).
+            // A cell whose sum is not 0 has one (a row without a value adds 0); only a cell not yet seen whose rows
+            // sum to 0 needs the count of rows with a value.
             let summed = matches!(meas.value, RowValue::Sum(_)) && !spec.keep;
+            let unsure = |c: usize| rows[c] > 0 && sum[c] == 0 && !self.seen[c * m + i];
             let seen = match v.has.get(range.clone()).filter(|_| summed) {
-                Some(has) if !v.has.is_empty() => {
+                Some(has) if !v.has.is_empty() && (0..n).any(unsure) => {
                     per_cell(cells, n, |r| i64::from(has[r]), &mut valued)?;
                     &valued
                 }

@@ -224,7 +224,7 @@ mod tests {
 
     /// For random expressions of one bounded integer column (arithmetic, integer division and remainder, ABS, CASE,
     /// COALESCE, NULLIF, casts to float, comparisons, `IS NULL`), clamped as the rewrite clamps them: the tabulated
-    /// form is a `dp_table`, and DataFusion evaluates it to exactly the clamped expression's values (same type,
+    /// form of a number is a `dp_table` (a condition stays as it is), and DataFusion evaluates it to exactly the clamped expression's values (same type,
     /// same NULLs, same bits) on rows inside and outside the bounds, the type's extremes and NULL; the bounds
     /// derived for it hold its values. 3 000 expressions × 32 rows, seeded.
     #[test]
@@ -257,6 +257,12 @@ mod tests {
                 assert_eq!(table, clamped);
                 continue;
             };
+            // A condition, and the clamp alone, are computed, not looked up (see [`Rewrite::tabulated`]).
+            let bare = matches!(&clamped, Expr::ScalarFunction(f) if f.func.inner().is::<super::super::Clamp>());
+            if want.data_type() == &DataType::Boolean || bare {
+                assert_eq!(table, clamped);
+                continue;
+            }
             let Expr::ScalarFunction(f) = &table else { panic!("{clamped} was not tabulated: {table}") };
             assert!(f.func.inner().is::<Tabulated>(), "{table}");
             tabulated += 1;

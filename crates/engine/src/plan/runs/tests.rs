@@ -361,7 +361,9 @@ async fn a_sort_order_that_a_table_declares_is_not_trusted() {
 fn adding_rows_equals_adding_their_units() {
     let sum = RowValue::Sum(Grid::Int { lo: -9, hi: 9 });
     let measures = [RowValue::Rows, RowValue::Values, sum, sum];
-    for (keyed, none) in [(false, false), (true, false), (false, true)] {
+    // (`zero`: every value 0, so that a cell's sum says nothing of whether it saw a value.)
+    for (keyed, none, zero) in [(false, false, false), (true, false, false), (false, true, false), (true, false, true)]
+    {
         let spec = Spec {
             k: 5,
             groups: None,
@@ -381,7 +383,7 @@ fn adding_rows_equals_adding_their_units() {
         for (r, &u) in (0i64..200).zip(&unit) {
             let c = if keyed { (u * 7 + r / 2) % 3 } else { 0 };
             cells.push(c);
-            let v = (r * 37) % 19 - 9;
+            let v = if zero { 0 } else { (r * 37) % 19 - 9 };
             let valued = c != 2 && r % 5 != 0 && !none;
             x.push(if valued { v } else { 0 });
             has.push(valued);
@@ -412,12 +414,13 @@ fn adding_rows_equals_adding_their_units() {
         let mut by_rows = Totals::new(&spec);
         by_rows.add_rows(keyed.then_some(&cells[..]), &values, &spec, 0..100).unwrap();
         by_rows.add_rows(keyed.then_some(&cells[..]), &values, &spec, 100..200).unwrap();
-        assert_eq!(by_rows.sums, by_units.sums, "keyed: {keyed}, no values: {none}");
-        assert_eq!(by_rows.seen, by_units.seen, "keyed: {keyed}, no values: {none}");
-        assert_eq!(by_rows.present, by_units.present, "keyed: {keyed}, no values: {none}");
+        assert_eq!(by_rows.sums, by_units.sums, "keyed: {keyed}, no values: {none}, zeros: {zero}");
+        assert_eq!(by_rows.seen, by_units.seen, "keyed: {keyed}, no values: {none}, zeros: {zero}");
+        assert_eq!(by_rows.present, by_units.present, "keyed: {keyed}, no values: {none}, zeros: {zero}");
         if keyed {
             let (cell_3, sum_in_cell_2) = (by_rows.present[3], by_rows.seen[2 * 4 + 2]);
             assert_eq!((cell_3, sum_in_cell_2), (false, false), "cell 3 unreached, no value in cell 2");
+            assert!(by_rows.seen[2] && by_rows.seen[4 + 2], "values (0 or not) in cells 0 and 1");
         }
     }
 }
@@ -654,4 +657,20 @@ fn trim_keeps_the_k_smallest_priorities() {
 /// The key schema of a pass without keys without a domain.
 fn no_keys() -> SchemaRef {
     Arc::new(Schema::empty())
+}
+
+/// A column's NULLs read 64 rows at a time give each row's `has` and zero its value exactly as row by row does,
+/// for arrays cut at any offset (a bitmap that starts inside a byte) and of any length (a last, partial word).
+#[test]
+fn values_with_nulls_are_masked_row_for_row() {
+    use datafusion::arrow::array::Int64Array;
+    let all: Int64Array = (0..300i64).map(|i| (i % 3 != 0 && i % 7 != 1).then_some(i - 150)).collect();
+    for (offset, len) in [(0, 0), (0, 1), (0, 64), (0, 65), (3, 61), (5, 130), (63, 200), (17, 283)] {
+        let col: ArrayRef = Arc::new(all.slice(offset, len));
+        let mut values = RowValues::default();
+        values.fill(RowValue::Values, Some(&col), len).unwrap();
+        let has: Vec<bool> = (0..len).map(|r| col.is_valid(r)).collect();
+        assert_eq!(values.has, has, "offset {offset}, {len} rows");
+        assert_eq!(values.x, has.iter().map(|&h| i64::from(h)).collect::<Vec<_>>(), "offset {offset}, {len} rows");
+    }
 }
