@@ -155,6 +155,59 @@ async fn releases_match(g: u64) {
     assert_eq!(column_f64(&a, 1), column_f64(&b, 1), "an analyst's session on the cluster");
 }
 
+/// Issue 55: rows clustered by person (pums_dup.csv sorted by person: one CSV file read in pieces, and one Parquet
+/// file) run the streaming pass on the cluster, one job each, and release what one machine releases; the same rows cut so that
+/// each person's rows are in different files (the pass finds them not clustered) run the hash plan as a second
+/// job, with the same numbers too. Counted by the cluster's jobs, never by timing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn rows_clustered_by_person_run_the_streaming_pass_on_the_cluster() {
+    let dir = TempDir::new("cluster-pass");
+    let engine = start_cluster(&dir).await;
+    let base = pums_config("pums_dup.csv", 100.0, 2, 1);
+    // pums_dup.csv sorted by person (its duplicates follow the originals), as CSV and as Parquet.
+    let text = std::fs::read_to_string(format!("{ROOT}/examples/data/pums_dup.csv")).unwrap();
+    let mut lines: Vec<&str> = text.lines().collect();
+    let pid = |l: &&str| l.rsplit(',').next().unwrap().parse::<i64>().unwrap();
+    lines[1..].sort_by_key(pid);
+    let sorted = dir.join("sorted.csv");
+    std::fs::write(&sorted, lines.join("\n") + "\n").unwrap();
+    let ctx = datafusion::prelude::SessionContext::new();
+    let csv = datafusion::prelude::CsvReadOptions::new();
+    ctx.register_csv("p", sorted.to_str().unwrap(), csv).await.unwrap();
+    let parquet = dir.join("sorted.parquet");
+    let df = ctx.sql("SELECT pid, age, income, sex, race, married, educ FROM p").await.unwrap();
+    df.write_parquet(parquet.to_str().unwrap(), Default::default(), None).await.unwrap();
+    let parquet_table = base[base.find("[tables.pums]").unwrap()..]
+        .replace("[tables.pums", "[tables.pq")
+        .replace("examples/data/pums_dup.csv", parquet.to_str().unwrap())
+        .replace("format = \"csv\"", "format = \"parquet\"");
+    let local = session_from(&(base.clone() + &parquet_table)).await;
+    let on_sorted = base.replace("examples/data/pums_dup.csv", sorted.to_str().unwrap());
+    let clustered = session_from(&(on_sorted + &parquet_table + &engine)).await;
+    let cut = session_from(&(base.replace("examples/data/pums_dup.csv", &split_pums(&dir, 3)) + &engine)).await;
+    let queries = [
+        "SELECT COUNT(*), SUM(income) FROM {t}",
+        "SELECT sex, COUNT(*) FILTER (WHERE age >= 30), AVG(income) FROM {t} GROUP BY sex",
+        "SELECT race, COUNT(*) FROM {t} GROUP BY race",
+    ];
+    let mut ran = 0;
+    for (i, q) in queries.iter().enumerate() {
+        for (session, table) in [(&clustered, "pums"), (&clustered, "pq"), (&cut, "pums")] {
+            let sql = q.replace("{t}", table);
+            local.insecure_reseed_for_tests(i as u64).unwrap();
+            session.insecure_reseed_for_tests(i as u64).unwrap();
+            let (a, b) = (release(&local, &sql).await, release(session, &sql).await);
+            for c in 0..a.schema().fields().len() {
+                assert_eq!(column_f64(&a, c), column_f64(&b, c), "{sql}: column {c}");
+            }
+            ran += 1;
+        }
+    }
+    assert_eq!(ran, 9);
+    assert_eq!(clustered.cluster_pass_jobs_for_tests(), Some((6, 0)), "every query a pass, none a second job");
+    assert_eq!(cut.cluster_pass_jobs_for_tests(), Some((0, 3)), "every query the hash plan, as a second job");
+}
+
 /// Refusals are the same on a cluster and spend nothing there either.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn refusals_on_a_cluster_are_the_same_and_free() {

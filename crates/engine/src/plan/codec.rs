@@ -18,6 +18,8 @@ use crate::plan::lookup::PublicLookup;
 use crate::plan::pick::Priority;
 use crate::plan::quantile::{KeepRows, Kept, QuantileSlot, SlotHistogram};
 use crate::plan::runs::RowValue;
+#[cfg(feature = "cluster")]
+use crate::plan::runs::{RunMeasure, Spec};
 use crate::plan::selected::KeyPriority;
 use datafusion::arrow::array::{ArrayRef, RecordBatch};
 use datafusion::common::{DataFusionError, Result, ScalarValue};
@@ -384,6 +386,49 @@ pub(crate) fn decode_udf(name: &str, buf: &[u8]) -> Result<Option<ScalarUDF>> {
         }
         _ => return Err(err(format!("`{name}` is not a scalar function of dpfusion"))),
     }))
+}
+
+/// A streaming pass's bounding ([`Spec`]) that clips (a pass that keeps rows never runs detached on a cluster).
+#[cfg(feature = "cluster")]
+#[derive(Clone, PartialEq, Message)]
+pub(crate) struct SpecMsg {
+    #[prost(message, repeated, tag = "1")]
+    measures: Vec<MeasureMsg>,
+    #[prost(uint64, optional, tag = "2")]
+    groups: Option<u64>,
+    #[prost(uint64, tag = "3")]
+    cells: u64,
+    #[prost(bool, tag = "4")]
+    keyed: bool,
+    #[prost(uint64, tag = "5")]
+    open: u64,
+    #[prost(uint64, tag = "6")]
+    k: u64,
+}
+
+/// `spec` as its message.
+#[cfg(feature = "cluster")]
+pub(crate) fn spec_to(spec: &Spec) -> SpecMsg {
+    let measures = spec.measures.iter().map(|m| measure_to(&(m.value, Clip::rule(spec.k, m.range)))).collect();
+    SpecMsg { measures, groups: spec.groups, cells: spec.cells, keyed: spec.keyed, open: spec.open as u64, k: spec.k }
+}
+
+/// The spec of a message; every measurement clipped by the spec's own `k`.
+#[cfg(feature = "cluster")]
+pub(crate) fn spec_from(m: &SpecMsg) -> Result<Spec> {
+    let measures = m
+        .measures
+        .iter()
+        .map(|x| {
+            let (value, clip) = measure_from(x)?;
+            match clip.parts() {
+                (k, range) if u64::try_from(k).ok() == Some(m.k) => Ok(RunMeasure { value, range }),
+                _ => Err(err("a pass's measurement clipped by another k")),
+            }
+        })
+        .collect::<Result<_>>()?;
+    let open = usize::try_from(m.open).map_err(err)?;
+    Ok(Spec { k: m.k, groups: m.groups, cells: m.cells, keyed: m.keyed, open, measures, keep: false })
 }
 
 /// `udaf` encoded, if it is one of dpfusion's aggregates (None: DataFusion's, encoded by name).

@@ -44,7 +44,7 @@ use datafusion::arrow::compute::cast;
 use datafusion::arrow::datatypes::{DataType, Int64Type, SchemaRef};
 use datafusion::common::runtime::SpawnedTask;
 use datafusion::common::tree_node::TreeNodeRecursion;
-use datafusion::common::{DFSchemaRef, Result, exec_datafusion_err, internal_err, plan_err};
+use datafusion::common::{DFSchemaRef, Result, exec_datafusion_err, exec_err, internal_err, plan_err};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::functions_aggregate::count::Count;
 use datafusion::logical_expr::{Expr, LogicalPlan, UserDefinedLogicalNodeCore};
@@ -214,11 +214,6 @@ impl UserDefinedLogicalNodeCore for UnitRuns {
 #[derive(Debug)]
 pub(crate) struct UnitRunsPlanner;
 
-/// Marks a private context whose plans run on a cluster: there the pass is not used (it reads every partition of
-/// its input in one task), and the hash plan of the same bounding runs, split into stages by unit.
-#[derive(Debug)]
-pub(crate) struct RunsOnCluster;
-
 #[async_trait::async_trait]
 impl datafusion::physical_planner::ExtensionPlanner for UnitRunsPlanner {
     async fn plan_extension(
@@ -227,23 +222,32 @@ impl datafusion::physical_planner::ExtensionPlanner for UnitRunsPlanner {
         node: &dyn datafusion::logical_expr::UserDefinedLogicalNode,
         _logical_inputs: &[&LogicalPlan],
         physical_inputs: &[Arc<dyn ExecutionPlan>],
-        session: &dyn datafusion::catalog::Session,
+        _session: &dyn datafusion::catalog::Session,
         _ctx: &datafusion::logical_expr::physical_planning_context::PhysicalPlanningContext,
     ) -> Result<Option<Arc<dyn ExecutionPlan>>> {
         let Some(node) = node.as_any().downcast_ref::<UnitRuns>() else { return Ok(None) };
         let [rows, fallback] = physical_inputs else { return internal_err!("DpUnitRuns has two inputs") };
-        if session.config().get_extension::<RunsOnCluster>().is_some() {
-            return Ok(Some(Arc::clone(fallback)));
-        }
         Ok(Some(Arc::new(UnitRunsExec::try_new(Arc::clone(rows), Arc::clone(fallback), node.spec.clone())?)))
     }
 }
 
+/// What a pass without its fallback ([`UnitRunsExec::detached`]) fails with when the rows are not clustered by unit.
+pub(crate) const NOT_CLUSTERED: &str = "DpUnitRuns: the rows are not clustered by unit";
+
 /// The physical node: one output partition, the cells' totals.
+///
+/// On a cluster ([`crate::session`]'s cluster module) the node runs **detached**: without its fallback, as one
+/// task that reads every partition of its rows (on the executors' cores), failing with [`NOT_CLUSTERED`] when the
+/// rows are not clustered; the job is then submitted again with the fallback in its place. (A fallback child would
+/// be split into stages and run before the pass, whatever the pass finds.)
 #[derive(Debug)]
 pub(crate) struct UnitRunsExec {
     rows: Arc<dyn ExecutionPlan>,
-    fallback: Arc<dyn ExecutionPlan>,
+    /// None when detached.
+    fallback: Option<Arc<dyn ExecutionPlan>>,
+    /// Detached: how many partitions the rows had when the node was detached, checked when it runs (a scheduler
+    /// that gave its task fewer would lose rows).
+    partitions: Option<usize>,
     spec: Arc<Spec>,
     /// Columns of the rows input: unit, cell (if keyed over public keys) or keys ([`Spec::open`]), each
     /// measurement's value (None for COUNT(*)).
@@ -265,7 +269,57 @@ struct Columns {
 impl UnitRunsExec {
     /// Checks, from the types alone, that the pass can read `rows` and produce `fallback`'s schema.
     pub(crate) fn try_new(rows: Arc<dyn ExecutionPlan>, fallback: Arc<dyn ExecutionPlan>, spec: Spec) -> Result<Self> {
-        let (input, out) = (rows.schema(), fallback.schema());
+        let out = fallback.schema();
+        Self::with_output(rows, Some(fallback), out, spec)
+    }
+
+    /// The node detached from its fallback, for a cluster (see the type's docs); None for a pass that keeps rows
+    /// (a quantile's), which runs as its fallback there.
+    #[cfg(feature = "cluster")]
+    pub(crate) fn detached(&self) -> Result<Option<Self>> {
+        if self.spec.keep {
+            return Ok(None);
+        }
+        let partitions = self.rows.output_partitioning().partition_count();
+        let node = Self::with_output(Arc::clone(&self.rows), None, self.schema(), self.spec.as_ref().clone())?;
+        Ok(Some(UnitRunsExec { partitions: Some(partitions), ..node }))
+    }
+
+    /// A detached node as a cluster's codec decodes it: `rows`, the output schema `out` and the spec.
+    #[cfg(feature = "cluster")]
+    pub(crate) fn decoded(rows: Arc<dyn ExecutionPlan>, out: SchemaRef, spec: Spec, partitions: usize) -> Result<Self> {
+        if spec.keep {
+            return plan_err!("DpUnitRuns: a detached pass that keeps rows");
+        }
+        let node = Self::with_output(rows, None, out, spec)?;
+        Ok(UnitRunsExec { partitions: Some(partitions), ..node })
+    }
+
+    /// Detached: the partitions of the rows the node was made for.
+    #[cfg(feature = "cluster")]
+    pub(crate) fn partitions(&self) -> Option<usize> {
+        self.partitions
+    }
+
+    /// The fallback (None when detached).
+    #[cfg(feature = "cluster")]
+    pub(crate) fn fallback(&self) -> Option<&Arc<dyn ExecutionPlan>> {
+        self.fallback.as_ref()
+    }
+
+    /// The bounding the pass applies.
+    #[cfg(feature = "cluster")]
+    pub(crate) fn spec(&self) -> &Spec {
+        &self.spec
+    }
+
+    fn with_output(
+        rows: Arc<dyn ExecutionPlan>,
+        fallback: Option<Arc<dyn ExecutionPlan>>,
+        out: SchemaRef,
+        spec: Spec,
+    ) -> Result<Self> {
+        let input = rows.schema();
         let index = |name: &str| input.index_of(name).map_err(|e| exec_datafusion_err!("DpUnitRuns: {e}"));
         let unit = index(UNIT)?;
         if !supports_unit(input.field(unit).data_type()) {
@@ -311,7 +365,8 @@ impl UnitRunsExec {
         );
         let columns = Arc::new(Columns { unit, cell, keys, values });
         let metrics = ExecutionPlanMetricsSet::new();
-        Ok(UnitRunsExec { rows, fallback, spec: Arc::new(spec), columns, props: Arc::new(props), metrics })
+        let (spec, props) = (Arc::new(spec), Arc::new(props));
+        Ok(UnitRunsExec { rows, fallback, partitions: None, spec, columns, props, metrics })
     }
 }
 
@@ -331,13 +386,24 @@ impl ExecutionPlan for UnitRunsExec {
     }
 
     fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
-        vec![&self.rows, &self.fallback]
+        std::iter::once(&self.rows).chain(&self.fallback).collect()
     }
 
     /// Neither input may be repartitioned for it: a round-robin split of the rows would break their runs (the
     /// pass would then only ever fall back).
     fn benefits_from_input_partitioning(&self) -> Vec<bool> {
-        vec![false, false]
+        vec![false; self.children().len()]
+    }
+
+    /// Detached (on a cluster), the rows are read whole by the one task: a scheduler that restricts a task's
+    /// leaves to the task's partitions leaves them whole below an input that must be one partition. (Only the
+    /// detached node says so, after the local optimizer ran: locally it reads each partition of its rows itself.)
+    fn input_distribution_requirements(&self) -> datafusion::physical_plan::InputDistributionRequirements {
+        use datafusion::physical_plan::Distribution;
+        datafusion::physical_plan::InputDistributionRequirements::new(match self.fallback {
+            None => vec![Distribution::SinglePartition],
+            Some(_) => vec![Distribution::UnspecifiedDistribution; 2],
+        })
     }
 
     fn apply_expressions(
@@ -348,10 +414,20 @@ impl ExecutionPlan for UnitRunsExec {
     }
 
     fn with_new_children(self: Arc<Self>, children: Vec<Arc<dyn ExecutionPlan>>) -> Result<Arc<dyn ExecutionPlan>> {
-        let Ok([rows, fallback]) = <[Arc<dyn ExecutionPlan>; 2]>::try_from(children) else {
-            return internal_err!("DpUnitRunsExec has two inputs");
-        };
-        Ok(Arc::new(UnitRunsExec::try_new(rows, fallback, self.spec.as_ref().clone())?))
+        let spec = self.spec.as_ref().clone();
+        match <[Arc<dyn ExecutionPlan>; 2]>::try_from(children) {
+            Ok([rows, fallback]) if self.fallback.is_some() => {
+                Ok(Arc::new(UnitRunsExec::try_new(rows, fallback, spec)?))
+            }
+            Err(one) => match <[Arc<dyn ExecutionPlan>; 1]>::try_from(one) {
+                Ok([rows]) if self.fallback.is_none() => {
+                    let node = UnitRunsExec::with_output(rows, None, self.schema(), spec)?;
+                    Ok(Arc::new(UnitRunsExec { partitions: self.partitions, ..node }))
+                }
+                _ => internal_err!("DpUnitRunsExec: another number of inputs"),
+            },
+            Ok(_) => internal_err!("DpUnitRunsExec: another number of inputs"),
+        }
     }
 
     fn metrics(&self) -> Option<MetricsSet> {
@@ -362,7 +438,11 @@ impl ExecutionPlan for UnitRunsExec {
         if partition != 0 {
             return internal_err!("DpUnitRunsExec has one partition, not {partition}");
         }
-        let (rows, fallback) = (Arc::clone(&self.rows), Arc::clone(&self.fallback));
+        let rows_partitions = self.rows.output_partitioning().partition_count();
+        if self.partitions.is_some_and(|p| p != rows_partitions) {
+            return internal_err!("DpUnitRunsExec: made for {:?} partitions, given {rows_partitions}", self.partitions);
+        }
+        let (rows, fallback) = (Arc::clone(&self.rows), self.fallback.clone());
         let (spec, columns, schema) = (Arc::clone(&self.spec), Arc::clone(&self.columns), self.schema());
         let out_schema = Arc::clone(&schema);
         let fallbacks = MetricBuilder::new(&self.metrics).global_counter("fallbacks");
@@ -376,7 +456,10 @@ impl ExecutionPlan for UnitRunsExec {
                 }
                 None => {
                     fallbacks.add(1);
-                    execute_stream(fallback, context)
+                    match fallback {
+                        Some(fallback) => execute_stream(fallback, context),
+                        None => exec_err!("{NOT_CLUSTERED}"),
+                    }
                 }
             }
         };

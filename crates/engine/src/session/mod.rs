@@ -210,6 +210,13 @@ impl DpSession {
         Ok(())
     }
 
+    /// **Tests only:** on a cluster, how many jobs answered with the streaming pass, and how many ran the hash
+    /// plan as a second job after a pass found its rows not clustered by unit ([`crate::plan::runs`]).
+    #[cfg(all(feature = "cluster", any(test, feature = "test-util")))]
+    pub fn cluster_pass_jobs_for_tests(&self) -> Option<(u64, u64)> {
+        self.tables.cluster().map(|c| c.pass_jobs())
+    }
+
     /// Opens a session from a configuration file.
     pub async fn open(config_path: impl AsRef<std::path::Path>) -> Result<Self> {
         let cfg = SessionConfig::from_file(config_path)?;

@@ -104,8 +104,8 @@ impl PrivateTables {
         }
     }
 
-    /// Runs every private plan on `cluster` from now on: plans are made for its partitions and without the
-    /// streaming pass ([`crate::plan::runs::RunsOnCluster`]); the debit, the noise and the release stay here.
+    /// Runs every private plan on `cluster` from now on: plans are made for its partitions (the streaming pass
+    /// runs there detached, [`crate::plan::runs::UnitRunsExec`]); the debit, the noise and the release stay here.
     #[cfg(feature = "cluster")]
     pub(crate) fn use_cluster(&mut self, cluster: Arc<cluster::Cluster>) {
         let state = self.ctx.state_ref();
@@ -122,9 +122,14 @@ impl PrivateTables {
         optimizer.enable_join_dynamic_filter_pushdown = false;
         optimizer.enable_aggregate_dynamic_filter_pushdown = false;
         optimizer.enable_topk_dynamic_filter_pushdown = false;
-        *config = std::mem::take(config).with_extension(Arc::new(crate::plan::runs::RunsOnCluster));
         drop(st);
         self.cluster = Some(cluster);
+    }
+
+    /// The cluster private plans run on, if any.
+    #[cfg(feature = "cluster")]
+    pub(crate) fn cluster(&self) -> Option<&Arc<cluster::Cluster>> {
+        self.cluster.as_ref()
     }
 
     /// Registers a public table's rows (not sealed: they are public) so that queries joining it plan; the join

@@ -31,10 +31,11 @@ use std::sync::Arc;
 /// the sealed scan, and `DataSourceExec` is checked for rows held in the plan (`source_refusal`).
 pub const ALLOWED: &[&str] = &[
     // dpfusion's operators (dpfusion::cluster::DpPhysicalCodec): a private table's scan, read only under a
-    // capability; the bounding's per-unit grouping; the node that forgets a declared order.
+    // capability; the bounding's per-unit grouping; the node that forgets a declared order; the streaming pass.
     "DpSealedScan",
     "DpByUnitExec",
     "DpUnorderedExec",
+    "DpUnitRunsExec",
     // Ballista's stage splitting: a stage writes its output partitions (sorted by partition for a hash
     // repartition), the next reads them.
     "ShuffleWriterExec",

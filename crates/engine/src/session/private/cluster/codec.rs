@@ -10,6 +10,7 @@
 //!   Its one input is the carrier of its slice ([`super::Slice`]), which the scheduler restricts per task.
 //!   A table held in memory is refused: its rows would travel inside the plan.
 //! * `DpByUnitExec` (its unit expression) and `DpUnorderedExec` (nothing); their inputs travel as DataFusion's.
+//! * `DpUnitRunsExec` detached from its fallback (its bounding, output schema and its rows' partition count).
 //! * dpfusion's functions, with every parameter ([`crate::plan::codec`]), so an executor evaluates exactly the
 //!   function the plan was checked with.
 //!
@@ -20,6 +21,7 @@ use super::super::SealedScanExec;
 use super::Remote;
 use crate::plan::by_unit::ByUnitExec;
 use crate::plan::codec::{self, err, read, write};
+use crate::plan::runs::UnitRunsExec;
 use crate::plan::unordered::UnorderedExec;
 use crate::source::text::{MAX_PIECES, TextFormat, TextScan};
 use ballista_core::serde::BallistaPhysicalExtensionCodec;
@@ -46,7 +48,7 @@ pub struct DpPhysicalCodec {
 
 #[derive(Clone, PartialEq, Message)]
 struct NodeMsg {
-    #[prost(oneof = "Node", tags = "1, 2, 3")]
+    #[prost(oneof = "Node", tags = "1, 2, 3, 4")]
     node: Option<Node>,
 }
 
@@ -58,6 +60,8 @@ enum Node {
     ByUnit(Box<ByUnitMsg>),
     #[prost(message, tag = "3")]
     Unordered(UnorderedMsg),
+    #[prost(message, tag = "4")]
+    Runs(RunsMsg),
 }
 
 #[derive(Clone, PartialEq, Message)]
@@ -131,6 +135,18 @@ struct ByUnitMsg {
 
 #[derive(Clone, PartialEq, Message)]
 struct UnorderedMsg {}
+
+/// A detached streaming pass ([`UnitRunsExec::detached`]): its bounding, its output schema, and how many
+/// partitions its rows had when it was detached.
+#[derive(Clone, PartialEq, Message)]
+struct RunsMsg {
+    #[prost(message, optional, tag = "1")]
+    spec: Option<codec::SpecMsg>,
+    #[prost(message, optional, tag = "2")]
+    schema: Option<protobuf::Schema>,
+    #[prost(uint64, tag = "3")]
+    partitions: u64,
+}
 
 /// [`read`] of a node, for the tests of another version.
 #[cfg(test)]
@@ -254,6 +270,13 @@ impl DpPhysicalCodec {
                 Arc::new(ByUnitExec::new(input, unit))
             }
             Node::Unordered(_) => Arc::new(UnorderedExec::new(one_input()?)),
+            Node::Runs(r) => {
+                let spec = codec::spec_from(r.spec.as_ref().ok_or_else(|| err("DpUnitRunsExec without its spec"))?)?;
+                let schema = r.schema.as_ref().ok_or_else(|| err("DpUnitRunsExec without its schema"))?;
+                let out = Arc::new(Schema::try_from(schema).map_err(err)?);
+                let partitions = usize::try_from(r.partitions).map_err(err)?;
+                Arc::new(UnitRunsExec::decoded(one_input()?, out, spec, partitions)?)
+            }
         })
     }
 }
@@ -289,6 +312,17 @@ impl PhysicalExtensionCodec for DpPhysicalCodec {
             Node::ByUnit(Box::new(ByUnitMsg { unit: Some(converter.physical_expr_to_proto(by_unit.unit(), self)?) }))
         } else if node.is::<UnorderedExec>() {
             Node::Unordered(UnorderedMsg {})
+        } else if let Some(runs) = node.downcast_ref::<UnitRunsExec>() {
+            // Only a detached pass travels (its fallback runs as a job of its own, [`super::Cluster::stream`]).
+            let (Some(partitions), None) = (runs.partitions(), runs.fallback()) else {
+                return Err(err("DpUnitRunsExec is sent detached from its fallback"));
+            };
+            let schema = protobuf::Schema::try_from(node.schema().as_ref()).map_err(err)?;
+            Node::Runs(RunsMsg {
+                spec: Some(codec::spec_to(runs.spec())),
+                schema: Some(schema),
+                partitions: partitions as u64,
+            })
         } else {
             return self.ballista.try_encode(node, buf, converter);
         };

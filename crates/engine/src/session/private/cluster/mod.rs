@@ -4,7 +4,8 @@
 //! checked, bounded and quoted here, the charge is committed here **before** the job is submitted, and the noise
 //! is drawn here from the exact aggregates that come back. The cluster only computes those exact aggregates: the
 //! physical plan made here ([`crate::session::PrivatePlan`], the same plan that would run locally, made for the
-//! cluster's partitions and without the streaming pass) is sent to the scheduler with
+//! cluster's partitions; a streaming pass runs as one task, its fallback as a second job: [`runs_forms`]) is sent
+//! to the scheduler with
 //! [`ballista_core::execution_plans::execute_physical_plan`], which splits it into stages at its repartitions and
 //! runs them on the executors. No noise, no budget and no randomness of a release is ever on an executor.
 //!
@@ -330,6 +331,9 @@ pub struct Cluster {
     /// [`ClusterSettings::capability_lifetime`]: the statement timeout.
     lifetime: Duration,
     codec: Arc<DpPhysicalCodec>,
+    /// Jobs that answered with the streaming pass, and second jobs of the hash plan after a pass found its rows
+    /// not clustered ([`Cluster::stream`]).
+    jobs: Arc<[std::sync::atomic::AtomicU64; 2]>,
 }
 
 impl Cluster {
@@ -345,7 +349,8 @@ impl Cluster {
         }
         let transport = Transport::load(&settings.transport)?;
         let lifetime = settings.capability_lifetime;
-        Ok(Cluster { url, transport, key, partitions: settings.partitions, lifetime, codec: Arc::default() })
+        let (partitions, codec, jobs) = (settings.partitions, Arc::default(), Arc::default());
+        Ok(Cluster { url, transport, key, partitions, lifetime, codec, jobs })
     }
 
     /// The expiry of a capability minted at `now` (seconds since the Unix epoch, this process's clock): the
@@ -369,25 +374,56 @@ impl Cluster {
         charge: &Charge,
     ) -> datafusion::error::Result<SendableRecordBatchStream> {
         let not_after = self.not_after(now_secs());
-        let minted = self.mint(plan, charge.id(), not_after)?;
+        let (pass, fallback) = runs_forms(plan)?;
+        let pass = pass.map(|p| self.mint(&p, charge.id(), not_after)).transpose()?;
+        let fallback = self.mint(&fallback, charge.id(), not_after)?;
         let (url, codec, schema) = (self.url.clone(), Arc::clone(&self.codec), plan.schema());
         let config =
             self.transport.session_config(SessionConfig::new_with_ballista().with_target_partitions(self.partitions));
-        let job = format!("dpfusion-charge-{}-{:016x}", charge.id(), rand::random::<u64>());
+        let id = charge.id();
+        let submit = move |plan: Arc<dyn ExecutionPlan>| {
+            let (url, codec, config) = (url.clone(), Arc::clone(&codec), config.clone());
+            let job = format!("dpfusion-charge-{id}-{:016x}", rand::random::<u64>());
+            async move {
+                let ballista = config.ballista_config();
+                ballista_core::execution_plans::execute_physical_plan::<PhysicalPlanNode>(
+                    url,
+                    &ballista,
+                    plan,
+                    codec.as_ref(),
+                    job,
+                    config,
+                )
+                .await
+            }
+        };
+        // The streaming pass first, where the plan has one; the hash plan as a second job if the rows turn out not
+        // clustered by unit (the pass fails before emitting anything: nothing of the first job is kept).
+        let jobs = Arc::clone(&self.jobs);
         let submitted = async move {
-            let ballista = config.ballista_config();
-            ballista_core::execution_plans::execute_physical_plan::<PhysicalPlanNode>(
-                url,
-                &ballista,
-                minted,
-                codec.as_ref(),
-                job,
-                config,
-            )
-            .await
+            use std::sync::atomic::Ordering::Relaxed;
+            if let Some(pass) = pass {
+                match submit(pass).await {
+                    Err(e) if e.to_string().contains(crate::plan::runs::NOT_CLUSTERED) => {
+                        jobs[1].fetch_add(1, Relaxed);
+                    }
+                    done => {
+                        jobs[0].fetch_add(u64::from(done.is_ok()), Relaxed);
+                        return done;
+                    }
+                }
+            }
+            submit(fallback).await
         };
         let batches = futures::stream::once(submitted).try_flatten();
         Ok(Box::pin(RecordBatchStreamAdapter::new(schema, batches)))
+    }
+
+    /// How many jobs answered with the streaming pass, and how many ran the hash plan after a pass found its
+    /// rows not clustered.
+    pub(crate) fn pass_jobs(&self) -> (u64, u64) {
+        use std::sync::atomic::Ordering::Relaxed;
+        (self.jobs[0].load(Relaxed), self.jobs[1].load(Relaxed))
     }
 
     /// `plan` with a capability for `charge` on every sealed scan.
@@ -409,6 +445,42 @@ impl Cluster {
         })?;
         Ok(minted.data)
     }
+}
+
+/// A physical plan.
+type Plan = Arc<dyn ExecutionPlan>;
+
+/// The two forms of `plan` a cluster runs: with each streaming pass detached from its fallback (None when `plan`
+/// has no pass that can run detached), and with each pass replaced by its fallback, the hash plan of the same
+/// bounding ([`crate::plan::runs::UnitRunsExec`]). Locally one node holds both and runs the fallback only when
+/// the pass finds its rows not clustered; on a cluster the fallback would be split into stages that all run before
+/// the pass, so it is a second job, run only when the first fails for that reason. Either way the released numbers
+/// are the same function of the data (see [`crate::plan::runs`]).
+fn runs_forms(plan: &Arc<dyn ExecutionPlan>) -> datafusion::error::Result<(Option<Plan>, Plan)> {
+    use crate::plan::runs::UnitRunsExec;
+    let fallback_of = |runs: &UnitRunsExec| {
+        runs.fallback().cloned().ok_or_else(|| DataFusionError::Internal("DpUnitRunsExec without its fallback".into()))
+    };
+    let mut detached = false;
+    let pass = Arc::clone(plan)
+        .transform_up(|node| {
+            let Some(runs) = node.downcast_ref::<UnitRunsExec>() else { return Ok(Transformed::no(node)) };
+            Ok(Transformed::yes(match runs.detached()? {
+                Some(pass) => {
+                    detached = true;
+                    Arc::new(pass) as Arc<dyn ExecutionPlan>
+                }
+                None => fallback_of(runs)?,
+            }))
+        })?
+        .data;
+    let fallback = Arc::clone(plan)
+        .transform_up(|node| match node.downcast_ref::<UnitRunsExec>() {
+            Some(runs) => Ok(Transformed::yes(fallback_of(runs)?)),
+            None => Ok(Transformed::no(node)),
+        })?
+        .data;
+    Ok((detached.then_some(pass), fallback))
 }
 
 /// Whether a cluster's executors can read `provider`'s scans: text files and Parquet listings (at paths every

@@ -42,6 +42,7 @@ fn cluster_for(key: ClusterKey, lifetime: Duration) -> Cluster {
         partitions: 2,
         lifetime,
         codec: Arc::default(),
+        jobs: Arc::default(),
     }
 }
 
@@ -307,4 +308,45 @@ fn scheduler_addresses() {
     assert_eq!(scheduler_url("http://10.0.0.1:50050/").unwrap(), "http://10.0.0.1:50050");
     assert!(scheduler_url("h:50050").is_err());
     assert!(scheduler_url("df://h/x").is_err());
+}
+
+/// Issue 55: a streaming pass runs on a cluster detached from its fallback (the fallback is the second form of the
+/// plan), travels through the codec with its bounding and its rows' partition count, is refused by the codec if it
+/// still holds its fallback, and refuses to run over fewer partitions than it was made for (a scheduler that gave
+/// its task only its own share of the rows would lose rows).
+#[tokio::test]
+async fn a_streaming_pass_travels_detached_and_reads_all_its_rows() {
+    use crate::plan::runs::{RowValue, RunMeasure, Spec, UnitRunsExec};
+    use datafusion::physical_plan::empty::EmptyExec;
+    use datafusion::physical_plan::expressions::Column;
+    use datafusion::physical_plan::projection::ProjectionExec;
+    let c = cluster(ClusterKey::generate().unwrap());
+    let rows_of = |scan: Arc<dyn ExecutionPlan>| -> Arc<dyn ExecutionPlan> {
+        let unit =
+            (Arc::new(Column::new("age", 0)) as Arc<dyn datafusion::physical_expr::PhysicalExpr>, "__dp_unit".into());
+        Arc::new(ProjectionExec::try_new(vec![unit], scan).unwrap())
+    };
+    let out = Arc::new(Schema::new(vec![Field::new("__dp_m0", DataType::Int64, true)]));
+    let fallback: Arc<dyn ExecutionPlan> = Arc::new(EmptyExec::new(Arc::clone(&out)));
+    let measures = vec![RunMeasure { value: RowValue::Rows, range: None }];
+    let spec = Spec { k: 2, groups: None, cells: 1, keyed: false, open: 0, measures, keep: false };
+    let local: Arc<dyn ExecutionPlan> =
+        Arc::new(UnitRunsExec::try_new(rows_of(pums_scan_of(3)), Arc::clone(&fallback), spec.clone()).unwrap());
+    let (pass, second) = runs_forms(&local).unwrap();
+    assert!(second.is::<EmptyExec>(), "the second job is the fallback");
+    let pass = pass.expect("a pass that clips runs detached");
+    let sent = decode(&encode(&pass, &c.codec), &c.codec);
+    let runs = sent.downcast_ref::<UnitRunsExec>().expect("a pass at the scheduler");
+    assert_eq!((runs.spec(), runs.partitions(), runs.fallback().is_none()), (&spec, Some(3), true));
+    let required = runs.input_distribution_requirements();
+    let whole = required
+        .per_child_distributions()
+        .map(|d| matches!(d, datafusion::physical_plan::Distribution::SinglePartition));
+    assert_eq!(whole.collect::<Vec<_>>(), [true], "its rows are read whole by its one task");
+    let refused = PhysicalPlanNode::try_from_physical_plan(Arc::clone(&local), c.codec.as_ref()).unwrap_err();
+    assert!(refused.to_string().contains("detached"), "{refused}");
+    // Given a share of its rows (one of three partitions), it refuses to run rather than count a third of them.
+    let share = UnitRunsExec::decoded(rows_of(pums_scan_of(1)), out, spec, 3).unwrap();
+    let e = collect(Arc::new(share), executor(None)).await.unwrap_err();
+    assert!(e.to_string().contains("made for Some(3) partitions, given 1"), "{e}");
 }
