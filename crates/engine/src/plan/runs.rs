@@ -281,11 +281,12 @@ impl UnitRunsExec {
             return Ok(None);
         }
         let partitions = self.rows.output_partitioning().partition_count();
-        let node = Self::with_output(Arc::clone(&self.rows), None, self.schema(), self.spec.as_ref().clone())?;
-        Ok(Some(UnitRunsExec { partitions: Some(partitions), ..node }))
+        let spec = self.spec.as_ref().clone();
+        Self::decoded(Arc::clone(&self.rows), self.schema(), spec, partitions).map(Some)
     }
 
-    /// A detached node as a cluster's codec decodes it: `rows`, the output schema `out` and the spec.
+    /// A detached node (as a cluster's codec decodes it): `rows`, the output schema `out`, the spec, and the
+    /// partitions of the rows it reads.
     #[cfg(feature = "cluster")]
     pub(crate) fn decoded(rows: Arc<dyn ExecutionPlan>, out: SchemaRef, spec: Spec, partitions: usize) -> Result<Self> {
         if spec.keep {
