@@ -334,6 +334,39 @@ pub struct Cluster {
     /// Jobs that answered with the streaming pass, and second jobs of the hash plan after a pass found its rows
     /// not clustered ([`Cluster::stream`]).
     jobs: Arc<[std::sync::atomic::AtomicU64; 2]>,
+    /// The files ([`files_key`]) whose rows a pass found not clustered: their later plans skip the pass.
+    not_clustered: Arc<std::sync::Mutex<std::collections::HashSet<[u8; 32]>>>,
+}
+
+/// At most this many sets of files are remembered as not clustered (then the memory starts again).
+const NOT_CLUSTERED_MEMORY: usize = 4096;
+
+/// What identifies the files every sealed scan of `plan` reads: their paths, sizes and (Parquet) modification
+/// times, whatever columns the query reads. A file rewritten changes it (a text file whose size stays the same
+/// does not: its next pass is skipped, which costs time only).
+fn files_key(plan: &Plan) -> [u8; 32] {
+    use datafusion::datasource::physical_plan::FileScanConfig;
+    use datafusion::datasource::source::DataSourceExec;
+    let mut files = vec![];
+    let _ = plan.apply(|node| {
+        if let Some(scan) = node.downcast_ref::<SealedScanExec>() {
+            match scan.source() {
+                (_, Some(text)) => files.extend(text.files.iter().zip(&text.sizes).map(|(f, s)| format!("{f:?} {s}"))),
+                (inner, None) => {
+                    let config = inner
+                        .downcast_ref::<DataSourceExec>()
+                        .and_then(|d| d.data_source().downcast_ref::<FileScanConfig>());
+                    for f in config.iter().flat_map(|c| c.file_groups.iter()).flat_map(|g| g.iter()) {
+                        let m = &f.object_meta;
+                        files.push(format!("{} {} {:?} {:?}", m.location, m.size, m.last_modified, f.range));
+                    }
+                }
+            }
+        }
+        Ok(datafusion::common::tree_node::TreeNodeRecursion::Continue)
+    });
+    files.sort();
+    *blake3::hash(files.join("\n").as_bytes()).as_bytes()
 }
 
 impl Cluster {
@@ -349,8 +382,9 @@ impl Cluster {
         }
         let transport = Transport::load(&settings.transport)?;
         let lifetime = settings.capability_lifetime;
-        let (partitions, codec, jobs) = (settings.partitions, Arc::default(), Arc::default());
-        Ok(Cluster { url, transport, key, partitions, lifetime, codec, jobs })
+        let (partitions, codec, jobs, not_clustered) =
+            (settings.partitions, Arc::default(), Arc::default(), Arc::default());
+        Ok(Cluster { url, transport, key, partitions, lifetime, codec, jobs, not_clustered })
     }
 
     /// The expiry of a capability minted at `now` (seconds since the Unix epoch, this process's clock): the
@@ -375,7 +409,10 @@ impl Cluster {
     ) -> datafusion::error::Result<SendableRecordBatchStream> {
         let not_after = self.not_after(now_secs());
         let (pass, fallback) = runs_forms(plan)?;
-        let pass = pass.map(|p| self.mint(&p, charge.id(), not_after)).transpose()?;
+        // Files a pass already found not clustered go to the hash plan directly.
+        let files = files_key(plan);
+        let remembered = self.not_clustered.lock().is_ok_and(|known| known.contains(&files));
+        let pass = pass.filter(|_| !remembered).map(|p| self.mint(&p, charge.id(), not_after)).transpose()?;
         let fallback = self.mint(&fallback, charge.id(), not_after)?;
         let (url, codec, schema) = (self.url.clone(), Arc::clone(&self.codec), plan.schema());
         let config =
@@ -399,13 +436,19 @@ impl Cluster {
         };
         // The streaming pass first, where the plan has one; the hash plan as a second job if the rows turn out not
         // clustered by unit (the pass fails before emitting anything: nothing of the first job is kept).
-        let jobs = Arc::clone(&self.jobs);
+        let (jobs, not_clustered) = (Arc::clone(&self.jobs), Arc::clone(&self.not_clustered));
         let submitted = async move {
             use std::sync::atomic::Ordering::Relaxed;
             if let Some(pass) = pass {
                 match submit(pass).await {
                     Err(e) if e.to_string().contains(crate::plan::runs::NOT_CLUSTERED) => {
                         jobs[1].fetch_add(1, Relaxed);
+                        if let Ok(mut known) = not_clustered.lock() {
+                            if known.len() >= NOT_CLUSTERED_MEMORY {
+                                known.clear();
+                            }
+                            known.insert(files);
+                        }
                     }
                     done => {
                         jobs[0].fetch_add(u64::from(done.is_ok()), Relaxed);

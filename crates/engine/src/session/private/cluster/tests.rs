@@ -43,6 +43,7 @@ fn cluster_for(key: ClusterKey, lifetime: Duration) -> Cluster {
         lifetime,
         codec: Arc::default(),
         jobs: Arc::default(),
+        not_clustered: Arc::default(),
     }
 }
 
