@@ -243,11 +243,8 @@ pub(crate) const NOT_CLUSTERED: &str = "DpUnitRuns: the rows are not clustered b
 #[derive(Debug)]
 pub(crate) struct UnitRunsExec {
     rows: Arc<dyn ExecutionPlan>,
-    /// None when detached.
-    fallback: Option<Arc<dyn ExecutionPlan>>,
-    /// Detached: how many partitions the rows had when the node was detached, checked when it runs (a scheduler
-    /// that gave its task fewer would lose rows).
-    partitions: Option<usize>,
+    /// What runs when the rows are not clustered.
+    otherwise: Otherwise,
     spec: Arc<Spec>,
     /// Columns of the rows input: unit, cell (if keyed over public keys) or keys ([`Spec::open`]), each
     /// measurement's value (None for COUNT(*)).
@@ -256,6 +253,16 @@ pub(crate) struct UnitRunsExec {
     /// `fallbacks`: 1 when the input was not clustered and the fallback ran; `rows_added_whole`: how many rows the
     /// pass added row by row ([`plain_span`]). For EXPLAIN ANALYZE and tests.
     metrics: ExecutionPlanMetricsSet,
+}
+
+/// What a [`UnitRunsExec`] does when its rows are not clustered.
+#[derive(Debug, Clone)]
+enum Otherwise {
+    /// Runs the hash plan of the same bounding.
+    Fallback(Arc<dyn ExecutionPlan>),
+    /// Fails with [`NOT_CLUSTERED`] (on a cluster). `partitions`: how many partitions the rows had when the node
+    /// was detached, checked when it runs (a scheduler that gave its task fewer would lose rows).
+    Detached { partitions: usize },
 }
 
 #[derive(Debug)]
@@ -270,7 +277,7 @@ impl UnitRunsExec {
     /// Checks, from the types alone, that the pass can read `rows` and produce `fallback`'s schema.
     pub(crate) fn try_new(rows: Arc<dyn ExecutionPlan>, fallback: Arc<dyn ExecutionPlan>, spec: Spec) -> Result<Self> {
         let out = fallback.schema();
-        Self::with_output(rows, Some(fallback), out, spec)
+        Self::with_output(rows, Otherwise::Fallback(fallback), out, spec)
     }
 
     /// The node detached from its fallback, for a cluster (see the type's docs); None for a pass that keeps rows
@@ -292,20 +299,25 @@ impl UnitRunsExec {
         if spec.keep {
             return plan_err!("DpUnitRuns: a detached pass that keeps rows");
         }
-        let node = Self::with_output(rows, None, out, spec)?;
-        Ok(UnitRunsExec { partitions: Some(partitions), ..node })
+        Self::with_output(rows, Otherwise::Detached { partitions }, out, spec)
     }
 
     /// Detached: the partitions of the rows the node was made for.
     #[cfg(feature = "cluster")]
     pub(crate) fn partitions(&self) -> Option<usize> {
-        self.partitions
+        match self.otherwise {
+            Otherwise::Detached { partitions } => Some(partitions),
+            Otherwise::Fallback(_) => None,
+        }
     }
 
     /// The fallback (None when detached).
     #[cfg(feature = "cluster")]
     pub(crate) fn fallback(&self) -> Option<&Arc<dyn ExecutionPlan>> {
-        self.fallback.as_ref()
+        match &self.otherwise {
+            Otherwise::Fallback(f) => Some(f),
+            Otherwise::Detached { .. } => None,
+        }
     }
 
     /// The bounding the pass applies.
@@ -314,12 +326,7 @@ impl UnitRunsExec {
         &self.spec
     }
 
-    fn with_output(
-        rows: Arc<dyn ExecutionPlan>,
-        fallback: Option<Arc<dyn ExecutionPlan>>,
-        out: SchemaRef,
-        spec: Spec,
-    ) -> Result<Self> {
+    fn with_output(rows: Arc<dyn ExecutionPlan>, otherwise: Otherwise, out: SchemaRef, spec: Spec) -> Result<Self> {
         let input = rows.schema();
         let index = |name: &str| input.index_of(name).map_err(|e| exec_datafusion_err!("DpUnitRuns: {e}"));
         let unit = index(UNIT)?;
@@ -367,7 +374,7 @@ impl UnitRunsExec {
         let columns = Arc::new(Columns { unit, cell, keys, values });
         let metrics = ExecutionPlanMetricsSet::new();
         let (spec, props) = (Arc::new(spec), Arc::new(props));
-        Ok(UnitRunsExec { rows, fallback, partitions: None, spec, columns, props, metrics })
+        Ok(UnitRunsExec { rows, otherwise, spec, columns, props, metrics })
     }
 }
 
@@ -387,7 +394,10 @@ impl ExecutionPlan for UnitRunsExec {
     }
 
     fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
-        std::iter::once(&self.rows).chain(&self.fallback).collect()
+        match &self.otherwise {
+            Otherwise::Fallback(f) => vec![&self.rows, f],
+            Otherwise::Detached { .. } => vec![&self.rows],
+        }
     }
 
     /// Neither input may be repartitioned for it: a round-robin split of the rows would break their runs (the
@@ -401,9 +411,9 @@ impl ExecutionPlan for UnitRunsExec {
     /// detached node says so, after the local optimizer ran: locally it reads each partition of its rows itself.)
     fn input_distribution_requirements(&self) -> datafusion::physical_plan::InputDistributionRequirements {
         use datafusion::physical_plan::Distribution;
-        datafusion::physical_plan::InputDistributionRequirements::new(match self.fallback {
-            None => vec![Distribution::SinglePartition],
-            Some(_) => vec![Distribution::UnspecifiedDistribution; 2],
+        datafusion::physical_plan::InputDistributionRequirements::new(match self.otherwise {
+            Otherwise::Detached { .. } => vec![Distribution::SinglePartition],
+            Otherwise::Fallback(_) => vec![Distribution::UnspecifiedDistribution; 2],
         })
     }
 
@@ -416,19 +426,15 @@ impl ExecutionPlan for UnitRunsExec {
 
     fn with_new_children(self: Arc<Self>, children: Vec<Arc<dyn ExecutionPlan>>) -> Result<Arc<dyn ExecutionPlan>> {
         let spec = self.spec.as_ref().clone();
-        match <[Arc<dyn ExecutionPlan>; 2]>::try_from(children) {
-            Ok([rows, fallback]) if self.fallback.is_some() => {
-                Ok(Arc::new(UnitRunsExec::try_new(rows, fallback, spec)?))
+        let mut children = children.into_iter();
+        let (rows, otherwise) = match (&self.otherwise, children.next(), children.next(), children.next()) {
+            (Otherwise::Fallback(_), Some(rows), Some(fallback), None) => (rows, Otherwise::Fallback(fallback)),
+            (Otherwise::Detached { partitions }, Some(rows), None, None) => {
+                (rows, Otherwise::Detached { partitions: *partitions })
             }
-            Err(one) => match <[Arc<dyn ExecutionPlan>; 1]>::try_from(one) {
-                Ok([rows]) if self.fallback.is_none() => {
-                    let node = UnitRunsExec::with_output(rows, None, self.schema(), spec)?;
-                    Ok(Arc::new(UnitRunsExec { partitions: self.partitions, ..node }))
-                }
-                _ => internal_err!("DpUnitRunsExec: another number of inputs"),
-            },
-            Ok(_) => internal_err!("DpUnitRunsExec: another number of inputs"),
-        }
+            _ => return internal_err!("DpUnitRunsExec: another number of inputs"),
+        };
+        Ok(Arc::new(UnitRunsExec::with_output(rows, otherwise, self.schema(), spec)?))
     }
 
     fn metrics(&self) -> Option<MetricsSet> {
@@ -440,10 +446,15 @@ impl ExecutionPlan for UnitRunsExec {
             return internal_err!("DpUnitRunsExec has one partition, not {partition}");
         }
         let rows_partitions = self.rows.output_partitioning().partition_count();
-        if self.partitions.is_some_and(|p| p != rows_partitions) {
-            return internal_err!("DpUnitRunsExec: made for {:?} partitions, given {rows_partitions}", self.partitions);
+        if let Otherwise::Detached { partitions } = self.otherwise
+            && partitions != rows_partitions
+        {
+            return internal_err!(
+                "DpUnitRunsExec: made for {:?} partitions, given {rows_partitions}",
+                Some(partitions)
+            );
         }
-        let (rows, fallback) = (Arc::clone(&self.rows), self.fallback.clone());
+        let (rows, otherwise) = (Arc::clone(&self.rows), self.otherwise.clone());
         let (spec, columns, schema) = (Arc::clone(&self.spec), Arc::clone(&self.columns), self.schema());
         let out_schema = Arc::clone(&schema);
         let fallbacks = MetricBuilder::new(&self.metrics).global_counter("fallbacks");
@@ -457,9 +468,9 @@ impl ExecutionPlan for UnitRunsExec {
                 }
                 None => {
                     fallbacks.add(1);
-                    match fallback {
-                        Some(fallback) => execute_stream(fallback, context),
-                        None => exec_err!("{NOT_CLUSTERED}"),
+                    match otherwise {
+                        Otherwise::Fallback(fallback) => execute_stream(fallback, context),
+                        Otherwise::Detached { .. } => exec_err!("{NOT_CLUSTERED}"),
                     }
                 }
             }

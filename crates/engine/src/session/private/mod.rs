@@ -126,8 +126,8 @@ impl PrivateTables {
         self.cluster = Some(cluster);
     }
 
-    /// The cluster private plans run on, if any.
-    #[cfg(feature = "cluster")]
+    /// The cluster private plans run on, if any (for tests: its job counters).
+    #[cfg(all(feature = "cluster", any(test, feature = "test-util")))]
     pub(crate) fn cluster(&self) -> Option<&Arc<cluster::Cluster>> {
         self.cluster.as_ref()
     }

@@ -463,7 +463,8 @@ impl Cluster {
     }
 
     /// How many jobs answered with the streaming pass, and how many ran the hash plan after a pass found its
-    /// rows not clustered.
+    /// rows not clustered (for tests).
+    #[cfg(any(test, feature = "test-util"))]
     pub(crate) fn pass_jobs(&self) -> (u64, u64) {
         use std::sync::atomic::Ordering::Relaxed;
         (self.jobs[0].load(Relaxed), self.jobs[1].load(Relaxed))
