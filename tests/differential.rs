@@ -166,6 +166,7 @@ const AGGS: &[&str] = &[
     "percentile_cont(0.9) WITHIN GROUP (ORDER BY income)",
     "VAR_POP(income)",
     "STDDEV(age)",
+    "COUNT(DISTINCT pid)",
 ];
 
 /// Computed values an aggregate may take (issue 56): bounded from the policy, or refused (unbounded, or able to

@@ -599,12 +599,12 @@ refusals! {
             /// The aggregate.
             name: String,
         },
-        /// `AGG(DISTINCT ...) FILTER (WHERE ...)`, `COUNT(DISTINCT <privacy unit>)` included.
+        /// `AGG(DISTINCT ...) FILTER (WHERE ...)` but `COUNT(DISTINCT <privacy unit>) FILTER (WHERE ...)`.
         #[code = "distinct_with_filter", sqlstate = INSUFFICIENT_PRIVILEGE]
         #[error("{name}(DISTINCT ...) FILTER (WHERE ...) is not supported yet")]
         #[hint(
-            "move the condition into WHERE (one query per condition), or count rows instead with \
-             COUNT(*) FILTER (WHERE ...)"
+            "count persons with COUNT(DISTINCT <privacy unit>) FILTER (WHERE ...), rows with COUNT(*) FILTER \
+             (WHERE ...), or move the condition into WHERE (one query per condition)"
         )]
         DistinctWithFilter {
             /// The aggregate.

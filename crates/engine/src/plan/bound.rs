@@ -170,7 +170,8 @@ pub enum Clip {
     Rows,
     /// COUNT(col): the non-NULL count, scaled by k/n when n > k.
     Values,
-    /// COUNT(DISTINCT unit): 1 for a unit with a bounded row in the cell (clipped as COUNT(*), then counted once).
+    /// COUNT(DISTINCT unit) [FILTER (WHERE p)]: 1 for a unit with a row (where p holds) in the cell. Its rows (or
+    /// those where p holds) are counted unscaled, then the units whose count is not 0 ([`outer_sums`]).
     Units,
     /// SUM on the grid: the unit's sum; when n > k, scaled by k/n and clamped to [k·lo, k·hi] (grid units).
     Sum {
@@ -182,6 +183,25 @@ pub enum Clip {
 }
 
 impl Clip {
+    /// The rule of [`crate::plan::clip`] that clips a unit's aggregate: k rows' worth (and for sums within
+    /// [`Clip::range`]); for units, none, since only whether the count is 0 is read ([`outer_sums`]), and a count
+    /// scaled by k/n would drop a unit with few rows where a FILTER holds among many.
+    pub(crate) fn rule(&self, k: u64) -> crate::plan::clip::Clip {
+        match self {
+            Clip::Units => crate::plan::clip::Clip::rule(u64::MAX, None),
+            _ => crate::plan::clip::Clip::rule(k, self.range(k)),
+        }
+    }
+
+    /// The measurements of [`Clipped`] (or [`crate::plan::clip::KeptKey`]) of `clips` reading `values`.
+    pub(crate) fn unit_measures(
+        values: &[(runs::RowValue, Option<Expr>)],
+        clips: &[Clip],
+        k: u64,
+    ) -> Vec<crate::plan::clip::UnitMeasure> {
+        values.iter().zip(clips).map(|((v, arg), clip)| (*v, arg.clone(), clip.rule(k))).collect()
+    }
+
     /// For sums, the range `[k·lo, k·hi]` (grid units) a unit over the row limit is kept in; None for counts.
     pub fn range(&self, k: u64) -> Option<(i128, i128)> {
         match self {
@@ -246,8 +266,10 @@ pub(crate) fn row_values(clips: &[Clip], row_aggs: &[Expr]) -> Result<Vec<(runs:
         .iter()
         .zip(row_aggs)
         .map(|(clip, agg)| match clip {
-            // A unit's presence in a cell reads nothing either: it is counted after the bounding ([`outer_sums`]).
-            Clip::Rows | Clip::Units => Ok((runs::RowValue::Rows, None)),
+            Clip::Rows => Ok((runs::RowValue::Rows, None)),
+            // A unit's presence in a cell reads nothing either (it is counted after the bounding: [`outer_sums`]),
+            // unless under a FILTER: then its rows where the condition holds are counted.
+            Clip::Units if !agg.any_column_refs() => Ok((runs::RowValue::Rows, None)),
             _ => match runs::row_value(agg) {
                 Some((value, arg)) => Ok((value, Some(arg))),
                 None => Err(DpError::Internal(format!("a row aggregate the bounding does not know: {agg}"))),
@@ -283,7 +305,7 @@ pub fn per_unit(
     let values = row_values(clips, &row_aggs)?;
     let cells = (!group_keys.is_empty()).then(|| crate::plan::cell_count(group_keys));
     let runs = clipping_pass(&input, cells.map_or(RunKeys::None, RunKeys::Cells), &values, clips, k, groups)?;
-    let measures: Vec<_> = values.iter().zip(clips).map(|((v, arg), clip)| (*v, arg.clone(), clip.range(k))).collect();
+    let measures = Clip::unit_measures(&values, clips, k);
     let cell = || Column::from_name(cells::CELL);
     let s = || col("__dp_s");
     // Every measurement's clipped contribution per unit (and cell) as one struct `__dp_s`, then its fields.
@@ -305,7 +327,7 @@ pub fn per_unit(
         Some(g) => {
             let mut with_p: Vec<Expr> = b.schema().columns().into_iter().map(Expr::Column).collect();
             with_p.push(Priority::call(unit(), Expr::Column(cell())).alias("__dp_p"));
-            let agg = Clipped::call(&measures, k, Some((col("__dp_p"), g))).alias("__dp_s");
+            let agg = Clipped::call(&measures, Some((col("__dp_p"), g))).alias("__dp_s");
             b = b
                 .project(with_p)
                 .and_then(|b| if g > 1 { by_unit(b, unit()) } else { Ok(b) })
@@ -321,7 +343,7 @@ pub fn per_unit(
         None => {
             let mut group_by = vec![unit()];
             group_by.extend(keys.iter().cloned().map(Expr::Column));
-            let agg = Clipped::call(&measures, k, None).alias("__dp_s");
+            let agg = Clipped::call(&measures, None).alias("__dp_s");
             b = b.aggregate(group_by, vec![agg]).and_then(|b| b.project(fields(false))).map_err(engine)?;
         }
     }
@@ -330,13 +352,16 @@ pub fn per_unit(
 }
 
 /// Above one row per (unit, cell) kept by the bounding, each measurement per cell as `__dp_m{i}`: the sum of the
-/// units' clipped contributions `__dp_x{i}`, or for COUNT(DISTINCT unit) the number of such rows (each unit once).
+/// units' clipped contributions `__dp_x{i}`, or for COUNT(DISTINCT unit) the number of such rows whose count is not
+/// 0 (each unit once).
 pub(crate) fn outer_sums(clips: &[Clip]) -> Vec<Expr> {
+    use datafusion::functions::expr_fn::nullif;
     use datafusion::functions_aggregate::expr_fn::{count, sum};
     let x = |i: usize| col(format!("__dp_x{i}"));
     (0..clips.len())
         .map(|i| match clips[i] {
-            Clip::Units => count(x(i)).alias(format!("__dp_m{i}")),
+            // The units whose count (of rows, or of rows where a FILTER holds) is not 0.
+            Clip::Units => count(nullif(x(i), lit(0i64))).alias(format!("__dp_m{i}")),
             _ => sum(x(i)).alias(format!("__dp_m{i}")),
         })
         .collect()

@@ -103,9 +103,8 @@ impl Clip {
     }
 }
 
-/// One measurement of [`Clipped`]: what a row gives, from which argument (None for COUNT(*)), and for sums the
-/// range `[k·lo, k·hi]` of a unit over the row limit.
-pub(crate) type UnitMeasure = (RowValue, Option<Expr>, Option<(i128, i128)>);
+/// One measurement of [`Clipped`]: what a row gives, from which argument (None for COUNT(*)), and its rule.
+pub(crate) type UnitMeasure = (RowValue, Option<Expr>, Clip);
 
 /// The aggregate `dp_clipped(x₁, …[, priority])`, grouped by (unit[, cell]) or, with a priority, by unit: per
 /// group, the row count `n` and each measurement's `v` of the rows of each of the `g` smallest priorities
@@ -124,11 +123,11 @@ pub(crate) struct Clipped {
 }
 
 impl Clipped {
-    /// `dp_clipped` of measurements reading `(value, argument)` (None for COUNT(*)), each clipped to `k` rows'
-    /// worth within its sum range; with `pick = (priority, g)` (priority: `dp_priority`'s non-NULL UInt64, the
+    /// `dp_clipped` of measurements reading `(value, argument)` (None for COUNT(*)), each clipped by its rule;
+    /// with `pick = (priority, g)` (priority: `dp_priority`'s non-NULL UInt64, the
     /// same for all rows of a cell, which it carries), over each unit's rows of its `g ≥ 1` smallest priorities,
     /// whose cells it returns. The expression is the struct; [`Clipped::field`] reads it.
-    pub(crate) fn call(measures: &[UnitMeasure], k: u64, pick: Option<(Expr, u64)>) -> Expr {
+    pub(crate) fn call(measures: &[UnitMeasure], pick: Option<(Expr, u64)>) -> Expr {
         let mut args: Vec<Expr> = measures.iter().filter_map(|(_, arg, _)| arg.clone()).collect();
         let pick = pick.map(|(priority, g)| {
             args.push(priority);
@@ -138,7 +137,7 @@ impl Clipped {
         if args.is_empty() {
             args.push(lit(1i64)); // COUNT(*) alone reads nothing; an aggregate takes at least one argument
         }
-        let measures = measures.iter().map(|(v, _, range)| (*v, Clip::rule(k, *range))).collect();
+        let measures = measures.iter().map(|(v, _, rule)| (*v, *rule)).collect();
         Self::from_parts(measures, pick, args.len()).call(args)
     }
 

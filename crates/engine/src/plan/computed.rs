@@ -42,6 +42,7 @@ use datafusion::arrow::datatypes::DataType;
 use datafusion::common::tree_node::{Transformed, TreeNode};
 use datafusion::common::{Column, DFSchema, ScalarValue};
 use datafusion::functions_aggregate::count::Count;
+use datafusion::logical_expr::expr::AggregateFunction;
 use datafusion::logical_expr::{Aggregate, Expr, ExprSchemable, LogicalPlan, Projection, lit, when};
 use std::sync::Arc;
 
@@ -303,8 +304,10 @@ impl<'a> Rewrite<'a> {
         let Expr::AggregateFunction(original) = validate::strip_aliases(a) else { return Ok(a.clone()) };
         let mut af = original.clone();
         let filter = af.params.filter.take();
-        if filter.is_some() && af.params.distinct {
-            return Err(DpError::Refused(Refusal::DistinctWithFilter { name: af.func.name().to_uppercase() }));
+        if let Some(p) = filter.as_deref()
+            && af.params.distinct
+        {
+            return self.distinct_units_where(a, af, p);
         }
         let counts = af.func.inner().is::<Count>();
         let star = counts && matches!(af.params.args.as_slice(), [] | [Expr::Literal(..)]);
@@ -363,6 +366,28 @@ impl<'a> Rewrite<'a> {
             return Ok(a.clone());
         }
         // Named as the analyst's aggregate: the names stay distinct.
+        Ok(Expr::AggregateFunction(af).alias(a.schema_name().to_string()))
+    }
+
+    /// `COUNT(DISTINCT <privacy unit>) FILTER (WHERE p)` (`af`, its FILTER taken out), with the condition as a
+    /// computed column `CASE WHEN p THEN true END` (its columns clamped, as every FILTER's are) put back as the
+    /// FILTER: the measurements count the units with a row where it holds ([`crate::plan::measures`]). Any other
+    /// DISTINCT aggregate with a FILTER is refused.
+    fn distinct_units_where(&mut self, a: &Expr, mut af: AggregateFunction, p: &Expr) -> Result<Expr> {
+        let name = af.func.name().to_uppercase();
+        let unit = match af.params.args.as_slice() {
+            [arg] if af.func.inner().is::<Count>() => match validate::strip_total_casts(arg, self.schema) {
+                Expr::Column(c) => validate::base_column(self.input, c)
+                    .filter(|b| self.policy.privacy_unit.as_ref() == Some(b))
+                    .map(|_| self.label(arg)),
+                _ => None,
+            },
+            _ => None,
+        };
+        let Some(unit) = unit else { return Err(DpError::Refused(Refusal::DistinctWithFilter { name })) };
+        let condition = when(p.clone(), lit(true)).end().map_err(engine)?;
+        let written = format!("{unit} FILTER (WHERE {})", self.label(p));
+        af.params.filter = Some(Box::new(self.value(&condition, written, None)?));
         Ok(Expr::AggregateFunction(af).alias(a.schema_name().to_string()))
     }
 

@@ -64,10 +64,15 @@ pub fn measurements(
             out.outputs.push(OutputKind::Measure(i));
             continue;
         }
-        if let Some(pu) = distinct_units(agg, &af, policy)? {
+        if let Some((pu, condition)) = distinct_units(agg, &af, policy)? {
             let s = sensitivity::units(contribution, &pu);
-            let m = Measure { kind: MeasureKind::CountUnits, column: Some(pu), sensitivity: s };
-            let i = out.add(m, count(lit(1i64)));
+            // With a FILTER, the units with a row where its condition (a computed column) holds: named by it.
+            let (column, rows) = match condition {
+                None => (pu, count(lit(1i64))),
+                Some((c, base)) => (base, count(Expr::Column(c))),
+            };
+            let m = Measure { kind: MeasureKind::CountUnits, column: Some(column), sensitivity: s };
+            let i = out.add(m, rows);
             out.outputs.push(OutputKind::Measure(i));
             continue;
         }
@@ -435,15 +440,28 @@ fn count_argument(agg: &Aggregate, af: &AggregateFunction) -> Result<Option<(Col
     if star { Ok(None) } else { only_argument(agg, af, "COUNT").map(Some) }
 }
 
-/// `COUNT(DISTINCT <privacy unit>)` (no FILTER or ORDER BY): the unit column, when `af` is that.
-fn distinct_units(agg: &Aggregate, af: &AggregateFunction, policy: &TablePolicy) -> Result<Option<String>> {
+/// The unit column of a COUNT(DISTINCT <privacy unit>), and its FILTER's column with that column's name.
+type DistinctUnits = (String, Option<(Column, String)>);
+
+/// `COUNT(DISTINCT <privacy unit>)` (no ORDER BY), when `af` is that: the unit column, and the column of its
+/// FILTER's condition with that column's name, a computed column `CASE WHEN p THEN true END`
+/// ([`crate::plan::computed`] makes it of the analyst's FILTER; any other FILTER is not this measurement).
+fn distinct_units(agg: &Aggregate, af: &AggregateFunction, policy: &TablePolicy) -> Result<Option<DistinctUnits>> {
     let p = &af.params;
-    if !(af.func.inner().is::<Count>() && p.distinct && p.filter.is_none() && p.order_by.is_empty()) {
+    if !(af.func.inner().is::<Count>() && p.distinct && p.order_by.is_empty()) {
         return Ok(None);
     }
     let Some(unit) = &policy.privacy_unit else { return Ok(None) };
     let [arg] = p.args.as_slice() else { return Ok(None) };
-    Ok(argument(agg, arg, "COUNT").ok().filter(|(_, base)| base == unit).map(|(_, base)| base))
+    let condition = match p.filter.as_deref() {
+        None => None,
+        Some(Expr::Column(c)) => match validate::base_column(agg.input.as_ref(), c) {
+            Some(base) if base.starts_with(crate::plan::computed::PREFIX) => Some((c.clone(), base)),
+            _ => return Ok(None),
+        },
+        Some(_) => return Ok(None),
+    };
+    Ok(argument(agg, arg, "COUNT").ok().filter(|(_, base)| base == unit).map(|(_, base)| (base, condition)))
 }
 
 /// Refuses an aggregate with DISTINCT or ORDER BY (a FILTER was folded into its argument: `plan::computed`).

@@ -71,10 +71,13 @@ pub(crate) fn bounded(
     if let Some(m) = measured.measures.iter().find(|m| matches!(m.kind, MeasureKind::Quantile { .. })) {
         return Err(DpError::Refused(Refusal::SelectionUnsupported { what: m.label() }));
     }
-    // The count whose noisy value selects the keys and is released as their count: COUNT(DISTINCT unit) (one per
-    // unit: the lowest threshold), else COUNT(*), else a hidden COUNT(*).
-    let position = |kind: MeasureKind| measured.measures.iter().position(|m| m.kind == kind);
-    let selection = match position(MeasureKind::CountUnits).or_else(|| position(MeasureKind::CountRows)) {
+    // The count whose noisy value selects the keys and is released as their count: COUNT(DISTINCT unit) without a
+    // FILTER (one per unit: the lowest threshold), else COUNT(*), else a hidden COUNT(*).
+    let position = |kind: MeasureKind, column: Option<&String>| {
+        measured.measures.iter().position(|m| m.kind == kind && m.column.as_ref() == column)
+    };
+    let units = position(MeasureKind::CountUnits, policy.privacy_unit.as_ref());
+    let selection = match units.or_else(|| position(MeasureKind::CountRows, None)) {
         Some(i) => i,
         None => {
             let unit = policy.privacy_unit.clone().unwrap_or_else(|| "row".into());
@@ -131,7 +134,7 @@ fn aggregate(
     let k = contribution.rows;
     let clips = bound::clips_of(measured)?;
     let values = bound::row_values(&clips, &measured.exprs)?;
-    let unit_measures: Vec<_> = values.iter().zip(&clips).map(|((v, arg), c)| (*v, arg.clone(), c.range(k))).collect();
+    let unit_measures = bound::Clip::unit_measures(&values, &clips, k);
     let unit = || col(Column::from_name(UNIT));
     let mut hash_args = vec![unit()];
     hash_args.extend(key_exprs());
@@ -141,8 +144,8 @@ fn aggregate(
     let g = Some(contribution.groups);
     let runs = bound::clipping_pass(&scoped, RunKeys::Open(key_exprs()), &values, &clips, k, g)?;
     let hashed = match contribution.groups {
-        1 => kept_key(scoped, keys, &unit_measures, k, priority, &clips)?,
-        g => kept_keys(scoped, keys, &unit_measures, k, g, priority, &clips)?,
+        1 => kept_key(scoped, keys, &unit_measures, priority, &clips)?,
+        g => kept_keys(scoped, keys, &unit_measures, g, priority, &clips)?,
     };
     bound::with_runs(LogicalPlanBuilder::from(hashed), runs)?.build().map_err(engine)
 }
@@ -153,7 +156,6 @@ fn kept_keys(
     scoped: LogicalPlan,
     keys: &[GroupKey],
     unit_measures: &[crate::plan::clip::UnitMeasure],
-    k: u64,
     g: u64,
     priority: Expr,
     clips: &[bound::Clip],
@@ -162,7 +164,7 @@ fn kept_keys(
     let unit = || col(Column::from_name(UNIT));
     let mut group_by = vec![unit()];
     group_by.extend(key_exprs());
-    let clipped = Clipped::call(unit_measures, k, None).alias("__dp_s");
+    let clipped = Clipped::call(unit_measures, None).alias("__dp_s");
     let mut fields = key_exprs();
     fields.push(unit());
     fields
@@ -199,12 +201,11 @@ fn kept_key(
     scoped: LogicalPlan,
     keys: &[GroupKey],
     unit_measures: &[crate::plan::clip::UnitMeasure],
-    k: u64,
     priority: Expr,
     clips: &[bound::Clip],
 ) -> Result<LogicalPlan> {
     let key_exprs = || keys.iter().map(|k| Expr::Column(k.column.clone())).collect::<Vec<_>>();
-    let kept = KeptKey::call(unit_measures, k, priority, key_exprs()).alias("__dp_s");
+    let kept = KeptKey::call(unit_measures, priority, key_exprs()).alias("__dp_s");
     let s = || col("__dp_s");
     let mut fields: Vec<Expr> = keys
         .iter()

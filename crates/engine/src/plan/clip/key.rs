@@ -52,13 +52,13 @@ pub(crate) struct KeptKey {
 }
 
 impl KeptKey {
-    /// `dp_kept_key` of measurements reading `(value, argument)` (None for COUNT(*)), each clipped to `k` rows'
-    /// worth within its sum range, each unit keeping its key of smallest `priority`.
-    pub(crate) fn call(measures: &[super::UnitMeasure], k: u64, priority: Expr, keys: Vec<Expr>) -> Expr {
+    /// `dp_kept_key` of measurements reading `(value, argument)` (None for COUNT(*)), each clipped by its rule,
+    /// each unit keeping its key of smallest `priority`.
+    pub(crate) fn call(measures: &[super::UnitMeasure], priority: Expr, keys: Vec<Expr>) -> Expr {
         let mut args: Vec<Expr> = measures.iter().filter_map(|(_, arg, _)| arg.clone()).collect();
         args.push(priority);
         args.extend(keys);
-        let measures = measures.iter().map(|(v, _, range)| (*v, Clip::rule(k, *range))).collect();
+        let measures = measures.iter().map(|(v, _, rule)| (*v, *rule)).collect();
         Self::from_parts(measures, args.len()).call(args)
     }
 

@@ -47,11 +47,11 @@ pub(super) fn clipped(measures: &[RowValue], k: u64, g: Option<u64>) -> Clipped 
         .iter()
         .map(|v| {
             let range = matches!(v, RowValue::Sum(_)).then_some((0, 4 * k as i128));
-            (*v, (!matches!(v, RowValue::Rows)).then(|| lit(0)), range)
+            (*v, (!matches!(v, RowValue::Rows)).then(|| lit(0)), Clip::rule(k, range))
         })
         .collect();
     let pick = g.map(|g| (lit(0u64), g));
-    let Expr::AggregateFunction(f) = Clipped::call(&ms, k, pick) else { panic!("an aggregate") };
+    let Expr::AggregateFunction(f) = Clipped::call(&ms, pick) else { panic!("an aggregate") };
     let c = f.func.inner().downcast_ref::<Clipped>().unwrap();
     Clipped { measures: c.measures.clone(), pick: c.pick, signature: c.signature.clone() }
 }
