@@ -756,7 +756,8 @@ impl<'a> Rewrite<'a> {
     }
 
     /// A computed column of the projection (`expr AS name`) in the form that runs: a FILTER's
-    /// `CASE WHEN p THEN x END` as `dp_where(p, x)` ([`filter::where_form`]) with `x` in its own run form, else
+    /// `CASE WHEN p THEN x END` as `dp_where(p, x)` ([`filter::where_form`]) with `x` in its own run form and `p`'s
+    /// comparisons of integers with constants inside their bounds unclamped ([`filter::unclamped_comparisons`]), else
     /// the expression [`Rewrite::tabulated`] or in its `dp_where` form.
     fn run_form(&self, e: &Expr) -> Result<Expr> {
         match e {
@@ -764,7 +765,9 @@ impl<'a> Rewrite<'a> {
             Expr::Case(case) if case.expr.is_none() && case.else_expr.is_none() && case.when_then_expr.len() == 1 => {
                 match filter::where_form(e, self.schema).map_err(engine)? {
                     Expr::ScalarFunction(mut f) if f.func.inner().is::<Where>() => {
-                        if let [_, x] = f.args.as_mut_slice() {
+                        if let [p, x] = f.args.as_mut_slice() {
+                            // `x` is total without the condition's facts: its comparisons may drop their clamps.
+                            *p = filter::unclamped_comparisons(p.clone(), self.schema).map_err(engine)?;
                             *x = self.run_form(x)?;
                         }
                         Ok(Expr::ScalarFunction(f))

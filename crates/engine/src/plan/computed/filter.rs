@@ -16,8 +16,8 @@ use crate::plan::interval;
 use datafusion::arrow::array::{Array, AsArray, BooleanArray};
 use datafusion::arrow::compute::kernels::nullif;
 use datafusion::arrow::datatypes::DataType;
-use datafusion::common::DFSchema;
 use datafusion::common::tree_node::{Transformed, TreeNode};
+use datafusion::common::{DFSchema, ScalarValue};
 use datafusion::logical_expr::expr::{Case, ScalarFunction};
 use datafusion::logical_expr::{
     ColumnarValue, Expr, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl, Signature, Volatility,
@@ -98,6 +98,63 @@ pub(super) fn where_form(e: &Expr, schema: &DFSchema) -> datafusion::common::Res
         .map(|t| t.data)
 }
 
+/// `e` with each comparison of a clamped integer with a constant strictly inside the clamp's bounds read without
+/// the clamp: `dp_clamp(x, lo, hi) ⋈ c` (⋈ one of `= <> < <= > >=`, either side, through a cast that cannot fail)
+/// is `x ⋈ c` when lo < c < hi. **Why it means the same:** a value below lo compares with c as lo does (both are
+/// below c), one above hi as hi does (both above c), one inside is left as it is by the clamp, and NULL stays NULL;
+/// so the outcome is the same on every row, and without the clamp's pass. Integers only (a float's NaN is not
+/// ordered as its clamp is).
+pub(super) fn unclamped_comparisons(e: Expr, schema: &DFSchema) -> datafusion::common::Result<Expr> {
+    use datafusion::logical_expr::{BinaryExpr, ExprSchemable, Operator};
+    // The clamped integer `x` (under a cast that cannot fail) and its bounds, if `side` is one.
+    let clamped = |side: &Expr| -> Option<(Expr, ScalarValue, ScalarValue)> {
+        let (inner, cast_to) = match side {
+            Expr::Cast(c) => (c.expr.as_ref(), Some(c.field.data_type().clone())),
+            other => (other, None),
+        };
+        let Expr::ScalarFunction(f) = inner else { return None };
+        let [x, Expr::Literal(lo, _), Expr::Literal(hi, _)] = f.args.as_slice() else { return None };
+        if !f.func.inner().is::<super::Clamp>() || !x.get_type(schema).ok()?.is_integer() {
+            return None;
+        }
+        match cast_to {
+            None => Some((x.clone(), lo.clone(), hi.clone())),
+            Some(to) if to.is_integer() && crate::plan::safety::cast_is_total(&x.get_type(schema).ok()?, &to) => Some(
+                (datafusion::logical_expr::cast(x.clone(), to.clone()), lo.cast_to(&to).ok()?, hi.cast_to(&to).ok()?),
+            ),
+            Some(_) => None,
+        }
+    };
+    // lo < c < hi, all three integers of c's type.
+    let inside = |c: &ScalarValue, lo: &ScalarValue, hi: &ScalarValue| -> bool {
+        let (Ok(lo), Ok(hi)) = (lo.cast_to(&c.data_type()), hi.cast_to(&c.data_type())) else { return false };
+        let less = |a: &ScalarValue, b: &ScalarValue| a.partial_cmp(b) == Some(std::cmp::Ordering::Less);
+        c.data_type().is_integer() && ![c, &lo, &hi].iter().any(|v| v.is_null()) && less(&lo, c) && less(c, &hi)
+    };
+    e.transform_up(|node| {
+        let Expr::BinaryExpr(b) = &node else { return Ok(Transformed::no(node)) };
+        let compares = matches!(
+            b.op,
+            Operator::Eq | Operator::NotEq | Operator::Lt | Operator::LtEq | Operator::Gt | Operator::GtEq
+        );
+        if !compares {
+            return Ok(Transformed::no(node));
+        }
+        let rewrite = |side: &Expr, other: &Expr| match (clamped(side), other) {
+            (Some((x, lo, hi)), Expr::Literal(c, _)) if inside(c, &lo, &hi) => Some(x),
+            _ => None,
+        };
+        if let Some(x) = rewrite(&b.left, &b.right) {
+            return Ok(Transformed::yes(Expr::BinaryExpr(BinaryExpr::new(Box::new(x), b.op, b.right.clone()))));
+        }
+        if let Some(x) = rewrite(&b.right, &b.left) {
+            return Ok(Transformed::yes(Expr::BinaryExpr(BinaryExpr::new(b.left.clone(), b.op, Box::new(x)))));
+        }
+        Ok(Transformed::no(node))
+    })
+    .map(|t| t.data)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -150,6 +207,43 @@ mod tests {
         }
         let with_else = when(col("p"), col("x")).otherwise(lit(0i64)).unwrap();
         assert_eq!(where_form(&with_else, &schema).unwrap(), with_else);
+    }
+
+    /// Over random integers (NULLs and values far outside the bounds included), every comparison of a clamped
+    /// column with a constant, on either side and through a widening cast, gives the same outcome on every row
+    /// unclamped; the clamp is dropped exactly when the constant lies strictly inside the bounds (at a bound it
+    /// would change the outcome: `clamp(x) = lo` holds for every x below lo).
+    #[test]
+    fn comparisons_read_without_the_clamp_give_the_same_outcome_on_every_row() {
+        use datafusion::arrow::array::Int32Array;
+        use datafusion::logical_expr::{BinaryExpr, Operator, cast};
+        let schema = Arc::new(Schema::new(vec![Field::new("x", DataType::Int32, true)]));
+        let df = DFSchema::try_from(schema.as_ref().clone()).unwrap();
+        let mut rng = rand::rngs::StdRng::seed_from_u64(5601);
+        let ops = [Operator::Eq, Operator::NotEq, Operator::Lt, Operator::LtEq, Operator::Gt, Operator::GtEq];
+        let mut dropped = 0;
+        for _ in 0..300 {
+            let lo = rng.random_range(-50..50i32);
+            let hi = lo + rng.random_range(1..40);
+            let x: Int32Array = (0..200).map(|_| rng.random_bool(0.9).then(|| rng.random_range(-200..200))).collect();
+            let batch = RecordBatch::try_new(schema.clone(), vec![Arc::new(x)]).unwrap();
+            let c = rng.random_range(lo - 3..=hi + 3);
+            let op = ops[rng.random_range(0..ops.len())];
+            let clamp = super::super::Clamp::call(col("x"), ScalarValue::Int32(Some(lo)), ScalarValue::Int32(Some(hi)));
+            let widened = rng.random_bool(0.5);
+            let (side, constant) = match widened {
+                true => (cast(clamp, DataType::Int64), lit(i64::from(c))),
+                false => (clamp, lit(c)),
+            };
+            let (l, r) = if rng.random_bool(0.5) { (side, constant) } else { (constant, side) };
+            let e = Expr::BinaryExpr(BinaryExpr::new(Box::new(l), op, Box::new(r)));
+            let form = unclamped_comparisons(e.clone(), &df).unwrap();
+            let clamps = format!("{form}").contains("dp_clamp");
+            assert_eq!(clamps, !(lo < c && c < hi), "{e} became {form}");
+            dropped += usize::from(!clamps);
+            assert_eq!(eval(&form, &batch).as_ref(), eval(&e, &batch).as_ref(), "{e} as {form}");
+        }
+        assert!(dropped > 100, "the rule applied {dropped} times");
     }
 
     #[cfg(feature = "cluster")]
