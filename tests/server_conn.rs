@@ -52,8 +52,13 @@ impl Drop for Running {
 /// A server over the PUMS demo (tables `pums` and `other`) on the ledger in `dir`, with `server` lines in its
 /// `[server]` section; analysts `alice` (all tables) and `bob` (`pums` only) are added unless present.
 async fn serve(dir: &TempDir, server: &str) -> Running {
+    serve_tables(dir, "", server).await
+}
+
+/// [`serve`] with `tables` (configuration sections) added.
+async fn serve_tables(dir: &TempDir, tables: &str, server: &str) -> Running {
     let ledger = dir.join("ledger.sqlite");
-    let cfg = server_config(dir, "", server);
+    let cfg = server_config(dir, tables, server);
     let db = LedgerDb::open(&ledger, Duration::from_secs(30)).unwrap();
     for (name, tables) in [("alice", None), ("bob", Some(vec!["pums".to_string()]))] {
         if db.analyst(name).unwrap().is_none() {
@@ -578,6 +583,29 @@ async fn an_idle_connection_is_closed_and_a_busy_one_is_not() {
     }
     assert_eq!(next_error(&mut idle, Duration::from_secs(5)).await.as_deref(), Some("57P05"));
     busy.simple_query("SHOW dp.rho").await.unwrap();
+}
+
+/// A client that stops reading its answers is cut off once the server's writes have made no progress for
+/// `idle_timeout_secs`, and its connection slot comes back: with one connection per analyst, a client that asks for
+/// a 30 MB public table and never reads would otherwise lock its analyst out for as long as it keeps the socket open
+/// (the server waiting to write; neither the idle nor the statement timeout covers that wait).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_client_that_stops_reading_is_cut_off_and_its_slot_comes_back() {
+    let dir = TempDir::new("conn-stall");
+    let wide = dir.join("wide.csv");
+    let line = format!("{}\n", "y".repeat(100));
+    std::fs::write(&wide, format!("x\n{}", line.repeat(300_000))).unwrap();
+    let tables = format!(
+        "[tables.wide]\npath = \"{}\"\nformat = \"csv\"\npublic = true\n[tables.wide.columns]\nx = {{ type = \"string\" }}\n",
+        wide.display()
+    );
+    let s = serve_tables(&dir, &tables, "idle_timeout_secs = 1\nmax_connections_per_analyst = 1").await;
+    let mut stalled = raw_login(s.addr, "alice").await;
+    stalled.write_all(&frontend(b'Q', b"SELECT x FROM wide\0")).await.unwrap();
+    // It never reads: the answer fills both sockets' buffers and the server's writes stop moving.
+    let alice = login_within(s.addr, "alice", Duration::from_secs(20)).await;
+    alice.simple_query("SHOW dp.rho").await.unwrap();
+    drop(stalled);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -11,6 +11,8 @@
 //!   of the session's [`crate::sessions::CONNECTIONS_PER_SESSION`] connections, never closed to make room (a session's further
 //!   connections keep their places). Sessions are capped ([`crate::sessions`]), so at most `max_pending_logins +
 //!   max_connections × CONNECTIONS_PER_SESSION` connections are open at once.
+//! * A client that reads nothing of a response for `idle_timeout_secs` is cut off
+//!   ([`dpfusion_server::deadline`]): a stalled reader cannot keep one of its session's connections.
 //! * TLS (when configured) within `login_timeout_secs`, and each request's headers (the first byte of the next
 //!   request on a kept-alive connection included) within it too (hyper's header read timeout), at most
 //!   [`MAX_HEADER_BYTES`] of them; a slower client is disconnected.
@@ -27,6 +29,7 @@ use axum::http::{HeaderValue, header};
 use dpfusion::config::ServerSettings;
 use dpfusion::error::Result;
 use dpfusion_server::TlsAcceptor;
+use dpfusion_server::deadline::WriteDeadline;
 use dpfusion_server::pending::{PendingLogins, PendingPlace};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use std::net::SocketAddr;
@@ -138,6 +141,8 @@ pub(crate) async fn serve(
                 let _ = socket.set_nodelay(true);
                 let (tls, app, stopped) = (tls.clone(), app.clone(), stopped.clone());
                 let timeout = settings.login_timeout;
+                // A client that stops reading its responses is cut off after the idle timeout.
+                let socket = WriteDeadline::new(socket, settings.idle_timeout);
                 tasks.spawn(async move {
                     let ended = connection(socket, peer, tls, app, timeout, (link, stopped));
                     let mut eviction = eviction;
@@ -162,7 +167,7 @@ pub(crate) async fn serve(
 /// Serves one connection: TLS within `timeout`, then HTTP/1.1 with bounded headers read within `timeout`; each
 /// request steps the connection's place and carries its [`Link`].
 async fn connection(
-    socket: TcpStream,
+    socket: WriteDeadline<TcpStream>,
     peer: SocketAddr,
     tls: Option<TlsAcceptor>,
     app: Router,

@@ -560,6 +560,24 @@ async fn a_slow_client_is_disconnected() {
     assert_eq!(spent(&c.db, "alice"), (0.0, 0));
 }
 
+/// A connection that stops reading its responses is cut off once the console's writes to it have made no progress
+/// for `idle_timeout_secs`: a logged-in client sending request after request (pipelined) and reading no answer would
+/// otherwise keep its connection, one of its session's places and the console's task for it, for as long as its
+/// socket stays open (the console waiting to write, and no longer reading). Here the console closes it, so that the
+/// client's writes fail, within seconds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_that_stops_reading_is_cut_off() {
+    let c = start("idle_timeout_secs = 1").await;
+    let b = Browser::logged_in(c.addr, "alice").await;
+    let cookie: Vec<String> = b.cookies.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    let request = format!("GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nCookie: {}\r\n\r\n", cookie.join("; "));
+    let (unread, mut w) = TcpStream::connect(c.addr).await.unwrap().into_split();
+    let writes = async move { while w.write_all(request.as_bytes()).await.is_ok() {} };
+    let cut = tokio::time::timeout(Duration::from_secs(30), writes).await;
+    assert!(cut.is_ok(), "the console kept a connection that reads nothing open for 30 s");
+    drop(unread);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_huge_form_and_huge_headers_are_refused_unread() {
     let c = start("max_query_bytes = 4096").await;

@@ -266,7 +266,8 @@ pub struct ServerConfig {
     /// before it is closed; the rest of the login stays within `login_timeout_secs`. Default: 2, or
     /// `login_timeout_secs` if that is less; at most `login_timeout_secs`.
     pub startup_timeout_secs: Option<u64>,
-    /// Seconds a logged-in connection may stay without sending anything before it is closed (SQLSTATE 57P05).
+    /// Seconds a logged-in connection may stay without sending anything before it is closed (SQLSTATE 57P05); a
+    /// client that reads nothing of what the server or the web console writes to it for as long is cut off too.
     #[serde(default = "default_idle_timeout")]
     pub idle_timeout_secs: u64,
     /// Longest a statement may run, in seconds (a query stopped after its debit stays charged).

@@ -9,7 +9,9 @@
 //!   arrive within `startup_timeout_secs`; the connection holds one of the `max_pending_logins` pre-login places
 //!   until then, never a connection slot (taken after the password checked out, see [`super::auth`]). When a newer
 //!   connection is given its place ([`super::pending`]: silent ones go first), it is closed with 53300.
-//! * **Idle timeout** after the login: no message for `idle_timeout_secs` closes the connection (57P05).
+//! * **Idle timeout** after the login: no message for `idle_timeout_secs` closes the connection (57P05); and a
+//!   client that reads nothing of what the server writes for as long (at any time) is cut off
+//!   ([`super::deadline`]), so that a stalled reader cannot keep its connection slot.
 //! * **A client that leaves stops its statement.** pgwire reads nothing from the socket while a logged-in
 //!   connection's statement runs, so a second descriptor on the same socket (`watched`) waits for the kernel's
 //!   read-closed signal (the client's FIN or reset, `EPOLLRDHUP`), which comes whether or not messages it sent
@@ -20,6 +22,7 @@
 //! * **Shutdown.** A connection waiting for its next message is closed (57P01) as soon as the server stops; one
 //!   running a statement is closed after it (or aborted by [`super::Server::run`] after the grace period).
 
+use super::deadline::WriteDeadline;
 use super::pending::PendingPlace;
 use super::wire::{Connection, WireStatement};
 use super::{Shared, log};
@@ -271,7 +274,7 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Bounded<S> {
     }
 }
 
-type Socket = Framed<Bounded<MaybeTls>, PgWireMessageServerCodec<WireStatement>>;
+type Socket = Framed<Bounded<WriteDeadline<MaybeTls>>, PgWireMessageServerCodec<WireStatement>>;
 
 /// A FATAL error for the wire.
 fn fatal(code: &str, message: String, hint: Option<&str>) -> PgWireBackendMessage {
@@ -435,7 +438,8 @@ async fn negotiate(
         }
     };
     let old = negotiated.into_parts();
-    let mut io = Bounded::new(old.io);
+    // A client that stops reading its answers is cut off after the idle timeout ([`WriteDeadline`]).
+    let mut io = Bounded::new(WriteDeadline::new(old.io, settings.idle_timeout));
     let early = io.observe(&old.read_buf);
     let mut parts = FramedParts::new(io, old.codec);
     parts.read_buf = old.read_buf;

@@ -32,6 +32,7 @@
 pub mod auth;
 mod catalog;
 pub mod conn;
+pub mod deadline;
 pub mod pending;
 pub mod scram;
 mod types;

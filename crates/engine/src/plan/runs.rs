@@ -262,6 +262,7 @@ enum Otherwise {
     Fallback(Arc<dyn ExecutionPlan>),
     /// Fails with [`NOT_CLUSTERED`] (on a cluster). `partitions`: how many partitions the rows had when the node
     /// was detached, checked when it runs (a scheduler that gave its task fewer would lose rows).
+    #[cfg_attr(not(feature = "cluster"), allow(dead_code))]
     Detached { partitions: usize },
 }
 
