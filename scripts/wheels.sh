@@ -3,8 +3,9 @@
 # and the sdist, built with maturin, then the wheel checked in a fresh virtual environment: it installs (with its
 # pyarrow dependency from PyPI), imports, answers one query and refuses one.
 #
-#   scripts/wheels.sh            the release wheel (the `wheel` cargo profile of the root Cargo.toml: release,
-#                                symbols stripped) and the sdist, in $OUT; cold, it compiles DataFusion optimised
+#   scripts/wheels.sh            the release wheel (the `wheel-release` cargo profile of the root Cargo.toml:
+#                                optimised for size, fat LTO, symbols stripped) and the sdist, in $OUT; cold, it
+#                                compiles DataFusion optimised
 #                                (BENCHMARKS.md gives the time on a 2-core machine)
 #   scripts/wheels.sh --check    the same path against a debug build (what .ci/run does: it reuses the build of
 #                                the tests, `--features workspace-build`, so that DataFusion is not compiled again)
@@ -76,7 +77,7 @@ maturin=("$build_py" -m maturin)
 
 rm -f "$out"/dpfusion-*.whl "$out"/dpfusion-*.tar.gz
 if [ "$mode" = release ]; then
-  "${maturin[@]}" build --manifest-path crates/python/Cargo.toml --profile wheel --out "$out" -i "$python"
+  "${maturin[@]}" build --manifest-path crates/python/Cargo.toml --profile wheel-release --out "$out" -i "$python"
 else
   "${maturin[@]}" build --manifest-path crates/python/Cargo.toml --profile dev --features workspace-build \
     --out "$out" -i "$python"
