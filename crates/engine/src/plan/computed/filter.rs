@@ -114,14 +114,17 @@ pub(super) fn unclamped_comparisons(e: Expr, schema: &DFSchema) -> datafusion::c
         };
         let Expr::ScalarFunction(f) = inner else { return None };
         let [x, Expr::Literal(lo, _), Expr::Literal(hi, _)] = f.args.as_slice() else { return None };
-        if !f.func.inner().is::<super::Clamp>() || !x.get_type(schema).ok()?.is_integer() {
+        let from = x.get_type(schema).ok()?;
+        if !f.func.inner().is::<super::Clamp>() || !from.is_integer() {
             return None;
         }
         match cast_to {
             None => Some((x.clone(), lo.clone(), hi.clone())),
-            Some(to) if to.is_integer() && crate::plan::safety::cast_is_total(&x.get_type(schema).ok()?, &to) => Some(
-                (datafusion::logical_expr::cast(x.clone(), to.clone()), lo.cast_to(&to).ok()?, hi.cast_to(&to).ok()?),
-            ),
+            Some(to) if to.is_integer() && crate::plan::safety::cast_is_total(&from, &to) => Some((
+                datafusion::logical_expr::cast(x.clone(), to.clone()),
+                lo.cast_to(&to).ok()?,
+                hi.cast_to(&to).ok()?,
+            )),
             Some(_) => None,
         }
     };

@@ -409,9 +409,10 @@ impl Cluster {
     ) -> datafusion::error::Result<SendableRecordBatchStream> {
         let not_after = self.not_after(now_secs());
         let (pass, fallback) = runs_forms(plan)?;
-        // Files a pass already found not clustered go to the hash plan directly.
-        let files = files_key(plan);
-        let remembered = self.not_clustered.lock().is_ok_and(|known| known.contains(&files));
+        // Files a pass already found not clustered go to the hash plan directly (identified only for a plan that
+        // has a pass).
+        let files = pass.is_some().then(|| files_key(plan));
+        let remembered = files.is_some_and(|f| self.not_clustered.lock().is_ok_and(|known| known.contains(&f)));
         let pass = pass.filter(|_| !remembered).map(|p| self.mint(&p, charge.id(), not_after)).transpose()?;
         let fallback = self.mint(&fallback, charge.id(), not_after)?;
         let (url, codec, schema) = (self.url.clone(), Arc::clone(&self.codec), plan.schema());
@@ -443,7 +444,7 @@ impl Cluster {
                 match submit(pass).await {
                     Err(e) if e.to_string().contains(crate::plan::runs::NOT_CLUSTERED) => {
                         jobs[1].fetch_add(1, Relaxed);
-                        if let Ok(mut known) = not_clustered.lock() {
+                        if let (Ok(mut known), Some(files)) = (not_clustered.lock(), files) {
                             if known.len() >= NOT_CLUSTERED_MEMORY {
                                 known.clear();
                             }
