@@ -79,7 +79,7 @@ async fn start_cluster(dir: &TempDir) -> String {
 /// budget of `rho`, at most `g` groups per person.
 async fn sessions(dir: &TempDir, rho: f64, g: u64) -> (DpSession, DpSession) {
     let engine = start_cluster(dir).await;
-    let public = crate::public::educ_levels_config();
+    let public = crate::public::educ_levels_config() + &crate::computed::visits_config(&dir.join("visits.csv"));
     let local = session_from(&(pums_config("pums_dup.csv", rho, 2, g) + &public)).await;
     let split = split_pums(dir, 3);
     let cluster_cfg =
@@ -134,6 +134,15 @@ async fn releases_match(g: u64) {
             let same = x.len() == y.len() && x.iter().zip(&y).all(|(p, q)| p == q || (p.is_nan() && q.is_nan()));
             assert!(same, "{sql}: column {c} differs: local {x:?}, cluster {y:?}");
         }
+    }
+    // Dates and timestamps (keys and values over a declared period), compared as text.
+    for (i, (sql, rows)) in crate::computed::DATED.iter().enumerate() {
+        local.insecure_reseed_for_tests(1000 + i as u64).unwrap();
+        cluster.insecure_reseed_for_tests(1000 + i as u64).unwrap();
+        let (a, b) = (release(&local, sql).await, release(&cluster, sql).await);
+        let n = a.schema().fields().len();
+        assert_eq!(a.num_rows(), *rows, "{sql}");
+        assert_eq!(crate::sql_accept::keys_of(&a, n), crate::sql_accept::keys_of(&b, n), "{sql}");
     }
     let spent = |s: &DpSession| s.budget().unwrap().status.rho_spent;
     assert_eq!(spent(&local), spent(&cluster));

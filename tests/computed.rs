@@ -6,6 +6,7 @@ use crate::sql_accept::{binomial_upper, exact_ctx, interval_misses, keys_of};
 use crate::support::{column_f64, pums_config, release, session_from};
 use datafusion::arrow::array::RecordBatch;
 use dpfusion::Accuracy;
+use std::sync::Arc;
 
 /// The shapes of the issue over PUMS whose noisy columns are direct measurements, with the number of rows each
 /// releases (every key of a computed key's domain, zeros included). The cluster runs them too (tests/cluster.rs).
@@ -28,6 +29,27 @@ pub(crate) const COMPUTED: &[(&str, usize)] = &[
     ("SELECT SUM(x) FROM (SELECT income * 2 AS x FROM pums) t", 1),
     ("WITH t AS (SELECT age / 10 * 10 AS d, income FROM pums) SELECT d, SUM(income), COUNT(*) FROM t GROUP BY d", 11),
 ];
+
+/// Date shapes over the demo's synthetic `visits` table ([`visits_config`]): keys over its declared period, each
+/// with the rows it releases. The cluster runs them too.
+pub(crate) const DATED: &[(&str, usize)] = &[
+    ("SELECT EXTRACT(YEAR FROM day) AS y, COUNT(*), SUM(cost) FROM visits GROUP BY 1", 5),
+    ("SELECT date_trunc('month', at) AS m, COUNT(*) FROM visits GROUP BY 1", 60),
+    ("SELECT day, SUM(cost) FROM visits GROUP BY day", 1826),
+    ("SELECT COUNT(*) FILTER (WHERE day >= DATE '2022-01-01'), SUM(2024 - EXTRACT(YEAR FROM at)) FROM visits", 1),
+];
+
+/// The `visits` table as config/pums.toml declares it, over [`visits`] (one visit per person, so that every
+/// plan keeps every row) written as CSV to `path`.
+pub(crate) fn visits_config(path: &std::path::Path) -> String {
+    let mut w = datafusion::arrow::csv::Writer::new(std::fs::File::create(path).unwrap());
+    w.write(&visits(false)).unwrap();
+    let demo = std::fs::read_to_string(format!("{}/config/pums.toml", crate::support::ROOT)).unwrap();
+    let start = demo.find("[tables.visits]").unwrap();
+    let end = start + demo[start..].find("# A public table").unwrap();
+    let table = demo[start..end].replace("../examples/data/visits.csv", &path.display().to_string());
+    format!("\n{table}born = {{ type = \"date\" }}\n")
+}
 
 /// Shapes whose outputs combine measurements (AVG, MEDIAN, VAR over computed values): answered, inside the bounds.
 const COMBINED: &[&str] = &[
@@ -202,4 +224,146 @@ async fn refusals_name_the_sub_expression_and_explain_shows_the_derivation() {
     ] {
         assert!(text.contains(line), "EXPLAIN DP lacks `{line}`:\n{text}");
     }
+}
+
+/// Microseconds since 1970-01-01 of a date or timestamp written as text.
+fn instant(s: &str) -> i64 {
+    use datafusion::arrow::datatypes::{DataType, TimeUnit};
+    use datafusion::common::ScalarValue;
+    match ScalarValue::Utf8(Some(s.into())).cast_to(&DataType::Timestamp(TimeUnit::Microsecond, None)) {
+        Ok(ScalarValue::TimestampMicrosecond(Some(v), None)) => v,
+        other => panic!("{s}: {other:?}"),
+    }
+}
+
+/// The visits table: 300 persons of one visit each, on a day of 2019–2023 (`day`, a date) at a time of that day
+/// (`at`, a timestamp), with an `cost` in [0, 1000] and a birth date `born` without bounds; in D′, one more person
+/// with 4 visits far outside the period (1900 and 2100) and costs of 10⁶.
+fn visits(with_v: bool) -> RecordBatch {
+    use datafusion::arrow::array::{ArrayRef, Date32Array, Float64Array, Int64Array, TimestampMicrosecondArray};
+    use datafusion::arrow::datatypes::{DataType, Field, Schema, TimeUnit};
+    const DAY: i64 = 86_400_000_000;
+    let first = instant("2019-01-01") / DAY;
+    let (mut pid, mut day, mut at, mut cost) = (vec![], vec![], vec![], vec![]);
+    for p in 0..300i64 {
+        pid.push(p);
+        let d = first + (p * 6) % 1826;
+        day.push(d as i32);
+        at.push(d * DAY + (p * 37_000_000_000) % DAY);
+        cost.push(((p * 13) % 1000) as f64);
+    }
+    if with_v {
+        for (i, d) in ["1900-01-01", "2100-06-30", "1900-01-01", "2100-06-30"].into_iter().enumerate() {
+            pid.push(9999);
+            day.push((instant(d) / DAY) as i32);
+            at.push(instant(d) + i as i64 * 3_600_000_000);
+            cost.push(1e6);
+        }
+    }
+    let schema = Schema::new(vec![
+        Field::new("pid", DataType::Int64, false),
+        Field::new("day", DataType::Date32, true),
+        Field::new("at", DataType::Timestamp(TimeUnit::Microsecond, None), true),
+        Field::new("cost", DataType::Float64, true),
+        Field::new("born", DataType::Date32, true),
+    ]);
+    let born: Date32Array = day.iter().map(|d| Some(d - 10_000)).collect();
+    let columns: Vec<ArrayRef> = vec![
+        Arc::new(Int64Array::from(pid)),
+        Arc::new(Date32Array::from(day)),
+        Arc::new(TimestampMicrosecondArray::from(at)),
+        Arc::new(Float64Array::from(cost)),
+        Arc::new(born),
+    ];
+    RecordBatch::try_new(Arc::new(schema), columns).unwrap()
+}
+
+/// A session over [`visits`]: `pid` units, 2 rows and 1 group per unit, `day` and `at` bounded by 2019–2023.
+fn visits_session(with_v: bool) -> dpfusion::DpSession {
+    use dpfusion::{ColumnPolicy, TablePolicy};
+    let mut cols = std::collections::BTreeMap::new();
+    cols.insert("day".into(), ColumnPolicy::Period { lo: instant("2019-01-01"), hi: instant("2023-12-31") });
+    cols.insert(
+        "at".into(),
+        ColumnPolicy::Period { lo: instant("2019-01-01"), hi: instant("2023-12-31T23:59:59.999999") },
+    );
+    cols.insert("cost".into(), ColumnPolicy::Bounds { lo: 0.0, hi: 1000.0 });
+    let policy = TablePolicy::with_unit("pid", 2, 1, cols).unwrap();
+    crate::support::session_with(1e9, 1.0, "visits", visits(with_v), policy)
+}
+
+/// The date shapes ([`DATED`]), drawn 20 times at ρ = 20 over [`visits`] (one visit per person, every value inside
+/// its bounds and period: the exact DP answer before noise is plain DataFusion's), land within their stated
+/// intervals at the stated rate (the binomial threshold of [`land_within_their_intervals`]: a correct
+/// implementation fails far less than once in a million runs).
+#[tokio::test]
+async fn date_shapes_land_within_their_intervals() {
+    let s = visits_session(false);
+    s.sql("SET dp.rho = 20").await.unwrap();
+    let exact = datafusion::prelude::SessionContext::new();
+    exact.register_batch("visits", visits(false)).unwrap();
+    land_within_their_intervals(&s, &exact, DATED, &["SELECT AVG(cost), MEDIAN(EXTRACT(MONTH FROM day)) FROM visits"])
+        .await;
+}
+
+/// The date shapes of issue 56 over a declared period: EXTRACT of a year, date_trunc to a month or a quarter (of a
+/// date and of a timestamp) and the date itself as keys, every key of the period released (zeros included), in
+/// order; EXTRACT as a bounded value; a FILTER on a date. A neighbour far outside the period (clamped into it) moves
+/// each by at most the L1 sensitivity EXPLAIN DP states, and the keys stay those of the period.
+#[tokio::test]
+async fn dates_bin_by_their_declared_period() {
+    let (d, d2) = (visits_session(false), visits_session(true));
+    for (sql, rows, first, last) in [
+        ("SELECT EXTRACT(YEAR FROM day) AS y, COUNT(*) FROM visits GROUP BY 1", 5, "2019", "2023"),
+        (
+            "SELECT date_trunc('month', day) AS m, COUNT(*) FROM visits GROUP BY 1",
+            60,
+            "2019-01-01T00:00:00",
+            "2023-12-01T00:00:00",
+        ),
+        (
+            "SELECT date_trunc('quarter', at) AS q, SUM(cost) FROM visits GROUP BY 1",
+            20,
+            "2019-01-01T00:00:00",
+            "2023-10-01T00:00:00",
+        ),
+        ("SELECT EXTRACT(MONTH FROM at) AS m, COUNT(*) FROM visits GROUP BY 1", 12, "1", "12"),
+        ("SELECT day, COUNT(*) FROM visits GROUP BY day", 1826, "2019-01-01", "2023-12-31"),
+        ("SELECT CAST(at AS DATE) AS d, COUNT(*) FROM visits GROUP BY 1", 1826, "2019-01-01", "2023-12-31"),
+    ] {
+        let r = release(&d, sql).await;
+        assert_eq!(r.num_rows(), rows, "{sql}: every key of the period, once");
+        let keys = keys_of(&r, 1);
+        assert_eq!((keys[0][0].as_str(), keys[rows - 1][0].as_str()), (first, last), "{sql}");
+    }
+    let forms = [
+        "SELECT EXTRACT(YEAR FROM day) AS y, COUNT(*), SUM(cost) FROM visits GROUP BY 1",
+        "SELECT date_trunc('month', at) AS m, COUNT(*) FROM visits GROUP BY 1",
+        "SELECT SUM(2024 - EXTRACT(YEAR FROM day)), COUNT(*) FILTER (WHERE day >= DATE '2022-01-01') FROM visits",
+        "SELECT EXTRACT(QUARTER FROM at) AS q, COUNT(DISTINCT pid) FROM visits GROUP BY 1",
+    ];
+    audit_neighbours(&d, &d2, &forms).await;
+    let text = d.explain("SELECT date_trunc('month', day) AS m, COUNT(*) FROM visits GROUP BY 1").await.unwrap();
+    let text = text.to_string();
+    assert!(text.contains("60 keys (2019-01-01T00:00:00") && text.contains("day ∈ [2019-01-01, 2023-12-31]"), "{text}");
+}
+
+/// What a period cannot bound is refused for free, naming the sub-expression and the fix; a timestamp read for its
+/// time of day has no public domain (EXPLAIN says why).
+#[tokio::test]
+async fn dates_outside_what_a_period_bounds_are_refused() {
+    let d = visits_session(false);
+    for (sql, says) in [
+        ("SELECT EXTRACT(CENTURY FROM day) AS c, COUNT(*) FROM visits GROUP BY 1", "EXTRACT reads the parts year"),
+        ("SELECT date_trunc('month', born) AS m, COUNT(*) FROM visits GROUP BY 1", "`born` has no bounds"),
+        ("SELECT SUM(EXTRACT(YEAR FROM born)) FROM visits", "born"),
+        ("SELECT date_trunc('fortnight', day) AS m, COUNT(*) FROM visits GROUP BY 1", "date_trunc truncates to"),
+    ] {
+        let e = d.sql(sql).await.unwrap_err().to_string();
+        assert!(e.contains(says), "{sql}: {e}");
+    }
+    assert!(d.budget().unwrap().charges.is_empty(), "refusals spend nothing");
+    let text = d.explain("SELECT date_trunc('hour', at) AS h, COUNT(*) FROM visits GROUP BY 1").await;
+    let text = text.map(|e| e.to_string()).unwrap_or_else(|e| e.to_string());
+    assert!(text.contains("read for more than its date"), "{text}");
 }

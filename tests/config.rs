@@ -78,6 +78,29 @@ fn mistakes_are_reported_with_the_fix() {
         (base.replace(sex, r#"sex = { type = "int64", domain = [] }"#), "empty"),
         (base.replace(sex, r#"sex = { type = "int64", domain = [0, 1], bounds = [0, 1] }"#), "not both"),
         (base.replace(pid, r#"pid = { type = "int64", domain = [0, 1] }"#), "privacy unit"),
+        (base.replace(pid, &format!("{pid}\nday = {{ type = \"date\", bounds = [0, 100] }}")), "as text"),
+        (base.replace(age, r#"age = { type = "int64", bounds = ["2019-01-01", "2023-12-31"] }"#), "two numbers"),
+        (
+            base.replace(
+                pid,
+                &format!("{pid}\nday = {{ type = \"date\", bounds = [\"2019-13-01\", \"2023-12-31\"] }}"),
+            ),
+            "is not a date",
+        ),
+        (
+            base.replace(
+                pid,
+                &format!("{pid}\nday = {{ type = \"date\", bounds = [\"2019-01-01T12:00:00\", \"2023-12-31\"] }}"),
+            ),
+            "write the date alone",
+        ),
+        (
+            base.replace(
+                pid,
+                &format!("{pid}\nat = {{ type = \"timestamp\", bounds = [\"2024-01-01\", \"2023-12-31\"] }}"),
+            ),
+            "first instant first",
+        ),
         (base.replace(pid, ""), "must be declared with its type"),
         (base.replace("privacy_unit = \"pid\"\n", ""), "privacy_unit"),
         (base.clone() + "\n[ledger]\npath = \"l.db\"\nbusy_timeout_ms = 18446744073709551615\n", "more than an hour"),
@@ -88,6 +111,26 @@ fn mistakes_are_reported_with_the_fix() {
         let m = err(&text);
         assert!(m.contains(needle), "message {m:?} lacks {needle:?}");
     }
+}
+
+/// A date's and a timestamp's bounds are written as text, and read as their first and last instants.
+#[test]
+fn dates_and_timestamps_are_bounded_by_a_period() {
+    let pid = r#"pid = { type = "int64" }"#;
+    let text = EXAMPLE.replace(
+        pid,
+        &format!(
+            "{pid}\nday = {{ type = \"date\", bounds = [\"2019-01-01\", \"2023-12-31\"] }}\n\
+             at = {{ type = \"timestamp\", bounds = [\"2019-01-01\", \"2023-12-31T23:59:59.999999\"] }}"
+        ),
+    );
+    let cfg = SessionConfig::from_toml_str(&text, root()).unwrap();
+    let p = &cfg.tables["pums"].policy;
+    const DAY: i64 = 86_400_000_000;
+    assert_eq!(p.period("day"), Some((17_897 * DAY, 19_722 * DAY)));
+    assert_eq!(p.period("at"), Some((17_897 * DAY, 19_723 * DAY - 1)));
+    assert_eq!(dpfusion::policy::show_instant(19_723 * DAY - 1), "2023-12-31T23:59:59.999999");
+    assert_eq!(dpfusion::policy::show_instant(17_897 * DAY), "2019-01-01");
 }
 
 #[tokio::test]

@@ -719,7 +719,7 @@ class Session:
     >>> import dpfusion
     >>> s = dpfusion.Session("config/pums.toml")
     >>> s
-    dpfusion.Session(tables=["pums"])
+    dpfusion.Session(tables=["pums", "visits"])
     >>> r = s.sql("SELECT sex, COUNT(*) AS n FROM pums GROUP BY sex ORDER BY sex")
     >>> r.to_pandas()          # doctest: +ELLIPSIS
        sex    n
@@ -820,8 +820,9 @@ class Session:
     def tables(self) -> dict[str, list[str]]:
         """The tables this session may query, private and public, with their column names (those the policy declares).
 
-        >>> s.tables()
-        {'educ_levels': ['educ', 'label', 'level'], 'pums': ['age', 'sex', 'educ', 'race', 'income', 'married', 'pid']}
+        >>> s.tables()    # doctest: +NORMALIZE_WHITESPACE
+        {'educ_levels': ['educ', 'label', 'level'], 'pums': ['age', 'sex', 'educ', 'race', 'income', 'married', 'pid'],
+         'visits': ['pid', 'day', 'at', 'cost']}
         """
         ...
     def register(self, name: str, data: Any, policy: dict[str, Any]) -> None:

@@ -9,7 +9,7 @@
 
 use dpfusion::config::SessionConfig;
 use dpfusion::format::fmt_num;
-use dpfusion::policy::{ColumnPolicy, ColumnType};
+use dpfusion::policy::ColumnPolicy;
 use dpfusion::{DpError, DpSession};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -107,6 +107,7 @@ fn skeleton(table: &str, path: &str, format: &str, columns: &[(String, Result<&'
                     "float32" | "float64" => "# TODO: bounds = [lo, hi] for SUM/AVG",
                     "string" => "# TODO: domain = [\"...\", ...] for GROUP BY",
                     "boolean" => "# TODO: domain = [true, false] for GROUP BY",
+                    "date" | "timestamp" => "# TODO: bounds = [\"first\", \"last\"] for EXTRACT and date_trunc",
                     _ => "",
                 };
                 let _ = writeln!(out, "{:<40} {todo}", format!("{key} = {{ type = \"{ty}\" }}"));
@@ -147,7 +148,10 @@ pub(crate) async fn init(a: InitArgs) -> Result<bool, DpError> {
     let columns: Vec<(String, Result<&'static str, String>)> = schema
         .fields()
         .iter()
-        .map(|f| (f.name().clone(), ColumnType::name_of(f.data_type()).ok_or_else(|| f.data_type().to_string())))
+        .map(|f| {
+            let ty = super::pin::inferred_type(f.data_type(), &format).ok_or_else(|| f.data_type().to_string());
+            (f.name().clone(), ty)
+        })
         .collect();
     // The data path as the policy will resolve it: absolute, so the policy can live anywhere.
     let path = std::fs::canonicalize(&a.path)

@@ -62,6 +62,15 @@ pub(crate) async fn infer(
     Ok(t.schema())
 }
 
+/// The configuration name of a column type inferred from a file of `format`: [`ColumnType::name_of`], and a
+/// timestamp of a text file (CSV, JSON) at any precision, since dpfusion reads its text as microseconds.
+pub(crate) fn inferred_type(dt: &datafusion::arrow::datatypes::DataType, format: &str) -> Option<&'static str> {
+    use datafusion::arrow::datatypes::DataType;
+    ColumnType::name_of(dt).or_else(|| {
+        (matches!(format, "csv" | "json") && matches!(dt, DataType::Timestamp(_, None))).then_some("timestamp")
+    })
+}
+
 /// Runs the command; returns whether every table was pinned.
 pub(crate) async fn run(a: PinArgs) -> Result<bool, DpError> {
     let io = |source: std::io::Error| DpError::Io { path: a.config.display().to_string(), source };
@@ -82,7 +91,7 @@ pub(crate) async fn run(a: PinArgs) -> Result<bool, DpError> {
         };
         outln!("[tables.{name}] {} ({} columns)", path.display(), schema.fields().len());
         for f in schema.fields() {
-            let Some(found) = ColumnType::name_of(f.data_type()) else {
+            let Some(found) = inferred_type(f.data_type(), &t.format) else {
                 outln!(
                     "  {}: {} is not a type dpfusion reads; convert the column, or leave it out",
                     f.name(),

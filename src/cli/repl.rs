@@ -177,6 +177,11 @@ impl Shell {
         for f in schema.fields() {
             let p = match policy.columns.get(f.name()) {
                 Some(ColumnPolicy::Bounds { lo, hi }) => format!("bounds [{lo}, {hi}] (SUM, AVG)"),
+                Some(ColumnPolicy::Period { lo, hi }) => format!(
+                    "bounds [{}, {}] (EXTRACT, date_trunc)",
+                    dpfusion::policy::show_instant(*lo),
+                    dpfusion::policy::show_instant(*hi)
+                ),
                 Some(ColumnPolicy::Domain(d)) => {
                     let vals: Vec<String> = d.iter().map(|v| v.to_string()).collect();
                     format!("domain {{{}}} (GROUP BY)", vals.join(", "))

@@ -132,6 +132,9 @@ fn column_policy(policy: Option<&dpfusion::policy::TablePolicy>, column: &str) -
         Some(ColumnPolicy::Bounds { lo, hi }) => html! {
             "bounds [" (dpfusion::format::fmt_num(*lo)) ", " (dpfusion::format::fmt_num(*hi)) "]"
         },
+        Some(ColumnPolicy::Period { lo, hi }) => html! {
+            "bounds [" (dpfusion::policy::show_instant(*lo)) ", " (dpfusion::policy::show_instant(*hi)) "]"
+        },
         Some(ColumnPolicy::Domain(values)) => {
             let shown: Vec<String> = values.iter().take(DOMAIN_SHOWN).map(ToString::to_string).collect();
             let more = values.len().saturating_sub(DOMAIN_SHOWN);

@@ -581,12 +581,62 @@ pub struct ColumnConfig {
     /// analyst sees must never be inferred from the data.
     #[serde(rename = "type")]
     pub data_type: Option<String>,
-    /// `[lo, hi]`: values are clamped to this range before SUM/AVG.
-    pub bounds: Option<Vec<f64>>,
+    /// `[lo, hi]`: values are clamped to this range before SUM/AVG; for a `date` or `timestamp` column, the first
+    /// and last instants as text (`["2019-01-01", "2023-12-31"]`).
+    pub bounds: Option<Vec<BoundConfig>>,
     /// The public set of values a GROUP BY key can take.
     pub domain: Option<Vec<DomainValue>>,
     /// With `bounds`: the number of candidates of a quantile's grid over them (1000 when absent).
     pub grid: Option<usize>,
+}
+
+/// One end of a column's `bounds`: a number, or a date or timestamp as text.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(untagged)]
+pub enum BoundConfig {
+    /// A number (a numeric column's bound).
+    Number(f64),
+    /// A date (`2024-01-31`) or a timestamp (`2024-01-31T08:30:00`): a temporal column's bound.
+    Text(String),
+}
+
+/// A column's `bounds` as its policy: numbers for a numeric column, instants for a date or timestamp column.
+fn column_bounds(table: &str, col: &str, ty: &ColumnType, bounds: &[BoundConfig]) -> Result<ColumnPolicy> {
+    use datafusion::arrow::datatypes::{DataType, TimeUnit};
+    let fail = |what: String| DpError::Config(format!("[tables.{table}.columns] {col}: bounds: {what}"));
+    let temporal = matches!(ty.data_type(), DataType::Date32 | DataType::Timestamp(..));
+    match (bounds, temporal) {
+        ([BoundConfig::Number(lo), BoundConfig::Number(hi)], false) => Ok(ColumnPolicy::Bounds { lo: *lo, hi: *hi }),
+        ([BoundConfig::Text(lo), BoundConfig::Text(hi)], true) => {
+            let instant = |text: &str| -> Result<i64> {
+                let v = datafusion::common::ScalarValue::Utf8(Some(text.trim().to_string()))
+                    .cast_to(&DataType::Timestamp(TimeUnit::Microsecond, None));
+                match v {
+                    Ok(datafusion::common::ScalarValue::TimestampMicrosecond(Some(us), _)) => Ok(us),
+                    _ => Err(fail(format!("`{text}` is not a date (2024-01-31) or a timestamp (2024-01-31T08:30:00)"))),
+                }
+            };
+            let (lo, hi) = (instant(lo)?, instant(hi)?);
+            if *ty.data_type() == DataType::Date32
+                && let Some(t) = [lo, hi].into_iter().find(|us| us.rem_euclid(crate::policy::MICROS_PER_DAY) != 0)
+            {
+                return Err(fail(format!(
+                    "`{}` has a time of day, but {col} is a date; write the date alone",
+                    crate::policy::show_instant(t)
+                )));
+            }
+            Ok(ColumnPolicy::Period { lo, hi })
+        }
+        ([_, _], true) => Err(fail(format!(
+            "{col} is a {ty} column, so its bounds are its first and last {ty}s as text, e.g. \
+             bounds = [\"2019-01-01\", \"2023-12-31\"]"
+        ))),
+        ([_, _], false) => Err(fail(format!("{col} is a {ty} column, so its bounds are two numbers [lo, hi]"))),
+        (other, _) => Err(fail(format!(
+            "{} values, but they must be two numbers [lo, hi] (or a date's or timestamp's first and last as text)",
+            other.len()
+        ))),
+    }
 }
 
 /// Where a table's data lives.
@@ -894,16 +944,8 @@ fn table_source(name: &str, t: TableConfig, base_dir: &Path) -> Result<TableSour
         };
         let ty: ColumnType =
             ty.parse().map_err(|e| DpError::Config(format!("[tables.{name}.columns] {col}: type {e}")))?;
-        types.insert(col.clone(), ty);
         let p = match (c.bounds, c.domain) {
-            (Some(b), None) => match b.as_slice() {
-                [lo, hi] => Some(ColumnPolicy::Bounds { lo: *lo, hi: *hi }),
-                other => {
-                    return Err(DpError::Config(format!(
-                        "[tables.{name}.columns] {col}: bounds = {other:?} must be two numbers [lo, hi]"
-                    )));
-                }
-            },
+            (Some(b), None) => Some(column_bounds(name, &col, &ty, &b)?),
             (None, Some(d)) => Some(ColumnPolicy::Domain(d)),
             (Some(_), Some(_)) => {
                 return Err(DpError::Config(format!(
@@ -912,6 +954,7 @@ fn table_source(name: &str, t: TableConfig, base_dir: &Path) -> Result<TableSour
             }
             (None, None) => None,
         };
+        types.insert(col.clone(), ty);
         if let Some(n) = c.grid {
             grid.insert(col.clone(), n);
         }

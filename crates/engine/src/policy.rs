@@ -141,6 +141,30 @@ pub enum ColumnPolicy {
     },
     /// A public domain: the keys a GROUP BY on this column produces, whatever the data holds.
     Domain(Vec<DomainValue>),
+    /// Bounds of a `date` or `timestamp` column: the first and the last instant its values may take, in
+    /// microseconds since 1970-01-01 00:00:00 (no time zone; a date's bounds are midnights). A computed value or
+    /// key reads the column clamped to them, so `EXTRACT(YEAR FROM d)` lies between the bounds' years and
+    /// `date_trunc('month', d)` takes one value per month of the period ([`crate::plan::computed`]).
+    Period {
+        /// The first instant.
+        lo: i64,
+        /// The last instant.
+        hi: i64,
+    },
+}
+
+/// Microseconds in a day.
+pub const MICROS_PER_DAY: i64 = 86_400_000_000;
+
+/// An instant of a [`ColumnPolicy::Period`] as the configuration writes it: `2024-01-31` for a midnight,
+/// `2024-01-31T08:30:00` otherwise (fractions of a second when it has some).
+pub fn show_instant(us: i64) -> String {
+    use datafusion::arrow::temporal_conversions::timestamp_us_to_datetime;
+    match timestamp_us_to_datetime(us) {
+        Some(t) if us.rem_euclid(MICROS_PER_DAY) == 0 => t.date().to_string(),
+        Some(t) => t.format("%Y-%m-%dT%H:%M:%S%.f").to_string(),
+        None => format!("{us} µs"),
+    }
 }
 
 /// The privacy policy of one table.
@@ -253,6 +277,15 @@ impl TablePolicy {
                         )));
                     }
                 }
+                ColumnPolicy::Period { lo, hi } => {
+                    if lo > hi {
+                        return Err(DpError::Config(format!(
+                            "[tables.{table}.columns] {col}: bounds = [{}, {}] must have the first instant first",
+                            show_instant(*lo),
+                            show_instant(*hi)
+                        )));
+                    }
+                }
                 ColumnPolicy::Domain(values) => {
                     if values.is_empty() {
                         return Err(DpError::Config(format!("[tables.{table}.columns] {col}: domain is empty")));
@@ -307,6 +340,14 @@ impl TablePolicy {
     pub fn bounds(&self, column: &str) -> Option<(f64, f64)> {
         match self.columns.get(column) {
             Some(ColumnPolicy::Bounds { lo, hi }) => Some((*lo, *hi)),
+            _ => None,
+        }
+    }
+
+    /// The period of a date or timestamp `column`, if declared: its first and last instants in microseconds.
+    pub fn period(&self, column: &str) -> Option<(i64, i64)> {
+        match self.columns.get(column) {
+            Some(ColumnPolicy::Period { lo, hi }) => Some((*lo, *hi)),
             _ => None,
         }
     }

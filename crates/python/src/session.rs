@@ -30,7 +30,7 @@ use tokio::sync::{RwLock, RwLockMappedWriteGuard, RwLockReadGuard, RwLockWriteGu
 /// >>> import dpfusion
 /// >>> s = dpfusion.Session("config/pums.toml")
 /// >>> s
-/// dpfusion.Session(tables=["pums"])
+/// dpfusion.Session(tables=["pums", "visits"])
 /// >>> r = s.sql("SELECT sex, COUNT(*) AS n FROM pums GROUP BY sex ORDER BY sex")
 /// >>> r.to_pandas()          # doctest: +ELLIPSIS
 ///    sex    n
@@ -224,8 +224,9 @@ impl Session {
 
     /// The tables this session may query, private and public, with their column names (those the policy declares).
     ///
-    /// >>> s.tables()
-    /// {'educ_levels': ['educ', 'label', 'level'], 'pums': ['age', 'sex', 'educ', 'race', 'income', 'married', 'pid']}
+    /// >>> s.tables()    # doctest: +NORMALIZE_WHITESPACE
+    /// {'educ_levels': ['educ', 'label', 'level'], 'pums': ['age', 'sex', 'educ', 'race', 'income', 'married', 'pid'],
+    ///  'visits': ['pid', 'day', 'at', 'cost']}
     fn tables(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
         let schemas = run(py, || async move { Ok::<_, Failure>(self.open().await?.table_schemas().await?) })?;
         let v: serde_json::Map<String, Value> = schemas

@@ -6,9 +6,9 @@
 //! 1. `AGG(x) FILTER (WHERE p)` becomes `AGG(CASE WHEN p THEN x END)`, and `COUNT(*) FILTER (WHERE p)` becomes
 //!    `COUNT(CASE WHEN p THEN 1 END)`. The condition is evaluated on each unit's bounded rows, like the value, so
 //!    a unit still moves the aggregate by at most what it moves it without the condition: the same sensitivity.
-//! 2. Every column with bounds (or an integer domain) that a computed expression reads is clamped to them,
-//!    `dp_clamp(c, lo, hi)` ([`Clamp`]), in its conditions too: so an expression means the same on every dataset,
-//!    and its bounds are a fact of the plan that runs ([`crate::plan::interval`]).
+//! 2. Every column with bounds (an integer domain, a date's period) that a computed expression reads is clamped to
+//!    them, `dp_clamp(c, lo, hi)` ([`Clamp`]), in its conditions too: so an expression means the same on every
+//!    dataset, and its bounds are a fact of the plan that runs ([`crate::plan::interval`]).
 //! 3. Its bounds are derived ([`crate::plan::interval::derive`]); an expression that could fail on some value is
 //!    refused, and so is an aggregate other than COUNT of a value without finite bounds, naming the sub-expression.
 //! 4. Each computed argument or key becomes a column `__dp_c{i}` of a projection under the aggregate. The derived
@@ -35,7 +35,7 @@
 use crate::error::{DpError, Result, engine};
 use crate::plan::interval::{self, Bounds, Range};
 use crate::plan::{bound, safety, validate};
-use crate::policy::{ColumnPolicy, TablePolicy};
+use crate::policy::{ColumnPolicy, MICROS_PER_DAY, TablePolicy};
 use crate::refusal::Refusal;
 use datafusion::arrow::array::{ArrayRef, RecordBatch};
 use datafusion::arrow::datatypes::DataType;
@@ -533,7 +533,12 @@ impl<'a> Rewrite<'a> {
             self.lifted[at].column.domain = Some(domain);
             return Ok(g.clone());
         }
-        if matches!(e, Expr::Column(_) | Expr::GroupingSet(_)) {
+        // A column is its own key, but a date with a period: its days are its domain.
+        let dated = match e {
+            Expr::Column(c) => self.clamp_bounds(c).is_some_and(|(lo, _)| lo.data_type() == DataType::Date32),
+            _ => false,
+        };
+        if matches!(e, Expr::Column(_) | Expr::GroupingSet(_)) && !dated {
             return Ok(g.clone());
         }
 
@@ -544,7 +549,7 @@ impl<'a> Rewrite<'a> {
         let (domain, origin) = self.key_domain(&clamped, &bounds)?;
         let origin = match &domain {
             Ok(values) => {
-                let mut shown: Vec<String> = values.iter().take(6).map(ToString::to_string).collect();
+                let mut shown: Vec<String> = values.iter().take(6).map(shown_value).collect();
                 if values.len() > 6 {
                     shown.push("…".into());
                 }
@@ -595,6 +600,17 @@ impl<'a> Rewrite<'a> {
             ColumnPolicy::Bounds { lo, hi } if dt.is_floating() => {
                 (ScalarValue::Float64(Some(*lo)), ScalarValue::Float64(Some(*hi)))
             }
+            ColumnPolicy::Period { lo, hi } => match dt {
+                DataType::Date32 => {
+                    let day = |us: i64| i32::try_from(us.div_euclid(MICROS_PER_DAY)).ok();
+                    (ScalarValue::Date32(Some(day(*lo)?)), ScalarValue::Date32(Some(day(*hi)?)))
+                }
+                DataType::Timestamp(datafusion::arrow::datatypes::TimeUnit::Microsecond, None) => (
+                    ScalarValue::TimestampMicrosecond(Some(*lo), None),
+                    ScalarValue::TimestampMicrosecond(Some(*hi), None),
+                ),
+                _ => return None,
+            },
             ColumnPolicy::Domain(values) if dt.is_integer() => {
                 let ints = values.iter().filter_map(|v| match v {
                     crate::policy::DomainValue::Int(i) => Some(*i),
@@ -649,6 +665,9 @@ impl<'a> Rewrite<'a> {
             let Some(base) = validate::base_column(self.input, c) else { continue };
             let entry = match self.policy.columns.get(&base) {
                 Some(ColumnPolicy::Bounds { lo, hi }) => format!("{base} ∈ [{lo}, {hi}]"),
+                Some(ColumnPolicy::Period { lo, hi }) => {
+                    format!("{base} ∈ [{}, {}]", crate::policy::show_instant(*lo), crate::policy::show_instant(*hi))
+                }
                 Some(ColumnPolicy::Domain(d)) => format!("{base} in its domain of {} values", d.len()),
                 None => continue,
             };
@@ -695,8 +714,9 @@ impl<'a> Rewrite<'a> {
         let mut inputs: Vec<(&Column, ArrayRef)> = Vec::new();
         let mut combinations = 1u64;
         for c in columns {
-            let Some(values) = self.input_values(c)? else {
-                return Ok(Err(format!("`{}` has neither a domain nor integer bounds", c.name)));
+            let values = match self.input_values(c, e)? {
+                Ok(values) => values,
+                Err(why) => return Ok(Err(why)),
             };
             combinations = combinations.saturating_mul(values.len() as u64);
             if combinations > MAX_ENUMERATED {
@@ -836,10 +856,13 @@ impl<'a> Rewrite<'a> {
     }
 
     /// Every value a key's input column can hold, NULL included, as an array of its type: its domain, its integer
-    /// bounds (clamped to them), or a boolean's two values; `None` otherwise.
-    fn input_values(&self, c: &Column) -> Result<Option<ArrayRef>> {
-        use datafusion::arrow::array::{BooleanArray, Int64Array};
-        let Ok((_, field)) = self.schema.qualified_field_from_column(c) else { return Ok(None) };
+    /// bounds (clamped to them), a boolean's two values, the days of a date's period, or, when the key `e` reads a
+    /// timestamp only through its date ([`interval::reads_only_dates`]), the midnights of its period's days (each
+    /// within the day of an instant the clamp gives); else why they cannot be listed.
+    fn input_values(&self, c: &Column, e: &Expr) -> Result<std::result::Result<ArrayRef, String>> {
+        use datafusion::arrow::array::{BooleanArray, Date32Array, Int64Array, TimestampMicrosecondArray};
+        let none = || Ok(Err(format!("`{}` has neither a domain nor bounds", c.name)));
+        let Ok((_, field)) = self.schema.qualified_field_from_column(c) else { return none() };
         let dt = field.data_type();
         let base = validate::base_column(self.input, c);
         let array: ArrayRef = match base.as_deref().and_then(|b| self.policy.columns.get(b)) {
@@ -850,22 +873,56 @@ impl<'a> Rewrite<'a> {
                 ScalarValue::iter_to_array(values).map_err(engine)?
             }
             Some(ColumnPolicy::Bounds { .. }) if dt.is_integer() => {
-                let Some((lo, hi)) = self.clamp_bounds(c) else { return Ok(None) };
+                let Some((lo, hi)) = self.clamp_bounds(c) else { return none() };
                 let (Ok(ScalarValue::Int64(Some(lo))), Ok(ScalarValue::Int64(Some(hi)))) =
                     (lo.cast_to(&DataType::Int64), hi.cast_to(&DataType::Int64))
                 else {
-                    return Ok(None);
+                    return none();
                 };
                 if (hi as i128 - lo as i128) >= i128::from(MAX_ENUMERATED) {
-                    return Ok(None);
+                    return Ok(Err(format!("`{}` takes more than {MAX_ENUMERATED} values", c.name)));
                 }
                 let ints: Int64Array = (lo..=hi).map(Some).chain([None]).collect();
                 datafusion::arrow::compute::cast(&ints, dt).map_err(|e| DpError::Internal(e.to_string()))?
             }
+            Some(ColumnPolicy::Period { lo, hi }) => {
+                let (first, last) = (lo.div_euclid(MICROS_PER_DAY), hi.div_euclid(MICROS_PER_DAY));
+                if i128::from(last) - i128::from(first) >= i128::from(MAX_ENUMERATED) {
+                    return Ok(Err(format!("`{}`'s period has more than {MAX_ENUMERATED} days", c.name)));
+                }
+                match dt {
+                    DataType::Date32 => {
+                        Arc::new((first..=last).map(|d| i32::try_from(d).ok()).chain([None]).collect::<Date32Array>())
+                    }
+                    DataType::Timestamp(_, None) if interval::reads_only_dates(e, c) => {
+                        let midnights = (first..=last).map(|d| d.checked_mul(MICROS_PER_DAY)).chain([None]);
+                        let a: TimestampMicrosecondArray = midnights.collect();
+                        datafusion::arrow::compute::cast(&a, dt).map_err(|e| DpError::Internal(e.to_string()))?
+                    }
+                    _ => {
+                        return Ok(Err(format!(
+                            "`{}` is a timestamp read for more than its date: its keys are listed when it is read \
+                             through date_trunc to a day or coarser, EXTRACT of a part of its date, or a CAST to DATE",
+                            c.name
+                        )));
+                    }
+                }
+            }
             _ if dt == &DataType::Boolean => Arc::new(BooleanArray::from(vec![Some(false), Some(true), None])),
-            _ => return Ok(None),
+            _ => return none(),
         };
-        Ok(Some(array))
+        Ok(Ok(array))
+    }
+}
+
+/// A key's value for `EXPLAIN DP`: dates and timestamps as Arrow prints them, the rest as DataFusion does.
+fn shown_value(v: &ScalarValue) -> String {
+    use datafusion::arrow::util::display::array_value_to_string;
+    match v.data_type() {
+        DataType::Date32 | DataType::Timestamp(..) => {
+            v.to_array().ok().and_then(|a| array_value_to_string(&a, 0).ok()).unwrap_or_else(|| v.to_string())
+        }
+        _ => v.to_string(),
     }
 }
 
@@ -873,7 +930,7 @@ impl<'a> Rewrite<'a> {
 fn unbounded(bounds: &Bounds) -> String {
     match (&bounds.loose, &bounds.range) {
         (Some(c), _) => format!("`{c}` has no bounds in the policy"),
-        (None, Range::Other) => "its values are not numbers".into(),
+        (None, Range::Other | Range::Time(..)) => "its values are not numbers".into(),
         (None, _) => "its values are not bounded (a division by a value that can be 0?)".into(),
     }
 }
@@ -897,9 +954,9 @@ fn literal_outputs(e: &Expr, dt: &DataType) -> Option<Vec<ScalarValue>> {
     Some(values)
 }
 
-/// `dp_clamp(x, lo, hi)`: the column `x` clamped to `[lo, hi]` (literals of its type, `lo ≤ hi`), NULL kept NULL and
-/// NaN kept NaN, in one vectorised pass (DataFusion's CASE evaluates each branch on a filtered copy of the rows).
-/// Total on every value; [`crate::plan::interval`] bounds it by `[lo, hi]`.
+/// `dp_clamp(x, lo, hi)`: the column `x` (a number, a date or a timestamp) clamped to `[lo, hi]` (literals of its
+/// type, `lo ≤ hi`), NULL kept NULL and NaN kept NaN, in one vectorised pass (DataFusion's CASE evaluates each
+/// branch on a filtered copy of the rows). Total on every value; [`crate::plan::interval`] bounds it by `[lo, hi]`.
 #[derive(Debug, PartialEq, Eq, Hash)]
 pub struct Clamp {
     signature: datafusion::logical_expr::Signature,
@@ -910,6 +967,11 @@ impl Clamp {
     pub fn udf() -> datafusion::logical_expr::ScalarUDF {
         let signature = datafusion::logical_expr::Signature::any(3, datafusion::logical_expr::Volatility::Immutable);
         datafusion::logical_expr::ScalarUDF::new_from_impl(Clamp { signature })
+    }
+
+    /// Whether `t` is a date or timestamp type the clamp takes (those of [`crate::policy::ColumnType`]).
+    fn temporal(t: &DataType) -> bool {
+        matches!(t, DataType::Date32 | DataType::Timestamp(datafusion::arrow::datatypes::TimeUnit::Microsecond, None))
     }
 
     /// `x` clamped to `[lo, hi]`.
@@ -962,8 +1024,12 @@ impl datafusion::logical_expr::ScalarUDFImpl for Clamp {
 
     fn return_type(&self, args: &[DataType]) -> datafusion::common::Result<DataType> {
         match args {
-            [x, lo, hi] if x == lo && x == hi && (x.is_integer() || x.is_floating()) => Ok(x.clone()),
-            _ => datafusion::common::exec_err!("dp_clamp takes a number and two bounds of its type, not {args:?}"),
+            [x, lo, hi] if x == lo && x == hi && (x.is_integer() || x.is_floating() || Self::temporal(x)) => {
+                Ok(x.clone())
+            }
+            _ => datafusion::common::exec_err!(
+                "dp_clamp takes a number, a date or a timestamp and two bounds of its type, not {args:?}"
+            ),
         }
     }
 
@@ -988,6 +1054,8 @@ impl datafusion::logical_expr::ScalarUDFImpl for Clamp {
             DataType::UInt64 => clamp_array::<UInt64Type>(&x, lo, hi),
             DataType::Float32 => clamp_array::<Float32Type>(&x, lo, hi),
             DataType::Float64 => clamp_array::<Float64Type>(&x, lo, hi),
+            DataType::Date32 => clamp_array::<Date32Type>(&x, lo, hi),
+            DataType::Timestamp(TimeUnit::Microsecond, None) => clamp_array::<TimestampMicrosecondType>(&x, lo, hi),
             other => datafusion::common::exec_err!("dp_clamp of {other}"),
         }?;
         Ok(ColumnarValue::Array(out))

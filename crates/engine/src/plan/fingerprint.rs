@@ -242,6 +242,7 @@ impl Canon {
             match column {
                 ColumnPolicy::Bounds { lo, hi } => self.u64(0).u64(lo.to_bits()).u64(hi.to_bits()),
                 ColumnPolicy::Domain(values) => self.u64(1).domain(values),
+                ColumnPolicy::Period { lo, hi } => self.u64(2).u64(*lo as u64).u64(*hi as u64),
             };
         }
         self.value(&p.quantiles.grid)?.u64(p.quantiles.min_max_quantile.to_bits());

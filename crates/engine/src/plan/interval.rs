@@ -38,6 +38,8 @@
 mod functions;
 #[cfg(test)]
 mod tests;
+mod time;
+pub(crate) use time::reads_only_dates;
 
 use crate::plan::safety;
 use datafusion::arrow::datatypes::DataType;
@@ -57,7 +59,10 @@ pub enum Range {
     Int(i128, i128),
     /// Floats in `[lo, hi]` (the endpoints may be infinite).
     Float(f64, f64),
-    /// Values this module does not order (text, booleans, dates): only the expression's totality was proven.
+    /// Dates and timestamps (without a time zone) in `[lo, hi]`, in microseconds since 1970-01-01 00:00:00
+    /// ([`time`]).
+    Time(i128, i128),
+    /// Values this module does not order (text, booleans): only the expression's totality was proven.
     Other,
 }
 
@@ -193,7 +198,7 @@ fn of_type(t: &DataType) -> Range {
     match int_type_range(t) {
         Some((lo, hi)) => Range::Int(lo, hi),
         None if t.is_floating() => Range::Float(f64::NEG_INFINITY, f64::INFINITY),
-        None => Range::Other,
+        None => time::type_range(t).unwrap_or(Range::Other),
     }
 }
 
@@ -228,7 +233,7 @@ fn point(v: &ScalarValue) -> Option<Range> {
         UInt64(x) => i(x.map(i128::from)),
         Float32(Some(x)) if !x.is_nan() => Some(Range::Float(f64::from(*x), f64::from(*x))),
         Float64(Some(x)) if !x.is_nan() => Some(Range::Float(*x, *x)),
-        _ => None,
+        _ => time::point(v),
     }
 }
 
@@ -279,7 +284,7 @@ fn node(e: &Expr, schema: &DFSchema, env: &Env) -> Result<Bounds, String> {
                 }
                 Range::Float(lo, hi) => Range::Float(-hi, -lo),
                 Range::Empty => Range::Empty,
-                Range::Other => return Err(format!("`{}`, a unary minus on {t}", shown(e))),
+                Range::Time(..) | Range::Other => return Err(format!("`{}`, a unary minus on {t}", shown(e))),
             };
             Ok(Bounds { range, ..a })
         }
@@ -492,7 +497,10 @@ fn int_to_f64(i: i128, up: bool) -> f64 {
 fn cast(e: &Expr, inner: &Expr, to: &DataType, try_cast: bool, schema: &DFSchema, env: &Env) -> Result<Bounds, String> {
     let a = derive_in(inner, schema, env)?;
     let from = ty(inner, schema)?;
-    let fails = || format!("`{}`, a CAST from {from} to {to} that fails on some values", shown(e));
+    let fails = || match &a.loose {
+        Some(c) => format!("`{}`, a CAST from {from} to {to} that fails on some values: `{c}` has no bounds", shown(e)),
+        None => format!("`{}`, a CAST from {from} to {to} that fails on some values", shown(e)),
+    };
     let whole = |a: &Bounds| Bounds {
         range: of_type(to),
         may_null: true,
@@ -536,6 +544,12 @@ fn cast(e: &Expr, inner: &Expr, to: &DataType, try_cast: bool, schema: &DFSchema
             _ => return Err(fails()),
         };
         return Ok(Bounds { range: outward_to(range, to), ..a });
+    }
+    // Dates and timestamps: the instants fit the target type.
+    if let Range::Time(lo, hi) = a.range
+        && let Some(range) = time::cast(lo, hi, to)
+    {
+        return Ok(Bounds { range, may_nan: false, ..a });
     }
     if try_cast || safety::cast_is_total(&from, to) {
         return Ok(Bounds { range: Range::Other, may_null: a.may_null || try_cast, may_nan: false, loose: None });
@@ -584,6 +598,7 @@ pub fn union(a: &Range, b: &Range) -> Range {
         (Range::Empty, r) | (r, Range::Empty) => r.clone(),
         (&Range::Int(a0, a1), &Range::Int(b0, b1)) => Range::Int(a0.min(b0), a1.max(b1)),
         (&Range::Float(a0, a1), &Range::Float(b0, b1)) => Range::Float(a0.min(b0), a1.max(b1)),
+        (&Range::Time(a0, a1), &Range::Time(b0, b1)) => Range::Time(a0.min(b0), a1.max(b1)),
         (&Range::Int(a0, a1), &Range::Float(b0, b1)) | (&Range::Float(b0, b1), &Range::Int(a0, a1)) => {
             Range::Float(int_to_f64(a0, false).min(b0), int_to_f64(a1, true).max(b1))
         }
@@ -649,6 +664,10 @@ fn side(p: &Range, above: bool, strict: bool) -> Range {
             let s = i128::from(strict);
             if above { Range::Int(v + s, i128::MAX) } else { Range::Int(i128::MIN, v - s) }
         }
+        Range::Time(v, _) => {
+            let s = i128::from(strict);
+            if above { Range::Time(v + s, i128::MAX) } else { Range::Time(i128::MIN, v - s) }
+        }
         // Arrow orders floats totally (-0.0 < 0.0, NaN above everything): `x < 0.0` holds for x = -0.0, which is
         // not below 0.0 numerically. So a strict comparison of floats narrows as a non-strict one.
         Range::Float(v, _) => {
@@ -667,6 +686,7 @@ fn narrow(b: Bounds, fact: &Fact) -> Bounds {
     let range = match (&b.range, fact) {
         (&Range::Int(lo, hi), Fact::In(Range::Int(fl, fh))) => Range::Int(lo.max(*fl), hi.min(*fh)),
         (&Range::Float(lo, hi), Fact::In(Range::Float(fl, fh))) => Range::Float(lo.max(*fl), hi.min(*fh)),
+        (&Range::Time(lo, hi), Fact::In(Range::Time(fl, fh))) => Range::Time(lo.max(*fl), hi.min(*fh)),
         (&Range::Int(lo, hi), Fact::Ne(Range::Int(v, _))) if lo < hi => {
             Range::Int(if lo == *v { lo + 1 } else { lo }, if hi == *v { hi - 1 } else { hi })
         }
@@ -677,7 +697,7 @@ fn narrow(b: Bounds, fact: &Fact) -> Bounds {
         _ => return b,
     };
     let empty = match range {
-        Range::Int(lo, hi) => lo > hi,
+        Range::Int(lo, hi) | Range::Time(lo, hi) => lo > hi,
         Range::Float(lo, hi) => lo > hi,
         _ => false,
     };
@@ -687,6 +707,7 @@ fn narrow(b: Bounds, fact: &Fact) -> Bounds {
     let bounded = match range {
         Range::Int(lo, hi) => lo.abs() <= EXACT && hi.abs() <= EXACT,
         Range::Float(lo, hi) => lo.is_finite() && hi.is_finite(),
+        Range::Time(lo, hi) => time::in_calendar(lo, hi),
         _ => false,
     };
     Bounds { range, loose: if bounded { None } else { b.loose }, ..b }

@@ -80,6 +80,7 @@ impl DpSession {
         if self.ledger.delta()?.total <= 0.0 {
             // No δ to select keys with: the key needs a domain, as before key selection existed.
             if let Some((_, origin)) = dp.computed.iter().find(|(expr, _)| *expr == column) {
+                let origin = origin.strip_prefix("no public domain: ").unwrap_or(origin);
                 let why = format!("{origin}, and this budget has no δ to select them with");
                 return Err(DpError::Refused(Refusal::ComputedKey { expr: column, why }));
             }

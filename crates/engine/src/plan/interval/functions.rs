@@ -31,19 +31,6 @@ const TEXT: &[&str] = &[
     "rpad",
 ];
 
-/// The date parts whose range does not depend on the data, with that range.
-const DATE_PARTS: &[(&str, i128, i128)] = &[
-    ("month", 1, 12),
-    ("day", 1, 31),
-    ("dow", 0, 6),
-    ("isodow", 1, 7),
-    ("doy", 1, 366),
-    ("quarter", 1, 4),
-    ("week", 1, 53),
-    ("hour", 0, 23),
-    ("minute", 0, 59),
-];
-
 pub(super) fn function(e: &Expr, f: &ScalarFunction, schema: &DFSchema, env: &Env) -> Result<Bounds, String> {
     let name = f.name();
     if safety::listed_function(f) {
@@ -64,6 +51,9 @@ pub(super) fn function(e: &Expr, f: &ScalarFunction, schema: &DFSchema, env: &En
                 }
                 (Range::Float(l, h), Range::Float(lo, _), Range::Float(hi, _)) => {
                     Range::Float(l.max(lo).min(hi), h.max(lo).min(hi))
+                }
+                (Range::Time(l, h), Range::Time(lo, _), Range::Time(hi, _)) => {
+                    Range::Time(l.clamp(lo, hi), h.clamp(lo, hi))
                 }
                 (Range::Empty, ..) => Range::Empty,
                 _ => return Err(refused()),
@@ -111,7 +101,7 @@ pub(super) fn function(e: &Expr, f: &ScalarFunction, schema: &DFSchema, env: &En
                     if lo <= 0.0 && 0.0 <= hi { Range::Float(0.0, l.max(h)) } else { Range::Float(l.min(h), l.max(h)) }
                 }
                 Range::Empty => Range::Empty,
-                Range::Other => return Err(refused()),
+                Range::Time(..) | Range::Other => return Err(refused()),
             };
             Ok(Bounds { range, ..a })
         }
@@ -156,7 +146,15 @@ pub(super) fn function(e: &Expr, f: &ScalarFunction, schema: &DFSchema, env: &En
         ("date_part", [Expr::Literal(part, _), d]) => {
             let a = derive_in(d, schema, env)?;
             let part = part.to_string().to_lowercase();
-            let known = DATE_PARTS.iter().find(|(p, ..)| *p == part).map(|&(_, lo, hi)| Range::Int(lo, hi));
+            let Some(fixed) = super::time::PARTS.iter().find(|p| p.name == part).map(|p| p.fixed) else {
+                let parts: Vec<&str> = super::time::PARTS.iter().map(|p| p.name).collect();
+                return Err(format!("`{}`: EXTRACT reads the parts {}", shown(e), parts.join(", ")));
+            };
+            let of_period = match a.range {
+                Range::Time(lo, hi) => super::time::part(&part, lo, hi),
+                _ => None,
+            };
+            let known = of_period.or(fixed).map(|(lo, hi)| Range::Int(lo, hi));
             let range = match (known, out.is_integer()) {
                 (Some(r), true) => r,
                 (Some(Range::Int(lo, hi)), false) => Range::Float(lo as f64, hi as f64),
@@ -166,10 +164,33 @@ pub(super) fn function(e: &Expr, f: &ScalarFunction, schema: &DFSchema, env: &En
                 && !matches!(range, Range::Float(lo, _) if lo.is_infinite());
             Ok(Bounds {
                 range,
-                may_null: a.may_null,
+                // Arrow reads an instant outside the calendar's range as NULL.
+                may_null: a.may_null || !matches!(a.range, Range::Time(lo, hi) if super::time::in_calendar(lo, hi)),
                 may_nan: false,
                 loose: (!bounded).then(|| format!("the {part} of {}", shown(d))),
             })
+        }
+        ("date_trunc", [Expr::Literal(granularity, _), d]) => {
+            let a = derive_in(d, schema, env)?;
+            let granularity = granularity.to_string().to_lowercase();
+            if !super::time::TRUNCATIONS.iter().any(|(g, _)| *g == granularity) {
+                let known: Vec<&str> = super::time::TRUNCATIONS.iter().map(|(g, _)| *g).collect();
+                return Err(format!("`{}`: date_trunc truncates to {}", shown(e), known.join(", ")));
+            }
+            let range = match a.range {
+                Range::Time(lo, hi) => super::time::truncate(&granularity, lo, hi, &out),
+                Range::Empty => Some(Range::Empty),
+                _ => None,
+            };
+            let Some(range) = range else {
+                return Err(match &a.loose {
+                    Some(c) => {
+                        format!("`{}` could fail: `{c}` has no bounds (declare them: bounds = [first, last])", shown(e))
+                    }
+                    None => format!("`{}` could fail on some instants", shown(e)),
+                });
+            };
+            Ok(Bounds { range, may_nan: false, loose: None, ..a })
         }
         (name, [x, rest @ ..]) if TEXT.contains(&name) => text(e, name, x, rest, schema, env),
         ("character_length" | "char_length" | "length" | "octet_length" | "bit_length", [x]) => {

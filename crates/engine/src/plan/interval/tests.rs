@@ -2,10 +2,12 @@
 
 use super::{Bounds, Range, derive};
 use crate::plan::computed::Clamp;
-use datafusion::arrow::array::{Array, ArrayRef, AsArray, Float64Array, Int64Array, RecordBatch};
-use datafusion::arrow::datatypes::{DataType, Field, Float64Type, Int64Type, Schema};
+use datafusion::arrow::array::{
+    Array, ArrayRef, AsArray, Date32Array, Float64Array, Int64Array, RecordBatch, TimestampMicrosecondArray,
+};
+use datafusion::arrow::datatypes::{DataType, Field, Float64Type, Int64Type, Schema, TimeUnit};
 use datafusion::common::{DFSchema, ScalarValue};
-use datafusion::functions::{core, math};
+use datafusion::functions::{core, datetime, math};
 use datafusion::logical_expr::{Expr, cast, col, lit, when};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -284,4 +286,194 @@ fn clamps_bound_columns_and_conditions_narrow_branches() {
     let flag = when(col("y").gt(lit(5i64)), lit(1i64)).end().unwrap();
     let b = derive(&flag, &s).unwrap();
     assert_eq!((b.range, b.may_null, b.loose), (Range::Int(1, 1), true, None));
+}
+
+/// Random expressions over dates and timestamps: `d` (a date) and `t` (a timestamp in microseconds), each read
+/// clamped to a random period or raw, through casts between the temporal types, `date_trunc`, `date_part`
+/// (EXTRACT), LEAST, GREATEST, COALESCE, NULLIF and CASE on date comparisons.
+struct Dates {
+    rng: ChaCha8Rng,
+    /// The periods of `d` (days) and `t` (microseconds).
+    d: (i32, i32),
+    t: (i64, i64),
+}
+
+const DAY: i64 = 86_400_000_000;
+
+fn micros() -> DataType {
+    DataType::Timestamp(TimeUnit::Microsecond, None)
+}
+
+impl Dates {
+    fn schema() -> DFSchema {
+        let fields = vec![Field::new("d", DataType::Date32, true), Field::new("t", micros(), true)];
+        DFSchema::try_from(Schema::new(fields)).unwrap()
+    }
+
+    fn day_literal(&mut self) -> i32 {
+        match self.rng.random_range(0..4) {
+            0 => self.rng.random_range(self.d.0..=self.d.1),
+            1 => [i32::MIN, i32::MAX, 0, -1][self.rng.random_range(0..4)],
+            _ => self.rng.random_range(-200_000..200_000),
+        }
+    }
+
+    fn instant_literal(&mut self) -> i64 {
+        match self.rng.random_range(0..4) {
+            0 => self.rng.random_range(self.t.0..=self.t.1),
+            1 => [i64::MIN, i64::MAX, 0, -1][self.rng.random_range(0..4)],
+            _ => self.rng.random_range(-200_000..200_000) * DAY + self.rng.random_range(0..DAY),
+        }
+    }
+
+    fn condition(&mut self, depth: u32) -> Expr {
+        let (e, v) = if self.rng.random_bool(0.5) {
+            (self.date(depth + 1), lit(ScalarValue::Date32(Some(self.day_literal()))))
+        } else {
+            (self.time(depth + 1), lit(ScalarValue::TimestampMicrosecond(Some(self.instant_literal()), None)))
+        };
+        match self.rng.random_range(0..5) {
+            0 => e.lt(v),
+            1 => e.gt_eq(v),
+            2 => e.eq(v),
+            3 => e.not_eq(v),
+            _ => self.condition(depth + 1).and(self.condition(depth + 1)),
+        }
+    }
+
+    fn date(&mut self, depth: u32) -> Expr {
+        let d = depth + 1;
+        if depth >= 3 || self.rng.random_bool(0.35) {
+            return match self.rng.random_range(0..4) {
+                0 | 1 => {
+                    Clamp::call(col("d"), ScalarValue::Date32(Some(self.d.0)), ScalarValue::Date32(Some(self.d.1)))
+                }
+                2 => col("d"),
+                _ => lit(ScalarValue::Date32(Some(self.day_literal()))),
+            };
+        }
+        match self.rng.random_range(0..6) {
+            0 => cast(self.time(d), DataType::Date32),
+            1 => core::least().call(vec![self.date(d), self.date(d)]),
+            2 => core::greatest().call(vec![self.date(d), self.date(d)]),
+            3 => core::coalesce().call(vec![self.date(d), self.date(d)]),
+            4 => core::nullif().call(vec![self.date(d), lit(ScalarValue::Date32(Some(self.day_literal())))]),
+            _ => when(self.condition(d), self.date(d)).otherwise(self.date(d)).unwrap(),
+        }
+    }
+
+    fn time(&mut self, depth: u32) -> Expr {
+        let d = depth + 1;
+        if depth >= 3 || self.rng.random_bool(0.35) {
+            return match self.rng.random_range(0..4) {
+                0 | 1 => Clamp::call(
+                    col("t"),
+                    ScalarValue::TimestampMicrosecond(Some(self.t.0), None),
+                    ScalarValue::TimestampMicrosecond(Some(self.t.1), None),
+                ),
+                2 => col("t"),
+                _ => lit(ScalarValue::TimestampMicrosecond(Some(self.instant_literal()), None)),
+            };
+        }
+        let g = ["microsecond", "second", "hour", "day", "week", "month", "quarter", "year"];
+        match self.rng.random_range(0..6) {
+            0 => cast(self.date(d), micros()),
+            1 => datetime::date_trunc().call(vec![lit(g[self.rng.random_range(0..g.len())]), self.time(d)]),
+            2 => cast(cast(self.time(d), DataType::Timestamp(TimeUnit::Nanosecond, None)), micros()),
+            3 => core::least().call(vec![self.time(d), self.time(d)]),
+            4 => cast(cast(self.time(d), DataType::Timestamp(TimeUnit::Second, None)), micros()),
+            _ => when(self.condition(d), self.time(d)).otherwise(self.time(d)).unwrap(),
+        }
+    }
+
+    /// A number read from dates: a part of a date or of a timestamp.
+    fn part(&mut self) -> Expr {
+        let p = ["year", "isoyear", "month", "quarter", "doy", "day", "week", "dow", "hour", "epoch"];
+        let x = if self.rng.random_bool(0.5) { self.date(1) } else { self.time(1) };
+        datetime::date_part().call(vec![lit(p[self.rng.random_range(0..p.len())]), x])
+    }
+
+    fn batch(&mut self, rows: usize) -> RecordBatch {
+        let (d, t) = (self.d, self.t);
+        let days: Date32Array = (0..rows)
+            .map(|_| match self.rng.random_range(0..7) {
+                0 => None,
+                1 => Some([i32::MIN, i32::MAX, d.0 - 1, d.1 + 1][self.rng.random_range(0..4)]),
+                2 => Some(self.rng.random_range(-1_000_000..1_000_000)),
+                _ => Some(self.rng.random_range(d.0..=d.1)),
+            })
+            .collect();
+        let instants: TimestampMicrosecondArray = (0..rows)
+            .map(|_| match self.rng.random_range(0..7) {
+                0 => None,
+                1 => Some([i64::MIN, i64::MAX, t.0 - 1, t.1 + 1][self.rng.random_range(0..4)]),
+                2 => Some(self.rng.random_range(-(1i64 << 58)..(1i64 << 58))),
+                _ => Some(self.rng.random_range(t.0..=t.1)),
+            })
+            .collect();
+        let columns: Vec<ArrayRef> = vec![Arc::new(days), Arc::new(instants)];
+        RecordBatch::try_new(Arc::new(Self::schema().as_arrow().clone()), columns).unwrap()
+    }
+}
+
+/// Whether row `i` of a temporal or numeric `out` is one of the values `b` allows (instants in microseconds).
+fn allowed_instant(b: &Bounds, out: &ArrayRef, i: usize) -> bool {
+    use datafusion::arrow::datatypes::{Date32Type, Int32Type, TimestampMicrosecondType};
+    if out.is_null(i) {
+        return b.may_null;
+    }
+    let v = match out.data_type() {
+        DataType::Date32 => i128::from(out.as_primitive::<Date32Type>().value(i)) * i128::from(DAY),
+        DataType::Timestamp(TimeUnit::Microsecond, None) => {
+            out.as_primitive::<TimestampMicrosecondType>().value(i).into()
+        }
+        DataType::Int32 => i128::from(out.as_primitive::<Int32Type>().value(i)),
+        _ => return allowed(b, out, i),
+    };
+    match b.range {
+        Range::Time(lo, hi) if out.data_type() != &DataType::Int32 => lo <= v && v <= hi,
+        Range::Int(lo, hi) if out.data_type() == &DataType::Int32 => lo <= v && v <= hi,
+        _ => false,
+    }
+}
+
+/// For random expressions over clamped and raw dates and timestamps (periods between the years 1 and 9999 and
+/// beyond), evaluated by DataFusion on rows inside and outside the periods (NULL, the types' extremes): every
+/// expression [`derive`] accepts evaluates without an error, and every value is NULL or in the derived range. 10 000
+/// expressions (about three quarters accepted) × 16 rows: over 10^5 cases, seeded. (It found that DataFusion truncates
+/// to a week or coarser through nanoseconds, that Arrow fails to find the date of a timestamp outside the calendar,
+/// and reads a part of one as NULL.)
+#[test]
+fn derived_bounds_hold_for_random_date_expressions() {
+    let schema = Dates::schema();
+    let mut g = Dates { rng: ChaCha8Rng::seed_from_u64(5656), d: (0, 0), t: (0, 0) };
+    let (mut accepted, mut cases) = (0usize, 0usize);
+    for n in 0..10_000 {
+        let first = g.rng.random_range(-800_000..2_900_000);
+        g.d = (first, first + g.rng.random_range(0..40_000));
+        let start = i64::from(first) * DAY + g.rng.random_range(0..DAY);
+        g.t = (start, start.saturating_add(g.rng.random_range(0..40_000) * DAY));
+        let e = match n % 3 {
+            0 => g.date(0),
+            1 => g.time(0),
+            _ => g.part(),
+        };
+        let Ok(bounds) = derive(&e, &schema) else { continue };
+        accepted += 1;
+        let physical = super::physical(&e, &schema).unwrap_or_else(|err| panic!("{e}: {err}"));
+        let batch = g.batch(16);
+        let out = physical
+            .evaluate(&batch)
+            .and_then(|v| v.into_array(batch.num_rows()))
+            .unwrap_or_else(|err| panic!("{e} was accepted as total with {bounds:?} but failed on {batch:?}: {err}"));
+        for i in 0..out.len() {
+            cases += 1;
+            assert!(
+                allowed_instant(&bounds, &out, i),
+                "{e}: row {i} of {batch:?} gave {:?}, outside {bounds:?}",
+                out.slice(i, 1)
+            );
+        }
+    }
+    assert!(cases >= 100_000, "only {cases} cases ({accepted} expressions accepted)");
 }
