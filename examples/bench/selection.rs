@@ -90,12 +90,12 @@ pub(crate) fn bench_selection() -> Res<()> {
         let names: Vec<String> = (0..sizes.len()).map(|i| format!("c{i}")).collect();
         let t = Instant::now();
         let w = Workload::new(names.clone(), sizes.clone(), sets.clone())?;
-        std::hint::black_box(w.calibrate(1, 0.5, &w.allocate(WorkloadLoss::Sum).shares)?);
+        std::hint::black_box(w.calibrate(1.0, 0.5, &w.allocate(WorkloadLoss::Sum).shares)?);
         let t_sum = t.elapsed().as_secs_f64();
         let t = Instant::now();
         let w = Workload::new(names, sizes.clone(), sets)?;
         let max = w.allocate(WorkloadLoss::Max);
-        std::hint::black_box(w.calibrate(1, 0.5, &max.shares)?);
+        std::hint::black_box(w.calibrate(1.0, 0.5, &max.shares)?);
         let t_max = t.elapsed().as_secs_f64();
         println!(
             "| {name} | {} | {} | {t_sum:.2} | {t_max:.2} | {:.1e} | {} |",
@@ -118,7 +118,7 @@ pub(crate) fn bench_selection() -> Res<()> {
                 let t = Instant::now();
                 let w = Workload::new(names.clone(), sizes.to_vec(), sets.clone())?;
                 let allocation = w.allocate(loss);
-                std::hint::black_box(w.calibrate(1, 0.5, &allocation.shares)?);
+                std::hint::black_box(w.calibrate(1.0, 0.5, &allocation.shares)?);
                 Ok((w, allocation, t.elapsed().as_secs_f64()))
             };
             let (w, _, t_sum) = timed(WorkloadLoss::Sum)?;

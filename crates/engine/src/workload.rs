@@ -40,6 +40,17 @@
 //! way one unit can be added to a small table and checks it against the claimed k²p_A (reached exactly), and
 //! `tests/workload.rs` audits whole releases on neighbouring tables.
 //!
+//! # Sums
+//! Beside the counts, a workload may measure the sums of bounded values over the same marginals (SQL's `SUM(col)`
+//! in a GROUPING SETS statement): each row's value clamped to the column's bounds and put on the integer grid of
+//! dpfusion's exact sums ([`crate::plan::exact_sum`]), at most M grid units in magnitude. Adding or removing one
+//! unit then moves the A-marginal of the sums by an integer vector v with Σ|v| ≤ k·M (entries of either sign), and
+//! ‖P_A v‖², convex, is largest at a vertex ±k·M·e_c of that set: (k·M)²·p_A. Each sum's residual A is charged as
+//! one Gaussian measurement of L2 sensitivity k·M·√p_A (the argument above with k·M for k), with the counts'
+//! allocation of its share of ρ; the release is charged the sum of every residual's ρ, counts' and sums'. Test:
+//! `tests/workload.rs`, `a_neighbour_moves_a_sum_workload_by_its_bounded_rows` (the shift of the total reaches
+//! k·M exactly).
+//!
 //! # Allocation
 //! The loss is the sum of the variances of every released cell, Σ_A σ_A² u_A with
 //! u_A = Σ_{W ⊇ A} Π_{i∈A}(nᵢ − 1) / Π_{i∈W∖A} nᵢ, under Σ_A k²p_A/(2σ_A²) = ρ. Its minimiser (Lagrange) gives
@@ -455,9 +466,10 @@ impl Workload {
         self.sets.iter().map(|w| self.cells(w) as f64).sum::<f64>() * (k as f64).powi(2) * m / (2.0 * rho)
     }
 
-    /// One calibration per residual with contrasts (None for the others), for ρ in all, k rows per unit and each
-    /// residual's share of ρ ([`Workload::shares`]).
-    pub fn calibrate(&self, k: u64, rho: f64, shares: &[f64]) -> Result<Vec<Option<Calibration>>> {
+    /// One calibration per residual with contrasts (None for the others), for ρ in all, each residual's share of
+    /// ρ ([`Workload::shares`]) and `per_unit`, the most one unit adds to the measured vector in all: k rows per unit
+    /// for counts, k·M for sums of values of magnitude at most M (module docs, "Sums").
+    pub fn calibrate(&self, per_unit: f64, rho: f64, shares: &[f64]) -> Result<Vec<Option<Calibration>>> {
         let rho = Rho::positive(rho)?;
         self.residuals
             .iter()
@@ -466,7 +478,7 @@ impl Workload {
                 if self.contrasts(a) == 0 {
                     return Ok(None);
                 }
-                let l2 = k as f64 * self.p(a).sqrt();
+                let l2 = per_unit * self.p(a).sqrt();
                 calibrate::gaussian(l2, Rho::positive(rho.get() * share)?).map(Some)
             })
             .collect()
@@ -662,25 +674,34 @@ impl Measured {
         }
     }
 
-    /// The noisy contrasts as the ledger stores them.
-    pub(crate) fn to_bytes(residuals: &[Vec<i128>]) -> Result<Vec<u8>> {
-        serde_json::to_vec(&StoredResiduals { workload: 1, residuals: residuals.to_vec() })
+    /// The noisy contrasts of the counts and of each sum as the ledger stores them (a workload without sums as
+    /// it always has).
+    pub(crate) fn to_bytes(residuals: &[Vec<i128>], sums: &[Vec<Vec<i128>>]) -> Result<Vec<u8>> {
+        serde_json::to_vec(&StoredResiduals { workload: 1, residuals: residuals.to_vec(), sums: sums.to_vec() })
             .map_err(|e| DpError::Internal(e.to_string()))
     }
 
-    /// The noisy contrasts stored by [`Measured::to_bytes`].
-    pub(crate) fn from_bytes(bytes: &[u8]) -> Result<Vec<Vec<i128>>> {
+    /// The noisy contrasts of the counts and of each sum stored by [`Measured::to_bytes`].
+    pub(crate) fn from_bytes(bytes: &[u8]) -> Result<Drawn> {
         let stored: StoredResiduals = serde_json::from_slice(bytes)
             .map_err(|e| DpError::Ledger(format!("stored workload measurements cannot be read: {e}")))?;
-        Ok(stored.residuals)
+        Ok((stored.residuals, stored.sums))
     }
 }
 
-/// A workload's noisy contrasts in the ledger (format 1).
+/// Each residual's noisy contrasts (empty for a residual without contrasts).
+pub(crate) type Residuals = Vec<Vec<i128>>;
+
+/// The noisy contrasts of a workload's counts, and of each summed value.
+pub(crate) type Drawn = (Residuals, Vec<Residuals>);
+
+/// A workload's noisy contrasts in the ledger (format 1): the counts', then each summed value's.
 #[derive(serde::Serialize, serde::Deserialize)]
 struct StoredResiduals {
     workload: u32,
     residuals: Vec<Vec<i128>>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    sums: Vec<Vec<Vec<i128>>>,
 }
 
 /// σ²·m exactly, or rounded up to fit the sampler (numerator below 2⁶³) when it does not.
@@ -855,31 +876,34 @@ fn along<T: Copy + Default>(x: &[T], dims: &[usize], axis: usize, len: usize, f:
     out
 }
 
-/// Counts bounded rows into every marginal of a workload: a row counts iff each chosen column holds a value of
-/// its domain (columns `0..d` of each batch, in the workload's order; `lookup` gives a column's domain indices).
+/// Counts bounded rows into every marginal of a workload, and sums values over them: a row counts iff each chosen
+/// column holds a value of its domain (columns `0..d` of each batch, in the workload's order; `lookup` gives a
+/// column's domain indices).
 pub(crate) struct WorkloadCounter {
     sets: Vec<(Vec<usize>, Vec<usize>)>,
     counts: Vec<Vec<i64>>,
+    /// Per summed value, per marginal, each cell's exact sum (grid units).
+    sums: Vec<Vec<Vec<i64>>>,
 }
 
 impl WorkloadCounter {
-    /// Zero counts for `w`.
-    pub(crate) fn new(w: &Workload) -> Self {
+    /// Zero counts for `w`, and zero sums of `values` values.
+    pub(crate) fn new(w: &Workload, values: usize) -> Self {
         let sets = w.sets.iter().map(|s| (s.clone(), strides_within(s, s, &w.dims(s)))).collect();
-        let counts = w.sets.iter().map(|s| vec![0; w.cells(s)]).collect();
-        WorkloadCounter { sets, counts }
+        let counts: Vec<Vec<i64>> = w.sets.iter().map(|s| vec![0; w.cells(s)]).collect();
+        WorkloadCounter { sets, sums: vec![counts.clone(); values], counts }
     }
 
-    /// Counts the rows whose every column has a domain index (`indices[c][row]`): the kept rows' indices once as
-    /// plain columns, then per marginal its cells in one pass per column (a loop the compiler vectorises) and one
-    /// pass of counting.
-    pub(crate) fn add(&mut self, indices: &[Vec<Option<usize>>]) {
+    /// Counts the rows whose every column has a domain index (`indices[c][row]`), and adds their `values[v][row]`
+    /// (grid units, 0 for NULL) to each value's sums: the kept rows' indices once as plain columns, then per
+    /// marginal its cells in one pass per column (a loop the compiler vectorises) and one pass of counting.
+    pub(crate) fn add(&mut self, indices: &[Vec<Option<usize>>], values: &[Vec<i64>]) {
         let rows = indices.first().map_or(0, Vec::len);
         let kept: Vec<usize> = (0..rows).filter(|&r| indices.iter().all(|c| c[r].is_some())).collect();
         let columns: Vec<Vec<usize>> =
             indices.iter().map(|c| kept.iter().map(|&r| c[r].unwrap_or(0)).collect()).collect();
         let mut cells = vec![0usize; kept.len()];
-        for ((set, strides), counts) in self.sets.iter().zip(&mut self.counts) {
+        for (si, ((set, strides), counts)) in self.sets.iter().zip(&mut self.counts).enumerate() {
             cells.fill(0);
             for (&c, &stride) in set.iter().zip(strides) {
                 cells.iter_mut().zip(&columns[c]).for_each(|(cell, i)| *cell += i * stride);
@@ -887,12 +911,18 @@ impl WorkloadCounter {
             for &cell in &cells {
                 counts[cell] += 1;
             }
+            for (sums, v) in self.sums.iter_mut().zip(values) {
+                let sums = &mut sums[si];
+                for (&cell, &r) in cells.iter().zip(&kept) {
+                    sums[cell] += v[r];
+                }
+            }
         }
     }
 
-    /// The exact marginals, in the workload's order.
-    pub(crate) fn counts(self) -> Vec<Vec<i64>> {
-        self.counts
+    /// The exact marginals, in the workload's order, and each value's exact sums over them.
+    pub(crate) fn counts(self) -> (Vec<Vec<i64>>, Vec<Vec<Vec<i64>>>) {
+        (self.counts, self.sums)
     }
 }
 
@@ -920,6 +950,21 @@ pub struct ResidualPlan {
     pub rho: f64,
     /// Its σ (per whitened contrast).
     pub sigma: f64,
+}
+
+/// One summed value's share of a workload: its ρ and each marginal's accuracy, in the value's units.
+#[derive(Clone, Debug, Serialize)]
+pub struct SumPlan {
+    /// Its output column (`SUM(income)`, or its alias).
+    pub name: String,
+    /// The largest magnitude one row adds (its bounds'), in the value's units.
+    pub per_row: f64,
+    /// Its ρ (its residuals' sum).
+    pub rho: f64,
+    /// Each marginal's per-cell error standard deviation (at most), in `sets` order.
+    pub std: Vec<f64>,
+    /// Each marginal's per-cell interval half-width at the plan's confidence.
+    pub ci_half_width: Vec<f64>,
 }
 
 /// The planned noise of a workload release (no data needed).
@@ -953,6 +998,9 @@ pub struct WorkloadPlan {
     pub largest_variance_bound: Option<f64>,
     /// The memory its release holds at most (bytes, before any read; [`Workload::memory_bytes`]).
     pub memory_bytes: u64,
+    /// The summed values, each measured over the same marginals as the counts (`rho` includes theirs).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub sums: Vec<SumPlan>,
 }
 
 impl WorkloadPlan {
@@ -1008,7 +1056,15 @@ impl WorkloadPlan {
             one_by_one_variance: w.one_by_one_total_variance(k, rho),
             sets,
             residuals,
+            sums: vec![],
         }
+    }
+
+    /// This plan with one more summed value measured, at its ρ: the release's ρ is the sum.
+    pub(crate) fn with_sum(mut self, sum: SumPlan) -> Self {
+        self.rho += sum.rho;
+        self.sums.push(sum);
+        self
     }
 }
 
@@ -1045,6 +1101,9 @@ pub struct WorkloadMarginal {
     pub counts: Vec<f64>,
     /// Each cell's interval half-width at the release's confidence.
     pub ci_half_width: f64,
+    /// Each summed value's cells (least squares, consistent with the other marginals' sums), in the plan's
+    /// order, with their interval half-width.
+    pub sums: Vec<(Vec<f64>, f64)>,
 }
 
 impl Serialize for WorkloadMarginal {
@@ -1058,11 +1117,16 @@ impl Serialize for WorkloadMarginal {
                 s.collect_seq((0..self.0.counts.len()).map(|c| self.0.key(c)))
             }
         }
-        let mut out = s.serialize_struct("WorkloadMarginal", 4)?;
+        let mut out = s.serialize_struct("WorkloadMarginal", 5)?;
         out.serialize_field("columns", &self.columns)?;
         out.serialize_field("keys", &Keys(self))?;
         out.serialize_field("counts", &self.counts)?;
         out.serialize_field("ci_half_width", &self.ci_half_width)?;
+        if self.sums.is_empty() {
+            out.skip_field("sums")?;
+        } else {
+            out.serialize_field("sums", &self.sums)?;
+        }
         out.end()
     }
 }
@@ -1134,6 +1198,7 @@ impl WorkloadRelease {
                 labels: s.iter().map(|&i| Arc::clone(&labels[i])).collect(),
                 counts,
                 ci_half_width: p.ci_half_width,
+                sums: vec![],
             })
             .collect();
         let residuals = w
@@ -1147,6 +1212,18 @@ impl WorkloadRelease {
         let output = if clamped.is_some() { WorkloadOutput::NonNegative } else { WorkloadOutput::LeastSquares };
         let table = table.to_string();
         WorkloadRelease { table, marginals, residuals, plan, charge, budget, reused_from, shared, output, clamped }
+    }
+
+    /// This release with the summed values' marginals: per summed value (in the plan's order), each marginal's
+    /// cells in the value's units (rebuilt as the counts are, from that value's residuals: post-processing).
+    pub(crate) fn with_sums(mut self, sums: Vec<Vec<Vec<f64>>>) -> Self {
+        for (j, marginals) in sums.into_iter().enumerate() {
+            let half = self.plan.sums.get(j).map(|p| p.ci_half_width.clone()).unwrap_or_default();
+            for (si, (m, cells)) in self.marginals.iter_mut().zip(marginals).enumerate() {
+                m.sums.push((cells, half.get(si).copied().unwrap_or(f64::NAN)));
+            }
+        }
+        self
     }
 
     /// This release, marked as answered from the earlier charge it holds (nothing was spent for it): one of this
@@ -1209,14 +1286,19 @@ impl WorkloadRelease {
 
     /// One row per cell of every marginal, as GROUPING SETS returns them: `marginal` (its columns, comma
     /// separated), one column per chosen column (the cell's key, NULL for a column the marginal does not group
-    /// by), `count` and `ci_half_width`.
+    /// by), `count` and `ci_half_width`, then each summed value and its half-width.
     pub fn to_record_batch(&self, columns: &[String]) -> Result<RecordBatch> {
         let rows: usize = self.marginals.iter().map(|m| m.counts.len()).sum();
         let mut set_col = StringBuilder::with_capacity(rows, rows * 8);
         let mut keys: Vec<StringBuilder> =
             columns.iter().map(|_| StringBuilder::with_capacity(rows, rows * 4)).collect();
         let (mut count, mut half) = (Vec::with_capacity(rows), Vec::with_capacity(rows));
+        let mut sums: Vec<(Vec<f64>, Vec<f64>)> = self.plan.sums.iter().map(|_| (vec![], vec![])).collect();
         for m in &self.marginals {
+            for ((values, halves), (cells, h)) in sums.iter_mut().zip(&m.sums) {
+                values.extend_from_slice(cells);
+                halves.extend(std::iter::repeat_n(*h, cells.len()));
+            }
             let label = m.columns.join(", ");
             let at: Vec<Option<usize>> = columns.iter().map(|c| m.columns.iter().position(|x| x == c)).collect();
             // The cell's index in each column's domain, advanced as an odometer (the last column fastest).
@@ -1241,10 +1323,18 @@ impl WorkloadRelease {
         fields.extend(columns.iter().map(|c| Field::new(c, DataType::Utf8, true)));
         fields.push(Field::new("count", DataType::Float64, false));
         fields.push(Field::new("ci_half_width", DataType::Float64, false));
+        for p in &self.plan.sums {
+            fields.push(Field::new(&p.name, DataType::Float64, false));
+            fields.push(Field::new(format!("{}_ci_half_width", p.name), DataType::Float64, false));
+        }
         let mut arrays: Vec<ArrayRef> = vec![Arc::new(set_col.finish())];
         arrays.extend(keys.iter_mut().map(|k| Arc::new(k.finish()) as ArrayRef));
         arrays.push(Arc::new(Float64Array::from(count)));
         arrays.push(Arc::new(Float64Array::from(half)));
+        for (values, halves) in sums {
+            arrays.push(Arc::new(Float64Array::from(values)));
+            arrays.push(Arc::new(Float64Array::from(halves)));
+        }
         RecordBatch::try_new(Arc::new(Schema::new(fields)), arrays).map_err(|e| DpError::Internal(e.to_string()))
     }
 }
@@ -1285,10 +1375,10 @@ mod tests {
         let rows: Vec<[usize; 3]> = (0..50).map(|r| [r % 2, (r * 7 + 1) % 3, (r * r + 3) % 4]).collect();
         for sets in [Workload::ways(3, 2), vec![vec![0, 1, 2], vec![1]], vec![vec![], vec![2]]] {
             let wl = w(&sizes, sets);
-            let mut counter = WorkloadCounter::new(&wl);
+            let mut counter = WorkloadCounter::new(&wl, 0);
             let indices: Vec<Vec<Option<usize>>> = (0..3).map(|c| rows.iter().map(|r| Some(r[c])).collect()).collect();
-            counter.add(&indices);
-            let exact = counter.counts();
+            counter.add(&indices, &[]);
+            let exact = counter.counts().0;
             let residuals: Vec<Vec<i128>> = wl
                 .residuals()
                 .iter()
@@ -1315,7 +1405,7 @@ mod tests {
     fn a_sub_marginal_is_the_sum_of_its_marginal_with_the_stated_variance() {
         let wl = w(&[2, 3, 4], vec![vec![0, 1, 2]]);
         let cals: Vec<Calibration> =
-            wl.calibrate(2, 1.0, &wl.allocate(WorkloadLoss::Sum).shares).unwrap().into_iter().flatten().collect();
+            wl.calibrate(2.0, 1.0, &wl.allocate(WorkloadLoss::Sum).shares).unwrap().into_iter().flatten().collect();
         let noise = Noise::new(&wl, &cals).unwrap();
         let exact: Vec<Vec<i64>> = vec![(0..24).map(|c| (c * 7 % 11) as i64).collect()];
         let mut rng = NoiseRng::insecure_seeded_for_tests(9);
@@ -1362,15 +1452,15 @@ mod tests {
         let sizes = [2usize, 2, 3];
         let k = 2u64;
         let wl = w(&sizes, Workload::ways(3, 2));
-        let cals = wl.calibrate(k, 0.7, &wl.allocate(WorkloadLoss::Sum).shares).expect("calibrations");
+        let cals = wl.calibrate(k as f64, 0.7, &wl.allocate(WorkloadLoss::Sum).shares).expect("calibrations");
         let charged: f64 = cals.iter().flatten().map(|c| c.rho().get()).sum();
         assert!(charged <= 0.7 * (1.0 + 1e-12));
         let cells: Vec<[usize; 3]> =
             (0..2).flat_map(|a| (0..2).flat_map(move |b| (0..3).map(move |c| [a, b, c]))).collect();
         let count = |rows: &[[usize; 3]]| {
-            let mut counter = WorkloadCounter::new(&wl);
-            counter.add(&(0..3).map(|c| rows.iter().map(|r| Some(r[c])).collect()).collect::<Vec<_>>());
-            counter.counts()
+            let mut counter = WorkloadCounter::new(&wl, 0);
+            counter.add(&(0..3).map(|c| rows.iter().map(|r| Some(r[c])).collect()).collect::<Vec<_>>(), &[]);
+            counter.counts().0
         };
         let base: Vec<[usize; 3]> = (0..40).map(|r| [r % 2, r / 3 % 2, (r * 5) % 3]).collect();
         let before = count(&base);

@@ -6,7 +6,7 @@
 //! the output columns (post-processing of the release), above a projection of the keys and the count over exactly
 //! one Aggregate whose
 //! grouping is one grouping set of columns of one private table or expressions of them (computed keys, with the
-//! domains [`crate::plan::computed`] derives), and whose only aggregate is COUNT(*); below
+//! domains [`crate::plan::computed`] derives), and whose aggregates are COUNT(*) and SUMs of bounded columns; below
 //! it, the WHERE chain every query may have ([`validate::locate`] checks it). Each key needs a public domain (the
 //! session checks the policy). Anything else that groups by a grouping set is refused with what to write instead.
 //! Neighbouring relation: add/remove all rows of one privacy unit.
@@ -29,6 +29,8 @@ pub enum GroupingOutput {
     Key(usize),
     /// The noisy count.
     Count,
+    /// The noisy sum of `sums[i]`.
+    Sum(usize),
 }
 
 /// A grouping-sets statement, checked: what the workload release needs.
@@ -45,6 +47,8 @@ pub struct GroupingPlan {
     pub computed: Vec<(String, Expr)>,
     /// The marginals, each a list of key columns, in the order the statement lists them.
     pub sets: Vec<Vec<String>>,
+    /// The columns summed (`SUM(col)`), with each sum's output name, in SELECT order.
+    pub sums: Vec<(String, String)>,
     /// The output columns in SELECT order: name and what it holds.
     pub outputs: Vec<(String, GroupingOutput)>,
     /// The statement's output schema (the keys' types).
@@ -130,9 +134,17 @@ pub fn grouping_plan(plan: &LogicalPlan, is_private: &dyn Fn(&TableReference) ->
         }
         sets.push(set);
     }
-    check_count(agg)?;
+    let summed = check_aggregates(agg)?;
     let (projection, order, skip, fetch) = presentation(plan)?;
-    let outputs = outputs(projection, agg, &columns)?;
+    let outputs = outputs(projection, agg, &columns, &summed)?;
+    let sums = summed
+        .iter()
+        .enumerate()
+        .map(|(j, (column, _))| {
+            let name = outputs.iter().find(|(_, o)| *o == GroupingOutput::Sum(j)).map(|(n, _)| n.clone());
+            (column.clone(), name.unwrap_or_else(|| format!("sum({column})")))
+        })
+        .collect();
     let order = order
         .iter()
         .map(|s| match validate::strip_aliases(&s.expr) {
@@ -149,6 +161,7 @@ pub fn grouping_plan(plan: &LogicalPlan, is_private: &dyn Fn(&TableReference) ->
         columns,
         computed,
         sets,
+        sums,
         outputs,
         schema: plan.schema().clone(),
         order,
@@ -157,23 +170,39 @@ pub fn grouping_plan(plan: &LogicalPlan, is_private: &dyn Fn(&TableReference) ->
     }))
 }
 
-/// The only aggregate must be a plain COUNT(*).
-fn check_count(agg: &datafusion::logical_expr::Aggregate) -> Result<()> {
-    let [a] = agg.aggr_expr.as_slice() else {
-        return refuse(format!("take exactly one aggregate here, COUNT(*) ({} given)", agg.aggr_expr.len()));
+/// The aggregates must be one plain COUNT(*), first, and SUMs of columns: the summed columns, with each SUM's name
+/// in the aggregate's output.
+fn check_aggregates(agg: &datafusion::logical_expr::Aggregate) -> Result<Vec<(String, String)>> {
+    use datafusion::functions_aggregate::sum::Sum;
+    let plain = |af: &datafusion::logical_expr::expr::AggregateFunction| {
+        let p = &af.params;
+        !p.distinct && p.filter.is_none() && p.order_by.is_empty()
     };
-    let ok = match validate::strip_aliases(a) {
-        Expr::AggregateFunction(af) => {
-            let p = &af.params;
-            af.func.inner().is::<Count>()
-                && !p.distinct
-                && p.filter.is_none()
-                && p.order_by.is_empty()
-                && (p.args.is_empty() || matches!(p.args.as_slice(), [Expr::Literal(v, _)] if !v.is_null()))
+    let mut sums = vec![];
+    for (i, a) in agg.aggr_expr.iter().enumerate() {
+        let Expr::AggregateFunction(af) = validate::strip_aliases(a) else {
+            return refuse(format!("take COUNT(*) and SUMs of columns here, not `{a}`"));
+        };
+        let count = af.func.inner().is::<Count>()
+            && (af.params.args.is_empty()
+                || matches!(af.params.args.as_slice(), [Expr::Literal(v, _)] if !v.is_null()));
+        match (i, validate::strip_total_casts(af.params.args.first().unwrap_or(a), agg.input.schema())) {
+            (0, _) if count && plain(af) => {}
+            (0, _) => {
+                return refuse(format!(
+                    "count rows with COUNT(*) first here, not `{a}` (a workload measures the counts of its cells, and sums beside them)"
+                ));
+            }
+            (_, Expr::Column(c)) if af.func.inner().is::<Sum>() && plain(af) && af.params.args.len() == 1 => {
+                sums.push((c.name.clone(), a.schema_name().to_string()));
+            }
+            _ => return refuse(format!("take COUNT(*) and SUMs of columns here, not `{a}`")),
         }
-        _ => false,
-    };
-    if ok { Ok(()) } else { refuse(format!("count rows with COUNT(*) here, not `{a}`")) }
+    }
+    if agg.aggr_expr.is_empty() {
+        return refuse("count rows with COUNT(*) here");
+    }
+    Ok(sums)
 }
 
 /// The nodes above the projection: an optional LIMIT (literal offset and count) over an optional ORDER BY. Returns
@@ -203,9 +232,10 @@ fn outputs(
     plan: &LogicalPlan,
     agg: &datafusion::logical_expr::Aggregate,
     columns: &[String],
+    sums: &[(String, String)],
 ) -> Result<Vec<(String, GroupingOutput)>> {
-    let not_plain = "return the keys and COUNT(*) as they are here, sorted or limited at most (HAVING and expressions \
-                     over a grouping-sets result are not supported)";
+    let not_plain = "return the keys, COUNT(*) and SUMs as they are here, sorted or limited at most (HAVING and \
+                     expressions over a grouping-sets result are not supported)";
     let LogicalPlan::Projection(p) = plan else { return refuse(not_plain) };
     if !matches!(p.input.as_ref(), LogicalPlan::Aggregate(_)) {
         return refuse(not_plain);
@@ -218,10 +248,12 @@ fn outputs(
             let Expr::Column(c) = validate::strip_aliases(e) else { return refuse(not_plain) };
             let what = if c.name == count_name {
                 GroupingOutput::Count
+            } else if let Some(j) = sums.iter().position(|(_, name)| *name == c.name) {
+                GroupingOutput::Sum(j)
             } else if let Some(i) = columns.iter().position(|k| *k == c.name) {
                 GroupingOutput::Key(i)
             } else {
-                return refuse(format!("select only the keys and COUNT(*) here, not `{}`", c.name));
+                return refuse(format!("select only the keys, COUNT(*) and SUMs here, not `{}`", c.name));
             };
             Ok((out.name().clone(), what))
         })

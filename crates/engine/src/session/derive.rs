@@ -319,7 +319,11 @@ impl DpSession {
                 (values, cals, Some(fit.terms))
             }
             Source::Marginal(fit) => {
-                let residuals = Measured::from_bytes(&bytes)?;
+                // Only a workload of counts is indexed: its measurements are the counts' residuals alone.
+                let (residuals, sums) = Measured::from_bytes(&bytes)?;
+                if !sums.is_empty() {
+                    return Err(mismatch());
+                }
                 let (marginal, variance) = fit.workload.marginal_of(&fit.set, &residuals, charge.measurements())?;
                 let base = charge.measurements().first().ok_or_else(mismatch)?;
                 let cal = base.derive(DerivedNoise { variance, rounding: 0.5 })?;

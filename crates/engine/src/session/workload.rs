@@ -90,6 +90,22 @@ pub(crate) struct PreparedWorkload {
     sigma_sq: Vec<f64>,
     /// What else its draw can answer, recorded with it (a GROUPING SETS statement: [`super::derive`]).
     index: Option<crate::accounting::ledger::DrawIndex>,
+    /// The summed values, measured over the same marginals (their columns follow the keys in the rows).
+    sums: Vec<SummedValue>,
+}
+
+/// A value a workload sums over its marginals: each row's value clamped to the column's bounds and put on the grid
+/// of its exact sum ([`crate::plan::exact_sum`]), so that one unit moves each cell's sum by at most k·M grid units
+/// (M the largest per row), and its marginals are measured as the counts are, at that sensitivity
+/// ([`crate::workload`], "Sums").
+#[derive(Clone, Debug)]
+struct SummedValue {
+    /// How a value becomes grid units.
+    grid: crate::plan::exact_sum::Grid,
+    /// The value of one grid unit (2^-s).
+    unit: f64,
+    /// The largest magnitude of one row, in grid units (M).
+    per_row: f64,
 }
 
 impl DpSession {
@@ -104,8 +120,8 @@ impl DpSession {
         spec: &MarginalSpec,
     ) -> Result<WorkloadRelease> {
         let scan = self.tables.scan(table).await?;
-        let mut p =
-            self.prepare_workload_over(table, scan.clone(), self.policy(table)?.clone(), columns, sets, spec).await?;
+        let policy = self.policy(table)?.clone();
+        let mut p = self.prepare_workload_over(table, scan.clone(), policy, (columns, &[]), sets, spec).await?;
         let label = label(table, &p.workload);
         // A plain GROUP BY of its keys over the whole table can be derived from its draw ([`super::derive`]).
         let reference = datafusion::common::TableReference::bare(table);
@@ -184,9 +200,8 @@ impl DpSession {
         if !same_noise(charge.measurements(), &p.quote.measurements) || !names(&charge, &plans) {
             return Err(changed(&key, &charge, &p.quote));
         }
-        let measured = Measured::as_output(&p.workload, Measured::from_bytes(&bytes)?, p.output, &p.sigma_sq)?;
-        let labels = domain_labels(&p);
-        let r = WorkloadRelease::new(&p.table, &p.workload, &labels, measured, p.plan, charge, self.status()?);
+        let (residuals, sums) = Measured::from_bytes(&bytes)?;
+        let r = self.release_of(p, (residuals, sums), charge)?;
         // A retried request is this request's own release again; a reuse key's answers a new statement for free.
         Ok(if request.is_some() { r } else { r.reused(from_other) })
     }
@@ -201,24 +216,64 @@ impl DpSession {
     ) -> Result<WorkloadRelease> {
         let open = self.tables.open(debit);
         let lookups: Vec<Lookup> = p.domains.iter().map(|d| Lookup::new(d)).collect();
-        let mut counter = WorkloadCounter::new(&p.workload);
+        let mut counter = WorkloadCounter::new(&p.workload, p.sums.len());
+        let d = p.domains.len();
         self.count_bounded(&open, p.over_limit.as_ref(), &p.rows, p.k, &p.table, |batch| {
             let indices =
                 lookups.iter().enumerate().map(|(i, l)| l.indices(batch.column(i))).collect::<Result<Vec<_>>>()?;
-            counter.add(&indices);
+            let values = p
+                .sums
+                .iter()
+                .enumerate()
+                .map(|(j, v)| grid_values(v, batch.column(d + j)))
+                .collect::<Result<Vec<_>>>()?;
+            counter.add(&indices, &values);
             Ok(())
         })
         .await?;
         let charge = open.close();
-        let noise = Noise::new(&p.workload, charge.measurements())?;
-        let mut residuals = noise.draw(&p.workload, &counter.counts(), &mut *self.lock_rng()?)?;
+        let (counts, sums) = counter.counts();
+        let blocks = measurement_blocks(&p.workload, charge.measurements(), p.sums.len())?;
+        let mut drawn = {
+            let mut rng = self.lock_rng()?;
+            let residuals = Noise::new(&p.workload, blocks[0])?.draw(&p.workload, &counts, &mut rng)?;
+            let sums = blocks[1..]
+                .iter()
+                .zip(&sums)
+                .map(|(cals, exact)| Noise::new(&p.workload, cals)?.draw(&p.workload, exact, &mut rng))
+                .collect::<Result<Vec<_>>>()?;
+            (residuals, sums)
+        };
         if let Some(key) = key {
-            let bytes = self.ledger.store_draw(key, &Measured::to_bytes(&residuals)?, p.index.as_ref())?;
-            residuals = Measured::from_bytes(&bytes)?;
+            let bytes = self.ledger.store_draw(key, &Measured::to_bytes(&drawn.0, &drawn.1)?, p.index.as_ref())?;
+            drawn = Measured::from_bytes(&bytes)?;
         }
+        self.release_of(p, drawn, charge)
+    }
+
+    /// The release of `p` from its noisy residuals (the counts', then each summed value's), drawn now or stored by
+    /// an earlier release of the same workload: the marginals rebuilt from them (post-processing).
+    fn release_of(
+        &self,
+        p: PreparedWorkload,
+        (residuals, sums): crate::workload::Drawn,
+        charge: crate::accounting::Charge,
+    ) -> Result<WorkloadRelease> {
+        if sums.len() != p.sums.len() {
+            return Err(DpError::Ledger("the stored measurements are not this workload's".into()));
+        }
+        let sums = sums
+            .into_iter()
+            .zip(&p.sums)
+            .map(|(r, v)| {
+                let rebuilt = Measured::of(&p.workload, r)?.marginals;
+                Ok(rebuilt.into_iter().map(|cells| cells.into_iter().map(|x| x * v.unit).collect()).collect())
+            })
+            .collect::<Result<Vec<_>>>()?;
         let measured = Measured::as_output(&p.workload, residuals, p.output, &p.sigma_sq)?;
         let labels = domain_labels(&p);
-        Ok(WorkloadRelease::new(&p.table, &p.workload, &labels, measured, p.plan, charge, self.status()?))
+        let r = WorkloadRelease::new(&p.table, &p.workload, &labels, measured, p.plan, charge, self.status()?);
+        Ok(r.with_sums(sums))
     }
 
     /// What [`DpSession::workload`] would do and cost — each marginal's accuracy, each residual's share of ρ, the
@@ -241,17 +296,18 @@ impl DpSession {
         spec: &MarginalSpec,
     ) -> Result<PreparedWorkload> {
         let scan = self.tables.scan(table).await?;
-        self.prepare_workload_over(table, scan, self.policy(table)?.clone(), columns, sets, spec).await
+        self.prepare_workload_over(table, scan, self.policy(table)?.clone(), (columns, &[]), sets, spec).await
     }
 
     /// [`DpSession::prepare_workload`] over the rows of `input` (`table`'s scan, possibly under WHERE filters, and
-    /// with computed keys) under `policy` (`table`'s, with the computed keys' domains).
+    /// with computed keys) under `policy` (`table`'s, with the computed keys' domains), with the marginals' sums of
+    /// `summed` columns (each with its output name) measured beside their counts.
     async fn prepare_workload_over(
         &self,
         table: &str,
         input: LogicalPlan,
         policy: crate::policy::TablePolicy,
-        columns: &[String],
+        (columns, summed): (&[String], &[(String, String)]),
         sets: &WorkloadSets,
         spec: &MarginalSpec,
     ) -> Result<PreparedWorkload> {
@@ -301,14 +357,36 @@ impl DpSession {
         accuracy::check_confidence(confidence)?;
         let k = policy.max_rows_per_unit;
         let allocation = workload.allocate(spec.loss.unwrap_or_else(|| self.workload_loss()));
-        let (cals, noise) = calibrate(&workload, k, &allocation.shares, spec.budget, confidence)?;
+        // The counts and each summed value share ρ equally.
+        let budget = match spec.budget {
+            MarginalBudget::Rho(rho) => MarginalBudget::Rho(rho / (1 + summed.len()) as f64),
+            _ if !summed.is_empty() => {
+                let why = "take dp.rho with SUM, not dp.target (a target is stated for the counts)".into();
+                return Err(DpError::Refused(Refusal::GroupingSets { why }));
+            }
+            other => other,
+        };
+        let (mut cals, noise) = calibrate(&workload, k, &allocation.shares, budget, confidence)?;
+        let (input, values, sum_plans) = summed_values(
+            table,
+            &workload,
+            (input, &policy),
+            summed,
+            (&allocation, k),
+            (budget, confidence),
+            &mut cals,
+        )?;
         let quote = Quote::new(cals, self.defaults.delta, confidence, &self.quotes)?;
-        let plan = WorkloadPlan::new(&workload, k, (&allocation, &noise), quote.epsilon, confidence, memory);
+        let plan = sum_plans.into_iter().fold(
+            WorkloadPlan::new(&workload, k, (&allocation, &noise), quote.epsilon, confidence, memory),
+            WorkloadPlan::with_sum,
+        );
         let output = spec.output.unwrap_or_else(|| self.workload_output());
+        let counted: Vec<String> = columns.iter().cloned().chain((0..values.len()).map(value_column)).collect();
         let (over_limit, rows, logical) =
-            self.bounded_rows(input, policy.privacy_unit.as_deref(), columns, None, k).await?;
-        let counted: Vec<Option<&[DomainValue]>> = domains.iter().map(|d| Some(d.as_slice())).collect();
-        marginals::check_domain_types(&counted, &rows.schema())?;
+            self.bounded_rows(input, policy.privacy_unit.as_deref(), &counted, None, k).await?;
+        let keys: Vec<Option<&[DomainValue]>> = domains.iter().map(|d| Some(d.as_slice())).collect();
+        marginals::check_domain_types(&keys, &rows.schema())?;
         let rows_text = logical.display_indent().to_string();
         Ok(PreparedWorkload {
             table: table.to_string(),
@@ -323,8 +401,94 @@ impl DpSession {
             output,
             sigma_sq: noise.sigma_sq,
             index: None,
+            sums: values,
         })
     }
+}
+
+/// The name of the rows' column of summed value `j`.
+fn value_column(j: usize) -> String {
+    format!("__dp_v{j}")
+}
+
+/// The summed values of a workload: `input` with each `summed` column's value as its sum reads it (cast, as
+/// [`crate::plan::bound::bounded_value`] writes the exact sum) in a column [`value_column`], each value's grid, and
+/// its plan; each value's calibrations (one per residual with contrasts, its sensitivity k·M·√p_A, its share of ρ
+/// as the counts') appended to `cals`. Refused without bounds on a summed column.
+fn summed_values(
+    table: &str,
+    w: &Workload,
+    (input, policy): (LogicalPlan, &crate::policy::TablePolicy),
+    summed: &[(String, String)],
+    (allocation, k): (&crate::workload::Allocation, u64),
+    (budget, confidence): (MarginalBudget, f64),
+    cals: &mut Vec<Calibration>,
+) -> Result<(LogicalPlan, Vec<SummedValue>, Vec<crate::workload::SumPlan>)> {
+    use datafusion::logical_expr::Expr;
+    if summed.is_empty() {
+        return Ok((input, vec![], vec![]));
+    }
+    let MarginalBudget::Rho(rho) = budget else {
+        return Err(DpError::Internal("a workload with sums is priced by ρ".into()));
+    };
+    let mut exprs: Vec<Expr> = input.schema().columns().into_iter().map(Expr::Column).collect();
+    let (mut values, mut plans) = (vec![], vec![]);
+    for (j, (column, name)) in summed.iter().enumerate() {
+        let (lo, hi) = policy.bounds(column).ok_or_else(|| {
+            let (table, column) = (table.to_string(), column.clone());
+            DpError::Refused(Refusal::NoBounds { table, aggregate: "SUM", column })
+        })?;
+        let value = Expr::Column(datafusion::common::Column::from_name(column));
+        let b = crate::plan::bound::bounded_value(value, input.schema(), lo, hi, column)?;
+        let Expr::AggregateFunction(af) = &b.sum else {
+            return Err(DpError::Internal("a bounded sum is an aggregate".into()));
+        };
+        let (Some(sum), Some(arg)) =
+            (af.func.inner().downcast_ref::<crate::plan::exact_sum::BoundedSum>(), af.params.args.first())
+        else {
+            return Err(DpError::Internal("a bounded sum takes one argument".into()));
+        };
+        exprs.push(arg.clone().alias(value_column(j)));
+        let unit = 2f64.powi(-b.scale_bits);
+        let value_cals: Vec<Calibration> =
+            w.calibrate(k as f64 * b.max_abs, rho, &allocation.shares)?.into_iter().flatten().collect();
+        let noise = Noise::new(w, &value_cals)?;
+        let variances: Vec<f64> = noise.variances(w).into_iter().map(|v| v * unit * unit).collect();
+        plans.push(crate::workload::SumPlan {
+            name: name.clone(),
+            per_row: b.max_abs * unit,
+            rho: value_cals.iter().map(|c| c.rho().get()).sum(),
+            std: variances.iter().map(|v| v.sqrt()).collect(),
+            ci_half_width: variances.iter().map(|&v| accuracy::sub_gaussian_half_width(v, confidence)).collect(),
+        });
+        cals.extend(value_cals);
+        values.push(SummedValue { grid: sum.grid(), unit, per_row: b.max_abs });
+    }
+    let input = datafusion::logical_expr::LogicalPlanBuilder::from(input)
+        .project(exprs)
+        .and_then(|b| b.build())
+        .map_err(engine)?;
+    Ok((input, values, plans))
+}
+
+/// The grid values of summed value `v`'s column of a batch (0 for NULL, which adds nothing to a sum).
+fn grid_values(v: &SummedValue, values: &ArrayRef) -> Result<Vec<i64>> {
+    use datafusion::arrow::array::Array;
+    let mut out = crate::plan::exact_sum::every_grid_value(v.grid, values).map_err(engine)?;
+    if values.null_count() > 0 {
+        out.iter_mut().enumerate().filter(|(r, _)| values.is_null(*r)).for_each(|(_, x)| *x = 0);
+    }
+    Ok(out)
+}
+
+/// A workload charge's calibrations in blocks: the counts' residuals', then each of `sums` summed values'
+/// (one per residual with contrasts each). Fails if they are not a workload's of this shape.
+fn measurement_blocks<'a>(w: &Workload, cals: &'a [Calibration], sums: usize) -> Result<Vec<&'a [Calibration]>> {
+    let n = w.residuals().iter().filter(|a| w.contrasts(a) > 0).count();
+    if n == 0 || cals.len() != n * (1 + sums) {
+        return Err(DpError::Ledger("the charge's measurements are not this workload's".into()));
+    }
+    Ok(cals.chunks(n).collect())
 }
 
 /// The residuals' calibrations and samplers for `budget`, each residual getting its `shares` of ρ: a ρ, or the
@@ -338,7 +502,7 @@ fn calibrate(
     confidence: f64,
 ) -> Result<(Vec<Calibration>, Noise)> {
     let at = |rho: f64| -> Result<(Vec<Calibration>, Noise)> {
-        let cals: Vec<Calibration> = w.calibrate(k, rho, shares)?.into_iter().flatten().collect();
+        let cals: Vec<Calibration> = w.calibrate(k as f64, rho, shares)?.into_iter().flatten().collect();
         let noise = Noise::new(w, &cals)?;
         Ok((cals, noise))
     };
@@ -385,6 +549,8 @@ fn workload_measured(p: &PreparedWorkload) -> Result<Fingerprint> {
         c.domain(d);
     }
     c.value(&p.quote.measurements)?;
+    let grids: Vec<_> = p.sums.iter().map(|v| v.grid).collect();
+    c.value(&grids)?;
     Ok(c.finish())
 }
 
@@ -457,10 +623,14 @@ impl DpSession {
                 .and_then(|b| b.build())
                 .map_err(engine)?;
         }
-        let mut p =
-            self.prepare_workload_over(g.table.table(), input.clone(), policy, &g.columns, &sets, &spec).await?;
-        // A plain GROUP BY of its keys can be derived from its draw ([`super::derive`]).
-        p.index = self.workload_index(&g.table, &input, &p.workload, (&p.quote.measurements, &p.plans()), sql)?;
+        let mut p = self
+            .prepare_workload_over(g.table.table(), input.clone(), policy, (&g.columns, &g.sums), &sets, &spec)
+            .await?;
+        // A plain GROUP BY of its keys can be derived from the draw of its counts ([`super::derive`]), when that is
+        // all it measures.
+        if g.sums.is_empty() {
+            p.index = self.workload_index(&g.table, &input, &p.workload, (&p.quote.measurements, &p.plans()), sql)?;
+        }
         // Every domain value must convert to its key's type: checked here, so that the release cannot fail on it.
         let schema = grouping_schema(&g);
         for ((_, what), field) in g.outputs.iter().zip(schema.fields()) {
@@ -507,6 +677,16 @@ impl DpSession {
                     pick(cells.column(g.columns.len() + 1))?,
                     Accuracy::PerRow { confidence, intervals: intervals.clone() },
                 ),
+                GroupingOutput::Sum(j) => {
+                    let at = g.columns.len() + 3 + 2 * j;
+                    let (sum, half) = (
+                        cells.column(at).as_primitive::<Float64Type>(),
+                        cells.column(at + 1).as_primitive::<Float64Type>(),
+                    );
+                    let intervals =
+                        rows.iter().map(|&i| [sum.value(i) - half.value(i), sum.value(i) + half.value(i)]).collect();
+                    (pick(cells.column(at))?, Accuracy::PerRow { confidence, intervals })
+                }
             };
             arrays.push(array);
             accuracy.push(ColumnAccuracy { column: name.clone(), accuracy: a });
@@ -540,24 +720,35 @@ impl DpSession {
     /// marginal's accuracy and the cost, before anything is spent.
     pub(crate) fn explain_grouping(&self, label: &str, g: &GroupingPlan, p: &PreparedWorkload) -> Result<Explanation> {
         let plan = &p.plan;
-        let measures = plan
-            .residuals
-            .iter()
-            .zip(&p.quote.measurements)
-            .map(|(r, c)| ExplainedMeasure {
-                label: format!(
-                    "residual of {}",
-                    if r.columns.is_empty() { "the total".into() } else { r.columns.join(" × ") }
+        let blocks = measurement_blocks(&p.workload, &p.quote.measurements, p.sums.len())?;
+        // The counts' residuals, then each summed value's (in grid units of one step `unit`).
+        let mut measures = vec![];
+        for (j, cals) in blocks.iter().enumerate() {
+            let (what, per_row, unit) = match j.checked_sub(1).and_then(|j| p.sums.get(j).zip(g.sums.get(j))) {
+                Some((v, (column, _))) => (
+                    format!(" of SUM({column})"),
+                    format!("·M, M = {}", crate::format::fmt_num(v.per_row * v.unit)),
+                    v.unit,
                 ),
-                l1: f64::NAN,
-                l2: c.sensitivity(),
-                derivation: format!("k·√p, p = Π (n − 1)/n over its columns; {} contrasts", r.contrasts),
-                calibration: c.clone(),
-                std: r.sigma,
-                ci_half_width: accuracy::sub_gaussian_half_width(r.sigma * r.sigma, plan.confidence),
-                unit: 1.0,
-            })
-            .collect();
+                None => (String::new(), String::new(), 1.0),
+            };
+            for (r, c) in plan.residuals.iter().zip(cals.iter()) {
+                let sigma = c.sigma_or_scale();
+                measures.push(ExplainedMeasure {
+                    label: format!(
+                        "residual of {}{what}",
+                        if r.columns.is_empty() { "the total".into() } else { r.columns.join(" × ") }
+                    ),
+                    l1: f64::NAN,
+                    l2: c.sensitivity(),
+                    derivation: format!("k{per_row}·√p, p = Π (n − 1)/n over its columns; {} contrasts", r.contrasts),
+                    calibration: c.clone(),
+                    std: sigma * unit,
+                    ci_half_width: accuracy::sub_gaussian_half_width(sigma * sigma, plan.confidence) * unit,
+                    unit,
+                });
+            }
+        }
         let schema = grouping_schema(g);
         let outputs = g
             .outputs
@@ -570,6 +761,12 @@ impl DpSession {
                     GroupingOutput::Count => format!(
                         "least-squares count, consistent across marginals; ± its marginal's half-width at {}% \
                          (below)",
+                        plan.confidence * 100.0
+                    ),
+                    GroupingOutput::Sum(j) => format!(
+                        "least-squares sum of `{}` clamped to its bounds, consistent across marginals; ± its \
+                         marginal's half-width at {}% (below)",
+                        g.sums.get(*j).map_or("", |(c, _)| c.as_str()),
                         plan.confidence * 100.0
                     ),
                 };
@@ -636,6 +833,16 @@ fn describe_workload(plan: &WorkloadPlan) -> String {
         plan.sets.len(),
         fmt_num(plan.one_by_one_variance)
     ));
+    for sum in &plan.sums {
+        let widest = sum.ci_half_width.iter().copied().fold(0.0, f64::max);
+        lines.push(format!(
+            "{}: measured over the same marginals at ρ = {} (each row adds at most {}); each cell ± at most {}",
+            sum.name,
+            fmt_num(sum.rho),
+            fmt_num(sum.per_row),
+            fmt_num(widest)
+        ));
+    }
     lines.push(plan.allocation_summary());
     lines.join("\n")
 }
@@ -689,7 +896,7 @@ pub(crate) fn grouping_schema(g: &GroupingPlan) -> SchemaRef {
         .zip(g.schema.fields())
         .map(|((name, what), f)| match what {
             GroupingOutput::Key(_) => Field::new(name, f.data_type().clone(), true),
-            GroupingOutput::Count => Field::new(name, DataType::Float64, false),
+            GroupingOutput::Count | GroupingOutput::Sum(_) => Field::new(name, DataType::Float64, false),
         })
         .collect();
     Arc::new(Schema::new(fields))

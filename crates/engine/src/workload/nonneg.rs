@@ -171,11 +171,11 @@ mod tests {
         let w = Workload::new(names, vec![4, 5, 3, 6], Workload::ways(4, 2)).unwrap();
         // 40 rows in a handful of cells.
         let rows: Vec<[usize; 4]> = (0..40).map(|r| [r % 2, (r / 2) % 2, 0, r % 3]).collect();
-        let mut counter = WorkloadCounter::new(&w);
-        counter.add(&(0..4).map(|c| rows.iter().map(|r| Some(r[c])).collect()).collect::<Vec<_>>());
-        let exact = counter.counts();
+        let mut counter = WorkloadCounter::new(&w, 0);
+        counter.add(&(0..4).map(|c| rows.iter().map(|r| Some(r[c])).collect()).collect::<Vec<_>>(), &[]);
+        let exact = counter.counts().0;
         let shares = w.allocate(WorkloadLoss::Sum).shares;
-        let cals: Vec<_> = w.calibrate(1, 0.05, &shares).unwrap().into_iter().flatten().collect();
+        let cals: Vec<_> = w.calibrate(1.0, 0.05, &shares).unwrap().into_iter().flatten().collect();
         let noise = Noise::new(&w, &cals).unwrap();
         let (mut better, mut runs) = (0, 0);
         for seed in 0..20 {
@@ -237,7 +237,7 @@ mod tests {
         let w = Workload::new(names, vec![2, 3], vec![vec![0, 1]]).unwrap();
         let exact = vec![vec![1000i64, 2000, 3000, 4000, 5000, 6000]];
         let cals: Vec<_> =
-            w.calibrate(1, 1.0, &w.allocate(WorkloadLoss::Sum).shares).unwrap().into_iter().flatten().collect();
+            w.calibrate(1.0, 1.0, &w.allocate(WorkloadLoss::Sum).shares).unwrap().into_iter().flatten().collect();
         let noise = Noise::new(&w, &cals).unwrap();
         let residuals = noise.draw(&w, &exact, &mut NoiseRng::insecure_seeded_for_tests(3)).unwrap();
         let out = nonnegative(&w, &residuals, &noise.sigma_sq);
