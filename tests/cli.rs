@@ -170,6 +170,16 @@ fn marginals_way_two_is_one_workload_release() {
     assert!(err.contains("released 3 marginals (28 cells) in one charge · ρ spent 0.1"), "{err}");
     let o = dpfusion(&["marginals", "--table", "pums", "--columns", "sex,age", "--way", "2", "--rho", "0.1"]);
     assert_eq!(o.status.code(), Some(2), "a column without a domain is refused: {}", text(&o.stderr));
+    // --sum income: its sums over the same marginals, beside the counts, in the same charge.
+    let o = dpfusion(&[&args[..], &["--sum", "income"]].concat());
+    let out = text(&o.stdout);
+    assert!(
+        out.starts_with("marginal,sex,race,married,count,ci_half_width,sum(income),sum(income)_ci_half_width\n"),
+        "{out}"
+    );
+    let o = dpfusion(&[&args[..], &["--sum", "income", "--plan"]].concat());
+    let out = text(&o.stdout);
+    assert!(out.contains("sum(income): ρ 0.05 · each row adds at most 500000"), "{out}");
     // --loss max plans the largest variance; --nonnegative releases no negative count (JSON: every marginal's
     // keys and counts, and the largest clamp).
     let o = dpfusion(&[&args[..], &["--plan", "--loss", "max"]].concat());

@@ -533,7 +533,7 @@ async fn grouping_sets_sum_bounded_columns_beside_their_counts() {
         assert!((total[i] - exact_sum).abs() <= 3.0 * half, "row {i}: {} for {exact_sum} (± {half})", total[i]);
     }
     let text = s.explain(sql).await.unwrap().to_string();
-    assert!(text.contains("total: measured over the same marginals at ρ = 5"), "{text}");
+    assert!(text.contains("sum(income): measured over the same marginals at ρ = 5"), "{text}");
     assert!(text.contains("residual of the total of SUM(income)") && text.contains("L2 = 500000"), "{text}");
     let again = release(&s, sql).await;
     assert_eq!(crate::support::column_f64(&again, 3), total, "the same draw");

@@ -859,6 +859,7 @@ class Session:
         confidence: Optional[float] = None,
         loss: Optional[str] = None,
         output: Optional[str] = None,
+        sums: Optional[Sequence[str]] = None,
     ) -> WorkloadRelease:
         """Releases many marginals of `columns` of `table` (each with a public domain) in one debit: every marginal of
         `way` of the columns (2, the default: every two-way table), or the marginals listed in `sets` (lists of
@@ -867,7 +868,9 @@ class Session:
         interval, in counts) or `target_std`; `confidence` is the level of the intervals; `loss` what the noise
         minimises, `"sum"` of every cell's variance (the default: the session's `dp.workload_loss`) or `"max"`, the
         largest (every cell within the same ±x); `output` the counts, `"least_squares"` (unbiased, the default: the
-        session's `dp.workload_output`) or `"nonnegative"` (consistent, no negative cell, biased).
+        session's `dp.workload_output`) or `"nonnegative"` (consistent, no negative cell, biased); `sums` bounded
+        columns whose sums are released over the same marginals beside the counts (`sum(col)` and its half-width per
+        cell; ρ shared equally by the counts and each sum; the counts only are made non-negative).
 
         >>> w = s.workload("pums", ["sex", "race"], sets=[["sex", "race"], ["sex"], []], rho=0.05)
         >>> t = w.to_pandas()

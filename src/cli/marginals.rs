@@ -78,6 +78,10 @@ pub(crate) struct MarginalArgs {
     /// unbiased least-squares rebuild, whose small cells may be negative).
     #[arg(long, requires = "way")]
     pub(crate) nonnegative: bool,
+    /// With --way: also release the sum of each of these bounded columns over every marginal, beside the counts
+    /// (`sum(col)` and its `sum(col)_ci_half_width` per cell; ρ shared equally by the counts and each sum).
+    #[arg(long, value_name = "COLUMNS", value_delimiter = ',', requires = "way")]
+    pub(crate) sum: Vec<String>,
     /// Keep the raw noisy counts (skip the consistency projection).
     #[arg(long)]
     pub(crate) no_consistency: bool,
@@ -175,6 +179,7 @@ pub(crate) async fn run(a: MarginalArgs) -> Result<bool, DpError> {
         selection_delta: a.selection_delta,
         loss: a.loss,
         output: a.nonnegative.then_some(dpfusion::workload::WorkloadOutput::NonNegative),
+        sums: a.sum.clone(),
     };
     if let Some(way) = a.way.filter(|w| *w >= 2) {
         return run_workload(&s, &a, &layout, way, &spec).await;
@@ -250,6 +255,16 @@ fn print_workload_plan(p: &WorkloadPlan, way: usize) {
         p.sets.len(),
         fmt_num(p.one_by_one_variance)
     );
+    for sum in &p.sums {
+        let widest = sum.ci_half_width.iter().copied().fold(0.0, f64::max);
+        outln!(
+            "  {}: ρ {} · each row adds at most {} · each cell ± at most {}",
+            sum.name,
+            fmt_num(sum.rho),
+            fmt_num(sum.per_row),
+            fmt_num(widest)
+        );
+    }
     outln!("  {}", p.allocation_summary());
 }
 

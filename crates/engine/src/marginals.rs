@@ -81,6 +81,9 @@ pub struct MarginalSpec {
     /// What a workload release's counts are (None: the session's `dp.workload_output`). Unused by one-way
     /// marginals (`consistency` is theirs).
     pub output: Option<crate::workload::WorkloadOutput>,
+    /// Columns whose sums a workload release measures over its marginals beside the counts, `sum(col)` each (every
+    /// one needs bounds; [`crate::workload`], "Sums"). Unused by one-way marginals.
+    pub sums: Vec<String>,
 }
 
 impl MarginalSpec {
@@ -93,6 +96,7 @@ impl MarginalSpec {
             selection_delta: None,
             loss: None,
             output: None,
+            sums: vec![],
         }
     }
 }

@@ -313,7 +313,9 @@ impl Session {
     /// interval, in counts) or `target_std`; `confidence` is the level of the intervals; `loss` what the noise
     /// minimises, `"sum"` of every cell's variance (the default: the session's `dp.workload_loss`) or `"max"`, the
     /// largest (every cell within the same ±x); `output` the counts, `"least_squares"` (unbiased, the default: the
-    /// session's `dp.workload_output`) or `"nonnegative"` (consistent, no negative cell, biased).
+    /// session's `dp.workload_output`) or `"nonnegative"` (consistent, no negative cell, biased); `sums` bounded
+    /// columns whose sums are released over the same marginals beside the counts (`sum(col)` and its half-width per
+    /// cell; ρ shared equally by the counts and each sum; the counts only are made non-negative).
     ///
     /// >>> w = s.workload("pums", ["sex", "race"], sets=[["sex", "race"], ["sex"], []], rho=0.05)
     /// >>> t = w.to_pandas()
@@ -322,7 +324,7 @@ impl Session {
     #[allow(clippy::too_many_arguments)] // the keyword arguments of the Python method
     #[pyo3(signature = (
         table, columns, *, way = None, sets = None, rho = None, target_std = None, target = None, confidence = None,
-        loss = None, output = None
+        loss = None, output = None, sums = None
     ))]
     fn workload(
         &self,
@@ -337,6 +339,7 @@ impl Session {
         confidence: Option<f64>,
         loss: Option<&str>,
         output: Option<&str>,
+        sums: Option<Vec<String>>,
     ) -> PyResult<WorkloadRelease> {
         let budget = marginal_budget(rho, target_std, target)?;
         let loss = loss.map(str::parse).transpose().map_err(|e| usage("invalid_parameter", format!("loss: {e}")))?;
@@ -347,7 +350,8 @@ impl Session {
             (_, Some(sets)) => WorkloadSets::Sets(sets),
             (way, None) => WorkloadSets::Ways(way.unwrap_or(2)),
         };
-        let spec = MarginalSpec { budget, confidence, loss, output, ..MarginalSpec::rho(0.0) };
+        let spec =
+            MarginalSpec { budget, confidence, loss, output, sums: sums.unwrap_or_default(), ..MarginalSpec::rho(0.0) };
         let cols = columns.clone();
         let w = run(
             py,

@@ -266,3 +266,16 @@ def test_a_sub_total_is_derived_free_with_dp_reuse_derive(session):
     assert by_sex.note.startswith("derived: charge #1")
     assert spent(session) == pytest.approx(0.05)
     assert "Derived (SET dp.reuse = 'derive')" in str(session.explain("SELECT COUNT(*) AS n FROM pums"))
+
+
+def test_a_workload_releases_sums_beside_its_counts(session):
+    w = session.workload("pums", ["sex", "race"], sets=[["sex", "race"], []], rho=0.02, sums=["income"])
+    t = w.to_pandas()
+    assert list(t.columns[-4:]) == ["count", "ci_half_width", "sum(income)", "sum(income)_ci_half_width"]
+    total = t[t.marginal == ""]["sum(income)"].iloc[0]
+    assert abs(t[t.marginal == "sex, race"]["sum(income)"].sum() - total) < 1e-6 * max(1.0, abs(total))
+    assert w.plan["sums"][0]["name"] == "sum(income)"
+    assert w.charge["rho"] == pytest.approx(0.02)
+    with pytest.raises(dpfusion.Refused) as info:
+        session.workload("pums", ["sex"], way=1, rho=0.01, sums=["pid"])
+    assert info.value.code == "no_bounds"

@@ -983,7 +983,9 @@ impl Clamp {
     }
 }
 
-/// `values` clamped to the bounds `lo` and `hi` of its native type.
+/// `values` clamped to the bounds `lo` and `hi` of its native type. When every slot already lies within them (NULL
+/// slots included, whatever they hold; NaN never does), `values` itself: one read-only pass, vectorised, instead of a
+/// copy, and the same result.
 fn clamp_array<T: datafusion::arrow::datatypes::ArrowPrimitiveType>(
     values: &ArrayRef,
     lo: &ScalarValue,
@@ -1001,6 +1003,10 @@ where
     };
     let (lo, hi) = (bound(lo)?, bound(hi)?);
     let input = values.as_primitive::<T>();
+    // `&`, not `&&`: no branch, so the loop vectorises.
+    if input.values().iter().fold(true, |inside, &v| inside & (v >= lo) & (v <= hi)) {
+        return Ok(Arc::clone(values));
+    }
     let out: PrimitiveArray<T> = input.unary(|v| {
         if v < lo {
             lo
@@ -1059,5 +1065,38 @@ impl datafusion::logical_expr::ScalarUDFImpl for Clamp {
             other => datafusion::common::exec_err!("dp_clamp of {other}"),
         }?;
         Ok(ColumnarValue::Array(out))
+    }
+}
+
+#[cfg(test)]
+mod clamp_tests {
+    use super::*;
+    use datafusion::arrow::array::{Array, AsArray, Float64Array, Int64Array};
+    use datafusion::arrow::datatypes::{Float64Type, Int64Type};
+
+    fn ints(values: ArrayRef) -> ArrayRef {
+        clamp_array::<Int64Type>(&values, &ScalarValue::Int64(Some(0)), &ScalarValue::Int64(Some(10))).unwrap()
+    }
+
+    /// Values already inside the bounds come back as they are (the same buffer: no copy); any slot outside them,
+    /// a NULL one's included, takes the clamping pass, which keeps NULL and NaN.
+    #[test]
+    fn a_clamp_copies_only_when_some_value_is_outside() {
+        let inside: ArrayRef = Arc::new(Int64Array::from(vec![Some(0), None, Some(10), Some(3)]));
+        assert!(Arc::ptr_eq(&ints(Arc::clone(&inside)), &inside));
+        let outside: ArrayRef = Arc::new(Int64Array::from(vec![Some(-5), None, Some(11), Some(3)]));
+        let out = ints(Arc::clone(&outside));
+        let out = out.as_primitive::<Int64Type>();
+        assert_eq!((out.value(0), out.is_null(1), out.value(2), out.value(3)), (0, true, 10, 3));
+        // A NULL slot holding a value outside the bounds: clamped, still NULL.
+        let hidden = Int64Array::new(vec![3, 99].into(), Some(vec![true, false].into()));
+        let hidden: ArrayRef = Arc::new(hidden);
+        let out = ints(Arc::clone(&hidden));
+        assert!(!Arc::ptr_eq(&out, &hidden) && out.is_null(1));
+        let floats: ArrayRef = Arc::new(Float64Array::from(vec![0.5, f64::NAN]));
+        let bounds = (ScalarValue::Float64(Some(0.0)), ScalarValue::Float64(Some(1.0)));
+        let out = clamp_array::<Float64Type>(&floats, &bounds.0, &bounds.1).unwrap();
+        let out = out.as_primitive::<Float64Type>();
+        assert!(out.value(0) == 0.5 && out.value(1).is_nan());
     }
 }

@@ -47,8 +47,8 @@ pub struct GroupingPlan {
     pub computed: Vec<(String, Expr)>,
     /// The marginals, each a list of key columns, in the order the statement lists them.
     pub sets: Vec<Vec<String>>,
-    /// The columns summed (`SUM(col)`), with each sum's output name, in SELECT order.
-    pub sums: Vec<(String, String)>,
+    /// The columns summed (`SUM(col)`), in the order of the aggregates.
+    pub sums: Vec<String>,
     /// The output columns in SELECT order: name and what it holds.
     pub outputs: Vec<(String, GroupingOutput)>,
     /// The statement's output schema (the keys' types).
@@ -137,14 +137,7 @@ pub fn grouping_plan(plan: &LogicalPlan, is_private: &dyn Fn(&TableReference) ->
     let summed = check_aggregates(agg)?;
     let (projection, order, skip, fetch) = presentation(plan)?;
     let outputs = outputs(projection, agg, &columns, &summed)?;
-    let sums = summed
-        .iter()
-        .enumerate()
-        .map(|(j, (column, _))| {
-            let name = outputs.iter().find(|(_, o)| *o == GroupingOutput::Sum(j)).map(|(n, _)| n.clone());
-            (column.clone(), name.unwrap_or_else(|| format!("sum({column})")))
-        })
-        .collect();
+    let sums = summed.into_iter().map(|(column, _)| column).collect();
     let order = order
         .iter()
         .map(|s| match validate::strip_aliases(&s.expr) {

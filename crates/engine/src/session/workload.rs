@@ -121,7 +121,7 @@ impl DpSession {
     ) -> Result<WorkloadRelease> {
         let scan = self.tables.scan(table).await?;
         let policy = self.policy(table)?.clone();
-        let mut p = self.prepare_workload_over(table, scan.clone(), policy, (columns, &[]), sets, spec).await?;
+        let mut p = self.prepare_workload_over(table, scan.clone(), policy, columns, sets, spec).await?;
         let label = label(table, &p.workload);
         // A plain GROUP BY of its keys over the whole table can be derived from its draw ([`super::derive`]).
         let reference = datafusion::common::TableReference::bare(table);
@@ -296,21 +296,22 @@ impl DpSession {
         spec: &MarginalSpec,
     ) -> Result<PreparedWorkload> {
         let scan = self.tables.scan(table).await?;
-        self.prepare_workload_over(table, scan, self.policy(table)?.clone(), (columns, &[]), sets, spec).await
+        self.prepare_workload_over(table, scan, self.policy(table)?.clone(), columns, sets, spec).await
     }
 
     /// [`DpSession::prepare_workload`] over the rows of `input` (`table`'s scan, possibly under WHERE filters, and
     /// with computed keys) under `policy` (`table`'s, with the computed keys' domains), with the marginals' sums of
-    /// `summed` columns (each with its output name) measured beside their counts.
+    /// the spec's `sums` columns measured beside their counts.
     async fn prepare_workload_over(
         &self,
         table: &str,
         input: LogicalPlan,
         policy: crate::policy::TablePolicy,
-        (columns, summed): (&[String], &[(String, String)]),
+        columns: &[String],
         sets: &WorkloadSets,
         spec: &MarginalSpec,
     ) -> Result<PreparedWorkload> {
+        let summed = spec.sums.as_slice();
         if self.defaults.accounting == Accounting::Gdp {
             return Err(DpError::Refused(Refusal::WorkloadNeedsZcdp));
         }
@@ -419,7 +420,7 @@ fn summed_values(
     table: &str,
     w: &Workload,
     (input, policy): (LogicalPlan, &crate::policy::TablePolicy),
-    summed: &[(String, String)],
+    summed: &[String],
     (allocation, k): (&crate::workload::Allocation, u64),
     (budget, confidence): (MarginalBudget, f64),
     cals: &mut Vec<Calibration>,
@@ -433,7 +434,7 @@ fn summed_values(
     };
     let mut exprs: Vec<Expr> = input.schema().columns().into_iter().map(Expr::Column).collect();
     let (mut values, mut plans) = (vec![], vec![]);
-    for (j, (column, name)) in summed.iter().enumerate() {
+    for (j, column) in summed.iter().enumerate() {
         let (lo, hi) = policy.bounds(column).ok_or_else(|| {
             let (table, column) = (table.to_string(), column.clone());
             DpError::Refused(Refusal::NoBounds { table, aggregate: "SUM", column })
@@ -455,7 +456,7 @@ fn summed_values(
         let noise = Noise::new(w, &value_cals)?;
         let variances: Vec<f64> = noise.variances(w).into_iter().map(|v| v * unit * unit).collect();
         plans.push(crate::workload::SumPlan {
-            name: name.clone(),
+            name: format!("sum({column})"),
             per_row: b.max_abs * unit,
             rho: value_cals.iter().map(|c| c.rho().get()).sum(),
             std: variances.iter().map(|v| v.sqrt()).collect(),
@@ -605,7 +606,8 @@ impl DpSession {
                 }
             },
         };
-        let spec = MarginalSpec { confidence: Some(confidence), budget, ..MarginalSpec::rho(0.0) };
+        let spec =
+            MarginalSpec { confidence: Some(confidence), budget, sums: g.sums.clone(), ..MarginalSpec::rho(0.0) };
         let sets = WorkloadSets::Sets(g.sets.clone());
         // Computed keys: computed over the input, their domains in the policy (`plan::computed`).
         let mut policy = self.policy(g.table.table())?.clone();
@@ -623,9 +625,8 @@ impl DpSession {
                 .and_then(|b| b.build())
                 .map_err(engine)?;
         }
-        let mut p = self
-            .prepare_workload_over(g.table.table(), input.clone(), policy, (&g.columns, &g.sums), &sets, &spec)
-            .await?;
+        let mut p =
+            self.prepare_workload_over(g.table.table(), input.clone(), policy, &g.columns, &sets, &spec).await?;
         // A plain GROUP BY of its keys can be derived from the draw of its counts ([`super::derive`]), when that is
         // all it measures.
         if g.sums.is_empty() {
@@ -725,7 +726,7 @@ impl DpSession {
         let mut measures = vec![];
         for (j, cals) in blocks.iter().enumerate() {
             let (what, per_row, unit) = match j.checked_sub(1).and_then(|j| p.sums.get(j).zip(g.sums.get(j))) {
-                Some((v, (column, _))) => (
+                Some((v, column)) => (
                     format!(" of SUM({column})"),
                     format!("·M, M = {}", crate::format::fmt_num(v.per_row * v.unit)),
                     v.unit,
@@ -766,7 +767,7 @@ impl DpSession {
                     GroupingOutput::Sum(j) => format!(
                         "least-squares sum of `{}` clamped to its bounds, consistent across marginals; ± its \
                          marginal's half-width at {}% (below)",
-                        g.sums.get(*j).map_or("", |(c, _)| c.as_str()),
+                        g.sums.get(*j).map_or("", String::as_str),
                         plan.confidence * 100.0
                     ),
                 };
