@@ -49,6 +49,8 @@ pub struct GroupingPlan {
     pub sets: Vec<Vec<String>>,
     /// The columns summed (`SUM(col)`), in the order of the aggregates.
     pub sums: Vec<String>,
+    /// HAVING, over the released cells.
+    pub having: Option<Having>,
     /// The output columns in SELECT order: name and what it holds.
     pub outputs: Vec<(String, GroupingOutput)>,
     /// The statement's output schema (the keys' types).
@@ -59,6 +61,19 @@ pub struct GroupingPlan {
     pub skip: usize,
     /// LIMIT: rows kept after the offset (all when None).
     pub fetch: Option<usize>,
+}
+
+/// A HAVING condition of a grouping-sets statement: post-processing of the release, which keeps the rows where it
+/// holds on the released (noisy) counts and sums and the public keys.
+#[derive(Clone, Debug)]
+pub struct Having {
+    /// The condition, typed over `schema` (counts and sums are Float64, as released), checked total: it cannot fail
+    /// on any value.
+    pub predicate: Expr,
+    /// The columns it reads.
+    pub schema: datafusion::common::DFSchemaRef,
+    /// What each of them holds, in `schema`'s order.
+    pub reads: Vec<GroupingOutput>,
 }
 
 fn refuse<T>(why: impl Into<String>) -> Result<T> {
@@ -137,6 +152,7 @@ pub fn grouping_plan(plan: &LogicalPlan, is_private: &dyn Fn(&TableReference) ->
     let summed = check_aggregates(agg)?;
     let (projection, order, skip, fetch) = presentation(plan)?;
     let outputs = outputs(projection, agg, &columns, &summed)?;
+    let having = having(projection, agg, &columns, &summed)?;
     let sums = summed.into_iter().map(|(column, _)| column).collect();
     let order = order
         .iter()
@@ -155,6 +171,7 @@ pub fn grouping_plan(plan: &LogicalPlan, is_private: &dyn Fn(&TableReference) ->
         computed,
         sets,
         sums,
+        having,
         outputs,
         schema: plan.schema().clone(),
         order,
@@ -227,28 +244,82 @@ fn outputs(
     columns: &[String],
     sums: &[(String, String)],
 ) -> Result<Vec<(String, GroupingOutput)>> {
-    let not_plain = "return the keys, COUNT(*) and SUMs as they are here, sorted or limited at most (HAVING and \
-                     expressions over a grouping-sets result are not supported)";
+    let not_plain = "return the keys, COUNT(*) and SUMs as they are here, filtered by HAVING, sorted or limited at \
+                     most (expressions over a grouping-sets result are not supported)";
     let LogicalPlan::Projection(p) = plan else { return refuse(not_plain) };
-    if !matches!(p.input.as_ref(), LogicalPlan::Aggregate(_)) {
+    let above = match p.input.as_ref() {
+        LogicalPlan::Filter(f) => f.input.as_ref(),
+        other => other,
+    };
+    if !matches!(above, LogicalPlan::Aggregate(_)) {
         return refuse(not_plain);
     }
-    let count_name = agg.aggr_expr.first().map(|a| a.schema_name().to_string()).unwrap_or_default();
+    let count_name = count_name(agg);
     p.expr
         .iter()
         .zip(p.schema.fields())
         .map(|(e, out)| {
             let Expr::Column(c) = validate::strip_aliases(e) else { return refuse(not_plain) };
-            let what = if c.name == count_name {
-                GroupingOutput::Count
-            } else if let Some(j) = sums.iter().position(|(_, name)| *name == c.name) {
-                GroupingOutput::Sum(j)
-            } else if let Some(i) = columns.iter().position(|k| *k == c.name) {
-                GroupingOutput::Key(i)
-            } else {
+            let Some(what) = output_of(&c.name, &count_name, columns, sums) else {
                 return refuse(format!("select only the keys, COUNT(*) and SUMs here, not `{}`", c.name));
             };
             Ok((out.name().clone(), what))
         })
         .collect()
+}
+
+/// The name of the aggregate's output column of COUNT(*).
+fn count_name(agg: &datafusion::logical_expr::Aggregate) -> String {
+    agg.aggr_expr.first().map(|a| a.schema_name().to_string()).unwrap_or_default()
+}
+
+/// What the aggregate's output column `name` holds.
+fn output_of(name: &str, count: &str, columns: &[String], sums: &[(String, String)]) -> Option<GroupingOutput> {
+    if name == count {
+        Some(GroupingOutput::Count)
+    } else if let Some(j) = sums.iter().position(|(_, s)| s == name) {
+        Some(GroupingOutput::Sum(j))
+    } else {
+        columns.iter().position(|k| k == name).map(GroupingOutput::Key)
+    }
+}
+
+/// The HAVING condition between the projection and the aggregate, if there is one: typed over the released columns
+/// it reads (counts and sums as Float64) and checked total, or refused before anything is spent.
+fn having(
+    plan: &LogicalPlan,
+    agg: &datafusion::logical_expr::Aggregate,
+    columns: &[String],
+    sums: &[(String, String)],
+) -> Result<Option<Having>> {
+    use datafusion::arrow::datatypes::{DataType, Field};
+    use datafusion::logical_expr::simplify::SimplifyContext;
+    use datafusion::optimizer::simplify_expressions::ExprSimplifier;
+    let LogicalPlan::Projection(p) = plan else { return Ok(None) };
+    let LogicalPlan::Filter(f) = p.input.as_ref() else { return Ok(None) };
+    let count = count_name(agg);
+    let (mut fields, mut reads) = (vec![], vec![]);
+    let mut read: Vec<&datafusion::common::Column> = f.predicate.column_refs().into_iter().collect();
+    read.sort_by_key(|c| c.flat_name());
+    for c in read {
+        let what = output_of(&c.name, &count, columns, sums);
+        let Some((what, (qualifier, field))) = what.zip(agg.schema.qualified_field_from_column(c).ok()) else {
+            return refuse(format!("take HAVING on the keys, COUNT(*) and SUMs here, not `{}`", c.name));
+        };
+        let dt = match what {
+            GroupingOutput::Key(_) => field.data_type().clone(),
+            GroupingOutput::Count | GroupingOutput::Sum(_) => DataType::Float64,
+        };
+        fields.push((qualifier.cloned(), std::sync::Arc::new(Field::new(field.name(), dt, true))));
+        reads.push(what);
+    }
+    let schema = std::sync::Arc::new(
+        datafusion::common::DFSchema::new_with_metadata(fields, Default::default()).map_err(crate::error::engine)?,
+    );
+    let context = SimplifyContext::builder().with_schema(schema.clone()).build();
+    let predicate = ExprSimplifier::new(context).coerce(f.predicate.clone(), &schema).map_err(crate::error::engine)?;
+    if let Err(what) = crate::plan::safety::total(&predicate, &schema) {
+        return refuse(format!("take a HAVING that cannot fail on any value here ({what} could)"));
+    }
+    Ok(Some(Having { predicate, schema, reads }))
 }

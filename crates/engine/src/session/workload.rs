@@ -659,37 +659,32 @@ impl DpSession {
         let schema = grouping_schema(&g);
         // The release's cells (`marginal`, one text column per key, `count`, `ci_half_width`), in SELECT order.
         let cells = r.to_record_batch(&g.columns)?;
-        let (count, half) = (cells.column(g.columns.len() + 1), cells.column(g.columns.len() + 2));
-        let (count, half) = (count.as_primitive::<Float64Type>(), half.as_primitive::<Float64Type>());
-        // ORDER BY and LIMIT (post-processing): the rows kept, in order.
+        // HAVING, ORDER BY and LIMIT (post-processing): the rows kept, in order.
         let rows = present(&g, &schema, &cells)?;
-        let intervals: Vec<[f64; 2]> =
-            rows.iter().map(|&i| [count.value(i) - half.value(i), count.value(i) + half.value(i)]).collect();
         let take = datafusion::arrow::array::UInt32Array::from_iter_values(rows.iter().map(|&i| i as u32));
-        let pick = |a: &ArrayRef| {
-            datafusion::arrow::compute::take(a, &take, None).map_err(|e| DpError::Internal(e.to_string()))
-        };
         let mut arrays: Vec<ArrayRef> = vec![];
         let mut accuracy = vec![];
         for ((name, what), field) in g.outputs.iter().zip(schema.fields()) {
-            let (array, a): (ArrayRef, Accuracy) = match what {
-                GroupingOutput::Key(i) => (typed_keys(&pick(cells.column(1 + i))?, field)?, Accuracy::Public),
-                GroupingOutput::Count => (
-                    pick(cells.column(g.columns.len() + 1))?,
-                    Accuracy::PerRow { confidence, intervals: intervals.clone() },
-                ),
-                GroupingOutput::Sum(j) => {
-                    let at = g.columns.len() + 3 + 2 * j;
-                    let (sum, half) = (
+            let column = cells_column(&g, what, field, &cells)?;
+            arrays.push(
+                datafusion::arrow::compute::take(&column, &take, None).map_err(|e| DpError::Internal(e.to_string()))?,
+            );
+            // A count's or a sum's interval: its value ± its half-width, the column after it in `cells`.
+            let a = match what {
+                GroupingOutput::Key(_) => Accuracy::Public,
+                GroupingOutput::Count | GroupingOutput::Sum(_) => {
+                    let at = cells_at(&g, what);
+                    let (value, half) = (
                         cells.column(at).as_primitive::<Float64Type>(),
                         cells.column(at + 1).as_primitive::<Float64Type>(),
                     );
-                    let intervals =
-                        rows.iter().map(|&i| [sum.value(i) - half.value(i), sum.value(i) + half.value(i)]).collect();
-                    (pick(cells.column(at))?, Accuracy::PerRow { confidence, intervals })
+                    let intervals = rows
+                        .iter()
+                        .map(|&i| [value.value(i) - half.value(i), value.value(i) + half.value(i)])
+                        .collect();
+                    Accuracy::PerRow { confidence, intervals }
                 }
             };
-            arrays.push(array);
             accuracy.push(ColumnAccuracy { column: name.clone(), accuracy: a });
         }
         let batch = RecordBatch::try_new(schema.clone(), arrays).map_err(|e| DpError::Internal(e.to_string()))?;
@@ -849,10 +844,12 @@ fn describe_workload(plan: &WorkloadPlan) -> String {
 }
 
 /// The rows of the release's `cells` (`WorkloadRelease::to_record_batch` over `g`'s key columns) that the
-/// statement returns, in its order: sorted by its ORDER BY (keys by value in their declared type, counts by value),
-/// then cut by its OFFSET and LIMIT. Post-processing of public keys and noisy counts.
+/// statement returns, in its order: those where its HAVING holds, sorted by its ORDER BY (keys by value in their
+/// declared type, counts and sums by value), then cut by its OFFSET and LIMIT. Post-processing of public keys and
+/// noisy counts and sums.
 fn present(g: &GroupingPlan, schema: &SchemaRef, cells: &RecordBatch) -> Result<Vec<usize>> {
     use datafusion::arrow::compute::{SortColumn, SortOptions, lexsort_to_indices};
+    let internal = |e: datafusion::arrow::error::ArrowError| DpError::Internal(e.to_string());
     let n = cells.num_rows();
     let mut rows: Vec<usize> = (0..n).collect();
     if !g.order.is_empty() {
@@ -860,19 +857,53 @@ fn present(g: &GroupingPlan, schema: &SchemaRef, cells: &RecordBatch) -> Result<
             .order
             .iter()
             .map(|&(i, asc, nulls_first)| {
-                let values = match (&g.outputs[i].1, schema.fields().get(i)) {
-                    (GroupingOutput::Key(k), Some(field)) => typed_keys(cells.column(1 + k), field)?,
-                    _ => cells.column(g.columns.len() + 1).clone(),
-                };
+                let field = schema.fields().get(i).ok_or_else(|| DpError::Internal("an ORDER BY column".into()))?;
+                let values = cells_column(g, &g.outputs[i].1, field, cells)?;
                 Ok(SortColumn { values, options: Some(SortOptions { descending: !asc, nulls_first }) })
             })
             .collect::<Result<Vec<_>>>()?;
-        let sorted = lexsort_to_indices(&columns, None).map_err(|e| DpError::Internal(e.to_string()))?;
+        let sorted = lexsort_to_indices(&columns, None).map_err(internal)?;
         rows = sorted.values().iter().map(|&i| i as usize).collect();
     }
+    if let Some(h) = &g.having {
+        // The condition over the columns it reads (checked total before the debit: it cannot fail here).
+        let arrays = h
+            .reads
+            .iter()
+            .zip(h.schema.fields())
+            .map(|(what, field)| cells_column(g, what, field, cells))
+            .collect::<Result<Vec<_>>>()?;
+        let batch = RecordBatch::try_new(Arc::new(h.schema.as_arrow().clone()), arrays).map_err(internal)?;
+        let holds = crate::plan::interval::physical(&h.predicate, &h.schema)
+            .and_then(|p| p.evaluate(&batch))
+            .and_then(|v| v.into_array(batch.num_rows()))
+            .map_err(engine)?;
+        let holds = holds.as_boolean_opt().ok_or_else(|| DpError::Internal("HAVING is a condition".into()))?;
+        rows.retain(|&i| datafusion::arrow::array::Array::is_valid(holds, i) && holds.value(i));
+    }
+    let n = rows.len();
     let start = g.skip.min(n);
     let end = g.fetch.map_or(n, |f| start.saturating_add(f).min(n));
     Ok(rows[start..end].to_vec())
+}
+
+/// Where the release's `cells` hold `what`: a key's labels, or a count's or a sum's values (its half-width next).
+fn cells_at(g: &GroupingPlan, what: &GroupingOutput) -> usize {
+    let d = g.columns.len();
+    match what {
+        GroupingOutput::Key(k) => 1 + k,
+        GroupingOutput::Count => d + 1,
+        GroupingOutput::Sum(j) => d + 3 + 2 * j,
+    }
+}
+
+/// The column of the release's `cells` that holds `what`, a key typed as `field` is.
+fn cells_column(g: &GroupingPlan, what: &GroupingOutput, field: &Field, cells: &RecordBatch) -> Result<ArrayRef> {
+    let column = cells.column(cells_at(g, what));
+    match what {
+        GroupingOutput::Key(_) => typed_keys(column, field),
+        _ => Ok(column.clone()),
+    }
 }
 
 /// A key column's domain labels (NULL where a marginal does not group by it) as the statement types the key.
