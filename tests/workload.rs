@@ -603,5 +603,14 @@ async fn having_keeps_the_released_rows_where_it_holds() {
     assert!(!kept.is_empty() && kept.len() < all.num_rows(), "the condition must keep some rows and drop others");
     assert_eq!(crate::support::column_f64(&some, 2), kept.iter().map(|&i| n[i]).collect::<Vec<_>>());
     assert_eq!(crate::support::column_f64(&some, 3), kept.iter().map(|&i| total[i]).collect::<Vec<_>>());
-    assert_eq!(s.budget().unwrap().charges.len(), 1, "HAVING is post-processing of the same draw");
+    // ORDER BY a sum sorts by the sum.
+    let sorted = release(
+        &s,
+        "SELECT sex, race, COUNT(*) AS n, SUM(income) AS total FROM pums GROUP BY CUBE (sex, race) ORDER BY total DESC",
+    )
+    .await;
+    let mut want = total.clone();
+    want.sort_by(|a, b| b.total_cmp(a));
+    assert_eq!(crate::support::column_f64(&sorted, 3), want);
+    assert_eq!(s.budget().unwrap().charges.len(), 1, "HAVING and ORDER BY are post-processing of the same draw");
 }
