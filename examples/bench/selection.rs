@@ -102,7 +102,7 @@ pub(crate) fn bench_selection() -> Res<()> {
             w.sets().len(),
             w.residuals().len(),
             max.gap().unwrap_or(f64::NAN) - 1.0,
-            w.memory_bytes(&vec![1; sizes.len()]).div_ceil(1 << 20)
+            w.memory_bytes(&vec![1; sizes.len()], 0).div_ceil(1 << 20)
         );
     }
     println!();
@@ -128,7 +128,7 @@ pub(crate) fn bench_selection() -> Res<()> {
             let largest = w.largest_variance(&max.shares, 1, 0.5);
             let bound = largest / max.gap().ok_or("a max allocation states its gap")?;
             // Labels of at most 3 digits (values 0..n).
-            let memory = w.memory_bytes(&vec![3; sizes.len()]);
+            let memory = w.memory_bytes(&vec![3; sizes.len()], 0);
             let answered = memory <= dpfusion::workload::DEFAULT_MEMORY_BYTES;
             println!(
                 "| {name} | {wname} | {} | {} | {cells:.3e} | {rmse:.3} | {p_rmse:.3} | {largest:.3} | {bound:.3} | \

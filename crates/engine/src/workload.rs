@@ -305,23 +305,27 @@ impl Workload {
     }
 
     /// The bytes a release of this workload holds at most while it runs and once released (cells, contrasts and
-    /// the labels `label_bytes[i]` of column i's longest value), before any data is read: what
-    /// [`Workload::check_memory`] compares with the limit, and what `EXPLAIN DP` states.
-    pub fn memory_bytes(&self, label_bytes: &[u64]) -> u64 {
+    /// the labels `label_bytes[i]` of column i's longest value), with `values` summed values (each its cells and
+    /// contrasts as the counts'), before any data is read: what [`Workload::check_memory`] compares with the limit,
+    /// and what `EXPLAIN DP` states.
+    pub fn memory_bytes(&self, label_bytes: &[u64], values: usize) -> u64 {
         let d = self.names.len() as u64;
+        let measured = 1 + values as u64;
         let cells = self.sets.iter().map(|s| {
             // Its keys' text, the offsets of every chosen column's key (NULL or not) and the marginal's name.
             let keys: u64 = s.iter().map(|&i| label_bytes.get(i).copied().unwrap_or(0)).sum();
             let name: u64 = s.iter().map(|&i| self.names[i].len() as u64 + 2).sum();
-            (self.cells(s) as u64).saturating_mul(CELL_BYTES + keys + 4 * d + name)
+            (self.cells(s) as u64).saturating_mul(CELL_BYTES * measured + keys + 4 * d + name)
         });
-        let contrasts = self.residuals.iter().map(|a| (self.contrasts(a) as u64).saturating_mul(CONTRAST_BYTES));
+        let contrasts =
+            self.residuals.iter().map(|a| (self.contrasts(a) as u64).saturating_mul(CONTRAST_BYTES * measured));
         cells.chain(contrasts).fold(0u64, u64::saturating_add)
     }
 
-    /// The bytes its release holds ([`Workload::memory_bytes`]); refused (before any read) above `limit`.
-    pub fn check_memory(&self, label_bytes: &[u64], limit: u64) -> Result<u64> {
-        let needs = self.memory_bytes(label_bytes);
+    /// The bytes its release holds with `values` summed values ([`Workload::memory_bytes`]); refused (before any
+    /// read) above `limit`.
+    pub fn check_memory(&self, label_bytes: &[u64], values: usize, limit: u64) -> Result<u64> {
+        let needs = self.memory_bytes(label_bytes, values);
         if needs > limit {
             return Err(DpError::Refused(Refusal::WorkloadMemory {
                 needs_mb: needs.div_ceil(1 << 20),
@@ -1515,10 +1519,11 @@ mod tests {
         assert!(matches!(overflow, Err(DpError::Refused(Refusal::WorkloadTooLarge { .. }))));
         // 2²⁵ cells fit the structure; their memory is the limit (CELL_BYTES + 2·(3 label bytes + 4 + 4) each).
         let big = Workload::new(names(2), vec![1 << 13, 1 << 12], vec![vec![0, 1]]).unwrap();
-        let needs = big.memory_bytes(&[3, 3]);
+        let needs = big.memory_bytes(&[3, 3], 0);
+        assert!(big.memory_bytes(&[3, 3], 1) > needs, "a summed value takes memory too");
         assert!(needs >= (1u64 << 25) * (CELL_BYTES + 22), "{needs}");
-        assert!(big.check_memory(&[3, 3], needs).is_ok());
-        let refused = big.check_memory(&[3, 3], needs - 1).unwrap_err();
+        assert!(big.check_memory(&[3, 3], 0, needs).is_ok());
+        let refused = big.check_memory(&[3, 3], 0, needs - 1).unwrap_err();
         assert_eq!(refused.code(), "workload_memory");
     }
 

@@ -47,6 +47,7 @@ use datafusion::logical_expr::{Aggregate, Expr, ExprSchemable, LogicalPlan, Proj
 use std::sync::Arc;
 
 mod filter;
+mod monotone;
 mod table;
 pub use filter::Where;
 pub use table::{MAX_TABULATED, Tabulated};
@@ -138,7 +139,13 @@ pub fn rewrite(agg: &Aggregate, policy: &TablePolicy) -> Result<Option<Rewritten
         let mut cx = Rewrite::new(&input, &policy, lifted);
         let aggr_expr = agg.aggr_expr.iter().map(|a| cx.aggregate(a)).collect::<Result<Vec<_>>>()?;
         let group_expr = agg.group_expr.iter().map(|g| cx.key(g)).collect::<Result<Vec<_>>>()?;
-        let exprs = cx.exprs.iter().map(|e| cx.run_form(e)).collect::<Result<Vec<_>>>()?;
+        // A value (no domain) may drop its column's clamp where its measurement's clamp gives the same value.
+        let exprs = cx
+            .exprs
+            .iter()
+            .zip(&cx.computed.columns)
+            .map(|(e, c)| cx.run_form(e, c.domain.is_none()))
+            .collect::<Result<Vec<_>>>()?;
         (aggr_expr, group_expr, exprs, cx.computed, cx.lifted)
     };
     if exprs.is_empty() && lifted.is_empty() && aggr_expr == agg.aggr_expr && group_expr == agg.group_expr {
@@ -777,24 +784,26 @@ impl<'a> Rewrite<'a> {
 
     /// A computed column of the projection (`expr AS name`) in the form that runs: a FILTER's
     /// `CASE WHEN p THEN x END` as `dp_where(p, x)` ([`filter::where_form`]) with `x` in its own run form and `p`'s
-    /// comparisons of integers with constants inside their bounds unclamped ([`filter::unclamped_comparisons`]), else
-    /// the expression [`Rewrite::tabulated`] or in its `dp_where` form.
-    fn run_form(&self, e: &Expr) -> Result<Expr> {
+    /// comparisons of integers with constants inside their bounds unclamped ([`filter::unclamped_comparisons`]); a
+    /// `value` (not a key) that is a monotone float function of one column without its column's clamp
+    /// ([`monotone::unclamped`]); else the expression [`Rewrite::tabulated`] or in its `dp_where` form.
+    fn run_form(&self, e: &Expr, value: bool) -> Result<Expr> {
         match e {
-            Expr::Alias(a) => Ok(self.run_form(&a.expr)?.alias(&a.name)),
+            Expr::Alias(a) => Ok(self.run_form(&a.expr, value)?.alias(&a.name)),
             Expr::Case(case) if case.expr.is_none() && case.else_expr.is_none() && case.when_then_expr.len() == 1 => {
                 match filter::where_form(e, self.schema).map_err(engine)? {
                     Expr::ScalarFunction(mut f) if f.func.inner().is::<Where>() => {
                         if let [p, x] = f.args.as_mut_slice() {
                             // `x` is total without the condition's facts: its comparisons may drop their clamps.
                             *p = filter::unclamped_comparisons(p.clone(), self.schema).map_err(engine)?;
-                            *x = self.run_form(x)?;
+                            *x = self.run_form(x, value)?;
                         }
                         Ok(Expr::ScalarFunction(f))
                     }
                     _ => Ok(self.tabulated(e)?),
                 }
             }
+            other if value && let Some(u) = monotone::unclamped(other, self.schema) => Ok(u),
             other => {
                 let t = self.tabulated(other)?;
                 if &t == other { filter::where_form(other, self.schema).map_err(engine) } else { Ok(t) }
@@ -983,9 +992,7 @@ impl Clamp {
     }
 }
 
-/// `values` clamped to the bounds `lo` and `hi` of its native type. When every slot already lies within them (NULL
-/// slots included, whatever they hold; NaN never does), `values` itself: one read-only pass, vectorised, instead of a
-/// copy, and the same result.
+/// `values` clamped to the bounds `lo` and `hi` of its native type.
 fn clamp_array<T: datafusion::arrow::datatypes::ArrowPrimitiveType>(
     values: &ArrayRef,
     lo: &ScalarValue,
@@ -1003,10 +1010,6 @@ where
     };
     let (lo, hi) = (bound(lo)?, bound(hi)?);
     let input = values.as_primitive::<T>();
-    // `&`, not `&&`: no branch, so the loop vectorises.
-    if input.values().iter().fold(true, |inside, &v| inside & (v >= lo) & (v <= hi)) {
-        return Ok(Arc::clone(values));
-    }
     let out: PrimitiveArray<T> = input.unary(|v| {
         if v < lo {
             lo
@@ -1065,38 +1068,5 @@ impl datafusion::logical_expr::ScalarUDFImpl for Clamp {
             other => datafusion::common::exec_err!("dp_clamp of {other}"),
         }?;
         Ok(ColumnarValue::Array(out))
-    }
-}
-
-#[cfg(test)]
-mod clamp_tests {
-    use super::*;
-    use datafusion::arrow::array::{Array, AsArray, Float64Array, Int64Array};
-    use datafusion::arrow::datatypes::{Float64Type, Int64Type};
-
-    fn ints(values: ArrayRef) -> ArrayRef {
-        clamp_array::<Int64Type>(&values, &ScalarValue::Int64(Some(0)), &ScalarValue::Int64(Some(10))).unwrap()
-    }
-
-    /// Values already inside the bounds come back as they are (the same buffer: no copy); any slot outside them,
-    /// a NULL one's included, takes the clamping pass, which keeps NULL and NaN.
-    #[test]
-    fn a_clamp_copies_only_when_some_value_is_outside() {
-        let inside: ArrayRef = Arc::new(Int64Array::from(vec![Some(0), None, Some(10), Some(3)]));
-        assert!(Arc::ptr_eq(&ints(Arc::clone(&inside)), &inside));
-        let outside: ArrayRef = Arc::new(Int64Array::from(vec![Some(-5), None, Some(11), Some(3)]));
-        let out = ints(Arc::clone(&outside));
-        let out = out.as_primitive::<Int64Type>();
-        assert_eq!((out.value(0), out.is_null(1), out.value(2), out.value(3)), (0, true, 10, 3));
-        // A NULL slot holding a value outside the bounds: clamped, still NULL.
-        let hidden = Int64Array::new(vec![3, 99].into(), Some(vec![true, false].into()));
-        let hidden: ArrayRef = Arc::new(hidden);
-        let out = ints(Arc::clone(&hidden));
-        assert!(!Arc::ptr_eq(&out, &hidden) && out.is_null(1));
-        let floats: ArrayRef = Arc::new(Float64Array::from(vec![0.5, f64::NAN]));
-        let bounds = (ScalarValue::Float64(Some(0.0)), ScalarValue::Float64(Some(1.0)));
-        let out = clamp_array::<Float64Type>(&floats, &bounds.0, &bounds.1).unwrap();
-        let out = out.as_primitive::<Float64Type>();
-        assert!(out.value(0) == 0.5 && out.value(1).is_nan());
     }
 }

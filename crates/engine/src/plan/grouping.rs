@@ -180,37 +180,33 @@ pub fn grouping_plan(plan: &LogicalPlan, is_private: &dyn Fn(&TableReference) ->
     }))
 }
 
-/// The aggregates must be one plain COUNT(*), first, and SUMs of columns: the summed columns, with each SUM's name
-/// in the aggregate's output.
+/// The aggregates must be one plain COUNT(*) and SUMs of columns: the summed columns, with each SUM's name in the
+/// aggregate's output.
 fn check_aggregates(agg: &datafusion::logical_expr::Aggregate) -> Result<Vec<(String, String)>> {
     use datafusion::functions_aggregate::sum::Sum;
-    let plain = |af: &datafusion::logical_expr::expr::AggregateFunction| {
-        let p = &af.params;
-        !p.distinct && p.filter.is_none() && p.order_by.is_empty()
-    };
+    let mut counts = 0;
     let mut sums = vec![];
-    for (i, a) in agg.aggr_expr.iter().enumerate() {
+    for a in &agg.aggr_expr {
         let Expr::AggregateFunction(af) = validate::strip_aliases(a) else {
             return refuse(format!("take COUNT(*) and SUMs of columns here, not `{a}`"));
         };
+        let p = &af.params;
+        let plain = !p.distinct && p.filter.is_none() && p.order_by.is_empty();
         let count = af.func.inner().is::<Count>()
-            && (af.params.args.is_empty()
-                || matches!(af.params.args.as_slice(), [Expr::Literal(v, _)] if !v.is_null()));
-        match (i, validate::strip_total_casts(af.params.args.first().unwrap_or(a), agg.input.schema())) {
-            (0, _) if count && plain(af) => {}
-            (0, _) => {
-                return refuse(format!(
-                    "count rows with COUNT(*) first here, not `{a}` (a workload measures the counts of its cells, and sums beside them)"
-                ));
-            }
-            (_, Expr::Column(c)) if af.func.inner().is::<Sum>() && plain(af) && af.params.args.len() == 1 => {
-                sums.push((c.name.clone(), a.schema_name().to_string()));
-            }
+            && (p.args.is_empty() || matches!(p.args.as_slice(), [Expr::Literal(v, _)] if !v.is_null()));
+        match p.args.as_slice() {
+            _ if count && plain => counts += 1,
+            [x] if af.func.inner().is::<Sum>() && plain => match validate::strip_total_casts(x, agg.input.schema()) {
+                Expr::Column(c) => sums.push((c.name.clone(), a.schema_name().to_string())),
+                _ => return refuse(format!("take COUNT(*) and SUMs of columns here, not `{a}`")),
+            },
             _ => return refuse(format!("take COUNT(*) and SUMs of columns here, not `{a}`")),
         }
     }
-    if agg.aggr_expr.is_empty() {
-        return refuse("count rows with COUNT(*) here");
+    if counts != 1 {
+        return refuse(
+            "count rows with COUNT(*) here, once (a workload measures the counts of its cells, and sums beside them)",
+        );
     }
     Ok(sums)
 }
@@ -268,9 +264,11 @@ fn outputs(
         .collect()
 }
 
-/// The name of the aggregate's output column of COUNT(*).
+/// The name of the aggregate's output column of COUNT(*) (the one aggregate that is not a SUM: [`check_aggregates`]).
 fn count_name(agg: &datafusion::logical_expr::Aggregate) -> String {
-    agg.aggr_expr.first().map(|a| a.schema_name().to_string()).unwrap_or_default()
+    let is_count =
+        |a: &&Expr| matches!(validate::strip_aliases(a), Expr::AggregateFunction(af) if af.func.inner().is::<Count>());
+    agg.aggr_expr.iter().find(is_count).map(|a| a.schema_name().to_string()).unwrap_or_default()
 }
 
 /// What the aggregate's output column `name` holds.

@@ -353,7 +353,7 @@ impl DpSession {
             .iter()
             .map(|d| d.iter().map(|v| marginals::domain_label(v).len() as u64).max().unwrap_or(0))
             .collect();
-        let memory = workload.check_memory(&label_bytes, self.defaults.workload_memory.limit)?;
+        let memory = workload.check_memory(&label_bytes, summed.len(), self.defaults.workload_memory.limit)?;
         let confidence = spec.confidence.unwrap_or(self.defaults.confidence);
         accuracy::check_confidence(confidence)?;
         let k = policy.max_rows_per_unit;
