@@ -95,9 +95,9 @@ pub(crate) struct PreparedWorkload {
 }
 
 /// A value a workload sums over its marginals: each row's value clamped to the column's bounds and put on the grid
-/// of its exact sum ([`crate::plan::exact_sum`]), so that one unit moves each cell's sum by at most k·M grid units
-/// (M the largest per row), and its marginals are measured as the counts are, at that sensitivity
-/// ([`crate::workload`], "Sums").
+/// of its exact sum ([`crate::plan::exact_sum`]; coarser where the samplers' range needs it), so that one unit moves
+/// each cell's sum by at most k·M grid units (M the largest per row), and its marginals are measured as the counts
+/// are, at that sensitivity ([`crate::workload`], "Sums").
 #[derive(Clone, Debug)]
 struct SummedValue {
     /// How a value becomes grid units.
@@ -407,6 +407,10 @@ impl DpSession {
     }
 }
 
+/// The coarsest grid a workload's sum may take (2^40 value units per step), as the exact sums'
+/// ([`crate::plan::bound::grid_bits`]).
+const MIN_GRID_BITS: i32 = -40;
+
 /// The name of the rows' column of summed value `j`.
 fn value_column(j: usize) -> String {
     format!("__dp_v{j}")
@@ -440,7 +444,7 @@ fn summed_values(
             DpError::Refused(Refusal::NoBounds { table, aggregate: "SUM", column })
         })?;
         let value = Expr::Column(datafusion::common::Column::from_name(column));
-        let b = crate::plan::bound::bounded_value(value, input.schema(), lo, hi, column)?;
+        let b = crate::plan::bound::bounded_value(value.clone(), input.schema(), lo, hi, column)?;
         let Expr::AggregateFunction(af) = &b.sum else {
             return Err(DpError::Internal("a bounded sum is an aggregate".into()));
         };
@@ -449,11 +453,35 @@ fn summed_values(
         else {
             return Err(DpError::Internal("a bounded sum takes one argument".into()));
         };
-        exprs.push(arg.clone().alias(value_column(j)));
-        let unit = 2f64.powi(-b.scale_bits);
-        let value_cals: Vec<Calibration> =
-            w.calibrate(k as f64 * b.max_abs, rho, &allocation.shares)?.into_iter().flatten().collect();
-        let noise = Noise::new(w, &value_cals)?;
+        // The exact sum's grid, coarsened a power of two at a time only as far as the exact samplers' range needs (a
+        // contrast's noise variance in grid units grows with M²): each cell's sum is then off by at most half a step
+        // per row, which the noise that forced the coarsening (over 2^30 steps per contrast) is far above.
+        let (mut grid, mut arg, mut bits, mut per_row) = (sum.grid(), arg.clone(), b.scale_bits, b.max_abs);
+        let (value_cals, noise) = loop {
+            let value_cals: Vec<Calibration> =
+                w.calibrate(k as f64 * per_row, rho, &allocation.shares)?.into_iter().flatten().collect();
+            match Noise::new(w, &value_cals) {
+                Ok(noise) => break (value_cals, noise),
+                Err(_) if bits > MIN_GRID_BITS => {
+                    bits -= 1;
+                    let scale = 2f64.powi(bits);
+                    grid = crate::plan::exact_sum::BoundedSum::float(b.lo, b.hi, scale).grid();
+                    arg = datafusion::logical_expr::cast(value.clone(), DataType::Float64);
+                    per_row = (b.lo.abs().max(b.hi.abs()) * scale).ceil();
+                }
+                Err(_) => {
+                    return Err(DpError::invalid(
+                        "sums",
+                        format!(
+                            "the sums of `{column}` over these marginals need more noise than dpfusion's exact samplers \
+                             draw; ask for fewer or smaller marginals, or a larger ρ"
+                        ),
+                    ));
+                }
+            }
+        };
+        exprs.push(arg.alias(value_column(j)));
+        let unit = 2f64.powi(-bits);
         let variances: Vec<f64> = noise.variances(w).into_iter().map(|v| v * unit * unit).collect();
         plans.push(crate::workload::SumPlan {
             name: format!("sum({column})"),
@@ -463,7 +491,7 @@ fn summed_values(
             ci_half_width: variances.iter().map(|&v| accuracy::sub_gaussian_half_width(v, confidence)).collect(),
         });
         cals.extend(value_cals);
-        values.push(SummedValue { grid: sum.grid(), unit, per_row: b.max_abs });
+        values.push(SummedValue { grid, unit, per_row });
     }
     let input = datafusion::logical_expr::LogicalPlanBuilder::from(input)
         .project(exprs)
