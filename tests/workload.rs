@@ -632,4 +632,12 @@ async fn a_sum_with_a_large_noise_is_measured_on_a_coarser_grid() {
     let cells: f64 = total[..16 * 6 * 2].iter().sum();
     assert!((cells - grand).abs() <= 1e-6 * grand.abs().max(1.0), "{cells} against {grand}");
     assert!((s.budget().unwrap().charges[0].rho().get() - 0.01).abs() < 1e-12);
+    // Its sensitivity is still k·M in income's units (k = 2, M = 500 000 up to one coarser step).
+    let e = s.explain(sql).await.unwrap();
+    let total = e.measures.iter().find(|m| m.label == "residual of the total of SUM(income)").unwrap();
+    let l2 = total.l2 * total.unit;
+    assert!((1e6..=1.01e6).contains(&l2), "{l2}");
+    let plan = e.workload.unwrap();
+    let per_row: f64 = plan.split("each row adds at most ").nth(1).unwrap().split(')').next().unwrap().parse().unwrap();
+    assert_eq!(per_row * 2.0, l2, "{plan}");
 }

@@ -485,7 +485,7 @@ fn summed_values(
         let variances: Vec<f64> = noise.variances(w).into_iter().map(|v| v * unit * unit).collect();
         plans.push(crate::workload::SumPlan {
             name: format!("sum({column})"),
-            per_row: b.max_abs * unit,
+            per_row: per_row * unit,
             rho: value_cals.iter().map(|c| c.rho().get()).sum(),
             std: variances.iter().map(|v| v.sqrt()).collect(),
             ci_half_width: variances.iter().map(|&v| accuracy::sub_gaussian_half_width(v, confidence)).collect(),
