@@ -195,6 +195,26 @@ fn allowed(b: &Bounds, out: &ArrayRef, i: usize) -> bool {
     }
 }
 
+/// Evaluates `e` (accepted with `bounds`) with DataFusion on `batch` and asserts that it does not fail and that every
+/// row's value is one `allowed` allows; returns the number of rows.
+fn check_rows(
+    e: &Expr,
+    bounds: &Bounds,
+    schema: &DFSchema,
+    batch: &RecordBatch,
+    allowed: fn(&Bounds, &ArrayRef, usize) -> bool,
+) -> usize {
+    let physical = super::physical(e, schema).unwrap_or_else(|err| panic!("{e}: {err}"));
+    let out = physical
+        .evaluate(batch)
+        .and_then(|v| v.into_array(batch.num_rows()))
+        .unwrap_or_else(|err| panic!("{e} was accepted as total with {bounds:?} but failed on {batch:?}: {err}"));
+    for i in 0..out.len() {
+        assert!(allowed(bounds, &out, i), "{e}: row {i} of {batch:?} gave {:?}, outside {bounds:?}", out.slice(i, 1));
+    }
+    out.len()
+}
+
 /// For random expressions of depth ≤ 5 over clamped and raw columns (integer and float arithmetic, unary minus,
 /// ABS, LEAST, GREATEST, CASE with narrowing conditions, COALESCE, NULLIF, casts both ways, FLOOR/CEIL/ROUND/TRUNC,
 /// POWER, SQRT), evaluated by DataFusion on rows inside and outside the bounds (NULL, NaN, ±∞, the types'
@@ -215,20 +235,7 @@ fn derived_bounds_hold_for_random_expressions() {
         let e = if n % 2 == 0 { g.int(0) } else { g.float(0) };
         let Ok(bounds) = derive(&e, &schema) else { continue };
         accepted += 1;
-        let physical = super::physical(&e, &schema).unwrap_or_else(|err| panic!("{e}: {err}"));
-        let batch = g.batch(16);
-        let out = physical
-            .evaluate(&batch)
-            .and_then(|v| v.into_array(batch.num_rows()))
-            .unwrap_or_else(|err| panic!("{e} was accepted as total with {bounds:?} but failed on {batch:?}: {err}"));
-        for i in 0..out.len() {
-            cases += 1;
-            assert!(
-                allowed(&bounds, &out, i),
-                "{e}: row {i} of {batch:?} gave {:?}, outside {bounds:?}",
-                out.slice(i, 1)
-            );
-        }
+        cases += check_rows(&e, &bounds, &schema, &g.batch(16), allowed);
     }
     assert!(cases >= 100_000, "only {cases} cases ({accepted} expressions accepted)");
 }
@@ -460,20 +467,7 @@ fn derived_bounds_hold_for_random_date_expressions() {
         };
         let Ok(bounds) = derive(&e, &schema) else { continue };
         accepted += 1;
-        let physical = super::physical(&e, &schema).unwrap_or_else(|err| panic!("{e}: {err}"));
-        let batch = g.batch(16);
-        let out = physical
-            .evaluate(&batch)
-            .and_then(|v| v.into_array(batch.num_rows()))
-            .unwrap_or_else(|err| panic!("{e} was accepted as total with {bounds:?} but failed on {batch:?}: {err}"));
-        for i in 0..out.len() {
-            cases += 1;
-            assert!(
-                allowed_instant(&bounds, &out, i),
-                "{e}: row {i} of {batch:?} gave {:?}, outside {bounds:?}",
-                out.slice(i, 1)
-            );
-        }
+        cases += check_rows(&e, &bounds, &schema, &g.batch(16), allowed_instant);
     }
     assert!(cases >= 100_000, "only {cases} cases ({accepted} expressions accepted)");
 }
