@@ -1,7 +1,8 @@
 //! Dates and timestamps as [`Range::Time`]: instants in microseconds since 1970-01-01 00:00:00, without a time zone
-//! (a timestamp with one is not ordered here). The conversions between the temporal types, their truncations
-//! (`date_trunc`) and their calendar parts (`EXTRACT`, `date_part`) as DataFusion computes them, each monotone (never
-//! decreasing) in the instant, so a range maps to the range between the images of its ends.
+//! (a timestamp with one is not ordered here). The conversions between the temporal types and their truncations
+//! (`date_trunc`) as DataFusion computes them are monotone (never decreasing) in the instant, so a range maps to the
+//! range between the images of its ends; a calendar part (`EXTRACT`, `date_part`) is bounded by the years of the
+//! ends (by their months or days when they share a year or a month), else by its fixed range.
 //!
 //! Calendar arithmetic (chrono's, the library Arrow and DataFusion compute with) is defined between the years 1 and
 //! 9999 here: an expression that needs it on a wider range is refused, since its value could not be computed (or
