@@ -289,6 +289,20 @@ pub fn workload_key(
     Ok((cx.tabulated(validate::strip_aliases(&expr))?, domain))
 }
 
+/// A computed value a workload sums (`SUM(income * 2)` in a GROUPING SETS statement) over `input` under `policy`: the
+/// expression in the form that runs, and its derived bounds, which the workload's sum clamps it to as it clamps a
+/// column to its bounds. Refused, naming the sub-expression, when it could fail or has no finite bounds.
+pub fn workload_value(input: &LogicalPlan, policy: &TablePolicy, e: &Expr) -> Result<(Expr, (f64, f64))> {
+    let mut cx = Rewrite::new(input, policy, vec![]);
+    let label = cx.label(e);
+    cx.value(e, label, Some("SUM"))?;
+    let (Some(expr), Some(value)) = (cx.exprs.pop(), cx.computed.columns.pop()) else {
+        return Err(DpError::Internal("a computed value was not computed".into()));
+    };
+    let bounds = value.bounds.finite().ok_or_else(|| DpError::Internal("a summed value without bounds".into()))?;
+    Ok((cx.run_form(validate::strip_aliases(&expr), true)?, bounds))
+}
+
 struct Rewrite<'a> {
     input: &'a LogicalPlan,
     schema: &'a DFSchema,

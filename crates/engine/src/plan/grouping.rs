@@ -47,8 +47,11 @@ pub struct GroupingPlan {
     pub computed: Vec<(String, Expr)>,
     /// The marginals, each a list of key columns, in the order the statement lists them.
     pub sets: Vec<Vec<String>>,
-    /// The columns summed (`SUM(col)`), in the order of the aggregates.
+    /// The columns summed (`SUM(col)`, or a computed value's name in `input`), in the order of the aggregates.
     pub sums: Vec<String>,
+    /// The computed values summed (`SUM(income * 2)`): (name, the analyst's expression), which the session computes
+    /// over `input` with their bounds ([`crate::plan::computed::workload_value`]).
+    pub computed_sums: Vec<(String, Expr)>,
     /// HAVING, over the released cells.
     pub having: Option<Having>,
     /// The output columns in SELECT order: name and what it holds.
@@ -149,7 +152,7 @@ pub fn grouping_plan(plan: &LogicalPlan, is_private: &dyn Fn(&TableReference) ->
         }
         sets.push(set);
     }
-    let summed = check_aggregates(agg)?;
+    let (summed, computed_sums) = check_aggregates(agg)?;
     let (projection, order, skip, fetch) = presentation(plan)?;
     let outputs = outputs(projection, agg, &columns, &summed)?;
     let having = having(projection, agg, &columns, &summed)?;
@@ -171,6 +174,7 @@ pub fn grouping_plan(plan: &LogicalPlan, is_private: &dyn Fn(&TableReference) ->
         computed,
         sets,
         sums,
+        computed_sums,
         having,
         outputs,
         schema: plan.schema().clone(),
@@ -180,15 +184,16 @@ pub fn grouping_plan(plan: &LogicalPlan, is_private: &dyn Fn(&TableReference) ->
     }))
 }
 
-/// The aggregates must be one plain COUNT(*) and SUMs of columns: the summed columns, with each SUM's name in the
-/// aggregate's output.
-fn check_aggregates(agg: &datafusion::logical_expr::Aggregate) -> Result<Vec<(String, String)>> {
+/// The aggregates must be one plain COUNT(*) and SUMs of columns or of expressions: the summed columns (an
+/// expression's schema name), with each SUM's name in the aggregate's output, and the summed expressions.
+type Summed = (Vec<(String, String)>, Vec<(String, Expr)>);
+fn check_aggregates(agg: &datafusion::logical_expr::Aggregate) -> Result<Summed> {
     use datafusion::functions_aggregate::sum::Sum;
     let mut counts = 0;
-    let mut sums = vec![];
+    let (mut sums, mut computed) = (vec![], vec![]);
     for a in &agg.aggr_expr {
         let Expr::AggregateFunction(af) = validate::strip_aliases(a) else {
-            return refuse(format!("take COUNT(*) and SUMs of columns here, not `{a}`"));
+            return refuse(format!("take COUNT(*) and SUMs of columns or expressions here, not `{a}`"));
         };
         let p = &af.params;
         let plain = !p.distinct && p.filter.is_none() && p.order_by.is_empty();
@@ -198,9 +203,15 @@ fn check_aggregates(agg: &datafusion::logical_expr::Aggregate) -> Result<Vec<(St
             _ if count && plain => counts += 1,
             [x] if af.func.inner().is::<Sum>() && plain => match validate::strip_total_casts(x, agg.input.schema()) {
                 Expr::Column(c) => sums.push((c.name.clone(), a.schema_name().to_string())),
-                _ => return refuse(format!("take COUNT(*) and SUMs of columns here, not `{a}`")),
+                e => {
+                    let name = x.schema_name().to_string();
+                    if !computed.iter().any(|(n, _)| *n == name) {
+                        computed.push((name.clone(), e.clone()));
+                    }
+                    sums.push((name, a.schema_name().to_string()));
+                }
             },
-            _ => return refuse(format!("take COUNT(*) and SUMs of columns here, not `{a}`")),
+            _ => return refuse(format!("take COUNT(*) and SUMs of columns or expressions here, not `{a}`")),
         }
     }
     if counts != 1 {
@@ -208,7 +219,7 @@ fn check_aggregates(agg: &datafusion::logical_expr::Aggregate) -> Result<Vec<(St
             "count rows with COUNT(*) here, once (a workload measures the counts of its cells, and sums beside them)",
         );
     }
-    Ok(sums)
+    Ok((sums, computed))
 }
 
 /// The nodes above the projection: an optional LIMIT (literal offset and count) over an optional ORDER BY. Returns

@@ -637,15 +637,21 @@ impl DpSession {
         let spec =
             MarginalSpec { confidence: Some(confidence), budget, sums: g.sums.clone(), ..MarginalSpec::rho(0.0) };
         let sets = WorkloadSets::Sets(g.sets.clone());
-        // Computed keys: computed over the input, their domains in the policy (`plan::computed`).
+        // Computed keys and summed values: computed over the input, their domains and bounds in the policy
+        // (`plan::computed`).
         let mut policy = self.policy(g.table.table())?.clone();
         let mut input = g.input.clone();
-        if !g.computed.is_empty() {
+        if !g.computed.is_empty() || !g.computed_sums.is_empty() {
             let mut exprs: Vec<datafusion::logical_expr::Expr> =
                 input.schema().columns().into_iter().map(datafusion::logical_expr::Expr::Column).collect();
             for (name, e) in &g.computed {
                 let (expr, domain) = crate::plan::computed::workload_key(&g.input, &policy, e)?;
                 policy.columns.insert(name.clone(), crate::policy::ColumnPolicy::Domain(domain));
+                exprs.push(expr.alias(name));
+            }
+            for (name, e) in &g.computed_sums {
+                let (expr, (lo, hi)) = crate::plan::computed::workload_value(&g.input, &policy, e)?;
+                policy.columns.insert(name.clone(), crate::policy::ColumnPolicy::Bounds { lo, hi });
                 exprs.push(expr.alias(name));
             }
             input = datafusion::logical_expr::LogicalPlanBuilder::from(input)
