@@ -959,7 +959,7 @@ pub struct ResidualPlan {
 /// One summed value's share of a workload: its ρ and each marginal's accuracy, in the value's units.
 #[derive(Clone, Debug, Serialize)]
 pub struct SumPlan {
-    /// Its output column (`SUM(income)`, or its alias).
+    /// Its name, `sum(col)` (the cells' column of its values).
     pub name: String,
     /// The largest magnitude one row adds (its bounds'), in the value's units.
     pub per_row: f64,

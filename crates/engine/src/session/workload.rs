@@ -104,8 +104,6 @@ struct SummedValue {
     grid: crate::plan::exact_sum::Grid,
     /// The value of one grid unit (2^-s).
     unit: f64,
-    /// The largest magnitude of one row, in grid units (M).
-    per_row: f64,
 }
 
 impl DpSession {
@@ -491,7 +489,7 @@ fn summed_values(
             ci_half_width: variances.iter().map(|&v| accuracy::sub_gaussian_half_width(v, confidence)).collect(),
         });
         cals.extend(value_cals);
-        values.push(SummedValue { grid, unit, per_row });
+        values.push(SummedValue { grid, unit });
     }
     let input = datafusion::logical_expr::LogicalPlanBuilder::from(input)
         .project(exprs)
@@ -502,11 +500,8 @@ fn summed_values(
 
 /// The grid values of summed value `v`'s column of a batch (0 for NULL, which adds nothing to a sum).
 fn grid_values(v: &SummedValue, values: &ArrayRef) -> Result<Vec<i64>> {
-    use datafusion::arrow::array::Array;
-    let mut out = crate::plan::exact_sum::every_grid_value(v.grid, values).map_err(engine)?;
-    if values.null_count() > 0 {
-        out.iter_mut().enumerate().filter(|(r, _)| values.is_null(*r)).for_each(|(_, x)| *x = 0);
-    }
+    let mut out = vec![0; values.len()];
+    crate::plan::exact_sum::each_grid_value(v.grid, values, None, |row, x| out[row] = x).map_err(engine)?;
     Ok(out)
 }
 
@@ -754,12 +749,11 @@ impl DpSession {
         // The counts' residuals, then each summed value's (in grid units of one step `unit`).
         let mut measures = vec![];
         for (j, cals) in blocks.iter().enumerate() {
-            let (what, per_row, unit) = match j.checked_sub(1).and_then(|j| p.sums.get(j).zip(g.sums.get(j))) {
-                Some((v, column)) => (
-                    format!(" of SUM({column})"),
-                    format!("·M, M = {}", crate::format::fmt_num(v.per_row * v.unit)),
-                    v.unit,
-                ),
+            let sum = j.checked_sub(1).and_then(|j| Some((p.sums.get(j)?, plan.sums.get(j)?, g.sums.get(j)?)));
+            let (what, per_row, unit) = match sum {
+                Some((v, s, column)) => {
+                    (format!(" of SUM({column})"), format!("·M, M = {}", crate::format::fmt_num(s.per_row)), v.unit)
+                }
                 None => (String::new(), String::new(), 1.0),
             };
             for (r, c) in plan.residuals.iter().zip(cals.iter()) {
