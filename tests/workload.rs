@@ -666,3 +666,206 @@ async fn a_workload_sums_computed_values() {
     let text = s.explain(sql).await.unwrap().to_string();
     assert!(text.contains("each row adds at most 1000000"), "{text}");
 }
+
+// ---- Keys without a public domain (issue 58) ----
+
+/// `(pid, zip, sex)` rows, one per triple given, as table `z` (with `w` = pid / 2, a float): `sex` has the
+/// domain {0, 1}, `zip` (text, NULL allowed) and `w` none; `k` rows per unit, a δ budget for key selection, reuse as asked, ρ 1 per query.
+fn zip_session(rows: &[(i64, Option<&str>, i64)], k: u64, reuse: bool) -> DpSession {
+    use datafusion::arrow::array::StringArray;
+    let schema = Schema::new(vec![
+        Field::new("pid", DataType::Int64, false),
+        Field::new("zip", DataType::Utf8, true),
+        Field::new("sex", DataType::Int64, false),
+        Field::new("w", DataType::Float64, false),
+    ]);
+    let batch = RecordBatch::try_new(
+        Arc::new(schema),
+        vec![
+            Arc::new(Int64Array::from_iter_values(rows.iter().map(|r| r.0))),
+            Arc::new(StringArray::from_iter(rows.iter().map(|r| r.1))),
+            Arc::new(Int64Array::from_iter_values(rows.iter().map(|r| r.2))),
+            Arc::new(datafusion::arrow::array::Float64Array::from_iter_values(rows.iter().map(|r| r.0 as f64 / 2.0))),
+        ],
+    )
+    .unwrap();
+    let cols =
+        BTreeMap::from([("sex".to_string(), ColumnPolicy::Domain(vec![DomainValue::Int(0), DomainValue::Int(1)]))]);
+    let policy = TablePolicy::with_unit("pid", k, 1, cols).unwrap();
+    let s = crate::support::session_with(1e9, 1.0, "z", batch, policy).with_reuse(reuse);
+    s.ledger().set_delta_total(0.99, "test").unwrap();
+    s
+}
+
+/// The (zip, sex, count) rows of a grouping-sets release over `zip_session`'s table (`zip`, then `sex` if it is
+/// asked, then the count).
+fn zip_rows(r: &dpfusion::Release) -> Vec<(Option<String>, Option<i64>, f64)> {
+    use datafusion::arrow::array::AsArray;
+    let b = &r.batches()[0];
+    let zip = b.column(0).as_string::<i32>();
+    let sex = (b.num_columns() == 3).then(|| b.column(1).as_primitive::<datafusion::arrow::datatypes::Int64Type>());
+    let n = crate::support::column_f64(r, b.num_columns() - 1);
+    (0..b.num_rows())
+        .map(|i| {
+            let sex = sex.filter(|s| s.is_valid(i)).map(|s| s.value(i));
+            (zip.is_valid(i).then(|| zip.value(i).to_string()), sex, n[i])
+        })
+        .collect()
+}
+
+/// A workload over a column without a domain: its keys are selected first (a tenth of ρ, with a δ), the frequent
+/// ones released and a key of one unit never (at this σ the threshold is over 10 units: a chance below 10⁻⁸);
+/// the marginals without the column count every row, the keys not selected and NULL included; the marginals agree;
+/// EXPLAIN DP states the selection before anything is spent; `dp.workload_keys` keeps the largest; the same
+/// statement again is answered from the stored draw, keys included, at no cost.
+#[tokio::test]
+async fn keys_without_a_domain_are_selected_once() {
+    let mut rows: Vec<(i64, Option<&str>, i64)> = vec![];
+    for (zip, units) in [(Some("a"), 400), (Some("b"), 300), (Some("c"), 200), (None, 50)] {
+        let from = rows.len() as i64;
+        rows.extend((from..from + units).map(|p| (p, zip, p % 2)));
+    }
+    let uniques: Vec<String> = (0..300).map(|i| format!("u{i}")).collect();
+    let from = rows.len() as i64;
+    rows.extend(uniques.iter().enumerate().map(|(i, u)| (from + i as i64, Some(u.as_str()), (from + i as i64) % 2)));
+    let total = rows.len() as f64;
+    let s = zip_session(&rows, 1, true);
+    s.sql("SET dp.rho = 2").await.unwrap();
+    let sql = "SELECT zip, sex, COUNT(*) AS n FROM z GROUP BY GROUPING SETS ((zip, sex), (zip), (sex), ())";
+    let e = s.explain(sql).await.unwrap();
+    assert!(e.cells.is_none() && e.selection.as_ref().is_some_and(|s| s.threshold > 5), "{e}");
+    assert!(e.workload.as_deref().is_some_and(|w| w.contains("Keys of zip: selected first")), "{e}");
+    assert!(s.budget().unwrap().charges.is_empty(), "EXPLAIN DP spends nothing");
+    let r = release(&s, sql).await;
+    let got = zip_rows(&r);
+    let keys: Vec<(Option<&str>, Option<i64>)> = got.iter().map(|(z, x, _)| (z.as_deref(), *x)).collect();
+    let mut want = vec![];
+    for z in ["a", "b", "c"] {
+        want.extend([(Some(z), Some(0)), (Some(z), Some(1))]);
+    }
+    want.extend([
+        (Some("a"), None),
+        (Some("b"), None),
+        (Some("c"), None),
+        (None, Some(0)),
+        (None, Some(1)),
+        (None, None),
+    ]);
+    assert_eq!(keys, want, "the frequent keys in order; no key of one unit");
+    let half = match &r.accuracy()[2].accuracy {
+        dpfusion::Accuracy::PerRow { intervals, .. } => {
+            intervals.iter().map(|[lo, hi]| (hi - lo) / 2.0).collect::<Vec<_>>()
+        }
+        other => panic!("{other:?}"),
+    };
+    // Within 3× the 95 % half-widths (sub-Gaussian: a miss below 10⁻¹⁵ per cell).
+    let exact = [400.0, 300.0, 200.0, (total / 2.0).floor(), (total / 2.0).ceil(), total];
+    for ((i, want), name) in [6, 7, 8, 9, 10, 11].into_iter().zip(exact).zip(["a", "b", "c", "sex 0", "sex 1", "total"])
+    {
+        assert!((got[i].2 - want).abs() < 3.0 * half[i], "{name}: {} for {want} ± {}", got[i].2, half[i]);
+    }
+    for (j, z) in ["a", "b", "c"].iter().enumerate() {
+        assert!((got[2 * j].2 + got[2 * j + 1].2 - got[6 + j].2).abs() < 1e-6, "{z}: the cells agree with its margin");
+    }
+    assert!((got[9].2 + got[10].2 - got[11].2).abs() < 1e-6, "every row in the sex margin");
+    let charges = s.budget().unwrap().charges;
+    assert_eq!(charges.len(), 1);
+    assert!((charges[0].rho().get() - 2.0).abs() < 1e-9 && charges[0].delta() > 0.0, "{:?}", charges[0]);
+    // Again: the same keys and numbers from the stored draw, free.
+    let again = release(&s, sql).await;
+    assert_eq!(zip_rows(&again), got);
+    assert!(again.note().is_some_and(|n| n.starts_with("reused from charge #")));
+    assert_eq!(s.budget().unwrap().charges.len(), 1);
+    // At most two keys: the two largest.
+    s.sql("SET dp.workload_keys = 2").await.unwrap();
+    let two = zip_rows(&release(&s, "SELECT zip, COUNT(*) AS n FROM z GROUP BY GROUPING SETS ((zip), ())").await);
+    let zips: Vec<Option<&str>> = two.iter().map(|r| r.0.as_deref()).collect();
+    assert_eq!(zips, [Some("a"), Some("b"), None]);
+    assert!((two[2].2 - total).abs() < 3.0 * half[11], "the total counts every row: {}", two[2].2);
+    assert_eq!(s.budget().unwrap().charges.len(), 2);
+}
+
+/// Neighbouring audit of a workload's key selection, k = 2 rows per unit: on D, person X holds two keys nobody
+/// else holds (one row each, sex 1); on D′, X is absent. Over 1 000 releases of the marginals (zip) and (sex) at
+/// δ = 9e-4 per release, X's keys may appear in at most 8 (expected ≤ 0.9; P(≥ 9) below 5e-7, Poisson bound); a
+/// key held by 5 units of 2 rows (a count of 10, near the threshold) is released at the rate the plan states for
+/// that count on both D and D′, within 6.11 binomial standard errors (two-sided 1e-9 each); and the mean of the
+/// (sex = 1) cell moves by X's 2 bounded rows whichever keys are selected (X's rows fall in "other"): the
+/// difference of two means of 1 000 sub-Gaussian errors of the stated variance V is within
+/// √(2·(2V/1000)·ln(2/10⁻⁹)) but with probability 10⁻⁹. Fixed seeds.
+#[tokio::test]
+async fn a_key_only_one_unit_holds_is_never_selected() {
+    let mut base: Vec<(i64, Option<&str>, i64)> = (0..5).flat_map(|u| [(u, Some("t"), u % 2); 2]).collect();
+    let z = ["z0", "z1", "z2"];
+    base.extend((10..300).map(|u| (u, Some(z[(u % 3) as usize]), u % 2)));
+    let mut with_x = base.clone();
+    with_x.extend([(1000, Some("x1"), 1), (1000, Some("x2"), 1)]);
+    let spec = MarginalSpec { selection_delta: Some(9e-4), ..MarginalSpec::rho(3.5) };
+    let cols: Vec<String> = ["zip".to_string(), "sex".to_string()].to_vec();
+    let sets = WorkloadSets::Sets(vec![vec!["zip".into()], vec!["sex".into()]]);
+    let (mut rates, mut means) = (vec![], vec![]);
+    for (rows, seed) in [(&with_x, 21u64), (&base, 22)] {
+        let s = zip_session(rows, 2, false);
+        s.insecure_reseed_for_tests(seed).unwrap();
+        let plan = s.explain_workload("z", &cols, &sets, &spec).await.unwrap();
+        let sel = plan.selection.clone().expect("zip's keys are selected");
+        assert!(sel.keys.delta <= 9e-4 && (plan.rho - 3.5).abs() < 1e-9, "{sel:?}");
+        let (mut x, mut t, mut sex1) = (0, 0, 0.0);
+        for _ in 0..1000 {
+            let r = s.workload("z", &cols, &sets, &spec).await.unwrap();
+            let zip = &r.marginals()[0];
+            let keys: Vec<&str> = (0..zip.counts.len()).map(|c| zip.key(c)[0]).collect();
+            x += usize::from(keys.iter().any(|k| k.starts_with('x')));
+            t += usize::from(keys.contains(&"t"));
+            sex1 += r.marginals()[1].counts[1];
+        }
+        assert!(x <= 8, "X's keys released {x} times in 1000");
+        rates.push((t, sel.keys.release[1].1));
+        means.push((sex1 / 1000.0, plan.sets[1].std.powi(2)));
+    }
+    let p = rates[0].1;
+    assert!(p > 0.05 && p < 0.95, "the key near the threshold is a real test: p = {p}");
+    for (t, _) in &rates {
+        let sd = (1000.0 * p * (1.0 - p)).sqrt();
+        assert!((*t as f64 - 1000.0 * p).abs() <= 6.11 * sd, "key t released {t} times, expected {}", 1000.0 * p);
+    }
+    let v = means[0].1;
+    let tolerance = (2.0 * (2.0 * v / 1000.0) * (2.0f64 / 1e-9).ln()).sqrt();
+    let shift = means[0].0 - means[1].0;
+    assert!((shift - 2.0).abs() <= tolerance, "the sex = 1 cell moved by {shift}, not X's 2 rows (± {tolerance})");
+}
+
+/// What a workload cannot select is refused before the debit, free: a float column, the privacy unit, a budget
+/// without a δ for key selection, a bad `dp.workload_keys`, and more places than memory allows.
+#[tokio::test]
+async fn keys_a_workload_cannot_select_are_refused_free() {
+    let rows: Vec<(i64, Option<&str>, i64)> = (0..100).map(|p| (p, Some("a"), p % 2)).collect();
+    let s = zip_session(&rows, 1, false);
+    let code = |e: DpError| match e {
+        DpError::Refused(r) => r.code().to_string(),
+        other => panic!("expected a refusal, got {other}"),
+    };
+    let refused = |sql: &'static str| {
+        let s = &s;
+        async move { code(s.sql(sql).await.unwrap_err()) }
+    };
+    assert_eq!(refused("SELECT pid, COUNT(*) FROM z GROUP BY CUBE (pid)").await, "unit_as_key");
+    assert_eq!(refused("SELECT w, sex, COUNT(*) FROM z GROUP BY CUBE (w, sex)").await, "workload_key_type");
+    assert_eq!(code(s.sql("SET dp.workload_keys = 0").await.unwrap_err()), "bad_option_value");
+    // A column without a domain takes the memory of its places whatever is selected, stated before anything is read.
+    let (cols, sets) = (["zip".to_string(), "sex".to_string()], WorkloadSets::Ways(2));
+    let memory = |keys: usize| {
+        let spec = MarginalSpec { max_keys: Some(keys), ..MarginalSpec::rho(1.0) };
+        let (s, cols, sets) = (&s, &cols, &sets);
+        async move { s.explain_workload("z", cols, sets, &spec).await.unwrap().memory_bytes }
+    };
+    assert!(memory(1 << 20).await > 5000 * memory(100).await);
+    let spec = MarginalSpec { max_keys: Some((1 << 20) + 1), ..MarginalSpec::rho(1.0) };
+    assert_eq!(code(s.workload("z", &cols, &sets, &spec).await.unwrap_err()), "bad_option_value");
+    assert!(s.budget().unwrap().charges.is_empty());
+    // Without a δ budget for key selection.
+    s.ledger().set_delta_total(0.0, "test").unwrap();
+    s.sql("SET dp.workload_keys = 10").await.unwrap();
+    assert_eq!(refused("SELECT zip, COUNT(*) FROM z GROUP BY CUBE (zip)").await, "marginal_no_domain");
+    assert!(s.budget().unwrap().charges.is_empty());
+}

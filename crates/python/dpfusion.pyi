@@ -860,6 +860,8 @@ class Session:
         loss: Optional[str] = None,
         output: Optional[str] = None,
         sums: Optional[Sequence[str]] = None,
+        max_keys: Optional[int] = None,
+        selection_delta: Optional[float] = None,
     ) -> WorkloadRelease:
         """Releases many marginals of `columns` of `table` (each with a public domain) in one debit: every marginal of
         `way` of the columns (2, the default: every two-way table), or the marginals listed in `sets` (lists of
@@ -870,7 +872,10 @@ class Session:
         largest (every cell within the same ±x); `output` the counts, `"least_squares"` (unbiased, the default: the
         session's `dp.workload_output`) or `"nonnegative"` (consistent, no negative cell, biased); `sums` bounded
         columns whose sums are released over the same marginals beside the counts (`sum(col)` and its half-width per
-        cell; ρ shared equally by the counts and each sum; the counts only are made non-negative).
+        cell; ρ shared equally by the counts and each sum; the counts only are made non-negative). A column without
+        a public domain has its keys selected first, where the budget has a δ for it (a tenth of ρ, spending
+        `selection_delta`, the session's `dp.selection_delta` unless given): at most `max_keys` of them (the session's
+        `dp.workload_keys` unless given), those of the largest noisy counts that pass the threshold.
 
         >>> w = s.workload("pums", ["sex", "race"], sets=[["sex", "race"], ["sex"], []], rho=0.05)
         >>> t = w.to_pandas()

@@ -67,8 +67,9 @@ pub(crate) struct MarginalArgs {
     #[arg(long)]
     pub(crate) n: Option<f64>,
     /// Release every marginal of WAY of the columns (2: all two-way marginals) in one charge, the noise of each
-    /// cell chosen jointly and every marginal consistent with the others (each column needs a public domain).
-    #[arg(long, value_name = "WAY", conflicts_with_all = ["long", "plot", "no_consistency", "selection_delta"])]
+    /// cell chosen jointly and every marginal consistent with the others (a column without a public domain has its
+    /// keys selected first, where the budget has a δ for it: a tenth of ρ, at most --max-keys of them).
+    #[arg(long, value_name = "WAY", conflicts_with_all = ["long", "plot", "no_consistency"])]
     pub(crate) way: Option<usize>,
     /// With --way: what the noise minimises, `sum` (of every cell's variance, the default) or `max` (the largest:
     /// every cell within the same ±x).
@@ -82,6 +83,10 @@ pub(crate) struct MarginalArgs {
     /// (`sum(col)` and its `sum(col)_ci_half_width` per cell; ρ shared equally by the counts and each sum).
     #[arg(long, value_name = "COLUMNS", value_delimiter = ',', requires = "way")]
     pub(crate) sum: Vec<String>,
+    /// With --way: the most keys kept of a column without a public domain, those of the largest noisy counts that
+    /// pass the threshold (default 100; the column is measured over this many places whatever is selected).
+    #[arg(long, value_name = "N", requires = "way")]
+    pub(crate) max_keys: Option<usize>,
     /// Keep the raw noisy counts (skip the consistency projection).
     #[arg(long)]
     pub(crate) no_consistency: bool,
@@ -180,6 +185,7 @@ pub(crate) async fn run(a: MarginalArgs) -> Result<bool, DpError> {
         loss: a.loss,
         output: a.nonnegative.then_some(dpfusion::workload::WorkloadOutput::NonNegative),
         sums: a.sum.clone(),
+        max_keys: a.max_keys,
     };
     if let Some(way) = a.way.filter(|w| *w >= 2) {
         return run_workload(&s, &a, &layout, way, &spec).await;
@@ -255,6 +261,17 @@ fn print_workload_plan(p: &WorkloadPlan, way: usize) {
         p.sets.len(),
         fmt_num(p.one_by_one_variance)
     );
+    if let Some(sel) = &p.selection {
+        outln!(
+            "  keys of {} (no domain): selected first at ρ {} · released iff the noisy count ≥ {} · at most {} each \
+             (the largest) · δ = {:.4e} (charged)",
+            sel.keys.columns.join(", "),
+            fmt_num(sel.rho),
+            sel.keys.threshold,
+            sel.max_keys,
+            sel.keys.delta
+        );
+    }
     for sum in &p.sums {
         let widest = sum.ci_half_width.iter().copied().fold(0.0, f64::max);
         outln!(

@@ -84,6 +84,9 @@ pub struct MarginalSpec {
     /// Columns whose sums a workload release measures over its marginals beside the counts, `sum(col)` each (every
     /// one needs bounds; [`crate::workload`], "Sums"). Unused by one-way marginals.
     pub sums: Vec<String>,
+    /// The most keys a workload release keeps of a column without a public domain (None: the session's
+    /// `dp.workload_keys`; [`crate::workload`], "Keys without a public domain"). Unused by one-way marginals.
+    pub max_keys: Option<usize>,
 }
 
 impl MarginalSpec {
@@ -97,6 +100,7 @@ impl MarginalSpec {
             loss: None,
             output: None,
             sums: vec![],
+            max_keys: None,
         }
     }
 }
@@ -586,8 +590,8 @@ pub(crate) fn cut_label(mut l: String) -> String {
 pub(crate) enum NoisyCells {
     /// Every cell of the public domain, in its order.
     Domain(Vec<i64>),
-    /// The keys (as labels) whose noisy count passed the threshold, in value order, with those counts.
-    Selected(Vec<(String, i64)>),
+    /// The keys whose noisy count passed the threshold, in value order, with those counts.
+    Selected(Vec<(OpenKey, i64)>),
 }
 
 impl MarginalRelease {
@@ -632,7 +636,7 @@ impl MarginalRelease {
                     Ok(MarginalColumn { column: name.clone(), keys, noisy, counts, selected: false })
                 }
                 (NoisyCells::Selected(kept), None) => {
-                    let (keys, noisy): (Vec<String>, Vec<i64>) = kept.into_iter().unzip();
+                    let (keys, noisy): (Vec<String>, Vec<i64>) = kept.into_iter().map(|(k, v)| (k.label(), v)).unzip();
                     let counts = noisy.iter().map(|x| *x as f64).collect();
                     Ok(MarginalColumn { column: name.clone(), keys, noisy, counts, selected: true })
                 }
@@ -644,7 +648,9 @@ impl MarginalRelease {
 }
 
 /// A key of a column without a domain: integers by value, anything else (strings, dates, booleans) by its text.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+/// Stored with a workload's draw as a JSON number or string.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, serde::Deserialize)]
+#[serde(untagged)]
 pub(crate) enum OpenKey {
     Int(i64),
     Text(String),
@@ -653,7 +659,7 @@ pub(crate) enum OpenKey {
 impl OpenKey {
     /// The keys of every value of `a` (None for NULL). A value that does not convert is not counted (a safe cast:
     /// never an error that depends on a value).
-    fn of(a: &ArrayRef) -> Result<Vec<Option<OpenKey>>> {
+    pub(crate) fn of(a: &ArrayRef) -> Result<Vec<Option<OpenKey>>> {
         let safe = datafusion::arrow::compute::CastOptions { safe: true, ..Default::default() };
         let cast = |dt: &DataType| {
             datafusion::arrow::compute::cast_with_options(a, dt, &safe).map_err(|e| DpError::Internal(e.to_string()))
@@ -665,7 +671,17 @@ impl OpenKey {
         })
     }
 
-    fn label(&self) -> String {
+    /// As a domain value: an integer, or its text (which [`Lookup`] compares with a value cast to text, as
+    /// [`OpenKey::of`] reads it).
+    pub(crate) fn domain_value(&self) -> DomainValue {
+        match self {
+            OpenKey::Int(i) => DomainValue::Int(*i),
+            OpenKey::Text(t) => DomainValue::Str(t.clone()),
+        }
+    }
+
+    /// Its text, as a released key shows it.
+    pub(crate) fn label(&self) -> String {
         match self {
             OpenKey::Int(i) => i.to_string(),
             OpenKey::Text(t) => t.clone(),
@@ -692,7 +708,7 @@ impl Tally {
                 let mut keys: Vec<(OpenKey, i128)> = keys.into_iter().collect();
                 keys.sort_unstable_by(|a, b| a.0.cmp(&b.0));
                 let kept = keys.into_iter().map(|(k, c)| (k, add(c))).filter(|(_, v)| *v >= tau);
-                Ok(NoisyCells::Selected(kept.map(|(k, v)| (k.label(), v)).collect()))
+                Ok(NoisyCells::Selected(kept.collect()))
             }
             (Tally::Open(_), None) => Err(DpError::Internal("keys without a domain need a threshold".into())),
         }

@@ -874,6 +874,21 @@ refusals! {
             /// The column.
             column: String,
         },
+        /// A workload column without a public domain of a type whose keys a workload cannot select.
+        #[code = "workload_key_type", sqlstate = INSUFFICIENT_PRIVILEGE]
+        #[error(
+            "column `{column}` has no public domain, and a workload selects the keys of integers, strings, dates and \
+             booleans only, not of {data_type}"
+        )]
+        #[hint(
+            "declare `domain = [...]` for column {column}, or group by a date, an integer or a string computed from it"
+        )]
+        WorkloadKeyType {
+            /// The column.
+            column: String,
+            /// Its type.
+            data_type: String,
+        },
         /// A marginal column whose type cannot be compared with its domain's values.
         #[code = "marginal_column_type", sqlstate = INSUFFICIENT_PRIVILEGE]
         #[error(

@@ -51,6 +51,23 @@
 //! `tests/workload.rs`, `a_neighbour_moves_a_sum_workload_by_its_bounded_rows` (the shift of the total reaches
 //! k·M exactly).
 //!
+//! # Keys without a public domain
+//! A chosen column without a `domain` (integers, strings, dates or booleans; never the privacy unit) has its keys
+//! selected first, under a zCDP budget with a δ for key selection: its one-way histogram over the keys present in
+//! the bounded rows, each count with noise N_ℤ(0, σ_s²), a key kept iff its noisy count reaches the threshold τ and,
+//! of those, at most K (`dp.workload_keys`: the largest noisy counts, ties by value; post-processing of what passed).
+//! This is [`crate::marginals`]' Gaussian thresholding (one σ_s for the d such columns, Δ₂ = k·√d, τ for
+//! per_unit = groups = k): (ρ_s, δ)-approximately zCDP ([`crate::noise::selection`] has the proof and the theorem
+//! it rests on), with ρ_s a tenth of the release's ρ ([`SELECTION_SHARE`]). The column is then measured over K + 1
+//! values fixed before the debit: the keys selected, unused places (no row falls there), and one place, "other",
+//! for every value not selected and NULL. Every row falls in exactly one value of it, so for **any** selected set
+//! the analysis above holds as for a domain column, at the noise and allocation chosen before the debit: the
+//! marginals are ρ_w-zCDP given the keys, and the release, both in turn, is (ρ_s + ρ_w, δ)-approximately zCDP
+//! (adaptive composition, BS16 Lemma 2.3 with Def. 1.4's events), charged once. The cells of unused places and of
+//! "other" are not released (dropping cells is post-processing), while a marginal without the column still counts
+//! every row. Tests: `tests/workload.rs`, `a_key_only_one_unit_holds_is_never_selected` (the neighbour audit) and
+//! `keys_without_a_domain_are_selected_once`.
+//!
 //! # Allocation
 //! The loss is the sum of the variances of every released cell, Σ_A σ_A² u_A with
 //! u_A = Σ_{W ⊇ A} Π_{i∈A}(nᵢ − 1) / Π_{i∈W∖A} nᵢ, under Σ_A k²p_A/(2σ_A²) = ρ. Its minimiser (Lagrange) gives
@@ -101,6 +118,11 @@ const CELL_BYTES: u64 = 40;
 /// Bytes a release holds per contrast of its residuals: exact and noisy (i128 each), its multiplier (u128), and
 /// the stored draw (JSON text, at most 40 digits).
 const CONTRAST_BYTES: u64 = 88;
+
+/// The share of a workload's ρ that selects the keys of its columns without a public domain (the rest measures its
+/// marginals): a key needs a noisy count of about τ ∝ 1/√ρ_s to be kept, so a tenth raises τ √10 ≈ 3.2 times
+/// above spending all of ρ on it, while the marginals keep nine tenths of theirs.
+pub const SELECTION_SHARE: f64 = 0.1;
 
 /// What a workload's allocation of the noise minimises (`SET dp.workload_loss`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
@@ -540,6 +562,37 @@ impl Workload {
             .sum()
     }
 
+    /// The cells of marginal `set` (laid out as [`Workload::dims`]) whose value of each column i is among its first
+    /// `kept[i]` (all of them when `kept[i]` ≥ nᵢ): the marginal over those values alone, in the same layout.
+    pub(crate) fn keep_first(&self, set: &[usize], cells: Vec<f64>, kept: &[usize]) -> Vec<f64> {
+        let dims = self.dims(set);
+        let keep: Vec<usize> = set.iter().zip(&dims).map(|(&i, &n)| kept.get(i).map_or(n, |&k| k.min(n))).collect();
+        if keep == dims {
+            return cells;
+        }
+        let mut out = Vec::with_capacity(keep.iter().product());
+        // The cell's index in each column, advanced as an odometer (the last column fastest).
+        let mut index = vec![0usize; dims.len()];
+        for c in cells {
+            if index.iter().zip(&keep).all(|(i, k)| i < k) {
+                out.push(c);
+            }
+            for (i, n) in index.iter_mut().zip(&dims).rev() {
+                *i += 1;
+                if *i < *n {
+                    break;
+                }
+                *i = 0;
+            }
+        }
+        out
+    }
+
+    /// Each column's number of values.
+    pub(crate) fn sizes(&self) -> &[usize] {
+        &self.sizes
+    }
+
     /// The layout of marginal `set`'s cells: row-major over its columns, the last one fastest.
     fn dims(&self, set: &[usize]) -> Vec<usize> {
         set.iter().map(|&i| self.sizes[i]).collect()
@@ -678,34 +731,44 @@ impl Measured {
         }
     }
 
-    /// The noisy contrasts of the counts and of each sum as the ledger stores them (a workload without sums as
-    /// it always has).
-    pub(crate) fn to_bytes(residuals: &[Vec<i128>], sums: &[Vec<Vec<i128>>]) -> Result<Vec<u8>> {
-        serde_json::to_vec(&StoredResiduals { workload: 1, residuals: residuals.to_vec(), sums: sums.to_vec() })
-            .map_err(|e| DpError::Internal(e.to_string()))
+    /// The noisy contrasts of the counts and of each sum, and the keys selected, as the ledger stores them (a
+    /// workload without sums or selected keys as it always has).
+    pub(crate) fn to_bytes(drawn: &Drawn) -> Result<Vec<u8>> {
+        let Drawn { residuals, sums, keys } = drawn;
+        let stored =
+            StoredResiduals { workload: 1, residuals: residuals.clone(), sums: sums.clone(), keys: keys.clone() };
+        serde_json::to_vec(&stored).map_err(|e| DpError::Internal(e.to_string()))
     }
 
-    /// The noisy contrasts of the counts and of each sum stored by [`Measured::to_bytes`].
+    /// What [`Measured::to_bytes`] stored.
     pub(crate) fn from_bytes(bytes: &[u8]) -> Result<Drawn> {
         let stored: StoredResiduals = serde_json::from_slice(bytes)
             .map_err(|e| DpError::Ledger(format!("stored workload measurements cannot be read: {e}")))?;
-        Ok((stored.residuals, stored.sums))
+        Ok(Drawn { residuals: stored.residuals, sums: stored.sums, keys: stored.keys })
     }
 }
 
 /// Each residual's noisy contrasts (empty for a residual without contrasts).
 pub(crate) type Residuals = Vec<Vec<i128>>;
 
-/// The noisy contrasts of a workload's counts, and of each summed value.
-pub(crate) type Drawn = (Residuals, Vec<Residuals>);
+/// What a workload release draws: the noisy contrasts of its counts and of each summed value, and the keys
+/// selected for each column without a public domain (in the order of those columns).
+pub(crate) struct Drawn {
+    pub(crate) residuals: Residuals,
+    pub(crate) sums: Vec<Residuals>,
+    pub(crate) keys: Vec<Vec<crate::marginals::OpenKey>>,
+}
 
-/// A workload's noisy contrasts in the ledger (format 1): the counts', then each summed value's.
+/// A workload's draw in the ledger (format 1): the counts' contrasts, then each summed value's, then the keys
+/// selected.
 #[derive(serde::Serialize, serde::Deserialize)]
 struct StoredResiduals {
     workload: u32,
     residuals: Vec<Vec<i128>>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     sums: Vec<Vec<Vec<i128>>>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    keys: Vec<Vec<crate::marginals::OpenKey>>,
 }
 
 /// σ²·m exactly, or rounded up to fit the sampler (numerator below 2⁶³) when it does not.
@@ -1005,6 +1068,22 @@ pub struct WorkloadPlan {
     /// The summed values, each measured over the same marginals as the counts (`rho` includes theirs).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub sums: Vec<SumPlan>,
+    /// For columns without a public domain: how their keys are selected (`rho` includes its).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub selection: Option<KeySelectionPlan>,
+}
+
+/// How a workload selects the keys of its columns without a public domain before it measures its marginals
+/// (module docs, "Keys without a public domain"); known before anything is read.
+#[derive(Clone, Debug, Serialize)]
+pub struct KeySelectionPlan {
+    /// The most keys each such column keeps (`dp.workload_keys`): those of the largest noisy counts that pass.
+    pub max_keys: usize,
+    /// Its ρ.
+    pub rho: f64,
+    /// Its columns, the threshold a key's noisy count must reach, its δ, and the chance that a key is released.
+    #[serde(flatten)]
+    pub keys: crate::marginals::MarginalSelection,
 }
 
 impl WorkloadPlan {
@@ -1061,6 +1140,7 @@ impl WorkloadPlan {
             sets,
             residuals,
             sums: vec![],
+            selection: None,
         }
     }
 
@@ -1068,6 +1148,13 @@ impl WorkloadPlan {
     pub(crate) fn with_sum(mut self, sum: SumPlan) -> Self {
         self.rho += sum.rho;
         self.sums.push(sum);
+        self
+    }
+
+    /// This plan with its keys selected first, at their ρ: the release's ρ is the sum.
+    pub(crate) fn with_selection(mut self, selection: KeySelectionPlan) -> Self {
+        self.rho += selection.rho;
+        self.selection = Some(selection);
         self
     }
 }

@@ -315,7 +315,10 @@ impl Session {
     /// largest (every cell within the same ±x); `output` the counts, `"least_squares"` (unbiased, the default: the
     /// session's `dp.workload_output`) or `"nonnegative"` (consistent, no negative cell, biased); `sums` bounded
     /// columns whose sums are released over the same marginals beside the counts (`sum(col)` and its half-width per
-    /// cell; ρ shared equally by the counts and each sum; the counts only are made non-negative).
+    /// cell; ρ shared equally by the counts and each sum; the counts only are made non-negative). A column without
+    /// a public domain has its keys selected first, where the budget has a δ for it (a tenth of ρ, spending
+    /// `selection_delta`, the session's `dp.selection_delta` unless given): at most `max_keys` of them (the session's
+    /// `dp.workload_keys` unless given), those of the largest noisy counts that pass the threshold.
     ///
     /// >>> w = s.workload("pums", ["sex", "race"], sets=[["sex", "race"], ["sex"], []], rho=0.05)
     /// >>> t = w.to_pandas()
@@ -324,7 +327,7 @@ impl Session {
     #[allow(clippy::too_many_arguments)] // the keyword arguments of the Python method
     #[pyo3(signature = (
         table, columns, *, way = None, sets = None, rho = None, target_std = None, target = None, confidence = None,
-        loss = None, output = None, sums = None
+        loss = None, output = None, sums = None, max_keys = None, selection_delta = None
     ))]
     fn workload(
         &self,
@@ -340,6 +343,8 @@ impl Session {
         loss: Option<&str>,
         output: Option<&str>,
         sums: Option<Vec<String>>,
+        max_keys: Option<usize>,
+        selection_delta: Option<f64>,
     ) -> PyResult<WorkloadRelease> {
         let budget = marginal_budget(rho, target_std, target)?;
         let loss = loss.map(str::parse).transpose().map_err(|e| usage("invalid_parameter", format!("loss: {e}")))?;
@@ -350,8 +355,17 @@ impl Session {
             (_, Some(sets)) => WorkloadSets::Sets(sets),
             (way, None) => WorkloadSets::Ways(way.unwrap_or(2)),
         };
-        let spec =
-            MarginalSpec { budget, confidence, loss, output, sums: sums.unwrap_or_default(), ..MarginalSpec::rho(0.0) };
+        let sums = sums.unwrap_or_default();
+        let spec = MarginalSpec {
+            budget,
+            confidence,
+            loss,
+            output,
+            sums,
+            max_keys,
+            selection_delta,
+            ..MarginalSpec::rho(0.0)
+        };
         let cols = columns.clone();
         let w = run(
             py,

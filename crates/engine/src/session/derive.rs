@@ -320,8 +320,8 @@ impl DpSession {
             }
             Source::Marginal(fit) => {
                 // Only a workload of counts is indexed: its measurements are the counts' residuals alone.
-                let (residuals, sums) = Measured::from_bytes(&bytes)?;
-                if !sums.is_empty() {
+                let crate::workload::Drawn { residuals, sums, keys } = Measured::from_bytes(&bytes)?;
+                if !sums.is_empty() || !keys.is_empty() {
                     return Err(mismatch());
                 }
                 let (marginal, variance) = fit.workload.marginal_of(&fit.set, &residuals, charge.measurements())?;

@@ -129,14 +129,7 @@ impl DpSession {
         let open = match histograms.open() {
             0 => None,
             n => {
-                let delta = spec.selection_delta.unwrap_or_else(|| self.selection_delta());
-                super::statement::check_selection_delta(delta).map_err(|reason| {
-                    DpError::Refused(Refusal::BadOptionValue {
-                        option: "selection_delta",
-                        value: delta.to_string(),
-                        reason,
-                    })
-                })?;
+                let delta = self.checked_selection_delta(spec.selection_delta)?;
                 let names = match layout {
                     MarginalLayout::Wide(_) => histograms.open_names(),
                     MarginalLayout::Long { value, .. } => vec![value.clone()],
@@ -215,9 +208,18 @@ impl DpSession {
         Ok((over_limit, rows, logical))
     }
 
+    /// The δ a key selection spends: `delta`, or the session's `dp.selection_delta`; refused outside (0, 0.001).
+    pub(crate) fn checked_selection_delta(&self, delta: Option<f64>) -> Result<f64> {
+        let delta = delta.unwrap_or_else(|| self.selection_delta());
+        super::statement::check_selection_delta(delta).map_err(|reason| {
+            DpError::Refused(Refusal::BadOptionValue { option: "selection_delta", value: delta.to_string(), reason })
+        })?;
+        Ok(delta)
+    }
+
     /// Whether column `c` of `table`, which has no domain, may have its keys selected: only under a zCDP budget
     /// that has a δ for it, and never the privacy unit (`unit`). Decided from the policy and the ledger only.
-    fn allow_selection(&self, table: &str, c: &str, unit: Option<&str>) -> Result<()> {
+    pub(crate) fn allow_selection(&self, table: &str, c: &str, unit: Option<&str>) -> Result<()> {
         if self.defaults.accounting == crate::accounting::calibrate::Accounting::Gdp {
             let why = super::quote::GDP_CANNOT_SELECT.into();
             return Err(DpError::Refused(Refusal::SelectionNotAllowed { column: c.to_string(), why }));

@@ -115,6 +115,19 @@ macro_rules! dp_options_table {
                 check: check_workload_output,
                 show: show_workload_output,
             },
+            /// the most keys a workload keeps of a column without a public domain (the largest noisy counts)
+            workload_keys: Option<usize> {
+                example: "1000",
+                default: "100",
+                hint: "give a whole number of keys from 1 to 1048576, e.g. SET dp.workload_keys = 1000",
+                doc: concat!(
+                    "A workload measures such a column over this many places (and one for every other value) ",
+                    "whatever is selected, so a larger number costs memory and accuracy even when fewer keys pass ",
+                    "([workloads.md](workloads.md#keys-without-a-public-domain)).",
+                ),
+                check: check_workload_keys,
+                show: show_workload_keys,
+            },
         }
     };
 }
@@ -193,6 +206,21 @@ crate::dp_options_table!(define_options);
 /// Checks a key selection's δ: in (0, 0.001), the range `SET dp.selection_delta` accepts.
 pub(crate) fn check_selection_delta(d: f64) -> std::result::Result<(), String> {
     if d > 0.0 && d < 1e-3 { Ok(()) } else { Err("must be in (0, 0.001); 1e-8 is the default".into()) }
+}
+
+/// The most keys a workload keeps of a column without a public domain unless `SET dp.workload_keys` says
+/// otherwise.
+pub(crate) const DEFAULT_WORKLOAD_KEYS: usize = 100;
+/// The most `SET dp.workload_keys` accepts (the workload's memory bound refuses most workloads well before).
+pub(crate) const MAX_WORKLOAD_KEYS: usize = 1 << 20;
+
+/// Checks the most keys a workload keeps of a column without a domain: from 1 to [`MAX_WORKLOAD_KEYS`].
+pub(crate) fn check_workload_keys_value(n: usize) -> std::result::Result<(), String> {
+    if (1..=MAX_WORKLOAD_KEYS).contains(&n) {
+        Ok(())
+    } else {
+        Err(format!("must be a whole number from 1 to {MAX_WORKLOAD_KEYS}; 100 is the default"))
+    }
 }
 
 /// The δ one key selection spends unless `SET dp.selection_delta` says otherwise: 100 selections fit a
@@ -459,10 +487,26 @@ fn show_workload_output(s: &DpSession) -> Result<String> {
     Ok(s.workload_output().name().to_string())
 }
 
+/// `SET dp.workload_keys`: a whole number from 1 to [`MAX_WORKLOAD_KEYS`].
+fn check_workload_keys(_: &DpSession, value: &str) -> Result<Checked> {
+    let n = value.trim().parse::<usize>().map_err(|_| format!("'{}' is not a whole number", value.trim()));
+    Ok(n.and_then(|n| check_workload_keys_value(n).map(|()| n.to_string())))
+}
+
+fn show_workload_keys(s: &DpSession) -> Result<String> {
+    Ok(s.workload_keys().to_string())
+}
+
 impl DpSession {
     /// What the next workload's allocation minimises (`SET dp.workload_loss`, else the sum of variances).
     pub fn workload_loss(&self) -> WorkloadLoss {
         self.options().workload_loss.as_deref().and_then(|l| l.parse().ok()).unwrap_or_default()
+    }
+
+    /// The most keys the next workload keeps of a column without a public domain (`SET dp.workload_keys`, else
+    /// 100).
+    pub fn workload_keys(&self) -> usize {
+        self.options().workload_keys.unwrap_or(DEFAULT_WORKLOAD_KEYS)
     }
 
     /// What the next workload's counts are (`SET dp.workload_output`, else the least-squares rebuild).
@@ -487,8 +531,8 @@ mod tests {
         assert_eq!(datafusion, table);
         assert_eq!(
             crate::refusal::SETTABLE,
-            "dp.rho, dp.mechanism, dp.confidence, dp.selection_delta, dp.target, dp.reuse, dp.workload_loss and \
-             dp.workload_output"
+            "dp.rho, dp.mechanism, dp.confidence, dp.selection_delta, dp.target, dp.reuse, dp.workload_loss, \
+             dp.workload_output and dp.workload_keys"
         );
     }
 

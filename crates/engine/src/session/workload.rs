@@ -9,7 +9,7 @@ use crate::accounting::Debit;
 use crate::accounting::calibrate::{Accounting, Calibration, MechanismChoice};
 use crate::accounting::ledger::{Claim, LedgerKey, Prior};
 use crate::error::{DpError, Result, engine};
-use crate::marginals::{self, Lookup, MarginalBudget, MarginalSpec};
+use crate::marginals::{self, MarginalBudget, MarginalSpec, OpenKey};
 use crate::noise::{Mechanism, accuracy};
 use crate::plan::fingerprint::{Canon, Fingerprint};
 use crate::plan::grouping::{self, GroupingOutput, GroupingPlan};
@@ -19,12 +19,16 @@ use crate::release::{Accuracy, ColumnAccuracy, Parts, Release};
 use crate::session::explain::{ExplainedMeasure, Explanation};
 use crate::session::quote::Quote;
 use crate::session::{DpSession, PrivatePlan, Target};
-use crate::workload::{Measured, Noise, Workload, WorkloadCounter, WorkloadOutput, WorkloadPlan, WorkloadRelease};
+use crate::workload::{
+    Drawn, Measured, Noise, Workload, WorkloadCounter, WorkloadOutput, WorkloadPlan, WorkloadRelease,
+};
 use datafusion::arrow::array::{ArrayRef, AsArray, RecordBatch, StringArray};
 use datafusion::arrow::datatypes::{DataType, Field, Float64Type, Schema, SchemaRef};
 use datafusion::common::ScalarValue;
 use datafusion::logical_expr::LogicalPlan;
 use std::sync::Arc;
+
+mod keys;
 
 /// Which marginals a workload release asks for.
 #[derive(Clone, Debug, PartialEq)]
@@ -76,8 +80,10 @@ fn mib(bytes: u64) -> u32 {
 pub(crate) struct PreparedWorkload {
     table: String,
     workload: Workload,
-    /// Each column's domain.
-    domains: Vec<Vec<DomainValue>>,
+    /// Each column's domain; None for a column whose keys are selected ([`keys`]).
+    domains: Vec<Option<Vec<DomainValue>>>,
+    /// How the keys of the columns without a domain are selected, if there are any.
+    selecting: Option<keys::Selecting>,
     plan: WorkloadPlan,
     quote: Quote,
     k: u64,
@@ -107,8 +113,8 @@ struct SummedValue {
 }
 
 impl DpSession {
-    /// Releases the marginals `sets` of `columns` of `table` (each column needs a public domain) from one
-    /// charge: the noise of every cell chosen jointly for the smallest sum of variances, exact discrete Gaussian
+    /// Releases the marginals `sets` of `columns` of `table` (a column without a public domain has its keys
+    /// selected first: [`crate::workload`], "Keys without a public domain") from one charge: the noise of every cell chosen jointly for the smallest sum of variances, exact discrete Gaussian
     /// noise, every marginal consistent with the others. See [`crate::workload`] for the privacy claim.
     pub async fn workload(
         &self,
@@ -123,7 +129,10 @@ impl DpSession {
         let label = label(table, &p.workload);
         // A plain GROUP BY of its keys over the whole table can be derived from its draw ([`super::derive`]).
         let reference = datafusion::common::TableReference::bare(table);
-        p.index = self.workload_index(&reference, &scan, &p.workload, (&p.quote.measurements, &p.plans()), &label)?;
+        if p.selecting.is_none() {
+            let measured = (p.quote.measurements.as_slice(), p.plans());
+            p.index = self.workload_index(&reference, &scan, &p.workload, (measured.0, &measured.1), &label)?;
+        }
         self.run_workload(&label, p, None).await
     }
 
@@ -198,8 +207,7 @@ impl DpSession {
         if !same_noise(charge.measurements(), &p.quote.measurements) || !names(&charge, &plans) {
             return Err(changed(&key, &charge, &p.quote));
         }
-        let (residuals, sums) = Measured::from_bytes(&bytes)?;
-        let r = self.release_of(p, (residuals, sums), charge)?;
+        let r = self.release_of(p, Measured::from_bytes(&bytes)?, charge)?;
         // A retried request is this request's own release again; a reuse key's answers a new statement for free.
         Ok(if request.is_some() { r } else { r.reused(from_other) })
     }
@@ -213,12 +221,16 @@ impl DpSession {
         key: Option<&LedgerKey>,
     ) -> Result<WorkloadRelease> {
         let open = self.tables.open(debit);
-        let lookups: Vec<Lookup> = p.domains.iter().map(|d| Lookup::new(d)).collect();
+        // The keys of the columns without a domain first (their own pass), then every row counted over them.
+        let keys = match (&p.selecting, measurement_blocks(&p, open.charge().measurements())?.selection) {
+            (Some(s), Some(cal)) => self.select_keys(&open, &p, s, cal).await?,
+            _ => vec![],
+        };
+        let places = keys::Places::new(&p.domains, p.selecting.as_ref(), &keys);
         let mut counter = WorkloadCounter::new(&p.workload, p.sums.len());
         let d = p.domains.len();
         self.count_bounded(&open, p.over_limit.as_ref(), &p.rows, p.k, &p.table, |batch| {
-            let indices =
-                lookups.iter().enumerate().map(|(i, l)| l.indices(batch.column(i))).collect::<Result<Vec<_>>>()?;
+            let indices = places.indices(batch)?;
             let values = p
                 .sums
                 .iter()
@@ -231,46 +243,64 @@ impl DpSession {
         .await?;
         let charge = open.close();
         let (counts, sums) = counter.counts();
-        let blocks = measurement_blocks(&p.workload, charge.measurements(), p.sums.len())?;
+        let blocks = measurement_blocks(&p, charge.measurements())?;
         let mut drawn = {
             let mut rng = self.lock_rng()?;
-            let residuals = Noise::new(&p.workload, blocks[0])?.draw(&p.workload, &counts, &mut rng)?;
-            let sums = blocks[1..]
+            let residuals = Noise::new(&p.workload, blocks.counts)?.draw(&p.workload, &counts, &mut rng)?;
+            let sums = blocks
+                .sums
                 .iter()
                 .zip(&sums)
                 .map(|(cals, exact)| Noise::new(&p.workload, cals)?.draw(&p.workload, exact, &mut rng))
                 .collect::<Result<Vec<_>>>()?;
-            (residuals, sums)
+            Drawn { residuals, sums, keys }
         };
         if let Some(key) = key {
-            let bytes = self.ledger.store_draw(key, &Measured::to_bytes(&drawn.0, &drawn.1)?, p.index.as_ref())?;
+            let bytes = self.ledger.store_draw(key, &Measured::to_bytes(&drawn)?, p.index.as_ref())?;
             drawn = Measured::from_bytes(&bytes)?;
         }
         self.release_of(p, drawn, charge)
     }
 
-    /// The release of `p` from its noisy residuals (the counts', then each summed value's), drawn now or stored by
-    /// an earlier release of the same workload: the marginals rebuilt from them (post-processing).
+    /// The release of `p` from its noisy residuals (the counts', then each summed value's) and its selected keys,
+    /// drawn now or stored by an earlier release of the same workload: the marginals rebuilt from them, without
+    /// the cells of a selected column's unused places and "other" (post-processing).
     fn release_of(
         &self,
-        p: PreparedWorkload,
-        (residuals, sums): crate::workload::Drawn,
+        mut p: PreparedWorkload,
+        drawn: Drawn,
         charge: crate::accounting::Charge,
     ) -> Result<WorkloadRelease> {
-        if sums.len() != p.sums.len() {
-            return Err(DpError::Ledger("the stored measurements are not this workload's".into()));
+        let Drawn { residuals, sums, keys } = drawn;
+        let not_this = || DpError::Ledger("the stored measurements are not this workload's".into());
+        let selected = p.selecting.as_ref().map_or(0, |s| s.columns.len());
+        if sums.len() != p.sums.len() || keys.len() != selected {
+            return Err(not_this());
         }
+        if p.selecting.as_ref().is_some_and(|s| keys.iter().any(|k| k.len() > s.cap)) {
+            return Err(not_this());
+        }
+        let labels = domain_labels(&p, &keys);
+        // Each column's values released: its domain, or its selected keys (the first places).
+        let kept: Vec<usize> = labels.iter().map(Vec::len).collect();
+        let w = &p.workload;
+        let keep = |marginals: Vec<Vec<f64>>| -> Vec<Vec<f64>> {
+            w.sets().iter().zip(marginals).map(|(set, cells)| w.keep_first(set, cells, &kept)).collect()
+        };
         let sums = sums
             .into_iter()
             .zip(&p.sums)
             .map(|(r, v)| {
-                let rebuilt = Measured::of(&p.workload, r)?.marginals;
+                let rebuilt = keep(Measured::of(w, r)?.marginals);
                 Ok(rebuilt.into_iter().map(|cells| cells.into_iter().map(|x| x * v.unit).collect()).collect())
             })
             .collect::<Result<Vec<_>>>()?;
-        let measured = Measured::as_output(&p.workload, residuals, p.output, &p.sigma_sq)?;
-        let labels = domain_labels(&p);
-        let r = WorkloadRelease::new(&p.table, &p.workload, &labels, measured, p.plan, charge, self.status()?);
+        let mut measured = Measured::as_output(w, residuals, p.output, &p.sigma_sq)?;
+        measured.marginals = keep(measured.marginals);
+        for (plan, cells) in p.plan.sets.iter_mut().zip(&measured.marginals) {
+            plan.cells = cells.len();
+        }
+        let r = WorkloadRelease::new(&p.table, w, &labels, measured, p.plan, charge, self.status()?);
         Ok(r.with_sums(sums))
     }
 
@@ -316,14 +346,11 @@ impl DpSession {
         if let Some((_, c)) = columns.iter().enumerate().find(|(i, c)| columns[..*i].contains(c)) {
             return Err(DpError::Refused(Refusal::MarginalDuplicateColumn { column: c.clone() }));
         }
-        let domains = columns
-            .iter()
-            .map(|c| {
-                policy.domain(c).map(<[_]>::to_vec).ok_or_else(|| {
-                    DpError::Refused(Refusal::MarginalNoDomain { table: table.to_string(), column: c.clone() })
-                })
-            })
-            .collect::<Result<Vec<_>>>()?;
+        // A column without a domain has its keys selected ([`keys`]), measured over `cap` places and "other".
+        let domains: Vec<Option<Vec<DomainValue>>> =
+            columns.iter().map(|c| policy.domain(c).map(<[_]>::to_vec)).collect();
+        let open: Vec<usize> = (0..domains.len()).filter(|&i| domains[i].is_none()).collect();
+        let cap = spec.max_keys.unwrap_or_else(|| self.workload_keys());
         let index = |c: &String| {
             columns.iter().position(|x| x == c).ok_or_else(|| {
                 DpError::invalid("workload", format!("`{c}` is in a marginal but not among the columns chosen"))
@@ -345,20 +372,24 @@ impl DpSession {
                 sets.iter().map(|s| s.iter().map(index).collect::<Result<Vec<_>>>()).collect::<Result<_>>()?
             }
         };
-        let sizes = domains.iter().map(Vec::len).collect();
+        let sizes = domains.iter().map(|d| d.as_ref().map_or(cap.saturating_add(1), Vec::len)).collect();
         let workload = Workload::new(columns.to_vec(), sizes, sets)?;
         let label_bytes: Vec<u64> = domains
             .iter()
-            .map(|d| d.iter().map(|v| marginals::domain_label(v).len() as u64).max().unwrap_or(0))
+            .map(|d| match d {
+                Some(d) => d.iter().map(|v| marginals::domain_label(v).len() as u64).max().unwrap_or(0),
+                None => keys::KEY_LABEL_BYTES,
+            })
             .collect();
         let memory = workload.check_memory(&label_bytes, summed.len(), self.defaults.workload_memory.limit)?;
         let confidence = spec.confidence.unwrap_or(self.defaults.confidence);
         accuracy::check_confidence(confidence)?;
         let k = policy.max_rows_per_unit;
         let allocation = workload.allocate(spec.loss.unwrap_or_else(|| self.workload_loss()));
-        // The counts and each summed value share ρ equally.
+        // The keys' selection takes its share of ρ, and the counts and each summed value share the rest equally.
+        let share = if open.is_empty() { 0.0 } else { crate::workload::SELECTION_SHARE };
         let budget = match spec.budget {
-            MarginalBudget::Rho(rho) => MarginalBudget::Rho(rho / (1 + summed.len()) as f64),
+            MarginalBudget::Rho(rho) => MarginalBudget::Rho(rho * (1.0 - share) / (1 + summed.len()) as f64),
             _ if !summed.is_empty() => {
                 let why = "take dp.rho with SUM, not dp.target (a target is stated for the counts)".into();
                 return Err(DpError::Refused(Refusal::GroupingSets { why }));
@@ -375,22 +406,59 @@ impl DpSession {
             (budget, confidence),
             &mut cals,
         )?;
+        let selected = match open.is_empty() {
+            true => None,
+            false => {
+                // Its share of the whole: of the ρ asked, or beside the ρ a target asked of the marginals.
+                let measured: f64 = cals.iter().map(|c| c.rho().get()).sum();
+                let rho = match spec.budget {
+                    MarginalBudget::Rho(rho) => rho * share,
+                    _ => measured * share / (1.0 - share),
+                };
+                let unit = policy.privacy_unit.as_deref();
+                let (s, cal, plan) =
+                    self.selecting((table, unit), columns, open, (cap, spec.selection_delta), (k, rho, confidence))?;
+                cals.push(cal);
+                Some((s, plan))
+            }
+        };
         let quote = Quote::new(cals, self.defaults.delta, confidence, &self.quotes)?;
         let plan = sum_plans.into_iter().fold(
             WorkloadPlan::new(&workload, k, (&allocation, &noise), quote.epsilon, confidence, memory),
             WorkloadPlan::with_sum,
         );
+        let (selecting, plan) = match selected {
+            Some((s, selection)) => (Some(s), plan.with_selection(selection)),
+            None => (None, plan),
+        };
         let output = spec.output.unwrap_or_else(|| self.workload_output());
         let counted: Vec<String> = columns.iter().cloned().chain((0..values.len()).map(value_column)).collect();
         let (over_limit, rows, logical) =
-            self.bounded_rows(input, policy.privacy_unit.as_deref(), &counted, None, k).await?;
-        let keys: Vec<Option<&[DomainValue]>> = domains.iter().map(|d| Some(d.as_slice())).collect();
+            self.bounded_rows(input.clone(), policy.privacy_unit.as_deref(), &counted, None, k).await?;
+        let keys: Vec<Option<&[DomainValue]>> = domains.iter().map(Option::as_deref).collect();
         marginals::check_domain_types(&keys, &rows.schema())?;
+        let selecting = match selecting {
+            Some(mut s) => {
+                keys::check_types(&s, &rows.schema())?;
+                let unit = policy.privacy_unit.as_deref();
+                let (over, again, _) = self.bounded_rows(input, unit, &counted, None, k).await?;
+                let same = |a: Option<&PrivatePlan>, b: Option<&PrivatePlan>| {
+                    a.map(PrivatePlan::fingerprint) == b.map(PrivatePlan::fingerprint)
+                };
+                if !same(over.as_ref(), over_limit.as_ref()) || !same(Some(&again), Some(&rows)) {
+                    return Err(DpError::Internal("the selection's plans are not the release's".into()));
+                }
+                s.plans = Some((over, again));
+                Some(s)
+            }
+            None => None,
+        };
         let rows_text = logical.display_indent().to_string();
         Ok(PreparedWorkload {
             table: table.to_string(),
             workload,
             domains,
+            selecting,
             plan,
             quote,
             k,
@@ -505,14 +573,29 @@ fn grid_values(v: &SummedValue, values: &ArrayRef) -> Result<Vec<i64>> {
     Ok(out)
 }
 
-/// A workload charge's calibrations in blocks: the counts' residuals', then each of `sums` summed values'
-/// (one per residual with contrasts each). Fails if they are not a workload's of this shape.
-fn measurement_blocks<'a>(w: &Workload, cals: &'a [Calibration], sums: usize) -> Result<Vec<&'a [Calibration]>> {
+/// A workload charge's calibrations by what they measure.
+struct Blocks<'a> {
+    /// The counts' residuals' (one per residual with contrasts).
+    counts: &'a [Calibration],
+    /// Each summed value's residuals'.
+    sums: Vec<&'a [Calibration]>,
+    /// The keys' selection, last, for a workload with columns without a domain.
+    selection: Option<&'a Calibration>,
+}
+
+/// The calibrations `cals` of `p`'s charge in [`Blocks`]. Fails if they are not a workload's of its shape.
+fn measurement_blocks<'a>(p: &PreparedWorkload, cals: &'a [Calibration]) -> Result<Blocks<'a>> {
+    let w = &p.workload;
     let n = w.residuals().iter().filter(|a| w.contrasts(a) > 0).count();
-    if n == 0 || cals.len() != n * (1 + sums) {
+    let (cals, selection) = match p.selecting {
+        Some(_) => cals.split_last().map(|(last, rest)| (rest, Some(last))).unwrap_or((cals, None)),
+        None => (cals, None),
+    };
+    if n == 0 || cals.len() != n * (1 + p.sums.len()) || selection.is_none() != p.selecting.is_none() {
         return Err(DpError::Ledger("the charge's measurements are not this workload's".into()));
     }
-    Ok(cals.chunks(n).collect())
+    let (counts, sums) = cals.split_at(n);
+    Ok(Blocks { counts, sums: sums.chunks(n).collect(), selection })
 }
 
 /// The residuals' calibrations and samplers for `budget`, each residual getting its `shares` of ρ: a ρ, or the
@@ -554,9 +637,17 @@ fn calibrate(
     }
 }
 
-/// Each column's domain labels, in domain order.
-fn domain_labels(p: &PreparedWorkload) -> Vec<Vec<String>> {
-    p.domains.iter().map(|d| d.iter().map(marginals::domain_label).collect()).collect()
+/// Each column's labels: its domain's, in domain order, or its selected keys' (`keys`, in the order of the
+/// selected columns), in value order.
+fn domain_labels(p: &PreparedWorkload, keys: &[Vec<OpenKey>]) -> Vec<Vec<String>> {
+    let mut keys = keys.iter();
+    p.domains
+        .iter()
+        .map(|d| match d {
+            Some(d) => d.iter().map(marginals::domain_label).collect(),
+            None => keys.next().map(|k| k.iter().map(OpenKey::label).collect()).unwrap_or_default(),
+        })
+        .collect()
 }
 
 /// What a workload release measures (its reuse key adds the table's policy and data, [`DpSession::reuse_key`]): the
@@ -570,8 +661,13 @@ fn workload_measured(p: &PreparedWorkload) -> Result<Fingerprint> {
     c.u64(p.k).value(p.workload.names())?.value(p.workload.sets())?;
     c.u64(p.domains.len() as u64);
     for d in &p.domains {
-        c.domain(d);
+        match d {
+            Some(d) => c.domain(d),
+            // Selected keys, measured over `cap` places and "other" (the sizes of the workload, below).
+            None => c.str("selected"),
+        };
     }
+    c.value(p.workload.sizes())?;
     c.value(&p.quote.measurements)?;
     let grids: Vec<_> = p.sums.iter().map(|v| v.grid).collect();
     c.value(&grids)?;
@@ -658,14 +754,17 @@ impl DpSession {
             self.prepare_workload_over(g.table.table(), input.clone(), policy, &g.columns, &sets, &spec).await?;
         // A plain GROUP BY of its keys can be derived from the draw of its counts ([`super::derive`]), when that is
         // all it measures.
-        if g.sums.is_empty() {
+        if g.sums.is_empty() && p.selecting.is_none() {
             p.index = self.workload_index(&g.table, &input, &p.workload, (&p.quote.measurements, &p.plans()), sql)?;
         }
         // Every domain value must convert to its key's type: checked here, so that the release cannot fail on it.
         let schema = grouping_schema(&g);
         for ((_, what), field) in g.outputs.iter().zip(schema.fields()) {
-            if let GroupingOutput::Key(i) = what {
-                let labels = p.domains[*i].iter().map(marginals::domain_label).collect::<Vec<_>>();
+            // (A selected key's type is one whose values are their text read back: `keys::selectable`.)
+            if let GroupingOutput::Key(i) = what
+                && let Some(Some(domain)) = p.domains.get(*i)
+            {
+                let labels = domain.iter().map(marginals::domain_label).collect::<Vec<_>>();
                 typed_keys(&(Arc::new(StringArray::from(labels)) as ArrayRef), field)?;
             }
         }
@@ -745,10 +844,10 @@ impl DpSession {
     /// marginal's accuracy and the cost, before anything is spent.
     pub(crate) fn explain_grouping(&self, label: &str, g: &GroupingPlan, p: &PreparedWorkload) -> Result<Explanation> {
         let plan = &p.plan;
-        let blocks = measurement_blocks(&p.workload, &p.quote.measurements, p.sums.len())?;
+        let blocks = measurement_blocks(p, &p.quote.measurements)?;
         // The counts' residuals, then each summed value's (in grid units of one step `unit`).
         let mut measures = vec![];
-        for (j, cals) in blocks.iter().enumerate() {
+        for (j, cals) in [blocks.counts].iter().chain(&blocks.sums).enumerate() {
             let sum = j.checked_sub(1).and_then(|j| Some((p.sums.get(j)?, plan.sums.get(j)?, g.sums.get(j)?)));
             let (what, per_row, unit) = match sum {
                 Some((v, s, column)) => {
@@ -773,12 +872,41 @@ impl DpSession {
                 });
             }
         }
+        let selection = match (&plan.selection, blocks.selection) {
+            (Some(s), Some(c)) => {
+                let sigma = c.sigma_or_scale();
+                let columns = s.keys.columns.join(", ");
+                measures.push(ExplainedMeasure {
+                    label: format!("count of each key of {columns} (the keys' selection)"),
+                    l1: f64::NAN,
+                    l2: c.sensitivity(),
+                    derivation: format!("k·√d over the d = {} columns without a domain", s.keys.columns.len()),
+                    calibration: c.clone(),
+                    std: sigma,
+                    ci_half_width: accuracy::sub_gaussian_half_width(sigma * sigma, plan.confidence),
+                    unit: 1.0,
+                });
+                Some(crate::session::explain::ExplainedSelection {
+                    measure: format!(
+                        "count of each key of {columns} (at most {} kept per column, the largest)",
+                        s.max_keys
+                    ),
+                    threshold: s.keys.threshold,
+                    delta: s.keys.delta,
+                    release: s.keys.release.clone(),
+                })
+            }
+            _ => None,
+        };
         let schema = grouping_schema(g);
         let outputs = g
             .outputs
             .iter()
             .map(|(name, what)| {
                 let text = match what {
+                    GroupingOutput::Key(i) if p.domains.get(*i).is_some_and(Option::is_none) => {
+                        "key selected from the data (below; NULL where a marginal does not group by it)".to_string()
+                    }
                     GroupingOutput::Key(_) => "public key from the declared domain (NULL where a marginal does not \
                                                group by it)"
                         .to_string(),
@@ -805,8 +933,8 @@ impl DpSession {
             sql: label.to_string(),
             private_plan: p.rows_text.clone(),
             plans: p.plans(),
-            cells: Some(plan.sets.iter().map(|s| s.cells as u64).sum()),
-            selection: None,
+            cells: selection.is_none().then(|| plan.sets.iter().map(|s| s.cells as u64).sum()),
+            selection,
             join: None,
             per_person: None,
             computed: vec![],
@@ -857,6 +985,17 @@ fn describe_workload(plan: &WorkloadPlan) -> String {
         plan.sets.len(),
         fmt_num(plan.one_by_one_variance)
     ));
+    if let Some(s) = &plan.selection {
+        lines.push(format!(
+            "Keys of {}: selected first at ρ = {} (a tenth), at most {} per column; each such column is measured over \
+             {} places whatever is selected (the keys, and one for every other value and NULL, whose cells are not \
+             released), so a marginal without it still counts every row",
+            s.keys.columns.join(", "),
+            fmt_num(s.rho),
+            s.max_keys,
+            s.max_keys + 1
+        ));
+    }
     for sum in &plan.sums {
         let widest = sum.ci_half_width.iter().copied().fold(0.0, f64::max);
         lines.push(format!(
