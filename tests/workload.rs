@@ -275,13 +275,13 @@ async fn grouping_sets_outside_the_shape_are_refused_before_the_debit() {
     let s = session_from(&pums_config("pums_pid.csv", 10.0, 1, 1)).await;
     for (sql, says) in [
         ("SELECT sex, COUNT(*) FROM pums GROUP BY ROLLUP (sex) ORDER BY sex + 1", "GROUPING SETS / ROLLUP / CUBE"),
-        ("SELECT sex, COUNT(*) * 2 FROM pums GROUP BY ROLLUP (sex)", "expressions over a grouping-sets result"),
+        ("SELECT sex, COUNT(*) FROM pums GROUP BY ROLLUP (sex) HAVING COUNT(age) > 3", "SUMs and AVGs of columns or"),
         ("SELECT sex, COUNT(*) FROM pums GROUP BY ROLLUP (sex) HAVING CAST(COUNT(*) AS INT) > 3", "cannot fail"),
         ("SELECT sex, SUM(income) FROM pums GROUP BY CUBE (sex)", "COUNT(*) here, once"),
-        ("SELECT sex, COUNT(*), COUNT(age) FROM pums GROUP BY CUBE (sex)", "COUNT(*) and SUMs of columns or"),
+        ("SELECT sex, COUNT(*), COUNT(age) FROM pums GROUP BY CUBE (sex)", "SUMs and AVGs of columns or"),
         ("SELECT sex, COUNT(*), SUM(pid) FROM pums GROUP BY CUBE (sex)", "needs bounds"),
         ("SELECT sex, COUNT(*), SUM(pid * 2) FROM pums GROUP BY CUBE (sex)", "pid"),
-        ("SELECT sex, COUNT(*), SUM(DISTINCT income) FROM pums GROUP BY CUBE (sex)", "SUMs of columns or"),
+        ("SELECT sex, COUNT(*), SUM(DISTINCT income) FROM pums GROUP BY CUBE (sex)", "SUMs and AVGs of columns or"),
         ("SELECT age, COUNT(*) FROM pums GROUP BY CUBE (age)", "no public domain"),
         ("SELECT age * 0.5, COUNT(*) FROM pums GROUP BY CUBE (age * 0.5)", "integers, text or booleans"),
         ("SELECT CAST(pid AS VARCHAR), COUNT(*) FROM pums GROUP BY CUBE (CAST(pid AS VARCHAR))", "no public domain"),
@@ -868,4 +868,54 @@ async fn keys_a_workload_cannot_select_are_refused_free() {
     s.sql("SET dp.workload_keys = 10").await.unwrap();
     assert_eq!(refused("SELECT zip, COUNT(*) FROM z GROUP BY CUBE (zip)").await, "marginal_no_domain");
     assert!(s.budget().unwrap().charges.is_empty());
+}
+
+/// Expressions over a grouping-sets release, AVG among them, are post-processing of its draw: the statement that
+/// computes `COUNT(*) * 2 + 1`, `SUM(income) / COUNT(*)`, `AVG(income)` and `COUNT(*) - SUM(income) / 1000` measures
+/// the same counts and sums as the one that returns them, so it is answered from that draw at no cost, its values
+/// computed from the released numbers and its intervals as any query's: scaled (exact), per row for the average,
+/// summed at the union bound's level for a combination, none for a ratio; ORDER BY sorts by an expression; one
+/// that could fail on some value is refused before anything is spent.
+#[tokio::test]
+async fn expressions_over_a_grouping_release_are_post_processing() {
+    use dpfusion::Accuracy;
+    let s = session_from(&crate::support::with_reuse(&pums_config("pums_pid.csv", 10.0, 1, 1))).await;
+    let base = release(&s, "SELECT sex, COUNT(*) AS n, SUM(income) AS total FROM pums GROUP BY CUBE (sex)").await;
+    let sql = "SELECT sex, COUNT(*) * 2 + 1 AS twice, SUM(income) / COUNT(*) AS ratio, AVG(income) AS mean, \
+               COUNT(*) - SUM(income) / 1000 AS mixed, CAST(sex AS DOUBLE) + 1 AS key FROM pums GROUP BY CUBE (sex)";
+    let derived = release(&s, sql).await;
+    assert_eq!(s.budget().unwrap().charges.len(), 1, "the same measurements, answered from the first draw");
+    let (n, total) = (crate::support::column_f64(&base, 1), crate::support::column_f64(&base, 2));
+    let column = |c: usize| crate::support::column_f64(&derived, c);
+    let half = |r: &dpfusion::Release, c: usize| match &r.accuracy()[c].accuracy {
+        Accuracy::PerRow { intervals, .. } => intervals.clone(),
+        other => panic!("column {c}: {other:?}"),
+    };
+    let (hn, hs) = (half(&base, 1), half(&base, 2));
+    for i in 0..3 {
+        assert_eq!(column(1)[i], 2.0 * n[i] + 1.0);
+        assert_eq!(column(2)[i], total[i] / n[i]);
+        assert_eq!(column(3)[i], (total[i] / n[i].max(1.0)).clamp(0.0, 500_000.0));
+        assert!((column(4)[i] - (n[i] - total[i] / 1000.0)).abs() < 1e-9);
+        let [lo, hi] = half(&derived, 1)[i];
+        assert!(((hi - lo) - 2.0 * (hn[i][1] - hn[i][0])).abs() < 1e-9, "twice the count's interval");
+        let [lo, hi] = half(&derived, 3)[i];
+        assert!(lo <= column(3)[i] && column(3)[i] <= hi && hi - lo > 0.0, "the mean within its interval");
+        let [lo, hi] = half(&derived, 4)[i];
+        let alone = (hn[i][1] - hn[i][0]) + (hs[i][1] - hs[i][0]) / 1000.0;
+        assert!(hi - lo > alone && hi - lo < 1.2 * alone, "the union bound widens both: {} vs {alone}", hi - lo);
+    }
+    assert!(matches!(&derived.accuracy()[2].accuracy, Accuracy::NoInterval { reason } if reason.contains("divided")));
+    assert_eq!(derived.accuracy()[5].accuracy, Accuracy::Public, "a key plus one");
+    let sorted =
+        release(&s, "SELECT sex, AVG(income) AS mean, COUNT(*) AS n FROM pums GROUP BY CUBE (sex) ORDER BY mean DESC")
+            .await;
+    let mut want = column(3);
+    want.sort_by(|a, b| b.total_cmp(a));
+    assert_eq!(crate::support::column_f64(&sorted, 1), want);
+    assert_eq!(s.budget().unwrap().charges.len(), 1);
+    let e = s.sql("SELECT sex, CAST(COUNT(*) AS TINYINT) AS n FROM pums GROUP BY CUBE (sex)").await.unwrap_err();
+    assert!(matches!(&e, DpError::Refused(r) if r.code() == "grouping_sets"), "{e}");
+    assert!(e.to_string().contains("cannot fail"), "{e}");
+    assert_eq!(s.budget().unwrap().charges.len(), 1, "refused before the debit");
 }

@@ -471,9 +471,9 @@ refusals! {
         #[code = "grouping_sets", sqlstate = INSUFFICIENT_PRIVILEGE]
         #[error("GROUPING SETS / ROLLUP / CUBE {why}")]
         #[hint(
-            "write SELECT <keys>, COUNT(*) FROM t [WHERE ...] GROUP BY GROUPING SETS ((a, b), (a), ()) (or CUBE (a, \
-             b), ROLLUP (a, b)) over keys with a public domain, then ORDER BY and LIMIT over the output columns if \
-             needed; filter the result afterwards"
+            "write SELECT <keys>, COUNT(*) [, SUM(x), AVG(x), expressions of them] FROM t [WHERE ...] GROUP BY \
+             GROUPING SETS ((a, b), (a), ()) (or CUBE (a, b), ROLLUP (a, b)), then HAVING, ORDER BY and LIMIT over \
+             the output columns if needed"
         )]
         GroupingSets {
             /// What the statement must change.

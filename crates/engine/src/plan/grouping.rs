@@ -1,14 +1,16 @@
 //! `GROUP BY GROUPING SETS (...)`, `CUBE (...)` and `ROLLUP (...)`: one statement, many marginals, released as
 //! one workload ([`crate::workload`]: one charge, the noise of every cell chosen jointly, consistent counts).
 //!
-//! Accepted shape: `SELECT <keys>, COUNT(*) [AS n] FROM t [WHERE ...] GROUP BY GROUPING SETS ((a, b), (a), ())
-//! [ORDER BY <output columns>] [LIMIT n [OFFSET m]]` (or `CUBE (a, b)`, `ROLLUP (a, b)`): ORDER BY and LIMIT over
-//! the output columns (post-processing of the release), above a projection of the keys and the count over exactly
-//! one Aggregate whose
-//! grouping is one grouping set of columns of one private table or expressions of them (computed keys, with the
-//! domains [`crate::plan::computed`] derives), and whose aggregates are COUNT(*) and SUMs of bounded columns; below
-//! it, the WHERE chain every query may have ([`validate::locate`] checks it). Each key needs a public domain (the
-//! session checks the policy). Anything else that groups by a grouping set is refused with what to write instead.
+//! Accepted shape: `SELECT <keys, aggregates and expressions of them> FROM t [WHERE ...] GROUP BY GROUPING SETS
+//! ((a, b), (a), ()) [HAVING ...] [ORDER BY <output columns>] [LIMIT n [OFFSET m]]` (or `CUBE (a, b)`, `ROLLUP (a,
+//! b)`): HAVING, ORDER BY, LIMIT and the expressions over the aggregates are post-processing of the release, each
+//! typed over the released columns and checked total before anything is spent ([`OverCells`]); below them exactly
+//! one Aggregate whose grouping is one grouping set of columns of one private table or expressions of them
+//! (computed keys, with the domains [`crate::plan::computed`] derives), and whose aggregates are one COUNT(*) and
+//! SUMs and AVGs of bounded columns or computed values (an AVG is its SUM over the COUNT: one sum measured per
+//! value, however many aggregates read it); below it, the WHERE chain every query may have ([`validate::locate`]
+//! checks it). Each key has a public domain or has its keys selected (the session checks the policy). Anything else
+//! that groups by a grouping set is refused with what to write instead.
 //! Neighbouring relation: add/remove all rows of one privacy unit.
 
 use crate::error::{DpError, Result};
@@ -31,6 +33,10 @@ pub enum GroupingOutput {
     Count,
     /// The noisy sum of `sums[i]`.
     Sum(usize),
+    /// The average of `sums[i]`: its noisy sum over the noisy count, clamped to the value's bounds (as every AVG).
+    Avg(usize),
+    /// The expression `exprs[i]` over the released columns.
+    Expr(usize),
 }
 
 /// A grouping-sets statement, checked: what the workload release needs.
@@ -53,7 +59,15 @@ pub struct GroupingPlan {
     /// over `input` with their bounds ([`crate::plan::computed::workload_value`]).
     pub computed_sums: Vec<(String, Expr)>,
     /// HAVING, over the released cells.
-    pub having: Option<Having>,
+    pub having: Option<OverCells>,
+    /// The expressions the SELECT computes over the released cells (`COUNT(*) * 2`, `SUM(x) / COUNT(*)`).
+    pub exprs: Vec<OverCells>,
+    /// What each of the aggregate's aggregates holds, in its order (a [`crate::session`] accuracy's linear forms
+    /// name them so).
+    pub aggregates: Vec<GroupingOutput>,
+    /// The statement's projection (over HAVING's filter, over the aggregate): what the accuracy of an expression
+    /// is traced through.
+    pub projection: LogicalPlan,
     /// The output columns in SELECT order: name and what it holds.
     pub outputs: Vec<(String, GroupingOutput)>,
     /// The statement's output schema (the keys' types).
@@ -66,13 +80,13 @@ pub struct GroupingPlan {
     pub fetch: Option<usize>,
 }
 
-/// A HAVING condition of a grouping-sets statement: post-processing of the release, which keeps the rows where it
-/// holds on the released (noisy) counts and sums and the public keys.
+/// An expression over a grouping-sets release (a HAVING condition, or a SELECT's expression of the aggregates):
+/// post-processing of the released (noisy) counts, sums and averages and the public keys.
 #[derive(Clone, Debug)]
-pub struct Having {
-    /// The condition, typed over `schema` (counts and sums are Float64, as released), checked total: it cannot fail
-    /// on any value.
-    pub predicate: Expr,
+pub struct OverCells {
+    /// The expression, typed over `schema` (counts, sums and averages are Float64, as released), checked total: it
+    /// cannot fail on any value.
+    pub expr: Expr,
     /// The columns it reads.
     pub schema: datafusion::common::DFSchemaRef,
     /// What each of them holds, in `schema`'s order.
@@ -152,11 +166,10 @@ pub fn grouping_plan(plan: &LogicalPlan, is_private: &dyn Fn(&TableReference) ->
         }
         sets.push(set);
     }
-    let (summed, computed_sums) = check_aggregates(agg)?;
+    let aggregates = check_aggregates(agg)?;
     let (projection, order, skip, fetch) = presentation(plan)?;
-    let outputs = outputs(projection, agg, &columns, &summed)?;
-    let having = having(projection, agg, &columns, &summed)?;
-    let sums = summed.into_iter().map(|(column, _)| column).collect();
+    let (outputs, exprs) = outputs(projection, agg, &columns, &aggregates)?;
+    let having = having(projection, agg, &columns, &aggregates)?;
     let order = order
         .iter()
         .map(|s| match validate::strip_aliases(&s.expr) {
@@ -173,9 +186,12 @@ pub fn grouping_plan(plan: &LogicalPlan, is_private: &dyn Fn(&TableReference) ->
         columns,
         computed,
         sets,
-        sums,
-        computed_sums,
+        sums: aggregates.summed,
+        computed_sums: aggregates.computed,
         having,
+        exprs,
+        aggregates: aggregates.named.into_iter().map(|(_, what)| what).collect(),
+        projection: projection.clone(),
         outputs,
         schema: plan.schema().clone(),
         order,
@@ -184,42 +200,66 @@ pub fn grouping_plan(plan: &LogicalPlan, is_private: &dyn Fn(&TableReference) ->
     }))
 }
 
-/// The aggregates must be one plain COUNT(*) and SUMs of columns or of expressions: the summed columns (an
-/// expression's schema name), with each SUM's name in the aggregate's output, and the summed expressions.
-type Summed = (Vec<(String, String)>, Vec<(String, Expr)>);
-fn check_aggregates(agg: &datafusion::logical_expr::Aggregate) -> Result<Summed> {
+/// A grouping-sets statement's aggregates, checked.
+struct Aggregates {
+    /// The columns summed, once each (a computed value's schema name).
+    summed: Vec<String>,
+    /// Each aggregate's output name and what it holds, in the aggregate's order.
+    named: Vec<(String, GroupingOutput)>,
+    /// The computed values summed: (name, the analyst's expression).
+    computed: Vec<(String, Expr)>,
+}
+
+/// The aggregates must be one plain COUNT(*), and SUMs and AVGs of columns or of expressions.
+fn check_aggregates(agg: &datafusion::logical_expr::Aggregate) -> Result<Aggregates> {
+    use datafusion::functions_aggregate::average::Avg;
     use datafusion::functions_aggregate::sum::Sum;
+    let not_these =
+        |a: &Expr| refuse(format!("take COUNT(*), and SUMs and AVGs of columns or expressions here, not `{a}`"));
     let mut counts = 0;
-    let (mut sums, mut computed) = (vec![], vec![]);
+    let mut out = Aggregates { summed: vec![], named: vec![], computed: vec![] };
     for a in &agg.aggr_expr {
-        let Expr::AggregateFunction(af) = validate::strip_aliases(a) else {
-            return refuse(format!("take COUNT(*) and SUMs of columns or expressions here, not `{a}`"));
-        };
+        let Expr::AggregateFunction(af) = validate::strip_aliases(a) else { return not_these(a) };
         let p = &af.params;
         let plain = !p.distinct && p.filter.is_none() && p.order_by.is_empty();
         let count = af.func.inner().is::<Count>()
             && (p.args.is_empty() || matches!(p.args.as_slice(), [Expr::Literal(v, _)] if !v.is_null()));
-        match p.args.as_slice() {
-            _ if count && plain => counts += 1,
-            [x] if af.func.inner().is::<Sum>() && plain => match validate::strip_total_casts(x, agg.input.schema()) {
-                Expr::Column(c) => sums.push((c.name.clone(), a.schema_name().to_string())),
-                e => {
-                    let name = x.schema_name().to_string();
-                    if !computed.iter().any(|(n, _)| *n == name) {
-                        computed.push((name.clone(), e.clone()));
+        let (sum, avg) = (af.func.inner().is::<Sum>(), af.func.inner().is::<Avg>());
+        let what = match p.args.as_slice() {
+            _ if count && plain => {
+                counts += 1;
+                GroupingOutput::Count
+            }
+            [x] if (sum || avg) && plain => {
+                let name = match validate::strip_total_casts(x, agg.input.schema()) {
+                    Expr::Column(c) => c.name.clone(),
+                    e => {
+                        let name = x.schema_name().to_string();
+                        if !out.computed.iter().any(|(n, _)| *n == name) {
+                            out.computed.push((name.clone(), e.clone()));
+                        }
+                        name
                     }
-                    sums.push((name, a.schema_name().to_string()));
-                }
-            },
-            _ => return refuse(format!("take COUNT(*) and SUMs of columns or expressions here, not `{a}`")),
-        }
+                };
+                let j = match out.summed.iter().position(|c| *c == name) {
+                    Some(j) => j,
+                    None => {
+                        out.summed.push(name);
+                        out.summed.len() - 1
+                    }
+                };
+                if sum { GroupingOutput::Sum(j) } else { GroupingOutput::Avg(j) }
+            }
+            _ => return not_these(a),
+        };
+        out.named.push((a.schema_name().to_string(), what));
     }
     if counts != 1 {
         return refuse(
             "count rows with COUNT(*) here, once (a workload measures the counts of its cells, and sums beside them)",
         );
     }
-    Ok((sums, computed))
+    Ok(out)
 }
 
 /// The nodes above the projection: an optional LIMIT (literal offset and count) over an optional ORDER BY. Returns
@@ -244,15 +284,19 @@ fn presentation(
     Ok((node, order, skip, fetch))
 }
 
-/// The output columns: one projection of the aggregate's keys and count, directly above it.
+/// A statement's output columns (name, what it holds), and the expressions among them.
+type Outputs = (Vec<(String, GroupingOutput)>, Vec<OverCells>);
+
+/// The output columns: one projection of the aggregate's keys, aggregates and expressions of them (each an
+/// [`OverCells`], in the second list), directly above it (or above HAVING's filter).
 fn outputs(
     plan: &LogicalPlan,
     agg: &datafusion::logical_expr::Aggregate,
     columns: &[String],
-    sums: &[(String, String)],
-) -> Result<Vec<(String, GroupingOutput)>> {
-    let not_plain = "return the keys, COUNT(*) and SUMs as they are here, filtered by HAVING, sorted or limited at \
-                     most (expressions over a grouping-sets result are not supported)";
+    aggregates: &Aggregates,
+) -> Result<Outputs> {
+    let not_plain = "select the keys, the aggregates and expressions of them, filtered by HAVING, sorted or limited \
+                     here, over one grouping set";
     let LogicalPlan::Projection(p) = plan else { return refuse(not_plain) };
     let above = match p.input.as_ref() {
         LogicalPlan::Filter(f) => f.input.as_ref(),
@@ -261,74 +305,79 @@ fn outputs(
     if !matches!(above, LogicalPlan::Aggregate(_)) {
         return refuse(not_plain);
     }
-    let count_name = count_name(agg);
-    p.expr
-        .iter()
-        .zip(p.schema.fields())
-        .map(|(e, out)| {
-            let Expr::Column(c) = validate::strip_aliases(e) else { return refuse(not_plain) };
-            let Some(what) = output_of(&c.name, &count_name, columns, sums) else {
-                return refuse(format!("select only the keys, COUNT(*) and SUMs here, not `{}`", c.name));
-            };
-            Ok((out.name().clone(), what))
-        })
-        .collect()
-}
-
-/// The name of the aggregate's output column of COUNT(*) (the one aggregate that is not a SUM: [`check_aggregates`]).
-fn count_name(agg: &datafusion::logical_expr::Aggregate) -> String {
-    let is_count =
-        |a: &&Expr| matches!(validate::strip_aliases(a), Expr::AggregateFunction(af) if af.func.inner().is::<Count>());
-    agg.aggr_expr.iter().find(is_count).map(|a| a.schema_name().to_string()).unwrap_or_default()
+    let mut exprs = vec![];
+    let mut outputs = vec![];
+    for (e, out) in p.expr.iter().zip(p.schema.fields()) {
+        let what = match validate::strip_aliases(e) {
+            Expr::Column(c) => output_of(&c.name, columns, aggregates).ok_or_else(|| {
+                DpError::Refused(Refusal::GroupingSets {
+                    why: format!("select the keys, the aggregates and expressions of them here, not `{}`", c.name),
+                })
+            })?,
+            inner => {
+                exprs.push(over_cells(inner, agg, columns, aggregates, "select expressions")?);
+                GroupingOutput::Expr(exprs.len() - 1)
+            }
+        };
+        outputs.push((out.name().clone(), what));
+    }
+    Ok((outputs, exprs))
 }
 
 /// What the aggregate's output column `name` holds.
-fn output_of(name: &str, count: &str, columns: &[String], sums: &[(String, String)]) -> Option<GroupingOutput> {
-    if name == count {
-        Some(GroupingOutput::Count)
-    } else if let Some(j) = sums.iter().position(|(_, s)| s == name) {
-        Some(GroupingOutput::Sum(j))
-    } else {
-        columns.iter().position(|k| k == name).map(GroupingOutput::Key)
+fn output_of(name: &str, columns: &[String], aggregates: &Aggregates) -> Option<GroupingOutput> {
+    match aggregates.named.iter().find(|(n, _)| n == name) {
+        Some((_, what)) => Some(what.clone()),
+        None => columns.iter().position(|k| k == name).map(GroupingOutput::Key),
     }
 }
 
-/// The HAVING condition between the projection and the aggregate, if there is one: typed over the released columns
-/// it reads (counts and sums as Float64) and checked total, or refused before anything is spent.
+/// The HAVING condition between the projection and the aggregate, if there is one.
 fn having(
     plan: &LogicalPlan,
     agg: &datafusion::logical_expr::Aggregate,
     columns: &[String],
-    sums: &[(String, String)],
-) -> Result<Option<Having>> {
+    aggregates: &Aggregates,
+) -> Result<Option<OverCells>> {
+    let LogicalPlan::Projection(p) = plan else { return Ok(None) };
+    let LogicalPlan::Filter(f) = p.input.as_ref() else { return Ok(None) };
+    over_cells(&f.predicate, agg, columns, aggregates, "take a HAVING").map(Some)
+}
+
+/// `e` (over the aggregate's output) typed over the released columns it reads (counts, sums and averages as
+/// Float64) and checked total, or refused before anything is spent; `what` names the clause in the refusal.
+fn over_cells(
+    e: &Expr,
+    agg: &datafusion::logical_expr::Aggregate,
+    columns: &[String],
+    aggregates: &Aggregates,
+    what: &str,
+) -> Result<OverCells> {
     use datafusion::arrow::datatypes::{DataType, Field};
     use datafusion::logical_expr::simplify::SimplifyContext;
     use datafusion::optimizer::simplify_expressions::ExprSimplifier;
-    let LogicalPlan::Projection(p) = plan else { return Ok(None) };
-    let LogicalPlan::Filter(f) = p.input.as_ref() else { return Ok(None) };
-    let count = count_name(agg);
     let (mut fields, mut reads) = (vec![], vec![]);
-    let mut read: Vec<&datafusion::common::Column> = f.predicate.column_refs().into_iter().collect();
+    let mut read: Vec<&datafusion::common::Column> = e.column_refs().into_iter().collect();
     read.sort_by_key(|c| c.flat_name());
     for c in read {
-        let what = output_of(&c.name, &count, columns, sums);
-        let Some((what, (qualifier, field))) = what.zip(agg.schema.qualified_field_from_column(c).ok()) else {
-            return refuse(format!("take HAVING on the keys, COUNT(*) and SUMs here, not `{}`", c.name));
+        let holds = output_of(&c.name, columns, aggregates);
+        let Some((holds, (qualifier, field))) = holds.zip(agg.schema.qualified_field_from_column(c).ok()) else {
+            return refuse(format!("{what} on the keys and the aggregates here, not `{}`", c.name));
         };
-        let dt = match what {
+        let dt = match holds {
             GroupingOutput::Key(_) => field.data_type().clone(),
-            GroupingOutput::Count | GroupingOutput::Sum(_) => DataType::Float64,
+            _ => DataType::Float64,
         };
         fields.push((qualifier.cloned(), std::sync::Arc::new(Field::new(field.name(), dt, true))));
-        reads.push(what);
+        reads.push(holds);
     }
     let schema = std::sync::Arc::new(
         datafusion::common::DFSchema::new_with_metadata(fields, Default::default()).map_err(crate::error::engine)?,
     );
     let context = SimplifyContext::builder().with_schema(schema.clone()).build();
-    let predicate = ExprSimplifier::new(context).coerce(f.predicate.clone(), &schema).map_err(crate::error::engine)?;
-    if let Err(what) = crate::plan::safety::total(&predicate, &schema) {
-        return refuse(format!("take a HAVING that cannot fail on any value here ({what} could)"));
+    let expr = ExprSimplifier::new(context).coerce(e.clone(), &schema).map_err(crate::error::engine)?;
+    if let Err(could) = crate::plan::safety::total(&expr, &schema) {
+        return refuse(format!("{what} that cannot fail on any value here ({could} could)"));
     }
-    Ok(Some(Having { predicate, schema, reads }))
+    Ok(OverCells { expr, schema, reads })
 }

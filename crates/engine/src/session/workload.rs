@@ -15,20 +15,23 @@ use crate::plan::fingerprint::{Canon, Fingerprint};
 use crate::plan::grouping::{self, GroupingOutput, GroupingPlan};
 use crate::policy::DomainValue;
 use crate::refusal::Refusal;
-use crate::release::{Accuracy, ColumnAccuracy, Parts, Release};
+use crate::release::{ColumnAccuracy, Parts, Release};
 use crate::session::explain::{ExplainedMeasure, Explanation};
 use crate::session::quote::Quote;
 use crate::session::{DpSession, PrivatePlan, Target};
 use crate::workload::{
     Drawn, Measured, Noise, Workload, WorkloadCounter, WorkloadOutput, WorkloadPlan, WorkloadRelease,
 };
-use datafusion::arrow::array::{ArrayRef, AsArray, RecordBatch, StringArray};
-use datafusion::arrow::datatypes::{DataType, Field, Float64Type, Schema, SchemaRef};
+use datafusion::arrow::array::{ArrayRef, RecordBatch, StringArray};
+use datafusion::arrow::datatypes::DataType;
 use datafusion::common::ScalarValue;
 use datafusion::logical_expr::LogicalPlan;
 use std::sync::Arc;
 
+mod cells;
 mod keys;
+
+pub(crate) use cells::grouping_schema;
 
 /// Which marginals a workload release asks for.
 #[derive(Clone, Debug, PartialEq)]
@@ -110,6 +113,8 @@ struct SummedValue {
     grid: crate::plan::exact_sum::Grid,
     /// The value of one grid unit (2^-s).
     unit: f64,
+    /// The bounds each value is clamped to (its average's too).
+    bounds: (f64, f64),
 }
 
 impl DpSession {
@@ -557,7 +562,7 @@ fn summed_values(
             ci_half_width: variances.iter().map(|&v| accuracy::sub_gaussian_half_width(v, confidence)).collect(),
         });
         cals.extend(value_cals);
-        values.push(SummedValue { grid, unit });
+        values.push(SummedValue { grid, unit, bounds: (b.lo, b.hi) });
     }
     let input = datafusion::logical_expr::LogicalPlanBuilder::from(input)
         .project(exprs)
@@ -765,7 +770,7 @@ impl DpSession {
                 && let Some(Some(domain)) = p.domains.get(*i)
             {
                 let labels = domain.iter().map(marginals::domain_label).collect::<Vec<_>>();
-                typed_keys(&(Arc::new(StringArray::from(labels)) as ArrayRef), field)?;
+                cells::typed_keys(&(Arc::new(StringArray::from(labels)) as ArrayRef), field)?;
             }
         }
         Ok(Some((g, p)))
@@ -782,38 +787,24 @@ impl DpSession {
         request: Option<&str>,
     ) -> Result<Release> {
         let query_epsilon = p.quote.epsilon;
+        let bounds: Vec<(f64, f64)> = p.sums.iter().map(|v| v.bounds).collect();
         let r = self.run_workload(label, p, request).await?;
-        let confidence = r.plan().confidence;
         let schema = grouping_schema(&g);
-        // The release's cells (`marginal`, one text column per key, `count`, `ci_half_width`), in SELECT order.
-        let cells = r.to_record_batch(&g.columns)?;
+        // The release's cells (`marginal`, one text column per key, `count`, `ci_half_width`, the sums), read as the
+        // statement's columns.
+        let cells =
+            cells::Cells { g: &g, batch: r.to_record_batch(&g.columns)?, bounds, confidence: r.plan().confidence };
         // HAVING, ORDER BY and LIMIT (post-processing): the rows kept, in order.
-        let rows = present(&g, &schema, &cells)?;
+        let rows = cells.present(&schema)?;
         let take = datafusion::arrow::array::UInt32Array::from_iter_values(rows.iter().map(|&i| i as u32));
         let mut arrays: Vec<ArrayRef> = vec![];
         let mut accuracy = vec![];
-        for ((name, what), field) in g.outputs.iter().zip(schema.fields()) {
-            let column = cells_column(&g, what, field, &cells)?;
+        for (i, ((name, what), field)) in g.outputs.iter().zip(schema.fields()).enumerate() {
+            let column = cells.column(what, field)?;
             arrays.push(
                 datafusion::arrow::compute::take(&column, &take, None).map_err(|e| DpError::Internal(e.to_string()))?,
             );
-            // A count's or a sum's interval: its value ± its half-width, the column after it in `cells`.
-            let a = match what {
-                GroupingOutput::Key(_) => Accuracy::Public,
-                GroupingOutput::Count | GroupingOutput::Sum(_) => {
-                    let at = cells_at(&g, what);
-                    let (value, half) = (
-                        cells.column(at).as_primitive::<Float64Type>(),
-                        cells.column(at + 1).as_primitive::<Float64Type>(),
-                    );
-                    let intervals = rows
-                        .iter()
-                        .map(|&i| [value.value(i) - half.value(i), value.value(i) + half.value(i)])
-                        .collect();
-                    Accuracy::PerRow { confidence, intervals }
-                }
-            };
-            accuracy.push(ColumnAccuracy { column: name.clone(), accuracy: a });
+            accuracy.push(ColumnAccuracy { column: name.clone(), accuracy: cells.accuracy(i, what, &rows)? });
         }
         let batch = RecordBatch::try_new(schema.clone(), arrays).map_err(|e| DpError::Internal(e.to_string()))?;
         let free = r.reused_from().is_some();
@@ -902,7 +893,8 @@ impl DpSession {
         let outputs = g
             .outputs
             .iter()
-            .map(|(name, what)| {
+            .enumerate()
+            .map(|(at, (name, what))| {
                 let text = match what {
                     GroupingOutput::Key(i) if p.domains.get(*i).is_some_and(Option::is_none) => {
                         "key selected from the data (below; NULL where a marginal does not group by it)".to_string()
@@ -921,6 +913,21 @@ impl DpSession {
                         g.sums.get(*j).map_or("", String::as_str),
                         plan.confidence * 100.0
                     ),
+                    GroupingOutput::Avg(j) => format!(
+                        "average of `{}` clamped to its bounds: its least-squares sum over the count (clamped to the \
+                         bounds too), an interval per row from theirs at √{}",
+                        g.sums.get(*j).map_or("", String::as_str),
+                        plan.confidence
+                    ),
+                    GroupingOutput::Expr(_) => match super::accuracy::form_of(&g.projection, at) {
+                        super::accuracy::Form::Exact => "computed from keys and constants: public".to_string(),
+                        super::accuracy::Form::Linear(_) => "a linear function of the released numbers (post-\
+                                                             processing), an interval per row from theirs"
+                            .to_string(),
+                        super::accuracy::Form::Other(reason) => {
+                            format!("computed from the released numbers (post-processing); no interval: {reason}")
+                        }
+                    },
                 };
                 (name.clone(), text)
             })
@@ -1008,97 +1015,6 @@ fn describe_workload(plan: &WorkloadPlan) -> String {
     }
     lines.push(plan.allocation_summary());
     lines.join("\n")
-}
-
-/// The rows of the release's `cells` (`WorkloadRelease::to_record_batch` over `g`'s key columns) that the
-/// statement returns, in its order: those where its HAVING holds, sorted by its ORDER BY (keys by value in their
-/// declared type, counts and sums by value), then cut by its OFFSET and LIMIT. Post-processing of public keys and
-/// noisy counts and sums.
-fn present(g: &GroupingPlan, schema: &SchemaRef, cells: &RecordBatch) -> Result<Vec<usize>> {
-    use datafusion::arrow::compute::{SortColumn, SortOptions, lexsort_to_indices};
-    let internal = |e: datafusion::arrow::error::ArrowError| DpError::Internal(e.to_string());
-    let n = cells.num_rows();
-    let mut rows: Vec<usize> = (0..n).collect();
-    if !g.order.is_empty() {
-        let columns = g
-            .order
-            .iter()
-            .map(|&(i, asc, nulls_first)| {
-                let field = schema.fields().get(i).ok_or_else(|| DpError::Internal("an ORDER BY column".into()))?;
-                let values = cells_column(g, &g.outputs[i].1, field, cells)?;
-                Ok(SortColumn { values, options: Some(SortOptions { descending: !asc, nulls_first }) })
-            })
-            .collect::<Result<Vec<_>>>()?;
-        let sorted = lexsort_to_indices(&columns, None).map_err(internal)?;
-        rows = sorted.values().iter().map(|&i| i as usize).collect();
-    }
-    if let Some(h) = &g.having {
-        // The condition over the columns it reads (checked total before the debit: it cannot fail here).
-        let arrays = h
-            .reads
-            .iter()
-            .zip(h.schema.fields())
-            .map(|(what, field)| cells_column(g, what, field, cells))
-            .collect::<Result<Vec<_>>>()?;
-        let batch = RecordBatch::try_new(Arc::new(h.schema.as_arrow().clone()), arrays).map_err(internal)?;
-        let holds = crate::plan::interval::physical(&h.predicate, &h.schema)
-            .and_then(|p| p.evaluate(&batch))
-            .and_then(|v| v.into_array(batch.num_rows()))
-            .map_err(engine)?;
-        let holds = holds.as_boolean_opt().ok_or_else(|| DpError::Internal("HAVING is a condition".into()))?;
-        rows.retain(|&i| datafusion::arrow::array::Array::is_valid(holds, i) && holds.value(i));
-    }
-    let n = rows.len();
-    let start = g.skip.min(n);
-    let end = g.fetch.map_or(n, |f| start.saturating_add(f).min(n));
-    Ok(rows[start..end].to_vec())
-}
-
-/// Where the release's `cells` hold `what`: a key's labels, or a count's or a sum's values (its half-width next).
-fn cells_at(g: &GroupingPlan, what: &GroupingOutput) -> usize {
-    let d = g.columns.len();
-    match what {
-        GroupingOutput::Key(k) => 1 + k,
-        GroupingOutput::Count => d + 1,
-        GroupingOutput::Sum(j) => d + 3 + 2 * j,
-    }
-}
-
-/// The column of the release's `cells` that holds `what`, a key typed as `field` is.
-fn cells_column(g: &GroupingPlan, what: &GroupingOutput, field: &Field, cells: &RecordBatch) -> Result<ArrayRef> {
-    let column = cells.column(cells_at(g, what));
-    match what {
-        GroupingOutput::Key(_) => typed_keys(column, field),
-        _ => Ok(column.clone()),
-    }
-}
-
-/// A key column's domain labels (NULL where a marginal does not group by it) as the statement types the key.
-/// Every label converts (checked before the debit by [`DpSession::prepare_grouping`]).
-fn typed_keys(labels: &ArrayRef, field: &Field) -> Result<ArrayRef> {
-    let strict = datafusion::arrow::compute::CastOptions { safe: false, ..Default::default() };
-    datafusion::arrow::compute::cast_with_options(labels, field.data_type(), &strict).map_err(|_| {
-        DpError::Config(format!(
-            "the domain of `{}` declares values that are not of the column's type {}",
-            field.name(),
-            field.data_type()
-        ))
-    })
-}
-
-/// The output schema of a grouping-sets statement: its keys as the statement types them (nullable: NULL where a
-/// marginal does not group by them), and the count as Float64 (a least-squares estimate).
-pub(crate) fn grouping_schema(g: &GroupingPlan) -> SchemaRef {
-    let fields: Vec<Field> = g
-        .outputs
-        .iter()
-        .zip(g.schema.fields())
-        .map(|((name, what), f)| match what {
-            GroupingOutput::Key(_) => Field::new(name, f.data_type().clone(), true),
-            GroupingOutput::Count | GroupingOutput::Sum(_) => Field::new(name, DataType::Float64, false),
-        })
-        .collect();
-    Arc::new(Schema::new(fields))
 }
 
 #[cfg(test)]
