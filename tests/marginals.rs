@@ -244,6 +244,17 @@ fn cli_marginals_select_the_keys_of_a_column_without_a_domain() {
     let o = Command::new(bin).args(["budget", "--config", with.to_str().unwrap()]).output().unwrap();
     let budget = String::from_utf8_lossy(&o.stdout);
     assert!(budget.contains("charges: 1") && budget.contains("key selection"), "{budget}");
+    // A workload (--way 2) selects age's keys first, at most --max-keys of them, in the same charge as its marginals.
+    let (ok, out, err) = run(&with, &["--way", "2", "--max-keys", "30", "--plan"]);
+    assert!(ok && out.contains("keys of age (no domain): selected first at ρ 0.05"), "{out}{err}");
+    assert!(out.contains("at most 30 each"), "{out}");
+    let (ok, csv, err) = run(&with, &["--way", "2", "--max-keys", "30"]);
+    assert!(ok, "{err}");
+    // Cells of (age, sex): two per age kept, at most 30 ages.
+    let cells = csv.lines().filter(|l| l.starts_with("\"age, sex\"") || l.starts_with("age, sex")).count();
+    assert!(cells > 0 && cells <= 60 && cells % 2 == 0, "{csv}");
+    let o = Command::new(bin).args(["budget", "--config", with.to_str().unwrap()]).output().unwrap();
+    assert!(String::from_utf8_lossy(&o.stdout).contains("charges: 2"));
 }
 
 #[test]

@@ -6,7 +6,7 @@ import pyarrow
 import pytest
 
 import dpfusion
-from conftest import CONFIG, assert_zero_copy, spent
+from conftest import CONFIG, ROOT, assert_zero_copy, spent
 
 COUNT_BY_SEX = "SELECT sex, COUNT(*) AS n FROM pums GROUP BY sex ORDER BY sex"
 
@@ -279,3 +279,22 @@ def test_a_workload_releases_sums_beside_its_counts(session):
     with pytest.raises(dpfusion.Refused) as info:
         session.workload("pums", ["sex"], way=1, rho=0.01, sums=["pid"])
     assert info.value.code == "no_bounds"
+
+
+def test_a_workload_selects_the_keys_of_a_column_without_a_domain(session, tmp_path):
+    # Without a δ budget for key selection (the demo's default), a column without a domain is refused, free.
+    with pytest.raises(dpfusion.Refused) as info:
+        session.workload("pums", ["age", "sex"], way=2, rho=0.5, max_keys=30)
+    assert info.value.code == "marginal_no_domain"
+    assert spent(session) == 0
+    text = CONFIG.read_text().replace("# delta_budget = 1e-6", "delta_budget = 1e-6")
+    config = tmp_path / "pums.toml"
+    config.write_text(text.replace("../examples/data/", f"{ROOT}/examples/data/"))
+    s = dpfusion.Session(str(config))
+    w = s.workload("pums", ["age", "sex"], way=2, rho=0.5, max_keys=30, selection_delta=1e-8)
+    t = w.to_pandas()
+    ages = t[t.marginal == "age, sex"]["age"].unique()
+    assert 0 < len(ages) <= 30
+    assert w.plan["selection"]["max_keys"] == 30
+    assert w.charge["rho"] == pytest.approx(0.5)
+    assert s.budget()["delta_spent"] > 0
