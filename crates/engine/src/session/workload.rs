@@ -119,8 +119,9 @@ struct SummedValue {
 
 impl DpSession {
     /// Releases the marginals `sets` of `columns` of `table` (a column without a public domain has its keys
-    /// selected first: [`crate::workload`], "Keys without a public domain") from one charge: the noise of every cell chosen jointly for the smallest sum of variances, exact discrete Gaussian
-    /// noise, every marginal consistent with the others. See [`crate::workload`] for the privacy claim.
+    /// selected first: [`crate::workload`], "Keys without a public domain") from one charge: the noise of every
+    /// cell chosen jointly for the smallest sum of variances, exact discrete Gaussian noise, every marginal
+    /// consistent with the others. See [`crate::workload`] for the privacy claim.
     pub async fn workload(
         &self,
         table: &str,
@@ -135,8 +136,8 @@ impl DpSession {
         // A plain GROUP BY of its keys over the whole table can be derived from its draw ([`super::derive`]).
         let reference = datafusion::common::TableReference::bare(table);
         if p.selecting.is_none() {
-            let measured = (p.quote.measurements.as_slice(), p.plans());
-            p.index = self.workload_index(&reference, &scan, &p.workload, (measured.0, &measured.1), &label)?;
+            p.index =
+                self.workload_index(&reference, &scan, &p.workload, (&p.quote.measurements, &p.plans()), &label)?;
         }
         self.run_workload(&label, p, None).await
     }
