@@ -504,6 +504,28 @@ fn stored(
     }
 }
 
+/// The units over the limit of a bounded pass (each unit's key columns and its row count), as collected.
+pub(crate) type Collected = (SchemaRef, Vec<RecordBatch>);
+
+/// Where a bounded pass ([`DpSession::count_bounded`]) finds the units over the limit: none (no privacy unit, or
+/// nothing over it), their plan, to collect, or their rows collected by an earlier pass under the same debit.
+#[derive(Clone, Copy)]
+pub(crate) enum OverLimit<'a> {
+    /// No unit can be over the limit.
+    None,
+    /// The plan that lists them.
+    Plan(&'a PrivatePlan),
+    /// What that plan listed, collected by an earlier pass.
+    Collected(&'a Collected),
+}
+
+impl<'a> OverLimit<'a> {
+    /// Their plan, if there is one.
+    pub(crate) fn of(plan: Option<&'a PrivatePlan>) -> Self {
+        plan.map_or(OverLimit::None, OverLimit::Plan)
+    }
+}
+
 impl DpSession {
     /// Answers a prepared marginal release: debits its quote **before** anything is read, then runs its plans
     /// once (the per-unit row counts, then a single pass counting every cell while each unit is bounded to k
@@ -516,7 +538,8 @@ impl DpSession {
         let debit = self.ledger.charge(&histograms.label(), tables, quote.measurements, &plans)?;
         let open = self.tables.open(debit);
         let mut counter = Counter::new(&histograms);
-        self.count_bounded(&open, over_limit.as_ref(), &rows, k, &histograms.table, |b| counter.add(b)).await?;
+        let over = OverLimit::of(over_limit.as_ref());
+        self.count_bounded(&open, over, &rows, k, &histograms.table, |b| counter.add(b)).await?;
         let charge = open.close();
         let [cal] = charge.measurements() else {
             return Err(DpError::Internal("a marginal release is one measurement".into()));
@@ -533,26 +556,34 @@ impl DpSession {
         MarginalRelease::new(&histograms, noisy, plan, charge, self.status()?)
     }
 
-    /// Streams the rows of `rows` through `count`, each unit bounded to `k` rows (`RowSampler`, drawn from the
-    /// units `over_limit` lists), with the progress of `table`'s passes shown. Errors while reading are reported
-    /// without their text, as in [`DpSession::run_private`].
+    /// Streams the rows of `rows` through `count`, each unit bounded to `k` rows (a `RowSampler`, drawn afresh from
+    /// the units `over_limit` lists), with the progress of `table`'s passes shown; returns those units' rows, which
+    /// another pass under the same debit may take instead of collecting them again. Errors while reading are
+    /// reported without their text, as in [`DpSession::run_private`].
     pub(crate) async fn count_bounded(
         &self,
         open: &Unlocked<'_>,
-        over_limit: Option<&PrivatePlan>,
+        over_limit: OverLimit<'_>,
         rows: &PrivatePlan,
         k: u64,
         table: &str,
         mut count: impl FnMut(&RecordBatch) -> Result<()>,
-    ) -> Result<()> {
-        let plans: Vec<_> = over_limit.into_iter().chain([rows]).map(|p| p.physical()).collect();
+    ) -> Result<Option<Collected>> {
+        let mut plans = vec![rows.physical()];
+        if let OverLimit::Plan(over) = over_limit {
+            plans.insert(0, over.physical());
+        }
         let _running = self.start_progress(&plans, table, plans.len() as u64).await;
-        let mut sampler = match over_limit {
-            None => None,
-            Some(over) => {
-                let batches = open.collect(over).await.map_err(|e| self.private_failure(e))?;
-                Some(RowSampler::new(&over.schema(), &batches, k, &mut *self.lock_rng()?)?)
+        let collected = match over_limit {
+            OverLimit::None => None,
+            OverLimit::Plan(over) => {
+                Some((over.schema(), open.collect(over).await.map_err(|e| self.private_failure(e))?))
             }
+            OverLimit::Collected(c) => Some(c.clone()),
+        };
+        let mut sampler = match &collected {
+            None => None,
+            Some((schema, batches)) => Some(RowSampler::new(schema, batches, k, &mut *self.lock_rng()?)?),
         };
         let mut stream = open.stream(rows).map_err(|e| self.private_failure(e))?;
         while let Some(batch) = stream.next().await {
@@ -562,7 +593,7 @@ impl DpSession {
             }
             count(&batch)?;
         }
-        Ok(())
+        Ok(collected)
     }
 
     /// Runs the private plan and adds noise to every cell of the domain (cells in the order of [`domain_product`]),

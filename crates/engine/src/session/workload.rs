@@ -228,14 +228,19 @@ impl DpSession {
     ) -> Result<WorkloadRelease> {
         let open = self.tables.open(debit);
         // The keys of the columns without a domain first (their own pass), then every row counted over them.
-        let keys = match (&p.selecting, measurement_blocks(&p, open.charge().measurements())?.selection) {
+        // (The units over the limit are collected once: each pass draws its own rows of them.)
+        let (keys, collected) = match (&p.selecting, measurement_blocks(&p, open.charge().measurements())?.selection) {
             (Some(s), Some(cal)) => self.select_keys(&open, &p, s, cal).await?,
-            _ => vec![],
+            _ => (vec![], None),
+        };
+        let over = match &collected {
+            Some(c) => super::execute::OverLimit::Collected(c),
+            None => super::execute::OverLimit::of(p.over_limit.as_ref()),
         };
         let places = keys::Places::new(&p.domains, p.selecting.as_ref(), &keys);
         let mut counter = WorkloadCounter::new(&p.workload, p.sums.len());
         let d = p.domains.len();
-        self.count_bounded(&open, p.over_limit.as_ref(), &p.rows, p.k, &p.table, |batch| {
+        self.count_bounded(&open, over, &p.rows, p.k, &p.table, |batch| {
             let indices = places.indices(batch)?;
             let values = p
                 .sums
@@ -447,14 +452,11 @@ impl DpSession {
             Some(mut s) => {
                 keys::check_types(&s, &rows.schema())?;
                 let unit = policy.privacy_unit.as_deref();
-                let (over, again, _) = self.bounded_rows(input, unit, &counted, None, k).await?;
-                let same = |a: Option<&PrivatePlan>, b: Option<&PrivatePlan>| {
-                    a.map(PrivatePlan::fingerprint) == b.map(PrivatePlan::fingerprint)
-                };
-                if !same(over.as_ref(), over_limit.as_ref()) || !same(Some(&again), Some(&rows)) {
-                    return Err(DpError::Internal("the selection's plans are not the release's".into()));
+                let (_, again, _) = self.bounded_rows(input, unit, &counted, None, k).await?;
+                if again.fingerprint() != rows.fingerprint() {
+                    return Err(DpError::Internal("the selection's plan is not the release's".into()));
                 }
-                s.plans = Some((over, again));
+                s.rows = Some(again);
                 Some(s)
             }
             None => None,

@@ -13,6 +13,7 @@ use crate::noise::NoiseParams;
 use crate::noise::gaussian::DiscreteGaussian;
 use crate::policy::DomainValue;
 use crate::refusal::Refusal;
+use crate::session::execute::{Collected, OverLimit};
 use crate::session::private::Unlocked;
 use crate::session::{DpSession, PrivatePlan};
 use crate::workload::KeySelectionPlan;
@@ -26,9 +27,9 @@ pub(super) struct Selecting {
     pub(super) cap: usize,
     /// The threshold a key's noisy count must reach.
     threshold: i64,
-    /// The selection pass's own instances of the release's plans (the units over the limit, the bounded rows): the
-    /// same plans, which the charge names, planned again, since a physical plan runs once.
-    pub(super) plans: Option<(Option<PrivatePlan>, PrivatePlan)>,
+    /// The selection pass's own instance of the release's bounded rows: the same plan, which the charge names,
+    /// planned again, since a physical plan runs once.
+    pub(super) rows: Option<PrivatePlan>,
 }
 
 /// The text a selected key is counted as in a workload's memory bound (its real length is not known before the
@@ -81,19 +82,20 @@ impl DpSession {
             return Err(DpError::Internal("a selection plans its threshold".into()));
         };
         let plan = KeySelectionPlan { max_keys: cap, rho: cal.rho().get(), keys };
-        Ok((Selecting { columns: open, cap, threshold: selection.threshold(), plans: None }, cal, plan))
+        Ok((Selecting { columns: open, cap, threshold: selection.threshold(), rows: None }, cal, plan))
     }
 
     /// The selection pass, under the release's debit (`open`): each selected column's keys present in the
     /// bounded rows, counted, noised by `cal` (the charge's last measurement) and kept iff the noisy count reaches
-    /// the threshold; of those, the `cap` of the largest noisy counts (ties by value), in value order.
+    /// the threshold; of those, the `cap` of the largest noisy counts (ties by value), in value order. Also the
+    /// units over the limit it collected, which the counting pass bounds its rows by as well.
     pub(super) async fn select_keys(
         &self,
         open: &Unlocked<'_>,
         p: &PreparedWorkload,
         s: &Selecting,
         cal: &Calibration,
-    ) -> Result<Vec<Vec<OpenKey>>> {
+    ) -> Result<(Vec<Vec<OpenKey>>, Option<Collected>)> {
         let histograms = Histograms {
             table: p.table.clone(),
             names: s.columns.iter().map(|&i| p.workload.names()[i].clone()).collect(),
@@ -101,27 +103,30 @@ impl DpSession {
             attributes: None,
             consistency: false,
         };
-        let Some((over_limit, rows)) = &s.plans else {
-            return Err(DpError::Internal("a selection without its plans".into()));
+        let Some(rows) = &s.rows else {
+            return Err(DpError::Internal("a selection without its plan".into()));
         };
         let mut counter = Counter::new(&histograms);
-        self.count_bounded(open, over_limit.as_ref(), rows, p.k, &p.table, |batch| {
-            counter.add(&batch.project(&s.columns).map_err(|e| DpError::Internal(e.to_string()))?)
-        })
-        .await?;
+        let over = OverLimit::of(p.over_limit.as_ref());
+        let collected = self
+            .count_bounded(open, over, rows, p.k, &p.table, |batch| {
+                counter.add(&batch.project(&s.columns).map_err(|e| DpError::Internal(e.to_string()))?)
+            })
+            .await?;
         let NoiseParams::Gaussian { sigma_sq } = cal.params() else {
             return Err(DpError::Internal("a key selection uses the Gaussian mechanism".into()));
         };
         let g = DiscreteGaussian::new(sigma_sq)?;
         let mut rng = self.lock_rng()?;
-        counter
+        let keys = counter
             .tallies()
             .into_iter()
             .map(|t| match t.noised(|| g.sample(&mut rng), Some(s.threshold))? {
                 NoisyCells::Selected(kept) => Ok(largest(kept, s.cap)),
                 NoisyCells::Domain(_) => Err(DpError::Internal("a selected column has no domain".into())),
             })
-            .collect()
+            .collect::<Result<_>>()?;
+        Ok((keys, collected))
     }
 }
 
