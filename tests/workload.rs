@@ -919,3 +919,37 @@ async fn expressions_over_a_grouping_release_are_post_processing() {
     assert!(e.to_string().contains("cannot fail"), "{e}");
     assert_eq!(s.budget().unwrap().charges.len(), 1, "refused before the debit");
 }
+
+/// A workload with keys selected under `dp.target`: the marginals are priced at the least ρ that meets the target
+/// and the selection takes a ninth of that beside it (a tenth of the whole), every released cell within the target;
+/// under `dp.workload_output = 'nonnegative'` the same keys are released, no cell negative.
+#[tokio::test]
+async fn keys_without_a_domain_under_a_target_and_nonnegative() {
+    let mut rows: Vec<(i64, Option<&str>, i64)> = vec![];
+    for (zip, units) in [("a", 400), ("b", 300), ("c", 200)] {
+        let from = rows.len() as i64;
+        rows.extend((from..from + units).map(|p| (p, Some(zip), p % 2)));
+    }
+    let s = zip_session(&rows, 1, false);
+    let sql = "SELECT zip, sex, COUNT(*) AS n FROM z GROUP BY CUBE (zip, sex)";
+    s.sql("SET dp.target = '±20'").await.unwrap();
+    s.sql("SET dp.workload_keys = 5").await.unwrap();
+    let r = release(&s, sql).await;
+    let charge = s.budget().unwrap().charges[0].clone();
+    let plan = s.explain(sql).await.unwrap();
+    let selection = plan.measures.iter().find(|m| m.label.contains("the keys' selection")).expect("a selection");
+    let rho_selection = selection.calibration.rho().get();
+    assert!((rho_selection / charge.rho().get() - 0.1).abs() < 1e-9, "{rho_selection} of {}", charge.rho().get());
+    match &r.accuracy()[2].accuracy {
+        dpfusion::Accuracy::PerRow { intervals, .. } => {
+            assert!(intervals.iter().all(|[lo, hi]| (hi - lo) / 2.0 <= 20.0), "{intervals:?}")
+        }
+        other => panic!("{other:?}"),
+    }
+    let zips: Vec<Option<String>> = zip_rows(&r).into_iter().map(|row| row.0).collect();
+    s.sql("SET dp.target = 'off'").await.unwrap();
+    s.sql("SET dp.workload_output = 'nonnegative'").await.unwrap();
+    let nn = zip_rows(&release(&s, sql).await);
+    assert_eq!(nn.iter().map(|row| row.0.clone()).collect::<Vec<_>>(), zips, "the same keys: a, b, c");
+    assert!(nn.iter().all(|row| row.2 >= 0.0), "{nn:?}");
+}
