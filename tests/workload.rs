@@ -953,3 +953,24 @@ async fn keys_without_a_domain_under_a_target_and_nonnegative() {
     assert_eq!(nn.iter().map(|row| row.0.clone()).collect::<Vec<_>>(), zips, "the same keys: a, b, c");
     assert!(nn.iter().all(|row| row.2 >= 0.0), "{nn:?}");
 }
+
+/// A computed key whose values cannot be listed from the policy (`upper(zip)`, zip without a domain) is selected
+/// as a column without a domain is, where the budget has a δ for it; without one it is refused, free, saying why.
+#[tokio::test]
+async fn a_computed_key_without_a_domain_is_selected() {
+    let mut rows: Vec<(i64, Option<&str>, i64)> = vec![];
+    for (zip, units) in [("a", 400), ("b", 300), ("c", 5)] {
+        let from = rows.len() as i64;
+        rows.extend((from..from + units).map(|p| (p, Some(zip), p % 2)));
+    }
+    let s = zip_session(&rows, 1, false);
+    let sql = "SELECT upper(zip) AS big, COUNT(*) AS n FROM z GROUP BY CUBE (upper(zip))";
+    let got = zip_rows(&release(&s, sql).await);
+    let keys: Vec<Option<&str>> = got.iter().map(|r| r.0.as_deref()).collect();
+    assert_eq!(keys, [Some("A"), Some("B"), None], "the frequent keys, computed; the total of every row");
+    let s = zip_session(&rows, 1, false);
+    s.ledger().set_delta_total(0.0, "test").unwrap();
+    let e = s.sql(sql).await.unwrap_err();
+    assert!(matches!(&e, DpError::Refused(r) if r.code() == "computed_key"), "{e}");
+    assert!(s.budget().unwrap().charges.is_empty());
+}

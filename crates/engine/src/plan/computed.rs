@@ -247,13 +247,13 @@ fn lift_projection(
 
 /// A computed key of a workload release (GROUP BY GROUPING SETS, CUBE, ROLLUP over `input`): its expression with
 /// its columns clamped, to compute over `input`, and its public domain as domain values (the image of its inputs,
-/// as for a key of a plain GROUP BY); refused when it has none, or when its values are not integers, text or
-/// booleans (what a workload's domains hold).
+/// as for a key of a plain GROUP BY), or why its values cannot be listed (then a workload may select them);
+/// refused when its values are not integers, text or booleans (what a workload's domains hold).
 pub fn workload_key(
     input: &LogicalPlan,
     policy: &TablePolicy,
     e: &Expr,
-) -> Result<(Expr, Vec<crate::policy::DomainValue>)> {
+) -> Result<(Expr, std::result::Result<Vec<crate::policy::DomainValue>, String>)> {
     use crate::policy::DomainValue;
     let mut cx = Rewrite::new(input, policy, vec![]);
     cx.key(e)?;
@@ -262,7 +262,7 @@ pub fn workload_key(
     };
     let values = match key.domain {
         Some(Ok(values)) => values,
-        Some(Err(why)) => return Err(DpError::Refused(Refusal::ComputedKey { expr: key.label, why })),
+        Some(Err(why)) => return Ok((expr, Err(why))),
         None => return Err(DpError::Internal("a computed key has no domain".into())),
     };
     let domain = values
@@ -286,7 +286,7 @@ pub fn workload_key(
             }
         })
         .collect::<Result<Vec<_>>>()?;
-    Ok((cx.tabulated(validate::strip_aliases(&expr))?, domain))
+    Ok((cx.tabulated(validate::strip_aliases(&expr))?, Ok(domain)))
 }
 
 /// A computed value a workload sums (`SUM(income * 2)` in a GROUPING SETS statement) over `input` under `policy`: the

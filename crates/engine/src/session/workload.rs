@@ -744,9 +744,22 @@ impl DpSession {
             let mut exprs: Vec<datafusion::logical_expr::Expr> =
                 input.schema().columns().into_iter().map(datafusion::logical_expr::Expr::Column).collect();
             for (name, e) in &g.computed {
-                let (expr, domain) = crate::plan::computed::workload_key(&g.input, &policy, e)?;
-                policy.columns.insert(name.clone(), crate::policy::ColumnPolicy::Domain(domain));
-                exprs.push(expr.alias(name));
+                match crate::plan::computed::workload_key(&g.input, &policy, e)? {
+                    (expr, Ok(domain)) => {
+                        policy.columns.insert(name.clone(), crate::policy::ColumnPolicy::Domain(domain));
+                        exprs.push(expr.alias(name));
+                    }
+                    // Its values cannot be listed: selected as a column without a domain's, where the budget
+                    // allows it ([`keys`]); else refused with why.
+                    (expr, Err(why)) => {
+                        if self.allow_selection(g.table.table(), name, None).is_err() {
+                            let expr = e.to_string();
+                            return Err(DpError::Refused(Refusal::ComputedKey { expr, why }));
+                        }
+                        policy.columns.remove(name);
+                        exprs.push(expr.alias(name));
+                    }
+                }
             }
             for (name, e) in &g.computed_sums {
                 let (expr, (lo, hi)) = crate::plan::computed::workload_value(&g.input, &policy, e)?;
