@@ -367,3 +367,54 @@ async fn dates_outside_what_a_period_bounds_are_refused() {
     let text = text.map(|e| e.to_string()).unwrap_or_else(|e| e.to_string());
     assert!(text.contains("read for more than its date"), "{text}");
 }
+
+/// A workload (GROUPING SETS, CUBE) over dates, as a plain GROUP BY takes them: a date column over a declared period
+/// has the period's 1 826 days as keys, `date_trunc('month', day)` its 60 months, `date_trunc('year', at)` (a
+/// timestamp) its 5 years, every value clamped to the period. At ρ = 10⁶ every cell rounds to its exact count: the
+/// 300 persons' visits by day, month and year, and person X's 2 bounded visits (of 4 outside the period) on the
+/// period's first or last day; the keys typed as the statement types them.
+#[tokio::test]
+async fn a_workload_takes_dates_over_their_period() {
+    use datafusion::arrow::array::{Array, AsArray};
+    const DAY: i64 = 86_400_000_000;
+    let s = visits_session(true);
+    s.sql("SET dp.rho = 1000000").await.unwrap();
+    let first = instant("2019-01-01") / DAY;
+    let days: Vec<i64> = (0..300i64).map(|p| first + (p * 6) % 1826).collect();
+    let counts =
+        |r: &dpfusion::Release| -> Vec<i64> { column_f64(r, 1).into_iter().map(|x| x.round() as i64).collect() };
+    // By day: the period's days in order, then the total.
+    let r = release(&s, "SELECT day, COUNT(*) AS n FROM visits GROUP BY GROUPING SETS ((day), ())").await;
+    let n = counts(&r);
+    assert_eq!(n.len(), 1827);
+    let keys = r.batches()[0].column(0).as_primitive::<datafusion::arrow::datatypes::Date32Type>().clone();
+    assert_eq!((keys.value(0) as i64, keys.value(1825) as i64), (first, first + 1825));
+    assert!(keys.is_null(1826), "the total's row");
+    for (d, got) in n.iter().enumerate().take(1825).skip(1) {
+        assert_eq!(*got, days.iter().filter(|&&x| x == first + d as i64).count() as i64, "day {d}");
+    }
+    let ends = days.iter().filter(|&&x| x == first || x == first + 1825).count() as i64;
+    assert_eq!(n[0] + n[1825], ends + 2, "X's two bounded visits clamped to the period's ends");
+    assert_eq!(n[1826], 302);
+    // By month and by year of a timestamp: their images over the period.
+    let months = counts(
+        &release(
+            &s,
+            "SELECT date_trunc('month', day) AS m, COUNT(*) AS n FROM visits GROUP BY CUBE (date_trunc('month', day))",
+        )
+        .await,
+    );
+    assert_eq!((months.len(), months[..60].iter().sum::<i64>(), months[60]), (61, 302, 302));
+    let r = release(
+        &s,
+        "SELECT date_trunc('year', at) AS y, COUNT(*) AS n FROM visits GROUP BY CUBE (date_trunc('year', at))",
+    )
+    .await;
+    let years = counts(&r);
+    let year_of = |d: i64| 2019 + (0..5).filter(|y| d >= instant(&format!("{}-01-01", 2020 + y)) / DAY).count() as i64;
+    let mut want = [0i64; 5];
+    days.iter().for_each(|&d| want[(year_of(d) - 2019) as usize] += 1);
+    assert_eq!(years[1..4], want[1..4], "the middle years (X's visits are at the ends)");
+    assert_eq!(years[0] + years[4], want[0] + want[4] + 2);
+    assert!(matches!(r.schema().field(0).data_type(), datafusion::arrow::datatypes::DataType::Timestamp(..)));
+}

@@ -283,7 +283,7 @@ async fn grouping_sets_outside_the_shape_are_refused_before_the_debit() {
         ("SELECT sex, COUNT(*), SUM(pid * 2) FROM pums GROUP BY CUBE (sex)", "pid"),
         ("SELECT sex, COUNT(*), SUM(DISTINCT income) FROM pums GROUP BY CUBE (sex)", "SUMs and AVGs of columns or"),
         ("SELECT age, COUNT(*) FROM pums GROUP BY CUBE (age)", "no public domain"),
-        ("SELECT age * 0.5, COUNT(*) FROM pums GROUP BY CUBE (age * 0.5)", "integers, text or booleans"),
+        ("SELECT age * 0.5, COUNT(*) FROM pums GROUP BY CUBE (age * 0.5)", "integers, text, booleans or dates"),
         ("SELECT CAST(pid AS VARCHAR), COUNT(*) FROM pums GROUP BY CUBE (CAST(pid AS VARCHAR))", "no public domain"),
     ] {
         let e = s.sql(sql).await.unwrap_err().to_string();

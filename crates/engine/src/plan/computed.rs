@@ -248,7 +248,8 @@ fn lift_projection(
 /// A computed key of a workload release (GROUP BY GROUPING SETS, CUBE, ROLLUP over `input`): its expression with
 /// its columns clamped, to compute over `input`, and its public domain as domain values (the image of its inputs,
 /// as for a key of a plain GROUP BY), or why its values cannot be listed (then a workload may select them);
-/// refused when its values are not integers, text or booleans (what a workload's domains hold).
+/// refused when its values are not integers, text, booleans, dates or timestamps (what a workload's domains hold:
+/// dates and timestamps as their text, [`temporal_labels`]).
 pub fn workload_key(
     input: &LogicalPlan,
     policy: &TablePolicy,
@@ -265,6 +266,15 @@ pub fn workload_key(
         Some(Err(why)) => return Ok((expr, Err(why))),
         None => return Err(DpError::Internal("a computed key has no domain".into())),
     };
+    if values.first().is_some_and(|v| v.data_type().is_temporal()) {
+        return match temporal_labels(values) {
+            Some(labels) => Ok((cx.tabulated(validate::strip_aliases(&expr))?, Ok(labels))),
+            None => {
+                let why = "its values do not read back exactly from their text, as a workload's keys must".into();
+                Err(DpError::Refused(Refusal::ComputedKey { expr: key.label, why }))
+            }
+        };
+    }
     let domain = values
         .into_iter()
         .map(|v| match v.cast_to(&DataType::Int64) {
@@ -280,13 +290,30 @@ pub fn workload_key(
             }
             Ok(ScalarValue::Int64(Some(i))) if v.data_type().is_integer() => Ok(DomainValue::Int(i)),
             _ => {
-                let why =
-                    format!("its values are {}, and a workload's keys are integers, text or booleans", v.data_type());
+                let why = format!(
+                    "its values are {}, and a workload's keys are integers, text, booleans or dates",
+                    v.data_type()
+                );
                 Err(DpError::Refused(Refusal::ComputedKey { expr: key.label.clone(), why }))
             }
         })
         .collect::<Result<Vec<_>>>()?;
     Ok((cx.tabulated(validate::strip_aliases(&expr))?, Ok(domain)))
+}
+
+/// Dates' or timestamps' domain values as a workload's lookups match them: each one's text as Arrow casts it (the
+/// cast that reads a row's value as text), checked to read back exactly to the same values (as the release types
+/// its keys), else None.
+fn temporal_labels(values: Vec<ScalarValue>) -> Option<Vec<crate::policy::DomainValue>> {
+    use datafusion::arrow::array::{Array, AsArray};
+    let array = ScalarValue::iter_to_array(values).ok()?;
+    let strict = datafusion::arrow::compute::CastOptions { safe: false, ..Default::default() };
+    let labels = datafusion::arrow::compute::cast_with_options(&array, &DataType::Utf8, &strict).ok()?;
+    let back = datafusion::arrow::compute::cast_with_options(&labels, array.data_type(), &strict).ok()?;
+    if back.to_data() != array.to_data() || labels.null_count() > 0 {
+        return None;
+    }
+    Some(labels.as_string::<i32>().iter().flatten().map(|l| crate::policy::DomainValue::Str(l.to_string())).collect())
 }
 
 /// A computed value a workload sums (`SUM(income * 2)` in a GROUPING SETS statement) over `input` under `policy`: the

@@ -740,10 +740,24 @@ impl DpSession {
         // (`plan::computed`).
         let mut policy = self.policy(g.table.table())?.clone();
         let mut input = g.input.clone();
-        if !g.computed.is_empty() || !g.computed_sums.is_empty() {
-            let mut exprs: Vec<datafusion::logical_expr::Expr> =
-                input.schema().columns().into_iter().map(datafusion::logical_expr::Expr::Column).collect();
-            for (name, e) in &g.computed {
+        // A date or timestamp column over a declared period is a key of the period's image too, as in a plain
+        // GROUP BY (each value clamped to the period): computed in place of the column.
+        let period = |c: &String| matches!(policy.columns.get(c), Some(crate::policy::ColumnPolicy::Period { .. }));
+        let dated: Vec<(String, datafusion::logical_expr::Expr)> = g
+            .columns
+            .iter()
+            .filter(|c| period(c) && !g.computed.iter().any(|(n, _)| n == *c))
+            .map(|c| (c.clone(), datafusion::logical_expr::col(datafusion::common::Column::from_name(c))))
+            .collect();
+        if !g.computed.is_empty() || !g.computed_sums.is_empty() || !dated.is_empty() {
+            let mut exprs: Vec<datafusion::logical_expr::Expr> = input
+                .schema()
+                .columns()
+                .into_iter()
+                .filter(|c| !dated.iter().any(|(n, _)| *n == c.name))
+                .map(datafusion::logical_expr::Expr::Column)
+                .collect();
+            for (name, e) in dated.iter().chain(&g.computed) {
                 match crate::plan::computed::workload_key(&g.input, &policy, e)? {
                     (expr, Ok(domain)) => {
                         policy.columns.insert(name.clone(), crate::policy::ColumnPolicy::Domain(domain));
