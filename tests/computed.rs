@@ -417,4 +417,8 @@ async fn a_workload_takes_dates_over_their_period() {
     assert_eq!(years[1..4], want[1..4], "the middle years (X's visits are at the ends)");
     assert_eq!(years[0] + years[4], want[0] + want[4] + 2);
     assert!(matches!(r.schema().field(0).data_type(), datafusion::arrow::datatypes::DataType::Timestamp(..)));
+    // A timestamp's own instants are not listed by its period: refused (here without a δ to select them), free.
+    let e = s.sql("SELECT at, COUNT(*) FROM visits GROUP BY CUBE (at)").await.unwrap_err();
+    assert!(matches!(&e, dpfusion::DpError::Refused(r) if r.code() == "marginal_no_domain"), "{e}");
+    assert_eq!(s.budget().unwrap().charges.len(), 3);
 }

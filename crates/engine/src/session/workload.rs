@@ -362,6 +362,11 @@ impl DpSession {
             columns.iter().map(|c| policy.domain(c).map(<[_]>::to_vec)).collect();
         let open: Vec<usize> = (0..domains.len()).filter(|&i| domains[i].is_none()).collect();
         let cap = spec.max_keys.unwrap_or_else(|| self.workload_keys());
+        if !open.is_empty() {
+            super::statement::check_workload_keys_value(cap).map_err(|reason| {
+                DpError::Refused(Refusal::BadOptionValue { option: "workload_keys", value: cap.to_string(), reason })
+            })?;
+        }
         let index = |c: &String| {
             columns.iter().position(|x| x == c).ok_or_else(|| {
                 DpError::invalid("workload", format!("`{c}` is in a marginal but not among the columns chosen"))
@@ -740,9 +745,13 @@ impl DpSession {
         // (`plan::computed`).
         let mut policy = self.policy(g.table.table())?.clone();
         let mut input = g.input.clone();
-        // A date or timestamp column over a declared period is a key of the period's image too, as in a plain
-        // GROUP BY (each value clamped to the period): computed in place of the column.
-        let period = |c: &String| matches!(policy.columns.get(c), Some(crate::policy::ColumnPolicy::Period { .. }));
+        // A date column over a declared period is a key of the period's days, as in a plain GROUP BY (each value
+        // clamped to the period): computed in place of the column. (A timestamp's instants are not listed.)
+        let period = |c: &String| {
+            let date =
+                g.input.schema().field_with_unqualified_name(c).is_ok_and(|f| f.data_type() == &DataType::Date32);
+            date && matches!(policy.columns.get(c), Some(crate::policy::ColumnPolicy::Period { .. }))
+        };
         let dated: Vec<(String, datafusion::logical_expr::Expr)> = g
             .columns
             .iter()

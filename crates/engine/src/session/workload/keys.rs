@@ -49,7 +49,8 @@ pub(super) fn selectable(data_type: &DataType) -> bool {
 impl DpSession {
     /// The selection of the keys of `columns`' entries without a domain (`open`, indices into `columns`), at `rho`
     /// with the spec's (or the session's) δ, `k` rows per unit and at most `cap` keys each: what it settles, its
-    /// calibration (with its δ) and its plan. Refused where this budget cannot select keys.
+    /// calibration (with its δ) and its plan (`cap` checked by the caller). Refused where this budget cannot select
+    /// keys.
     pub(super) fn selecting(
         &self,
         (table, unit): (&str, Option<&str>),
@@ -61,9 +62,6 @@ impl DpSession {
         for &i in &open {
             self.allow_selection(table, &columns[i], unit)?;
         }
-        crate::session::statement::check_workload_keys_value(cap).map_err(|reason| {
-            DpError::Refused(Refusal::BadOptionValue { option: "workload_keys", value: cap.to_string(), reason })
-        })?;
         let delta = self.checked_selection_delta(delta)?;
         let names: Vec<String> = open.iter().map(|&i| columns[i].clone()).collect();
         let histograms = names.len();
