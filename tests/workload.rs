@@ -697,6 +697,16 @@ fn zip_session(rows: &[(i64, Option<&str>, i64)], k: u64, reuse: bool) -> DpSess
     s
 }
 
+/// Rows for [`zip_session`]: one per unit, `units` of each zip, sex alternating.
+fn units_of<'a>(zips: &[(&'a str, i64)]) -> Vec<(i64, Option<&'a str>, i64)> {
+    let mut rows = vec![];
+    for &(zip, units) in zips {
+        let from = rows.len() as i64;
+        rows.extend((from..from + units).map(|p| (p, Some(zip), p % 2)));
+    }
+    rows
+}
+
 /// The (zip, sex, count) rows of a grouping-sets release over `zip_session`'s table (`zip`, then `sex` if it is
 /// asked, then the count).
 fn zip_rows(r: &dpfusion::Release) -> Vec<(Option<String>, Option<i64>, f64)> {
@@ -925,11 +935,7 @@ async fn expressions_over_a_grouping_release_are_post_processing() {
 /// under `dp.workload_output = 'nonnegative'` the same keys are released, no cell negative.
 #[tokio::test]
 async fn keys_without_a_domain_under_a_target_and_nonnegative() {
-    let mut rows: Vec<(i64, Option<&str>, i64)> = vec![];
-    for (zip, units) in [("a", 400), ("b", 300), ("c", 200)] {
-        let from = rows.len() as i64;
-        rows.extend((from..from + units).map(|p| (p, Some(zip), p % 2)));
-    }
+    let rows = units_of(&[("a", 400), ("b", 300), ("c", 200)]);
     let s = zip_session(&rows, 1, false);
     let sql = "SELECT zip, sex, COUNT(*) AS n FROM z GROUP BY CUBE (zip, sex)";
     s.sql("SET dp.target = '±20'").await.unwrap();
@@ -958,11 +964,7 @@ async fn keys_without_a_domain_under_a_target_and_nonnegative() {
 /// as a column without a domain is, where the budget has a δ for it; without one it is refused, free, saying why.
 #[tokio::test]
 async fn a_computed_key_without_a_domain_is_selected() {
-    let mut rows: Vec<(i64, Option<&str>, i64)> = vec![];
-    for (zip, units) in [("a", 400), ("b", 300), ("c", 5)] {
-        let from = rows.len() as i64;
-        rows.extend((from..from + units).map(|p| (p, Some(zip), p % 2)));
-    }
+    let rows = units_of(&[("a", 400), ("b", 300), ("c", 5)]);
     let s = zip_session(&rows, 1, false);
     let sql = "SELECT upper(zip) AS big, COUNT(*) AS n FROM z GROUP BY CUBE (upper(zip))";
     let got = zip_rows(&release(&s, sql).await);
