@@ -266,11 +266,14 @@ pub fn workload_key(
         Some(Err(why)) => return Ok((expr, Err(why))),
         None => return Err(DpError::Internal("a computed key has no domain".into())),
     };
-    if values.first().is_some_and(|v| v.data_type().is_temporal()) {
-        return match temporal_labels(values) {
+    if let Some(dt) = values.first().map(ScalarValue::data_type).filter(DataType::is_temporal) {
+        // The rows' values are matched by their text: of the same type as the listed ones, they format alike.
+        let typed = expr.get_type(input.schema()).map_err(engine)?;
+        return match temporal_labels(values).filter(|_| typed == dt) {
             Some(labels) => Ok((cx.tabulated(validate::strip_aliases(&expr))?, Ok(labels))),
             None => {
-                let why = "its values do not read back exactly from their text, as a workload's keys must".into();
+                let why =
+                    format!("its values ({typed}) do not read back exactly from their text, as a workload's keys must");
                 Err(DpError::Refused(Refusal::ComputedKey { expr: key.label, why }))
             }
         };
