@@ -840,10 +840,11 @@ impl DpSession {
         let mut accuracy = vec![];
         for (i, ((name, what), field)) in g.outputs.iter().zip(schema.fields()).enumerate() {
             let column = cells.column(what, field)?;
+            let a = cells.accuracy((i, what), &column, &rows)?;
             arrays.push(
                 datafusion::arrow::compute::take(&column, &take, None).map_err(|e| DpError::Internal(e.to_string()))?,
             );
-            accuracy.push(ColumnAccuracy { column: name.clone(), accuracy: cells.accuracy(i, what, &rows)? });
+            accuracy.push(ColumnAccuracy { column: name.clone(), accuracy: a });
         }
         let batch = RecordBatch::try_new(schema.clone(), arrays).map_err(|e| DpError::Internal(e.to_string()))?;
         let free = r.reused_from().is_some();

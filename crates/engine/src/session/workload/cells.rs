@@ -104,8 +104,14 @@ impl Cells<'_> {
             .map_err(engine)
     }
 
-    /// The accuracy of output column `i` (holding `what`) over `rows` of the cells (module docs, "Intervals").
-    pub(super) fn accuracy(&self, i: usize, what: &GroupingOutput, rows: &[usize]) -> Result<Accuracy> {
+    /// The accuracy of output column `i` (holding `what`, its values `values` as [`Cells::column`] gave them) over
+    /// `rows` of the cells (module docs, "Intervals").
+    pub(super) fn accuracy(
+        &self,
+        (i, what): (usize, &GroupingOutput),
+        values: &ArrayRef,
+        rows: &[usize],
+    ) -> Result<Accuracy> {
         let confidence = self.confidence;
         let per_row = |intervals: Vec<[f64; 2]>| Accuracy::PerRow { confidence, intervals };
         Ok(match what {
@@ -118,13 +124,11 @@ impl Cells<'_> {
                 let a = self.averages(*j)?;
                 per_row(rows.iter().map(|&r| [a[r].1, a[r].2]).collect())
             }
-            GroupingOutput::Expr(k) => match accuracy::form_of(&self.g.projection, i) {
+            GroupingOutput::Expr(_) => match accuracy::form_of(&self.g.projection, i) {
                 Form::Exact => Accuracy::Public,
                 Form::Other(reason) => Accuracy::NoInterval { reason },
                 Form::Linear(terms) => {
-                    let field = Field::new("", DataType::Float64, true);
-                    let values = self.column(&GroupingOutput::Expr(*k), &field)?;
-                    let values = datafusion::arrow::compute::cast(&values, &DataType::Float64)
+                    let values = datafusion::arrow::compute::cast(values, &DataType::Float64)
                         .map_err(|e| DpError::Internal(e.to_string()))?;
                     self.linear(&terms, values.as_primitive::<Float64Type>(), rows)?
                 }
